@@ -1,0 +1,19 @@
+"""Varlen attention kernels behind one interface (see :mod:`hf_hsap.kernels.base`)."""
+from .base import AttentionKernel, VarlenSpec, lse_dtype, merge_partial
+from .cpu import TorchCPUFlashKernel
+from .math import MathKernel
+from .reference import reference_attention
+from .select import select_kernel
+from .varlen import varlen_attention
+
+__all__ = [
+    "AttentionKernel",
+    "MathKernel",
+    "TorchCPUFlashKernel",
+    "VarlenSpec",
+    "lse_dtype",
+    "merge_partial",
+    "reference_attention",
+    "select_kernel",
+    "varlen_attention",
+]

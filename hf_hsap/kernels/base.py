@@ -1,0 +1,162 @@
+"""The kernel interface: varlen attention forward -> (out, lse), backward -> (dq, dk, dv).
+
+Vocabulary (fixed for the whole package):
+
+* A *varlen call* runs attention over several independent segments packed along the token axis.
+  Segment ``i`` has queries ``q[cu_q[i]:cu_q[i+1]]`` and keys/values ``k[cu_k[i]:cu_k[i+1]]``.
+* ``causal=True`` means *bottom-right aligned* causal masking (as flash-attn >= 2.1): with ``Lq``
+  queries and ``Lk`` keys, query ``i`` sees keys ``j <= i + Lk - Lq``. For ``Lq == Lk`` this is the
+  usual lower-triangular mask.
+* ``lse`` is the natural-log log-sum-exp of the scaled scores of each (query, head): shape
+  ``[Nq, Hq]``, float32 (float64 when the inputs are float64). A query with no visible key has
+  ``lse = -inf`` and output 0.
+* GQA: ``Hq`` must be a multiple of ``Hkv``; query head ``h`` reads key/value head ``h // (Hq // Hkv)``.
+  Kernels never materialise repeated key/value heads.
+
+Backward contract (what makes split attention exact): ``backward`` receives the *final* output and
+log-sum-exp of each query (after all partial results were merged), not the partial ones of this call.
+Then the gradients of every partial call add up to the gradient of the whole attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class VarlenSpec:
+    """Segment boundaries of one varlen call (plain ints: plans live on the CPU).
+
+    Args:
+        cu_q: cumulative query lengths, ``len = n_segments + 1``, starting at 0.
+        cu_k: cumulative key lengths, same length as ``cu_q``.
+        causal: bottom-right aligned causal mask inside each segment, else full attention.
+    """
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    causal: bool
+    _device_cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.cu_q) - 1
+
+    @property
+    def total_q(self) -> int:
+        return self.cu_q[-1]
+
+    @property
+    def total_k(self) -> int:
+        return self.cu_k[-1]
+
+    @property
+    def max_q(self) -> int:
+        return max((b - a for a, b in zip(self.cu_q, self.cu_q[1:])), default=0)
+
+    @property
+    def max_k(self) -> int:
+        return max((b - a for a, b in zip(self.cu_k, self.cu_k[1:])), default=0)
+
+    def segments(self) -> Sequence[tuple[int, int, int, int]]:
+        """``(q_start, q_end, k_start, k_end)`` of every segment."""
+        return list(zip(self.cu_q, self.cu_q[1:], self.cu_k, self.cu_k[1:]))
+
+    def cu_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 ``cu_q``, ``cu_k`` on ``device`` (cached: built once per device)."""
+        key = str(device)
+        if key not in self._device_cache:
+            self._device_cache[key] = (
+                torch.tensor(self.cu_q, dtype=torch.int32, device=device),
+                torch.tensor(self.cu_k, dtype=torch.int32, device=device),
+            )
+        return self._device_cache[key]
+
+    @staticmethod
+    def from_lengths(q_lens: Sequence[int], k_lens: Sequence[int], causal: bool) -> "VarlenSpec":
+        """Build a spec from per-segment lengths."""
+        if len(q_lens) != len(k_lens):
+            raise ValueError("q_lens and k_lens must have one entry per segment")
+        cu_q, cu_k = [0], [0]
+        for lq, lk in zip(q_lens, k_lens):
+            cu_q.append(cu_q[-1] + int(lq))
+            cu_k.append(cu_k[-1] + int(lk))
+        return VarlenSpec(tuple(cu_q), tuple(cu_k), causal)
+
+
+class AttentionKernel(Protocol):
+    """A varlen attention implementation (see the module docstring for the contract)."""
+
+    name: str
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``. Returns out ``[Nq, Hq, D]`` (q's dtype) and
+        lse ``[Nq, Hq]`` (see :func:`lse_dtype`)."""
+        ...
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        spec: VarlenSpec,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Args: dout/out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` (final, merged values).
+        Returns dq ``[Nq, Hq, D]``, dk/dv ``[Nk, Hkv, D]`` (inputs' dtypes)."""
+        ...
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of log-sum-exp and of merge accumulators: float64 for float64 inputs, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec) -> None:
+    """Raise ``ValueError`` when tensors do not match the varlen spec or GQA is impossible."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [tokens, heads, head_dim]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k head_dim differ: {q.shape[2]} vs {k.shape[2]}")
+    if q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"the number of query heads ({q.shape[1]}) must be a multiple of the number of key/value "
+            f"heads ({k.shape[1]}); fix the model config (num_key_value_heads)"
+        )
+    if q.shape[0] != spec.total_q or k.shape[0] != spec.total_k:
+        raise ValueError(f"varlen spec covers {spec.total_q} queries / {spec.total_k} keys but got "
+                         f"{q.shape[0]} / {k.shape[0]} tokens")
+
+
+def merge_partial(
+    out_acc: torch.Tensor, lse_acc: torch.Tensor, out_new: torch.Tensor, lse_new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerically stable log-sum-exp merge of two partial attention results.
+
+    Args:
+        out_acc: ``[N, H, D]`` accumulator (float32/float64).
+        lse_acc: ``[N, H]`` log-sum-exp of the accumulator (``-inf`` where empty).
+        out_new: ``[N, H, D]`` partial output of other keys for the same queries.
+        lse_new: ``[N, H]`` its log-sum-exp.
+
+    Returns:
+        ``(out, lse)`` in the accumulator's dtype: ``lse = log(e^lse_acc + e^lse_new)`` and ``out`` the
+        correspondingly weighted mean. Rows where both are ``-inf`` stay 0 / ``-inf``.
+    """
+    lse_new = lse_new.to(lse_acc.dtype)
+    lse = torch.logaddexp(lse_acc, lse_new)  # [N, H]
+    safe = torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(lse), lse)
+    w_acc = torch.exp(lse_acc - safe).unsqueeze(-1)  # [N, H, 1]
+    w_new = torch.exp(lse_new - safe).unsqueeze(-1)  # [N, H, 1]
+    out = out_acc * w_acc + out_new.to(out_acc.dtype) * w_new
+    return out, lse

@@ -1,0 +1,48 @@
+"""Choosing a kernel for a device and dtype."""
+from __future__ import annotations
+
+import torch
+
+from .base import AttentionKernel
+from .cpu import TorchCPUFlashKernel
+from .math import MathKernel
+
+_CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+_CUDA_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | None = None) -> AttentionKernel:
+    """The fastest exact kernel for ``device``/``dtype``.
+
+    Args:
+        device: where q, k, v live.
+        dtype: their dtype.
+        prefer: force ``"math"``, ``"torch-cpu-flash"``, ``"torch-cuda-flash"`` or ``"flash-attn"``.
+
+    Returns:
+        An :class:`~hf_hsap.kernels.base.AttentionKernel`. CPU: PyTorch's CPU flash attention
+        (float32/64, bf16), else math. CUDA: flash-attn when installed, else PyTorch's varlen flash
+        (fp16/bf16), else math (float32/64).
+    """
+    device = torch.device(device)
+    if prefer is not None:
+        return _by_name(prefer)
+    if device.type == "cpu":
+        return TorchCPUFlashKernel() if dtype in _CPU_FLASH_DTYPES else MathKernel()
+    if device.type == "cuda" and dtype in _CUDA_FLASH_DTYPES:
+        from .cuda import FlashAttnKernel, TorchCUDAFlashKernel
+
+        return FlashAttnKernel() if FlashAttnKernel.available() else TorchCUDAFlashKernel()
+    return MathKernel()
+
+
+def _by_name(name: str) -> AttentionKernel:
+    if name == "math":
+        return MathKernel()
+    if name == "torch-cpu-flash":
+        return TorchCPUFlashKernel()
+    if name in ("torch-cuda-flash", "flash-attn"):
+        from .cuda import FlashAttnKernel, TorchCUDAFlashKernel
+
+        return FlashAttnKernel() if name == "flash-attn" else TorchCUDAFlashKernel()
+    raise ValueError(f"unknown kernel {name!r}; use one of math, torch-cpu-flash, torch-cuda-flash, flash-attn")
