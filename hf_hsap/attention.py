@@ -1,0 +1,126 @@
+"""``hsap_attn_func``: exact document-masked causal attention over an SP group (autograd).
+
+Data flow of one call (``U`` = Ulysses size, ``R`` = inter peers)::
+
+    q, k, v [T_local, H, D]  --(U > 1: all-to-all over heads)-->  [T_part, H/U, D]
+        --> SAP over the R inter peers (runtime.sap_forward: local items while KV is in flight,
+            remote items, LSE merge)  --> out [T_part, Hq/U, D]
+        --(U > 1: inverse all-to-all)-->  out [T_local, Hq, D]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .comm.all_to_all import HeadToSeq, SeqToHead, head_to_seq
+from .kernels import AttentionKernel, select_kernel
+from .runtime import sap_backward, sap_forward
+
+
+class _SAPAttention(torch.autograd.Function):
+    """SAP over the inter peers of one part. Inputs are the part's tokens (plan order)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float):
+        keep = len(sched.rounds) <= 1  # one round: keep the received KV; more: refetch in backward
+        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, keep_recv=keep)
+        ctx.save_for_backward(q, k, v, out, lse, *recvs)
+        ctx.sched, ctx.executor, ctx.kernel, ctx.scale = sched, executor, kernel, scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, *recvs = ctx.saved_tensors
+        dq, dk, dv = sap_backward(dout, q, k, v, out, lse, list(recvs), ctx.sched, ctx.executor,
+                                  ctx.kernel, ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, n_local: int) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"hsap_attn_func takes q [T_local, Hq, D], k/v [T_local, Hkv, D]; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[2] != k.shape[2]:
+        raise ValueError(f"k and v must match, and share q's head_dim; got {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[0] != n_local or k.shape[0] != n_local:
+        raise ValueError(
+            f"this rank holds {n_local} tokens under the plan but got q with {q.shape[0]} and k with "
+            f"{k.shape[0]}; shard the inputs with plan.shard(...) (or hf_hsap.shard_batch) using the same plan"
+        )
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % hkv != 0:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}; fix num_key_value_heads in the model config")
+    if hq % plan.ulysses_size != 0:
+        raise ValueError(f"ulysses_size={plan.ulysses_size} must divide the number of query heads ({hq}); "
+                         "pick a smaller ulysses_size")
+
+
+def hsap_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan,
+    softmax_scale: float | None = None,
+    kernel: AttentionKernel | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Document-masked causal attention of this rank's tokens, exact across the SP group.
+
+    Args:
+        q: ``[T_local, Hq, D]`` this rank's queries in plan order (``plan.shard`` of the global q).
+        k: ``[T_local, Hkv, D]`` keys, ``Hq % Hkv == 0``.
+        v: ``[T_local, Hkv, D]`` values.
+        plan: a :class:`~hf_hsap.plan.planner.Plan` made with this rank's SPGroup (or SP size 1).
+        softmax_scale: defaults to ``D ** -0.5``.
+        kernel: override the kernel (default: :func:`~hf_hsap.kernels.select_kernel`).
+        return_lse: also return the log-sum-exp ``[T_local, Hq]`` (fp32; fp64 for fp64 inputs).
+
+    Returns:
+        ``[T_local, Hq, D]`` attention output, differentiable in q, k, v (and the lse if asked).
+
+    GQA with ``U > 1``: when ``U`` does not divide ``Hkv``, each key/value head is repeated
+    ``lcm(Hkv, U) / Hkv`` times (the least that lets every rank hold whole heads) before the
+    all-to-all; their gradients are summed back by autograd.
+    """
+    sp = plan.sp
+    if plan.size > 1 and sp is None:
+        raise ValueError("this plan was made offline (int SP size); make it with the SPGroup from "
+                         "hf_hsap.init_sequence_parallel to run attention")
+    n_local = plan.num_local_tokens(0 if plan.size == 1 and plan.rank is None else None)
+    _check_inputs(q, k, v, plan, n_local)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    kernel = kernel or select_kernel(q.device, q.dtype)
+    part = 0 if sp is None else sp.inter_rank
+    sched = plan.schedule(part)
+    executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
+    U = plan.ulysses_size
+    if U == 1:
+        out, lse = _SAPAttention.apply(q, k, v, sched, executor, kernel, scale)
+        return (out, lse) if return_lse else out
+
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    if hkv % U != 0:
+        rep = math.lcm(hkv, U) // hkv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [T, Hkv*rep, D]
+        hkv = hkv * rep
+    b = plan._piece_bounds(part)
+    pieces = tuple(int(x) for x in (b[1:] - b[:-1]))
+    t = q.shape[0]
+    # one all-to-all for q, k, v: [T_local, U, (Hq + 2*Hkv)/U * D]
+    packed = torch.cat([q.reshape(t, U, -1), k.reshape(t, U, -1), v.reshape(t, U, -1)], dim=2)
+    heads = SeqToHead.apply(packed.reshape(t, -1), sp.intra_group, pieces, sp.intra_rank)  # [T_part, F]
+    fq, fk = hq // U * d, hkv // U * d
+    t_part = heads.shape[0]
+    qh = heads[:, :fq].reshape(t_part, hq // U, d)  # [T_part, Hq/U, D]
+    kh = heads[:, fq:fq + fk].reshape(t_part, hkv // U, d)  # [T_part, Hkv/U, D]
+    vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
+    out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), sched, executor,
+                                       kernel, scale)
+    out = HeadToSeq.apply(out_h.reshape(t_part, -1), sp.intra_group, pieces, sp.intra_rank)  # [T_local, Hq*D]
+    out = out.reshape(t, hq, d)
+    if not return_lse:
+        return out
+    lse = head_to_seq(lse_h.contiguous(), sp.intra_group, pieces, sp.intra_rank)  # [T_part, Hq/U] -> [T_local, Hq]
+    return out, lse

@@ -1,0 +1,61 @@
+"""All-to-all between sequence sharding and head sharding inside an intra (Ulysses) group.
+
+Each of the ``U`` ranks of an intra group holds ``T_u`` consecutive tokens of the group's ``T_group``
+tokens with all heads. The all-to-all gives every rank all ``T_group`` tokens for ``H / U`` heads
+(rank ``u`` gets heads ``[u*H/U, (u+1)*H/U)``). Its backward is the inverse all-to-all.
+Token counts may differ by rank (``all_to_all_single`` with split sizes).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int]) -> torch.Tensor:
+    """``[T_u, U * F] -> [T_group, F]`` where ``F`` is this rank's feature shard (no autograd)."""
+    U = len(piece_sizes)
+    t_local = x.shape[0]
+    send = x.reshape(t_local, U, -1).transpose(0, 1).contiguous()  # [T_u, U, F] -> [U, T_u, F]
+    send = send.reshape(U * t_local, -1)  # [U * T_u, F]
+    recv = torch.empty((sum(piece_sizes), send.shape[1]), dtype=x.dtype, device=x.device)  # [T_group, F]
+    dist.all_to_all_single(recv, send, output_split_sizes=list(piece_sizes),
+                           input_split_sizes=[t_local] * U, group=group)
+    return recv
+
+
+def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int) -> torch.Tensor:
+    """``[T_group, F] -> [T_u, U * F]``: the inverse of :func:`seq_to_head` (no autograd)."""
+    U = len(piece_sizes)
+    t_local = piece_sizes[rank]
+    recv = torch.empty((U * t_local, x.shape[1]), dtype=x.dtype, device=x.device)  # [U * T_u, F]
+    dist.all_to_all_single(recv, x.contiguous(), output_split_sizes=[t_local] * U,
+                           input_split_sizes=list(piece_sizes), group=group)
+    return recv.reshape(U, t_local, -1).transpose(0, 1).reshape(t_local, -1)  # [U, T_u, F] -> [T_u, U*F]
+
+
+class SeqToHead(torch.autograd.Function):
+    """Differentiable :func:`seq_to_head`; backward is :func:`head_to_seq`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int) -> torch.Tensor:
+        ctx.group, ctx.piece_sizes, ctx.rank = group, piece_sizes, rank
+        return seq_to_head(x, group, piece_sizes)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return head_to_seq(grad, ctx.group, ctx.piece_sizes, ctx.rank), None, None, None
+
+
+class HeadToSeq(torch.autograd.Function):
+    """Differentiable :func:`head_to_seq`; backward is :func:`seq_to_head`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int) -> torch.Tensor:
+        ctx.group, ctx.piece_sizes = group, piece_sizes
+        return head_to_seq(x, group, piece_sizes, rank)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return seq_to_head(grad, ctx.group, ctx.piece_sizes), None, None, None

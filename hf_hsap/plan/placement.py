@@ -1,0 +1,138 @@
+"""Placements: which part (rank, or rank group under Ulysses) holds which global token.
+
+A placement is a set of *segments*: contiguous global token ranges inside one document, each owned
+by one part. A part holds its segments in global order, so its local tokens are sorted by global
+position (this is what lets a part run its own documents with a plain causal kernel).
+
+Placements (``P`` parts, document of length ``L``)::
+
+    contiguous   |  part 0  |  part 1  |  part 2  |  part 3  |   equal token ranges, documents cut anywhere
+    zigzag       |0|1|2|3|3|2|1|0| per document                  2P chunks, chunk i and 2P-1-i on part i
+    balanced     short documents whole on one part; a long document cut in 2k chunks over the k parts
+                 (k as small as memory and work balance allow), chunk i and 2k-1-i on part i
+
+Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens; ``contiguous`` and
+``zigzag`` hold at most ``ceil(T / P)`` (slack 0), ``balanced`` uses ``token_slack`` (default 0.10).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layout import Layout
+
+PLACEMENTS = ("contiguous", "zigzag", "balanced", "auto")
+DEFAULT_TOKEN_SLACK = 0.10
+DEFAULT_WORK_SLACK = 0.03
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Segments sorted by (part, start). All arrays ``[n_segments]`` int64.
+
+    Attributes:
+        name: placement name.
+        n_parts: number of parts.
+        doc, start, end, part: the segments (global ``[start, end)`` inside document ``doc``).
+        part_ptr: ``[n_parts + 1]``; part ``p`` owns segments ``part_ptr[p]:part_ptr[p+1]``.
+        local_start: offset of each segment in its part's local buffer.
+    """
+
+    name: str
+    n_parts: int
+    doc: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    part: np.ndarray
+    part_ptr: np.ndarray
+    local_start: np.ndarray
+
+    def tokens_per_part(self) -> np.ndarray:
+        """``[n_parts]`` tokens held by each part."""
+        return np.bincount(self.part, weights=self.end - self.start, minlength=self.n_parts).astype(np.int64)
+
+    def work_per_part(self, layout: Layout) -> np.ndarray:
+        """``[n_parts]`` (query, key) pairs of document-masked causal attention of each part's queries:
+        a query at offset ``x`` of its document attends ``x + 1`` keys."""
+        doc_start = layout.cu_seqlens[self.doc]
+        a = self.start - doc_start
+        b = self.end - doc_start
+        pairs = (b * (b + 1) - a * (a + 1)) // 2
+        return np.bincount(self.part, weights=pairs, minlength=self.n_parts).astype(np.int64)
+
+
+def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
+    doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))
+    keep = end > start
+    doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
+    order = np.lexsort((start, part))
+    doc, start, end, part = doc[order], start[order], end[order], part[order]
+    counts = np.bincount(part, minlength=n_parts)
+    part_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lengths = end - start
+    csum = np.concatenate([[0], np.cumsum(lengths)])  # exclusive prefix over all segments, [n + 1]
+    local_start = csum[:-1] - np.repeat(csum[part_ptr[:-1]], counts)
+    return Placement(name, n_parts, doc, start, end, part, part_ptr, local_start.astype(np.int64))
+
+
+def _cut(layout: Layout, bounds: np.ndarray, owner_of_piece: np.ndarray, name: str, n_parts: int) -> Placement:
+    """Cut the token line at document boundaries and at ``bounds`` (piece ``i`` = ``[bounds[i],
+    bounds[i+1])`` owned by ``owner_of_piece[i]``)."""
+    cuts = np.union1d(layout.cu_seqlens, bounds)
+    start, end = cuts[:-1], cuts[1:]
+    keep = end > start
+    start, end = start[keep], end[keep]
+    doc = layout.doc_of(start)
+    piece = np.searchsorted(bounds, start, side="right") - 1
+    return _finish(name, n_parts, doc, start, end, owner_of_piece[piece])
+
+
+def contiguous(layout: Layout, n_parts: int) -> Placement:
+    """Equal token ranges: part ``p`` holds ``[p*T//P, (p+1)*T//P)``."""
+    T = layout.total_tokens
+    bounds = (np.arange(n_parts + 1, dtype=np.int64) * T) // n_parts
+    return _cut(layout, bounds, np.arange(n_parts, dtype=np.int64), "contiguous", n_parts)
+
+
+def _zigzag_chunks(lengths: np.ndarray, k: int, rotate_from: int = 0) -> tuple[np.ndarray, int]:
+    """Chunk sizes ``[n_docs, 2k]`` of a dual-chunk split; chunk ``i`` and ``2k-1-i`` go to part ``i``.
+
+    The ``L mod 2k`` extra tokens of each document go round-robin over the parts (continuing across
+    documents from ``rotate_from``), so parts differ by at most one token per round.
+    """
+    n = lengths.shape[0]
+    base = lengths // (2 * k)
+    rem = lengths % (2 * k)
+    # chunk order in which extras are handed out: first chunks of parts 0..k-1, then second chunks
+    order = np.concatenate([np.arange(k), 2 * k - 1 - np.arange(k)])
+    first = (rotate_from + np.concatenate([[0], np.cumsum(rem)[:-1]])) % (2 * k)  # [n]
+    slot = (np.arange(2 * k)[None, :] - first[:, None]) % (2 * k)  # rank of each order slot
+    extra = (slot < rem[:, None]).astype(np.int64)  # [n, 2k] in `order` positions
+    sizes = np.repeat(base[:, None], 2 * k, axis=1)
+    sizes[:, order] += extra
+    return sizes, int((rotate_from + rem.sum()) % (2 * k))
+
+
+def _zigzag_segments(doc_ids: np.ndarray, doc_starts: np.ndarray, sizes: np.ndarray,
+                     parts_of_doc: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Segments of dual-chunk splits. ``sizes [n, 2k]``; ``parts_of_doc [n, k]`` maps chunk pair i to a
+    part. Returns (doc, start, end, part) arrays."""
+    n, two_k = sizes.shape
+    k = two_k // 2
+    offs = np.cumsum(sizes, axis=1) - sizes  # [n, 2k]
+    start = doc_starts[:, None] + offs
+    end = start + sizes
+    pair = np.minimum(np.arange(two_k), two_k - 1 - np.arange(two_k))  # chunk -> pair index
+    part = parts_of_doc[:, pair]  # [n, 2k]
+    doc = np.repeat(doc_ids[:, None], two_k, axis=1)
+    return doc.ravel(), start.ravel(), end.ravel(), part.ravel()
+
+
+def zigzag(layout: Layout, n_parts: int) -> Placement:
+    """TransformerEngine-style: every document cut into ``2P`` chunks, chunk i and 2P-1-i on part i."""
+    lengths = layout.doc_lengths
+    sizes, _ = _zigzag_chunks(lengths, n_parts)
+    parts = np.broadcast_to(np.arange(n_parts, dtype=np.int64), (lengths.shape[0], n_parts))
+    seg = _zigzag_segments(np.arange(lengths.shape[0]), layout.cu_seqlens[:-1], sizes, parts)
+    return _finish("zigzag", n_parts, *seg)

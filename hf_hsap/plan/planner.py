@@ -1,0 +1,270 @@
+"""The planner: layout + SP group -> :class:`Plan` (placement, minimal transfers, compiled schedule).
+
+Pure and device-free: numpy on the host. Every rank computes the same plan from the same layout.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .balanced import balanced
+from .cache import PlanCache
+from .cost import CostModel, choose_placement
+from .layout import Layout, make_layout
+from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
+from .schedule import Schedule, compile_schedule, ranges_to_index, split_rounds
+from .transfers import Transfers, compute_transfers
+
+
+class Plan:
+    """For one layout and one SP group: the placement, the KV each rank needs from each peer, and the
+    compiled per-part schedules. Tokens of a rank are in *plan order* (sorted by global position).
+
+    With ``U > 1`` the placement is made at group granularity (``R`` parts of ``U`` ranks); inside a
+    part, the part's tokens are cut into ``U`` consecutive pieces, piece ``u`` on intra rank ``u``.
+    """
+
+    def __init__(self, layout: Layout, placement: Placement, transfers: Transfers, size: int,
+                 ulysses_size: int, rank: int | None, sp: Any, recv_budget_tokens: int | None) -> None:
+        self.layout = layout
+        self.placement = placement
+        self.transfers = transfers
+        self.size = size
+        self.ulysses_size = ulysses_size
+        self.rank = rank
+        self.sp = sp
+        self.recv_budget_tokens = recv_budget_tokens
+        self._pieces = split_rounds(transfers, placement.n_parts, recv_budget_tokens)
+        self._schedules: dict[int, Schedule] = {}
+        self._part_tokens: dict[int, np.ndarray] = {}
+
+    # ----------------------------------------------------------------------------- tokens
+    @property
+    def total_tokens(self) -> int:
+        return self.layout.total_tokens
+
+    @property
+    def n_parts(self) -> int:
+        """R: parts of the placement (SP size / Ulysses size)."""
+        return self.placement.n_parts
+
+    @property
+    def placement_name(self) -> str:
+        return self.placement.name
+
+    def _resolve(self, rank: int | None) -> int:
+        r = self.rank if rank is None else rank
+        if r is None:
+            raise ValueError("this plan was made offline (int group size): pass rank=...")
+        if not 0 <= r < self.size:
+            raise ValueError(f"rank {r} out of range for SP size {self.size}")
+        return r
+
+    def part_token_indices(self, part: int) -> np.ndarray:
+        """Global positions held by a part, in plan order. Shape ``[n_part_tokens]``."""
+        if part not in self._part_tokens:
+            lo, hi = self.placement.part_ptr[part], self.placement.part_ptr[part + 1]
+            pl = self.placement
+            self._part_tokens[part] = ranges_to_index(pl.start[lo:hi], pl.end[lo:hi] - pl.start[lo:hi])
+        return self._part_tokens[part]
+
+    def _piece_bounds(self, part: int) -> np.ndarray:
+        n = self.part_token_indices(part).shape[0]
+        U = self.ulysses_size
+        return (np.arange(U + 1, dtype=np.int64) * n) // U  # [U + 1]
+
+    def local_token_indices(self, rank: int | None = None) -> torch.Tensor:
+        """Global positions held by ``rank`` (default: this rank), in local order. ``[T_local]`` int64."""
+        r = self._resolve(rank)
+        part, u = divmod(r, self.ulysses_size)
+        b = self._piece_bounds(part)
+        return torch.from_numpy(self.part_token_indices(part)[b[u]:b[u + 1]])
+
+    def num_local_tokens(self, rank: int | None = None) -> int:
+        r = self._resolve(rank)
+        part, u = divmod(r, self.ulysses_size)
+        b = self._piece_bounds(part)
+        return int(b[u + 1] - b[u])
+
+    def shard(self, x: torch.Tensor, dim: int = 0, rank: int | None = None) -> torch.Tensor:
+        """This rank's tokens of a global tensor. Shapes: ``[..., T, ...] -> [..., T_local, ...]``."""
+        if x.shape[dim] != self.total_tokens:
+            raise ValueError(f"shard: dim {dim} has {x.shape[dim]} tokens but the plan covers "
+                             f"{self.total_tokens}; pass the global (flattened) batch")
+        idx = self.local_token_indices(rank).to(x.device)
+        return x.index_select(dim, idx)
+
+    def unshard(self, pieces: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        """Inverse of :meth:`shard` given every rank's piece (in SP rank order)."""
+        if len(pieces) != self.size:
+            raise ValueError(f"unshard needs {self.size} pieces, got {len(pieces)}")
+        cat = torch.cat(pieces, dim=dim)
+        order = torch.cat([self.local_token_indices(r) for r in range(self.size)]).to(cat.device)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.shape[0], device=order.device)
+        return cat.index_select(dim, inv)
+
+    def gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """All ranks' pieces back in global order (collective over the SP group; differentiable only
+        as a value, not through other ranks). Shapes: ``[..., T_local, ...] -> [..., T, ...]``."""
+        if self.size == 1:
+            return self.unshard([x], dim)
+        if self.sp is None or getattr(self.sp, "group", None) is None:
+            raise ValueError("gather needs a plan made with an SPGroup; offline plans use unshard()")
+        import torch.distributed as dist
+
+        x = x.movedim(dim, 0).contiguous()
+        n_max = max(self.num_local_tokens(r) for r in range(self.size))
+        padded = torch.zeros((n_max, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        padded[: x.shape[0]] = x
+        bufs = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(bufs, padded, group=self.sp.group)
+        pieces = [b[: self.num_local_tokens(r)] for r, b in enumerate(bufs)]
+        return self.unshard(pieces, 0).movedim(0, dim)
+
+    # ----------------------------------------------------------------------------- schedule
+    def schedule(self, part: int | None = None) -> Schedule:
+        """The compiled schedule of a part (default: this rank's), built once and cached."""
+        if part is None:
+            part = self._resolve(None) // self.ulysses_size
+        if part not in self._schedules:
+            self._schedules[part] = compile_schedule(self.layout, self.placement, self._pieces, part)
+        return self._schedules[part]
+
+    # ----------------------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        """Exact per-rank figures of what the runtime executes (lists indexed by SP rank).
+
+        Returns:
+            dict with ``tokens`` (tokens held), ``attn_work`` ((query, key) pairs computed; with
+            ``U > 1`` a rank computes its group's pairs for 1/U of the heads, counted as pairs / U),
+            ``recv_kv_tokens`` (KV tokens received per layer in the forward pass, inter-group for
+            ``U > 1``), ``send_kv_tokens``, ``a2a_tokens`` (tokens of q, k, v and out each rank moves
+            through the intra all-to-all per layer forward: 0 for ``U == 1``), ``rounds``,
+            ``send_kv_pairs`` (``[R][R]`` matrix of KV tokens part i sends to part j), ``placement``.
+        """
+        pl, U = self.placement, self.ulysses_size
+        work = pl.work_per_part(self.layout)
+        ptok = pl.tokens_per_part()
+        lengths = self.transfers.lengths
+        recv = np.bincount(self.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        send = np.bincount(self.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        ranks = range(self.size)
+        n_rounds = int(self._pieces["round"].max()) + 1 if self._pieces["round"].shape[0] else 0
+        return {
+            "placement": pl.name,
+            "tokens": [self.num_local_tokens(r) for r in ranks],
+            "attn_work": [int(work[r // U]) / U if U > 1 else int(work[r]) for r in ranks],
+            "recv_kv_tokens": [int(recv[r // U]) for r in ranks],
+            "send_kv_tokens": [int(send[r // U]) for r in ranks],
+            "a2a_tokens": [int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
+            "rounds": n_rounds,
+            "send_kv_pairs": self.transfers.pair_matrix(pl.n_parts).tolist(),
+        }
+
+
+def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
+           cost: CostModel | None) -> tuple[Placement, Transfers]:
+    """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`) and its transfers."""
+    if name == "contiguous":
+        pl = contiguous(layout, n_parts)
+    elif name == "zigzag":
+        pl = zigzag(layout, n_parts)
+    elif name == "balanced":
+        pl = balanced(layout, n_parts, token_slack=token_slack)
+    elif name == "auto":
+        cands = [balanced(layout, n_parts, token_slack), contiguous(layout, n_parts), zigzag(layout, n_parts)]
+        trs = [compute_transfers(c) for c in cands]
+        best = choose_placement(layout, cands, trs, cost)
+        return cands[best], trs[best]
+    else:
+        raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
+    return pl, compute_transfers(pl)
+
+
+def plan_sequence(
+    cu_seqlens: torch.Tensor | np.ndarray | list[int],
+    sp: Any,
+    placement: str = "auto",
+    *,
+    recv_budget_tokens: int | None = None,
+    token_slack: float = DEFAULT_TOKEN_SLACK,
+    total_tokens: int | None = None,
+    cost: CostModel | None = None,
+    verify: bool = True,
+    cache: PlanCache | None = None,
+) -> Plan:
+    """Plan document-masked attention of one packed batch over an SP group.
+
+    Args:
+        cu_seqlens: ``[n_docs + 1]`` document boundaries over the flattened batch (host or device
+            tensor, numpy array or list); ``0 < ... < T``.
+        sp: an :class:`~hf_hsap.topology.SPGroup`, or an int group size for offline planning
+            (inspection, benchmarks; no process group needed).
+        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"`` (cheapest by cost).
+        recv_budget_tokens: at most this many KV tokens in a receive buffer; more is moved in rounds.
+            ``None``: one round.
+        token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``.
+        total_tokens: if given, must equal ``cu_seqlens[-1]``.
+        cost: the cost model ``auto`` minimises (default :class:`CostModel`).
+        verify: with an SPGroup, compare the layout hash across the group (one tiny all-gather) and
+            raise on every rank if they differ.
+        cache: plan cache (default: the SPGroup's own; offline planning caches only when given one).
+
+    Returns:
+        The :class:`Plan` (cached: equal layouts and options return the same object).
+
+    Raises:
+        ValueError: bad ``cu_seqlens``, unknown placement, fewer tokens than parts, ranks with
+            different layouts, a non-positive budget.
+    """
+    from ..topology import SPGroup
+
+    layout = make_layout(cu_seqlens, total_tokens)
+    if isinstance(sp, SPGroup):
+        size, U, rank = sp.size, sp.ulysses_size, sp.rank
+        cache = cache or sp.plan_cache
+    elif isinstance(sp, (int, np.integer)) and not isinstance(sp, bool):
+        size, U, rank = int(sp), 1, None
+        if size < 1:
+            raise ValueError(f"the SP size must be >= 1, got {size}")
+    else:
+        raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
+    if recv_budget_tokens is not None and recv_budget_tokens < 1:
+        raise ValueError("recv_budget_tokens must be a positive number of tokens (or None for no limit)")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    if layout.total_tokens < size:
+        raise ValueError(f"the batch has {layout.total_tokens} tokens but the SP group has {size} ranks; "
+                         "every rank needs at least one token: pack longer rows or use a smaller sp_size")
+    if isinstance(sp, SPGroup) and verify and size > 1:
+        check_same_layout(layout, sp)
+    key = (layout.digest, size, U, placement, recv_budget_tokens, token_slack, cost, rank)
+
+    def build() -> Plan:
+        pl, tr = _place(layout, size // U, placement, token_slack, cost)
+        return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens)
+
+    return build() if cache is None else cache.get_or_build(key, build)
+
+
+def check_same_layout(layout: Layout, sp: Any) -> None:
+    """All-gather the layout hash over the SP group; raise ``ValueError`` on every rank if they differ."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([layout.hash64, layout.total_tokens], dtype=torch.int64)
+    if dist.get_backend(sp.group) == "nccl":
+        mine = mine.cuda()
+    everyone = [torch.empty_like(mine) for _ in range(sp.size)]
+    dist.all_gather(everyone, mine, group=sp.group)
+    hashes = [tuple(t.tolist()) for t in everyone]
+    if len(set(hashes)) > 1:
+        bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise ValueError(
+            f"the ranks of the SP group were given different packed batches (layout hash differs on SP "
+            f"ranks {bad}, tokens {[h[1] for h in hashes]}); every rank of an SP group must see the same "
+            "global batch: use hf_hsap's SP data-loader adapter or the same seed/sampler on the group"
+        )

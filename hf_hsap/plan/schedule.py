@@ -1,0 +1,186 @@
+"""Compiling a plan into a schedule (the paper's "JIT" step).
+
+A :class:`Schedule` is flat data for one part: per round, which local rows to send to whom, how the
+receive buffer is cut by peer, and the work items (one varlen kernel call each) with ready index
+tensors. It is built once per distinct layout, cached on the plan, and reused by every layer, in the
+forward and in the backward pass. No Python planning happens per layer.
+
+Work items of part ``r``:
+
+* the *local* item: all of ``r``'s queries against ``r``'s own keys, causal, one segment per
+  document (local tokens are in global order, so local causal == global causal);
+* per round, *remote* items: queries against received keys, full (non-causal) attention. A query
+  segment ``[a, b)`` of document ``d`` sees the received keys of ``d`` that end at or before ``a``.
+  A document with several query segments on ``r`` (zigzag chunks) needs overlapping key sets, so
+  its k-th segment goes to the k-th remote item ("slot"); each item's key ranges are disjoint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..kernels.base import VarlenSpec
+from .layout import Layout
+from .placement import Placement
+from .transfers import Transfers
+
+
+def ranges_to_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s + n)`` for every (s, n). Shapes: ``[m], [m] -> [sum(n)]``."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offs = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offs, lengths) + np.arange(total, dtype=np.int64)
+
+
+def _index_or_none(idx: np.ndarray, full_len: int) -> torch.Tensor | None:
+    """``None`` when ``idx`` is ``arange(full_len)`` (no gather needed), else a LongTensor."""
+    if idx.shape[0] == full_len and (full_len == 0 or (idx[0] == 0 and np.all(np.diff(idx) == 1))):
+        return None
+    return torch.from_numpy(np.ascontiguousarray(idx))
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One kernel call. ``q_index``: rows of the local q (None = all, in order); ``kv_index``: rows of
+    the KV source (None = all); ``kv_source``: ``"local"`` or ``"recv"`` (this round's buffer)."""
+
+    spec: VarlenSpec
+    kv_source: str
+    q_index: torch.Tensor | None
+    kv_index: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Round:
+    """One communication round of a part.
+
+    Attributes:
+        send_index: ``[n_send]`` local rows to send, grouped by peer in ``send_splits`` order.
+        send_splits: ``(peer_part, offset, count)`` into the send buffer.
+        recv_splits: ``(peer_part, offset, count)`` into the receive buffer of ``recv_total`` rows.
+        items: remote work items reading this round's receive buffer.
+    """
+
+    send_index: torch.Tensor
+    send_splits: tuple[tuple[int, int, int], ...]
+    recv_splits: tuple[tuple[int, int, int], ...]
+    recv_total: int
+    items: tuple[WorkItem, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything one part executes per layer. ``n_local``: its token count."""
+
+    part: int
+    n_local: int
+    local_item: WorkItem | None
+    rounds: tuple[Round, ...]
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def recv_tokens(self) -> int:
+        return sum(r.recv_total for r in self.rounds)
+
+    @property
+    def send_tokens(self) -> int:
+        return sum(int(r.send_index.shape[0]) for r in self.rounds)
+
+
+def split_rounds(tr: Transfers, n_parts: int, budget: int | None) -> dict[str, np.ndarray]:
+    """Cut every receiver's transfer list into rounds of at most ``budget`` tokens.
+
+    Returns arrays ``[n_pieces]``: ``round``, ``src``, ``dst``, ``start``, ``end``, ``src_local``, in
+    (dst, src, start) order, pieces of one row kept in order.
+    """
+    lengths = tr.lengths
+    if budget is None or lengths.shape[0] == 0:
+        return dict(round=np.zeros_like(tr.src), src=tr.src, dst=tr.dst, start=tr.start, end=tr.end,
+                    src_local=tr.src_local)
+    # offset of each row inside its receiver's stream
+    csum = np.cumsum(lengths)
+    first_of_dst = np.concatenate([[True], tr.dst[1:] != tr.dst[:-1]])
+    base = np.maximum.accumulate(np.where(first_of_dst, csum - lengths, 0))
+    off = csum - lengths - base
+    r0 = off // budget
+    r1 = (off + lengths - 1) // budget
+    n = r1 - r0 + 1
+    row = np.repeat(np.arange(lengths.shape[0]), n)
+    k = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    rnd = r0[row] + k
+    lo = np.maximum(rnd * budget, off[row]) - off[row]  # piece offsets inside the row
+    hi = np.minimum((rnd + 1) * budget, off[row] + lengths[row]) - off[row]
+    return dict(round=rnd, src=tr.src[row], dst=tr.dst[row], start=tr.start[row] + lo,
+                end=tr.start[row] + hi, src_local=tr.src_local[row] + lo)
+
+
+def _splits(peers: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    out, off = [], 0
+    for p in np.unique(peers).tolist():
+        n = int(lengths[peers == p].sum())
+        out.append((p, off, n))
+        off += n
+    return tuple(out)
+
+
+def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end, k_off) -> tuple[WorkItem, ...]:
+    """Remote work items of one round (see the module docstring). ``q_*``: the part's segments;
+    ``k_*``: received pieces with their offset in the receive buffer."""
+    if k_start.shape[0] == 0:
+        return ()
+    recv_total = int((k_end - k_start).sum())
+    k_doc = layout.doc_of(k_start)
+    slots: dict[int, list[tuple[int, int, np.ndarray]]] = {}
+    for d in np.unique(k_doc).tolist():
+        km = k_doc == d
+        ks, ke, ko = k_start[km], k_end[km], k_off[km]
+        qm = np.nonzero(q_doc == d)[0]
+        slot = 0
+        for qi in qm[np.argsort(q_start[qm])].tolist():
+            sel = ke <= q_start[qi]
+            if not sel.any():
+                continue
+            rows = ranges_to_index(ko[sel], ke[sel] - ks[sel])
+            slots.setdefault(slot, []).append((int(q_local[qi]), int(q_end[qi] - q_start[qi]), rows))
+            slot += 1
+    items = []
+    for slot in sorted(slots):
+        entries = slots[slot]
+        q_idx = ranges_to_index(np.array([e[0] for e in entries]), np.array([e[1] for e in entries]))
+        kv_idx = np.concatenate([e[2] for e in entries])
+        spec = VarlenSpec.from_lengths([e[1] for e in entries], [len(e[2]) for e in entries], causal=False)
+        items.append(WorkItem(spec, "recv", torch.from_numpy(q_idx), _index_or_none(kv_idx, recv_total)))
+    return tuple(items)
+
+
+def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray], part: int) -> Schedule:
+    """Compile the schedule of ``part`` from a placement and its (round-split) transfers."""
+    lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
+    q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
+    n_local = int((q_end - q_start).sum())
+    local_item = None
+    if n_local:
+        change = np.concatenate([[True], q_doc[1:] != q_doc[:-1]])
+        doc_first_local = q_local[change]
+        cu = tuple(np.concatenate([doc_first_local, [n_local]]).tolist())
+        local_item = WorkItem(VarlenSpec(cu, cu, True), "local", None, None)
+    n_rounds = int(pieces["round"].max()) + 1 if pieces["round"].shape[0] else 0
+    rounds = []
+    for t in range(n_rounds):
+        in_t = pieces["round"] == t
+        rm = in_t & (pieces["dst"] == part)
+        sm = in_t & (pieces["src"] == part)
+        r_len = pieces["end"][rm] - pieces["start"][rm]
+        s_len = pieces["end"][sm] - pieces["start"][sm]
+        k_off = np.cumsum(r_len) - r_len
+        send_index = torch.from_numpy(ranges_to_index(pieces["src_local"][sm], s_len))
+        items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces["start"][rm], pieces["end"][rm], k_off)
+        rounds.append(Round(send_index, _splits(pieces["dst"][sm], s_len), _splits(pieces["src"][rm], r_len),
+                            int(r_len.sum()), items))
+    return Schedule(part, n_local, local_item, tuple(rounds))

@@ -1,0 +1,125 @@
+"""Executing a compiled schedule: forward and backward of SAP attention over the inter peers.
+
+Forward, per round: start the batched KV transfers; compute the local item (first round) while
+they are in flight; wait; run the remote items and merge them into the output by log-sum-exp in
+fp32. Backward, per round: remote items' gradients (dQ locally, dK/dV into the receive-buffer
+gradient), send those back to their owners along the reverse transfers while the local item's
+backward runs, then scatter-add what came back. Both directions use :class:`P2PExecutor.transfer`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .comm.p2p import P2PExecutor
+from .kernels.base import AttentionKernel, lse_dtype, merge_partial
+from .plan.schedule import Round, Schedule
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    """Rows ``idx`` of ``x`` (``x`` itself when ``idx`` is None). ``[N, ...] -> [n, ...]``."""
+    return x if idx is None else x.index_select(0, idx.to(x.device))
+
+
+def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round):
+    send = kv.index_select(0, rnd.send_index.to(kv.device))  # [n_send, 2*Hkv, D]
+    return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits)
+
+
+def sap_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched: Schedule, executor: P2PExecutor | None,
+    kernel: AttentionKernel, scale: float, keep_recv: bool,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Forward of one part.
+
+    Args:
+        q: ``[T_part, Hq, D]``; k, v: ``[T_part, Hkv, D]`` (the part's tokens in plan order).
+        sched: the part's compiled schedule. executor: its inter peers (None without rounds).
+        keep_recv: return the receive buffers for the backward (else it fetches them again).
+
+    Returns:
+        out ``[T_part, Hq, D]`` (q's dtype), lse ``[T_part, Hq]`` (fp32/fp64), receive buffers
+        ``[recv_total, 2*Hkv, D]`` per round (empty list unless ``keep_recv``).
+    """
+    hkv = k.shape[1]
+    acc = lse_dtype(q.dtype)
+    kv = torch.cat([k, v], dim=1) if sched.rounds else None  # [T_part, 2*Hkv, D]: one message per peer
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
+    kept: list[torch.Tensor] = []
+
+    def local() -> None:
+        nonlocal out, lse
+        if sched.local_item is not None:
+            o, l = kernel.forward(q, k, v, sched.local_item.spec, scale)
+            out, lse = o.to(acc), l.to(acc)
+
+    if not sched.rounds:
+        local()
+    for t, rnd in enumerate(sched.rounds):
+        pending = _start_fetch(executor, kv, rnd)
+        if t == 0:
+            local()
+        recv = pending.wait()
+        for item in rnd.items:
+            kvi = _take(recv, item.kv_index)  # [n_k, 2*Hkv, D]
+            o, l = kernel.forward(_take(q, item.q_index), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
+            idx = item.q_index.to(q.device)
+            m_o, m_l = merge_partial(out.index_select(0, idx), lse.index_select(0, idx), o, l)
+            out.index_copy_(0, idx, m_o)
+            lse.index_copy_(0, idx, m_l)
+        if keep_recv:
+            kept.append(recv)
+    return out.to(q.dtype), lse, kept
+
+
+def sap_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
+    kernel: AttentionKernel, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of one part (shapes as :func:`sap_forward`; ``out``/``lse`` are the final values).
+
+    Returns:
+        dq ``[T_part, Hq, D]``, dk, dv ``[T_part, Hkv, D]`` in the inputs' dtypes; partial sums are
+        accumulated in fp32 (fp64 for fp64 inputs), and dK/dV travel back in that precision.
+    """
+    hkv = k.shape[1]
+    acc = lse_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
+    kv = None
+
+    def local() -> None:
+        if sched.local_item is not None:
+            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, sched.local_item.spec, scale)
+            dq.add_(gq.to(acc))
+            dkv[:, :hkv].add_(gk.to(acc))
+            dkv[:, hkv:].add_(gv.to(acc))
+
+    if not sched.rounds:
+        local()
+    for t, rnd in enumerate(sched.rounds):
+        if recvs:
+            recv = recvs[t]
+        else:
+            kv = torch.cat([k, v], dim=1) if kv is None else kv
+            recv = _start_fetch(executor, kv, rnd).wait()
+        d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
+        for item in rnd.items:
+            idx = item.q_index.to(q.device)
+            kvi = _take(recv, item.kv_index)
+            gq, gk, gv = kernel.backward(dout.index_select(0, idx), q.index_select(0, idx), kvi[:, :hkv],
+                                         kvi[:, hkv:], out.index_select(0, idx), lse.index_select(0, idx),
+                                         item.spec, scale)
+            dq.index_add_(0, idx, gq.to(acc))
+            gkv = torch.cat([gk, gv], dim=1).to(acc)  # [n_k, 2*Hkv, D]
+            if item.kv_index is None:
+                d_recv.add_(gkv)
+            else:
+                d_recv.index_add_(0, item.kv_index.to(k.device), gkv)
+        # reverse of the forward transfers: gradients go back to the owners of the rows
+        pending = executor.transfer(d_recv, rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits)
+        if t == 0:
+            local()
+        dkv.index_add_(0, rnd.send_index.to(k.device), pending.wait())
+    return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

@@ -1,0 +1,165 @@
+"""SPGroup: the ranks that share one packed batch, and their sub-groups.
+
+An SP group of ``P = U x R`` consecutive ranks is ``R`` intra groups of ``U`` consecutive ranks
+(Ulysses all-to-all over heads, meant for the fast links inside a node) and ``U`` inter groups of
+``R`` ranks with the same intra index (SAP point-to-point, meant for links between nodes). Data
+parallelism runs across SP groups. Groups are created by :func:`init_sequence_parallel` on call,
+never at import, and live on the returned object (no module globals)::
+
+    world 8, sp_size 4, ulysses 2:   dp 0: sp ranks [0 1 | 2 3]   dp 1: sp ranks [4 5 | 6 7]
+                                      intra groups {0,1} {2,3} {4,5} {6,7}
+                                      inter groups {0,2} {1,3} {4,6} {5,7};   dp groups {0,4} {1,5} ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from .comm.p2p import CommStats, P2PExecutor
+from .plan.cache import PlanCache
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(eq=False)
+class SPGroup:
+    """One rank's view of its sequence-parallel group.
+
+    Attributes:
+        size: P, ranks in the SP group.
+        ulysses_size: U, ranks of an intra (all-to-all) group; ``R = size // U``.
+        rank: this rank's index inside the SP group (``inter_rank * U + intra_rank``).
+        group: the SP process group (``None`` when ``size == 1``).
+        global_ranks: global rank of every SP rank.
+        intra_group / inter_group: this rank's sub-groups (``None`` when of size 1).
+        dp_size / dp_rank / dp_group: data parallelism across SP groups.
+        timeout_s: collective / point-to-point timeout of the groups.
+        plan_cache: plans of this group (LRU).
+        comm_stats: what this rank's executor really sent and received.
+    """
+
+    size: int
+    ulysses_size: int
+    rank: int
+    group: Any = None
+    global_ranks: tuple[int, ...] = (0,)
+    intra_group: Any = None
+    inter_group: Any = None
+    dp_size: int = 1
+    dp_rank: int = 0
+    dp_group: Any = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    device_mesh: Any = None
+    plan_cache: PlanCache = field(default_factory=PlanCache)
+    comm_stats: CommStats = field(default_factory=CommStats)
+
+    @property
+    def ring_size(self) -> int:
+        """R, the number of intra groups (inter-SP degree)."""
+        return self.size // self.ulysses_size
+
+    @property
+    def intra_rank(self) -> int:
+        return self.rank % self.ulysses_size
+
+    @property
+    def inter_rank(self) -> int:
+        return self.rank // self.ulysses_size
+
+    def inter_executor(self) -> P2PExecutor:
+        """Executor whose peers are the R inter peers (peer index = inter rank)."""
+        peers = [self.global_ranks[r * self.ulysses_size + self.intra_rank] for r in range(self.ring_size)]
+        return P2PExecutor(self.group, peers, self.comm_stats)
+
+    @staticmethod
+    def single() -> "SPGroup":
+        """A group of one rank (no communication)."""
+        return SPGroup(size=1, ulysses_size=1, rank=0)
+
+
+def _validate(world: int, sp_size: int, ulysses_size: int) -> None:
+    if not isinstance(sp_size, int) or sp_size < 1:
+        raise ValueError(f"sp_size must be a positive int, got {sp_size!r}")
+    if not isinstance(ulysses_size, int) or ulysses_size < 1:
+        raise ValueError(f"ulysses_size must be a positive int, got {ulysses_size!r}")
+    if world % sp_size != 0:
+        raise ValueError(f"sp_size={sp_size} does not divide the world size {world}; launch a multiple of "
+                         f"{sp_size} processes or pick an sp_size that divides {world}")
+    if sp_size % ulysses_size != 0:
+        raise ValueError(f"ulysses_size={ulysses_size} does not divide sp_size={sp_size}; pick a divisor of "
+                         f"{sp_size} (e.g. the GPUs per node)")
+
+
+def init_sequence_parallel(sp_size: int, ulysses_size: int = 1, group: Any = None,
+                           timeout_s: float = DEFAULT_TIMEOUT_S) -> SPGroup:
+    """Split the initialised world (or ``group``) into consecutive SP groups of ``sp_size`` ranks.
+
+    Every rank of the world (of ``group``) must call this, in the same order relative to other group
+    creations: it creates process groups collectively.
+
+    Args:
+        sp_size: P, ranks sharing one packed batch.
+        ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``).
+        group: the parent group; default the whole initialised world.
+        timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
+            after this many seconds instead of hanging.
+
+    Returns:
+        This rank's :class:`SPGroup`.
+
+    Raises:
+        ValueError: when ``sp_size`` does not divide the world or ``ulysses_size`` does not divide
+            ``sp_size``; RuntimeError when torch.distributed is not initialised and ``sp_size > 1``.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        if sp_size == 1 and ulysses_size == 1:
+            return SPGroup.single()
+        raise RuntimeError("torch.distributed is not initialised: run under `accelerate launch` / torchrun "
+                           "and create the Accelerator (or call dist.init_process_group) first")
+    members = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+    world = len(members)
+    _validate(world, sp_size, ulysses_size)
+    me = members.index(dist.get_rank())
+    timeout = timedelta(seconds=timeout_s)
+    U, R, n_sp = ulysses_size, sp_size // ulysses_size, world // sp_size
+    mine: dict[str, Any] = {}
+
+    def make(name: str, ranks: list[int]) -> None:
+        g = dist.new_group(ranks=[members[i] for i in ranks], timeout=timeout) if len(ranks) > 1 else None
+        if me in ranks:
+            mine[name] = g
+
+    for s in range(n_sp):
+        make("sp", list(range(s * sp_size, (s + 1) * sp_size)))
+    for s in range(n_sp):
+        for r in range(R):
+            make("intra", [s * sp_size + r * U + u for u in range(U)])
+        for u in range(U):
+            make("inter", [s * sp_size + r * U + u for r in range(R)])
+    for j in range(sp_size):
+        make("dp", [s * sp_size + j for s in range(n_sp)])
+    s_me = me // sp_size
+    sp = SPGroup(
+        size=sp_size, ulysses_size=U, rank=me % sp_size, group=mine.get("sp"),
+        global_ranks=tuple(members[s_me * sp_size + j] for j in range(sp_size)),
+        intra_group=mine.get("intra"), inter_group=mine.get("inter"), dp_size=n_sp, dp_rank=s_me,
+        dp_group=mine.get("dp"), timeout_s=timeout_s,
+    )
+    sp.device_mesh = _device_mesh(members, n_sp, R, U)
+    return sp
+
+
+def _device_mesh(members: list[int], dp: int, R: int, U: int) -> Any:
+    """A DeviceMesh with dims (dp, sp_inter, sp_intra), or None where the backend cannot build one."""
+    try:
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        mesh = torch.tensor(members, dtype=torch.int64).view(dp, R, U)  # [dp, sp_inter, sp_intra]
+        return DeviceMesh(device_type, mesh, mesh_dim_names=("dp", "sp_inter", "sp_intra"))
+    except Exception:  # noqa: BLE001 - the mesh is a convenience view; groups above are authoritative
+        return None

@@ -1,0 +1,64 @@
+"""Worker functions run on every spawned rank by the distributed SAP tests."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+import hf_hsap
+from hf_hsap.kernels import reference_attention
+
+_GROUPS: dict = {}  # per-process cache of SP groups (worker processes only; keyed by shape)
+
+
+def get_sp(sp_size: int, ulysses: int) -> hf_hsap.SPGroup:
+    key = (sp_size, ulysses)
+    if key not in _GROUPS:
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
+    return _GROUPS[key]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    fin = torch.isfinite(b)
+    if not torch.equal(fin, torch.isfinite(a)):
+        return float("inf")
+    denom = b[fin].abs().max().item() if fin.any() else 1.0
+    return (a[fin] - b[fin]).abs().max().item() / max(denom, 1e-30) if fin.any() else 0.0
+
+
+def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
+                    dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None) -> dict:
+    """Run hsap_attn_func on the global batch drawn from ``seed`` and compare with the float64
+    reference: returns the max relative errors of out, lse, dq, dk, dv and the comm counters."""
+    sp = get_sp(sp_size, ulysses)
+    if layouts_per_dp is not None:
+        cu = layouts_per_dp[sp.dp_rank]
+        seed = seed + sp.dp_rank
+    dtype = getattr(torch, dtype_name)
+    T = cu[-1]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, hq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
+    dout = torch.randn(T, hq, d, generator=g, dtype=torch.float64)
+    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget)
+    ql, kl, vl = (plan.shard(x).to(dtype).requires_grad_(True) for x in (q, k, v))
+    sp.comm_stats.reset()
+    out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True)
+    fwd_rows, fwd_bytes, fwd_msgs = sp.comm_stats.rows_recv, sp.comm_stats.bytes_recv, sp.comm_stats.messages
+    out.backward(plan.shard(dout).to(dtype))
+    qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+    ref, ref_lse = reference_attention(qr, kr, vr, cu)
+    ref.backward(dout)
+    st = plan.stats()
+    return {
+        "out": _rel(out, plan.shard(ref)), "lse": _rel(lse, plan.shard(ref_lse)),
+        "dq": _rel(ql.grad, plan.shard(qr.grad)), "dk": _rel(kl.grad, plan.shard(kr.grad)),
+        "dv": _rel(vl.grad, plan.shard(vr.grad)),
+        "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs,
+        "plan_recv": st["recv_kv_tokens"][sp.rank], "rounds": st["rounds"],
+        "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
+        "placement": plan.placement_name, "rank": dist.get_rank(),
+    }

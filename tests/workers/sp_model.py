@@ -1,0 +1,149 @@
+"""Worker functions for tests/model/test_sp_model.py: tiny HF models under HSAP sequence parallelism."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+import hf_hsap
+from hf_hsap.integrations import register, shard_batch
+
+VOCAB = 61
+# 11 documents, 1 token up to 40 (longer than a shard at SP = 4: 144 / 4 = 36)
+DOC_LENS = [1, 3, 40, 2, 17, 1, 9, 24, 5, 1, 41]
+_GROUPS: dict = {}  # per-process cache of SP groups (worker processes only)
+
+
+def get_sp(sp_size: int, ulysses: int = 1) -> hf_hsap.SPGroup:
+    key = (sp_size, ulysses)
+    if key not in _GROUPS:
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
+    return _GROUPS[key]
+
+
+def make_model(kind: str, attn: str = "hsap") -> torch.nn.Module:
+    """The same random tiny model on every process (seeded CPU init)."""
+    register()
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=256, pad_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(num_key_value_heads=4, **common) if kind == "llama" else \
+        Qwen2Config(num_key_value_heads=2, **common)  # GQA
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    return model.train()
+
+
+def global_batch(lens: list[int] = DOC_LENS, seed: int = 1) -> dict[str, torch.Tensor]:
+    """One packed row: input_ids / labels / position_ids ``[1, T]``, labels -100 at document starts."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (1, sum(lens)), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    return {"input_ids": ids, "position_ids": pos, "labels": labels}
+
+
+def loss_weights(total: int) -> torch.Tensor:
+    """Fixed ``[T, V]`` weights of the per-token test loss ``sum(w * logits)``."""
+    return torch.randn(total, VOCAB, generator=torch.Generator().manual_seed(2))
+
+
+def sp_forward_backward(kind: str, sp_size: int, ulysses: int = 1, placement: str = "auto") -> dict[str, Any]:
+    """Run the packed row under SP: local logits with their global indices, the model's loss, and every
+    parameter's gradient summed over the SP group (of ``model.loss + sum(w * logits)``)."""
+    sp = get_sp(sp_size, ulysses) if sp_size > 1 else sp_size
+    model = make_model(kind)
+    batch = global_batch()
+    local = shard_batch(batch, sp, placement=placement)
+    plan = local["hsap_plan"]
+    idx = plan.local_token_indices(None if sp_size > 1 else 0)
+    out = model(**local)
+    w = loss_weights(batch["input_ids"].numel())[idx]  # [T_local, V]
+    (out.loss + (out.logits[0] * w).sum()).backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone()
+        if sp_size > 1:
+            dist.all_reduce(g, group=sp.group)
+        grads[name] = g
+    loss = out.loss.detach().clone()
+    if sp_size > 1:
+        dist.all_reduce(loss, group=sp.group)
+    return {"index": idx, "logits": out.logits.detach()[0], "loss": float(loss), "grads": grads,
+            "num_items": int(local["num_items_in_batch"]), "rank": getattr(sp, "rank", 0)}
+
+
+def all_ignored_and_refusals(sp_size: int) -> dict[str, Any]:
+    """All labels -100 -> finite zero loss and zero gradients; refusals raise ValueError on every rank."""
+    sp = get_sp(sp_size)
+    model = make_model("llama")
+    batch = global_batch()
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    out = model(**shard_batch(batch, sp))
+    out.loss.backward()
+    zero = all(float(p.grad.abs().max()) == 0.0 for p in model.parameters() if p.grad is not None)
+    errors = {}
+    bad = global_batch(seed=1 + dist.get_rank())  # different tokens on every rank
+    for name, b in (("differ", bad),
+                    ("padding", {**global_batch(), "attention_mask": torch.tensor([[1] * 143 + [0]])}),
+                    ("no_layout", {"input_ids": global_batch()["input_ids"]})):
+        try:
+            shard_batch(b, sp)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    return {"loss": float(out.loss), "zero_grads": zero, "errors": errors}
+
+
+def loader_order(sp_size: int, n_batches: int) -> dict[str, Any]:
+    """SPDataLoader over a per-rank list of batches: what each rank yields, and the loader length."""
+    from hf_hsap.integrations import SPDataLoader
+
+    sp = get_sp(sp_size)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = [global_batch([3, 5], seed=100 + i) for i in range(rank, n_batches, world)]  # interleaved by rank
+    loader = SPDataLoader(mine, sp)
+    seen = [int(b["num_items_in_batch"]) for b in loader]
+    firsts = []
+    for b in SPDataLoader(mine, sp):
+        full = b["hsap_plan"].gather(b["input_ids"][0])  # [T] global tokens back
+        firsts.append(int(full[0]))
+    return {"len": len(loader), "yielded": len(seen), "firsts": firsts}
+
+
+def sft_losses(sp_size: int, out_dir: str, steps: int = 3) -> list[float]:
+    """TRL SFTTrainer (packing, padding-free) for ``steps`` steps; the logged training losses."""
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from hf_hsap.integrations import HSAPSFTTrainer
+
+    if sp_size > 1 and "MASTER_ADDR" not in os.environ:  # Accelerate adopts the existing process group
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
+                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    tokenizer = make_tokenizer()
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 40, (48,), generator=g).tolist()
+    rows = [{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens]
+    args = SFTConfig(output_dir=out_dir, packing=True, max_length=96, per_device_train_batch_size=2,
+                     max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
+                     save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0,
+                     disable_tqdm=True, bf16=False, dataset_num_proc=None)
+    trainer = HSAPSFTTrainer(model=make_model("llama"), args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer, sp=sp_size)
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def make_tokenizer() -> Any:
+    """A word-level tokenizer built in memory (no hub): ids 0 pad, 1 eos, 2 unk, 3.. words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
