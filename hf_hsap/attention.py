@@ -110,7 +110,7 @@ def hsap_attn_func(
     t = q.shape[0]
     # one all-to-all for q, k, v: [T_local, U, (Hq + 2*Hkv)/U * D]
     packed = torch.cat([q.reshape(t, U, -1), k.reshape(t, U, -1), v.reshape(t, U, -1)], dim=2)
-    heads = SeqToHead.apply(packed.reshape(t, -1), sp.intra_group, pieces, sp.intra_rank)  # [T_part, F]
+    heads = SeqToHead.apply(packed.reshape(t, -1), sp.intra_group, pieces, sp.intra_rank, sp.comm_stats)  # [T_part, F]
     fq, fk = hq // U * d, hkv // U * d
     t_part = heads.shape[0]
     qh = heads[:, :fq].reshape(t_part, hq // U, d)  # [T_part, Hq/U, D]
@@ -118,7 +118,7 @@ def hsap_attn_func(
     vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
     out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), sched, executor,
                                        kernel, scale)
-    out = HeadToSeq.apply(out_h.reshape(t_part, -1), sp.intra_group, pieces, sp.intra_rank)  # [T_local, Hq*D]
+    out = HeadToSeq.apply(out_h.reshape(t_part, -1), sp.intra_group, pieces, sp.intra_rank, sp.comm_stats)  # [T_local, Hq*D]
     out = out.reshape(t, hq, d)
     if not return_lse:
         return out

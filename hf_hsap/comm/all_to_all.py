@@ -13,10 +13,18 @@ import torch
 import torch.distributed as dist
 
 
-def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int]) -> torch.Tensor:
-    """``[T_u, U * F] -> [T_group, F]`` where ``F`` is this rank's feature shard (no autograd)."""
+def _count(stats: Any, rows_to_others: int, row_elems: int, x: torch.Tensor) -> None:
+    if stats is not None:
+        stats.a2a_bytes_sent += rows_to_others * row_elems * x.element_size()
+
+
+def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int = 0,
+                stats: Any = None) -> torch.Tensor:
+    """``[T_u, U * F] -> [T_group, F]`` where ``F`` is this rank's feature shard (no autograd).
+    ``stats.a2a_bytes_sent`` (if given) grows by the bytes sent to the other ranks."""
     U = len(piece_sizes)
     t_local = x.shape[0]
+    _count(stats, t_local * (U - 1), x.shape[1] // U, x)
     send = x.reshape(t_local, U, -1).transpose(0, 1).contiguous()  # [T_u, U, F] -> [U, T_u, F]
     send = send.reshape(U * t_local, -1)  # [U * T_u, F]
     recv = torch.empty((sum(piece_sizes), send.shape[1]), dtype=x.dtype, device=x.device)  # [T_group, F]
@@ -25,10 +33,12 @@ def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int]) -> torc
     return recv
 
 
-def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int) -> torch.Tensor:
+def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int,
+                stats: Any = None) -> torch.Tensor:
     """``[T_group, F] -> [T_u, U * F]``: the inverse of :func:`seq_to_head` (no autograd)."""
     U = len(piece_sizes)
     t_local = piece_sizes[rank]
+    _count(stats, sum(piece_sizes) - t_local, x.shape[1], x)
     recv = torch.empty((U * t_local, x.shape[1]), dtype=x.dtype, device=x.device)  # [U * T_u, F]
     dist.all_to_all_single(recv, x.contiguous(), output_split_sizes=[t_local] * U,
                            input_split_sizes=list(piece_sizes), group=group)
@@ -39,23 +49,25 @@ class SeqToHead(torch.autograd.Function):
     """Differentiable :func:`seq_to_head`; backward is :func:`head_to_seq`."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int) -> torch.Tensor:
-        ctx.group, ctx.piece_sizes, ctx.rank = group, piece_sizes, rank
-        return seq_to_head(x, group, piece_sizes)
+    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int,
+                stats: Any = None) -> torch.Tensor:
+        ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = group, piece_sizes, rank, stats
+        return seq_to_head(x, group, piece_sizes, rank, stats)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return head_to_seq(grad, ctx.group, ctx.piece_sizes, ctx.rank), None, None, None
+        return head_to_seq(grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats), None, None, None, None
 
 
 class HeadToSeq(torch.autograd.Function):
     """Differentiable :func:`head_to_seq`; backward is :func:`seq_to_head`."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int) -> torch.Tensor:
-        ctx.group, ctx.piece_sizes = group, piece_sizes
-        return head_to_seq(x, group, piece_sizes, rank)
+    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int,
+                stats: Any = None) -> torch.Tensor:
+        ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = group, piece_sizes, rank, stats
+        return head_to_seq(x, group, piece_sizes, rank, stats)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return seq_to_head(grad, ctx.group, ctx.piece_sizes), None, None, None
+        return seq_to_head(grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats), None, None, None, None

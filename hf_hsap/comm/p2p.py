@@ -25,9 +25,11 @@ class CommStats:
     rows_recv: int = 0
     bytes_recv: int = 0
     per_peer_bytes_sent: dict = field(default_factory=dict)
+    a2a_bytes_sent: int = 0
 
     def reset(self) -> None:
         self.messages = self.rows_sent = self.bytes_sent = self.rows_recv = self.bytes_recv = 0
+        self.a2a_bytes_sent = 0
         self.per_peer_bytes_sent = {}
 
 

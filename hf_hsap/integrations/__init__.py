@@ -1,7 +1,46 @@
-"""Integrations with Hugging Face Transformers (attention registry), Trainer / TRL and Accelerate data loading.
+"""Integrations with Hugging Face Transformers (attention registry), Trainer / TRL and data loading.
 
 Call :func:`register` once (``import hf_hsap`` does it) before ``attn_implementation="hsap"`` is used.
+The trainers import ``transformers.Trainer`` / TRL lazily (``from hf_hsap.integrations import HSAPTrainer``).
 """
-from .transformers import ATTN_NAME, hsap_attention_forward, hsap_mask_function, is_registered, register
+from typing import Any
 
-__all__ = ["ATTN_NAME", "hsap_attention_forward", "hsap_mask_function", "is_registered", "register"]
+from .dataloader import SPDataLoader
+from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, reduce_loss_for_logging
+from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
+from .transformers import (
+    ATTN_NAME,
+    document_starts,
+    hsap_attention_forward,
+    hsap_mask_function,
+    is_registered,
+    register,
+)
+
+_TRAINERS = ("HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin")
+
+__all__ = [
+    "ATTN_NAME",
+    "SPDataLoader",
+    "batch_cu_seqlens",
+    "document_starts",
+    "dp_grad_scale",
+    "global_num_items",
+    "hsap_attention_forward",
+    "hsap_causal_lm_loss",
+    "hsap_mask_function",
+    "is_registered",
+    "reduce_loss_for_logging",
+    "register",
+    "shard_batch",
+    "shift_labels_global",
+    *_TRAINERS,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRAINERS:
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,8 @@ from ..kernels import varlen_attention
 
 ATTN_NAME = "hsap"
 
-__all__ = ["ATTN_NAME", "hsap_attention_forward", "hsap_mask_function", "is_registered", "register"]
+__all__ = ["ATTN_NAME", "document_starts", "hsap_attention_forward", "hsap_mask_function", "is_registered",
+           "register"]
 
 
 def register(name: str = ATTN_NAME) -> str:
@@ -155,6 +156,23 @@ def _row_ranges(valid: torch.Tensor, fix: str = _HOLES_FIX) -> tuple[torch.Tenso
     return first, count
 
 
+def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """Where documents start in packed rows: every row start, and wherever the position does not continue.
+
+    The rule of ``masking_utils.find_packed_sequence_indices`` (``p[t] != p[t - 1] + 1``), so a packed row
+    means the same to "hsap" as to eager/SDPA; it includes every restart at 0.
+
+    Args:
+        position_ids: ``[B, L]`` integer positions.
+
+    Returns:
+        ``[B, L]`` bool, True on the first token of each document.
+    """
+    starts = torch.ones(position_ids.shape, dtype=torch.bool, device=position_ids.device)  # [B, L]
+    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [B, L - 1]
+    return starts
+
+
 def _positions(position_ids: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
     """``position_ids`` as ``[B, L]`` (expanding a shared ``[1, L]``), or ``None``."""
     if position_ids is None:
@@ -173,10 +191,10 @@ def _layout_same_length(
     batch: int, length: int, position_ids: torch.Tensor | None, mask: torch.Tensor | None, device: torch.device
 ) -> _Layout:
     """Documents when queries and keys are the same tokens (training, prefill): see module docstring, 3."""
-    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)  # [B, L]
     pos = _positions(position_ids, batch, length)
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)  # [B, L]
     if pos is not None:
-        starts[:, 1:] = (pos[:, 1:] - pos[:, :-1] != 1).to(device)  # [B, L - 1]
+        starts = document_starts(pos).to(device)
     starts[:, 0] = True
     if mask is None:
         cu = _cu_from_starts(starts.flatten())
@@ -291,14 +309,15 @@ def _sp_attention(
     return hsap_attn_func(q, k, v, plan, softmax_scale=scaling).unsqueeze(0)  # [1, T, Hq, D]
 
 
-def _plan_size(plan: Any) -> int:
-    """SP size of a plan (the attribute name is the planner's; 1 if unknown)."""
-    for attr in ("sp_size", "size", "world_size"):
-        value = getattr(plan, attr, None)
-        if isinstance(value, int):
-            return value
-    sp = getattr(plan, "sp", None)
-    return int(getattr(sp, "size", sp)) if sp is not None else 1
+def _plan_cu_seqlens(plan: Any) -> Any:
+    """Document boundaries of a plan's layout (global order)."""
+    return plan.layout.cu_seqlens
+
+
+def _plan_longest_doc(plan: Any) -> int:
+    """Longest document of a plan's layout, in tokens."""
+    cu = _plan_cu_seqlens(plan)
+    return max((int(b) - int(a) for a, b in zip(cu[:-1], cu[1:])), default=0)
 
 
 def hsap_attention_forward(
@@ -339,15 +358,19 @@ def hsap_attention_forward(
     if v_head_dim != head_dim:
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, D]
     plan = kwargs.get("hsap_plan")
-    if plan is not None and _plan_size(plan) > 1:
-        if attention_mask is not None:
-            raise ValueError("hsap_plan does not combine with a padding attention_mask; pad with a document")
-        longest = getattr(plan, "max_doc_len", None)
-        _check_window(module, window, int(longest) if longest is not None else 0)
+    if plan is not None and attention_mask is not None:
+        raise ValueError("hsap_plan does not combine with a padding attention_mask; make padding its own document")
+    if plan is not None and plan.size > 1:
+        _check_window(module, window, _plan_longest_doc(plan))
         out = _sp_attention(query, key, value, plan, scaling)
         return out[..., :v_head_dim], None
     batch, lq, lk = query.shape[0], query.shape[2], key.shape[2]
-    if kwargs.get("cu_seq_lens_q") is not None:
+    if plan is not None:  # SP size 1: the plan's layout covers the flattened batch in global order
+        cu = tuple(int(x) for x in _plan_cu_seqlens(plan))
+        if lq != lk or cu[-1] != batch * lq:
+            raise ValueError(f"hsap_plan covers {cu[-1]} tokens but the batch has {batch} x {lq} queries, {lk} keys")
+        layout = _Layout(cu, cu)
+    elif kwargs.get("cu_seq_lens_q") is not None:
         layout = _layout_from_cu(batch, lq, lk, kwargs, attention_mask)
     elif lq == lk and (attention_mask is None or attention_mask.shape[1] == lk):
         layout = _layout_same_length(batch, lq, kwargs.get("position_ids"), attention_mask, query.device)

@@ -167,8 +167,10 @@ class Plan:
 
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
-           cost: CostModel | None) -> tuple[Placement, Transfers]:
-    """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`) and its transfers."""
+           cost: CostModel | None, min_tokens: int = 1) -> tuple[Placement, Transfers]:
+    """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`) and its transfers.
+    A document-aware placement that would leave a part with fewer than ``min_tokens`` tokens (every
+    rank must hold one) is replaced by ``contiguous``, which never does when ``T >= P``."""
     if name == "contiguous":
         pl = contiguous(layout, n_parts)
     elif name == "zigzag":
@@ -177,11 +179,14 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
         pl = balanced(layout, n_parts, token_slack=token_slack)
     elif name == "auto":
         cands = [balanced(layout, n_parts, token_slack), contiguous(layout, n_parts), zigzag(layout, n_parts)]
+        cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [compute_transfers(c) for c in cands]
         best = choose_placement(layout, cands, trs, cost)
         return cands[best], trs[best]
     else:
         raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
+    if pl.tokens_per_part().min() < min_tokens:
+        pl = contiguous(layout, n_parts)
     return pl, compute_transfers(pl)
 
 
@@ -190,6 +195,7 @@ def plan_sequence(
     sp: Any,
     placement: str = "auto",
     *,
+    ulysses_size: int = 1,
     recv_budget_tokens: int | None = None,
     token_slack: float = DEFAULT_TOKEN_SLACK,
     total_tokens: int | None = None,
@@ -204,6 +210,7 @@ def plan_sequence(
             tensor, numpy array or list); ``0 < ... < T``.
         sp: an :class:`~hf_hsap.topology.SPGroup`, or an int group size for offline planning
             (inspection, benchmarks; no process group needed).
+        ulysses_size: U for offline planning (an SPGroup carries its own).
         placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"`` (cheapest by cost).
         recv_budget_tokens: at most this many KV tokens in a receive buffer; more is moved in rounds.
             ``None``: one round.
@@ -228,16 +235,16 @@ def plan_sequence(
         size, U, rank = sp.size, sp.ulysses_size, sp.rank
         cache = cache or sp.plan_cache
     elif isinstance(sp, (int, np.integer)) and not isinstance(sp, bool):
-        size, U, rank = int(sp), 1, None
-        if size < 1:
-            raise ValueError(f"the SP size must be >= 1, got {size}")
+        size, U, rank = int(sp), int(ulysses_size), None
+        if size < 1 or U < 1 or size % U != 0:
+            raise ValueError(f"the SP size ({size}) must be a positive multiple of ulysses_size ({U})")
     else:
         raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
     if recv_budget_tokens is not None and recv_budget_tokens < 1:
         raise ValueError("recv_budget_tokens must be a positive number of tokens (or None for no limit)")
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
-    if layout.total_tokens < size:
+    if layout.total_tokens < size:  # every rank (and every intra piece) must hold a token
         raise ValueError(f"the batch has {layout.total_tokens} tokens but the SP group has {size} ranks; "
                          "every rank needs at least one token: pack longer rows or use a smaller sp_size")
     if isinstance(sp, SPGroup) and verify and size > 1:
@@ -245,7 +252,7 @@ def plan_sequence(
     key = (layout.digest, size, U, placement, recv_budget_tokens, token_slack, cost, rank)
 
     def build() -> Plan:
-        pl, tr = _place(layout, size // U, placement, token_slack, cost)
+        pl, tr = _place(layout, size // U, placement, token_slack, cost, min_tokens=U)
         return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens)
 
     return build() if cache is None else cache.get_or_build(key, build)

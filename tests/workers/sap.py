@@ -48,6 +48,12 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     sp.comm_stats.reset()
     out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True)
     fwd_rows, fwd_bytes, fwd_msgs = sp.comm_stats.rows_recv, sp.comm_stats.bytes_recv, sp.comm_stats.messages
+    fwd_a2a = sp.comm_stats.a2a_bytes_sent
+    U = ulysses
+    hkv_eff = math.lcm(hkv, U) if hkv % U else hkv
+    t_u = plan.num_local_tokens()
+    t_part = sum(plan.num_local_tokens(sp.inter_rank * U + u) for u in range(U))
+    a2a_expected = (t_u * (U - 1) * (hq + 2 * hkv_eff) // U * d + (t_part - t_u) * hq // U * d) * ql.element_size()
     out.backward(plan.shard(dout).to(dtype))
     qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref, ref_lse = reference_attention(qr, kr, vr, cu)
@@ -61,4 +67,17 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
         "plan_recv": st["recv_kv_tokens"][sp.rank], "rounds": st["rounds"],
         "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
         "placement": plan.placement_name, "rank": dist.get_rank(),
+        "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st["a2a_tokens"][sp.rank],
+        "dp_rank": sp.dp_rank, "sp_rank": sp.rank,
     }
+
+
+def check_mismatched_layouts() -> str:
+    """Rank 1 gets another layout: every rank must raise ValueError (not hang, not compute)."""
+    sp = get_sp(dist.get_world_size(), 1)
+    cu = [0, 4, 9] if sp.rank != 1 else [0, 5, 9]
+    try:
+        hf_hsap.plan_sequence(torch.tensor(cu), sp)
+    except ValueError as e:
+        return str(e)
+    return "no error"

@@ -1,0 +1,198 @@
+"""The sequence-sharding hook: one global packed batch -> this rank's tokens, plan and exact-loss targets.
+
+Every rank of an SP group calls :func:`shard_batch` with the *same* global batch (the data-loader
+adapter in :mod:`.dataloader` arranges that). Next-token targets are computed on the global batch,
+before sharding, because a rank cannot see the token after its shard's last one::
+
+    global row   | d0 d0 d0 | d1 d1 | d2 d2 d2 d2 |        (3 documents, flattened B*L tokens)
+    shift_labels | l1 l2 -- | l4 -- | l6 l7 l8 -- |        (-- = -100 at every document end)
+    plan.shard   rank 0 gets some tokens, rank 1 the others (plan order, not necessarily contiguous)
+
+The returned local batch feeds ``model(**local)`` directly: ``hsap_plan`` rides through the model's
+kwargs to the ``"hsap"`` attention, ``shift_labels`` + ``num_items_in_batch`` make the model's loss
+``sum(local CE) / global valid count`` (see :mod:`.loss`).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .transformers import document_starts
+
+IGNORE_INDEX = -100
+# Keys that describe the global layout; they are replaced by the plan and never reach the model.
+_LAYOUT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "attention_mask")
+
+__all__ = ["IGNORE_INDEX", "batch_cu_seqlens", "shard_batch", "shift_labels_global"]
+
+
+def batch_cu_seqlens(batch: Mapping[str, Any]) -> torch.Tensor:
+    """Document boundaries over the flattened ``B * L`` tokens of a packed batch.
+
+    Args:
+        batch: with ``input_ids [B, L]`` and ``cu_seq_lens_q [n + 1]`` or ``position_ids [B, L]``
+            (a new document wherever the position does not continue, e.g. restarts at 0, and at every row).
+
+    Returns:
+        ``[n_docs + 1]`` int64 CPU tensor, ``0 < ... < B * L``.
+
+    Raises:
+        ValueError: no document information, or ``cu_seq_lens_q`` that does not cover the batch.
+    """
+    ids = batch["input_ids"]
+    total = ids.numel()
+    cu = batch.get("cu_seq_lens_q")
+    if cu is not None:
+        cu = torch.as_tensor(cu).detach().to("cpu", torch.int64).flatten()
+        if cu[0] != 0 or cu[-1] != total or bool((cu.diff() <= 0).any()):
+            raise ValueError(f"cu_seq_lens_q must rise strictly from 0 to the batch's {total} tokens, got "
+                             f"{cu.tolist()[:8]}...; build it over the flattened batch (PackingCollator does)")
+        return cu
+    pos = batch.get("position_ids")
+    if pos is None:
+        raise ValueError(
+            "shard_batch needs the document layout of the packed batch: pass position_ids (restarting at 0 at "
+            "every document) or cu_seq_lens_q, e.g. from hf_hsap.data.PackingCollator or TRL's padding_free collator"
+        )
+    pos = torch.as_tensor(pos).detach().to("cpu").reshape(ids.shape)  # [B, L]
+    starts = document_starts(pos).flatten()  # [B*L]
+    idx = torch.nonzero(starts, as_tuple=False).flatten()
+    return torch.cat([idx, torch.tensor([total])]).to(torch.int64)
+
+
+def shift_labels_global(labels: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Next-token targets that never cross a document end, on the flattened global batch.
+
+    Args:
+        labels: ``[B, L]`` unshifted labels (``-100`` = no target).
+        cu_seqlens: ``[n + 1]`` document boundaries over ``B * L``.
+
+    Returns:
+        ``[B * L]``: ``out[i] = labels[i + 1]`` when token ``i + 1`` is in the same document, else ``-100``.
+    """
+    flat = labels.reshape(-1)  # [B, L] -> [B*L]
+    out = torch.full_like(flat, IGNORE_INDEX)
+    out[:-1] = flat[1:]
+    ends = cu_seqlens[1:].to(flat.device) - 1  # last token of every document
+    out[ends] = IGNORE_INDEX
+    return out
+
+
+def _batch_digest(tensors: list[torch.Tensor]) -> int:
+    """A 63-bit digest of the batch content (what SP ranks compare)."""
+    h = hashlib.blake2b(digest_size=8)
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((tuple(t.shape), t.dtype)).encode())
+        h.update(t.numpy().tobytes())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _check_same_batch(digest: int, sp: Any) -> None:
+    """All-gather the digest in the SP group; raise on every rank if the ranks hold different batches."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([digest], dtype=torch.int64)
+    if dist.get_backend(sp.group) == "nccl":
+        mine = mine.cuda()
+    everyone = [torch.empty_like(mine) for _ in range(sp.size)]
+    dist.all_gather(everyone, mine, group=sp.group)
+    values = [int(t.item()) for t in everyone]
+    if len(set(values)) > 1:
+        bad = [r for r, v in enumerate(values) if v != values[0]]
+        raise ValueError(
+            f"the ranks of the SP group hold different global batches (SP ranks {bad} differ from rank 0); every "
+            "rank of an SP group must get the same packed batch: wrap the data loader with "
+            "hf_hsap.integrations.SPDataLoader (or use HSAPTrainer / HSAPSFTTrainer)"
+        )
+
+
+def shard_batch(
+    batch: Mapping[str, Any],
+    sp: Any,
+    placement: str = "auto",
+    verify: bool = True,
+    ignore_index: int = IGNORE_INDEX,
+) -> dict[str, Any]:
+    """Turn one global packed batch into this rank's model inputs.
+
+    Args:
+        batch: the global batch, identical on every rank of the SP group: ``input_ids [B, L]``,
+            ``labels [B, L]`` (unshifted, optional: without them no loss targets are produced),
+            ``position_ids [B, L]`` and/or ``cu_seq_lens_q [n + 1]``. Other ``[B, L]`` tensors (e.g. a
+            ``completion_mask``) are sharded too; other values pass through. An all-ones ``attention_mask``
+            is dropped.
+        sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
+        placement: passed to :func:`hf_hsap.plan_sequence`.
+        verify: compare a digest of the batch across the SP group (one small all-gather per call).
+        ignore_index: label value without a target.
+
+    Returns:
+        dict with ``input_ids``, ``position_ids``, ``shift_labels`` and ``labels`` (the same tensor as
+        ``shift_labels``: Transformers computes a loss only when ``labels`` is given, and uses
+        ``shift_labels`` in preference), each ``[1, T_local]``; ``hsap_plan``; ``num_items_in_batch``
+        (0-dim int64: valid targets in the whole global batch, at least 1 so that an all-ignored batch
+        gives a finite zero loss); ``use_cache=False``.
+
+    Shapes:
+        ``[B, L]`` global -> ``[1, T_local]`` local, ``T_local = plan.num_local_tokens()``.
+
+    Raises:
+        ValueError: a padding ``attention_mask`` with zeros, no document layout, or SP ranks with
+            different batches.
+    """
+    from .. import plan_sequence
+
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool(torch.as_tensor(mask).all()):
+        raise ValueError(
+            "shard_batch got a padding attention_mask with zeros; sequence parallelism needs padding-free packed "
+            "batches: make padding its own document (hf_hsap.data.PackingCollator, or TRL with padding_free=True)"
+        )
+    cu = batch_cu_seqlens(batch)
+    labels = batch.get("labels")
+    shift = shift_labels_global(torch.as_tensor(labels), cu) if labels is not None else None  # [B*L]
+    if sp is None or isinstance(sp, int):
+        if sp not in (None, 1):
+            raise ValueError(f"shard_batch needs the SPGroup from hf_hsap.init_sequence_parallel, got sp={sp!r}")
+        sp = 1
+    size = getattr(sp, "size", 1)
+    rank = None if size > 1 or not isinstance(sp, int) else 0  # an int-1 plan is offline: name rank 0
+    if verify and size > 1:
+        parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
+        _check_same_batch(_batch_digest(parts), sp)
+    plan = plan_sequence(cu, sp, placement=placement, verify=False)
+    device = ids.device
+    pos = batch.get("position_ids")
+    if pos is not None:
+        pos = torch.as_tensor(pos).reshape(-1)  # [B, L] -> [B*L]
+    else:  # positions restart at every document start of cu
+        starts = torch.zeros(ids.numel(), dtype=torch.int64)
+        starts[cu[:-1]] = cu[:-1]
+        pos = torch.arange(ids.numel()) - torch.cummax(starts, 0).values  # [B*L]
+    local: dict[str, Any] = {
+        "input_ids": plan.shard(ids.reshape(-1), rank=rank).unsqueeze(0),  # [B*L] -> [1, T_local]
+        "position_ids": plan.shard(pos.to(device), rank=rank).unsqueeze(0),
+        "hsap_plan": plan,
+        "use_cache": False,
+    }
+    if shift is not None:
+        local["shift_labels"] = plan.shard(shift.to(device), rank=rank).unsqueeze(0)  # [1, T_local]
+        local["labels"] = local["shift_labels"]
+        n_valid = (shift != ignore_index).sum().clamp_min(1)
+        local["num_items_in_batch"] = n_valid.to(device)
+    for key, value in batch.items():
+        if key in local or key in _LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch"):
+            continue
+        if torch.is_tensor(value) and tuple(value.shape[:2]) == tuple(ids.shape):
+            flat = value.reshape(ids.numel(), *value.shape[2:])  # [B, L, ...] -> [B*L, ...]
+            local[key] = plan.shard(flat, rank=rank).unsqueeze(0)  # [1, T_local, ...]
+        else:
+            local[key] = value
+    return local

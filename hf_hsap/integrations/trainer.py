@@ -1,0 +1,117 @@
+"""Trainer integration: ``HSAPTrainer`` (Transformers) and ``HSAPSFTTrainer`` (TRL, packing / padding-free).
+
+The mixin changes three things and leaves the training loop alone:
+
+1. the model runs with ``attn_implementation="hsap"`` (registered on construction);
+2. the train / eval loaders are wrapped in :class:`~.dataloader.SPDataLoader`, so each SP group shares its
+   global batches and every step's batch is sharded by :func:`~.sharding.shard_batch` (``hsap_plan``,
+   ``shift_labels`` computed on the global batch);
+3. the loss is exact: Trainer counts valid ``shift_labels`` over all ranks (``average_tokens_across_devices``
+   is forced on), each rank's loss is ``sum(local CE) / N * W``, DDP averages over the ``W`` ranks. The
+   logged loss (Trainer's mean over ranks) is then the loss one process would log for the same batches.
+   Evaluation gets the same count through one all-reduce per batch.
+
+Label smoothing is refused: ``shift_labels`` are already shifted and Trainer's smoother would shift again.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .dataloader import SPDataLoader
+from .sharding import IGNORE_INDEX
+from .transformers import ATTN_NAME, register
+
+__all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
+
+
+class HSAPTrainerMixin:
+    """Mix into a ``transformers.Trainer`` subclass (put it first in the bases).
+
+    Args:
+        sp: an :class:`~hf_hsap.SPGroup`, an int SP size (the group is created after the Accelerator, i.e.
+            collectively on every rank), or ``None`` for SP size 1 (plain data parallelism with "hsap").
+        sp_placement: placement passed to the planner (``"auto"``).
+        *args, **kwargs: the Trainer's own arguments.
+    """
+
+    def __init__(self, *args: Any, sp: Any = None, sp_placement: str = "auto", **kwargs: Any) -> None:
+        register()
+        super().__init__(*args, **kwargs)
+        from .. import init_sequence_parallel
+
+        if sp is None or isinstance(sp, int):
+            sp = init_sequence_parallel(sp or 1)
+        self.sp = sp
+        self.sp_placement = sp_placement
+        if self.args.label_smoothing_factor:
+            raise ValueError("HSAP trainers pass pre-shifted labels; set label_smoothing_factor=0 (label smoothing "
+                             "would shift them again)")
+        self.args.average_tokens_across_devices = True  # the exact-loss contract relies on the global count
+        model = self.accelerator.unwrap_model(self.model)
+        if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+            model.set_attn_implementation(ATTN_NAME)
+
+    def _hsap_wrap(self, loader: Any) -> SPDataLoader:
+        return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False)
+
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's loader, wrapped so that SP groups share global batches (length x SP size)."""
+        return self._hsap_wrap(super().get_train_dataloader())
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """Same for evaluation."""
+        return self._hsap_wrap(super().get_eval_dataloader(eval_dataset))
+
+    def _global_num_items(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """Valid targets over all ranks (one all-reduce), for calls where Trainer did not count them."""
+        labels = inputs.get("shift_labels")
+        if labels is None:
+            return None
+        count = (labels != IGNORE_INDEX).sum().to(torch.int64)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(count)
+        return count
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        """Trainer's (or TRL's) loss with the global target count; see the module docstring."""
+        inputs.pop("num_items_in_batch", None)
+        if num_items_in_batch is None:
+            num_items_in_batch = self._global_num_items(inputs)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
+
+def _trainer_class() -> type:
+    from transformers import Trainer
+
+    return Trainer
+
+
+class HSAPTrainer(HSAPTrainerMixin, _trainer_class()):  # type: ignore[misc]
+    """``transformers.Trainer`` with HSAP sequence parallelism (see :class:`HSAPTrainerMixin`)."""
+
+
+try:  # TRL is optional
+    from trl import SFTTrainer as _SFTTrainer
+except ImportError:  # pragma: no cover - exercised only without TRL
+    _SFTTrainer = None
+
+if _SFTTrainer is not None:
+
+    class HSAPSFTTrainer(HSAPTrainerMixin, _SFTTrainer):  # type: ignore[misc]
+        """TRL ``SFTTrainer`` with HSAP sequence parallelism.
+
+        Use ``SFTConfig(packing=True)`` (BFD packing, padding-free: batches carry ``position_ids`` and
+        ``cu_seq_lens_q``) or ``padding_free=True``; padded batches are refused by :func:`shard_batch`.
+        """
+
+else:  # pragma: no cover
+
+    class HSAPSFTTrainer:  # type: ignore[no-redef]
+        """Placeholder: TRL is not installed."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("HSAPSFTTrainer needs TRL: pip install trl")

@@ -1,0 +1,160 @@
+"""The pure planner: placements, minimal transfers, compiled schedules, stats, validation."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hf_hsap
+from hf_hsap import PlanCache, plan_sequence
+from hf_hsap.plan.layout import check_position_ids, cu_seqlens_from_position_ids, make_layout
+
+PLACEMENTS = ["contiguous", "zigzag", "balanced", "auto"]
+
+
+def cu_of(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def brute_force_need(owner: np.ndarray, cu: np.ndarray, n_parts: int) -> set:
+    """(part, token) pairs a part needs: not held, same document, at or before a held query."""
+    doc = np.searchsorted(cu, np.arange(len(owner)), side="right") - 1
+    need = set()
+    for r in range(n_parts):
+        held = np.nonzero(owner == r)[0]
+        for d in set(doc[held].tolist()):
+            last = held[doc[held] == d].max()
+            need |= {(r, j) for j in range(cu[d], last + 1) if owner[j] != r}
+    return need
+
+
+layouts = st.lists(st.integers(1, 30), min_size=1, max_size=9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=layouts, P=st.integers(1, 6), U=st.sampled_from([1, 2]), placement=st.sampled_from(PLACEMENTS))
+def test_plan_is_minimal_partition_and_counts_exactly(lengths, P, U, placement):
+    size = P * U
+    cu = cu_of(lengths)
+    T = int(cu[-1])
+    if T < size:
+        with pytest.raises(ValueError, match="at least one token"):
+            plan_sequence(cu, size, placement, ulysses_size=U)
+        return
+    plan = plan_sequence(cu, size, placement, ulysses_size=U)
+    # the ranks' tokens partition [0, T), each rank in global order
+    parts = [plan.local_token_indices(r).numpy() for r in range(size)]
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(T))
+    assert all(np.all(np.diff(p) > 0) for p in parts)
+    assert all(len(p) >= 1 for p in parts)
+    # transfers == brute-force need, each (part, token) exactly once, from its owner
+    owner = np.empty(T, dtype=np.int64)
+    for r in range(plan.n_parts):
+        owner[plan.part_token_indices(r)] = r
+    got = []
+    tr = plan.transfers
+    for s, e, src, dst in zip(tr.start, tr.end, tr.src, tr.dst):
+        assert (owner[s:e] == src).all()
+        got += [(int(dst), j) for j in range(s, e)]
+    assert len(got) == len(set(got))
+    assert set(got) == brute_force_need(owner, cu, plan.n_parts)
+    # stats
+    st_ = plan.stats()
+    assert sum(st_["tokens"]) == T
+    L = np.asarray(lengths)
+    assert sum(st_["attn_work"]) == pytest.approx(int((L * (L + 1) // 2).sum()))
+    for r in range(size):
+        assert st_["recv_kv_tokens"][r] == sum(1 for (d, _) in got if d == r // U)
+    # compiled schedules receive exactly the transfers, and every remote key is used
+    for part in range(plan.n_parts):
+        sched = plan.schedule(part)
+        assert sched.recv_tokens == st_["recv_kv_tokens"][part * U]
+        assert sched.n_local == len(plan.part_token_indices(part))
+
+
+@pytest.mark.parametrize("placement", ["contiguous", "zigzag", "balanced"])
+@pytest.mark.parametrize("dist", ["longtail", "sft", "mixed", "single"])
+def test_token_bound(placement, dist):
+    from benchmarks.distributions import doc_lengths
+
+    T, P = 131072, 8
+    plan = plan_sequence(cu_of(doc_lengths(dist, T, 0)), P, placement)
+    eps = 0.10 if placement == "balanced" else 0.0
+    assert max(plan.stats()["tokens"]) <= int(np.ceil(T / P) * (1 + eps))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=8), budget=st.integers(1, 20))
+def test_rounds_respect_budget_and_cover_transfers(lengths, budget):
+    cu = cu_of(lengths)
+    if cu[-1] < 3:
+        return
+    plan = plan_sequence(cu, 3, "zigzag", recv_budget_tokens=budget)
+    for part in range(3):
+        sched = plan.schedule(part)
+        assert all(r.recv_total <= budget for r in sched.rounds)
+        assert sched.recv_tokens == plan.stats()["recv_kv_tokens"][part]
+    sent = sum(plan.schedule(p).send_tokens for p in range(3))
+    assert sent == sum(plan.stats()["recv_kv_tokens"])
+
+
+def test_cache_returns_same_plan():
+    cache = PlanCache(maxsize=2)
+    a = plan_sequence([0, 5, 9], 2, cache=cache)
+    b = plan_sequence(torch.tensor([0, 5, 9]), 2, cache=cache)
+    c = plan_sequence([0, 4, 9], 2, cache=cache)
+    assert a is b and a is not c and cache.hits == 1 and cache.misses == 2
+
+
+def test_shard_unshard_roundtrip():
+    plan = plan_sequence([0, 3, 20, 21, 40], 4, "zigzag")
+    x = torch.randn(40, 3)
+    pieces = [plan.shard(x, rank=r) for r in range(4)]
+    assert torch.equal(plan.unshard(pieces), x)
+    y = torch.randn(2, 40)
+    assert torch.equal(plan.unshard([plan.shard(y, 1, rank=r) for r in range(4)], dim=1), y)
+
+
+@pytest.mark.parametrize("cu,match", [
+    ([1, 5, 9], "start at 0"),
+    ([0, 5, 5, 9], "strictly increasing"),
+    ([0, 7, 5], "strictly increasing"),
+    ([0], "at least one document"),
+    ([[0, 4], [4, 8]], "1-D"),
+])
+def test_bad_cu_seqlens(cu, match):
+    with pytest.raises(ValueError, match=match):
+        plan_sequence(cu, 2)
+
+
+def test_other_bad_input():
+    with pytest.raises(ValueError, match="ends at 9 but the batch has 10"):
+        plan_sequence([0, 4, 9], 2, total_tokens=10)
+    with pytest.raises(ValueError, match="integers"):
+        plan_sequence(torch.tensor([0.0, 4.0]), 2)
+    with pytest.raises(ValueError, match="unknown placement"):
+        plan_sequence([0, 4, 9], 2, "diagonal")
+    with pytest.raises(ValueError, match="at least one token"):
+        plan_sequence([0, 3], 4)
+    with pytest.raises(ValueError, match="multiple of ulysses_size"):
+        plan_sequence([0, 30], 4, ulysses_size=3)
+    with pytest.raises(ValueError, match="recv_budget_tokens"):
+        plan_sequence([0, 30], 2, recv_budget_tokens=0)
+    plan = plan_sequence([0, 30], 1)
+    q = torch.randn(29, 4, 8)
+    with pytest.raises(ValueError, match="holds 30 tokens"):
+        hf_hsap.hsap_attn_func(q, q[:, :2], q[:, :2], plan)
+    q = torch.randn(30, 3, 8)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        hf_hsap.hsap_attn_func(q, q[:, :2], q[:, :2], plan)
+    with pytest.raises(ValueError, match="offline"):
+        hf_hsap.hsap_attn_func(q, q, q, plan_sequence([0, 30], 2))
+
+
+def test_position_ids_helpers():
+    pos = torch.tensor([[0, 1, 2, 0, 1], [0, 0, 1, 2, 3]])
+    cu = cu_seqlens_from_position_ids(pos)
+    assert cu.tolist() == [0, 3, 5, 6, 10]
+    check_position_ids(pos, make_layout(cu))
+    with pytest.raises(ValueError, match="disagree with cu_seqlens"):
+        check_position_ids(pos, make_layout([0, 2, 5, 6, 10]))
