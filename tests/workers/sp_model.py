@@ -95,7 +95,7 @@ def all_ignored_and_refusals(sp_size: int) -> dict[str, Any]:
             errors[name] = None
         except ValueError as e:
             errors[name] = str(e)
-    return {"loss": float(out.loss), "zero_grads": zero, "errors": errors}
+    return {"loss": out.loss.item(), "zero_grads": zero, "errors": errors}
 
 
 def loader_order(sp_size: int, n_batches: int) -> dict[str, Any]:

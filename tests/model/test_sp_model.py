@@ -1,0 +1,115 @@
+"""Tiny HF models under HSAP sequence parallelism (spawned gloo ranks) against documents run alone.
+
+Every check compares with the same model run on each document by itself with eager attention: the
+logits of every token, the model's loss (``sum(CE) / N`` over the whole global batch) and every
+parameter's gradient (summed over the SP group), relative error <= 1e-4 in float32.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_hsap.testing import DistPool
+from workers import sp_model as W
+
+TOL = 1e-4
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    with DistPool(2, timeout_s=150) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def pool4():
+    with DistPool(4, timeout_s=150) as pool:
+        yield pool
+
+
+_REFERENCES: dict = {}
+
+
+def reference(kind: str) -> dict:
+    """Logits ``[T, V]``, loss and gradients of ``loss + sum(w * logits)`` with each document alone (eager)."""
+    if kind not in _REFERENCES:
+        model = W.make_model(kind, attn="eager")
+        ids = W.global_batch()["input_ids"]
+        pieces, ce_sum, start = [], 0.0, 0
+        for n in W.DOC_LENS:
+            doc = ids[:, start:start + n]
+            logits = model(input_ids=doc, use_cache=False).logits[0]  # [n, V]
+            ce_sum = ce_sum + F.cross_entropy(logits[:-1], doc[0, 1:], reduction="sum")
+            pieces.append(logits)
+            start += n
+        logits = torch.cat(pieces)  # [T, V]
+        n_items = ids.numel() - len(W.DOC_LENS)
+        loss = ce_sum / n_items
+        (loss + (logits * W.loss_weights(ids.numel())).sum()).backward()
+        _REFERENCES[kind] = {"logits": logits.detach(), "loss": loss.item(), "n_items": n_items,
+                             "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+    return _REFERENCES[kind]
+
+
+def _check(kind: str, results: list[dict], sp_size: int) -> None:
+    ref = reference(kind)
+    for group_start in range(0, len(results), sp_size):  # every SP group (DP replicas) on its own
+        group = results[group_start:group_start + sp_size]
+        logits = torch.full_like(ref["logits"], float("nan"))
+        for r in group:
+            logits[r["index"]] = r["logits"]
+        assert _rel(logits, ref["logits"]) <= TOL  # NaN left = a token no rank produced -> fails
+        for r in group:
+            assert r["num_items"] == ref["n_items"]
+            assert abs(r["loss"] - ref["loss"]) <= TOL * ref["loss"]
+            for name, g in r["grads"].items():
+                assert _rel(g, ref["grads"][name]) <= TOL, (kind, sp_size, name)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_sp1_matches_documents_alone(kind: str) -> None:
+    _check(kind, [W.sp_forward_backward(kind, 1)], 1)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_sp2_matches_documents_alone(kind: str, pool2) -> None:
+    _check(kind, pool2.run(W.sp_forward_backward, kind, 2), 2)
+
+
+@pytest.mark.parametrize("kind,ulysses,placement", [("llama", 1, "auto"), ("qwen2", 1, "contiguous"),
+                                                    ("qwen2", 2, "auto")])
+def test_sp4_matches_documents_alone(kind: str, ulysses: int, placement: str, pool4) -> None:
+    _check(kind, pool4.run(W.sp_forward_backward, kind, 4, ulysses, placement), 4)
+
+
+def test_sp2_with_two_dp_groups(pool4) -> None:
+    _check("qwen2", pool4.run(W.sp_forward_backward, "qwen2", 2), 2)
+
+
+def test_all_ignored_labels_and_refusals(pool2) -> None:
+    for res in pool2.run(W.all_ignored_and_refusals, 2):
+        assert res["loss"] == 0.0 and res["zero_grads"]
+        assert "different global batches" in res["errors"]["differ"]
+        assert "attention_mask" in res["errors"]["padding"]
+        assert "position_ids" in res["errors"]["no_layout"]
+
+
+def test_dataloader_adapter_shares_batches(pool2) -> None:
+    """5 batches over 2 ranks (3 + 2): every rank yields all 5, in the order one process reads them."""
+    res = pool2.run(W.loader_order, 2, 5)
+    single = [int(W.global_batch([3, 5], seed=100 + i)["input_ids"][0, 0]) for i in range(5)]
+    for r in res:
+        assert r["yielded"] == 5 and r["firsts"] == single
+
+
+def test_trl_sft_packing_sp2_logs_the_sp1_losses(pool2, tmp_path) -> None:
+    sp1 = W.sft_losses(1, str(tmp_path / "sp1"))
+    sp2 = pool2.run(W.sft_losses, 2, str(tmp_path / "sp2"))
+    assert len(sp1) == 3
+    for losses in sp2:
+        assert losses == pytest.approx(sp1, rel=1e-5)
