@@ -113,3 +113,10 @@ def test_trl_sft_packing_sp2_logs_the_sp1_losses(pool2, tmp_path) -> None:
     assert len(sp1) == 3
     for losses in sp2:
         assert losses == pytest.approx(sp1, rel=1e-5)
+
+
+def test_hf_trainer_packing_collator_sp2_matches_sp1(pool2, tmp_path) -> None:
+    sp1 = W.trainer_losses(1, str(tmp_path / "sp1"))
+    for res in pool2.run(W.trainer_losses, 2, str(tmp_path / "sp2")):
+        assert res["train"] == pytest.approx(sp1["train"], rel=1e-5)
+        assert res["eval"] == pytest.approx(sp1["eval"], rel=1e-5)

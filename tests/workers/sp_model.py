@@ -147,3 +147,28 @@ def make_tokenizer() -> Any:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def trainer_losses(sp_size: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
+    """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_hsap.data import PackingCollator
+    from hf_hsap.integrations import HSAPTrainer
+
+    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
+                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    g = torch.Generator().manual_seed(7)
+    lens = torch.randint(1, 50, (40,), generator=g).tolist()
+    rows = Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens])
+    args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                             max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
+                             save_strategy="no", seed=0, data_seed=0, disable_tqdm=True,
+                             remove_unused_columns=False)
+    trainer = HSAPTrainer(model=make_model("qwen2"), args=args, train_dataset=rows, eval_dataset=rows.select(range(16)),
+                          data_collator=PackingCollator(max_length=64), sp=sp_size)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"train": losses, "eval": trainer.evaluate()["eval_loss"]}
