@@ -355,7 +355,10 @@ def hsap_attention_forward(
             "pass a 2D padding mask, or position_ids / cu_seq_lens_q for packed documents"
         )
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
-    if v_head_dim != head_dim:
+    if v_head_dim > head_dim:
+        raise ValueError(f"attn_implementation='hsap' needs value head_dim <= query head_dim, got {v_head_dim} > "
+                         f"{head_dim}; use attn_implementation='sdpa' for this model")
+    if v_head_dim < head_dim:  # e.g. MLA: pad values like flash-attention does, crop the output below
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, D]
     plan = kwargs.get("hsap_plan")
     if plan is not None and attention_mask is not None:
