@@ -12,6 +12,7 @@ fits nowhere within both caps it is cut contiguously over the parts with the mos
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -57,48 +58,92 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
     seg_end: list[int] = []
     seg_part: list[int] = []
     rot = 0
+    heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
+    mean_t = T / P
+    rem_t, rem_w = float(T), float(work.sum())  # not yet placed
+    recv = [0] * P  # KV tokens each part will receive (from split documents)
+
+    def score(p: int) -> float:
+        return max(tok[p] / cap_t, wrk[p] / cap_w)
+
+    def fits(p: int, t: float, w: float, rho: float) -> bool:
+        """Within both caps, and (rho > 0) still within the work cap once the part is filled up to the
+        mean token count with the remaining documents' average work per token ``rho``."""
+        if tok[p] + t > cap_t or wrk[p] + w > cap_w:
+            return False
+        return wrk[p] + w + rho * max(0.0, mean_t - tok[p] - t) <= cap_w
+
     for d in np.argsort(-lengths, kind="stable").tolist():
         L, w, s0 = int(lengths[d]), float(work[d]), int(starts[d])
-        score = [max(t / cap_t, x / cap_w) for t, x in zip(tok, wrk)]
+        rem_t -= L
+        rem_w -= w
+        rho = 0.5 * rem_w / rem_t if rem_t > 0 else 0.0
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         if k0 == 1:  # fast path: the least loaded part takes the document whole
-            best = min(range(P), key=score.__getitem__)
-            if tok[best] + L <= cap_t and wrk[best] + w <= cap_w:
+            best = heap[0][1]
+            if fits(best, L, w, rho):
                 seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(best)
                 tok[best] += L
                 wrk[best] += w
+                heapq.heapreplace(heap, (score(best), best))
                 continue
-        order = sorted(range(P), key=score.__getitem__)
-        placed = False
-        # a document that needs most parts anyway goes to all of them (no idle part, best balance)
-        k_first = P if 2 * k0 > P else k0
-        for k in range(k_first, min(P, L) + 1):
-            chosen = [p for p in order if tok[p] + L / k <= cap_t and wrk[p] + w / k <= cap_w][:k]
-            if len(chosen) < k:
-                continue
-            if k == 1:
-                p = chosen[0]
-                seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(p)
-                tok[p] += L
-                wrk[p] += w
-            else:
-                sizes, rot = _zigzag_chunks(np.array([L]), k, rot)
-                dd, ss, ee, pp = _zigzag_segments(np.array([d]), np.array([s0]), sizes,
-                                                  np.array([chosen], dtype=np.int64))
-                seg_doc += dd.tolist(); seg_start += ss.tolist(); seg_end += ee.tolist(); seg_part += pp.tolist()
-                for p, t_add, w_add in zip(chosen, sizes[0, :k] + sizes[0, ::-1][:k], _pair_work(sizes[0])):
-                    tok[p] += float(t_add)
-                    wrk[p] += float(w_add)
-            placed = True
-            break
-        if not placed:
+        order = sorted(range(P), key=lambda p: (score(p), p))
+        chosen = _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
+            _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0))
+        if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+        elif len(chosen) == 1:
+            p = chosen[0]
+            seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(p)
+            tok[p] += L
+            wrk[p] += w
+        else:
+            k = len(chosen)
+            sizes, rot = _zigzag_chunks(np.array([L]), k, rot)
+            # the pair that needs the most KV goes to the part that receives the least so far
+            need = _pair_recv(sizes[0])
+            chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
+            by_need = np.argsort(-need, kind="stable")
+            mapped = [0] * k
+            for part_pos, pair in enumerate(by_need.tolist()):
+                mapped[pair] = chosen[part_pos]
+            chosen = mapped
+            for p, n in zip(chosen, need.tolist()):
+                recv[p] += n
+            dd, ss, ee, pp = _zigzag_segments(np.array([d]), np.array([s0]), sizes, np.array([chosen], dtype=np.int64))
+            seg_doc += dd.tolist(); seg_start += ss.tolist(); seg_end += ee.tolist(); seg_part += pp.tolist()
+            for p, t_add, w_add in zip(chosen, sizes[0, :k] + sizes[0, ::-1][:k], _pair_work(sizes[0])):
+                tok[p] += float(t_add)
+                wrk[p] += float(w_add)
+        heap = [(score(p), p) for p in range(P)]
+        heapq.heapify(heap)
     return _finish("balanced", P, seg_doc, seg_start, seg_end, seg_part)
+
+
+def _pair_recv(sizes: np.ndarray) -> np.ndarray:
+    """KV tokens the holder of each chunk pair needs. ``sizes [2k] -> [k]``: everything before the end of
+    its second chunk except its own two chunks."""
+    k = sizes.shape[0] // 2
+    ends = np.cumsum(sizes)
+    own = sizes[:k] + sizes[::-1][:k]
+    return ends[::-1][:k] - own
+
+
+def _choose_parts(order: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:
+    """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
+    A document that needs most parts anyway goes to all of them (no idle part, best balance)."""
+    k_first = P if 2 * k0 > P else k0
+    for k in range(k_first, min(P, L) + 1):
+        chosen = [p for p in order if fits(p, L / k, w / k)][:k]
+        if len(chosen) == k:
+            return chosen
+    return None
 
 
 def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: list,
                       seg_doc: list, seg_start: list, seg_end: list, seg_part: list) -> None:
-    """Cut a document contiguously over the parts with the most free tokens (fallback)."""
+    """Cut a document contiguously over the parts with the most free tokens (fallback; rare: only
+    when the token caps leave no room for equal shares)."""
     free = sorted(range(len(tok)), key=lambda p: tok[p] - cap_t)
     pos = 0
     for p in free:

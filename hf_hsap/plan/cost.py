@@ -1,17 +1,20 @@
 """The cost estimate that ``placement="auto"`` minimises.
 
-Time of a part, in units of one (query, key) pair of attention work::
+Step time of a part (forward + backward of one layer), in units of one (query, key) pair of
+attention work::
 
-    t_r = max(local_work_r, kv_token_cost * recv_r) + remote_work_r
+    t_r = token_cost * tokens_r + max(local_work_r, kv_token_cost * recv_r) + remote_work_r
 
-local work (queries against the part's own keys) runs while the needed KV is in flight; remote
-work waits for it. ``auto`` picks the placement with the smallest ``max_r t_r``.
+* ``tokens_r``: tokens held; every other layer of the block (projections, MLP) costs per token.
+* ``local_work_r``: pairs of queries against the part's own keys: run while the needed KV is in
+  flight. ``remote_work_r``: pairs against received keys: wait for them.
+* ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
 
-``kv_token_cost`` = time to receive one KV token / time of one pair. Default: A100 between nodes
-(InfiniBand 25 GB/s per GPU, a bf16 K+V token of ``4*Hkv*D`` bytes) against the attention kernel at
-50% of 312 TFLOP/s (``4*Hq*D`` FLOPs per pair forward): ``6240 * Hkv / Hq``, with MHA assumed.
-The benchmarks' cost model (``benchmarks/cost_model.py``) derives the same figure per model and
-hardware; pass a :class:`CostModel` to plan for other links.
+Defaults (:meth:`CostModel.default`): Llama-3-8B shapes (32 q heads, 8 kv heads, head dim 128,
+218 M parameters per layer) on A100 nodes with InfiniBand (25 GB/s per GPU) between them; kernels at
+55% (attention) and 70% (GEMM) of 312 TFLOP/s; fwd + bwd attention = 3.5x forward FLOPs; K, V sent
+in bf16 and dK, dV returned in fp32. ``benchmarks/cost_model.py`` documents the same figures;
+:meth:`CostModel.from_shapes` builds one for other models and links.
 """
 from __future__ import annotations
 
@@ -27,21 +30,33 @@ from .transfers import Transfers
 
 @dataclass(frozen=True)
 class CostModel:
-    """Args: kv_token_cost: pair-equivalents per received KV token (see module docstring)."""
+    """Relative costs in units of one attention pair (fwd + bwd).
 
-    kv_token_cost: float = 6240.0
+    Args:
+        token_cost: cost of one token through the non-attention parts of a layer.
+        kv_token_cost: cost of receiving one KV token (and returning its gradient).
+    """
+
+    token_cost: float = 16200.0
+    kv_token_cost: float = 1300.0
 
     @staticmethod
-    def for_link(link_bytes_per_s: float, kernel_flops_per_s: float, q_heads: int, kv_heads: int,
-                 dtype_bytes: int = 2) -> "CostModel":
-        """Cost model of a link and a kernel speed (per GPU), for a head configuration."""
-        kv_token_s = 2 * kv_heads * dtype_bytes / link_bytes_per_s  # per head_dim unit
-        pair_s = 4 * q_heads / kernel_flops_per_s
-        return CostModel(kv_token_cost=kv_token_s / pair_s)
+    def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
+                    peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
+                    dtype_bytes: int = 2, grad_bytes: int = 4) -> "CostModel":
+        """Cost model for a model shape, a link (per GPU, per direction) and a GPU peak."""
+        pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
+        token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
+        kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
+        return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s)
+
+    @staticmethod
+    def default() -> "CostModel":
+        return CostModel()
 
 
 def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> np.ndarray:
-    """``[n_parts]`` estimated time of every part (module docstring)."""
+    """``[n_parts]`` estimated step time of every part (module docstring)."""
     work = pl.work_per_part(layout).astype(np.float64)
     # local work: per (part, doc), causal over the part's own tokens of that doc
     key = pl.part * (layout.n_docs + 1) + pl.doc
@@ -49,12 +64,13 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) ->
     n = np.bincount(inv, weights=pl.end - pl.start)
     local = np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
-    return np.maximum(local, cost.kv_token_cost * recv) + (work - local)
+    tokens = pl.tokens_per_part().astype(np.float64)
+    return cost.token_cost * tokens + np.maximum(local, cost.kv_token_cost * recv) + (work - local)
 
 
 def choose_placement(layout: Layout, candidates: Sequence[Placement], transfers: Sequence[Transfers],
                      cost: CostModel | None = None) -> int:
     """Index of the candidate with the smallest estimated step time (first wins ties)."""
-    cost = cost or CostModel()
+    cost = cost or CostModel.default()
     times = [float(part_times(layout, c, t, cost).max()) for c, t in zip(candidates, transfers)]
     return int(np.argmin(times))
