@@ -12,6 +12,10 @@ from .plan.cost import CostModel
 from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
 from .plan.planner import Plan, plan_sequence
 from .topology import SPGroup, init_sequence_parallel
+from .integrations import register, shard_batch  # noqa: E402  (register() imports transformers lazily)
+from .data import PackingCollator
+
+register()
 
 __all__ = [
     "CostModel",
@@ -23,6 +27,9 @@ __all__ = [
     "hsap_attn_func",
     "init_sequence_parallel",
     "make_layout",
+    "PackingCollator",
+    "register",
+    "shard_batch",
     "plan_sequence",
     "reference_attention",
     "select_kernel",

@@ -72,7 +72,7 @@ class SPGroup:
     def inter_executor(self) -> P2PExecutor:
         """Executor whose peers are the R inter peers (peer index = inter rank)."""
         peers = [self.global_ranks[r * self.ulysses_size + self.intra_rank] for r in range(self.ring_size)]
-        return P2PExecutor(self.group, peers, self.comm_stats)
+        return P2PExecutor(self.group, peers, self.comm_stats, self.timeout_s)
 
     @staticmethod
     def single() -> "SPGroup":

@@ -12,6 +12,17 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from .p2p import raise_comm_error
+
+
+def _all_to_all(recv: torch.Tensor, send: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                group: Any) -> None:
+    """``all_to_all_single`` with transport errors re-raised as :class:`HSAPCommError`."""
+    try:
+        dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits, group=group)
+    except RuntimeError as err:
+        raise_comm_error(err, "intra-group all-to-all", dist.get_process_group_ranks(group), None)
+
 
 def _count(stats: Any, rows_to_others: int, row_elems: int, x: torch.Tensor) -> None:
     if stats is not None:
@@ -28,8 +39,7 @@ def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: i
     send = x.reshape(t_local, U, -1).transpose(0, 1).contiguous()  # [T_u, U, F] -> [U, T_u, F]
     send = send.reshape(U * t_local, -1)  # [U * T_u, F]
     recv = torch.empty((sum(piece_sizes), send.shape[1]), dtype=x.dtype, device=x.device)  # [T_group, F]
-    dist.all_to_all_single(recv, send, output_split_sizes=list(piece_sizes),
-                           input_split_sizes=[t_local] * U, group=group)
+    _all_to_all(recv, send, list(piece_sizes), [t_local] * U, group)
     return recv
 
 
@@ -40,8 +50,7 @@ def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: i
     t_local = piece_sizes[rank]
     _count(stats, sum(piece_sizes) - t_local, x.shape[1], x)
     recv = torch.empty((U * t_local, x.shape[1]), dtype=x.dtype, device=x.device)  # [U * T_u, F]
-    dist.all_to_all_single(recv, x.contiguous(), output_split_sizes=[t_local] * U,
-                           input_split_sizes=list(piece_sizes), group=group)
+    _all_to_all(recv, x.contiguous(), [t_local] * U, list(piece_sizes), group)
     return recv.reshape(U, t_local, -1).transpose(0, 1).reshape(t_local, -1)  # [U, T_u, F] -> [T_u, U*F]
 
 

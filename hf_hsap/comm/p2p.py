@@ -15,6 +15,20 @@ import torch.distributed as dist
 Splits = Sequence[tuple[int, int, int]]  # (peer, row offset, row count)
 
 
+class HSAPCommError(RuntimeError):
+    """A peer did not answer in time (it died or stalled) or the transport failed."""
+
+
+def raise_comm_error(err: Exception, what: str, peers: Sequence[int], timeout_s: float | None) -> None:
+    """Re-raise a transport error with a message that names the peers and the fix."""
+    limit = f"within the SP group timeout ({timeout_s:g} s)" if timeout_s else "(transport error)"
+    raise HSAPCommError(
+        f"hf_hsap {what}: no answer from global rank(s) {sorted(set(peers))} {limit}: a peer died, stalled "
+        "or runs a different step. Check the other ranks' logs; raise timeout_s in "
+        f"hf_hsap.init_sequence_parallel(..., timeout_s=...) only if steps are legitimately slow. [{err}]"
+    ) from err
+
+
 @dataclass
 class CommStats:
     """Counters of what the executor really moved (for tests and benchmarks)."""
@@ -26,23 +40,30 @@ class CommStats:
     bytes_recv: int = 0
     per_peer_bytes_sent: dict = field(default_factory=dict)
     a2a_bytes_sent: int = 0
+    max_recv_rows: int = 0  # largest receive buffer allocated (what the budget bounds)
 
     def reset(self) -> None:
         self.messages = self.rows_sent = self.bytes_sent = self.rows_recv = self.bytes_recv = 0
-        self.a2a_bytes_sent = 0
+        self.a2a_bytes_sent = self.max_recv_rows = 0
         self.per_peer_bytes_sent = {}
 
 
 class Pending:
     """In-flight transfers; :meth:`wait` returns the receive buffer."""
 
-    def __init__(self, works: list, recv: torch.Tensor) -> None:
+    def __init__(self, works: list, recv: torch.Tensor, peers: Sequence[int] = (),
+                 timeout_s: float | None = None) -> None:
         self._works = works
         self._recv = recv
+        self._peers = peers
+        self._timeout_s = timeout_s
 
     def wait(self) -> torch.Tensor:
-        for w in self._works:
-            w.wait()
+        try:
+            for w in self._works:
+                w.wait()
+        except RuntimeError as err:
+            raise_comm_error(err, "point-to-point transfer", self._peers, self._timeout_s)
         self._works = []
         return self._recv
 
@@ -57,10 +78,11 @@ class P2PExecutor:
     """
 
     def __init__(self, group: dist.ProcessGroup | None, peer_to_global: Sequence[int],
-                 stats: CommStats | None = None) -> None:
+                 stats: CommStats | None = None, timeout_s: float | None = None) -> None:
         self.group = group
         self.peer_to_global = tuple(int(r) for r in peer_to_global)
         self.stats = stats if stats is not None else CommStats()
+        self.timeout_s = timeout_s
 
     def transfer(self, send: torch.Tensor, send_splits: Splits, recv_rows: int, recv_splits: Splits) -> Pending:
         """Start sending ``send[off:off+n]`` to each peer and receiving into a new buffer.
@@ -75,6 +97,7 @@ class P2PExecutor:
             :class:`Pending`; its ``wait()`` gives the ``[recv_rows, ...]`` buffer (``send``'s dtype).
         """
         recv = torch.empty((recv_rows, *send.shape[1:]), dtype=send.dtype, device=send.device)
+        self.stats.max_recv_rows = max(self.stats.max_recv_rows, recv_rows)
         ops = []
         row_bytes = send[:1].numel() * send.element_size() if send.shape[0] else 0
         for peer, off, n in send_splits:
@@ -91,5 +114,9 @@ class P2PExecutor:
             ops.append(dist.P2POp(dist.irecv, recv[off:off + n], self.peer_to_global[peer], self.group))
             self.stats.rows_recv += n
             self.stats.bytes_recv += n * recv[:1].numel() * recv.element_size()
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return Pending(works, recv)
+        peers = [self.peer_to_global[p] for p, _, n in (*send_splits, *recv_splits) if n]
+        try:
+            works = dist.batch_isend_irecv(ops) if ops else []
+        except RuntimeError as err:
+            raise_comm_error(err, "point-to-point transfer", peers, self.timeout_s)
+        return Pending(works, recv, peers, self.timeout_s)

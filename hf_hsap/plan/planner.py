@@ -270,7 +270,12 @@ def check_same_layout(layout: Layout, sp: Any) -> None:
     if dist.get_backend(sp.group) == "nccl":
         mine = mine.cuda()
     everyone = [torch.empty_like(mine) for _ in range(sp.size)]
-    dist.all_gather(everyone, mine, group=sp.group)
+    try:
+        dist.all_gather(everyone, mine, group=sp.group)
+    except RuntimeError as err:
+        from ..comm.p2p import raise_comm_error
+
+        raise_comm_error(err, "layout check (all-gather of the layout hash)", sp.global_ranks, sp.timeout_s)
     hashes = [tuple(t.tolist()) for t in everyone]
     if len(set(hashes)) > 1:
         bad = [r for r, h in enumerate(hashes) if h != hashes[0]]

@@ -94,30 +94,40 @@ class Schedule:
 
 
 def split_rounds(tr: Transfers, n_parts: int, budget: int | None) -> dict[str, np.ndarray]:
-    """Cut every receiver's transfer list into rounds of at most ``budget`` tokens.
+    """Cut the transfers into rounds in which no part receives, nor sends, more than ``budget`` rows.
 
-    Returns arrays ``[n_pieces]``: ``round``, ``src``, ``dst``, ``start``, ``end``, ``src_local``, in
-    (dst, src, start) order, pieces of one row kept in order.
+    Bounding both sides bounds every buffer of a round: the forward KV receive buffer, the send
+    buffer, and in the backward the dK/dV rows that come back (as many as were sent). Greedy: each
+    transfer row goes, piece by piece, to the earliest round with room at both its ends.
+
+    Returns arrays ``[n_pieces]``: ``round``, ``src``, ``dst``, ``start``, ``end``, ``src_local``,
+    sorted by (round, dst, src, start).
     """
     lengths = tr.lengths
     if budget is None or lengths.shape[0] == 0:
         return dict(round=np.zeros_like(tr.src), src=tr.src, dst=tr.dst, start=tr.start, end=tr.end,
                     src_local=tr.src_local)
-    # offset of each row inside its receiver's stream
-    csum = np.cumsum(lengths)
-    first_of_dst = np.concatenate([[True], tr.dst[1:] != tr.dst[:-1]])
-    base = np.maximum.accumulate(np.where(first_of_dst, csum - lengths, 0))
-    off = csum - lengths - base
-    r0 = off // budget
-    r1 = (off + lengths - 1) // budget
-    n = r1 - r0 + 1
-    row = np.repeat(np.arange(lengths.shape[0]), n)
-    k = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-    rnd = r0[row] + k
-    lo = np.maximum(rnd * budget, off[row]) - off[row]  # piece offsets inside the row
-    hi = np.minimum((rnd + 1) * budget, off[row] + lengths[row]) - off[row]
-    return dict(round=rnd, src=tr.src[row], dst=tr.dst[row], start=tr.start[row] + lo,
-                end=tr.start[row] + hi, src_local=tr.src_local[row] + lo)
+    recv_used: list[list[int]] = [[] for _ in range(n_parts)]  # [part][round] rows
+    send_used: list[list[int]] = [[] for _ in range(n_parts)]
+    out: list[tuple[int, int, int, int, int, int]] = []
+    for src, dst, start, end, loc in zip(tr.src.tolist(), tr.dst.tolist(), tr.start.tolist(),
+                                         tr.end.tolist(), tr.src_local.tolist()):
+        pos, t = start, 0
+        while pos < end:
+            for used in (recv_used[dst], send_used[src]):
+                while len(used) <= t:
+                    used.append(0)
+            room = min(budget - recv_used[dst][t], budget - send_used[src][t])
+            if room <= 0:
+                t += 1
+                continue
+            take = min(room, end - pos)
+            out.append((t, dst, src, pos, pos + take, loc + pos - start))
+            recv_used[dst][t] += take
+            send_used[src][t] += take
+            pos += take
+    arr = np.array(sorted(out), dtype=np.int64).reshape(-1, 6)
+    return dict(round=arr[:, 0], dst=arr[:, 1], src=arr[:, 2], start=arr[:, 3], end=arr[:, 4], src_local=arr[:, 5])
 
 
 def _splits(peers: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, int, int], ...]:

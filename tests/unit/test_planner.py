@@ -93,6 +93,7 @@ def test_rounds_respect_budget_and_cover_transfers(lengths, budget):
     for part in range(3):
         sched = plan.schedule(part)
         assert all(r.recv_total <= budget for r in sched.rounds)
+        assert all(r.send_index.shape[0] <= budget for r in sched.rounds)
         assert sched.recv_tokens == plan.stats()["recv_kv_tokens"][part]
     sent = sum(plan.schedule(p).send_tokens for p in range(3))
     assert sent == sum(plan.stats()["recv_kv_tokens"])
