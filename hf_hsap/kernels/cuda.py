@@ -84,5 +84,5 @@ class FlashAttnKernel:
                   lse.transpose(0, 1).float().contiguous(), dq, dk, dv, cu_q, cu_k, spec.max_q,
                   spec.max_k, dropout_p=0.0, softmax_scale=scale, causal=spec.causal,
                   window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-                  deterministic=True, rng_state=None)
+                  deterministic=torch.are_deterministic_algorithms_enabled(), rng_state=None)
         return dq, dk, dv

@@ -88,3 +88,22 @@ def check_mismatched_layouts() -> str:
     except ValueError as e:
         return str(e)
     return "no error"
+
+
+def describe_groups(sp_size: int, ulysses: int) -> dict:
+    """The groups and mesh this rank got from init_sequence_parallel."""
+    sp = get_sp(sp_size, ulysses)
+    ranks = lambda g: None if g is None else dist.get_process_group_ranks(g)  # noqa: E731
+    mesh = sp.device_mesh
+    return {"rank": dist.get_rank(), "sp": ranks(sp.group), "intra": ranks(sp.intra_group),
+            "inter": ranks(sp.inter_group), "dp": ranks(sp.dp_group), "sp_rank": sp.rank,
+            "mesh_dims": None if mesh is None else tuple(mesh.mesh_dim_names),
+            "mesh": None if mesh is None else mesh.mesh.tolist()}
+
+
+def bad_group_sizes(sp_size: int, ulysses: int) -> str:
+    try:
+        hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
+    except ValueError as e:
+        return str(e)
+    return "no error"
