@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..plan.layout import check_position_ids
 from .transformers import document_starts
 
 IGNORE_INDEX = -100
@@ -172,6 +173,8 @@ def shard_batch(
     pos = batch.get("position_ids")
     if pos is not None:
         pos = torch.as_tensor(pos).reshape(-1)  # [B, L] -> [B*L]
+        if batch.get("cu_seq_lens_q") is not None:  # both given: they must describe the same documents
+            check_position_ids(pos, plan.layout)
     else:  # positions restart at every document start of cu
         starts = torch.zeros(ids.numel(), dtype=torch.int64)
         starts[cu[:-1]] = cu[:-1]

@@ -159,3 +159,16 @@ def test_position_ids_helpers():
     check_position_ids(pos, make_layout(cu))
     with pytest.raises(ValueError, match="disagree with cu_seqlens"):
         check_position_ids(pos, make_layout([0, 2, 5, 6, 10]))
+
+
+def test_shard_batch_refuses_inconsistent_position_ids():
+    import hf_hsap
+
+    ids = torch.arange(10).reshape(1, 10)
+    batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1]]),
+             "cu_seq_lens_q": torch.tensor([0, 3, 8, 10])}
+    out = hf_hsap.shard_batch(batch, None)
+    assert out["input_ids"].shape == (1, 10)
+    batch["cu_seq_lens_q"] = torch.tensor([0, 4, 8, 10])
+    with pytest.raises(ValueError, match="disagree with cu_seqlens"):
+        hf_hsap.shard_batch(batch, None)
