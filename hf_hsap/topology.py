@@ -93,8 +93,46 @@ def _validate(world: int, sp_size: int, ulysses_size: int) -> None:
                          f"{sp_size} (e.g. the GPUs per node)")
 
 
-def init_sequence_parallel(sp_size: int, ulysses_size: int = 1, group: Any = None,
-                           timeout_s: float = DEFAULT_TIMEOUT_S) -> SPGroup:
+def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = None) -> int:
+    """The ``ulysses_size="auto"`` rule: the largest U that divides ``sp_size``, fits in one node
+    (divides ``gpus_per_node``) and divides the number of query heads.
+
+    Why (see BENCHMARKS.md, cost model): inside a node the all-to-all runs over NVLink, an order of
+    magnitude faster than the inter-node links, and it leaves SAP only ``R = sp_size / U`` parts, so
+    fewer documents are split and less KV crosses nodes. Key/value heads that U does not divide are
+    replicated as far as needed (``hsap_attn_func``), which costs a little all-to-all volume only.
+
+    Args:
+        sp_size: P.
+        gpus_per_node: ranks that share the fast links.
+        num_heads: query heads of the model (None: not limiting).
+
+    Returns:
+        U (>= 1).
+    """
+    best = 1
+    for u in range(1, sp_size + 1):
+        if sp_size % u == 0 and gpus_per_node % u == 0 and (num_heads is None or num_heads % u == 0):
+            best = u
+    return best
+
+
+def _gpus_per_node(world: int) -> int:
+    """Ranks per node: LOCAL_WORLD_SIZE (set by torchrun / accelerate launch), else visible GPUs, else the
+    whole world (CPU runs are one node)."""
+    import os
+
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    if env:
+        return int(env)
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else world
+
+
+def init_sequence_parallel(sp_size: int, ulysses_size: int | str = 1, group: Any = None,
+                           timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
+                           gpus_per_node: int | None = None) -> SPGroup:
     """Split the initialised world (or ``group``) into consecutive SP groups of ``sp_size`` ranks.
 
     Every rank of the world (of ``group``) must call this, in the same order relative to other group
@@ -102,10 +140,13 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int = 1, group: Any = Non
 
     Args:
         sp_size: P, ranks sharing one packed batch.
-        ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``).
+        ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``), or
+            ``"auto"``: :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``.
         group: the parent group; default the whole initialised world.
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.
+        num_heads: query heads of the model, for ``ulysses_size="auto"``.
+        gpus_per_node: ranks per node, for ``"auto"`` (default: LOCAL_WORLD_SIZE, else GPUs, else world).
 
     Returns:
         This rank's :class:`SPGroup`.
@@ -114,6 +155,9 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int = 1, group: Any = Non
         ValueError: when ``sp_size`` does not divide the world or ``ulysses_size`` does not divide
             ``sp_size``; RuntimeError when torch.distributed is not initialised and ``sp_size > 1``.
     """
+    if ulysses_size == "auto":
+        world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        ulysses_size = auto_ulysses_size(sp_size, gpus_per_node or _gpus_per_node(world_now), num_heads)
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
             return SPGroup.single()

@@ -29,3 +29,10 @@ def test_groups_sp4_u2(pools):
 def test_bad_sizes(pools, sp_size, U, match):
     for msg in pools(4).run(bad_group_sizes, sp_size, U):
         assert match in msg
+
+
+def test_heads_not_divisible_by_ulysses(pools):
+    from workers.sap import heads_not_divisible
+
+    for msg in pools(2).run(heads_not_divisible):
+        assert "must divide the number of query heads" in msg

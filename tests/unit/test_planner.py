@@ -172,3 +172,13 @@ def test_shard_batch_refuses_inconsistent_position_ids():
     batch["cu_seq_lens_q"] = torch.tensor([0, 4, 8, 10])
     with pytest.raises(ValueError, match="disagree with cu_seqlens"):
         hf_hsap.shard_batch(batch, None)
+
+
+def test_auto_ulysses_rule():
+    from hf_hsap.topology import auto_ulysses_size
+
+    assert auto_ulysses_size(16, 8, 32) == 8  # fill the node
+    assert auto_ulysses_size(16, 8, 12) == 4  # heads cap it
+    assert auto_ulysses_size(6, 8, 32) == 2  # must divide the SP size and the node
+    assert auto_ulysses_size(4, 4, None) == 4
+    assert auto_ulysses_size(8, 8, 7) == 1

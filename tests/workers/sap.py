@@ -107,3 +107,15 @@ def bad_group_sizes(sp_size: int, ulysses: int) -> str:
     except ValueError as e:
         return str(e)
     return "no error"
+
+
+def heads_not_divisible() -> str:
+    """U=2 with 3 query heads must be refused on every rank."""
+    sp = get_sp(dist.get_world_size(), 2)
+    plan = hf_hsap.plan_sequence(torch.tensor([0, 16]), sp)
+    n = plan.num_local_tokens()
+    try:
+        hf_hsap.hsap_attn_func(torch.randn(n, 3, 8), torch.randn(n, 1, 8), torch.randn(n, 1, 8), plan)
+    except ValueError as e:
+        return str(e)
+    return "no error"
