@@ -93,7 +93,7 @@ def hsap_attn_func(
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)
     part = 0 if sp is None else sp.inter_rank
-    sched = plan.schedule(part)
+    sched = plan.schedule(part, q.device)
     executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
     U = plan.ulysses_size
     if U == 1:

@@ -11,10 +11,16 @@ batches and then process all ``P`` of them one after the other, each sharded ove
 So an epoch still visits every sample once, and the order equals that of one process reading the whole
 dataset when the inner loader interleaves batches by rank (as Accelerate does). With ``P == 1`` it only
 shards (plans) each batch.
+
+Resuming: skip with :meth:`SPDataLoader.skip_first_batches`, never with Accelerate's ``skip_first_batches``
+function. That one rebuilds a plain ``DataLoader`` from the wrapped loader's ``dataset`` / ``batch_sampler``:
+it would drop the SP wrapping (no gather, no sharding) and count skipped batches per rank instead of per SP
+step. The wrapper therefore does not forward ``sampler`` / ``batch_sampler``, so that path fails loudly.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 import torch
@@ -22,6 +28,9 @@ import torch
 from .sharding import shard_batch
 
 __all__ = ["SPDataLoader"]
+
+# Attributes of the inner loader that must not be reached through the wrapper (see the module docstring).
+_NOT_FORWARDED = ("sampler", "batch_sampler")
 
 
 def _to_cpu(batch: Any) -> Any:
@@ -49,6 +58,10 @@ class SPDataLoader:
         keep_num_items: keep ``num_items_in_batch`` (the SP group's count) in the yielded batches; the HSAP
             trainers drop it because Transformers' Trainer computes the count over all ranks itself.
         verify: compare batch digests across the group at every step (the gather makes them equal already).
+        skip_batches: SP batches (yielded batches, not per-rank ones) to leave out at the start of an
+            iteration; set it with :meth:`skip_first_batches`.
+        skip_first_pass_only: apply ``skip_batches`` to the first iteration only (a resumed epoch), and report
+            the length of a full pass.
 
     Yields:
         local batches from :func:`~.sharding.shard_batch`, on the device this rank's batches came on.
@@ -57,26 +70,60 @@ class SPDataLoader:
     """
 
     def __init__(self, dataloader: Any, sp: Any, placement: str = "auto", keep_num_items: bool = True,
-                 verify: bool = False) -> None:
+                 verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False) -> None:
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
         self.dataloader = dataloader
         self.sp = sp
         self.placement = placement
         self.keep_num_items = keep_num_items
         self.verify = verify
+        self.skip_batches = int(skip_batches)
+        self.skip_first_pass_only = skip_first_pass_only
 
     def __len__(self) -> int:
-        return len(self.dataloader) * int(self.sp.size)
+        full = len(self.dataloader) * int(self.sp.size)
+        return full if self.skip_first_pass_only else max(0, full - self.skip_batches)
+
+    def skip_first_batches(self, num_batches: int, first_pass_only: bool = False) -> SPDataLoader:
+        """A loader over the same data that leaves out its first ``num_batches`` SP batches (for resuming).
+
+        Whole rounds of ``P`` batches are skipped in the inner loader without loading them (Accelerate's
+        ``skip_first_batches`` on its ``DataLoaderShard``, whose batch sampler then skips this rank's batches);
+        the remaining ``num_batches % P`` are gathered and dropped without being sharded.
+
+        Args:
+            num_batches: batches of *this* loader (``SP steps x micro-batches``), e.g. Trainer's
+                ``steps_trained_in_current_epoch``.
+            first_pass_only: skip on the first iteration only and keep the full length, for a loader that is
+                iterated again in later epochs.
+
+        Returns:
+            A new :class:`SPDataLoader` (this one is unchanged).
+        """
+        return SPDataLoader(self.dataloader, self.sp, placement=self.placement, keep_num_items=self.keep_num_items,
+                            verify=self.verify, skip_batches=self.skip_batches + int(num_batches),
+                            skip_first_pass_only=first_pass_only)
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward to the inner loader (and its sampler), as Trainer / Accelerate expect."""
+        """Forward to the inner loader and to a batch sampler that Accelerate wrapped (it does not forward)."""
         if hasattr(self.dataloader, "set_epoch"):
             self.dataloader.set_epoch(epoch)
+        wrapped = getattr(getattr(self.dataloader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(wrapped, "set_epoch"):
+            wrapped.set_epoch(epoch)
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("dataloader")
         if inner is None:
             raise AttributeError(name)
-        return getattr(inner, name)  # dataset, batch_size, sampler, ... of the inner loader
+        if name in _NOT_FORWARDED:
+            raise AttributeError(
+                f"SPDataLoader does not expose the inner loader's {name}: a loader rebuilt from it (e.g. by "
+                "accelerate.skip_first_batches) would yield this rank's unsharded batches; to skip batches when "
+                "resuming use SPDataLoader.skip_first_batches(n)"
+            )
+        return getattr(inner, name)  # dataset, batch_size, collate_fn, ... of the inner loader
 
     def _local(self, batch: Mapping[str, Any], device: torch.device | None) -> dict[str, Any]:
         local = shard_batch(batch, self.sp, placement=self.placement, verify=self.verify)
@@ -88,7 +135,10 @@ class SPDataLoader:
         import torch.distributed as dist
 
         size = int(self.sp.size)
-        iterator = iter(self.dataloader)
+        rounds, drop = divmod(self.skip_batches, size)  # whole inner rounds, then batches of the next round
+        if self.skip_first_pass_only:
+            self.skip_batches = 0
+        iterator = iter(_skip_inner(self.dataloader, rounds))
         while True:
             mine = next(iterator, None)
             if size == 1:
@@ -99,8 +149,37 @@ class SPDataLoader:
             device = mine["input_ids"].device if mine is not None else None
             everyone: list[Any] = [None] * size
             dist.all_gather_object(everyone, _to_cpu(mine), group=self.sp.group)
-            for batch in everyone:  # SP rank order: the order one process would have read them in
+            for batch in everyone[drop:]:  # SP rank order: the order one process would have read them in
                 if batch is not None:
                     yield self._local(batch, device)
+            drop = 0
             if any(batch is None for batch in everyone):
                 return
+
+
+class _SkippedIterable:
+    """An iterable without its first ``n`` items (for inner loaders that Accelerate cannot skip)."""
+
+    def __init__(self, inner: Iterable[Any], n: int) -> None:
+        self.inner, self.n = inner, n
+
+    def __iter__(self) -> Iterator[Any]:
+        return islice(iter(self.inner), self.n, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.inner) - self.n)  # type: ignore[arg-type]
+
+
+def _skip_inner(loader: Any, n: int) -> Any:
+    """``loader`` without its first ``n`` batches of this rank; an Accelerate loader skips without loading them."""
+    if n <= 0:
+        return loader
+    try:
+        from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard
+    except ImportError:  # pragma: no cover - accelerate is a dependency
+        DataLoaderShard = DataLoaderDispatcher = ()  # type: ignore[assignment,misc]
+    if isinstance(loader, (DataLoaderShard, DataLoaderDispatcher)):
+        from accelerate import skip_first_batches
+
+        return skip_first_batches(loader, n)
+    return _SkippedIterable(loader, n)

@@ -39,6 +39,7 @@ class Plan:
         self.recv_budget_tokens = recv_budget_tokens
         self._pieces = split_rounds(transfers, placement.n_parts, recv_budget_tokens)
         self._schedules: dict[int, Schedule] = {}
+        self._device_schedules: dict[tuple[int, str], Schedule] = {}
         self._part_tokens: dict[int, np.ndarray] = {}
 
     # ----------------------------------------------------------------------------- tokens
@@ -126,13 +127,20 @@ class Plan:
         return self.unshard(pieces, 0).movedim(0, dim)
 
     # ----------------------------------------------------------------------------- schedule
-    def schedule(self, part: int | None = None) -> Schedule:
-        """The compiled schedule of a part (default: this rank's), built once and cached."""
+    def schedule(self, part: int | None = None, device: torch.device | str | None = None) -> Schedule:
+        """The compiled schedule of a part (default: this rank's), built once and cached; with
+        ``device``, a copy whose index tensors live there (cached too: one host-to-device copy per plan)."""
         if part is None:
             part = self._resolve(None) // self.ulysses_size
         if part not in self._schedules:
             self._schedules[part] = compile_schedule(self.layout, self.placement, self._pieces, part)
-        return self._schedules[part]
+        sched = self._schedules[part]
+        if device is None or torch.device(device).type == "cpu":
+            return sched
+        key = (part, str(torch.device(device)))
+        if key not in self._device_schedules:
+            self._device_schedules[key] = sched.to(torch.device(device))
+        return self._device_schedules[key]
 
     # ----------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:

@@ -45,6 +45,10 @@ def _index_or_none(idx: np.ndarray, full_len: int) -> torch.Tensor | None:
     return torch.from_numpy(np.ascontiguousarray(idx))
 
 
+def _move(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """One kernel call. ``q_index``: rows of the local q (None = all, in order); ``kv_index``: rows of
@@ -54,6 +58,9 @@ class WorkItem:
     kv_source: str
     q_index: torch.Tensor | None
     kv_index: torch.Tensor | None
+
+    def to(self, device: torch.device) -> "WorkItem":
+        return WorkItem(self.spec, self.kv_source, _move(self.q_index, device), _move(self.kv_index, device))
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,10 @@ class Round:
     recv_total: int
     items: tuple[WorkItem, ...]
 
+    def to(self, device: torch.device) -> "Round":
+        return Round(_move(self.send_index, device), self.send_splits, self.recv_splits, self.recv_total,
+                     tuple(i.to(device) for i in self.items))
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -83,6 +94,11 @@ class Schedule:
     local_item: WorkItem | None
     rounds: tuple[Round, ...]
     meta: dict = field(default_factory=dict, compare=False)
+
+    def to(self, device: torch.device) -> "Schedule":
+        """A copy whose index tensors live on ``device`` (host plans, device execution)."""
+        return Schedule(self.part, self.n_local, None if self.local_item is None else self.local_item.to(device),
+                        tuple(r.to(device) for r in self.rounds), self.meta)
 
     @property
     def recv_tokens(self) -> int:
