@@ -1,10 +1,12 @@
 """Executing a compiled schedule: forward and backward of SAP attention over the inter peers.
 
-Forward, per round: start the batched KV transfers; compute the local item (first round) while
-they are in flight; wait; run the remote items and merge them into the output by log-sum-exp in
-fp32. Backward, per round: remote items' gradients (dQ locally, dK/dV into the receive-buffer
-gradient), send those back to their owners along the reverse transfers while the local item's
-backward runs, then scatter-add what came back. Both directions use :class:`P2PExecutor.transfer`.
+Forward: start round 0's batched KV transfers and compute the local item while they are in flight;
+then, per round, wait for its KV, start the next round's transfers (double buffering: at most two
+rounds in flight), and run the round's remote items, merging them into the output by log-sum-exp in
+fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
+gradient), then the dK/dV go back to their owners along the reverse transfers while the next round
+(or the local item's backward) is computed. Both directions use :meth:`P2PExecutor.transfer`; every
+transfer that may overlap another has its own tag.
 """
 from __future__ import annotations
 
@@ -20,9 +22,17 @@ def _take(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
     return x if idx is None else x.index_select(0, idx.to(x.device))
 
 
-def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round):
+def _fetch_tag(t: int) -> int:
+    return 2 * t
+
+
+def _return_tag(t: int) -> int:
+    return 2 * t + 1
+
+
+def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round, t: int):
     send = kv.index_select(0, rnd.send_index.to(kv.device))  # [n_send, 2*Hkv, D]
-    return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits)
+    return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits, tag=_fetch_tag(t))
 
 
 def sap_forward(
@@ -53,13 +63,13 @@ def sap_forward(
             o, l = kernel.forward(q, k, v, sched.local_item.spec, scale)
             out, lse = o.to(acc), l.to(acc)
 
-    if not sched.rounds:
-        local()
-    for t, rnd in enumerate(sched.rounds):
-        pending = _start_fetch(executor, kv, rnd)
-        if t == 0:
-            local()
+    rounds = sched.rounds
+    pending = _start_fetch(executor, kv, rounds[0], 0) if rounds else None  # in flight during local()
+    local()
+    for t, rnd in enumerate(rounds):
         recv = pending.wait()
+        if t + 1 < len(rounds):  # prefetch the next round while this one computes
+            pending = _start_fetch(executor, kv, rounds[t + 1], t + 1)
         for item in rnd.items:
             kvi = _take(recv, item.kv_index)  # [n_k, 2*Hkv, D]
             o, l = kernel.forward(_take(q, item.q_index), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
@@ -87,7 +97,6 @@ def sap_backward(
     acc = lse_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
-    kv = None
 
     def local() -> None:
         if sched.local_item is not None:
@@ -96,14 +105,21 @@ def sap_backward(
             dkv[:, :hkv].add_(gk.to(acc))
             dkv[:, hkv:].add_(gv.to(acc))
 
-    if not sched.rounds:
+    rounds = sched.rounds
+    if not rounds:
         local()
-    for t, rnd in enumerate(sched.rounds):
+    fetch = None
+    if rounds and not recvs:
+        kv = torch.cat([k, v], dim=1)  # [T_part, 2*Hkv, D]
+        fetch = _start_fetch(executor, kv, rounds[0], 0)
+    returning = None  # (pending dK/dV of the previous round, its send index)
+    for t, rnd in enumerate(rounds):
         if recvs:
             recv = recvs[t]
         else:
-            kv = torch.cat([k, v], dim=1) if kv is None else kv
-            recv = _start_fetch(executor, kv, rnd).wait()
+            recv = fetch.wait()
+            if t + 1 < len(rounds):
+                fetch = _start_fetch(executor, kv, rounds[t + 1], t + 1)
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
         for item in rnd.items:
             idx = item.q_index.to(q.device)
@@ -117,9 +133,14 @@ def sap_backward(
                 d_recv.add_(gkv)
             else:
                 d_recv.index_add_(0, item.kv_index.to(k.device), gkv)
+        if returning is not None:  # the previous round's dK/dV had this round's compute to arrive
+            dkv.index_add_(0, returning[1], returning[0].wait())
         # reverse of the forward transfers: gradients go back to the owners of the rows
-        pending = executor.transfer(d_recv, rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits)
+        pending = executor.transfer(d_recv, rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits,
+                                    tag=_return_tag(t))
+        returning = (pending, rnd.send_index.to(k.device))
         if t == 0:
             local()
-        dkv.index_add_(0, rnd.send_index.to(k.device), pending.wait())
+    if returning is not None:
+        dkv.index_add_(0, returning[1], returning[0].wait())
     return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

@@ -84,7 +84,8 @@ class P2PExecutor:
         self.stats = stats if stats is not None else CommStats()
         self.timeout_s = timeout_s
 
-    def transfer(self, send: torch.Tensor, send_splits: Splits, recv_rows: int, recv_splits: Splits) -> Pending:
+    def transfer(self, send: torch.Tensor, send_splits: Splits, recv_rows: int, recv_splits: Splits,
+                 tag: int = 0) -> Pending:
         """Start sending ``send[off:off+n]`` to each peer and receiving into a new buffer.
 
         Args:
@@ -92,6 +93,8 @@ class P2PExecutor:
             send_splits: ``(peer, offset, count)`` of each outgoing message.
             recv_rows: rows of the receive buffer.
             recv_splits: ``(peer, offset, count)`` of each incoming message.
+            tag: message tag; transfers that may be in flight at the same time use distinct tags (gloo
+                matches by tag; NCCL by the order of calls, which every rank issues alike).
 
         Returns:
             :class:`Pending`; its ``wait()`` gives the ``[recv_rows, ...]`` buffer (``send``'s dtype).
@@ -103,7 +106,8 @@ class P2PExecutor:
         for peer, off, n in send_splits:
             if n == 0:
                 continue
-            ops.append(dist.P2POp(dist.isend, send[off:off + n].contiguous(), self.peer_to_global[peer], self.group))
+            ops.append(dist.P2POp(dist.isend, send[off:off + n].contiguous(), self.peer_to_global[peer], self.group,
+                                  tag))
             self.stats.messages += 1
             self.stats.rows_sent += n
             self.stats.bytes_sent += n * row_bytes
@@ -111,7 +115,7 @@ class P2PExecutor:
         for peer, off, n in recv_splits:
             if n == 0:
                 continue
-            ops.append(dist.P2POp(dist.irecv, recv[off:off + n], self.peer_to_global[peer], self.group))
+            ops.append(dist.P2POp(dist.irecv, recv[off:off + n], self.peer_to_global[peer], self.group, tag))
             self.stats.rows_recv += n
             self.stats.bytes_recv += n * recv[:1].numel() * recv.element_size()
         peers = [self.peer_to_global[p] for p, _, n in (*send_splits, *recv_splits) if n]
