@@ -55,14 +55,19 @@ class CostModel:
         return CostModel()
 
 
-def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> np.ndarray:
-    """``[n_parts]`` estimated step time of every part (module docstring)."""
-    work = pl.work_per_part(layout).astype(np.float64)
-    # local work: per (part, doc), causal over the part's own tokens of that doc
+def local_work_per_part(layout: Layout, pl: Placement) -> np.ndarray:
+    """``[n_parts]`` pairs of each part's queries against its own keys (per (part, document): causal
+    over the part's ``n`` tokens of it, ``n (n + 1) / 2``): the work that overlaps the KV transfers."""
     key = pl.part * (layout.n_docs + 1) + pl.doc
     uniq, inv = np.unique(key, return_inverse=True)
     n = np.bincount(inv, weights=pl.end - pl.start)
-    local = np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
+    return np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
+
+
+def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> np.ndarray:
+    """``[n_parts]`` estimated step time of every part (module docstring)."""
+    work = pl.work_per_part(layout).astype(np.float64)
+    local = local_work_per_part(layout, pl)
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
     tokens = pl.tokens_per_part().astype(np.float64)
     return cost.token_cost * tokens + np.maximum(local, cost.kv_token_cost * recv) + (work - local)

@@ -12,7 +12,7 @@ import torch
 
 from .balanced import balanced
 from .cache import PlanCache
-from .cost import CostModel, choose_placement
+from .cost import CostModel, choose_placement, local_work_per_part
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .schedule import Schedule, compile_schedule, ranges_to_index, split_rounds
@@ -149,13 +149,15 @@ class Plan:
         Returns:
             dict with ``tokens`` (tokens held), ``attn_work`` ((query, key) pairs computed; with
             ``U > 1`` a rank computes its group's pairs for 1/U of the heads, counted as pairs / U),
-            ``recv_kv_tokens`` (KV tokens received per layer in the forward pass, inter-group for
+            ``local_attn_work`` (the part of ``attn_work`` against the rank's own keys, which runs while
+            KV is in flight), ``recv_kv_tokens`` (KV tokens received per layer in the forward pass, inter-group for
             ``U > 1``), ``send_kv_tokens``, ``a2a_tokens`` (tokens of q, k, v and out each rank moves
             through the intra all-to-all per layer forward: 0 for ``U == 1``), ``rounds``,
             ``send_kv_pairs`` (``[R][R]`` matrix of KV tokens part i sends to part j), ``placement``.
         """
         pl, U = self.placement, self.ulysses_size
         work = pl.work_per_part(self.layout)
+        local = local_work_per_part(self.layout, pl)
         ptok = pl.tokens_per_part()
         lengths = self.transfers.lengths
         recv = np.bincount(self.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
@@ -166,6 +168,7 @@ class Plan:
             "placement": pl.name,
             "tokens": [self.num_local_tokens(r) for r in ranks],
             "attn_work": [int(work[r // U]) / U if U > 1 else int(work[r]) for r in ranks],
+            "local_attn_work": [int(local[r // U]) / U if U > 1 else int(local[r]) for r in ranks],
             "recv_kv_tokens": [int(recv[r // U]) for r in ranks],
             "send_kv_tokens": [int(send[r // U]) for r in ranks],
             "a2a_tokens": [int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],

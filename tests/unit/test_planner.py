@@ -63,8 +63,13 @@ def test_plan_is_minimal_partition_and_counts_exactly(lengths, P, U, placement):
     assert sum(st_["tokens"]) == T
     L = np.asarray(lengths)
     assert sum(st_["attn_work"]) == pytest.approx(int((L * (L + 1) // 2).sum()))
+    doc_of = np.searchsorted(cu, np.arange(T), side="right") - 1
     for r in range(size):
         assert st_["recv_kv_tokens"][r] == sum(1 for (d, _) in got if d == r // U)
+        held = plan.part_token_indices(r // U)
+        same_doc = doc_of[held][:, None] == doc_of[held][None, :]
+        local_pairs = int((same_doc & (held[None, :] <= held[:, None])).sum())
+        assert st_["local_attn_work"][r] == pytest.approx(local_pairs / U)
     # compiled schedules receive exactly the transfers, and every remote key is used
     for part in range(plan.n_parts):
         sched = plan.schedule(part)
