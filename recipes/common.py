@@ -1,0 +1,218 @@
+"""Shared pieces of the recipes: common arguments, models (hub, local or built-in tiny configs), the
+``metrics.jsonl`` writer, and the throughput numbers (TGS, MFU, peak memory).
+
+Vocabulary used in the recipes:
+
+* TGS: tokens per second per device = real (non-padding) tokens of the global batch / step time / number of
+  processes. Every rank of an SP group holds only its shard, so TGS counts each token once.
+* MFU: model FLOPs utilisation = training FLOPs of the step / step time / (processes x peak FLOP/s of one
+  device). Training FLOPs = ``6 * N * tokens`` (``N`` = parameters without the input embedding) plus the
+  attention ``6 * layers * heads * head_dim * sum(doc_len^2)`` (causal, per document: packed rows only attend
+  inside each document). The peak comes from ``--peak_tflops`` or, on known GPUs, a dense bf16 table below;
+  on CPU there is no meaningful peak, so MFU prints as ``n/a`` unless ``--peak_tflops`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "MetricsWriter",
+    "add_common_args",
+    "attention_flops",
+    "build_model",
+    "finish_distributed",
+    "guess_peak_flops",
+    "load_tokenizer",
+    "matmul_params",
+    "peak_memory_gb",
+]
+
+# Built-in model configs: random init, no download. Heads are multiples of 8 for the GPU-sized ones (so
+# --ulysses_size 8 divides them); the tiny ones use 4 query / 2 key-value heads (Ulysses 2 on CPU).
+BUILTIN_MODELS: dict[str, tuple[str, dict[str, int]]] = {
+    "tiny-llama": ("llama", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)),
+    "tiny-qwen2": ("qwen2", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)),
+    "small-llama": ("llama", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                                  num_attention_heads=16, num_key_value_heads=8)),
+}
+
+# Dense bf16 tensor-core peaks (FLOP/s) of one device, by a substring of torch.cuda.get_device_name().
+_GPU_PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("GB200", 2.5e15), ("B200", 2.25e15), ("H200", 989e12), ("H100", 989e12), ("H800", 989e12),
+    ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("MI300X", 1307e12),
+)
+
+
+def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_max_length: int) -> None:
+    """The arguments both recipes take (model, data, SP layout, steps, seed, output, throughput)."""
+    g = parser.add_argument_group("common")
+    g.add_argument("--model", default="tiny-llama",
+                   help=f"a built-in config ({', '.join(BUILTIN_MODELS)}; random init, no download), a local "
+                        "model directory or a Hub name")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer path / Hub name (default: the shipped data/tokenizer for built-in models, "
+                        "else the model's own)")
+    g.add_argument("--dataset", default=None,
+                   help="a datasets Hub name, a local file (.jsonl/.json/.txt/.csv/.parquet) or directory "
+                        "(default: the shipped data in data/)")
+    g.add_argument("--max_samples", type=int, default=None, help="use only the first N examples of the dataset")
+    g.add_argument("--max_length", type=int, default=default_max_length, help="tokens per packed row")
+    g.add_argument("--sp_size", type=int, default=1, help="P: ranks sharing one packed batch (divides the world)")
+    g.add_argument("--ulysses_size", type=int, default=1, help="U: all-to-all degree inside the SP group (divides P)")
+    g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
+    g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
+    g.add_argument("--learning_rate", type=float, default=default_lr)
+    g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up steps (default: 10%% of max_steps)")
+    g.add_argument("--weight_decay", type=float, default=0.1)
+    g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 = off)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--output_dir", default="runs/out")
+    g.add_argument("--eval_every", type=int, default=0, help="evaluate every N steps and at the end (0 = never)")
+    g.add_argument("--save_every", type=int, default=0, help="save a checkpoint every N steps (0 = only at the end)")
+    g.add_argument("--mixed_precision", default="auto", choices=["auto", "no", "bf16", "fp16"],
+                   help="auto = bf16 on GPU, fp32 on CPU")
+    g.add_argument("--report_to", default=None,
+                   help="Accelerate trackers, comma-separated (tensorboard, wandb, ...); default none")
+    g.add_argument("--peak_tflops", type=float, default=None,
+                   help="peak TFLOP/s of one device for the MFU estimate (default: a table of GPUs; n/a on CPU)")
+
+
+def load_tokenizer(model: str, tokenizer: str | None) -> Any:
+    """The tokenizer: ``tokenizer`` if given, the shipped one for built-in models, else the model's own."""
+    from transformers import AutoTokenizer
+
+    from hf_hsap.data import tokenizer_path
+
+    if tokenizer is None:
+        tokenizer = str(tokenizer_path()) if model in BUILTIN_MODELS else model
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch.nn.Module:
+    """A causal LM with ``attn_implementation="hsap"``, float32 weights (autocast does bf16).
+
+    Args:
+        name: a key of :data:`BUILTIN_MODELS` (random init from ``seed``), or a path / Hub name
+            (``from_pretrained``).
+        vocab_size: the tokenizer's size (built-in configs only).
+        max_length: tokens per packed row (built-in configs get at least this many positions).
+        seed: initialisation seed, the same on every rank.
+
+    Returns:
+        The model in train mode.
+    """
+    import hf_hsap  # noqa: F401  (registers "hsap")
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    torch.manual_seed(seed)
+    if name in BUILTIN_MODELS:
+        kind, sizes = BUILTIN_MODELS[name]
+        cls = LlamaConfig if kind == "llama" else Qwen2Config
+        config = cls(vocab_size=vocab_size, max_position_embeddings=max(2048, max_length), pad_token_id=1,
+                     bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, **sizes)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="hsap", dtype=torch.float32)
+    return model.train()
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """``N`` of ``6 * N * tokens``: all parameters except the input embedding (a lookup, not a matmul)."""
+    emb = model.get_input_embeddings()
+    skip = {id(p) for p in emb.parameters()} if emb is not None else set()
+    out = model.get_output_embeddings()
+    tied = out is not None and emb is not None and out.weight is emb.weight
+    n = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    return n + (out.weight.numel() if tied else 0)  # a tied LM head still costs a matmul
+
+
+def attention_flops(config: Any, sum_sq_doc_lens: int) -> float:
+    """Causal attention FLOPs of forward + backward over documents with ``sum(len^2) = sum_sq_doc_lens``."""
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return 6.0 * int(config.num_hidden_layers) * heads * head_dim * float(sum_sq_doc_lens)
+
+
+def guess_peak_flops(device: torch.device, peak_tflops: float | None) -> float | None:
+    """Peak FLOP/s of one device: ``--peak_tflops`` if given, the bf16 table for known GPUs, else None."""
+    if peak_tflops:
+        return peak_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in _GPU_PEAK_BF16:
+            if key in name:
+                return peak
+    return None
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process in GiB: CUDA max allocated on GPU, peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+
+
+def finish_distributed() -> None:
+    """Destroy the process groups at the end of a script, after the run's models are gone (collective).
+
+    Order matters with gloo. A process group whose last reference is a DDP reducer is destroyed when the model
+    is garbage-collected, and gloo's destructor joins its worker threads while holding the GIL; a worker that
+    is still releasing its last work item (tensors with Python objects) waits for the GIL, and the rank hangs
+    after training. ``accelerator.end_training()`` destroys the groups first, which makes exactly that
+    happen, so the recipes finish their trackers themselves and call this once the model is freed: while the
+    groups are still registered, freeing a model destroys none; then a barrier and a short sleep (without the
+    GIL) let the workers go idle, and the groups are destroyed.
+    """
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    gc.collect()  # reference cycles (trainer <-> callbacks) that still hold a model
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        time.sleep(0.1)
+        dist.destroy_process_group()
+
+
+class MetricsWriter:
+    """``<output_dir>/metrics.jsonl``: one JSON object per optimizer step, written by the main process.
+
+    Args:
+        output_dir: the run directory (created).
+        enabled: False on every process but the main one.
+        resume_step: keep only the records of steps ``<= resume_step`` already in the file (a resumed run
+            rewrites the steps after its checkpoint); ``None`` starts a new file.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike[str], enabled: bool, resume_step: int | None = None) -> None:
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept: list[str] = []
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (flushed at once, so a crash keeps every finished step)."""
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")

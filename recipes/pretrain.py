@@ -1,0 +1,305 @@
+"""Pretraining with HSAP sequence parallelism on packed rows: an Accelerate training loop.
+
+    accelerate launch --config_file accelerate_configs/cpu_4proc.yaml recipes/pretrain.py \\
+        --sp_size 4 --ulysses_size 2 --max_steps 30
+    python recipes/pretrain.py --sp_size 1 --max_steps 30          # the same losses on one process
+
+One optimizer step trains on ``--docs_per_step`` documents, whatever the number of processes: they are dealt
+to the DP groups (world / sp_size) and to ``--grad_accum`` micro-batches, each packed into rows of
+``--max_length`` tokens and sharded over the SP group by ``shard_batch`` (see ``pretrain_data.py``). The loss
+is the exact global mean: every rank scales ``sum(local CE) / N_step`` by the world size W and DDP / FSDP
+average the gradients over W. Writes ``<output_dir>/metrics.jsonl`` (one record per step: loss, lr,
+grad_norm, TGS, MFU, peak memory, and eval_loss on evaluation steps) and ``checkpoint-<step>/`` (model,
+optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
+
+import hf_hsap  # noqa: E402
+from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
+from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
+
+from common import (MetricsWriter, add_common_args, attention_flops, build_model,  # noqa: E402
+                    finish_distributed, guess_peak_flops, load_tokenizer, matmul_params, peak_memory_gb)
+from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
+
+STATE_FILE = "hsap_state.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments (the common ones, see ``common.add_common_args``, plus the loop's own)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(p, default_lr=3e-3, default_max_length=512)
+    p.add_argument("--text_field", default="text", help="text column of the dataset")
+    p.add_argument("--docs_per_step", type=int, default=16, help="documents in the global batch of one step")
+    p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per DP group per step")
+    p.add_argument("--pad_to_multiple_of", type=int, default=8, help="row length rounding of the collator")
+    p.add_argument("--eval_docs", type=int, default=64, help="held-out documents for the eval loss")
+    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine decay floor, as a fraction of the lr")
+    p.add_argument("--log_every", type=int, default=1, help="print a log line every N steps")
+    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
+    p.add_argument("--no_final_model", action="store_true", help="do not save the final model")
+    args = p.parse_args(argv)
+    if args.warmup_steps is None:
+        args.warmup_steps = max(1, args.max_steps // 10)
+    return args
+
+
+def make_accelerator(args: argparse.Namespace) -> Any:
+    """The Accelerator: CPU + gloo without CUDA, bf16 autocast on GPU (``--mixed_precision auto``)."""
+    from accelerate import Accelerator
+
+    cuda = torch.cuda.is_available()
+    precision = ("bf16" if cuda else "no") if args.mixed_precision == "auto" else args.mixed_precision
+    trackers = [t for t in (args.report_to or "").split(",") if t and t != "none"]
+    return Accelerator(cpu=not cuda, mixed_precision=precision, log_with=trackers or None,
+                       project_dir=args.output_dir)
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Any:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any]:
+    """AdamW (no weight decay on norms and biases) and its warm-up + cosine scheduler."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.min_lr_ratio))
+    return optimizer, scheduler
+
+
+def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
+    """The checkpoint to resume from: ``spec`` itself, the newest ``checkpoint-<step>`` for 'latest', or None."""
+    if not spec:
+        return None
+    if spec != "latest":
+        return Path(spec)
+    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
+    return found[-1] if found else None
+
+
+def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> None:
+    """Model, optimizer, scheduler and RNG states (Accelerate) plus the data position (collective)."""
+    path = Path(args.output_dir) / f"checkpoint-{step}"
+    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        state = {"step": step, "docs_consumed": step * args.docs_per_step, "seed": args.seed,
+                 "docs_per_step": args.docs_per_step, "max_length": args.max_length,
+                 "dataset": args.dataset, "max_samples": args.max_samples, "eval_docs": args.eval_docs}
+        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+    accelerator.wait_for_everyone()
+
+
+def load_checkpoint(accelerator: Any, args: argparse.Namespace, path: Path) -> int:
+    """Restore a checkpoint; returns its step. Refuses one whose data order differs from this run's."""
+    state = json.loads((path / STATE_FILE).read_text())
+    for key in ("seed", "docs_per_step", "max_length", "dataset", "max_samples", "eval_docs"):
+        if state[key] != getattr(args, key):
+            raise ValueError(f"checkpoint {path} was trained with --{key} {state[key]}, this run has "
+                             f"{getattr(args, key)}; the data position would not match: pass the same value")
+    accelerator.load_state(str(path))
+    return int(state["step"])
+
+
+def to_device(local: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The model inputs of a sharded batch, on ``device`` (the plan stays a host object)."""
+    return {"input_ids": local["input_ids"].to(device), "position_ids": local["position_ids"].to(device),
+            "hsap_plan": local["hsap_plan"], "use_cache": False}
+
+
+def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str, Any]]:
+    """This DP group's packed eval batches: chunks of ``docs_per_step`` held-out documents, dealt over DP."""
+    if not eval_rows:
+        return []
+    if len(eval_rows) < sp.dp_size:
+        raise ValueError(f"--eval_docs={len(eval_rows)} is fewer than the {sp.dp_size} DP groups")
+    size = max(data.docs_per_step, sp.dp_size)
+    chunks = [eval_rows[i:i + size] for i in range(0, len(eval_rows), size)]
+    if len(chunks) > 1 and len(chunks[-1]) < sp.dp_size:
+        chunks[-2] += chunks.pop()  # every DP group needs a document in every chunk (same number of forwards)
+    out = []
+    for chunk in chunks:
+        docs = data.dataset[chunk]["input_ids"]
+        mine = deal_documents([len(d) for d in docs], sp.dp_size)[sp.dp_rank]
+        out.append(data.collator([{"input_ids": docs[i]} for i in sorted(mine)]))
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, accelerator: Any,
+             placement: str) -> float:
+    """Mean next-token loss over all held-out targets (collective over the world)."""
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64)  # [sum of CE, targets]
+    for batch in batches:
+        local = shard_batch(batch, sp, placement=placement, verify=False)
+        with accelerator.autocast():
+            logits = model(**to_device(local, accelerator.device)).logits
+        totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1))
+        if sp.rank == 0:  # the count is of the global batch, the same on every SP rank: add it once
+            totals[1] += int(local["num_items_in_batch"])
+    model.train()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    return float(totals[0] / totals[1].clamp_min(1))
+
+
+def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: Any,
+               args: argparse.Namespace, verify: bool) -> dict[str, float]:
+    """Forward + backward of one step's micro-batches; returns the global loss and the step's counts."""
+    counts = torch.tensor([sum(m.targets for m in micro), sum(m.tokens for m in micro),
+                           sum(m.sum_sq for m in micro)], dtype=torch.int64)
+    if sp.dp_size > 1:
+        dist.all_reduce(counts, group=sp.dp_group)  # the whole step's targets, tokens, sum(len^2)
+    n_targets = int(counts[0])
+    scale = dp_grad_scale(sp)  # W: DDP / FSDP average gradients over all ranks
+    loss_sum = torch.zeros((), dtype=torch.float32, device=accelerator.device)
+    for i, m in enumerate(micro):
+        local = shard_batch(m.batch, sp, placement=args.placement, verify=verify)
+        sync = i == len(micro) - 1
+        with nullcontext() if sync else accelerator.no_sync(model):
+            with accelerator.autocast():
+                logits = model(**to_device(local, accelerator.device)).logits  # [1, T_local, V]
+            loss = hsap_causal_lm_loss(logits, local["shift_labels"], n_targets, grad_scale=scale)
+            accelerator.backward(loss)
+        loss_sum += loss.detach()
+    return {"loss": reduce_loss_for_logging(loss_sum, sp, grad_scale=scale), "targets": n_targets,
+            "tokens": int(counts[1]), "sum_sq": int(counts[2])}
+
+
+def run(args: argparse.Namespace) -> None:
+    """Train (see the module docstring); the model is freed when it returns, the process groups are not."""
+    accelerator = make_accelerator(args)
+    sp = hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size)
+    world = accelerator.num_processes
+    main_proc = accelerator.is_main_process
+
+    tokenizer = load_tokenizer(args.model, args.tokenizer)
+    with accelerator.main_process_first():  # the main process fills the datasets cache, the others read it
+        corpus = load_pretrain_corpus(args.dataset, text_field=args.text_field)
+        if args.max_samples:
+            corpus = corpus.select(range(min(args.max_samples, len(corpus))))
+        dataset = tokenize_corpus(corpus, tokenizer)
+    train_rows, eval_rows = split_train_eval(len(dataset), args.eval_docs, args.seed)
+    collator = PackingCollator(max_length=args.max_length, pad_to_multiple_of=args.pad_to_multiple_of,
+                               pad_token_id=tokenizer.pad_token_id)
+    data = StepData(dataset, train_rows, args.docs_per_step, collator, args.seed)
+    if args.docs_per_step < sp.dp_size * args.grad_accum:
+        raise ValueError(f"--docs_per_step {args.docs_per_step} < dp_size {sp.dp_size} x grad_accum {args.grad_accum}")
+
+    model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
+    config, n_matmul = model.config, matmul_params(model)
+    optimizer, scheduler = make_optimizer(model, args)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)  # not prepared: Accelerate would step it once per process
+
+    start_step = 0
+    ckpt = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    if ckpt is not None:
+        start_step = load_checkpoint(accelerator, args, ckpt)
+    metrics = MetricsWriter(args.output_dir, main_proc, resume_step=start_step if ckpt is not None else None)
+    if args.report_to:
+        accelerator.init_trackers("hf_hsap_pretrain", config={k: v for k, v in vars(args).items()
+                                                              if isinstance(v, (int, float, str, bool))})
+    peak = guess_peak_flops(accelerator.device, args.peak_tflops)
+    evals = eval_batches(data, eval_rows, sp)
+    if main_proc:
+        print(f"[hf_hsap] world {world} = dp {sp.dp_size} x sp {sp.size} (ulysses {sp.ulysses_size} x ring "
+              f"{sp.ring_size}) | {accelerator.device} {accelerator.mixed_precision} | model {args.model} "
+              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
+              f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length}"
+              + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
+
+    bar = tqdm(total=args.max_steps, initial=start_step, desc="pretrain", dynamic_ncols=True,
+               disable=None if main_proc else True)  # None: a bar on a terminal, plain log lines otherwise
+    first_loss, tgs_seen = None, []
+    for step in range(start_step, args.max_steps):
+        t0 = time.perf_counter()
+        micro = data.micro_batches(step, sp.dp_size, sp.dp_rank, args.grad_accum)
+        out = train_step(model, micro, sp, accelerator, args, verify=step == start_step)
+        grad_norm = None
+        if args.max_grad_norm > 0:
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        flops = 6.0 * n_matmul * out["tokens"] + attention_flops(config, out["sum_sq"])
+        tgs = out["tokens"] / dt / world
+        record: dict[str, Any] = {
+            "step": step + 1, "loss": out["loss"], "lr": lr, "grad_norm": grad_norm,
+            "epoch": round(data.epoch_of(step), 4), "tokens": out["tokens"], "targets": out["targets"],
+            "step_time_s": dt, "tgs": tgs, "mfu": flops / dt / (world * peak) if peak else None,
+            "peak_mem_gb": peak_memory_gb(accelerator.device),
+        }
+        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
+            record["eval_loss"] = evaluate(model, evals, sp, accelerator, args.placement)
+        first_loss = out["loss"] if first_loss is None else first_loss
+        tgs_seen.append(tgs)
+        metrics.write(record)
+        if args.report_to:
+            accelerator.log({k: v for k, v in record.items() if v is not None and k != "step"}, step=step + 1)
+        bar.update(1)
+        bar.set_postfix(loss=f"{out['loss']:.4f}", tgs=f"{tgs:.0f}")
+        if main_proc and ((step + 1) % args.log_every == 0 or step + 1 == args.max_steps):
+            mfu = f"{record['mfu'] * 100:.2f}%" if record["mfu"] is not None else "n/a"
+            ev = f" | eval {record['eval_loss']:.4f}" if "eval_loss" in record else ""
+            bar.write(f"step {step + 1:>5}/{args.max_steps} | loss {out['loss']:.4f}{ev} | lr {lr:.2e} | "
+                      f"grad_norm {grad_norm if grad_norm is None else round(grad_norm, 3)} | TGS {tgs:,.0f} "
+                      f"tok/s/device | MFU {mfu} | peak mem {record['peak_mem_gb']:.2f} GiB")
+        if args.save_every and (step + 1) % args.save_every == 0:
+            save_checkpoint(accelerator, args, step + 1)
+    bar.close()
+
+    if not args.no_final_model:
+        accelerator.wait_for_everyone()
+        final = Path(args.output_dir) / "final_model"
+        accelerator.unwrap_model(model).save_pretrained(
+            final, is_main_process=main_proc, save_function=accelerator.save,
+            state_dict=accelerator.get_state_dict(model))
+        if main_proc:
+            tokenizer.save_pretrained(final)
+    if main_proc and tgs_seen:
+        steady = tgs_seen[1:] or tgs_seen
+        print(f"[hf_hsap] done: loss {first_loss:.4f} (first step of this run) -> {out['loss']:.4f} (step "
+              f"{args.max_steps}); mean TGS {sum(steady) / len(steady):,.0f} tokens/s/device; metrics in "
+              f"{metrics.path}", flush=True)
+    for tracker in accelerator.trackers:  # not accelerator.end_training(): see common.finish_distributed
+        tracker.finish()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the recipe, then destroy the process groups (see ``common.finish_distributed``)."""
+    run(parse_args(argv))
+    finish_distributed()
+
+
+if __name__ == "__main__":
+    main()
