@@ -1,0 +1,92 @@
+"""Planning time, cold and cached, for ``T = 524288`` with 2,000 documents (the spec's planning case)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import hf_hsap
+
+
+@dataclass(frozen=True)
+class PlanningConfig:
+    """Sizes and repetitions of the planning benchmark."""
+
+    T: int = 524288
+    n_docs: int = 2000
+    Ps: tuple[int, ...] = (8, 64)
+    placements: tuple[str, ...] = ("auto", "balanced", "contiguous")
+    cold_runs: int = 7
+    cached_runs: int = 2000
+    seed: int = 0
+
+
+def planning_lengths(T: int, n_docs: int, seed: int) -> np.ndarray:
+    """``n_docs`` document lengths summing to ``T``: ``longtail`` draws (log-normal, median 2048,
+    sigma 1.6) scaled to the row, each at least 16 tokens; the rounding rest goes to the longest.
+
+    Args:
+        T: row length; n_docs: number of documents; seed: ``numpy.random.default_rng`` seed.
+
+    Returns:
+        ``[n_docs]`` int64 lengths, sum ``T``.
+    """
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(np.log(2048.0), 1.6, size=n_docs)
+    lengths = np.maximum(16, np.floor(w / w.sum() * T)).astype(np.int64)
+    lengths[np.argmax(lengths)] += T - int(lengths.sum())
+    return lengths
+
+
+def _median_ms(fn, runs: int, clock=time.perf_counter) -> float:
+    """Median milliseconds of ``runs`` calls of ``fn`` by ``clock``."""
+    ts = []
+    for _ in range(runs):
+        t0 = clock()
+        fn()
+        ts.append(clock() - t0)
+    return float(np.median(ts)) * 1e3
+
+
+def run_planning(cfg: PlanningConfig) -> list[dict]:
+    """Median planning times.
+
+    * ``cold_ms``: ``plan_sequence`` without a cache (layout validation, placement, transfers);
+      ``cold_cpu_ms`` the same by the process's CPU time (what other load on the machine disturbs least).
+    * ``schedule_ms``: compiling one rank's schedule afterwards (every rank does it once per layout;
+      the slowest rank's).
+    * ``cached_ms``: ``plan_sequence`` with a warm :class:`~hf_hsap.PlanCache` (validation, hashing,
+      lookup), from a CPU ``torch`` tensor as a data loader hands it over.
+
+    Args:
+        cfg: the sizes.
+
+    Returns:
+        One row per (P, placement): ``{"P", "placement", "chosen", "cold_ms", "cold_cpu_ms", "schedule_ms",
+        "cached_ms"}``.
+    """
+    import torch
+
+    cu_np = np.concatenate([[0], np.cumsum(planning_lengths(cfg.T, cfg.n_docs, cfg.seed))])
+    cu = torch.from_numpy(cu_np)
+    rows = []
+    for P in cfg.Ps:
+        for placement in cfg.placements:
+            cold = _median_ms(lambda: hf_hsap.plan_sequence(cu, P, placement), cfg.cold_runs)
+            cold_cpu = _median_ms(lambda: hf_hsap.plan_sequence(cu, P, placement), cfg.cold_runs, time.process_time)
+            plan = hf_hsap.plan_sequence(cu, P, placement)
+            sched = []
+            for _ in range(max(1, cfg.cold_runs // 2)):
+                fresh = hf_hsap.plan_sequence(cu, P, placement)
+                sched.append(max(_median_ms(lambda: fresh.schedule(part), 1) for part in range(P)))
+            cache = hf_hsap.PlanCache()
+            hf_hsap.plan_sequence(cu, P, placement, cache=cache)
+            t0 = time.perf_counter()
+            for _ in range(cfg.cached_runs):
+                hf_hsap.plan_sequence(cu, P, placement, cache=cache)
+            cached = (time.perf_counter() - t0) / cfg.cached_runs * 1e3
+            rows.append({"P": P, "placement": placement, "chosen": plan.placement_name, "cold_ms": cold,
+                         "cold_cpu_ms": cold_cpu,
+                         "schedule_ms": float(np.median(sched)), "cached_ms": cached})
+    return rows

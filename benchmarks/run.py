@@ -1,0 +1,178 @@
+"""One command for every benchmark: ``python -m benchmarks.run [--quick] [--skip-cpu]``.
+
+Writes ``BENCHMARKS.md`` (repository root), PNG plots in ``benchmarks/plots/`` and the raw numbers in
+``benchmarks/results/results.json``. Sections: exact traffic and balance (no clock), cost-model
+predictions, planning time, and (unless ``--skip-cpu``) the CPU measurements (4 spawned gloo ranks)
+and peak memory. ``--quick`` shrinks everything for development (one seed, a short CPU row).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .cost_model import DEFAULT_CALIBRATION, load_assumptions
+from .measured import MeasureConfig, run_kernel_paths, run_measured, run_memory
+from .planning import PlanningConfig, run_planning
+from .predictions import CostConfig, cost_goals, run_predictions
+from .render import render
+from .traffic import TrafficConfig, run_traffic, summarize_traffic, traffic_goals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine_info() -> dict:
+    """Date, CPU model, cores, load, versions and git commit of this run."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
+            "cores": os.cpu_count(), "load_start": list(os.getloadavg()), "torch": torch.__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "commit": commit}
+
+
+def run_tables(tcfg: TrafficConfig, ccfg: CostConfig, progress: bool = False) -> dict:
+    """The clock-free part: traffic / balance tables, their goals, cost-model predictions and goals.
+
+    Args:
+        tcfg: the traffic grid; ccfg: the cost-model configurations (their ``P`` must be in the grid).
+        progress: print progress lines.
+
+    Returns:
+        ``{"traffic_rows", "traffic_goals", "cost_rows", "cost_goals", "cost_goals_U8", "cost_goals_bestU",
+        "assumptions", "traffic_config", "seconds"}``.
+    """
+    t0 = time.perf_counter()
+    layouts = run_traffic(tcfg, progress)
+    rows = summarize_traffic(layouts)
+    t1 = time.perf_counter()
+    cost = run_predictions(layouts, ccfg)
+    hws = sorted({hw for hw, _ in ccfg.topologies})
+    return {
+        "traffic_rows": rows, "traffic_goals": traffic_goals(rows), "cost_rows": cost,
+        "cost_goals": cost_goals(cost, "hsap"), "cost_goals_U8": cost_goals(cost, "hsap_U8"),
+        "cost_goals_bestU": cost_goals(cost, "hsap_bestU"),
+        "assumptions": {hw: dataclasses.asdict(load_assumptions(hw)) for hw in hws},
+        "traffic_config": dataclasses.asdict(tcfg), "seconds": {"traffic": t1 - t0, "cost": time.perf_counter() - t1},
+    }
+
+
+def make_plots(results: dict, plots: Path) -> list[str]:
+    """Write the PNGs; returns their paths relative to the repository root."""
+    from hf_hsap import plan_sequence
+    from hf_hsap.inspect import write_png
+
+    from . import plots as pl
+    from .distributions import cu_seqlens, doc_lengths
+
+    plots.mkdir(parents=True, exist_ok=True)
+    out = []
+    for T in sorted({r["T"] for r in results["traffic_rows"]}):
+        p = plots / f"traffic_T{T // 1024}K.png"
+        pl.plot_traffic(results["traffic_rows"], p, T)
+        out.append(p)
+    for hw in sorted({r["hw"] for r in results["cost_rows"]}):
+        for model in sorted({r["model"] for r in results["cost_rows"]}):
+            p = plots / f"tgs_{hw}_{model}.png"
+            pl.plot_tgs(results["cost_rows"], p, model, hw)
+            out.append(p)
+    if results.get("measured"):
+        p = plots / "cpu_measured.png"
+        pl.plot_measured(results["measured"], p)
+        out.append(p)
+    T, P = min(r["T"] for r in results["traffic_rows"]), min(r["P"] for r in results["traffic_rows"])
+    for dist in ("longtail", "mixed"):
+        p = plots / f"plan_{dist}_T{T // 1024}K_P{P}.png"
+        write_png(plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto"), str(p),
+                  f"hf_hsap plan (auto): {dist}, seed 0, T={T}, P={P}")
+        out.append(p)
+    return [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in out]
+
+
+def compact(obj: object, keep_layer: tuple[str, ...] = ("hsap", "hsap_nvl", "hsap_bestU", "ulysses")) -> object:
+    """The results made small for ``results.json``: floats to 6 significant digits; per-scheme layer
+    times kept only for ``keep_layer`` and each row's best other scheme."""
+    if isinstance(obj, float):
+        return float(f"{obj:.6g}")
+    if isinstance(obj, dict):
+        out = {k: compact(v, keep_layer) for k, v in obj.items()}
+        if "layer" in out and "best_other" in out:
+            out["layer"] = {k: v for k, v in out["layer"].items() if k in keep_layer or k == out["best_other"]}
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [compact(v, keep_layer) for v in obj]
+    return obj
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options of the runner."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes for development (one seed, T=4096 on CPU)")
+    p.add_argument("--skip-cpu", action="store_true", help="skip the CPU timing and memory runs")
+    p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    p.add_argument("--plots", default=str(ROOT / "benchmarks" / "plots"))
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "results.json"))
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run everything and write the report. Returns 0."""
+    args = build_parser().parse_args(argv)
+    t_start = time.perf_counter()
+    meta = machine_info()
+    meta["command"] = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    tcfg = TrafficConfig(seeds=(0,)) if args.quick else TrafficConfig()
+    mcfg = (MeasureConfig(T=4096, reps=3, memory_T=16384) if args.quick else MeasureConfig())
+    pcfg = PlanningConfig(cold_runs=3, cached_runs=200) if args.quick else PlanningConfig()
+    print("traffic and cost model ...", flush=True)
+    results = run_tables(tcfg, CostConfig(), progress=True)
+    print("planning time ...", flush=True)
+    t0 = time.perf_counter()
+    results["planning"] = run_planning(pcfg)
+    results["seconds"]["planning"] = time.perf_counter() - t0
+    results["measured"] = results["memory"] = None
+    if not args.skip_cpu:
+        print("measured on CPU ...", flush=True)
+        results["measured"] = run_measured(mcfg, progress=True)
+        results["measure_config"] = dataclasses.asdict(mcfg)
+        results["seconds"]["measured"] = results["measured"]["seconds"]
+        t0 = time.perf_counter()
+        results["kernel_paths"] = run_kernel_paths(mcfg)
+        results["seconds"]["kernel_paths"] = time.perf_counter() - t0
+        print("peak memory ...", flush=True)
+        t0 = time.perf_counter()
+        results["memory"] = run_memory(mcfg, progress=True)
+        results["seconds"]["memory"] = time.perf_counter() - t0
+    meta["load_end"] = list(os.getloadavg())
+    meta["seconds"] = time.perf_counter() - t_start
+    results["meta"] = meta
+    results["calibrated"] = DEFAULT_CALIBRATION.exists()
+    results["plots"] = make_plots(results, Path(args.plots))
+    Path(args.out).write_text(render(results))
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.results).write_text(json.dumps(compact(results), default=float) + "\n")
+    print(f"wrote {args.out}, {len(results['plots'])} plots, {args.results} in {meta['seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

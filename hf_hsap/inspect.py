@@ -1,0 +1,211 @@
+"""``hsap-plan``: look at the plan hf_hsap makes for a packed row.
+
+Given document lengths (or a distribution of the benchmark spec), the row length ``T``, the SP size
+``P`` and the Ulysses size ``U``, it prints the placement summary and every rank's tokens, attention work
+and received KV (and all-to-all tokens for ``U > 1``), and can write a PNG with a token → rank map and
+a rank × rank map of the KV traffic::
+
+    hsap-plan --dist longtail --seed 0 --T 131072 --P 8 --png plan.png
+    hsap-plan --lengths 100,2000,30000,500 --P 4 --U 2
+
+Every printed figure is taken from :meth:`hf_hsap.Plan.stats`. matplotlib is imported only for ``--png``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from .plan.placement import PLACEMENTS
+from .plan.planner import Plan, plan_sequence
+
+DISTS = ("longtail", "sft", "mixed", "single")
+_LOGNORMAL = {"longtail": (2048.0, 1.6), "sft": (600.0, 0.9)}  # (median, sigma) of the spec's draws
+
+
+def sample_lengths(dist: str, T: int, seed: int) -> np.ndarray:
+    """Document lengths of one row of ``T`` tokens, as the benchmark spec defines them.
+
+    Draws ``int(clip(lognormal(log(median), sigma), 16, T))`` one at a time with
+    ``numpy.random.default_rng(seed)`` until the sum reaches ``T``, and cuts the last document so the
+    sum is exactly ``T``. ``single``: one document; ``mixed``: one document of ``T // 2`` first, then
+    ``longtail`` draws for the rest.
+
+    Args:
+        dist: ``longtail``, ``sft``, ``mixed`` or ``single``.
+        T: row length (``>= 1``).
+        seed: generator seed.
+
+    Returns:
+        ``[n_docs]`` int64 lengths summing to ``T``.
+    """
+    if dist not in DISTS:
+        raise ValueError(f"unknown distribution {dist!r}; choose one of {', '.join(DISTS)}")
+    if T < 1:
+        raise ValueError(f"T must be a positive number of tokens, got {T}")
+    if dist == "single":
+        return np.array([T], dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    if dist == "mixed":
+        out.append(T // 2)
+    median, sigma = _LOGNORMAL["sft" if dist == "sft" else "longtail"]
+    total = sum(out)
+    while total < T:
+        n = int(np.clip(rng.lognormal(math.log(median), sigma), 16, T))
+        n = min(n, T - total)
+        out.append(n)
+        total += n
+    return np.array([x for x in out if x > 0], dtype=np.int64)
+
+
+def _parse_lengths(text: str) -> np.ndarray:
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"--lengths takes comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError("--lengths needs at least one document and every length must be >= 1")
+    return np.array(vals, dtype=np.int64)
+
+
+def rank_owner(plan: Plan) -> np.ndarray:
+    """SP rank that holds every global token. Shapes: ``-> [T]`` int64."""
+    owner = np.empty(plan.total_tokens, dtype=np.int64)
+    for r in range(plan.size):
+        owner[plan.local_token_indices(r).numpy()] = r
+    return owner
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    """The printed report: placement summary and one line per rank (numbers from ``plan.stats()``).
+
+    Args:
+        plan: an offline plan.
+
+    Returns:
+        Lines of text.
+    """
+    st = plan.stats()
+    lengths = plan.layout.doc_lengths
+    T, P, U = plan.total_tokens, plan.size, plan.ulysses_size
+    pl = plan.placement
+    parts_per_doc = np.bincount(np.unique(pl.doc * pl.n_parts + pl.part) // pl.n_parts, minlength=len(lengths))
+    split = parts_per_doc > 1
+    tok = np.array(st["tokens"], dtype=np.float64)
+    work = np.array(st["attn_work"], dtype=np.float64)
+    recv = np.array(st["recv_kv_tokens"], dtype=np.float64)
+    ring = (P - 1) / P * T if P > 1 else 1.0
+    lines = [
+        f"layout: {len(lengths)} documents, T = {T}, longest {int(lengths.max())}, median {int(np.median(lengths))}",
+        f"group: P = {P} ranks = U {U} (all-to-all) x R {plan.n_parts} (point-to-point)",
+        f"placement: {st['placement']}; {int(split.sum())} document(s) split "
+        f"(over up to {int(parts_per_doc.max())} parts), {int((~split).sum())} whole; rounds {st['rounds']}",
+        f"balance: tokens max/mean {tok.max() / tok.mean():.3f}, work max/mean {work.max() / max(work.mean(), 1e-30):.3f}",
+        f"received KV per layer: max {int(recv.max())} ({recv.max() / ring:.3f} of ring's (P-1)/P*T), "
+        f"mean {recv.mean():.1f} ({recv.mean() / ring:.3f}), total {int(recv.sum() / max(U, 1))}",
+        "",
+    ]
+    head = f"{'rank':>4} {'part':>4} {'tokens':>9} {'attn_work':>15} {'recv_kv':>9} {'send_kv':>9}"
+    head += f" {'a2a':>9}" if U > 1 else ""
+    lines.append(head)
+    for r in range(P):
+        w = st["attn_work"][r]
+        w_txt = f"{w:15.1f}" if isinstance(w, float) and not float(w).is_integer() else f"{int(w):15d}"
+        line = (f"{r:4d} {r // U:4d} {st['tokens'][r]:9d} {w_txt} {st['recv_kv_tokens'][r]:9d} "
+                f"{st['send_kv_tokens'][r]:9d}")
+        line += f" {st['a2a_tokens'][r]:9d}" if U > 1 else ""
+        lines.append(line)
+    return lines
+
+
+def write_png(plan: Plan, path: str, title: str = "") -> None:
+    """Token → rank map (left) and the part × part KV traffic (right) as a PNG.
+
+    Args:
+        plan: an offline plan; path: output file; title: figure title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    owner = rank_owner(plan)
+    T = owner.shape[0]
+    cols = max(1, int(math.ceil(math.sqrt(T * 4))))  # a 1:4 (rows:cols) picture of the token line
+    rows = int(math.ceil(T / cols))
+    img = np.full(rows * cols, np.nan)
+    img[:T] = owner
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    cmap = plt.get_cmap("tab20" if plan.size <= 20 else "viridis", plan.size)
+    im = a0.imshow(img.reshape(rows, cols), aspect="auto", cmap=cmap, interpolation="nearest",
+                   vmin=-0.5, vmax=plan.size - 0.5)
+    a0.set_title(f"token → rank (row-major, {cols} tokens per line)")
+    a0.set_xlabel("token offset in line")
+    a0.set_ylabel("line")
+    cu = plan.layout.cu_seqlens[1:-1]
+    if cu.shape[0] <= 400:  # document boundaries
+        a0.scatter(cu % cols, cu // cols, s=4, c="black", marker="|")
+    fig.colorbar(im, ax=a0, label="SP rank")
+    m = np.array(plan.stats()["send_kv_pairs"], dtype=np.float64)
+    h = a1.imshow(m, cmap="magma_r")
+    a1.set_title("KV tokens sent, part → part (forward)")
+    a1.set_xlabel("receiving part")
+    a1.set_ylabel("sending part")
+    fig.colorbar(h, ax=a1, label="KV tokens")
+    fig.suptitle(title or f"{plan.placement_name}: T={T}, P={plan.size}, U={plan.ulysses_size}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options of ``hsap-plan``."""
+    p = argparse.ArgumentParser(prog="hsap-plan", description="Show the plan hf_hsap makes for a packed row.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--lengths", help="comma-separated document lengths (e.g. 100,2000,30000)")
+    src.add_argument("--dist", choices=DISTS, help="draw lengths from a benchmark-spec distribution")
+    p.add_argument("--seed", type=int, default=0, help="seed of --dist (default 0)")
+    p.add_argument("--T", type=int, default=None,
+                   help="row length: the sum of --lengths (checked) or the length to draw (default 131072)")
+    p.add_argument("--P", type=int, default=8, help="SP size (default 8)")
+    p.add_argument("--U", type=int, default=1, help="Ulysses (all-to-all) size inside the SP group (default 1)")
+    p.add_argument("--placement", choices=PLACEMENTS, default="auto")
+    p.add_argument("--budget", type=int, default=None, help="recv_budget_tokens (default: none)")
+    p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
+    return p
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The offline plan the arguments describe (raises ``ValueError`` on inconsistent arguments)."""
+    if args.lengths:
+        lengths = _parse_lengths(args.lengths)
+        if args.T is not None and int(lengths.sum()) != args.T:
+            raise ValueError(f"--lengths sum to {int(lengths.sum())} but --T is {args.T}")
+    else:
+        lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return plan_sequence(cu, args.P, args.placement, ulysses_size=args.U, recv_budget_tokens=args.budget)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point. Returns the exit status (0 ok, 2 bad arguments)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        plan = make_plan(args)
+    except ValueError as e:
+        print(f"hsap-plan: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(plan)))
+    if args.png:
+        write_png(plan, args.png)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""The ``hsap-plan`` inspector: printed numbers equal ``Plan.stats()``; the PNG is written."""
+import re
+
+import numpy as np
+import pytest
+
+from benchmarks.distributions import doc_lengths
+from hf_hsap import plan_sequence
+from hf_hsap.inspect import main, rank_owner, sample_lengths
+
+
+def _rank_rows(text: str, with_a2a: bool) -> list[list[float]]:
+    n = 7 if with_a2a else 6
+    rows = []
+    for line in text.splitlines():
+        if re.fullmatch(r"\s*" + r"\s+".join([r"-?[\d.]+"] * n) + r"\s*", line):
+            rows.append([float(x) for x in line.split()])
+    return rows
+
+
+@pytest.mark.parametrize("lengths,P,U,placement", [
+    ([100, 2000, 3000, 500, 40, 900], 4, 1, "auto"),
+    ([5000, 300, 2000, 700], 4, 2, "balanced"),
+    ([1000, 1000, 1000], 3, 1, "contiguous"),
+])
+def test_printed_numbers_equal_plan_stats(capsys, tmp_path, lengths, P, U, placement):
+    png = tmp_path / "plan.png"
+    rc = main(["--lengths", ",".join(map(str, lengths)), "--P", str(P), "--U", str(U),
+               "--placement", placement, "--png", str(png)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    plan = plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), P, placement, ulysses_size=U)
+    st = plan.stats()
+    rows = _rank_rows(out, U > 1)
+    assert len(rows) == P
+    for r, row in enumerate(rows):
+        assert row[0] == r and row[1] == r // U
+        assert row[2] == st["tokens"][r]
+        assert row[3] == pytest.approx(st["attn_work"][r], abs=0.06)
+        assert row[4] == st["recv_kv_tokens"][r]
+        assert row[5] == st["send_kv_tokens"][r]
+        if U > 1:
+            assert row[6] == st["a2a_tokens"][r]
+    assert f"placement: {st['placement']}" in out
+    ring = (P - 1) / P * sum(lengths)
+    assert f"max {max(st['recv_kv_tokens'])} ({max(st['recv_kv_tokens']) / ring:.3f}" in out
+    assert png.exists() and png.stat().st_size > 1000
+
+
+def test_distribution_sampler_matches_the_benchmark_spec():
+    for dist in ("longtail", "sft", "mixed", "single"):
+        for T in (5000, 131072):
+            for seed in (0, 3):
+                assert np.array_equal(sample_lengths(dist, T, seed), doc_lengths(dist, T, seed))
+
+
+def test_dist_option_and_rank_owner(capsys):
+    assert main(["--dist", "mixed", "--seed", "1", "--T", "20000", "--P", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "T = 20000" in out and "longest 10000" in out
+    plan = plan_sequence(np.concatenate([[0], np.cumsum(sample_lengths("mixed", 20000, 1))]), 8)
+    owner = rank_owner(plan)
+    assert np.array_equal(np.bincount(owner, minlength=8), plan.stats()["tokens"])
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--lengths", "10,x"], "comma-separated integers"),
+    (["--lengths", "10,20", "--T", "31"], "sum to 30"),
+    (["--lengths", "4", "--P", "8"], "every rank needs at least one token"),
+])
+def test_bad_arguments_exit_2(capsys, argv, msg):
+    assert main(argv) == 2
+    assert msg in capsys.readouterr().err
