@@ -30,6 +30,7 @@ __all__ = [
     "build_model",
     "finish_distributed",
     "guess_peak_flops",
+    "init_sp",
     "load_tokenizer",
     "matmul_params",
     "peak_memory_gb",
@@ -69,7 +70,9 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--max_samples", type=int, default=None, help="use only the first N examples of the dataset")
     g.add_argument("--max_length", type=int, default=default_max_length, help="tokens per packed row")
     g.add_argument("--sp_size", type=int, default=1, help="P: ranks sharing one packed batch (divides the world)")
-    g.add_argument("--ulysses_size", type=int, default=1, help="U: all-to-all degree inside the SP group (divides P)")
+    g.add_argument("--ulysses_size", type=_ulysses_size, default=1,
+                   help="U: all-to-all degree inside the SP group (divides P), or 'auto' (the largest divisor of P "
+                        "that fits in a node and divides the model's heads)")
     g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
     g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
     g.add_argument("--learning_rate", type=float, default=default_lr)
@@ -86,6 +89,32 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
                    help="Accelerate trackers, comma-separated (tensorboard, wandb, ...); default none")
     g.add_argument("--peak_tflops", type=float, default=None,
                    help="peak TFLOP/s of one device for the MFU estimate (default: a table of GPUs; n/a on CPU)")
+
+
+def _ulysses_size(value: str) -> int | str:
+    """``--ulysses_size``: a positive int or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
+def init_sp(args: argparse.Namespace) -> Any:
+    """``hf_hsap.init_sequence_parallel`` for ``--sp_size`` / ``--ulysses_size`` (collective; after the
+    process group exists). ``auto`` needs the model's query heads, read from its config."""
+    import hf_hsap
+
+    num_heads = None
+    if args.ulysses_size == "auto":
+        if args.model in BUILTIN_MODELS:
+            num_heads = BUILTIN_MODELS[args.model][1]["num_attention_heads"]
+        else:
+            from transformers import AutoConfig
+
+            num_heads = AutoConfig.from_pretrained(args.model).num_attention_heads
+    return hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size, num_heads=num_heads)
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> Any:

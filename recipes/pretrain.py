@@ -29,12 +29,12 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
-import hf_hsap  # noqa: E402
+import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model,  # noqa: E402
-                    finish_distributed, guess_peak_flops, load_tokenizer, matmul_params, peak_memory_gb)
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -196,7 +196,7 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
 def run(args: argparse.Namespace) -> None:
     """Train (see the module docstring); the model is freed when it returns, the process groups are not."""
     accelerator = make_accelerator(args)
-    sp = hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size)
+    sp = init_sp(args)
     world = accelerator.num_processes
     main_proc = accelerator.is_main_process
 
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> None:
     peak = guess_peak_flops(accelerator.device, args.peak_tflops)
     evals = eval_batches(data, eval_rows, sp)
     if main_proc:
-        print(f"[hf_hsap] world {world} = dp {sp.dp_size} x sp {sp.size} (ulysses {sp.ulysses_size} x ring "
+        print(f"[hf_hsap] {accelerator.distributed_type.value} world {world} = dp {sp.dp_size} x sp {sp.size} (ulysses {sp.ulysses_size} x ring "
               f"{sp.ring_size}) | {accelerator.device} {accelerator.mixed_precision} | model {args.model} "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
               f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length}"

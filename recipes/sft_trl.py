@@ -27,14 +27,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
-import hf_hsap  # noqa: E402
+import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.data import load_sft_dataset  # noqa: E402
 from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model,  # noqa: E402
-                    finish_distributed, guess_peak_flops, load_tokenizer, matmul_params, peak_memory_gb)
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
 from pretrain_data import split_train_eval  # noqa: E402
 
 
@@ -152,6 +152,11 @@ def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
     return found[-1] if found else None
 
 
+# Transformers 5 renamed gradient_checkpointing (deprecated alias until v6).
+_CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in SFTConfig.__dataclass_fields__
+                        else "gradient_checkpointing")
+
+
 def make_config(args: argparse.Namespace, dp_size: int) -> SFTConfig:
     """The SFTConfig: packing (BFD, padding-free), completion-only loss, the global batch split over DP."""
     per_step = args.micro_batch_rows * dp_size
@@ -170,7 +175,7 @@ def make_config(args: argparse.Namespace, dp_size: int) -> SFTConfig:
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, adam_beta2=0.95,
         packing=True, packing_strategy="bfd", max_length=args.max_length,
         completion_only_loss=None if chat else True, assistant_only_loss=chat,
-        gradient_checkpointing=args.gradient_checkpointing,
+        **{_CHECKPOINTING_FIELD: args.gradient_checkpointing},
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=not cuda,
         logging_steps=1, report_to=[t for t in (args.report_to or "").split(",") if t] or "none",
         eval_strategy="steps" if args.eval_every else "no", eval_steps=args.eval_every or None,
@@ -185,7 +190,7 @@ def run(args: argparse.Namespace) -> None:
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # the process group, before the SP groups
-    sp = hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size)
+    sp = init_sp(args)
     tokenizer = load_tokenizer(args.model, args.tokenizer)
     data = load_sft_dataset(args.dataset, format=args.data_format)
     if args.max_samples:
