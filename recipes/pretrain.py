@@ -230,8 +230,9 @@ def run(args: argparse.Namespace) -> None:
     peak = guess_peak_flops(accelerator.device, args.peak_tflops)
     evals = eval_batches(data, eval_rows, sp)
     if main_proc:
-        print(f"[hf_hsap] {accelerator.distributed_type.value} world {world} = dp {sp.dp_size} x sp {sp.size} (ulysses {sp.ulysses_size} x ring "
-              f"{sp.ring_size}) | {accelerator.device} {accelerator.mixed_precision} | model {args.model} "
+        print(f"[hf_hsap] {accelerator.distributed_type.value} world {world} = dp {sp.dp_size} x sp {sp.size} "
+              f"(ulysses {sp.ulysses_size} x ring {sp.ring_size}) | {accelerator.device} "
+              f"{accelerator.mixed_precision} | model {args.model} "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
               f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length}"
               + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
