@@ -191,7 +191,7 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
     elif name == "auto":
         # zigzag is not a candidate: balanced matches its balance with far less traffic (and equals it
         # for one long document), and its transfers are costly to enumerate for many short documents
-        slacks = sorted({0.02, 0.05, token_slack})
+        slacks = sorted({0.03, token_slack})
         cands = [balanced(layout, n_parts, eps) for eps in slacks] + [contiguous(layout, n_parts)]
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [compute_transfers(c) for c in cands]
@@ -226,7 +226,7 @@ def plan_sequence(
             (inspection, benchmarks; no process group needed).
         ulysses_size: U for offline planning (an SPGroup carries its own).
         placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"``: the cheapest by ``cost``
-            of ``balanced`` with token slack 0.02, 0.05 and ``token_slack``, and ``contiguous``.
+            of ``balanced`` with token slack 0.03 and ``token_slack``, and ``contiguous``.
         recv_budget_tokens: at most this many KV tokens in a receive buffer; more is moved in rounds.
             ``None``: one round.
         token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``.
