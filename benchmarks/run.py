@@ -131,12 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     p.add_argument("--plots", default=str(ROOT / "benchmarks" / "plots"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "results.json"))
+    p.add_argument("--render-only", action="store_true",
+                   help="run nothing: rewrite the report and plots from the --results file of an earlier run")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run everything and write the report. Returns 0."""
     args = build_parser().parse_args(argv)
+    if args.render_only:
+        results = json.loads(Path(args.results).read_text())
+        results["plots"] = make_plots(results, Path(args.plots))
+        Path(args.out).write_text(render(results))
+        print(f"wrote {args.out} and {len(results['plots'])} plots from {args.results}")
+        return 0
     t_start = time.perf_counter()
     meta = machine_info()
     meta["command"] = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
