@@ -99,9 +99,9 @@ def _parity(configs: list[dict], margin: float = 0.03) -> str:
                 close.setdefault(n, []).append(busiest)
     if not close:
         return ""
-    return ("; by CPU time (total and busiest rank within 3 %) at parity with " +
-            ", ".join(f"{n} (busiest rank {_rng(v)})" for n, v in close.items()) +
-            ": the wall-time lead is within the noise of this shared machine")
+    return ("; by CPU time (total over ranks and busiest rank) within 3 % of hf_hsap or ahead of it: " +
+            ", ".join(f"{n} (busiest rank {_rng(v)} × hf_hsap's)" for n, v in close.items()) +
+            "; wall-time differences this small are within the noise of this shared machine")
 
 
 def _losses(res: dict) -> str:
