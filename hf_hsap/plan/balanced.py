@@ -89,7 +89,8 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
                 continue
         order = sorted(range(P), key=lambda p: (score(p), p))
         chosen = _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
-            _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0))
+            _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0)) or \
+            _choose_parts(order, L, w, k0, P, lambda p, t, x: tok[p] + t <= cap_t)  # equal work shares
         if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
         elif len(chosen) == 1:
