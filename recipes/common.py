@@ -245,3 +245,13 @@ class MetricsWriter:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
+    """The checkpoint to resume from: ``spec`` itself, the newest ``checkpoint-<step>`` for 'latest', or None."""
+    if not spec:
+        return None
+    if spec != "latest":
+        return Path(spec)
+    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
+    return found[-1] if found else None

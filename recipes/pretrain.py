@@ -33,7 +33,7 @@ import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, attention_flops, build_model,  # noqa: E402
+from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
                     finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
@@ -92,16 +92,6 @@ def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[An
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.min_lr_ratio))
     return optimizer, scheduler
-
-
-def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
-    """The checkpoint to resume from: ``spec`` itself, the newest ``checkpoint-<step>`` for 'latest', or None."""
-    if not spec:
-        return None
-    if spec != "latest":
-        return Path(spec)
-    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
-    return found[-1] if found else None
 
 
 def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> None:

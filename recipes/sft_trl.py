@@ -33,7 +33,7 @@ from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, attention_flops, build_model,  # noqa: E402
+from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
                     finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
 from pretrain_data import split_train_eval  # noqa: E402
 
@@ -140,16 +140,6 @@ class MetricsCallback(TrainerCallback):
         if self.pending is not None:
             self.writer.write(self.pending)
             self.pending = None
-
-
-def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
-    """``spec`` itself, the newest ``checkpoint-<step>`` of ``output_dir`` for 'latest', or None."""
-    if not spec:
-        return None
-    if spec != "latest":
-        return Path(spec)
-    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
-    return found[-1] if found else None
 
 
 # Transformers 5 renamed gradient_checkpointing (deprecated alias until v6).
