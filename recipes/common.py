@@ -77,6 +77,8 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
     g.add_argument("--learning_rate", type=float, default=default_lr)
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up steps (default: 10%% of max_steps)")
+    g.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
+    g.add_argument("--no_final_model", action="store_true", help="do not save the final model")
     g.add_argument("--weight_decay", type=float, default=0.1)
     g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 = off)")
     g.add_argument("--seed", type=int, default=0)
@@ -255,3 +257,11 @@ def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
         return Path(spec)
     found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
     return found[-1] if found else None
+
+
+def parse_common_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, then fill the defaults that depend on other arguments (warm-up = 10% of the steps)."""
+    args = parser.parse_args(argv)
+    if args.warmup_steps is None:
+        args.warmup_steps = max(1, args.max_steps // 10)
+    return args

@@ -34,7 +34,8 @@ from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus 
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
+                    parse_common_args, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -51,12 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval_docs", type=int, default=64, help="held-out documents for the eval loss")
     p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine decay floor, as a fraction of the lr")
     p.add_argument("--log_every", type=int, default=1, help="print a log line every N steps")
-    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
-    p.add_argument("--no_final_model", action="store_true", help="do not save the final model")
-    args = p.parse_args(argv)
-    if args.warmup_steps is None:
-        args.warmup_steps = max(1, args.max_steps // 10)
-    return args
+    return parse_common_args(p, argv)
 
 
 def make_accelerator(args: argparse.Namespace) -> Any:

@@ -34,7 +34,8 @@ from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, peak_memory_gb)
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
+                    parse_common_args, peak_memory_gb)
 from pretrain_data import split_train_eval  # noqa: E402
 
 
@@ -48,12 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro_batch_rows", type=int, default=1, help="packed rows per micro-batch")
     p.add_argument("--eval_samples", type=int, default=64, help="held-out examples for the eval loss")
     p.add_argument("--gradient_checkpointing", action="store_true")
-    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
-    p.add_argument("--no_final_model", action="store_true", help="do not save the final model")
-    args = p.parse_args(argv)
-    if args.warmup_steps is None:
-        args.warmup_steps = max(1, args.max_steps // 10)
-    return args
+    return parse_common_args(p, argv)
 
 
 class RecipeSFTTrainer(HSAPSFTTrainer):  # type: ignore[misc,valid-type]
