@@ -22,11 +22,11 @@ class _SAPAttention(torch.autograd.Function):
     """SAP over the inter peers of one part. Inputs are the part's tokens (plan order)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float):
+    def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype):
         keep = len(sched.rounds) <= 1  # one round: keep the received KV; more: refetch in backward
         out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, keep_recv=keep)
         ctx.save_for_backward(q, k, v, out, lse, *recvs)
-        ctx.sched, ctx.executor, ctx.kernel, ctx.scale = sched, executor, kernel, scale
+        ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -34,8 +34,8 @@ class _SAPAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, *recvs = ctx.saved_tensors
         dq, dk, dv = sap_backward(dout, q, k, v, out, lse, list(recvs), ctx.sched, ctx.executor,
-                                  ctx.kernel, ctx.scale)
-        return dq, dk, dv, None, None, None, None
+                                  ctx.kernel, ctx.scale, ctx.grad_dtype)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, n_local: int) -> None:
@@ -65,6 +65,7 @@ def hsap_attn_func(
     softmax_scale: float | None = None,
     kernel: AttentionKernel | None = None,
     return_lse: bool = False,
+    grad_comm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Document-masked causal attention of this rank's tokens, exact across the SP group.
 
@@ -76,6 +77,9 @@ def hsap_attn_func(
         softmax_scale: defaults to ``D ** -0.5``.
         kernel: override the kernel (default: :func:`~hf_hsap.kernels.select_kernel`).
         return_lse: also return the log-sum-exp ``[T_local, Hq]`` (fp32; fp64 for fp64 inputs).
+        grad_comm_dtype: dtype in which dK/dV partial sums travel back to their owners (default: the
+            SP group's ``grad_comm_dtype``, else k's dtype). Both ends accumulate in fp32; pass
+            ``torch.float32`` to send the fp32 accumulators (2x the return bytes in bf16 training).
 
     Returns:
         ``[T_local, Hq, D]`` attention output, differentiable in q, k, v (and the lse if asked).
@@ -95,9 +99,10 @@ def hsap_attn_func(
     part = 0 if sp is None else sp.inter_rank
     sched = plan.schedule(part, q.device)
     executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
+    gdt = grad_comm_dtype or (sp.grad_comm_dtype if sp is not None else None)
     U = plan.ulysses_size
     if U == 1:
-        out, lse = _SAPAttention.apply(q, k, v, sched, executor, kernel, scale)
+        out, lse = _SAPAttention.apply(q, k, v, sched, executor, kernel, scale, gdt)
         return (out, lse) if return_lse else out
 
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
@@ -117,7 +122,7 @@ def hsap_attn_func(
     kh = heads[:, fq:fq + fk].reshape(t_part, hkv // U, d)  # [T_part, Hkv/U, D]
     vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
     out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), sched, executor,
-                                       kernel, scale)
+                                       kernel, scale, gdt)
     out = HeadToSeq.apply(out_h.reshape(t_part, -1), sp.intra_group, pieces, sp.intra_rank, sp.comm_stats)  # [T_local, Hq*D]
     out = out.reshape(t, hq, d)
     if not return_lse:

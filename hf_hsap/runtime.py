@@ -5,7 +5,9 @@ then, per round, wait for its KV, start the next round's transfers (double buffe
 rounds in flight), and run the round's remote items, merging them into the output by log-sum-exp in
 fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
 gradient), then the dK/dV go back to their owners along the reverse transfers while the next round
-(or the local item's backward) is computed. Both directions use :meth:`P2PExecutor.transfer`; every
+(or the local item's backward) is computed; they are accumulated in fp32 (fp64 for fp64 inputs) on
+both sides and travel in ``grad_dtype`` (default: the inputs' dtype, like every other gradient
+that crosses ranks in training). Both directions use :meth:`P2PExecutor.transfer`; every
 transfer that may overlap another has its own tag.
 """
 from __future__ import annotations
@@ -85,16 +87,22 @@ def sap_forward(
 def sap_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float,
+    kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of one part (shapes as :func:`sap_forward`; ``out``/``lse`` are the final values).
 
+    Args:
+        grad_dtype: dtype of the dK/dV partial sums sent back to their owners (default ``k.dtype``;
+            ``torch.float32`` sends the fp32 accumulators: twice the bytes in bf16 training, one
+            rounding fewer).
+
     Returns:
         dq ``[T_part, Hq, D]``, dk, dv ``[T_part, Hkv, D]`` in the inputs' dtypes; partial sums are
-        accumulated in fp32 (fp64 for fp64 inputs), and dK/dV travel back in that precision.
+        accumulated in fp32 (fp64 for fp64 inputs).
     """
     hkv = k.shape[1]
     acc = lse_dtype(q.dtype)
+    grad_dtype = grad_dtype or k.dtype
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
 
@@ -134,13 +142,13 @@ def sap_backward(
             else:
                 d_recv.index_add_(0, item.kv_index.to(k.device), gkv)
         if returning is not None:  # the previous round's dK/dV had this round's compute to arrive
-            dkv.index_add_(0, returning[1], returning[0].wait())
+            dkv.index_add_(0, returning[1], returning[0].wait().to(acc))
         # reverse of the forward transfers: gradients go back to the owners of the rows
-        pending = executor.transfer(d_recv, rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits,
+        pending = executor.transfer(d_recv.to(grad_dtype), rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits,
                                     tag=_return_tag(t))
         returning = (pending, rnd.send_index.to(k.device))
         if t == 0:
             local()
     if returning is not None:
-        dkv.index_add_(0, returning[1], returning[0].wait())
+        dkv.index_add_(0, returning[1], returning[0].wait().to(acc))
     return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

@@ -39,6 +39,9 @@ class SPGroup:
         timeout_s: collective / point-to-point timeout of the groups.
         plan_cache: plans of this group (LRU).
         comm_stats: what this rank's executor really sent and received.
+        grad_comm_dtype: dtype of the dK/dV partial sums SAP sends back (``None``: the inputs' dtype).
+        gpus_per_node: ranks per node (global ranks ``n * gpus_per_node ...`` share node ``n``);
+            ``None``: unknown (the SAP links are then treated as network links).
     """
 
     size: int
@@ -55,6 +58,17 @@ class SPGroup:
     device_mesh: Any = None
     plan_cache: PlanCache = field(default_factory=PlanCache)
     comm_stats: CommStats = field(default_factory=CommStats)
+    gpus_per_node: int | None = None
+    grad_comm_dtype: Any = None
+
+    @property
+    def sap_link(self) -> str:
+        """``"nvlink"`` when the whole SP group is inside one node (SAP's KV never leaves it), else
+        ``"network"``. Chooses the default cost model of ``plan_sequence(placement="auto")``."""
+        g = self.gpus_per_node
+        if g is None or g < 1:
+            return "network"
+        return "nvlink" if len({r // g for r in self.global_ranks}) == 1 else "network"
 
     @property
     def ring_size(self) -> int:
@@ -94,13 +108,16 @@ def _validate(world: int, sp_size: int, ulysses_size: int) -> None:
 
 
 def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = None) -> int:
-    """The ``ulysses_size="auto"`` rule: the largest U that divides ``sp_size``, fits in one node
-    (divides ``gpus_per_node``) and divides the number of query heads.
+    """The ``ulysses_size="auto"`` rule (the default of :func:`init_sequence_parallel`).
 
-    Why (see BENCHMARKS.md, cost model): inside a node the all-to-all runs over NVLink, an order of
-    magnitude faster than the inter-node links, and it leaves SAP only ``R = sp_size / U`` parts, so
-    fewer documents are split and less KV crosses nodes. Key/value heads that U does not divide are
-    replicated as far as needed (``hsap_attn_func``), which costs a little all-to-all volume only.
+    * The SP group fits in one node (``sp_size`` divides ``gpus_per_node``): ``U = 1``, pure SAP. Every
+      link is NVLink, SAP moves only the KV that documents need and balances work within 3%, and it
+      has no head-count cap; in the cost model it matches or beats Ulysses on one node (BENCHMARKS.md).
+    * Otherwise: the largest U that divides ``sp_size``, fits in one node (divides ``gpus_per_node``)
+      and divides the number of query heads. Inside a node the all-to-all runs over NVLink, an order
+      of magnitude faster than the inter-node links, and it leaves SAP only ``R = sp_size / U`` parts,
+      so fewer documents are split and less KV crosses nodes. Key/value heads that U does not divide
+      are replicated as far as needed (``hsap_attn_func``), which costs a little all-to-all volume.
 
     Args:
         sp_size: P.
@@ -110,6 +127,8 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
     Returns:
         U (>= 1).
     """
+    if gpus_per_node % sp_size == 0:
+        return 1
     best = 1
     for u in range(1, sp_size + 1):
         if sp_size % u == 0 and gpus_per_node % u == 0 and (num_heads is None or num_heads % u == 0):
@@ -130,9 +149,9 @@ def _gpus_per_node(world: int) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else world
 
 
-def init_sequence_parallel(sp_size: int, ulysses_size: int | str = 1, group: Any = None,
+def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group: Any = None,
                            timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
-                           gpus_per_node: int | None = None) -> SPGroup:
+                           gpus_per_node: int | None = None, grad_comm_dtype: Any = None) -> SPGroup:
     """Split the initialised world (or ``group``) into consecutive SP groups of ``sp_size`` ranks.
 
     Every rank of the world (of ``group``) must call this, in the same order relative to other group
@@ -141,12 +160,16 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = 1, group: Any
     Args:
         sp_size: P, ranks sharing one packed batch.
         ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``), or
-            ``"auto"``: :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``.
+            ``"auto"`` (default): :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``
+            (1 when the SP group fits in one node, else Ulysses inside each node and SAP between).
         group: the parent group; default the whole initialised world.
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.
         num_heads: query heads of the model, for ``ulysses_size="auto"``.
-        gpus_per_node: ranks per node, for ``"auto"`` (default: LOCAL_WORLD_SIZE, else GPUs, else world).
+        gpus_per_node: ranks per node, for ``"auto"`` and the planner's link costs (default:
+            LOCAL_WORLD_SIZE, else GPUs, else world).
+        grad_comm_dtype: dtype of the dK/dV partial sums SAP returns to their owners (``None``: the
+            inputs' dtype; ``torch.float32``: the fp32 accumulators, 2x the bytes in bf16).
 
     Returns:
         This rank's :class:`SPGroup`.
@@ -155,9 +178,10 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = 1, group: Any
         ValueError: when ``sp_size`` does not divide the world or ``ulysses_size`` does not divide
             ``sp_size``; RuntimeError when torch.distributed is not initialised and ``sp_size > 1``.
     """
+    world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    gpus_per_node = gpus_per_node or _gpus_per_node(world_now)
     if ulysses_size == "auto":
-        world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        ulysses_size = auto_ulysses_size(sp_size, gpus_per_node or _gpus_per_node(world_now), num_heads)
+        ulysses_size = auto_ulysses_size(sp_size, gpus_per_node, num_heads)
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
             return SPGroup.single()
@@ -190,7 +214,8 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = 1, group: Any
         size=sp_size, ulysses_size=U, rank=me % sp_size, group=mine.get("sp"),
         global_ranks=tuple(members[s_me * sp_size + j] for j in range(sp_size)),
         intra_group=mine.get("intra"), inter_group=mine.get("inter"), dp_size=n_sp, dp_rank=s_me,
-        dp_group=mine.get("dp"), timeout_s=timeout_s,
+        dp_group=mine.get("dp"), timeout_s=timeout_s, gpus_per_node=gpus_per_node,
+        grad_comm_dtype=grad_comm_dtype,
     )
     sp.device_mesh = _device_mesh(members, n_sp, R, U)
     return sp

@@ -11,9 +11,11 @@ attention work::
 * ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
 
 Defaults (:meth:`CostModel.default`): Llama-3-8B shapes (32 q heads, 8 kv heads, head dim 128,
-218 M parameters per layer) on A100 nodes with InfiniBand (25 GB/s per GPU) between them; kernels at
-55% (attention) and 70% (GEMM) of 312 TFLOP/s; fwd + bwd attention = 3.5x forward FLOPs; K, V sent
-in bf16 and dK, dV returned in fp32. ``benchmarks/cost_model.py`` documents the same figures;
+218 M parameters per layer) on A100 nodes with InfiniBand (25 GB/s per GPU, 80% reached) between
+them; kernels at 55% (attention) and 70% (GEMM) of 312 TFLOP/s; fwd + bwd attention = 3.5x forward
+FLOPs; K, V sent and dK, dV returned in bf16 (the runtime's default ``grad_comm_dtype``).
+:meth:`CostModel.nvlink` is the same over NVLink (300 GB/s): what a plan uses when every SAP peer is
+in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents the same figures;
 :meth:`CostModel.from_shapes` builds one for other models and links.
 """
 from __future__ import annotations
@@ -37,13 +39,13 @@ class CostModel:
         kv_token_cost: cost of receiving one KV token (and returning its gradient).
     """
 
-    token_cost: float = 16200.0
-    kv_token_cost: float = 1300.0
+    token_cost: float = 17930.0
+    kv_token_cost: float = 1226.0
 
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
-                    dtype_bytes: int = 2, grad_bytes: int = 4) -> "CostModel":
+                    dtype_bytes: int = 2, grad_bytes: int = 2) -> "CostModel":
         """Cost model for a model shape, a link (per GPU, per direction) and a GPU peak."""
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
@@ -52,7 +54,22 @@ class CostModel:
 
     @staticmethod
     def default() -> "CostModel":
+        """Llama-3-8B on A100, KV over InfiniBand (the module docstring)."""
         return CostModel()
+
+    @staticmethod
+    def nvlink() -> "CostModel":
+        """Llama-3-8B on A100, KV over NVLink (300 GB/s per GPU, 80% reached)."""
+        return CostModel(token_cost=17930.0, kv_token_cost=102.0)
+
+    @staticmethod
+    def for_link(link: str) -> "CostModel":
+        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"``."""
+        if link == "nvlink":
+            return CostModel.nvlink()
+        if link == "network":
+            return CostModel.default()
+        raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
 
 
 def local_work_per_part(layout: Layout, pl: Placement) -> np.ndarray:

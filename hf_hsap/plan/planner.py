@@ -214,6 +214,7 @@ def plan_sequence(
     token_slack: float = DEFAULT_TOKEN_SLACK,
     total_tokens: int | None = None,
     cost: CostModel | None = None,
+    gpus_per_node: int | None = None,
     verify: bool = True,
     cache: PlanCache | None = None,
 ) -> Plan:
@@ -231,7 +232,10 @@ def plan_sequence(
             ``None``: one round.
         token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``.
         total_tokens: if given, must equal ``cu_seqlens[-1]``.
-        cost: the cost model ``auto`` minimises (default :class:`CostModel`).
+        cost: the cost model ``auto`` minimises. Default: ``CostModel.for_link(link)``, with ``link``
+            ``"nvlink"`` when the whole SP group is inside one node (``sp.sap_link``; offline: ``size``
+            divides ``gpus_per_node``), else ``"network"``.
+        gpus_per_node: for offline planning, the ranks per node (an SPGroup carries its own).
         verify: with an SPGroup, compare the layout hash across the group (one tiny all-gather) and
             raise on every rank if they differ.
         cache: plan cache (default: the SPGroup's own; offline planning caches only when given one).
@@ -249,10 +253,12 @@ def plan_sequence(
     if isinstance(sp, SPGroup):
         size, U, rank = sp.size, sp.ulysses_size, sp.rank
         cache = cache or sp.plan_cache
+        link = sp.sap_link
     elif isinstance(sp, (int, np.integer)) and not isinstance(sp, bool):
         size, U, rank = int(sp), int(ulysses_size), None
         if size < 1 or U < 1 or size % U != 0:
             raise ValueError(f"the SP size ({size}) must be a positive multiple of ulysses_size ({U})")
+        link = "nvlink" if gpus_per_node and gpus_per_node % size == 0 else "network"
     else:
         raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
     if recv_budget_tokens is not None and recv_budget_tokens < 1:
@@ -264,6 +270,7 @@ def plan_sequence(
                          "every rank needs at least one token: pack longer rows or use a smaller sp_size")
     if isinstance(sp, SPGroup) and verify and size > 1:
         check_same_layout(layout, sp)
+    cost = cost or CostModel.for_link(link)
     key = (layout.digest, size, U, placement, recv_budget_tokens, token_slack, cost, rank)
 
     def build() -> Plan:

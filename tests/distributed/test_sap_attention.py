@@ -67,6 +67,23 @@ def test_receive_budget_rounds(pools, budget):
     assert res[0]["rounds"] > 1
 
 
+@pytest.mark.parametrize("grad_comm", [None, "float32"])
+def test_bfloat16_grad_return_dtype(pools, grad_comm):
+    """bf16 inputs: dK/dV partials travel back in bf16 by default (half the bytes of fp32) and the
+    result stays within bf16 round-off of the float64 reference either way."""
+    lengths = [150, 3, 60, 31, 9]
+    res = pools(3).run(check_attention, cu_of(lengths), 3, 1, "zigzag", 4, 2, 16, "bfloat16", 21, None, None,
+                       grad_comm)
+    elem = 4 if grad_comm == "float32" else 2
+    for r in res:
+        for key in ("out", "dq", "dk", "dv"):
+            assert r[key] <= 2e-2, (key, r)
+        assert r["fwd_rows"] == r["plan_recv"]
+        # the rows this rank sent come back as dK|dV: [rows, 2*Hkv, D] in the return dtype
+        assert r["bwd_bytes"] == r["plan_send"] * 2 * 2 * 16 * elem, r
+    assert sum(r["plan_send"] for r in res) > 0
+
+
 def test_world_one_in_process():
     res = check_attention_local(cu_of([5, 1, 17, 9]), "float64")
     assert max(res.values()) <= 1e-9

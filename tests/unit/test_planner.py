@@ -182,8 +182,30 @@ def test_shard_batch_refuses_inconsistent_position_ids():
 def test_auto_ulysses_rule():
     from hf_hsap.topology import auto_ulysses_size
 
-    assert auto_ulysses_size(16, 8, 32) == 8  # fill the node
+    assert auto_ulysses_size(16, 8, 32) == 8  # several nodes: fill the node
     assert auto_ulysses_size(16, 8, 12) == 4  # heads cap it
-    assert auto_ulysses_size(6, 8, 32) == 2  # must divide the SP size and the node
-    assert auto_ulysses_size(4, 4, None) == 4
-    assert auto_ulysses_size(8, 8, 7) == 1
+    assert auto_ulysses_size(6, 8, 32) == 2  # groups of 6 straddle 8-GPU nodes: divide both
+    assert auto_ulysses_size(4, 4, None) == 1  # one node: pure SAP
+    assert auto_ulysses_size(8, 8, 32) == 1
+    assert auto_ulysses_size(4, 8, 32) == 1  # two SP groups per node
+    assert auto_ulysses_size(16, 8, 7) == 1
+
+
+def test_sap_link_and_default_cost():
+    """The default cost model of ``auto`` follows the link SAP's KV takes."""
+    from hf_hsap.topology import SPGroup
+
+    assert SPGroup(size=4, ulysses_size=1, rank=0, global_ranks=(4, 5, 6, 7), gpus_per_node=8).sap_link == "nvlink"
+    assert SPGroup(size=4, ulysses_size=1, rank=0, global_ranks=(6, 7, 8, 9), gpus_per_node=8).sap_link == "network"
+    assert SPGroup(size=2, ulysses_size=1, rank=0, global_ranks=(0, 1)).sap_link == "network"  # unknown
+    assert hf_hsap.CostModel.for_link("nvlink").kv_token_cost < hf_hsap.CostModel.for_link("network").kv_token_cost
+    with pytest.raises(ValueError, match="unknown link"):
+        hf_hsap.CostModel.for_link("pcie")
+    # offline: a group inside one node plans with NVLink costs, accepting more KV for less token slack
+    from benchmarks.distributions import cu_seqlens, doc_lengths
+
+    cu = cu_seqlens(doc_lengths("mixed", 131072, 0))
+    one_node = hf_hsap.plan_sequence(cu, 8, gpus_per_node=8).stats()
+    network = hf_hsap.plan_sequence(cu, 8).stats()
+    assert one_node == hf_hsap.plan_sequence(cu, 8, cost=hf_hsap.CostModel.nvlink()).stats()
+    assert max(one_node["tokens"]) <= max(network["tokens"])

@@ -32,7 +32,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
 
 
 def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
-                    dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None) -> dict:
+                    dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None,
+                    grad_comm_dtype: str | None = None) -> dict:
     """Run hsap_attn_func on the global batch drawn from ``seed`` and compare with the float64
     reference: returns the max relative errors of out, lse, dq, dk, dv and the comm counters."""
     sp = get_sp(sp_size, ulysses)
@@ -49,7 +50,8 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget)
     ql, kl, vl = (plan.shard(x).to(dtype).requires_grad_(True) for x in (q, k, v))
     sp.comm_stats.reset()
-    out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True)
+    gdt = None if grad_comm_dtype is None else getattr(torch, grad_comm_dtype)
+    out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True, grad_comm_dtype=gdt)
     fwd_rows, fwd_bytes, fwd_msgs = sp.comm_stats.rows_recv, sp.comm_stats.bytes_recv, sp.comm_stats.messages
     fwd_a2a = sp.comm_stats.a2a_bytes_sent
     U = ulysses
@@ -58,19 +60,20 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     t_part = sum(plan.num_local_tokens(sp.inter_rank * U + u) for u in range(U))
     a2a_expected = (t_u * (U - 1) * (hq + 2 * hkv_eff) // U * d + (t_part - t_u) * hq // U * d) * ql.element_size()
     out.backward(plan.shard(dout).to(dtype))
+    bwd_bytes = sp.comm_stats.bytes_recv - fwd_bytes
     qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref, ref_lse = reference_attention(qr, kr, vr, cu)
     ref.backward(dout)
     st = plan.stats()
     digest = hashlib.sha256()
     for t in (out, lse, ql.grad, kl.grad, vl.grad):
-        digest.update(t.detach().contiguous().numpy().tobytes())
+        digest.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
     return {
         "digest": digest.hexdigest(), "max_recv_rows": sp.comm_stats.max_recv_rows,
         "out": _rel(out, plan.shard(ref), ref), "lse": _rel(lse, plan.shard(ref_lse), ref_lse),
         "dq": _rel(ql.grad, plan.shard(qr.grad), qr.grad), "dk": _rel(kl.grad, plan.shard(kr.grad), kr.grad),
         "dv": _rel(vl.grad, plan.shard(vr.grad), vr.grad),
-        "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs,
+        "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs, "bwd_bytes": bwd_bytes,
         "plan_recv": st["recv_kv_tokens"][sp.rank], "plan_send": st["send_kv_tokens"][sp.rank], "rounds": st["rounds"],
         "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
         "placement": plan.placement_name, "rank": dist.get_rank(),
