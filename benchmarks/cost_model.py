@@ -27,8 +27,12 @@ nodes). Overlap rules:
   sent at the start of step ``s`` and overlaps its compute; backward, the dK/dV accumulator is sent
   after each step and must arrive before the next step ends, plus a final hop home; one link carries
   one transfer at a time. Fully masked blocks are skipped (zero compute); no buffer back-pressure.
-* batched P2P (``overlap="local"``, hf_hsap): hidden behind work that needs no remote KV:
-  ``max(local, transfer) + remote`` in forward, the same with backward compute and dK/dV returns.
+* hf_hsap's SAP rounds (``SchemeStats.rounds``): the runtime's own order, simulated by dataflow with
+  the planner's functions (:mod:`hf_hsap.plan.pipeline`): round 0's KV is in flight during the local
+  item; per round, wait for its KV, launch the next round (double buffering), run its remote items;
+  a transfer starts when both ends reached its round. Backward: remote items, wait for the previous
+  round's dK/dV, send this round's back (the local item's backward hides round 0's return). One
+  ``batched`` round reduces to ``max(local, transfer) + remote``.
 * GEMMs never hide attention communication (a pessimistic choice, equal for every scheme).
 
 Ranks synchronise every layer: a layer lasts as long as its slowest GPU; a step is ``layers`` layers.
@@ -49,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
 
 from .schemes import CommPhase, ModelShape, RingPipeline, SchemeStats
 
@@ -190,6 +196,28 @@ def _ring_time(c: np.ndarray, ring: RingPipeline, backward: bool, hw: HardwareSp
     return np.maximum(finish, dkv_arr) if backward else finish
 
 
+def _rounds_time(s: SchemeStats, pair_s: float, hw: HardwareSpec, a: CostAssumptions) -> tuple[np.ndarray, np.ndarray]:
+    """``[P]`` forward and backward attention time of hf_hsap's rounds, by the runtime's dataflow
+    (:func:`hf_hsap.plan.pipeline.simulate_forward` / ``simulate_backward``, shared with the planner)."""
+    rs = s.rounds
+    gp = rs.gpu_part
+    first = np.unique(gp, return_index=True)[1]  # one GPU per part (the U GPUs of a part are alike)
+    local = (s.hideable_work if s.hideable_work is not None else np.zeros(s.P))[first] * pair_s
+    remote_work = (s.work[first] * pair_s - local)
+    n = rs.work.shape[1]
+    if n == 0:
+        return (s.work * pair_s), a.attn_bwd_factor * s.work * pair_s
+    xfer = np.where(rs.recv_intra + rs.recv_inter > 0, _transfer_time(rs.recv_intra, rs.recv_inter, 1, hw, a), 0.0)
+    ret = np.where(rs.ret_intra + rs.ret_inter > 0, _transfer_time(rs.ret_intra, rs.ret_inter, 1, hw, a), 0.0)
+    work = rs.work * pair_s
+    # the round tables carry exactly the remote work: keep the two views consistent
+    assert np.allclose(work.sum(1), remote_work, rtol=1e-6, atol=1e-12), "round work != work - local work"
+    bwd = a.attn_bwd_factor
+    fwd_t = simulate_forward(local, xfer, work, rs.peers)
+    bwd_t = simulate_backward(bwd * local, xfer, bwd * work, rs.peers, ret, rs.refetch)
+    return fwd_t[gp], bwd_t[gp]
+
+
 def _phase_time(phases: list[CommPhase], backward: bool, overlap: str, P: int, hw: HardwareSpec,
                 a: CostAssumptions) -> np.ndarray:
     """``[P]`` summed seconds of the phases of one pass and one overlap kind."""
@@ -263,6 +291,8 @@ def predict(scheme_stats: SchemeStats, model: ModelSpec | str, hardware: Hardwar
         c_steps = s.ring.step_work * pair_s
         attn_fwd = _ring_time(c_steps, s.ring, False, hw, a)
         attn_bwd = _ring_time(bwd * c_steps, s.ring, True, hw, a)
+    elif s.rounds is not None:
+        attn_fwd, attn_bwd = _rounds_time(s, pair_s, hw, a)
     else:
         hide = (s.hideable_work if s.hideable_work is not None else np.zeros(P)) * pair_s
         t_f = _phase_time(s.phases, False, "local", P, hw, a)

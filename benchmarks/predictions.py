@@ -5,9 +5,11 @@ Takes the :class:`~benchmarks.traffic.LayoutResult` of the traffic grid (the exa
 topology of ``n`` nodes uses the layouts with ``P = 8 n``. Figures are medians over seeds; ratios are
 ratios of those medians.
 
-Names in the rows: ``hsap`` is hf_hsap's default (placement ``auto``, ``U = 1``); ``hsap_bestU`` is the
-best of ``U`` ∈ {1, 2, 4, 8} with placement ``auto`` (what a ``ulysses_size="auto"`` choosing by this
-model would reach); ``usp_best`` / ``te_a2a_p2p_best`` the best ``U`` of those families.
+Names in the rows: ``hsap`` is hf_hsap's default (``ulysses_size="auto"``: ``U = 1`` on one node,
+``U = 8`` across nodes; placement and rounds ``auto``); ``hsap_batched`` the same in one batched round;
+``hsap_U1`` flat SAP over every GPU; ``hsap_bestU`` the best of ``U`` ∈ {1, 2, 4, 8} with placement
+``auto`` (an oracle choice of ``U`` per layout); ``usp_best`` / ``te_a2a_p2p_best`` the best ``U`` of
+those families.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from .traffic import LayoutResult
 TOPOLOGIES: tuple[tuple[str, int], ...] = (("A100", 1), ("A100", 4), ("A100", 8), ("H100", 1), ("H100", 4), ("H100", 8))
 MODEL_KEYS: tuple[str, ...] = ("llama2-7b", "llama3-8b")
 FAMILIES = ("usp_", "te_a2a_p2p_", "hsap")  # families folded into one "best" column
-HSAP_U_VARIANTS = ("hsap", "hsap_U2", "hsap_U4", "hsap_U8")
+HSAP_U_VARIANTS = ("hsap_U1", "hsap_U2", "hsap_U4", "hsap_U8")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 MAIN_SCHEMES = ("ring", "zigzag_ring", "allgather_kv", "ulysses", "te_p2p", "whole_doc", "torch_cp")
-COST_COLUMNS = ("hsap", "hsap_nvl", "hsap_U8", "hsap_bestU", "ulysses", "ring", "zigzag_ring", "allgather_kv", "usp_best", "te_p2p",
+COST_COLUMNS = ("hsap", "hsap_batched", "hsap_U1", "hsap_bestU", "ulysses", "ring", "zigzag_ring", "allgather_kv", "usp_best", "te_p2p",
                 "te_a2a_p2p_best", "whole_doc", "torch_cp", "bound")
 
 

@@ -108,7 +108,7 @@ def make_plots(results: dict, plots: Path) -> list[str]:
     return [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in out]
 
 
-def compact(obj: object, keep_layer: tuple[str, ...] = ("hsap", "hsap_nvl", "hsap_bestU", "ulysses")) -> object:
+def compact(obj: object, keep_layer: tuple[str, ...] = ("hsap", "hsap_batched", "hsap_U1", "hsap_bestU", "ulysses")) -> object:
     """The results made small for ``results.json``: floats to 6 significant digits; per-scheme layer
     times kept only for ``keep_layer`` and each row's best other scheme."""
     if isinstance(obj, float):

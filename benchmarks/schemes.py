@@ -102,6 +102,24 @@ class RingPipeline:
 
 
 @dataclass
+class RoundSchedule:
+    """hf_hsap's SAP rounds over its ``R`` parts (GPU ``g`` runs part ``gpu_part[g]``; the ``U`` GPUs
+    of a part carry equal shares). ``[R, n]`` arrays per part and round: ``recv_intra`` /
+    ``recv_inter`` KV bytes received per GPU, ``ret_intra`` / ``ret_inter`` dK/dV bytes coming back
+    per GPU (the rows it sent), ``work`` remote pairs per GPU; ``peers`` ``[n, R, R]`` (dst, src);
+    ``refetch``: backward fetches the KV again (a receive budget)."""
+
+    gpu_part: np.ndarray
+    recv_intra: np.ndarray
+    recv_inter: np.ndarray
+    ret_intra: np.ndarray
+    ret_inter: np.ndarray
+    work: np.ndarray
+    peers: np.ndarray
+    refetch: bool = False
+
+
+@dataclass
 class SchemeStats:
     """Per-rank counts of one scheme on one layout (see the module docstring for units).
 
@@ -126,6 +144,7 @@ class SchemeStats:
     hideable_work: np.ndarray | None = None
     shape: ModelShape | None = None
     gpus_per_node: int = 8
+    rounds: RoundSchedule | None = None
 
 
 # ----------------------------------------------------------------------------- head helpers
@@ -423,7 +442,26 @@ def hsap_stats_from_plan(stats: dict, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_
     return SchemeStats(name, P, T, pairs, tok, work, recv,
                        sum((p.bytes_intra for p in phases), np.zeros(P)),
                        sum((p.bytes_inter for p in phases), np.zeros(P)), True, _heads_ok(U, shape),
-                       "from hf_hsap plan stats", phases, None, hide, shape, gpus_per_node)
+                       "from hf_hsap plan stats", phases, None, hide, shape, gpus_per_node,
+                       _round_schedule(stats, R, U, kvb, gpus_per_node, bwd_refetch_kv))
+
+
+def _round_schedule(stats: dict, R: int, U: int, kvb: float, gpn: int, refetch: bool) -> RoundSchedule | None:
+    """The plan's rounds (``Plan.stats()`` ``round_*`` keys) as :class:`RoundSchedule`; None without them."""
+    if "round_transfers" not in stats:
+        return None
+    n = len(stats["round_transfers"])
+    z = lambda: np.zeros((R, n))  # noqa: E731
+    recv_i, recv_x, ret_i, ret_x = z(), z(), z(), z()
+    peers = np.zeros((n, R, R), dtype=bool)
+    for t, trs in enumerate(stats["round_transfers"]):
+        for dst, src, tokens in trs:
+            inter = (dst * U) // gpn != (src * U) // gpn  # GPUs u of both parts: nodes differ alike
+            (recv_x if inter else recv_i)[dst, t] += tokens * kvb
+            (ret_x if inter else ret_i)[src, t] += tokens * kvb
+            peers[t, dst, src] = True
+    work = np.asarray(stats["round_remote_work"], dtype=np.float64).reshape(R, n) / U
+    return RoundSchedule(np.arange(R * U) // U, recv_i, recv_x, ret_i, ret_x, work, peers, refetch)
 
 
 def all_schemes(lengths: np.ndarray, P: int, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_per_node: int = 8,

@@ -1,8 +1,9 @@
 """Exact traffic and balance of hf_hsap's plans beside every scheme of :mod:`benchmarks.schemes` (no clock).
 
 For every layout of the spec (distribution × ``T`` × ``P`` × seed) this module plans the row with
-hf_hsap (placement ``auto``, ``balanced`` and ``contiguous``; ``auto`` with an NVLink cost model; and the
-hierarchy ``U`` ∈ {2, 4, 8} with placement ``auto``), turns each plan into a :class:`~benchmarks.schemes.SchemeStats` and puts it beside
+hf_hsap (the defaults: ``ulysses_size="auto"``, placement ``auto``, rounds ``auto``; the same with one
+batched round; flat ``U = 1`` with placement ``auto``, ``balanced`` and ``contiguous``; and ``U`` ∈
+{2, 4, 8} with placement ``auto``), as on nodes of 8 GPUs, turns each plan into a :class:`~benchmarks.schemes.SchemeStats` and puts it beside
 the baselines of :func:`benchmarks.schemes.all_schemes`, for both model shapes of the spec. The same
 ``SchemeStats`` feed the cost model (:mod:`benchmarks.predictions`).
 
@@ -23,6 +24,7 @@ import numpy as np
 
 import hf_hsap
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
+from hf_hsap.topology import auto_ulysses_size
 
 from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
 from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats, all_schemes, hsap_stats_from_plan
@@ -33,31 +35,28 @@ RECV_SHAPE = "llama3-8b"  # recv_kv is reported in full-KV units of this shape (
 
 @dataclass(frozen=True)
 class HsapVariant:
-    """One way of running hf_hsap: a placement, a Ulysses degree ``U`` (``R = P / U`` SAP parts) and the
-    cost model ``auto`` minimises (``"default"``: hf_hsap's; ``"nvlink"``: :func:`nvlink_cost`)."""
+    """One way of running hf_hsap: a placement, a Ulysses degree ``U`` (``R = P / U`` SAP parts;
+    ``0``: ``ulysses_size="auto"``, the default) and the round order. Every variant plans as it would
+    on nodes of ``gpus_per_node`` GPUs: the cost model ``auto`` minimises follows the SAP link
+    (NVLink when the group fits in one node, else the network)."""
 
     name: str
     placement: str
     ulysses_size: int
-    cost: str = "default"
+    rounds: str = "auto"
 
 
 HSAP_VARIANTS: tuple[HsapVariant, ...] = (
-    HsapVariant("hsap", "auto", 1),
+    HsapVariant("hsap", "auto", 0),
+    HsapVariant("hsap_batched", "auto", 0, "batched"),
+    HsapVariant("hsap_U1", "auto", 1),
     HsapVariant("hsap_balanced", "balanced", 1),
     HsapVariant("hsap_contiguous", "contiguous", 1),
-    HsapVariant("hsap_nvl", "auto", 1, "nvlink"),
     HsapVariant("hsap_U2", "auto", 2),
     HsapVariant("hsap_U4", "auto", 4),
     HsapVariant("hsap_U8", "auto", 8),
 )
-
-
-def nvlink_cost() -> hf_hsap.CostModel:
-    """hf_hsap's ``CostModel`` for Llama-3-8B on A100 with NVLink links (300 GB/s at 80%) instead of its
-    default InfiniBand (25 GB/s): what ``auto`` would use if it knew the ranks share a node."""
-    params = 4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336
-    return hf_hsap.CostModel.from_shapes(32, 8, 128, params, 300e9 * 0.8, 312e12)
+MODEL_Q_HEADS = 32  # both spec models: what ulysses_size="auto" divides
 
 
 @dataclass(frozen=True)
@@ -165,11 +164,12 @@ def evaluate_layout(dist: str, T: int, P: int, seed: int, cfg: TrafficConfig) ->
     res = LayoutResult(dist, T, P, seed, len(lengths), int(lengths.max()), recv_floor(lengths, P))
     plans = {}
     for v in HSAP_VARIANTS:
-        if P % v.ulysses_size or v.ulysses_size > P:
+        U = v.ulysses_size or auto_ulysses_size(P, cfg.gpus_per_node, MODEL_Q_HEADS)
+        if P % U or U > P:
             continue
         t0 = time.perf_counter()
-        cost = nvlink_cost() if v.cost == "nvlink" else None
-        plans[v.name] = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=v.ulysses_size, cost=cost)
+        plans[v.name] = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=U, rounds=v.rounds,
+                                              gpus_per_node=cfg.gpus_per_node)
         res.plan_ms[v.name] = (time.perf_counter() - t0) * 1e3
         res.placement[v.name] = plans[v.name].placement_name
     for key, shape in SHAPES.items():

@@ -23,7 +23,7 @@ class _SAPAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype):
-        keep = len(sched.rounds) <= 1  # one round: keep the received KV; more: refetch in backward
+        keep = sched.keep_recv or len(sched.rounds) <= 1  # a receive budget: refetch in backward
         out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, keep_recv=keep)
         ctx.save_for_backward(q, k, v, out, lse, *recvs)
         ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype

@@ -4,10 +4,11 @@ Forward: start round 0's batched KV transfers and compute the local item while t
 then, per round, wait for its KV, start the next round's transfers (double buffering: at most two
 rounds in flight), and run the round's remote items, merging them into the output by log-sum-exp in
 fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
-gradient), then the dK/dV go back to their owners along the reverse transfers while the next round
-(or the local item's backward) is computed; they are accumulated in fp32 (fp64 for fp64 inputs) on
-both sides and travel in ``grad_dtype`` (default: the inputs' dtype, like every other gradient
-that crosses ranks in training). Both directions use :meth:`P2PExecutor.transfer`; every
+gradient), then the dK/dV go back to their owners along the reverse transfers while the next rounds
+(and the local item's backward) are computed, and are added once the last round is done (with a
+receive budget: before the next round's return, so at most two are in flight). Gradients are
+accumulated in fp32 (fp64 for fp64 inputs) on both sides and travel in ``grad_dtype`` (default:
+the inputs' dtype, like every other gradient that crosses ranks in training). Both directions use :meth:`P2PExecutor.transfer`; every
 transfer that may overlap another has its own tag.
 """
 from __future__ import annotations
@@ -120,7 +121,10 @@ def sap_backward(
     if rounds and not recvs:
         kv = torch.cat([k, v], dim=1)  # [T_part, 2*Hkv, D]
         fetch = _start_fetch(executor, kv, rounds[0], 0)
-    returning = None  # (pending dK/dV of the previous round, its send index)
+    returning: list = []  # (pending dK/dV, its send index) not yet added
+    # Without a budget nothing bounds memory by rounds: collect every return at the end, so a slow
+    # peer's gradients never stall this rank's next round. With a budget: at most two in flight.
+    max_returning = len(rounds) if sched.keep_recv else 1
     for t, rnd in enumerate(rounds):
         if recvs:
             recv = recvs[t]
@@ -141,14 +145,15 @@ def sap_backward(
                 d_recv.add_(gkv)
             else:
                 d_recv.index_add_(0, item.kv_index.to(k.device), gkv)
-        if returning is not None:  # the previous round's dK/dV had this round's compute to arrive
-            dkv.index_add_(0, returning[1], returning[0].wait().to(acc))
+        while len(returning) >= max_returning:  # earlier dK/dV had this round's compute to arrive
+            pending, idx = returning.pop(0)
+            dkv.index_add_(0, idx, pending.wait().to(acc))
         # reverse of the forward transfers: gradients go back to the owners of the rows
-        pending = executor.transfer(d_recv.to(grad_dtype), rnd.recv_splits, int(rnd.send_index.shape[0]), rnd.send_splits,
-                                    tag=_return_tag(t))
-        returning = (pending, rnd.send_index.to(k.device))
+        pending = executor.transfer(d_recv.to(grad_dtype), rnd.recv_splits, int(rnd.send_index.shape[0]),
+                                    rnd.send_splits, tag=_return_tag(t))
+        returning.append((pending, rnd.send_index.to(k.device)))
         if t == 0:
             local()
-    if returning is not None:
-        dkv.index_add_(0, returning[1], returning[0].wait().to(acc))
+    for pending, idx in returning:
+        dkv.index_add_(0, idx, pending.wait().to(acc))
     return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

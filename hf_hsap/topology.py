@@ -40,6 +40,9 @@ class SPGroup:
         plan_cache: plans of this group (LRU).
         comm_stats: what this rank's executor really sent and received.
         grad_comm_dtype: dtype of the dK/dV partial sums SAP sends back (``None``: the inputs' dtype).
+        cost_model: the :class:`~hf_hsap.CostModel` its plans use by default (``None``:
+            ``CostModel.for_link(sap_link)``); the trainers set ``CostModel.from_config(model.config,
+            sap_link)``.
         gpus_per_node: ranks per node (global ranks ``n * gpus_per_node ...`` share node ``n``);
             ``None``: unknown (the SAP links are then treated as network links).
     """
@@ -60,6 +63,7 @@ class SPGroup:
     comm_stats: CommStats = field(default_factory=CommStats)
     gpus_per_node: int | None = None
     grad_comm_dtype: Any = None
+    cost_model: Any = None
 
     @property
     def sap_link(self) -> str:

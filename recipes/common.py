@@ -70,9 +70,10 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--max_samples", type=int, default=None, help="use only the first N examples of the dataset")
     g.add_argument("--max_length", type=int, default=default_max_length, help="tokens per packed row")
     g.add_argument("--sp_size", type=int, default=1, help="P: ranks sharing one packed batch (divides the world)")
-    g.add_argument("--ulysses_size", type=_ulysses_size, default=1,
-                   help="U: all-to-all degree inside the SP group (divides P), or 'auto' (the largest divisor of P "
-                        "that fits in a node and divides the model's heads)")
+    g.add_argument("--ulysses_size", type=_ulysses_size, default="auto",
+                   help="U: all-to-all degree inside the SP group (divides P), or 'auto' (default: 1 when the "
+                        "SP group fits in one node, else the largest divisor of P that fits in a node and "
+                        "divides the model's heads)")
     g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
     g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
     g.add_argument("--learning_rate", type=float, default=default_lr)
@@ -105,18 +106,21 @@ def _ulysses_size(value: str) -> int | str:
 
 def init_sp(args: argparse.Namespace) -> Any:
     """``hf_hsap.init_sequence_parallel`` for ``--sp_size`` / ``--ulysses_size`` (collective; after the
-    process group exists). ``auto`` needs the model's query heads, read from its config."""
+    process group exists). ``auto`` needs the model's query heads, read from its config; the group's
+    planner cost model is derived from the same config (``CostModel.from_config``)."""
     import hf_hsap
 
-    num_heads = None
-    if args.ulysses_size == "auto":
-        if args.model in BUILTIN_MODELS:
-            num_heads = BUILTIN_MODELS[args.model][1]["num_attention_heads"]
-        else:
-            from transformers import AutoConfig
+    if args.model in BUILTIN_MODELS:
+        from types import SimpleNamespace
 
-            num_heads = AutoConfig.from_pretrained(args.model).num_attention_heads
-    return hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size, num_heads=num_heads)
+        config = SimpleNamespace(**BUILTIN_MODELS[args.model][1])
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.model)
+    sp = hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size, num_heads=config.num_attention_heads)
+    sp.cost_model = hf_hsap.CostModel.from_config(config, sp.sap_link)
+    return sp
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> Any:

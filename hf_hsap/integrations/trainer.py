@@ -31,7 +31,9 @@ class HSAPTrainerMixin:
 
     Args:
         sp: an :class:`~hf_hsap.SPGroup`, an int SP size (the group is created after the Accelerator, i.e.
-            collectively on every rank), or ``None`` for SP size 1 (plain data parallelism with "hsap").
+            collectively on every rank, with ``ulysses_size="auto"`` for the model's heads), or ``None``
+            for SP size 1 (plain data parallelism with "hsap"). A group without a ``cost_model`` gets
+            ``CostModel.from_config(model.config, sp.sap_link)``.
         sp_placement: placement passed to the planner (``"auto"``).
         *args, **kwargs: the Trainer's own arguments.
     """
@@ -39,10 +41,13 @@ class HSAPTrainerMixin:
     def __init__(self, *args: Any, sp: Any = None, sp_placement: str = "auto", **kwargs: Any) -> None:
         register()
         super().__init__(*args, **kwargs)
-        from .. import init_sequence_parallel
+        from .. import CostModel, init_sequence_parallel
 
+        config = self.accelerator.unwrap_model(self.model).config
         if sp is None or isinstance(sp, int):
-            sp = init_sequence_parallel(sp or 1)
+            sp = init_sequence_parallel(sp or 1, num_heads=getattr(config, "num_attention_heads", None))
+        if sp.cost_model is None and hasattr(config, "num_attention_heads") and hasattr(config, "hidden_size"):
+            sp.cost_model = CostModel.from_config(config, sp.sap_link)  # `auto` weighs this model's KV bytes
         self.sp = sp
         self.sp_placement = sp_placement
         if self.args.label_smoothing_factor:

@@ -21,13 +21,17 @@ in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .layout import Layout
+from .pipeline import piece_remote_work, round_tables, simulate_backward, simulate_forward, split_rounds
 from .placement import Placement
 from .transfers import Transfers
+
+
+HARDWARE_LINKS = {"A100": (312e12, 300e9, 25e9), "H100": (989e12, 450e9, 50e9)}  # peak, NVLink, network B/s
 
 
 @dataclass(frozen=True)
@@ -37,20 +41,47 @@ class CostModel:
     Args:
         token_cost: cost of one token through the non-attention parts of a layer.
         kv_token_cost: cost of receiving one KV token (and returning its gradient).
+        round_cost: latency of one communication round (fwd + bwd), in pairs.
     """
 
     token_cost: float = 17930.0
     kv_token_cost: float = 1226.0
+    round_cost: float = 120000.0
 
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
-                    dtype_bytes: int = 2, grad_bytes: int = 2) -> "CostModel":
-        """Cost model for a model shape, a link (per GPU, per direction) and a GPU peak."""
+                    dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6) -> "CostModel":
+        """Cost model for a model shape, a link (per GPU, per direction, as reached), its latency per
+        round ``alpha_s`` (paid in forward and backward) and a GPU peak."""
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
-        return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s)
+        return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
+                         round_cost=2 * alpha_s / pair_s)
+
+    @staticmethod
+    def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
+        """Cost model for a Transformers model config (``num_attention_heads``, ``num_key_value_heads``,
+        ``hidden_size``, ``intermediate_size``, optional ``head_dim``) on ``hardware`` (``"A100"`` or
+        ``"H100"``: peak, NVLink and per-GPU network bandwidth as in ``benchmarks/cost_model.py``),
+        with SAP's KV over ``link`` (``"nvlink"`` or ``"network"``, e.g. ``sp.sap_link``).
+
+        What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
+        (Llama-2-7B moves 4x the KV bytes per pair of Llama-3-8B)."""
+        if hardware not in HARDWARE_LINKS:
+            raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
+        if link not in ("nvlink", "network"):
+            raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+        hq = int(config.num_attention_heads)
+        hkv = int(getattr(config, "num_key_value_heads", None) or hq)
+        hidden = int(config.hidden_size)
+        d = int(getattr(config, "head_dim", None) or hidden // hq)
+        ffn = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+        params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
+        peak, nvl, net = HARDWARE_LINKS[hardware]
+        bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
+        return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha)
 
     @staticmethod
     def default() -> "CostModel":
@@ -60,7 +91,7 @@ class CostModel:
     @staticmethod
     def nvlink() -> "CostModel":
         """Llama-3-8B on A100, KV over NVLink (300 GB/s per GPU, 80% reached)."""
-        return CostModel(token_cost=17930.0, kv_token_cost=102.0)
+        return CostModel(token_cost=17930.0, kv_token_cost=102.0, round_cost=60000.0)
 
     @staticmethod
     def for_link(link: str) -> "CostModel":
@@ -88,6 +119,32 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) ->
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
     tokens = pl.tokens_per_part().astype(np.float64)
     return cost.token_cost * tokens + np.maximum(local, cost.kv_token_cost * recv) + (work - local)
+
+
+def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
+                      budget: int | None) -> dict[str, tuple[float, dict[str, np.ndarray]]]:
+    """Estimated attention time (forward + backward, pairs) of the slowest part, and the pieces, for
+    each round order.
+
+    Uses the runtime's dataflow (:func:`~hf_hsap.plan.pipeline.simulate_forward` and
+    ``simulate_backward``): work split 1 : 2.5 between forward and backward, each transfer half of
+    ``kv_token_cost`` per token (KV forward, dK/dV back) plus half of ``round_cost`` per round.
+    """
+    local = local_work_per_part(layout, pl)
+    f, b = 1 / 3.5, 2.5 / 3.5
+    out = {}
+    for order in ("batched", "by_peer"):
+        pieces = split_rounds(tr, pl.n_parts, budget, order)
+        recv, rwork, peers = round_tables(pieces, piece_remote_work(layout, pl, pieces), pl.n_parts)
+        sent = np.zeros_like(recv)
+        if recv.shape[1]:
+            np.add.at(sent, (pieces["src"], pieces["round"]), pieces["end"] - pieces["start"])
+        xfer = np.where(recv > 0, (cost.kv_token_cost * recv + cost.round_cost) / 2, 0.0)
+        ret = np.where(sent > 0, (cost.kv_token_cost * sent + cost.round_cost) / 2, 0.0)
+        t = (simulate_forward(f * local, xfer, f * rwork, peers)
+             + simulate_backward(b * local, xfer, b * rwork, peers, ret, budget is not None))
+        out[order] = (float(t.max()), pieces)
+    return out
 
 
 def choose_placement(layout: Layout, candidates: Sequence[Placement], transfers: Sequence[Transfers],

@@ -12,7 +12,8 @@ import torch
 
 from .balanced import balanced
 from .cache import PlanCache
-from .cost import CostModel, choose_placement, local_work_per_part
+from .cost import CostModel, choose_placement, local_work_per_part, round_order_times
+from .pipeline import ROUND_ORDERS, piece_remote_work, round_tables
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .schedule import Schedule, compile_schedule, ranges_to_index, split_rounds
@@ -28,7 +29,8 @@ class Plan:
     """
 
     def __init__(self, layout: Layout, placement: Placement, transfers: Transfers, size: int,
-                 ulysses_size: int, rank: int | None, sp: Any, recv_budget_tokens: int | None) -> None:
+                 ulysses_size: int, rank: int | None, sp: Any, recv_budget_tokens: int | None,
+                 round_order: str = "batched", pieces: dict[str, np.ndarray] | None = None) -> None:
         self.layout = layout
         self.placement = placement
         self.transfers = transfers
@@ -37,7 +39,9 @@ class Plan:
         self.rank = rank
         self.sp = sp
         self.recv_budget_tokens = recv_budget_tokens
-        self._pieces = split_rounds(transfers, placement.n_parts, recv_budget_tokens)
+        self.round_order = round_order
+        self._pieces = pieces if pieces is not None else split_rounds(transfers, placement.n_parts,
+                                                                      recv_budget_tokens, round_order)
         self._schedules: dict[int, Schedule] = {}
         self._device_schedules: dict[tuple[int, str], Schedule] = {}
         self._part_tokens: dict[int, np.ndarray] = {}
@@ -133,7 +137,8 @@ class Plan:
         if part is None:
             part = self._resolve(None) // self.ulysses_size
         if part not in self._schedules:
-            self._schedules[part] = compile_schedule(self.layout, self.placement, self._pieces, part)
+            self._schedules[part] = compile_schedule(self.layout, self.placement, self._pieces, part,
+                                                     keep_recv=self.recv_budget_tokens is None)
         sched = self._schedules[part]
         if device is None or torch.device(device).type == "cpu":
             return sched
@@ -153,7 +158,10 @@ class Plan:
             KV is in flight), ``recv_kv_tokens`` (KV tokens received per layer in the forward pass, inter-group for
             ``U > 1``), ``send_kv_tokens``, ``a2a_tokens`` (tokens of q, k, v and out each rank moves
             through the intra all-to-all per layer forward: 0 for ``U == 1``), ``rounds``,
-            ``send_kv_pairs`` (``[R][R]`` matrix of KV tokens part i sends to part j), ``placement``.
+            ``send_kv_pairs`` (``[R][R]`` matrix of KV tokens part i sends to part j), ``placement``,
+            ``round_order``, and per part and round (``[R][rounds]``): ``round_recv_kv`` (KV tokens),
+            ``round_remote_work`` (pairs against them), ``round_transfers`` (``[rounds]`` lists of
+            ``(dst, src, KV tokens)`` between parts in the round).
         """
         pl, U = self.placement, self.ulysses_size
         work = pl.work_per_part(self.layout)
@@ -174,7 +182,18 @@ class Plan:
             "a2a_tokens": [int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
             "rounds": n_rounds,
             "send_kv_pairs": self.transfers.pair_matrix(pl.n_parts).tolist(),
+            "round_order": self.round_order,
+            **self._round_stats(),
         }
+
+    def _round_stats(self) -> dict[str, Any]:
+        pc, R = self._pieces, self.placement.n_parts
+        recv, rwork, _ = round_tables(pc, piece_remote_work(self.layout, self.placement, pc), R)
+        n = recv.shape[1]
+        mat = np.zeros((n, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
+        np.add.at(mat, (pc["round"], pc["dst"], pc["src"]), pc["end"] - pc["start"])
+        return {"round_recv_kv": recv.astype(np.int64).tolist(), "round_remote_work": rwork.tolist(),
+                "round_transfers": [[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat]}
 
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
@@ -211,6 +230,7 @@ def plan_sequence(
     *,
     ulysses_size: int = 1,
     recv_budget_tokens: int | None = None,
+    rounds: str = "auto",
     token_slack: float = DEFAULT_TOKEN_SLACK,
     total_tokens: int | None = None,
     cost: CostModel | None = None,
@@ -228,11 +248,18 @@ def plan_sequence(
         ulysses_size: U for offline planning (an SPGroup carries its own).
         placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"``: the cheapest by ``cost``
             of ``balanced`` with token slack 0.03 and ``token_slack``, and ``contiguous``.
-        recv_budget_tokens: at most this many KV tokens in a receive buffer; more is moved in rounds.
-            ``None``: one round.
+        recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round);
+            more is moved in further rounds, and the backward fetches the KV again instead of keeping
+            it. ``None``: no limit.
+        rounds: how transfers are grouped in time (:mod:`hf_hsap.plan.pipeline`): ``"batched"`` (one
+            round with every peer), ``"by_peer"`` (one ring distance per round: the next peer's KV
+            arrives while this peer's remote items run) or ``"auto"``: ``by_peer`` when ``cost``
+            predicts it at least 1% faster for the slowest part (forward + backward), else
+            ``batched`` (fewer, larger kernel calls).
         token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``.
         total_tokens: if given, must equal ``cu_seqlens[-1]``.
-        cost: the cost model ``auto`` minimises. Default: ``CostModel.for_link(link)``, with ``link``
+        cost: the cost model ``auto`` minimises. Default: the SPGroup's ``cost_model`` if set, else
+            ``CostModel.for_link(link)``, with ``link``
             ``"nvlink"`` when the whole SP group is inside one node (``sp.sap_link``; offline: ``size``
             divides ``gpus_per_node``), else ``"network"``.
         gpus_per_node: for offline planning, the ranks per node (an SPGroup carries its own).
@@ -254,6 +281,7 @@ def plan_sequence(
         size, U, rank = sp.size, sp.ulysses_size, sp.rank
         cache = cache or sp.plan_cache
         link = sp.sap_link
+        cost = cost or sp.cost_model
     elif isinstance(sp, (int, np.integer)) and not isinstance(sp, bool):
         size, U, rank = int(sp), int(ulysses_size), None
         if size < 1 or U < 1 or size % U != 0:
@@ -263,6 +291,8 @@ def plan_sequence(
         raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
     if recv_budget_tokens is not None and recv_budget_tokens < 1:
         raise ValueError("recv_budget_tokens must be a positive number of tokens (or None for no limit)")
+    if rounds not in ROUND_ORDERS:
+        raise ValueError(f"unknown rounds {rounds!r}; choose one of {', '.join(ROUND_ORDERS)}")
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if layout.total_tokens < size:  # every rank (and every intra piece) must hold a token
@@ -271,11 +301,17 @@ def plan_sequence(
     if isinstance(sp, SPGroup) and verify and size > 1:
         check_same_layout(layout, sp)
     cost = cost or CostModel.for_link(link)
-    key = (layout.digest, size, U, placement, recv_budget_tokens, token_slack, cost, rank)
+    key = (layout.digest, size, U, placement, recv_budget_tokens, rounds, token_slack, cost, rank)
 
     def build() -> Plan:
         pl, tr = _place(layout, size // U, placement, token_slack, cost, min_tokens=U)
-        return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens)
+        order, pieces = rounds, None
+        if rounds == "auto":
+            times = round_order_times(layout, pl, tr, cost, recv_budget_tokens)
+            order = "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
+            pieces = times[order][1]
+        return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens,
+                    order, pieces)
 
     return build() if cache is None else cache.get_or_build(key, build)
 

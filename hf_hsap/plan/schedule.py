@@ -23,8 +23,8 @@ import torch
 
 from ..kernels.base import VarlenSpec
 from .layout import Layout
+from .pipeline import split_rounds  # noqa: F401  (re-exported: the planner's round splitting)
 from .placement import Placement
-from .transfers import Transfers
 
 
 def ranges_to_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -87,18 +87,20 @@ class Round:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Everything one part executes per layer. ``n_local``: its token count."""
+    """Everything one part executes per layer. ``n_local``: its token count; ``keep_recv``: keep the
+    received KV for the backward (no receive budget) rather than fetching it again."""
 
     part: int
     n_local: int
     local_item: WorkItem | None
     rounds: tuple[Round, ...]
     meta: dict = field(default_factory=dict, compare=False)
+    keep_recv: bool = True
 
     def to(self, device: torch.device) -> "Schedule":
         """A copy whose index tensors live on ``device`` (host plans, device execution)."""
         return Schedule(self.part, self.n_local, None if self.local_item is None else self.local_item.to(device),
-                        tuple(r.to(device) for r in self.rounds), self.meta)
+                        tuple(r.to(device) for r in self.rounds), self.meta, self.keep_recv)
 
     @property
     def recv_tokens(self) -> int:
@@ -107,43 +109,6 @@ class Schedule:
     @property
     def send_tokens(self) -> int:
         return sum(int(r.send_index.shape[0]) for r in self.rounds)
-
-
-def split_rounds(tr: Transfers, n_parts: int, budget: int | None) -> dict[str, np.ndarray]:
-    """Cut the transfers into rounds in which no part receives, nor sends, more than ``budget`` rows.
-
-    Bounding both sides bounds every buffer of a round: the forward KV receive buffer, the send
-    buffer, and in the backward the dK/dV rows that come back (as many as were sent). Greedy: each
-    transfer row goes, piece by piece, to the earliest round with room at both its ends.
-
-    Returns arrays ``[n_pieces]``: ``round``, ``src``, ``dst``, ``start``, ``end``, ``src_local``,
-    sorted by (round, dst, src, start).
-    """
-    lengths = tr.lengths
-    if budget is None or lengths.shape[0] == 0:
-        return dict(round=np.zeros_like(tr.src), src=tr.src, dst=tr.dst, start=tr.start, end=tr.end,
-                    src_local=tr.src_local)
-    recv_used: list[list[int]] = [[] for _ in range(n_parts)]  # [part][round] rows
-    send_used: list[list[int]] = [[] for _ in range(n_parts)]
-    out: list[tuple[int, int, int, int, int, int]] = []
-    for src, dst, start, end, loc in zip(tr.src.tolist(), tr.dst.tolist(), tr.start.tolist(),
-                                         tr.end.tolist(), tr.src_local.tolist()):
-        pos, t = start, 0
-        while pos < end:
-            for used in (recv_used[dst], send_used[src]):
-                while len(used) <= t:
-                    used.append(0)
-            room = min(budget - recv_used[dst][t], budget - send_used[src][t])
-            if room <= 0:
-                t += 1
-                continue
-            take = min(room, end - pos)
-            out.append((t, dst, src, pos, pos + take, loc + pos - start))
-            recv_used[dst][t] += take
-            send_used[src][t] += take
-            pos += take
-    arr = np.array(sorted(out), dtype=np.int64).reshape(-1, 6)
-    return dict(round=arr[:, 0], dst=arr[:, 1], src=arr[:, 2], start=arr[:, 3], end=arr[:, 4], src_local=arr[:, 5])
 
 
 def _splits(peers: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, int, int], ...]:
@@ -185,7 +150,8 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
     return tuple(items)
 
 
-def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray], part: int) -> Schedule:
+def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray], part: int,
+                     keep_recv: bool = True) -> Schedule:
     """Compile the schedule of ``part`` from a placement and its (round-split) transfers."""
     lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
     q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
@@ -209,4 +175,4 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray
         items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces["start"][rm], pieces["end"][rm], k_off)
         rounds.append(Round(send_index, _splits(pieces["dst"][sm], s_len), _splits(pieces["src"][rm], r_len),
                             int(r_len.sum()), items))
-    return Schedule(part, n_local, local_item, tuple(rounds))
+    return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)

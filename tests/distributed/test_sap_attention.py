@@ -84,6 +84,25 @@ def test_bfloat16_grad_return_dtype(pools, grad_comm):
     assert sum(r["plan_send"] for r in res) > 0
 
 
+@pytest.mark.parametrize("budget", [None, 9])
+@pytest.mark.parametrize("placement", ["zigzag", "balanced"])
+def test_by_peer_rounds_match_reference(pools, placement, budget):
+    """One ring distance per round: still exact, still the minimum bytes; without a budget the KV is
+    kept for the backward (only dK/dV come back) and every return is collected at the end."""
+    lengths = [150, 3, 60, 31, 1, 47]
+    res = pools(4).run(check_attention, cu_of(lengths), 4, 1, placement, 4, 2, 8, "float64", 17, budget, None,
+                       None, "by_peer")
+    assert_exact(res, "float64")
+    assert all(r["round_order"] == "by_peer" for r in res)
+    assert res[0]["rounds"] > 1, "a zigzag / balanced layout with long documents needs several peers"
+    for r in res:
+        if budget is None:  # backward receives exactly the dK/dV of the rows it sent
+            assert r["bwd_rows"] == r["plan_send"], r
+        else:  # refetch: KV again plus the returns
+            assert r["bwd_rows"] == r["plan_recv"] + r["plan_send"], r
+            assert r["max_recv_rows"] <= budget, r
+
+
 def test_world_one_in_process():
     res = check_attention_local(cu_of([5, 1, 17, 9]), "float64")
     assert max(res.values()) <= 1e-9

@@ -33,7 +33,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
 
 def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
                     dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None,
-                    grad_comm_dtype: str | None = None) -> dict:
+                    grad_comm_dtype: str | None = None, rounds: str = "auto") -> dict:
     """Run hsap_attn_func on the global batch drawn from ``seed`` and compare with the float64
     reference: returns the max relative errors of out, lse, dq, dk, dv and the comm counters."""
     sp = get_sp(sp_size, ulysses)
@@ -47,7 +47,7 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     k = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
     v = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
     dout = torch.randn(T, hq, d, generator=g, dtype=torch.float64)
-    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget)
+    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget, rounds=rounds)
     ql, kl, vl = (plan.shard(x).to(dtype).requires_grad_(True) for x in (q, k, v))
     sp.comm_stats.reset()
     gdt = None if grad_comm_dtype is None else getattr(torch, grad_comm_dtype)
@@ -76,7 +76,8 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
         "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs, "bwd_bytes": bwd_bytes,
         "plan_recv": st["recv_kv_tokens"][sp.rank], "plan_send": st["send_kv_tokens"][sp.rank], "rounds": st["rounds"],
         "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
-        "placement": plan.placement_name, "rank": dist.get_rank(),
+        "placement": plan.placement_name, "rank": dist.get_rank(), "round_order": plan.round_order,
+        "bwd_rows": sp.comm_stats.rows_recv - fwd_rows,
         "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st["a2a_tokens"][sp.rank],
         "dp_rank": sp.dp_rank, "sp_rank": sp.rank,
     }
