@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 
 TRAFFIC_SCHEMES = ("ring", "zigzag_ring", "allgather_kv", "ulysses", "te_p2p", "hsap_contiguous", "hsap_balanced",
-                   "hsap", "hsap_U8")
-TGS_SCHEMES = ("ring", "zigzag_ring", "allgather_kv", "ulysses", "usp_best", "te_p2p", "te_a2a_p2p_best", "hsap",
+                   "hsap_U1", "hsap")
+TGS_SCHEMES = ("ring", "zigzag_ring", "allgather_kv", "ulysses", "usp_best", "te_p2p", "te_a2a_p2p_best", "hsap_U1", "hsap",
                "hsap_bestU")
 
 

@@ -48,21 +48,22 @@ def _goal_rows(res: dict) -> list[list[str]]:
     for T, need in ((524288, 1.3), (131072, 1.2)):
         v = [r["hsap_vs_ulysses"] for r in a100 if r["T"] == T]
         vb = [r["bestU_vs_ulysses"] for r in a100 if r["T"] == T]
-        v8 = [r["tgs"]["hsap_U8"] / r["tgs"]["ulysses"] for r in a100 if r["T"] == T]
         vi = [r["ideal_tgs"] / r["tgs"]["ulysses"] for r in a100 if r["T"] == T]
         if v:
             rows.append([f"predicted TGS ≥ {need}× Ulysses, 8×A100, T = {T // 1024}K (both models, 4 distributions)",
-                         f"hsap {_rng(v)}; U = auto (8) {_rng(v8)}; best U {_rng(vb)}; the model's ideal schedule "
-                         f"would reach {_rng(vi)}",
+                         f"hsap {_rng(v)}; best U {_rng(vb)}; the model's ideal schedule would reach {_rng(vi)}",
                          f"{rp._met(min(v) >= need)} ({sum(x >= need for x in v)}/{len(v)})"])
     c = res["cost_goals"]["counts"]
     cb = res["cost_goals_bestU"]["counts"]
-    c8 = res["cost_goals_U8"]["counts"]
+    c1 = res["cost_goals_U1"]["counts"]
+    cbat = res["cost_goals_batched"]["counts"]
     vo = [r["hsap_vs_best_other"] for r in res["cost_rows"]]
-    v8 = [r["tgs"]["hsap_U8"] / r["tgs"][r["best_other"]] for r in res["cost_rows"]]
+    v1 = [r["tgs"]["hsap_U1"] / r["tgs"][r["best_other"]] for r in res["cost_rows"]]
     rows.append(["predicted TGS ≥ 1.1× the best other scheme, every configuration",
-                 f"hsap {_rng(vo)}; U = auto (8) {_rng(v8)}, met {c8['best_other'][0]}/{c8['best_other'][1]}; "
-                 f"best U met {cb['best_other'][0]}/{cb['best_other'][1]}",
+                 f"hsap (default) {_rng(vo)}, matches or beats the best other in "
+                 f"{sum(x >= 0.995 for x in vo)}/{len(vo)}; in one batched round met "
+                 f"{cbat['best_other'][0]}/{cbat['best_other'][1]}; flat U = 1 {_rng(v1)}, met "
+                 f"{c1['best_other'][0]}/{c1['best_other'][1]}; best U met {cb['best_other'][0]}/{cb['best_other'][1]}",
                  f"{rp._met(c['best_other'][0] == c['best_other'][1])} ({c['best_other'][0]}/{c['best_other'][1]})"])
     vb = [r["bound_over_hsap"] for r in res["cost_rows"]]
     vi = [r["ideal_tgs"] / r["bound_tgs"] for r in res["cost_rows"]]
@@ -112,27 +113,28 @@ def _losses(res: dict) -> str:
         lh, lo = r["layer"]["hsap"], r["layer"][r["best_other"]]
         fmt = lambda l: " / ".join(f"{l.get(k, 0) * 1e3:.1f}" for k in ("gemm", "attn_fwd", "attn_bwd", "exposed_comm"))  # noqa: E731
         body.append([f"{r['hw']} {r['nodes']}×8 {r['model']} {r['T'] // 1024}K {r['dist']}", rp._f(r["hsap_vs_best_other"]),
-                     r["best_other"], fmt(lh), fmt(lo), rp._f(r["tgs"]["hsap_U8"] / r["tgs"][r["best_other"]]),
+                     r["best_other"], fmt(lh), fmt(lo), rp._f(r["tgs"]["hsap_batched"] / r["tgs"][r["best_other"]]),
+                     rp._f(r["tgs"]["hsap_U1"] / r["tgs"][r["best_other"]]),
                      f"{r['bestU_vs_best_other']:.2f} ({rp._short_pick(r['picks']['hsap_bestU'])})"])
-    head = (f"Predicted TGS of the default (U = 1) is below the best other scheme in {len(rows)} of "
+    head = (f"Predicted TGS of the default is below the best other scheme in {len(rows)} of "
             f"{len(res['cost_rows'])} configurations; the worst {len(body)} (per-layer ms of the slowest GPU: "
             "GEMM / attention fwd (incl. hidden + exposed P2P) / attention bwd / exposed collectives):\n\n")
     return head + rp.table(["configuration", "hsap / best", "best other", "hsap ms", "best other ms",
-                            "U=8 hsap / best", "best-U hsap / best (U)"], body) if body else head
+                            "one batched round / best", "flat U=1 / best", "best-U hsap / best (U)"], body) if body else head
 
 
 def _inter_node(res: dict) -> str:
-    rows = [r for r in res["traffic_rows"] if r["P"] >= 32 and r["scheme"] in ("hsap", "hsap_U8")]
+    rows = [r for r in res["traffic_rows"] if r["P"] >= 32 and r["scheme"] in ("hsap_U1", "hsap")]
     body = []
     for dist in dict.fromkeys(r["dist"] for r in rows):
         for T in sorted({r["T"] for r in rows}):
             for P in sorted({r["P"] for r in rows}):
-                h = next((r for r in rows if (r["dist"], r["T"], r["P"], r["scheme"]) == (dist, T, P, "hsap")), None)
-                u = next((r for r in rows if (r["dist"], r["T"], r["P"], r["scheme"]) == (dist, T, P, "hsap_U8")), None)
+                h = next((r for r in rows if (r["dist"], r["T"], r["P"], r["scheme"]) == (dist, T, P, "hsap_U1")), None)
+                u = next((r for r in rows if (r["dist"], r["T"], r["P"], r["scheme"]) == (dist, T, P, "hsap")), None)
                 if h and u:
                     body.append([dist, f"{T // 1024}K", P, f"{h['mb_inter_llama3-8b']:.0f}", f"{u['mb_inter_llama3-8b']:.0f}",
                                  f"{u['mb_intra_llama3-8b']:.0f}"])
-    return rp.table(["dist", "T", "P", "hsap U=1 inter MB", "hsap U=8 inter MB", "hsap U=8 intra MB"], body)
+    return rp.table(["dist", "T", "P", "flat U=1 inter MB", "default (U=8) inter MB", "default (U=8) intra MB"], body)
 
 
 def _one_node(res: dict) -> str:
@@ -142,16 +144,14 @@ def _one_node(res: dict) -> str:
     iu = [r["ideal_tgs"] / r["tgs"]["ulysses"] for r in a]
     ih = [r["ideal_over_hsap"] for r in a]
     g = [r["layer"]["hsap"]["gemm"] / r["layer"]["ulysses"]["gemm"] for r in a]
-    nv = [r["tgs"]["hsap_nvl"] / r["tgs"][r["best_other"]] for r in a if "hsap_nvl" in r["tgs"]]
+    vo = [r["hsap_vs_best_other"] for r in a]
     tok = [t["tok_max_mean"] for t in res["traffic_rows"] if t["scheme"] == "hsap" and t["P"] == 8]
     return ("**One node (8×A100).** Every balanced schedule is close to the model's ideal: ideal / Ulysses "
             f"{_rng(iu)}, ideal / hf_hsap {_rng(ih)}. So ≥ 1.2–1.3× Ulysses cannot be reached in this model "
-            "(NVLink makes Ulysses' all-to-all cheap and it splits work exactly by heads). What hf_hsap still loses "
-            "there is GEMM time on its slowest GPU (hsap / Ulysses GEMM ms of the slowest GPU "
-            f"{_rng(g, 3)}): `auto` minimises hf_hsap's default cost model, which prices KV traffic at InfiniBand "
-            f"speed, so it accepts token slack up to 0.10 (tokens max/mean {_rng(tok, 3)} at P = 8) to save traffic "
-            "that NVLink would carry almost for free; linear layers cost per token. With an NVLink cost model "
-            f"(`hsap_nvl`, same planner) hf_hsap / best other on 8×A100 is {_rng(nv)}.")
+            "(NVLink makes Ulysses' all-to-all cheap and it splits work exactly by heads); hf_hsap / best other is "
+            f"{_rng(vo)} there. On one node the default is flat SAP (`ulysses_size=\"auto\"` gives U = 1) and `auto` "
+            "prices KV at NVLink speed, so it keeps tokens balanced (tokens max/mean "
+            f"{_rng(tok, 3)} at P = 8; hsap / Ulysses GEMM ms of the slowest GPU {_rng(g, 3)}).")
 
 
 def _cpu_analysis(res: dict) -> str:
@@ -183,31 +183,35 @@ def _analysis(res: dict) -> str:
     parts = [
         "## Where hf_hsap loses, and why",
         "",
-        "1. **Received KV on `mixed` cannot reach 0.35 of ring's.** The rank holding the last token of the "
-        "T/2 document needs every earlier token of it that it does not hold, and it holds at most the token cap "
-        "(1.10 · T/P): the *recv floor* column is that bound. "
-        + ("; ".join(f"P={g['P']}: floor {g['recv_floor']:.3f}, hf_hsap {g['recv']:.3f} ({g['recv'] / max(g['recv_floor'], 1e-9):.2f}× the floor)" for g in mixed)
-           if mixed else "")
-        + ". The goal is below the floor of any KV-moving placement; only moving queries (and partial outputs) "
-        "instead of keys could go lower.",
-        "2. **Several nodes with U = 1.** The default plan treats all ranks alike, so split documents send KV over "
-        "InfiniBand (25 GB/s per GPU on A100) although NVLink is 12× faster; Ulysses inside the node (U = 8) and "
-        "SAP between nodes keeps most traffic on NVLink. Llama-3-8B, MB received per GPU per layer (fwd + bwd):\n\n"
+        "1. **Received KV on `mixed` on one node.** With flat SAP (the default inside one node) the rank holding "
+        "the last token of the T/2 document needs every earlier token of it that it does not hold, and it holds at "
+        "most the token cap (1.10 · T/P): the *recv floor* column is that bound. "
+        + ("; ".join(f"P={g['P']}: floor {g['recv_floor']:.3f}, hf_hsap {g['recv']:.3f}"
+                     + (f" ({g['recv'] / max(g['recv_floor'], 1e-9):.2f}× the floor)" if g["recv"] >= g["recv_floor"]
+                        else " (the hierarchy: U = 8 moves heads inside nodes, below the flat floor)")
+                     for g in mixed) if mixed else "")
+        + ". The goal is below the floor of any flat KV-moving placement; moving queries (and partial outputs) "
+        "instead of keys, or Ulysses inside the node (`hsap_U2` … `hsap_U8` rows: 0.30 … 0.125, at equal predicted "
+        "TGS on one node), go lower.",
+        "2. **Several nodes: the hierarchy is the default.** Flat SAP (U = 1) treats all ranks alike, so split "
+        "documents send KV over InfiniBand (25 GB/s per GPU on A100) although NVLink is 12× faster. "
+        "`ulysses_size=\"auto\"` (the default of `init_sequence_parallel`) therefore runs Ulysses inside each "
+        "node (U = 8) and SAP between nodes when an SP group spans nodes, which keeps most traffic on NVLink. "
+        "Llama-3-8B, MB received per GPU per layer (fwd + bwd):\n\n"
         + _inter_node(res),
         "",
         "3. " + _one_node(res),
         "",
-        "4. **Exposed transfers when remote work dominates.** Without a receive budget a rank's KV arrives in "
-        "one round: the forward starts all transfers, runs the local item, waits for *all* of them, then runs the "
-        "remote items (the cost model: max(local, transfer) + remote). With one long document split over many "
-        "ranks (single, mixed) the rank holding the first and last chunks has almost no local work and receives "
-        "nearly T tokens of KV at once over InfiniBand, so the transfer is exposed, while a KV ring consumes each "
-        "block as it arrives. The runtime now double-buffers rounds when a budget cuts the KV into rounds (round "
-        "t + 1 in flight during round t's remote items), which the cost model does not credit yet; consuming each "
-        "peer's KV as it lands would pipeline even one round. " + _losses(res),
+        "4. **Exposed transfers when remote work dominates.** In one batched round a rank's remote items wait for "
+        "*all* of its KV (max(local, transfer) + remote). With one long document split over many parts (single, "
+        "mixed) the part holding the first and last chunks has little local work and receives almost the whole "
+        "document over InfiniBand at once. `rounds=\"auto\"` (the default) then moves the KV `by_peer`, one ring "
+        "distance per round: the next peer's KV is in flight while this peer's remote items run, as in a KV ring "
+        "but with only the needed tokens; backward collects the dK/dV returns at the end. The planner picks it "
+        "with the same dataflow simulation that the cost model uses (`hf_hsap/plan/pipeline.py`). " + _losses(res),
         "",
         f"5. **Distance to the model's ideal.** Ideal / hf_hsap TGS (perfect balance, all communication hidden, "
-        f"same kernel efficiencies): {_rng(ideal)} for U = 1, {_rng(ideal_b)} for the best U. The physical-bound goal "
+        f"same kernel efficiencies): {_rng(ideal)} for the default, {_rng(ideal_b)} for the best U. The physical-bound goal "
         "(≤ 1.15×) is out of reach for every schedule while the model assumes the kernel efficiencies below.",
     ]
     if res.get("measured"):
@@ -227,16 +231,21 @@ def _assumptions(res: dict) -> str:
         "(fwd + bwd). Norms, rotary, embeddings, LM head, optimizer and gradient sync are not modelled; no recomputation.",
         "- A transfer takes max(intra bytes / NVLink, inter bytes / IB) + rounds · latency. All-to-all, all-gather and "
         "reduce-scatter are fully exposed. KV rings are simulated step by step (the next block's transfer overlaps "
-        "this step's compute; backward dK/dV hops; fully masked blocks cost nothing). hf_hsap's batched P2P hides "
-        "behind the work that needs no remote KV: max(local, transfer) + remote, in forward and in backward. GEMMs "
-        "never hide attention communication (the same pessimism for every scheme).",
+        "this step's compute; backward dK/dV hops; fully masked blocks cost nothing). hf_hsap's rounds are simulated "
+        "in the runtime's order by the planner's own functions (`hf_hsap/plan/pipeline.py`): round 0 in flight during "
+        "the local item, then per round wait, launch the next, compute; a transfer starts when both ends reached its "
+        "round; backward returns dK/dV per round and collects them at the end. One batched round reduces to "
+        "max(local, transfer) + remote. GEMMs never hide attention communication (the same pessimism for every scheme).",
         "- Every GPU synchronises each layer: a layer lasts as long as its slowest GPU; TGS = T / (GPUs · step time).",
         "- Physical bound: all FLOPs at peak, evenly spread, communication hidden. *Ideal*: the same at the "
         "assumed kernel efficiencies (what a perfect schedule would reach in this model).",
-        "- dK/dV are counted in bf16 for every scheme; hf_hsap's runtime returns them in fp32 today (as "
-        "ring-flash-attention does), which doubles that term in practice.",
-        "- hf_hsap rows come from the real plans (`plan_sequence(..., placement, ulysses_size=U)`, default cost "
-        "model for `auto`); `hsap` is the default U = 1; `hsap_bestU` the best of U ∈ {1, 2, 4, 8}.",
+        "- dK/dV are counted in bf16 for every scheme, as hf_hsap's runtime returns them (`grad_comm_dtype` "
+        "defaults to the inputs' dtype; `torch.float32` doubles that term).",
+        "- hf_hsap rows come from the real plans (`plan_sequence(..., placement, ulysses_size=U, rounds=...)`), each "
+        "model planned with its own `CostModel.from_config` on A100 as the trainers do, KV priced at NVLink speed when "
+        "the SP group fits in one node; `hsap` is the default (`ulysses_size=\"auto\"`: U = 1 on one node, U = 8 "
+        "across nodes; rounds `auto`), `hsap_batched` the same in one batched round, `hsap_U1` flat SAP, "
+        "`hsap_bestU` the best of U ∈ {1, 2, 4, 8}.",
     ]
     return "\n".join(lines)
 
@@ -326,17 +335,20 @@ def render(res: dict) -> str:
         "per rank (a Ulysses rank holding H/U heads counts 1/U), max/mean. tok = tokens held (activation memory), "
         "max/mean. MB = bytes received per GPU per layer, forward + backward, by the busiest GPU, bf16, 8 GPUs per "
         "node (intra = NVLink, inter = InfiniBand). Schemes: `benchmarks/schemes.py` (counting rules in its "
-        "docstring); `usp_UaxRb` and `te_a2a_p2p_UaxRb` are Ulysses a × ring b; `hsap_balanced` / `hsap_contiguous` "
-        "are hf_hsap's other placements, `hsap_U<U>` the hierarchy with placement auto. *recv floor*: the least "
-        "recv max of any KV-moving placement within the 1.10 token cap (see above).",
+        "docstring); `usp_UaxRb` and `te_a2a_p2p_UaxRb` are Ulysses a × ring b; `hsap` is hf_hsap's default "
+        "(U = 1 on one node, U = 8 across nodes), `hsap_U1` flat SAP, `hsap_balanced` / `hsap_contiguous` its other "
+        "placements (U = 1), `hsap_U<U>` the hierarchy with placement auto; the note gives placement / round order. "
+        "With U > 1 a GPU receives its share of the inter-part KV plus the all-to-all (as Ulysses / USP). *recv "
+        "floor*: the least recv max of any flat (U = 1) KV-moving placement within the 1.10 token cap (see above).",
         rp.traffic_goal_table(res["traffic_goals"]),
         "### Every scheme",
         rp.traffic_tables(res["traffic_rows"]),
         "## Cost model: predicted tokens / s / GPU (fwd + bwd, 32 layers)",
         _assumptions(res),
         "Goals (medians over seeds):",
-        "\n".join(rp.cost_goal_lines(res["cost_goals"], "hf_hsap default (U = 1)")
-                  + rp.cost_goal_lines(res["cost_goals_U8"], "hf_hsap with `ulysses_size=\"auto\"` (U = 8 here)")
+        "\n".join(rp.cost_goal_lines(res["cost_goals"], "hf_hsap default (U auto, rounds auto)")
+                  + rp.cost_goal_lines(res["cost_goals_batched"], "hf_hsap default in one batched round")
+                  + rp.cost_goal_lines(res["cost_goals_U1"], "flat hf_hsap (U = 1)")
                   + rp.cost_goal_lines(res["cost_goals_bestU"], "hf_hsap with the best U ∈ {1, 2, 4, 8}")),
         "TGS per GPU; `(U…)` = the Ulysses degree(s) that won across seeds; † = wrong result on this layout "
         "(no document mask); infeasible = heads do not divide or memory cap exceeded. Ratios use the medians.",

@@ -58,7 +58,8 @@ def run_tables(tcfg: TrafficConfig, ccfg: CostConfig, progress: bool = False) ->
         progress: print progress lines.
 
     Returns:
-        ``{"traffic_rows", "traffic_goals", "cost_rows", "cost_goals", "cost_goals_U8", "cost_goals_bestU",
+        ``{"traffic_rows", "traffic_goals", "cost_rows", "cost_goals", "cost_goals_U1", "cost_goals_batched",
+        "cost_goals_bestU",
         "assumptions", "traffic_config", "seconds"}``.
     """
     t0 = time.perf_counter()
@@ -69,7 +70,8 @@ def run_tables(tcfg: TrafficConfig, ccfg: CostConfig, progress: bool = False) ->
     hws = sorted({hw for hw, _ in ccfg.topologies})
     return {
         "traffic_rows": rows, "traffic_goals": traffic_goals(rows), "cost_rows": cost,
-        "cost_goals": cost_goals(cost, "hsap"), "cost_goals_U8": cost_goals(cost, "hsap_U8"),
+        "cost_goals": cost_goals(cost, "hsap"), "cost_goals_U1": cost_goals(cost, "hsap_U1"),
+        "cost_goals_batched": cost_goals(cost, "hsap_batched"),
         "cost_goals_bestU": cost_goals(cost, "hsap_bestU"),
         "assumptions": {hw: dataclasses.asdict(load_assumptions(hw)) for hw in hws},
         "traffic_config": dataclasses.asdict(tcfg), "seconds": {"traffic": t1 - t0, "cost": time.perf_counter() - t1},

@@ -18,6 +18,7 @@ Units of the summary rows (medians over seeds):
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,17 @@ HSAP_VARIANTS: tuple[HsapVariant, ...] = (
     HsapVariant("hsap_U8", "auto", 8),
 )
 MODEL_Q_HEADS = 32  # both spec models: what ulysses_size="auto" divides
+
+
+def planner_cost(shape_key: str, link: str) -> hf_hsap.CostModel:
+    """The planner's cost model for a spec model on A100 (``CostModel.from_config``, as the trainers
+    derive it from the model config) with SAP's KV over ``link``."""
+    from .cost_model import MODELS
+
+    m = MODELS[shape_key]
+    config = SimpleNamespace(num_attention_heads=m.q_heads, num_key_value_heads=m.kv_heads, hidden_size=m.hidden,
+                             head_dim=m.head_dim, intermediate_size=m.ffn)
+    return hf_hsap.CostModel.from_config(config, link)
 
 
 @dataclass(frozen=True)
@@ -162,19 +174,23 @@ def evaluate_layout(dist: str, T: int, P: int, seed: int, cfg: TrafficConfig) ->
     lengths = doc_lengths(dist, T, seed)
     cu = cu_seqlens(lengths)
     res = LayoutResult(dist, T, P, seed, len(lengths), int(lengths.max()), recv_floor(lengths, P))
-    plans = {}
-    for v in HSAP_VARIANTS:
-        U = v.ulysses_size or auto_ulysses_size(P, cfg.gpus_per_node, MODEL_Q_HEADS)
-        if P % U or U > P:
-            continue
-        t0 = time.perf_counter()
-        plans[v.name] = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=U, rounds=v.rounds,
-                                              gpus_per_node=cfg.gpus_per_node)
-        res.plan_ms[v.name] = (time.perf_counter() - t0) * 1e3
-        res.placement[v.name] = plans[v.name].placement_name
+    plan_shapes: dict[str, dict[str, hf_hsap.Plan]] = {}
+    link = "nvlink" if cfg.gpus_per_node % P == 0 else "network"
+    for key in SHAPES:  # each model plans with its own cost model, as the trainers do
+        plans = plan_shapes.setdefault(key, {})
+        for v in HSAP_VARIANTS:
+            U = v.ulysses_size or auto_ulysses_size(P, cfg.gpus_per_node, MODEL_Q_HEADS)
+            if P % U or U > P:
+                continue
+            t0 = time.perf_counter()
+            plans[v.name] = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=U, rounds=v.rounds,
+                                                  cost=planner_cost(key, link))
+            if key == RECV_SHAPE:
+                res.plan_ms[v.name] = (time.perf_counter() - t0) * 1e3
+                res.placement[v.name] = f"{plans[v.name].placement_name}/{plans[v.name].round_order}"
     for key, shape in SHAPES.items():
         schemes = all_schemes(lengths, P, shape, cfg.gpus_per_node, cfg.u_values)
-        for name, plan in plans.items():
+        for name, plan in plan_shapes[key].items():
             schemes[name] = hsap_scheme(plan, lengths, shape, cfg.gpus_per_node, name)
         res.schemes[key] = schemes
     return res

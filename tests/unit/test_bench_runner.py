@@ -23,7 +23,8 @@ def test_traffic_rows_cover_every_scheme(tables):
     rows = tables["traffic_rows"]
     names = {r["scheme"] for r in rows}
     assert {"ring", "zigzag_ring", "allgather_kv", "ulysses", "te_p2p", "whole_doc", "torch_cp", "usp_U2xR4",
-            "te_a2a_p2p_U4xR2", "hsap", "hsap_balanced", "hsap_contiguous", "hsap_U2", "hsap_U4", "hsap_U8"} <= names
+            "te_a2a_p2p_U4xR2", "hsap", "hsap_batched", "hsap_U1", "hsap_balanced", "hsap_contiguous", "hsap_U2", "hsap_U4",
+            "hsap_U8"} <= names
     ring = [r for r in rows if r["scheme"] == "ring"]
     assert all(r["recv_max"] == pytest.approx(1.0) and r["tok_max_mean"] == pytest.approx(1.0) for r in ring)
     assert all(r["mb_inter_llama3-8b"] == 0 for r in rows)  # P = 8: one node
@@ -53,7 +54,8 @@ def test_goals_and_cost_rows(tables):
         assert r["hsap_vs_ulysses"] == pytest.approx(r["tgs"]["hsap"] / r["tgs"]["ulysses"])
         assert r["tgs"]["hsap_bestU"] >= r["tgs"]["hsap"]
     assert tables["cost_goals"]["counts"]["ulysses"][1] == 4
-    assert tables["cost_goals_U8"]["counts"]["best_other"][1] == 4
+    assert tables["cost_goals_U1"]["counts"]["best_other"][1] == 4
+    assert tables["cost_goals_batched"]["counts"]["best_other"][1] == 4
 
 
 def test_local_work_and_floor_by_hand():
