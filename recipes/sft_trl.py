@@ -11,7 +11,7 @@ TRL packs the tokenized examples into rows of ``--max_length`` tokens (best-fit 
 (``completion_only_loss`` for prompt/completion data, ``assistant_only_loss`` for chat data). A step trains on
 ``--rows_per_step`` packed rows whatever the number of processes (gradient accumulation makes up the rest).
 Writes ``<output_dir>/metrics.jsonl`` (one record per optimizer step) and Trainer checkpoints; resuming
-(``--resume_from_checkpoint``) skips the trained batches through ``SPDataLoader.skip_first_batches``.
+(``--resume_from_checkpoint``) skips the trained batches inside the SP loader (``HSAPTrainerMixin.train``).
 """
 from __future__ import annotations
 
@@ -53,29 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class RecipeSFTTrainer(HSAPSFTTrainer):  # type: ignore[misc,valid-type]
-    """``HSAPSFTTrainer`` plus step statistics for TGS / MFU and an SP-aware resume.
+    """``HSAPSFTTrainer`` plus step statistics for TGS / MFU (the SP-aware resume is the mixin's).
 
     Args:
-        resume_global_step: the optimizer step of the checkpoint being resumed (0: a fresh run). The first
-            pass of the training loader then skips the batches those steps trained on; Trainer's own skipping
-            must be off (``ignore_data_skip=True``), it would rebuild a plain per-rank loader.
         *args, **kwargs: ``HSAPSFTTrainer``'s arguments.
     """
 
-    def __init__(self, *args: Any, resume_global_step: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.resume_global_step = resume_global_step
         self.step_stats = torch.zeros(2, dtype=torch.int64)  # [tokens, sum of squared document lengths]
-
-    def get_train_dataloader(self) -> Any:
-        """The SP loader; on resume its first pass leaves out the batches of the steps already trained."""
-        loader = super().get_train_dataloader()
-        if self.resume_global_step:
-            accum = self.args.gradient_accumulation_steps
-            steps_per_epoch = max(len(loader) // accum, 1)
-            loader = loader.skip_first_batches((self.resume_global_step % steps_per_epoch) * accum,
-                                               first_pass_only=True)
-        return loader
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         """Count the global batch's tokens and attention work (from its plan), then train on it."""
@@ -166,7 +152,6 @@ def make_config(args: argparse.Namespace, dp_size: int) -> SFTConfig:
         logging_steps=1, report_to=[t for t in (args.report_to or "").split(",") if t] or "none",
         eval_strategy="steps" if args.eval_every else "no", eval_steps=args.eval_every or None,
         save_strategy="steps" if args.save_every else "no", save_steps=args.save_every or 500,
-        ignore_data_skip=True,  # the SP loader skips itself on resume (see RecipeSFTTrainer)
         dataloader_num_workers=0, dataset_num_proc=None, disable_tqdm=False,
     )
 
@@ -189,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
     trainer = RecipeSFTTrainer(
         model=model, args=make_config(args, sp.dp_size), processing_class=tokenizer,
         train_dataset=data.select(train_rows), eval_dataset=data.select(eval_rows) if eval_rows else None,
-        sp=sp, sp_placement=args.placement, resume_global_step=resume_step,
+        sp=sp, sp_placement=args.placement,
     )
     writer = MetricsWriter(args.output_dir, state.is_main_process, resume_step=resume_step if ckpt else None)
     trainer.add_callback(MetricsCallback(trainer, writer, guess_peak_flops(trainer.accelerator.device,

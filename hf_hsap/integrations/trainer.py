@@ -11,10 +11,14 @@ The mixin changes three things and leaves the training loop alone:
    logged loss (Trainer's mean over ranks) is then the loss one process would log for the same batches.
    Evaluation gets the same count through one all-reduce per batch.
 
-Label smoothing is refused: ``shift_labels`` are already shifted and Trainer's smoother would shift again.
+Resuming (``train(resume_from_checkpoint=...)``) skips the trained batches inside the SP loader, so a
+resumed run logs the losses of the uninterrupted one. Label smoothing is refused: ``shift_labels`` are
+already shifted and Trainer's smoother would shift again.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,9 +65,41 @@ class HSAPTrainerMixin:
     def _hsap_wrap(self, loader: Any) -> SPDataLoader:
         return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False)
 
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's ``train`` with an SP-aware resume: the first pass of the training loader leaves out
+        the batches the checkpoint's steps trained on (:meth:`SPDataLoader.skip_first_batches`), and
+        Trainer's own batch skipping (which would rebuild an unsharded per-rank loader) is turned off.
+        With ``ignore_data_skip=True`` set by the caller nothing is skipped, as in Trainer."""
+        self._hsap_resume_step = 0
+        if resume_from_checkpoint and not self.args.ignore_data_skip:
+            ckpt = resume_from_checkpoint
+            if ckpt is True:
+                from transformers.trainer_utils import get_last_checkpoint
+
+                ckpt = get_last_checkpoint(self.args.output_dir)
+                if ckpt is None:
+                    raise ValueError(f"resume_from_checkpoint=True but no checkpoint in {self.args.output_dir}")
+            state = Path(ckpt) / "trainer_state.json"
+            if not state.exists():
+                raise ValueError(f"{ckpt} is not a Trainer checkpoint (no trainer_state.json)")
+            self._hsap_resume_step = int(json.loads(state.read_text())["global_step"])
+            self.args.ignore_data_skip = True  # the SP loader skips itself (get_train_dataloader)
+            try:
+                return super().train(resume_from_checkpoint, *args, **kwargs)
+            finally:
+                self.args.ignore_data_skip = False
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def get_train_dataloader(self) -> Any:
-        """The Trainer's loader, wrapped so that SP groups share global batches (length x SP size)."""
-        return self._hsap_wrap(super().get_train_dataloader())
+        """The Trainer's loader, wrapped so that SP groups share global batches (length x SP size); when
+        resuming, its first pass starts after the batches already trained on."""
+        loader = self._hsap_wrap(super().get_train_dataloader())
+        step = getattr(self, "_hsap_resume_step", 0)
+        if step:
+            accum = self.args.gradient_accumulation_steps
+            steps_per_epoch = max(len(loader) // accum, 1)
+            loader = loader.skip_first_batches((step % steps_per_epoch) * accum, first_pass_only=True)
+        return loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """Same for evaluation."""

@@ -120,3 +120,12 @@ def test_hf_trainer_packing_collator_sp2_matches_sp1(pool2, tmp_path) -> None:
     for res in pool2.run(W.trainer_losses, 2, str(tmp_path / "sp2")):
         assert res["train"] == pytest.approx(sp1["train"], rel=1e-5)
         assert res["eval"] == pytest.approx(sp1["eval"], rel=1e-5)
+
+
+def test_hf_trainer_resume_mid_epoch_sp2_logs_the_uninterrupted_losses(pool2, tmp_path) -> None:
+    """HSAPTrainer resumed from checkpoint-2 (mid-epoch) logs the losses of steps 3-4 of the full run: the SP
+    loader skipped the trained batches itself."""
+    for res in pool2.run(W.trainer_resume_losses, 2, str(tmp_path / "resume")):
+        assert len(res["full"]) == 4 and len(res["resumed"]) == 2, res
+        assert res["resumed"] == pytest.approx(res["full"][2:], rel=1e-5)
+        assert res["full"][2] != pytest.approx(res["full"][0], rel=1e-3)  # different batches, not a replay

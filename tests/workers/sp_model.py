@@ -149,6 +149,36 @@ def make_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
+def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
+    """HSAPTrainer: 4 steps with a checkpoint at step 2, then a fresh trainer resumed from it for steps 3-4."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_hsap.data import PackingCollator
+    from hf_hsap.integrations import HSAPTrainer
+
+    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
+                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    g = torch.Generator().manual_seed(11)
+    lens = torch.randint(1, 50, (48,), generator=g).tolist()
+    rows = Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens])
+
+    def run(resume: Any) -> list[float]:
+        args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, max_steps=4, logging_steps=1,
+                                 learning_rate=1e-2, report_to=[], use_cpu=True, save_strategy="steps", save_steps=2,
+                                 seed=0, data_seed=0, disable_tqdm=True, remove_unused_columns=False)
+        trainer = HSAPTrainer(model=make_model("qwen2"), args=args, train_dataset=rows,
+                              data_collator=PackingCollator(max_length=64), sp=sp_size)
+        trainer.train(resume_from_checkpoint=resume)
+        first = 3 if resume else 1  # a resumed state carries the checkpoint's log history too
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h and h["step"] >= first]
+
+    full = run(None)
+    resumed = run(os.path.join(out_dir, "checkpoint-2"))
+    return {"full": full, "resumed": resumed}
+
+
 def trainer_losses(sp_size: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
     """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss."""
     from datasets import Dataset
