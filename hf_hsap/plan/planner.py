@@ -20,6 +20,9 @@ from .schedule import Schedule, compile_schedule, ranges_to_index, split_rounds
 from .transfers import Transfers, compute_transfers
 
 
+AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" (capped by token_slack)
+
+
 class Plan:
     """For one layout and one SP group: the placement, the KV each rank needs from each peer, and the
     compiled per-part schedules. Tokens of a rank are in *plan order* (sorted by global position).
@@ -210,7 +213,9 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
     elif name == "auto":
         # zigzag is not a candidate: balanced matches its balance with far less traffic (and equals it
         # for one long document), and its transfers are costly to enumerate for many short documents
-        slacks = sorted({0.03, token_slack})
+        # small slacks: tokens cost every linear layer, so near-equal token counts pay even when a few
+        # more documents must be split (BENCHMARKS.md); ``token_slack`` stays the cap
+        slacks = sorted({min(AUTO_TOKEN_SLACKS[0], token_slack), min(AUTO_TOKEN_SLACKS[1], token_slack)})
         cands = [balanced(layout, n_parts, eps) for eps in slacks] + [contiguous(layout, n_parts)]
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [compute_transfers(c) for c in cands]
@@ -247,7 +252,7 @@ def plan_sequence(
             (inspection, benchmarks; no process group needed).
         ulysses_size: U for offline planning (an SPGroup carries its own).
         placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"``: the cheapest by ``cost``
-            of ``balanced`` with token slack 0.03 and ``token_slack``, and ``contiguous``.
+            of ``balanced`` with token slack 0.01 and 0.03 (at most ``token_slack``), and ``contiguous``.
         recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round);
             more is moved in further rounds, and the backward fetches the KV again instead of keeping
             it. ``None``: no limit.
@@ -256,7 +261,8 @@ def plan_sequence(
             arrives while this peer's remote items run) or ``"auto"``: ``by_peer`` when ``cost``
             predicts it at least 1% faster for the slowest part (forward + backward), else
             ``batched`` (fewer, larger kernel calls).
-        token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``.
+        token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``; for ``auto``, the
+            largest slack its candidates may use.
         total_tokens: if given, must equal ``cu_seqlens[-1]``.
         cost: the cost model ``auto`` minimises. Default: the SPGroup's ``cost_model`` if set, else
             ``CostModel.for_link(link)``, with ``link``
