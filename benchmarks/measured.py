@@ -99,6 +99,48 @@ def run_kernel_paths(cfg: MeasureConfig) -> list[dict]:
         torch.set_num_threads(threads)
 
 
+KERNEL_SHAPES: tuple[tuple[str, int, int], ...] = (
+    ("causal", 1024, 1024), ("causal", 2048, 2048), ("causal", 4096, 4096), ("causal", 8192, 8192),
+    ("full", 1024, 4096), ("full", 2048, 2048))
+
+
+def run_kernel_shapes(cfg: MeasureConfig, heads: int = 2) -> list[dict]:
+    """Throughput of the CPU kernel by segment shape: one causal square or one full rectangle, fwd + bwd,
+    ``heads`` heads, one thread, best of 3 after a warm-up. Shows what splitting documents costs on CPU:
+    PyTorch's CPU flash attention processes keys in blocks of 512, so a causal segment computes about
+    256 masked keys per query row on its diagonal, a share that shrinks as the segment grows.
+
+    Returns:
+        Rows ``{kind, nq, nk, heads, ms, mpairs_per_s}`` (million useful (query, key) pairs per head per second).
+    """
+    import torch
+
+    from hf_hsap.kernels import select_kernel
+    from hf_hsap.kernels.base import VarlenSpec
+
+    from .gpu_calibrate import timed
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        kernel, out = select_kernel(torch.device("cpu"), torch.float32), []
+        for kind, nq, nk in KERNEL_SHAPES:
+            g = torch.Generator().manual_seed(0)
+            q, do = (torch.randn(nq, heads, cfg.d, generator=g) for _ in range(2))
+            k, v = (torch.randn(nk, heads, cfg.d, generator=g) for _ in range(2))
+            spec = VarlenSpec((0, nq), (0, nk), kind == "causal")
+            o, lse = kernel.forward(q, k, v, spec, cfg.d ** -0.5)
+            s = timed(lambda: (kernel.forward(q, k, v, spec, cfg.d ** -0.5),
+                               kernel.backward(do, q, k, v, o, lse, spec, cfg.d ** -0.5)),
+                      torch.device("cpu"), 1, 3, "min")
+            pairs = nq * (nq + 1) / 2 if kind == "causal" else nq * nk
+            out.append({"kind": kind, "nq": nq, "nk": nk, "heads": heads, "ms": s * 1e3,
+                        "mpairs_per_s": pairs * heads / s / 1e6})
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_measured(cfg: MeasureConfig, progress: bool = False) -> dict:
     """Time every schedule on every (distribution, kv heads) and probe PyTorch's context parallel.
 

@@ -165,6 +165,7 @@ def _cpu_analysis(res: dict) -> str:
             f"{n} {v['ratio']:.2f} (CPU {v['cpu_ratio']:.2f}, busiest rank's CPU {v['cpu_max_ms'] / r['hsap']['cpu_max_ms']:.2f})"
             for n, v in r.items() if n != "hsap"))
     kp = res.get("kernel_paths") or []
+    ks = res.get("kernel_shapes") or []
     kp_txt = "; ".join(f"{k['dist']} hkv={k['hkv']}: {k['plan_tflops'] / k['single_tflops']:.2f}" for k in kp)
     return ("**CPU.** Every schedule computes the same pairs with 4 processes on 2 cores, so wall time follows "
             "the total and the busiest rank's CPU work; messages are memory copies. On longtail, schedule / hsap "
@@ -172,7 +173,12 @@ def _cpu_analysis(res: dict) -> str:
             + "; ".join(parts) + ". Ring and all-gather lose by moving and merging every block; Ulysses splits "
             "work exactly by heads. hf_hsap's busiest rank runs a local causal item plus remote items with LSE "
             "merges; in one process its compute path reaches this fraction of one varlen call over the same "
-            f"pairs: {kp_txt} (the CPU kernel runs each segment separately, so short pieces cost more per pair).")
+            f"pairs: {kp_txt}. Ulysses runs every document whole (fewer, longer causal segments), and the CPU "
+            "kernel wastes about 256 masked keys per query row of a causal segment"
+            + (f" (causal {ks[0]['nq']}: {ks[0]['mpairs_per_s']:.0f}, causal {ks[-3]['nq']}: "
+               f"{ks[-3]['mpairs_per_s']:.0f}, full rectangles {ks[-1]['mpairs_per_s']:.0f} M pairs·head/s, table "
+               "below)" if len(ks) >= 3 else "")
+            + ": a CPU property that a GPU kernel with small tiles does not share.")
 
 
 def _analysis(res: dict) -> str:
@@ -190,9 +196,13 @@ def _analysis(res: dict) -> str:
                      + (f" ({g['recv'] / max(g['recv_floor'], 1e-9):.2f}× the floor)" if g["recv"] >= g["recv_floor"]
                         else " (the hierarchy: U = 8 moves heads inside nodes, below the flat floor)")
                      for g in mixed) if mixed else "")
-        + ". The goal is below the floor of any flat KV-moving placement; moving queries (and partial outputs) "
-        "instead of keys, or Ulysses inside the node (`hsap_U2` … `hsap_U8` rows: 0.30 … 0.125, at equal predicted "
-        "TGS on one node), go lower.",
+        + ". The goal is below the floor of any flat KV-moving placement. Ulysses inside the node goes lower "
+        "(`hsap_U2` … `hsap_U8` rows: 0.30 … 0.125) at equal predicted TGS on one node, where the default stays "
+        "flat. Moving queries to the keys instead (the holder of a tail sends Q, gets O and the log-sum-exp back; "
+        "backward: dO and O out, dQ back) costs about 5 · Hq · D per query row against 4 · Hkv · D per key row "
+        "for KV and dK/dV: with GQA (Llama-3-8B, Hq = 4 Hkv) it pays for a (query rank, key rank) pair only when "
+        "the queries are fewer than a fifth of the keys, while the tail chunk of a zigzag-split document meets "
+        "each holder's two chunks at about 1 : 2 (and it must go to every holder); hf_hsap does not do it.",
         "2. **Several nodes: the hierarchy is the default.** Flat SAP (U = 1) treats all ranks alike, so split "
         "documents send KV over InfiniBand (25 GB/s per GPU on A100) although NVLink is 12× faster. "
         "`ulysses_size=\"auto\"` (the default of `init_sequence_parallel`) therefore runs Ulysses inside each "
@@ -294,6 +304,15 @@ def _measured_section(res: dict) -> str:
                   "GFLOP/s count 4 · pairs · d · Hq · 3.5 (fwd + bwd); best of 5 after a warm-up.", "",
                   rp.table(["dist", "kv heads", "rank", "work items", "pairs", "plan ms", "one call ms",
                             "plan GFLOP/s", "one call GFLOP/s", "plan / one call"], body)]
+    if res.get("kernel_shapes"):
+        ks = res["kernel_shapes"]
+        body = [[k["kind"], k["nq"], k["nk"], k["heads"], f"{k['ms']:.0f}", f"{k['mpairs_per_s']:.0f}"] for k in ks]
+        lines += ["", "#### The CPU kernel by segment shape", "",
+                  "One call of `TorchCPUFlashKernel`, fwd + bwd, float32, one thread, best of 3: million useful "
+                  "(query, key) pairs per head per second. PyTorch's CPU flash attention walks keys in blocks of "
+                  "512, so a causal segment also computes about 256 masked keys per query row on its diagonal: "
+                  "short causal segments (a split document's chunks) cost more per pair than long ones.", "",
+                  rp.table(["kind", "queries", "keys", "heads", "ms", "M pairs·head / s"], body)]
     if res.get("memory"):
         mem = res["memory"][0]
         lines += [

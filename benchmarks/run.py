@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .cost_model import DEFAULT_CALIBRATION, load_assumptions
-from .measured import MeasureConfig, run_kernel_paths, run_measured, run_memory
+from .measured import MeasureConfig, run_kernel_paths, run_kernel_shapes, run_measured, run_memory
 from .planning import PlanningConfig, run_planning
 from .predictions import CostConfig, cost_goals, run_predictions
 from .render import render
@@ -167,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["seconds"]["measured"] = results["measured"]["seconds"]
         t0 = time.perf_counter()
         results["kernel_paths"] = run_kernel_paths(mcfg)
+        results["kernel_shapes"] = run_kernel_shapes(mcfg)
         results["seconds"]["kernel_paths"] = time.perf_counter() - t0
         print("peak memory ...", flush=True)
         t0 = time.perf_counter()
