@@ -129,11 +129,16 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     Uses the runtime's dataflow (:func:`~hf_hsap.plan.pipeline.simulate_forward` and
     ``simulate_backward``): work split 1 : 2.5 between forward and backward, each transfer half of
     ``kv_token_cost`` per token (KV forward, dK/dV back) plus half of ``round_cost`` per round.
+    ``by_peer`` is not simulated (``inf``) when ``batched`` already hides its transfers within 0.5%.
     """
     local = local_work_per_part(layout, pl)
     f, b = 1 / 3.5, 2.5 / 3.5
+    bound = float(pl.work_per_part(layout).max())  # no exposed transfer at all: nothing to pipeline
     out = {}
     for order in ("batched", "by_peer"):
+        if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
+            out[order] = (float("inf"), out["batched"][1])
+            continue
         pieces = split_rounds(tr, pl.n_parts, budget, order)
         recv, rwork, peers = round_tables(pieces, piece_remote_work(layout, pl, pieces), pl.n_parts)
         sent = np.zeros_like(recv)
