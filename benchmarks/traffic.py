@@ -28,7 +28,8 @@ from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
 from hf_hsap.topology import auto_ulysses_size
 
 from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
-from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats, all_schemes, hsap_stats_from_plan
+from .hsap_scheme import hsap_stats_from_plan
+from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats, all_schemes
 
 SHAPES: dict[str, ModelShape] = {"llama2-7b": LLAMA2_7B_SHAPE, "llama3-8b": LLAMA3_8B_SHAPE}
 RECV_SHAPE = "llama3-8b"  # recv_kv is reported in full-KV units of this shape (matters only for Ulysses)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from benchmarks import cost_model as cm
 from benchmarks import distributions as dist
+from benchmarks import hsap_scheme as hs
 from benchmarks import schemes as sc
 
 GQA = sc.LLAMA3_8B_SHAPE  # 32 q heads, 8 kv heads, head dim 128, bf16
@@ -239,7 +240,7 @@ def test_hsap_adapter_with_hand_made_stats() -> None:
     stats = {"tokens": [5, 5, 5, 5], "attn_work": [15, 20, 25, 30], "recv_kv_tokens": list(send.sum(0)),
              "send_kv_pairs": send.tolist(), "local_attn_work": [15, 5, 10, 30]}
     kvb = GQA.kv_token_bytes
-    s = sc.hsap_stats_from_plan(stats, GQA, gpus_per_node=2)  # nodes {0, 1}, {2, 3}
+    s = hs.hsap_stats_from_plan(stats, GQA, gpus_per_node=2)  # nodes {0, 1}, {2, 3}
     assert s.P == 4 and s.correct and s.feasible and s.ring is None
     assert np.array_equal(s.recv_kv, [2, 10, 6, 4]) and np.array_equal(s.work, [15, 20, 25, 30])
     fwd_intra = np.array([0, 10, 0, 0]) * kvb  # 0->1 intra; 1->2 inter; 0->3 inter; 3->0 inter
@@ -248,17 +249,17 @@ def test_hsap_adapter_with_hand_made_stats() -> None:
     bwd_inter = np.array([4, 6, 0, 2]) * kvb
     assert np.allclose(s.bytes_intra, fwd_intra + bwd_intra) and np.allclose(s.bytes_inter, fwd_inter + bwd_inter)
     assert np.array_equal(s.hideable_work, [15, 5, 10, 30])
-    s2 = sc.hsap_stats_from_plan(stats, GQA, gpus_per_node=4, U=2)  # 4 parts x 2 GPUs
+    s2 = hs.hsap_stats_from_plan(stats, GQA, gpus_per_node=4, U=2)  # 4 parts x 2 GPUs
     assert s2.P == 8 and np.allclose(s2.work, np.repeat([15, 20, 25, 30], 2) / 2)
     assert s2.tokens.sum() == 20 and {p.name for p in s2.phases} >= {"a2a_qkv", "p2p_kv"}
     assert np.all(s2.recv_kv > np.repeat(np.array([2, 10, 6, 4]) * 8 / 2 / 8, 2) - 1e-9)
     by_rank = {"tokens": [3, 2] * 4, "attn_work": list(np.repeat([15, 20, 25, 30], 2) / 2),
                "recv_kv_tokens": list(np.repeat(send.sum(0), 2)), "send_kv_pairs": send.tolist()}
-    s3 = sc.hsap_stats_from_plan(by_rank, GQA, gpus_per_node=4, U=2)  # the layout Plan.stats() returns
+    s3 = hs.hsap_stats_from_plan(by_rank, GQA, gpus_per_node=4, U=2)  # the layout Plan.stats() returns
     for f in ("tokens", "work", "recv_kv", "bytes_intra", "bytes_inter"):
         assert np.allclose(getattr(s3, f), getattr(s2, f)), f
     with pytest.raises(ValueError):
-        sc.hsap_stats_from_plan({**by_rank, "tokens": [1] * 5}, GQA, U=2)
+        hs.hsap_stats_from_plan({**by_rank, "tokens": [1] * 5}, GQA, U=2)
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -319,8 +320,8 @@ def test_ring_and_local_overlap_rules() -> None:
     # hf_hsap-style batched P2P: hidden behind local work when there is enough of it
     send = np.full((8, 8), 1000) - 1000 * np.eye(8)
     base = {"tokens": [16384] * 8, "attn_work": [1e9] * 8, "recv_kv_tokens": [7000] * 8, "send_kv_pairs": send}
-    hidden = cm.predict(sc.hsap_stats_from_plan({**base, "local_attn_work": [9e8] * 8}, m.shape()), m, hw, 1, a)
-    exposed = cm.predict(sc.hsap_stats_from_plan(base, m.shape()), m, hw, 1, a)
+    hidden = cm.predict(hs.hsap_stats_from_plan({**base, "local_attn_work": [9e8] * 8}, m.shape()), m, hw, 1, a)
+    exposed = cm.predict(hs.hsap_stats_from_plan(base, m.shape()), m, hw, 1, a)
     assert hidden["layer"]["attn_fwd"] == pytest.approx(1e9 * pair_s)
     assert exposed["layer"]["attn_fwd"] > hidden["layer"]["attn_fwd"]
 
@@ -339,3 +340,24 @@ def test_calibration_file(tmp_path) -> None:
     path.write_text(json.dumps({"attn_efficiency": 1.5}))
     with pytest.raises(ValueError):
         cm.load_assumptions("H100", path)
+
+
+def test_rounds_dataflow_matches_the_batched_formula_and_credits_pipelining():
+    """One batched round: the round simulation gives the forward of ``max(local, transfer) + remote``;
+    on one long document over InfiniBand, ``by_peer`` rounds predict a faster forward than one round."""
+    import hf_hsap
+    from benchmarks.traffic import hsap_scheme
+
+    m, hw = cm.MODELS["llama2-7b"], cm.HARDWARE["A100"]
+    lengths = np.array([131072])
+    a = cm.load_assumptions("A100", path=None)
+    preds = {}
+    for rounds in ("batched", "by_peer"):
+        plan = hf_hsap.plan_sequence([0, 131072], 64, ulysses_size=8, rounds=rounds)
+        s = hsap_scheme(plan, lengths, m.shape(), 8, rounds)
+        assert s.rounds is not None and s.rounds.work.shape[1] == (1 if rounds == "batched" else 7)
+        preds[rounds] = cm.predict(s, m, hw, 8, a)
+        if rounds == "batched":  # the closed form, from the same counts
+            flat = cm.predict(dataclasses.replace(s, rounds=None), m, hw, 8, a)
+            assert preds[rounds]["layer"]["attn_fwd"] == pytest.approx(flat["layer"]["attn_fwd"], rel=1e-9)
+    assert preds["by_peer"]["layer"]["attn_fwd"] < 0.8 * preds["batched"]["layer"]["attn_fwd"]
