@@ -31,6 +31,7 @@ __all__ = [
     "finish_distributed",
     "guess_peak_flops",
     "init_sp",
+    "plan_options",
     "load_tokenizer",
     "matmul_params",
     "peak_memory_gb",
@@ -75,6 +76,10 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
                         "SP group fits in one node, else the largest divisor of P that fits in a node and "
                         "divides the model's heads)")
     g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
+    g.add_argument("--rounds", default="auto", choices=["auto", "batched", "by_peer"],
+                   help="how SAP's transfers are grouped in time (hf_hsap.plan_sequence rounds=)")
+    g.add_argument("--recv_budget_tokens", type=int, default=None,
+                   help="at most this many KV tokens in one receive buffer (bounds communication memory)")
     g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
     g.add_argument("--learning_rate", type=float, default=default_lr)
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up steps (default: 10%% of max_steps)")
@@ -102,6 +107,11 @@ def _ulysses_size(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
+def plan_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of ``hf_hsap.plan_sequence`` from ``--rounds`` / ``--recv_budget_tokens``."""
+    return {"rounds": args.rounds, "recv_budget_tokens": args.recv_budget_tokens}
 
 
 def init_sp(args: argparse.Namespace) -> Any:

@@ -34,7 +34,7 @@ from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus 
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, plan_options,
                     parse_common_args, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
@@ -139,12 +139,12 @@ def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, accelerator: Any,
-             placement: str) -> float:
+             args: argparse.Namespace) -> float:
     """Mean next-token loss over all held-out targets (collective over the world)."""
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64)  # [sum of CE, targets]
     for batch in batches:
-        local = shard_batch(batch, sp, placement=placement, verify=False)
+        local = shard_batch(batch, sp, placement=args.placement, verify=False, plan_options=plan_options(args))
         with accelerator.autocast():
             logits = model(**to_device(local, accelerator.device)).logits
         totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1))
@@ -167,7 +167,7 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
     scale = dp_grad_scale(sp)  # W: DDP / FSDP average gradients over all ranks
     loss_sum = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     for i, m in enumerate(micro):
-        local = shard_batch(m.batch, sp, placement=args.placement, verify=verify)
+        local = shard_batch(m.batch, sp, placement=args.placement, verify=verify, plan_options=plan_options(args))
         sync = i == len(micro) - 1
         with nullcontext() if sync else accelerator.no_sync(model):
             with accelerator.autocast():
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> None:
             "peak_mem_gb": peak_memory_gb(accelerator.device),
         }
         if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
-            record["eval_loss"] = evaluate(model, evals, sp, accelerator, args.placement)
+            record["eval_loss"] = evaluate(model, evals, sp, accelerator, args)
         first_loss = out["loss"] if first_loss is None else first_loss
         tgs_seen.append(tgs)
         metrics.write(record)

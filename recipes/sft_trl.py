@@ -34,7 +34,7 @@ from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, plan_options,
                     parse_common_args, peak_memory_gb)
 from pretrain_data import split_train_eval  # noqa: E402
 
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
     trainer = RecipeSFTTrainer(
         model=model, args=make_config(args, sp.dp_size), processing_class=tokenizer,
         train_dataset=data.select(train_rows), eval_dataset=data.select(eval_rows) if eval_rows else None,
-        sp=sp, sp_placement=args.placement,
+        sp=sp, sp_placement=args.placement, sp_plan_options=plan_options(args),
     )
     writer = MetricsWriter(args.output_dir, state.is_main_process, resume_step=resume_step if ckpt else None)
     trainer.add_callback(MetricsCallback(trainer, writer, guess_peak_flops(trainer.accelerator.device,

@@ -55,6 +55,8 @@ class SPDataLoader:
         dataloader: this rank's loader (iterable of packed-batch dicts, see :func:`~.sharding.shard_batch`).
         sp: the :class:`~hf_hsap.SPGroup`.
         placement: passed to the planner.
+        plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` (``recv_budget_tokens``,
+            ``rounds``, ``token_slack``, ``cost``).
         keep_num_items: keep ``num_items_in_batch`` (the SP group's count) in the yielded batches; the HSAP
             trainers drop it because Transformers' Trainer computes the count over all ranks itself.
         verify: compare batch digests across the group at every step (the gather makes them equal already).
@@ -70,12 +72,14 @@ class SPDataLoader:
     """
 
     def __init__(self, dataloader: Any, sp: Any, placement: str = "auto", keep_num_items: bool = True,
-                 verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False) -> None:
+                 verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False,
+                 plan_options: dict[str, Any] | None = None) -> None:
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
         self.dataloader = dataloader
         self.sp = sp
         self.placement = placement
+        self.plan_options = dict(plan_options or {})
         self.keep_num_items = keep_num_items
         self.verify = verify
         self.skip_batches = int(skip_batches)
@@ -103,7 +107,7 @@ class SPDataLoader:
         """
         return SPDataLoader(self.dataloader, self.sp, placement=self.placement, keep_num_items=self.keep_num_items,
                             verify=self.verify, skip_batches=self.skip_batches + int(num_batches),
-                            skip_first_pass_only=first_pass_only)
+                            skip_first_pass_only=first_pass_only, plan_options=self.plan_options)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward to the inner loader and to a batch sampler that Accelerate wrapped (it does not forward)."""
@@ -126,7 +130,8 @@ class SPDataLoader:
         return getattr(inner, name)  # dataset, batch_size, collate_fn, ... of the inner loader
 
     def _local(self, batch: Mapping[str, Any], device: torch.device | None) -> dict[str, Any]:
-        local = shard_batch(batch, self.sp, placement=self.placement, verify=self.verify)
+        local = shard_batch(batch, self.sp, placement=self.placement, verify=self.verify,
+                            plan_options=self.plan_options)
         if not self.keep_num_items:
             local.pop("num_items_in_batch", None)
         return _to_device(local, device) if device is not None else local

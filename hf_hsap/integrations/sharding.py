@@ -117,6 +117,7 @@ def shard_batch(
     placement: str = "auto",
     verify: bool = True,
     ignore_index: int = IGNORE_INDEX,
+    plan_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Turn one global packed batch into this rank's model inputs.
 
@@ -128,6 +129,8 @@ def shard_batch(
             is dropped.
         sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
         placement: passed to :func:`hf_hsap.plan_sequence`.
+        plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` (e.g.
+            ``recv_budget_tokens``, ``rounds``, ``token_slack``, ``cost``).
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
 
@@ -168,7 +171,7 @@ def shard_batch(
     if verify and size > 1:
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
-    plan = plan_sequence(cu, sp, placement=placement, verify=False)
+    plan = plan_sequence(cu, sp, placement=placement, verify=False, **dict(plan_options or {}))
     device = ids.device
     pos = batch.get("position_ids")
     if pos is not None:

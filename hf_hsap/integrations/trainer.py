@@ -39,10 +39,13 @@ class HSAPTrainerMixin:
             for SP size 1 (plain data parallelism with "hsap"). A group without a ``cost_model`` gets
             ``CostModel.from_config(model.config, sp.sap_link)``.
         sp_placement: placement passed to the planner (``"auto"``).
+        sp_plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` for every batch
+            (``recv_budget_tokens`` to bound communication buffers, ``rounds``, ``token_slack``, ``cost``).
         *args, **kwargs: the Trainer's own arguments.
     """
 
-    def __init__(self, *args: Any, sp: Any = None, sp_placement: str = "auto", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sp: Any = None, sp_placement: str = "auto",
+                 sp_plan_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         register()
         super().__init__(*args, **kwargs)
         from .. import CostModel, init_sequence_parallel
@@ -54,6 +57,7 @@ class HSAPTrainerMixin:
             sp.cost_model = CostModel.from_config(config, sp.sap_link)  # `auto` weighs this model's KV bytes
         self.sp = sp
         self.sp_placement = sp_placement
+        self.sp_plan_options = dict(sp_plan_options or {})
         if self.args.label_smoothing_factor:
             raise ValueError("HSAP trainers pass pre-shifted labels; set label_smoothing_factor=0 (label smoothing "
                              "would shift them again)")
@@ -63,7 +67,8 @@ class HSAPTrainerMixin:
             model.set_attn_implementation(ATTN_NAME)
 
     def _hsap_wrap(self, loader: Any) -> SPDataLoader:
-        return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False)
+        return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False,
+                            plan_options=self.sp_plan_options)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Trainer's ``train`` with an SP-aware resume: the first pass of the training loader leaves out

@@ -104,7 +104,9 @@ def test_pretrain_resume_logs_the_uninterrupted_losses(pretrain_sp1, tmp_path: P
     out, ref = pretrain_sp1
     ckpt = out / f"checkpoint-{PRETRAIN_SAVE}"
     assert (ckpt / "hsap_state.json").exists()
+    # also under other plan options: KV by peer in rounds of at most 16 tokens (several rounds, refetch)
     got = run_recipe("pretrain.py", tmp_path, ["--sp_size", "2", "--resume_from_checkpoint", str(ckpt),
+                                               "--rounds", "by_peer", "--recv_budget_tokens", "16",
                                                *PRETRAIN_ARGS], procs=2)
     assert_same_losses(got, ref, list(range(PRETRAIN_SAVE + 1, PRETRAIN_STEPS + 1)))
 
@@ -120,5 +122,6 @@ def test_sft_trl_resume_under_sp2_logs_the_uninterrupted_losses(sft_sp1, tmp_pat
     """3 micro-batches per step: resuming at step 5 skips 15 SP batches, i.e. 7 rounds of 2 and one more."""
     out, ref = sft_sp1
     got = run_recipe("sft_trl.py", tmp_path, ["--sp_size", "2", "--resume_from_checkpoint",
-                                              str(out / f"checkpoint-{SFT_SAVE}"), *SFT_ARGS], procs=2)
+                                              str(out / f"checkpoint-{SFT_SAVE}"), "--rounds", "batched",
+                                              "--recv_budget_tokens", "16", *SFT_ARGS], procs=2)
     assert_same_losses(got, ref, list(range(SFT_SAVE + 1, SFT_STEPS + 1)))

@@ -209,3 +209,12 @@ def test_sap_link_and_default_cost():
     network = hf_hsap.plan_sequence(cu, 8).stats()
     assert one_node == hf_hsap.plan_sequence(cu, 8, cost=hf_hsap.CostModel.nvlink()).stats()
     assert max(one_node["tokens"]) <= max(network["tokens"])
+
+
+def test_shard_batch_passes_plan_options():
+    batch = {"input_ids": torch.arange(40).reshape(1, 40), "position_ids": torch.tensor([list(range(25)) + list(range(15))])}
+    local = hf_hsap.shard_batch(batch, None, plan_options={"rounds": "by_peer", "recv_budget_tokens": 8})
+    plan = local["hsap_plan"]
+    assert plan.round_order == "by_peer" and plan.recv_budget_tokens == 8
+    with pytest.raises(ValueError, match="unknown rounds"):
+        hf_hsap.shard_batch(batch, None, plan_options={"rounds": "ring"})
