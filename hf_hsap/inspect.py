@@ -103,7 +103,8 @@ def summary_lines(plan: Plan) -> list[str]:
         f"layout: {len(lengths)} documents, T = {T}, longest {int(lengths.max())}, median {int(np.median(lengths))}",
         f"group: P = {P} ranks = U {U} (all-to-all) x R {plan.n_parts} (point-to-point)",
         f"placement: {st['placement']}; {int(split.sum())} document(s) split "
-        f"(over up to {int(parts_per_doc.max())} parts), {int((~split).sum())} whole; rounds {st['rounds']}",
+        f"(over up to {int(parts_per_doc.max())} parts), {int((~split).sum())} whole; "
+        f"rounds {st['rounds']} ({st['round_order']})",
         f"balance: tokens max/mean {tok.max() / tok.mean():.3f}, work max/mean {work.max() / max(work.mean(), 1e-30):.3f}",
         f"received KV per layer: max {int(recv.max())} ({recv.max() / ring:.3f} of ring's (P-1)/P*T), "
         f"mean {recv.mean():.1f} ({recv.mean() / ring:.3f}), total {int(recv.sum() / max(U, 1))}",
@@ -175,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--U", type=int, default=1, help="Ulysses (all-to-all) size inside the SP group (default 1)")
     p.add_argument("--placement", choices=PLACEMENTS, default="auto")
     p.add_argument("--budget", type=int, default=None, help="recv_budget_tokens (default: none)")
+    p.add_argument("--rounds", choices=["auto", "batched", "by_peer"], default="auto",
+                   help="round order of the transfers (default auto)")
+    p.add_argument("--gpus_per_node", type=int, default=None,
+                   help="GPUs per node: a group inside one node plans with NVLink costs (default: network costs)")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
     return p
 
@@ -188,7 +193,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    return plan_sequence(cu, args.P, args.placement, ulysses_size=args.U, recv_budget_tokens=args.budget)
+    return plan_sequence(cu, args.P, args.placement, ulysses_size=args.U, recv_budget_tokens=args.budget,
+                         rounds=args.rounds, gpus_per_node=args.gpus_per_node)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,6 +42,7 @@ def test_printed_numbers_equal_plan_stats(capsys, tmp_path, lengths, P, U, place
         if U > 1:
             assert row[6] == st["a2a_tokens"][r]
     assert f"placement: {st['placement']}" in out
+    assert f"rounds {st['rounds']} ({st['round_order']})" in out
     ring = (P - 1) / P * sum(lengths)
     assert f"max {max(st['recv_kv_tokens'])} ({max(st['recv_kv_tokens']) / ring:.3f}" in out
     assert png.exists() and png.stat().st_size > 1000
@@ -71,3 +72,8 @@ def test_dist_option_and_rank_owner(capsys):
 def test_bad_arguments_exit_2(capsys, argv, msg):
     assert main(argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_rounds_option(capsys):
+    assert main(["--lengths", "65536", "--P", "8", "--rounds", "by_peer"]) == 0
+    assert "rounds 7 (by_peer)" in capsys.readouterr().out
