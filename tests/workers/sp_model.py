@@ -149,20 +149,27 @@ def make_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
+def _trainer_rows(sp_size: int, seed: int, n: int) -> Any:
+    """A Dataset of ``n`` random documents (1-49 tokens); under SP, the env vars Trainer's Accelerator
+    reads to join the already initialised process group."""
+    from datasets import Dataset
+
+    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
+                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 50, (n,), generator=g).tolist()
+    return Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (k,), generator=g).tolist()} for k in lens])
+
+
 def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
     """HSAPTrainer: 4 steps with a checkpoint at step 2, then a fresh trainer resumed from it for steps 3-4."""
-    from datasets import Dataset
     from transformers import TrainingArguments
 
     from hf_hsap.data import PackingCollator
     from hf_hsap.integrations import HSAPTrainer
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
-    g = torch.Generator().manual_seed(11)
-    lens = torch.randint(1, 50, (48,), generator=g).tolist()
-    rows = Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens])
+    rows = _trainer_rows(sp_size, seed=11, n=48)
 
     def run(resume: Any) -> list[float]:
         args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, max_steps=4, logging_steps=1,
@@ -181,18 +188,12 @@ def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
 
 def trainer_losses(sp_size: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
     """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss."""
-    from datasets import Dataset
     from transformers import TrainingArguments
 
     from hf_hsap.data import PackingCollator
     from hf_hsap.integrations import HSAPTrainer
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
-    g = torch.Generator().manual_seed(7)
-    lens = torch.randint(1, 50, (40,), generator=g).tolist()
-    rows = Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens])
+    rows = _trainer_rows(sp_size, seed=7, n=40)
     args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=4,
                              max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
                              save_strategy="no", seed=0, data_seed=0, disable_tqdm=True,
