@@ -28,9 +28,9 @@ nodes). Overlap rules:
   after each step and must arrive before the next step ends, plus a final hop home; one link carries
   one transfer at a time. Fully masked blocks are skipped (zero compute); no buffer back-pressure.
 * hf_hsap's SAP rounds (``SchemeStats.rounds``): the runtime's own order, simulated by dataflow with
-  the planner's functions (:mod:`hf_hsap.plan.pipeline`): round 0's KV is in flight during the local
-  item; per round, wait for its KV, launch the next round (double buffering), run its remote items;
-  a transfer starts when both ends reached its round. Backward: remote items, wait for the previous
+  the planner's functions (:mod:`hf_hsap.plan.pipeline`): every round is posted at once (no receive
+  budget; the link serves them in order) while the local item runs; per round, wait for its KV and
+  run its remote items. Backward: remote items, wait for the previous
   round's dK/dV, send this round's back (the local item's backward hides round 0's return). One
   ``batched`` round reduces to ``max(local, transfer) + remote``.
 * GEMMs never hide attention communication (a pessimistic choice, equal for every scheme).
@@ -213,7 +213,7 @@ def _rounds_time(s: SchemeStats, pair_s: float, hw: HardwareSpec, a: CostAssumpt
     # the round tables carry exactly the remote work: keep the two views consistent
     assert np.allclose(work.sum(1), remote_work, rtol=1e-6, atol=1e-12), "round work != work - local work"
     bwd = a.attn_bwd_factor
-    fwd_t = simulate_forward(local, xfer, work, rs.peers)
+    fwd_t = simulate_forward(local, xfer, work, rs.peers, eager=not rs.refetch)
     bwd_t = simulate_backward(bwd * local, xfer, bwd * work, rs.peers, ret, rs.refetch)
     return fwd_t[gp], bwd_t[gp]
 

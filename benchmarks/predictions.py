@@ -50,7 +50,8 @@ def _per_seed(res: LayoutResult, model: str, hw: str, nodes: int, calibration: s
     """``{scheme: prediction}`` on one layout, plus ``hsap_bestU``, ``usp_best``, ``te_a2a_p2p_best``."""
     kw = {} if calibration is None else {"path": calibration}
     a = load_assumptions(HARDWARE[hw].name, **kw)
-    preds = {p["scheme"]: p for p in predict_all(res.schemes[model], model, hw, nodes, a)}
+    schemes = {**res.schemes[model], **res.hsap_by_hw.get((model, hw), {})}  # hf_hsap planned for this GPU
+    preds = {p["scheme"]: p for p in predict_all(schemes, model, hw, nodes, a)}
     preds["ideal"] = {"scheme": "ideal", "tgs": _ideal_tgs(res, model, hw, nodes, a), "correct": True}
     for fam, prefix, members in (("hsap_bestU", "", HSAP_U_VARIANTS), ("usp_best", "usp_", None),
                                  ("te_a2a_p2p_best", "te_a2a_p2p_", None)):

@@ -216,7 +216,8 @@ def _analysis(res: dict) -> str:
         "*all* of its KV (max(local, transfer) + remote). With one long document split over many parts (single, "
         "mixed) the part holding the first and last chunks has little local work and receives almost the whole "
         "document over InfiniBand at once. `rounds=\"auto\"` (the default) then moves the KV `by_peer`, one ring "
-        "distance per round: the next peer's KV is in flight while this peer's remote items run, as in a KV ring "
+        "distance per round, all rounds posted at once: a round's remote items run as soon as it lands while later "
+        "rounds are still on the wire, as in a KV ring "
         "but with only the needed tokens; backward collects the dK/dV returns at the end. The planner picks it "
         "with the same dataflow simulation that the cost model uses (`hf_hsap/plan/pipeline.py`). " + _losses(res),
         "",
@@ -242,9 +243,8 @@ def _assumptions(res: dict) -> str:
         "- A transfer takes max(intra bytes / NVLink, inter bytes / IB) + rounds · latency. All-to-all, all-gather and "
         "reduce-scatter are fully exposed. KV rings are simulated step by step (the next block's transfer overlaps "
         "this step's compute; backward dK/dV hops; fully masked blocks cost nothing). hf_hsap's rounds are simulated "
-        "in the runtime's order by the planner's own functions (`hf_hsap/plan/pipeline.py`): round 0 in flight during "
-        "the local item, then per round wait, launch the next, compute; a transfer starts when both ends reached its "
-        "round; backward returns dK/dV per round and collects them at the end. One batched round reduces to "
+        "in the runtime's order by the planner's own functions (`hf_hsap/plan/pipeline.py`): every round posted at once "
+        "(the link serves them in order) during the local item, then per round wait and compute; backward returns dK/dV per round and collects them at the end. One batched round reduces to "
         "max(local, transfer) + remote. GEMMs never hide attention communication (the same pessimism for every scheme).",
         "- Every GPU synchronises each layer: a layer lasts as long as its slowest GPU; TGS = T / (GPUs · step time).",
         "- Physical bound: all FLOPs at peak, evenly spread, communication hidden. *Ideal*: the same at the "
@@ -252,8 +252,8 @@ def _assumptions(res: dict) -> str:
         "- dK/dV are counted in bf16 for every scheme, as hf_hsap's runtime returns them (`grad_comm_dtype` "
         "defaults to the inputs' dtype; `torch.float32` doubles that term).",
         "- hf_hsap rows come from the real plans (`plan_sequence(..., placement, ulysses_size=U, rounds=...)`), each "
-        "model planned with its own `CostModel.from_config` on A100 as the trainers do, KV priced at NVLink speed when "
-        "the SP group fits in one node; `hsap` is the default (`ulysses_size=\"auto\"`: U = 1 on one node, U = 8 "
+        "model planned with its own `CostModel.from_config` for the row's GPU (A100 or H100) as the trainers do, KV "
+        "priced at NVLink speed when the SP group fits in one node; the traffic tables show the A100 plans; `hsap` is the default (`ulysses_size=\"auto\"`: U = 1 on one node, U = 8 "
         "across nodes; rounds `auto`), `hsap_batched` the same in one batched round, `hsap_U1` flat SAP, "
         "`hsap_bestU` the best of U ∈ {1, 2, 4, 8}.",
     ]

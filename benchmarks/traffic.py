@@ -61,15 +61,15 @@ HSAP_VARIANTS: tuple[HsapVariant, ...] = (
 MODEL_Q_HEADS = 32  # both spec models: what ulysses_size="auto" divides
 
 
-def planner_cost(shape_key: str, link: str) -> hf_hsap.CostModel:
-    """The planner's cost model for a spec model on A100 (``CostModel.from_config``, as the trainers
-    derive it from the model config) with SAP's KV over ``link``."""
+def planner_cost(shape_key: str, link: str, hardware: str = "A100") -> hf_hsap.CostModel:
+    """The planner's cost model for a spec model on ``hardware`` (``CostModel.from_config``, as the
+    trainers derive it from the model config and the GPU) with SAP's KV over ``link``."""
     from .cost_model import MODELS
 
     m = MODELS[shape_key]
     config = SimpleNamespace(num_attention_heads=m.q_heads, num_key_value_heads=m.kv_heads, hidden_size=m.hidden,
                              head_dim=m.head_dim, intermediate_size=m.ffn)
-    return hf_hsap.CostModel.from_config(config, link)
+    return hf_hsap.CostModel.from_config(config, link, hardware)
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ class TrafficConfig:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     gpus_per_node: int = 8
     u_values: tuple[int, ...] = (2, 4, 8)
+    planner_hardware: tuple[str, ...] = ("A100", "H100")  # the first one's plans fill the traffic tables
 
 
 @dataclass
@@ -91,7 +92,9 @@ class LayoutResult:
     Attributes:
         schemes: ``{shape key: {scheme name: SchemeStats}}``.
         plan_ms: cold planning time of each hf_hsap variant (ms, no cache).
-        placement: the placement each hf_hsap variant resolved to (``auto`` → its choice).
+        placement: the placement / round order each hf_hsap variant resolved to (``auto`` → its choice).
+        hsap_by_hw: ``{(shape key, hardware): {hf_hsap variant: SchemeStats}}`` planned for the other
+            hardware of ``TrafficConfig.planner_hardware`` (``schemes`` holds the first one's).
         recv_floor: lower bound of ``recv_max`` (ring-relative) of any placement within the 1.10 token
             cap that sends only KV: the holder of the last token of the longest document needs the rest.
     """
@@ -106,6 +109,7 @@ class LayoutResult:
     schemes: dict[str, dict[str, SchemeStats]] = field(default_factory=dict)
     plan_ms: dict[str, float] = field(default_factory=dict)
     placement: dict[str, str] = field(default_factory=dict)
+    hsap_by_hw: dict[tuple[str, str], dict[str, SchemeStats]] = field(default_factory=dict)
 
 
 def local_attn_work(plan: hf_hsap.Plan) -> np.ndarray:
@@ -175,25 +179,22 @@ def evaluate_layout(dist: str, T: int, P: int, seed: int, cfg: TrafficConfig) ->
     lengths = doc_lengths(dist, T, seed)
     cu = cu_seqlens(lengths)
     res = LayoutResult(dist, T, P, seed, len(lengths), int(lengths.max()), recv_floor(lengths, P))
-    plan_shapes: dict[str, dict[str, hf_hsap.Plan]] = {}
     link = "nvlink" if cfg.gpus_per_node % P == 0 else "network"
-    for key in SHAPES:  # each model plans with its own cost model, as the trainers do
-        plans = plan_shapes.setdefault(key, {})
-        for v in HSAP_VARIANTS:
-            U = v.ulysses_size or auto_ulysses_size(P, cfg.gpus_per_node, MODEL_Q_HEADS)
-            if P % U or U > P:
-                continue
-            t0 = time.perf_counter()
-            plans[v.name] = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=U, rounds=v.rounds,
-                                                  cost=planner_cost(key, link))
-            if key == RECV_SHAPE:
-                res.plan_ms[v.name] = (time.perf_counter() - t0) * 1e3
-                res.placement[v.name] = f"{plans[v.name].placement_name}/{plans[v.name].round_order}"
-    for key, shape in SHAPES.items():
-        schemes = all_schemes(lengths, P, shape, cfg.gpus_per_node, cfg.u_values)
-        for name, plan in plan_shapes[key].items():
-            schemes[name] = hsap_scheme(plan, lengths, shape, cfg.gpus_per_node, name)
-        res.schemes[key] = schemes
+    for key, shape in SHAPES.items():  # each model plans with its own cost model, as the trainers do
+        res.schemes[key] = all_schemes(lengths, P, shape, cfg.gpus_per_node, cfg.u_values)
+        for hw in cfg.planner_hardware:  # ... on the GPU it runs on (CostModel.from_config)
+            target = res.schemes[key] if hw == cfg.planner_hardware[0] else res.hsap_by_hw.setdefault((key, hw), {})
+            for v in HSAP_VARIANTS:
+                U = v.ulysses_size or auto_ulysses_size(P, cfg.gpus_per_node, MODEL_Q_HEADS)
+                if P % U or U > P:
+                    continue
+                t0 = time.perf_counter()
+                plan = hf_hsap.plan_sequence(cu, P, v.placement, ulysses_size=U, rounds=v.rounds,
+                                             cost=planner_cost(key, link, hw))
+                if key == RECV_SHAPE and hw == cfg.planner_hardware[0]:
+                    res.plan_ms[v.name] = (time.perf_counter() - t0) * 1e3
+                    res.placement[v.name] = f"{plan.placement_name}/{plan.round_order}"
+                target[v.name] = hsap_scheme(plan, lengths, shape, cfg.gpus_per_node, v.name)
     return res
 
 

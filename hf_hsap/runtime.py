@@ -1,9 +1,9 @@
 """Executing a compiled schedule: forward and backward of SAP attention over the inter peers.
 
-Forward: start round 0's batched KV transfers and compute the local item while they are in flight;
-then, per round, wait for its KV, start the next round's transfers (double buffering: at most two
-rounds in flight), and run the round's remote items, merging them into the output by log-sum-exp in
-fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
+Forward: post the KV transfers (every round at once without a receive budget; with one, round 0 and
+then each next round when the previous has landed: double buffering) and compute the local item
+while they are in flight; then, per round, wait for its KV and run the round's remote items, merging
+them into the output by log-sum-exp in fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
 gradient), then the dK/dV go back to their owners along the reverse transfers while the next rounds
 (and the local item's backward) are computed, and are added once the last round is done (with a
 receive budget: before the next round's return, so at most two are in flight). Gradients are
@@ -67,12 +67,16 @@ def sap_forward(
             out, lse = o.to(acc), l.to(acc)
 
     rounds = sched.rounds
-    pending = _start_fetch(executor, kv, rounds[0], 0) if rounds else None  # in flight during local()
+    # No budget (keep_recv): every round is posted now and consumed in order, so round t's items start
+    # as soon as round t lands. A budget bounds the buffers: double buffering, round t + 1 posted when
+    # round t has landed.
+    ahead = len(rounds) if sched.keep_recv else 1
+    pending = [_start_fetch(executor, kv, rnd, t) for t, rnd in enumerate(rounds[:ahead])]  # during local()
     local()
     for t, rnd in enumerate(rounds):
-        recv = pending.wait()
-        if t + 1 < len(rounds):  # prefetch the next round while this one computes
-            pending = _start_fetch(executor, kv, rounds[t + 1], t + 1)
+        recv = pending.pop(0).wait()
+        if t + ahead < len(rounds):  # double buffering: the next round while this one computes
+            pending.append(_start_fetch(executor, kv, rounds[t + ahead], t + ahead))
         for item in rnd.items:
             kvi = _take(recv, item.kv_index)  # [n_k, 2*Hkv, D]
             o, l = kernel.forward(_take(q, item.q_index), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)

@@ -34,6 +34,17 @@ from .transfers import Transfers
 HARDWARE_LINKS = {"A100": (312e12, 300e9, 25e9), "H100": (989e12, 450e9, 50e9)}  # peak, NVLink, network B/s
 
 
+def detect_hardware() -> str:
+    """The :data:`HARDWARE_LINKS` entry closest to this process's GPU: ``"H100"`` for Hopper and newer
+    data-center GPUs (H100, H200, H800, GH200, B200), else ``"A100"`` (also without a GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "A100"
+    name = torch.cuda.get_device_name()
+    return "H100" if any(k in name for k in ("H100", "H200", "H800", "GH200", "B200", "GB200")) else "A100"
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Relative costs in units of one attention pair (fwd + bwd).
@@ -61,14 +72,18 @@ class CostModel:
                          round_cost=2 * alpha_s / pair_s)
 
     @staticmethod
-    def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
+    def from_config(config: Any, link: str = "network", hardware: str = "auto") -> "CostModel":
         """Cost model for a Transformers model config (``num_attention_heads``, ``num_key_value_heads``,
         ``hidden_size``, ``intermediate_size``, optional ``head_dim``) on ``hardware`` (``"A100"`` or
-        ``"H100"``: peak, NVLink and per-GPU network bandwidth as in ``benchmarks/cost_model.py``),
-        with SAP's KV over ``link`` (``"nvlink"`` or ``"network"``, e.g. ``sp.sap_link``).
+        ``"H100"``: peak, NVLink and per-GPU network bandwidth as in ``benchmarks/cost_model.py``;
+        ``"auto"``: this process's GPU, see :func:`detect_hardware`), with SAP's KV over ``link``
+        (``"nvlink"`` or ``"network"``, e.g. ``sp.sap_link``).
 
         What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
-        (Llama-2-7B moves 4x the KV bytes per pair of Llama-3-8B)."""
+        (Llama-2-7B moves 4x the KV bytes per pair of Llama-3-8B) and GPU (an H100 computes 3.2x
+        faster than an A100 but its links are only 1.5-2x faster)."""
+        if hardware == "auto":
+            hardware = detect_hardware()
         if hardware not in HARDWARE_LINKS:
             raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
         if link not in ("nvlink", "network"):
@@ -146,7 +161,7 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
             np.add.at(sent, (pieces["src"], pieces["round"]), pieces["end"] - pieces["start"])
         xfer = np.where(recv > 0, (cost.kv_token_cost * recv + cost.round_cost) / 2, 0.0)
         ret = np.where(sent > 0, (cost.kv_token_cost * sent + cost.round_cost) / 2, 0.0)
-        t = (simulate_forward(f * local, xfer, f * rwork, peers)
+        t = (simulate_forward(f * local, xfer, f * rwork, peers, eager=budget is None)
              + simulate_backward(b * local, xfer, b * rwork, peers, ret, budget is not None))
         out[order] = (float(t.max()), pieces)
     return out

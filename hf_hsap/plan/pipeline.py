@@ -6,13 +6,14 @@ Two orders (``plan_sequence(..., rounds=...)``):
   a part waits for *all* its KV (``max(local, transfer) + remote``).
 * ``"by_peer"``: round ``t`` carries what every part receives from the part ``t + 1`` places before it
   on the ring of parts (``src = (dst - t - 1) mod R``), rounds nobody uses dropped. Each round is a
-  permutation (one sender and one receiver per part, no incast) and, with the runtime's double
-  buffering, the next peer's KV is in flight while this peer's remote items run, as in a KV ring,
-  but carrying only the tokens the documents need.
+  permutation (one sender and one receiver per part, no incast); the remote items of a round run as
+  soon as that round has landed while later rounds are still on the wire, as in a KV ring, but
+  carrying only the tokens the documents need.
 
 A receive budget then cuts every round further (:func:`split_rounds`). :func:`simulate_forward` /
-:func:`simulate_backward` time a set of rounds by dataflow (the runtime's order, a peer's transfer
-starts when both ends reached that round). ``auto`` picks the cheaper order with them, and
+:func:`simulate_backward` time a set of rounds by dataflow, in the runtime's order: without a budget
+every round is posted at once and consumed in order; with one, rounds are double-buffered.
+``auto`` picks the cheaper order with them, and
 ``benchmarks/cost_model.py`` predicts hf_hsap's attention time with the same functions.
 """
 from __future__ import annotations
@@ -121,23 +122,34 @@ def _arrival(launch: np.ndarray, peers_t: np.ndarray, xfer_t: np.ndarray) -> np.
     return np.where(xfer_t > 0, np.maximum(launch, senders) + xfer_t, -np.inf)
 
 
-def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray) -> np.ndarray:
+def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
+                     eager: bool = True) -> np.ndarray:
     """``[R]`` finish time of every part's forward, in the runtime's order.
 
-    Round 0 is launched at time 0, the local item runs, then per round: wait for its KV, launch the
-    next round, run its remote items.
+    The local item runs first; then, per round, wait for its KV and run its remote items. ``eager``
+    (no receive budget): every round is posted at time 0 and the link serves them in order, round t
+    of a part starting once its round t - 1 and its sender's round t - 1 are done. Otherwise (double
+    buffering) round t + 1 is posted when round t has landed, and a transfer starts when both ends
+    posted it.
 
     Args:
         local: ``[R]`` local item time. xfer: ``[R, n]`` transfer time of each round into each part
             (0: nothing received). work: ``[R, n]`` remote item time. peers: ``[n, R, R]`` (dst, src).
+        eager: post every round at once.
     """
     R, n = xfer.shape
     clock = local.astype(np.float64).copy()
-    launch = np.zeros(R)
+    launch = np.zeros(R)  # double buffering: when each part posted the current round
+    link = np.zeros(R)  # eager: when each part's link finished its previous round
     for t in range(n):
-        arrive = _arrival(launch, peers[t], xfer[:, t])
+        if eager:
+            senders = np.where(peers[t], link[None, :], 0.0).max(axis=1)  # [R] sender's link free
+            link = np.where(xfer[:, t] > 0, np.maximum(link, senders) + xfer[:, t], link)
+            arrive = np.where(xfer[:, t] > 0, link, -np.inf)
+        else:
+            arrive = _arrival(launch, peers[t], xfer[:, t])
         start = np.maximum(clock, arrive)
-        launch = start  # the next round is launched once this one has landed
+        launch = start  # the next round is posted once this one has landed
         clock = start + work[:, t]
     return clock
 

@@ -257,7 +257,7 @@ def plan_sequence(
             more is moved in further rounds, and the backward fetches the KV again instead of keeping
             it. ``None``: no limit.
         rounds: how transfers are grouped in time (:mod:`hf_hsap.plan.pipeline`): ``"batched"`` (one
-            round with every peer), ``"by_peer"`` (one ring distance per round: the next peer's KV
+            round with every peer), ``"by_peer"`` (one ring distance per round: later peers' KV
             arrives while this peer's remote items run) or ``"auto"``: ``by_peer`` when ``cost``
             predicts it at least 1% faster for the slowest part (forward + backward), else
             ``batched`` (fewer, larger kernel calls).

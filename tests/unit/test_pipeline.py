@@ -94,7 +94,7 @@ def test_simulations_by_hand():
 
 def test_pipelining_hides_a_long_transfer():
     """One receiver fed by 3 peers, each round's transfer as long as each round's work: batched waits for
-    everything, by_peer overlaps the next transfer with this round's work."""
+    everything, by_peer overlaps later transfers with this round's work (posted at once or double-buffered)."""
     R, n = 4, 3
     peers = np.zeros((n, R, R), dtype=bool)
     for t in range(n):
@@ -104,9 +104,27 @@ def test_pipelining_hides_a_long_transfer():
     work = np.zeros((R, n))
     work[0] = 2.0
     local = np.zeros(R)
-    piped = simulate_forward(local, xfer, work, peers)[0]
+    eager = simulate_forward(local, xfer, work, peers)[0]  # rounds land at 2, 4, 6; work ends at 8
+    double = simulate_forward(local, xfer, work, peers, eager=False)[0]  # round t+1 posted when t landed
     one = simulate_forward(local, xfer.sum(1, keepdims=True), work.sum(1, keepdims=True), peers.any(0)[None])[0]
-    assert piped == 8.0 and one == 12.0
+    assert eager == 8.0 and double == 8.0 and one == 12.0
+
+
+def test_eager_posting_avoids_a_slow_peer_stall():
+    """Part 0 receives from part 2, then from part 1; part 1 runs a long local item before it waits for its
+    own round 0, and with double buffering posts its round 1 only then: part 0 stalls. Posted at once,
+    nothing waits for compute."""
+    R, n = 3, 2
+    peers = np.zeros((n, R, R), dtype=bool)
+    peers[0, 0, 2], peers[1, 0, 1] = True, True  # round 0: 2 -> 0, round 1: 1 -> 0
+    peers[0, 1, 0] = True  # part 1 first receives from part 0 (it posts round 1 only after that)
+    xfer = np.zeros((R, n))
+    xfer[0] = [1.0, 1.0]
+    xfer[1, 0] = 1.0
+    work = np.zeros((R, n))
+    local = np.array([0.0, 10.0, 0.0])  # part 1 reaches its rounds at time 10
+    assert simulate_forward(local, xfer, work, peers, eager=False)[0] == 11.0  # waits for part 1 to post
+    assert simulate_forward(local, xfer, work, peers, eager=True)[0] == 2.0
 
 
 def test_round_orders_validated():

@@ -218,3 +218,20 @@ def test_shard_batch_passes_plan_options():
     assert plan.round_order == "by_peer" and plan.recv_budget_tokens == 8
     with pytest.raises(ValueError, match="unknown rounds"):
         hf_hsap.shard_batch(batch, None, plan_options={"rounds": "ring"})
+
+
+def test_cost_model_from_config():
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
+    a100 = hf_hsap.CostModel.from_config(cfg, "network", "A100")
+    assert a100.token_cost == pytest.approx(17930, rel=1e-3) and a100.kv_token_cost == pytest.approx(1226, rel=1e-3)
+    assert hf_hsap.CostModel.from_config(cfg, "network") == a100  # no GPU here: "auto" is A100
+    h100 = hf_hsap.CostModel.from_config(cfg, "network", "H100")
+    assert h100.kv_token_cost > a100.kv_token_cost  # compute gets 3.2x faster, the network only 2x
+    mha = hf_hsap.CostModel.from_config(SimpleNamespace(num_attention_heads=32, hidden_size=4096), "nvlink", "A100")
+    assert mha.kv_token_cost > 3 * hf_hsap.CostModel.from_config(cfg, "nvlink", "A100").kv_token_cost
+    with pytest.raises(ValueError, match="unknown hardware"):
+        hf_hsap.CostModel.from_config(cfg, "network", "TPU")
+    with pytest.raises(ValueError, match="unknown link"):
+        hf_hsap.CostModel.from_config(cfg, "pcie", "A100")
