@@ -42,3 +42,15 @@ def test_dp2_x_sp2_ulysses(pools):
     layouts = [cu_of([17, 40, 1, 12]), cu_of([30, 3, 50, 2])]
     res = pools(4).run(check_attention, None, 2, 2, "auto", 4, 1, 8, "float64", 22, None, layouts)
     assert_exact(res, "float64")
+
+
+@pytest.mark.parametrize("budget", [None, 7])
+def test_hierarchy_by_peer_rounds_u2_r3(pools, budget):
+    """Ulysses 2 x SAP over 3 parts, one ring distance per round (2 rounds), with and without a budget."""
+    res = pools(6).run(check_attention, cu_of(LAYOUT + [40, 5]), 6, 2, "zigzag", 4, 2, 8, "float64", 13, budget,
+                       None, None, "by_peer")
+    assert_exact(res, "float64")
+    assert all(r["round_order"] == "by_peer" for r in res)
+    assert res[0]["rounds"] >= 2
+    for r in res:
+        assert r["a2a_bytes"] == r["a2a_expected"], r
