@@ -2,14 +2,18 @@
 
 Forward: post the KV transfers (every round at once without a receive budget; with one, round 0 and
 then each next round when the previous has landed: double buffering) and compute the local item
-while they are in flight; then, per round, wait for its KV and run the round's remote items, merging
-them into the output by log-sum-exp in fp32. Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
+while they are in flight; then, per round, wait for its KV and run the round's remote items,
+merging them into the output by log-sum-exp in fp32.
+
+Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
 gradient), then the dK/dV go back to their owners along the reverse transfers while the next rounds
-(and the local item's backward) are computed, and are added once the last round is done (with a
+(and the local item's backward) are computed; they are added once the last round is done (with a
 receive budget: before the next round's return, so at most two are in flight). Gradients are
-accumulated in fp32 (fp64 for fp64 inputs) on both sides and travel in ``grad_dtype`` (default:
-the inputs' dtype, like every other gradient that crosses ranks in training). Both directions use :meth:`P2PExecutor.transfer`; every
-transfer that may overlap another has its own tag.
+accumulated in fp32 (fp64 for fp64 inputs) on both sides and travel in ``grad_dtype`` (default: the
+inputs' dtype, like every other gradient that crosses ranks in training).
+
+Both directions use :meth:`P2PExecutor.transfer`; every transfer that may overlap another has its
+own tag.
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ Two orders (``plan_sequence(..., rounds=...)``):
 
 A receive budget then cuts every round further (:func:`split_rounds`). :func:`simulate_forward` /
 :func:`simulate_backward` time a set of rounds by dataflow, in the runtime's order: without a budget
-every round is posted at once and consumed in order; with one, rounds are double-buffered.
-``auto`` picks the cheaper order with them, and
-``benchmarks/cost_model.py`` predicts hf_hsap's attention time with the same functions.
+every round is posted at once and consumed in order; with one, rounds are double-buffered. ``auto``
+picks the cheaper order with them, and ``benchmarks/cost_model.py`` predicts hf_hsap's attention
+time with the same functions.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def split_rounds(tr: Transfers, n_parts: int, budget: int | None, order: str = "
         recv_used: list[list[int]] = [[] for _ in range(n_parts)]  # [part][round] rows
         send_used: list[list[int]] = [[] for _ in range(n_parts)]
         for i in sel.tolist():
-            src, dst, start, end, loc = int(tr.src[i]), int(tr.dst[i]), int(tr.start[i]), int(tr.end[i]), int(tr.src_local[i])
+            src, dst, start, end = int(tr.src[i]), int(tr.dst[i]), int(tr.start[i]), int(tr.end[i])
+            loc = int(tr.src_local[i])
             pos, t = start, 0
             while pos < end:
                 for u in (recv_used[dst], send_used[src]):
