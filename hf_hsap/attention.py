@@ -54,7 +54,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, n_loc
         raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}; fix num_key_value_heads in the model config")
     if hq % plan.ulysses_size != 0:
         raise ValueError(f"ulysses_size={plan.ulysses_size} must divide the number of query heads ({hq}); "
-                         "pick a smaller ulysses_size")
+                         "pick a smaller ulysses_size (with ulysses_size=\"auto\", pass num_heads=... to "
+                         "hf_hsap.init_sequence_parallel)")
 
 
 def hsap_attn_func(
