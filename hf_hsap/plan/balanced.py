@@ -9,6 +9,11 @@ the lowest load, like LPT scheduling for two resources.
 Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
 fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
 (the token cap is never exceeded; only the work cap may be).
+
+Speed: this greedy runs on every batch (the planning budget is 20 ms for 2,000 documents and P = 64,
+with two slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
+per-call overhead would dominate. The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
+``_zigzag_segments`` for one document (tests check they agree).
 """
 from __future__ import annotations
 
@@ -18,17 +23,42 @@ import math
 import numpy as np
 
 from .layout import Layout
-from .placement import (DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish, _zigzag_chunks,
-                        _zigzag_segments)
+from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish
 
 
-def _pair_work(sizes: np.ndarray) -> np.ndarray:
+def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
+    """Chunk sizes ``[2k]`` of the dual-chunk split of one document of length ``L`` over ``k`` parts,
+    and the next rotation: ``_zigzag_chunks(np.array([L]), k, rot)`` for one document."""
+    two_k = 2 * k
+    base, rem = divmod(L, two_k)
+    sizes = [base] * two_k
+    first = rot % two_k
+    for j in range(two_k):  # order slot j hands its extra token to chunk j (j < k) or 3k-1-j
+        if (j - first) % two_k < rem:
+            sizes[j if j < k else 3 * k - 1 - j] += 1
+    return sizes, (rot + rem) % two_k
+
+
+def _pair_work(sizes: list[int]) -> list[int]:
     """Work of each chunk pair of one dual-chunk split. ``sizes [2k] -> [k]``."""
-    offs = np.cumsum(sizes) - sizes
-    b = offs + sizes
-    w = (b * (b + 1) - offs * (offs + 1)) // 2  # [2k]
-    k = sizes.shape[0] // 2
-    return w[:k] + w[::-1][:k]
+    w, a = [], 0
+    for s in sizes:
+        b = a + s
+        w.append((b * (b + 1) - a * (a + 1)) // 2)
+        a = b
+    k = len(sizes) // 2
+    return [w[i] + w[-1 - i] for i in range(k)]
+
+
+def _pair_recv(sizes: list[int]) -> list[int]:
+    """KV tokens the holder of each chunk pair needs. ``sizes [2k] -> [k]``: everything before the end of
+    its second chunk except its own two chunks."""
+    k = len(sizes) // 2
+    end, ends = 0, []
+    for s in sizes:
+        end += s
+        ends.append(end)
+    return [ends[-1 - i] - sizes[i] - sizes[-1 - i] for i in range(k)]
 
 
 def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
@@ -45,12 +75,17 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
         The placement.
     """
     lengths = layout.doc_lengths
-    starts = layout.cu_seqlens[:-1]
     T = layout.total_tokens
     P = n_parts
     cap_t = math.ceil(T / P) * (1.0 + token_slack)
     work = lengths * (lengths + 1) // 2
     cap_w = float(work.sum()) / P * (1.0 + work_slack)
+    order = np.argsort(-lengths, kind="stable")
+    # per document, longest first: remaining tokens / work once it is placed (exact integers)
+    rem_t = (T - np.cumsum(lengths[order])).tolist()
+    rem_w = (int(work.sum()) - np.cumsum(work[order])).tolist()
+    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].tolist()
+    starts = layout.cu_seqlens[:-1][order].tolist()
     tok = [0.0] * P  # python lists: P <= a few hundred, faster than numpy for scalar updates
     wrk = [0.0] * P
     seg_doc: list[int] = []
@@ -60,11 +95,7 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
     rot = 0
     heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
     mean_t = T / P
-    rem_t, rem_w = float(T), float(work.sum())  # not yet placed
     recv = [0] * P  # KV tokens each part will receive (from split documents)
-
-    def score(p: int) -> float:
-        return max(tok[p] / cap_t, wrk[p] / cap_w)
 
     def fits(p: int, t: float, w: float, rho: float) -> bool:
         """Within both caps, and (rho > 0) still within the work cap once the part is filled up to the
@@ -73,24 +104,23 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
             return False
         return wrk[p] + w + rho * max(0.0, mean_t - tok[p] - t) <= cap_w
 
-    for d in np.argsort(-lengths, kind="stable").tolist():
-        L, w, s0 = int(lengths[d]), float(work[d]), int(starts[d])
-        rem_t -= L
-        rem_w -= w
-        rho = 0.5 * rem_w / rem_t if rem_t > 0 else 0.0
-        k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
-        if k0 == 1:  # fast path: the least loaded part takes the document whole
+    for d, L, wi, s0, rt, rw in zip(docs, lens, works, starts, rem_t, rem_w):
+        w = float(wi)
+        rho = 0.5 * rw / rt if rt > 0 else 0.0
+        if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
             best = heap[0][1]
-            if fits(best, L, w, rho):
+            t_b, w_b = tok[best] + L, wrk[best] + w  # fits(best, L, w, rho), inlined
+            if t_b <= cap_t and w_b <= cap_w and w_b + rho * max(0.0, mean_t - tok[best] - L) <= cap_w:
                 seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(best)
-                tok[best] += L
-                wrk[best] += w
-                heapq.heapreplace(heap, (score(best), best))
+                tok[best], wrk[best] = t_b, w_b
+                heapq.heapreplace(heap, (max(t_b / cap_t, w_b / cap_w), best))
                 continue
-        order = sorted(range(P), key=lambda p: (score(p), p))
-        chosen = _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
-            _choose_parts(order, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0)) or \
-            _choose_parts(order, L, w, k0, P, lambda p, t, x: tok[p] + t <= cap_t)  # equal work shares
+        k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
+        scores = [max(tok[p] / cap_t, wrk[p] / cap_w) for p in range(P)]
+        by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
+        chosen = _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
+            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0)) or \
+            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: tok[p] + t <= cap_t)  # equal work shares
         if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
         elif len(chosen) == 1:
@@ -100,44 +130,39 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
             wrk[p] += w
         else:
             k = len(chosen)
-            sizes, rot = _zigzag_chunks(np.array([L]), k, rot)
+            sizes, rot = _chunk_sizes(L, k, rot)
             # the pair that needs the most KV goes to the part that receives the least so far
-            need = _pair_recv(sizes[0])
+            need = _pair_recv(sizes)
             chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
-            by_need = np.argsort(-need, kind="stable")
-            mapped = [0] * k
-            for part_pos, pair in enumerate(by_need.tolist()):
+            mapped = [0] * k  # pair index -> part
+            for part_pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
                 mapped[pair] = chosen[part_pos]
-            chosen = mapped
-            for p, n in zip(chosen, need.tolist()):
-                recv[p] += n
-            dd, ss, ee, pp = _zigzag_segments(np.array([d]), np.array([s0]), sizes, np.array([chosen], dtype=np.int64))
-            seg_doc += dd.tolist(); seg_start += ss.tolist(); seg_end += ee.tolist(); seg_part += pp.tolist()
-            for p, t_add, w_add in zip(chosen, sizes[0, :k] + sizes[0, ::-1][:k], _pair_work(sizes[0])):
-                tok[p] += float(t_add)
+            a = s0
+            for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
+                seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
+                seg_part.append(mapped[min(j, 2 * k - 1 - j)])
+                a += s
+            for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
+                recv[p] += need[i]
+                tok[p] += float(sizes[i] + sizes[-1 - i])
                 wrk[p] += float(w_add)
-        heap = [(score(p), p) for p in range(P)]
+        heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
     return _finish("balanced", P, seg_doc, seg_start, seg_end, seg_part)
 
 
-def _pair_recv(sizes: np.ndarray) -> np.ndarray:
-    """KV tokens the holder of each chunk pair needs. ``sizes [2k] -> [k]``: everything before the end of
-    its second chunk except its own two chunks."""
-    k = sizes.shape[0] // 2
-    ends = np.cumsum(sizes)
-    own = sizes[:k] + sizes[::-1][:k]
-    return ends[::-1][:k] - own
-
-
-def _choose_parts(order: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:
+def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:
     """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
     A document that needs most parts anyway goes to all of them (no idle part, best balance)."""
     k_first = P if 2 * k0 > P else k0
     for k in range(k_first, min(P, L) + 1):
-        chosen = [p for p in order if fits(p, L / k, w / k)][:k]
-        if len(chosen) == k:
-            return chosen
+        t, x = L / k, w / k
+        chosen = []
+        for p in by_load:
+            if fits(p, t, x):
+                chosen.append(p)
+                if len(chosen) == k:
+                    return chosen
     return None
 
 

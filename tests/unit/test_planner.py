@@ -235,3 +235,24 @@ def test_cost_model_from_config():
         hf_hsap.CostModel.from_config(cfg, "network", "TPU")
     with pytest.raises(ValueError, match="unknown link"):
         hf_hsap.CostModel.from_config(cfg, "pcie", "A100")
+
+
+@settings(max_examples=200, deadline=None)
+@given(L=st.integers(1, 5000), k=st.integers(1, 40), rot=st.integers(0, 200))
+def test_balanced_split_arithmetic_matches_zigzag(L, k, rot):
+    """``balanced``'s per-document split helpers agree with the vectorised zigzag chunker and with the
+    definitions (pair work = pairs of its two chunks; pair recv = everything before its second chunk's
+    end minus its own chunks)."""
+    from hf_hsap.plan.balanced import _chunk_sizes, _pair_recv, _pair_work
+    from hf_hsap.plan.placement import _zigzag_chunks
+
+    sizes, nxt = _chunk_sizes(L, k, rot)
+    ref, ref_nxt = _zigzag_chunks(np.array([L]), k, rot)
+    assert sizes == ref[0].tolist() and nxt == ref_nxt
+    ends = np.cumsum(sizes)
+    starts = ends - np.array(sizes)
+    for i, (w, r) in enumerate(zip(_pair_work(sizes), _pair_recv(sizes))):
+        j = 2 * k - 1 - i
+        pairs = sum(int(x) + 1 for c in (i, j) for x in range(starts[c], ends[c]))
+        assert w == pairs
+        assert r == ends[j] - sizes[i] - sizes[j]
