@@ -1,0 +1,85 @@
+"""Kernels against a float64 dense reference: varlen segments with bottom-right causal masks.
+
+The reference is written here with autograd (independent of every kernel): out, lse, dq, dk and dv.
+Segment shapes cover ``Lq == Lk``, ``Lq < Lk`` (a chunk's queries against earlier keys), ``Lq > Lk``
+(queries that see nothing), full attention and empty segments, with lengths beyond the CPU kernel's
+diagonal block so that its halving of causal squares is exercised.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, VarlenSpec
+from hf_hsap.kernels.cpu import _pieces
+
+SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), (5, 0), (129, 129), (128, 257)]
+
+
+def _reference(q, k, v, dout, spec: VarlenSpec, scale: float):
+    """float64 out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` and dq/dk/dv by autograd."""
+    q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for qa, qb, ka, kb in spec.segments():
+        lq, lk = qb - qa, kb - ka
+        s = torch.einsum("ihd,jhd->hij", q[qa:qb], k[ka:kb].repeat_interleave(g, 1)) * scale  # [Hq, Lq, Lk]
+        if spec.causal:
+            vis = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)  # [Lq, Lk]
+            s = s.masked_fill(~vis, float("-inf"))
+        lse = torch.logsumexp(s, -1)  # [Hq, Lq]
+        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
+        outs.append(torch.einsum("hij,jhd->ihd", p, v[ka:kb].repeat_interleave(g, 1)))
+        lses.append(lse.T)
+    out, lse = torch.cat(outs), torch.cat(lses)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout.double())
+    return out.detach(), lse.detach(), dq, dk, dv
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kernel,dtype,tol", [
+    (TorchCPUFlashKernel(block=0), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(block=16), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(block=16), torch.float32, 2e-5),
+    (TorchCPUFlashKernel(block=16), torch.bfloat16, 3e-2),
+    (MathKernel(), torch.float32, 2e-5),
+])
+def test_kernel_matches_float64_reference(kernel, dtype, tol, causal) -> None:
+    g = torch.Generator().manual_seed(7)
+    spec = VarlenSpec.from_lengths([a for a, _ in SEGMENTS], [b for _, b in SEGMENTS], causal)
+    hq, hkv, d = 4, 2, 16
+    q, dout = (torch.randn(spec.total_q, hq, d, generator=g) for _ in range(2))
+    k, v = (torch.randn(spec.total_k, hkv, d, generator=g) for _ in range(2))
+    ref = _reference(q, k, v, dout, spec, 0.3)
+    q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
+    out, lse = kernel.forward(q, k, v, spec, 0.3)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, 0.3)
+    seen = torch.isfinite(ref[1])
+    assert torch.equal(torch.isfinite(lse), seen), "rows without visible keys must have lse -inf"
+    assert not bool(out[~seen].abs().any()), "rows without visible keys must have output 0"
+    assert _rel(lse[seen], ref[1][seen]) < tol
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref[0], *ref[2:])):
+        assert got.dtype == dtype and got.shape == want.shape
+        assert _rel(got, want) < tol, name
+
+
+@pytest.mark.parametrize("lq,lk", [(300, 300), (65, 200), (200, 65), (128, 257), (1, 1), (7, 3)])
+@pytest.mark.parametrize("block", [0, 1, 8, 128])
+def test_cpu_pieces_cover_each_visible_pair_once(lq: int, lk: int, block: int) -> None:
+    """The calls of one causal segment cover exactly its visible (query, key) pairs, each once, and
+    only squares of at most ``block`` rows carry a causal mask."""
+    count = torch.zeros(lq, lk, dtype=torch.int64)
+    for ql, qh, kl, kh, causal in _pieces(lq, lk, True, block):
+        assert 0 <= ql < qh <= lq and 0 <= kl < kh <= lk
+        if causal:
+            assert qh - ql == kh - kl and (block == 0 or qh - ql <= block)
+            count[ql:qh, kl:kh] += torch.ones(qh - ql, kh - kl, dtype=torch.int64).tril()
+        else:
+            count[ql:qh, kl:kh] += 1
+    want = (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)).long()
+    assert torch.equal(count, want)
