@@ -89,7 +89,7 @@ def calibrate_layout(dist: str, T: int, P: int, hq: int, hkv: int, d: int, dtype
         ``{"dist", "part", "pairs", "items", "plan_fwd_s", "plan_bwd_s", "single_fwd_s", "single_bwd_s",
         "plan_tflops", "single_tflops"}`` (TFLOP/s over forward + backward).
     """
-    plan = hf_hsap.plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto")
+    plan = hf_hsap.plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto", gpus_per_node=P)  # one node
     part = int(np.argmax(plan.stats()["attn_work"]))
     sched = plan.schedule(part)
     n = sched.n_local

@@ -100,22 +100,24 @@ def run_kernel_paths(cfg: MeasureConfig) -> list[dict]:
 
 
 KERNEL_SHAPES: tuple[tuple[str, int, int], ...] = (
-    ("causal", 1024, 1024), ("causal", 2048, 2048), ("causal", 4096, 4096), ("causal", 8192, 8192),
+    ("causal", 512, 512), ("causal", 1024, 1024), ("causal", 2048, 2048), ("causal", 4096, 4096),
     ("full", 1024, 4096), ("full", 2048, 2048))
 
 
-def run_kernel_shapes(cfg: MeasureConfig, heads: int = 2) -> list[dict]:
+def run_kernel_shapes(cfg: MeasureConfig, heads: int = 8) -> list[dict]:
     """Throughput of the CPU kernel by segment shape: one causal square or one full rectangle, fwd + bwd,
-    ``heads`` heads, one thread, best of 3 after a warm-up. Shows what splitting documents costs on CPU:
-    PyTorch's CPU flash attention processes keys in blocks of 512, so a causal segment computes about
-    256 masked keys per query row on its diagonal, a share that shrinks as the segment grows.
+    ``heads`` query and key/value heads, one thread, best of 3 after a warm-up; each shape run whole (one
+    op call per square) and as the kernel runs it by default (causal squares halved down to 128 rows).
+    PyTorch's CPU flash attention walks keys in blocks of 512, so one call on a causal square computes
+    about 256 masked keys per query row on its diagonal, a share that shrinks as the square grows.
 
     Returns:
-        Rows ``{kind, nq, nk, heads, ms, mpairs_per_s}`` (million useful (query, key) pairs per head per second).
+        Rows ``{kind, nq, nk, heads, whole_ms, ms, whole_mpairs_per_s, mpairs_per_s}`` (million useful
+        (query, key) pairs per head per second; ``whole_*``: one call per square).
     """
     import torch
 
-    from hf_hsap.kernels import select_kernel
+    from hf_hsap.kernels import TorchCPUFlashKernel
     from hf_hsap.kernels.base import VarlenSpec
 
     from .gpu_calibrate import timed
@@ -123,19 +125,20 @@ def run_kernel_shapes(cfg: MeasureConfig, heads: int = 2) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        kernel, out = select_kernel(torch.device("cpu"), torch.float32), []
+        out = []
         for kind, nq, nk in KERNEL_SHAPES:
             g = torch.Generator().manual_seed(0)
             q, do = (torch.randn(nq, heads, cfg.d, generator=g) for _ in range(2))
             k, v = (torch.randn(nk, heads, cfg.d, generator=g) for _ in range(2))
-            spec = VarlenSpec((0, nq), (0, nk), kind == "causal")
-            o, lse = kernel.forward(q, k, v, spec, cfg.d ** -0.5)
-            s = timed(lambda: (kernel.forward(q, k, v, spec, cfg.d ** -0.5),
-                               kernel.backward(do, q, k, v, o, lse, spec, cfg.d ** -0.5)),
-                      torch.device("cpu"), 1, 3, "min")
+            spec, scale = VarlenSpec((0, nq), (0, nk), kind == "causal"), cfg.d ** -0.5
             pairs = nq * (nq + 1) / 2 if kind == "causal" else nq * nk
-            out.append({"kind": kind, "nq": nq, "nk": nk, "heads": heads, "ms": s * 1e3,
-                        "mpairs_per_s": pairs * heads / s / 1e6})
+            row = {"kind": kind, "nq": nq, "nk": nk, "heads": heads}
+            for key, kernel in (("whole_", TorchCPUFlashKernel(block=0)), ("", TorchCPUFlashKernel())):
+                o, lse = kernel.forward(q, k, v, spec, scale)
+                s = timed(lambda: (kernel.forward(q, k, v, spec, scale), kernel.backward(do, q, k, v, o, lse, spec, scale)),
+                          torch.device("cpu"), 1, 3, "min")
+                row[key + "ms"], row[key + "mpairs_per_s"] = s * 1e3, pairs * heads / s / 1e6
+            out.append(row)
         return out
     finally:
         torch.set_num_threads(threads)

@@ -173,11 +173,13 @@ def _cpu_analysis(res: dict) -> str:
             + "; ".join(parts) + ". Ring and all-gather lose by moving and merging every block; Ulysses splits "
             "work exactly by heads. hf_hsap's busiest rank runs a local causal item plus remote items with LSE "
             "merges; in one process its compute path reaches this fraction of one varlen call over the same "
-            f"pairs: {kp_txt}. Ulysses runs every document whole (fewer, longer causal segments), and the CPU "
-            "kernel wastes about 256 masked keys per query row of a causal segment"
-            + (f" (causal {ks[0]['nq']}: {ks[0]['mpairs_per_s']:.0f}, causal {ks[-3]['nq']}: "
+            f"pairs: {kp_txt}. Ulysses runs every document whole (fewer, longer causal segments) with H/P heads "
+            "per call; PyTorch's CPU flash op wastes about 256 masked keys per query row of a causal square, "
+            "which the kernel halves away for calls of at least 4 query heads"
+            + (f" (8 heads, one call / halved: causal {ks[0]['nq']}: {ks[0]['whole_mpairs_per_s']:.0f} / "
+               f"{ks[0]['mpairs_per_s']:.0f}, causal {ks[-3]['nq']}: {ks[-3]['whole_mpairs_per_s']:.0f} / "
                f"{ks[-3]['mpairs_per_s']:.0f}, full rectangles {ks[-1]['mpairs_per_s']:.0f} M pairs·head/s, table "
-               "below)" if len(ks) >= 3 else "")
+               "below)" if len(ks) >= 3 and "whole_mpairs_per_s" in ks[0] else "")
             + ": a CPU property that a GPU kernel with small tiles does not share.")
 
 
@@ -306,13 +308,19 @@ def _measured_section(res: dict) -> str:
                             "plan GFLOP/s", "one call GFLOP/s", "plan / one call"], body)]
     if res.get("kernel_shapes"):
         ks = res["kernel_shapes"]
-        body = [[k["kind"], k["nq"], k["nk"], k["heads"], f"{k['ms']:.0f}", f"{k['mpairs_per_s']:.0f}"] for k in ks]
+        body = [[k["kind"], k["nq"], k["nk"], k["heads"], f"{k['whole_ms']:.0f}", f"{k['ms']:.0f}",
+                 f"{k['whole_mpairs_per_s']:.0f}", f"{k['mpairs_per_s']:.0f}", f"{k['whole_ms'] / k['ms']:.2f}"]
+                for k in ks if "whole_ms" in k]
         lines += ["", "#### The CPU kernel by segment shape", "",
-                  "One call of `TorchCPUFlashKernel`, fwd + bwd, float32, one thread, best of 3: million useful "
-                  "(query, key) pairs per head per second. PyTorch's CPU flash attention walks keys in blocks of "
-                  "512, so a causal segment also computes about 256 masked keys per query row on its diagonal: "
-                  "short causal segments (a split document's chunks) cost more per pair than long ones.", "",
-                  rp.table(["kind", "queries", "keys", "heads", "ms", "M pairs·head / s"], body)]
+                  "`TorchCPUFlashKernel`, fwd + bwd, float32, one thread, best of 3: million useful (query, key) "
+                  "pairs per head per second, each shape as one op call and as the kernel runs it (causal "
+                  "squares halved down to 128 rows when a call has at least 4 query heads). PyTorch's CPU flash "
+                  "attention walks keys in blocks of 512, so one call on a causal square also computes about 256 "
+                  "masked keys per query row on its diagonal; after halving only 128-row diagonal squares carry "
+                  "masked keys. With 2 query heads per call (Ulysses' calls in the tables above) the extra calls, "
+                  "merges and gradient adds cost more than they save, so those calls stay whole.", "",
+                  rp.table(["kind", "queries", "keys", "heads", "one call ms", "kernel ms", "one call M pairs·head / s",
+                            "kernel M pairs·head / s", "speed-up"], body)]
     if res.get("memory"):
         mem = res["memory"][0]
         lines += [

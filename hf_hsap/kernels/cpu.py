@@ -13,9 +13,11 @@ down to squares of ``block`` rows, and the parts are merged by LSE. The op walks
 to 512 and computes a whole key block even where the causal mask hides most of it, so one call on a
 causal square computes about 256 masked keys per query row; after halving only the small diagonal
 squares carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles.
-Measured fwd + bwd on one thread (8-32 query heads, 2-8 KV heads, head dim 64): 1.4x faster for a
-512-token square, 1.2x at 1024, 1.1x at 2048 and 1.02-1.07x at 4096-8192 (``run_kernel_shapes`` in
-``benchmarks/measured.py`` shows the current figures).
+Measured fwd + bwd on one thread (4-32 query heads, 1-8 KV heads, head dim 64): 1.3-1.4x faster for
+a 512-token square, 1.15-1.2x at 1024, 1.06-1.1x at 2048 and 1.02-1.07x at 4096-8192. With fewer than
+``min_heads`` query heads a call is too light to pay for the extra calls, merges and gradient adds
+(with 2 heads, 4 processes on 2 cores ran 5-10% slower halved), so such calls stay whole.
+``run_kernel_shapes`` in ``benchmarks/measured.py`` shows the current figures.
 """
 from __future__ import annotations
 
@@ -72,12 +74,17 @@ class TorchCPUFlashKernel:
 
     Args:
         block: causal squares are halved down to this many rows (0: one call per causal square).
+        min_heads: halve only calls with at least this many query heads.
     """
 
     name = "torch-cpu-flash"
 
-    def __init__(self, block: int = 128) -> None:
-        self.block = block
+    def __init__(self, block: int = 128, min_heads: int = 4) -> None:
+        self.block, self.min_heads = block, min_heads
+
+    def _block(self, q: torch.Tensor) -> int:
+        """The halving block for queries ``q [N, Hq, D]`` (0: no halving)."""
+        return self.block if q.shape[1] >= self.min_heads else 0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec, scale: float
@@ -87,8 +94,9 @@ class TorchCPUFlashKernel:
         check_shapes(q, k, v, spec)
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=lse_dtype(q.dtype))
+        block = self._block(q)
         for qa, qb, ka, kb in spec.segments():
-            calls = _pieces(qb - qa, kb - ka, spec.causal, self.block)
+            calls = _pieces(qb - qa, kb - ka, spec.causal, block)
             # several calls: merge in the LSE dtype over the segment's queries (rows of no call stay empty)
             acc_o = torch.zeros((qb - qa, *q.shape[1:]), dtype=lse.dtype) if len(calls) > 1 else None
             acc_l = lse[qa:qb]  # a view: merged results land in lse directly
@@ -125,8 +133,9 @@ class TorchCPUFlashKernel:
         op_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         dout = dout.to(q.dtype)
         out = out.to(q.dtype)
+        block = self._block(q)
         for qa, qb, ka, kb in spec.segments():
-            for ql, qh, kl, kh, causal in _pieces(qb - qa, kb - ka, spec.causal, self.block):
+            for ql, qh, kl, kh, causal in _pieces(qb - qa, kb - ka, spec.causal, block):
                 qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
                 l = lse[qs:qe].to(op_lse_dtype).transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, Lq]
                 gq, gk, gv = _BWD(_bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]),
