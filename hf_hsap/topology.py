@@ -213,6 +213,12 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group
             make("inter", [s * sp_size + r * U + u for r in range(R)])
     for j in range(sp_size):
         make("dp", [s * sp_size + j for s in range(n_sp)])
+    # One barrier per group, in the same order on every rank: each communicator is created with all of its
+    # ranks before the runtime's first batched P2P, which may involve only some of them (NCCL requires the
+    # first operation on a group to involve every rank; gloo runs the same path here)
+    for name in ("sp", "intra", "inter", "dp"):
+        if mine.get(name) is not None:
+            dist.barrier(group=mine[name])
     s_me = me // sp_size
     sp = SPGroup(
         size=sp_size, ulysses_size=U, rank=me % sp_size, group=mine.get("sp"),
