@@ -77,11 +77,11 @@ def test_render_and_measured_summary(tables):
     per_rank = [{"times": {"hsap": [1.0, 2.0, 3.0], "ring": [2.0, 2.0, 8.0]},
                  "cpu": {"hsap": [1.0, 1.0, 1.0], "ring": [2.0, 2.0, 2.0]},
                  "bytes": {"hsap": 10, "ring": 30}, "errors": {"hsap": 0.0, "ring": 1e-7},
-                 "info": {"hsap": {"placement": "balanced", "recv_kv_tokens": 5}, "ring": {}}},
+                 "info": {"hsap": {"placement": "balanced", "recv_kv_tokens": 5, "attn_work": 90}, "ring": {}}},
                 {"times": {"hsap": [1.5, 1.0, 3.0], "ring": [1.0, 4.0, 1.0]},
                  "cpu": {"hsap": [1.0, 1.0, 1.0], "ring": [2.0, 2.0, 2.0]},
                  "bytes": {"hsap": 20, "ring": 30}, "errors": {"hsap": 0.0, "ring": 1e-7},
-                 "info": {"hsap": {"placement": "balanced", "recv_kv_tokens": 7}, "ring": {}}}]
+                 "info": {"hsap": {"placement": "balanced", "recv_kv_tokens": 7, "attn_work": 110}, "ring": {}}}]
     s = summarize_times(per_rank)
     assert s["hsap"]["ms"] == pytest.approx(2000.0) and s["ring"]["ms"] == pytest.approx(4000.0)
     assert s["ring"]["ratio"] == pytest.approx(2.0) and s["ring"]["cpu_ratio"] == pytest.approx(2.0)
@@ -103,3 +103,4 @@ def test_render_and_measured_summary(tables):
         assert heading in md
     assert "**not met**" in md  # mixed cannot reach 0.35 of ring's
     assert "does not run on CPU / gloo" in md
+    assert "busiest rank holds 1.100 × the mean pairs" in md  # 110 against the mean of 90 and 110
