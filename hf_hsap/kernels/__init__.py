@@ -2,7 +2,7 @@
 from .base import AttentionKernel, VarlenSpec, lse_dtype, merge_partial
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
-from .reference import reference_attention
+from .reference import reference_attention, reference_varlen_attention
 from .select import select_kernel
 from .varlen import varlen_attention
 
@@ -14,6 +14,7 @@ __all__ = [
     "lse_dtype",
     "merge_partial",
     "reference_attention",
+    "reference_varlen_attention",
     "select_kernel",
     "varlen_attention",
 ]

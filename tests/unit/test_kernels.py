@@ -1,6 +1,7 @@
 """Kernels against a float64 dense reference: varlen segments with bottom-right causal masks.
 
-The reference is written here with autograd (independent of every kernel): out, lse, dq, dk and dv.
+The reference is dense float64 attention with autograd (``reference_varlen_attention``, independent of
+every kernel): out, lse, dq, dk and dv.
 Segment shapes cover ``Lq == Lk``, ``Lq < Lk`` (a chunk's queries against earlier keys), ``Lq > Lk``
 (queries that see nothing), full attention and empty segments, with lengths beyond the CPU kernel's
 diagonal block so that its halving of causal squares is exercised.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, VarlenSpec
+from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, VarlenSpec, reference_varlen_attention
 from hf_hsap.kernels.cpu import _pieces
 
 SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), (5, 0), (129, 129), (128, 257)]
@@ -19,19 +20,7 @@ SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), 
 def _reference(q, k, v, dout, spec: VarlenSpec, scale: float):
     """float64 out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` and dq/dk/dv by autograd."""
     q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    outs, lses = [], []
-    for qa, qb, ka, kb in spec.segments():
-        lq, lk = qb - qa, kb - ka
-        s = torch.einsum("ihd,jhd->hij", q[qa:qb], k[ka:kb].repeat_interleave(g, 1)) * scale  # [Hq, Lq, Lk]
-        if spec.causal:
-            vis = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)  # [Lq, Lk]
-            s = s.masked_fill(~vis, float("-inf"))
-        lse = torch.logsumexp(s, -1)  # [Hq, Lq]
-        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
-        outs.append(torch.einsum("hij,jhd->ihd", p, v[ka:kb].repeat_interleave(g, 1)))
-        lses.append(lse.T)
-    out, lse = torch.cat(outs), torch.cat(lses)
+    out, lse = reference_varlen_attention(q, k, v, spec, scale)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout.double())
     return out.detach(), lse.detach(), dq, dk, dv
 
@@ -83,3 +72,19 @@ def test_cpu_pieces_cover_each_visible_pair_once(lq: int, lk: int, block: int) -
             count[ql:qh, kl:kh] += 1
     want = (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)).long()
     assert torch.equal(count, want)
+
+
+def test_varlen_reference_agrees_with_the_document_reference() -> None:
+    """Square causal segments: the general varlen reference equals ``reference_attention``."""
+    from hf_hsap.kernels import reference_attention
+
+    g = torch.Generator().manual_seed(3)
+    lens = [5, 1, 40, 17]
+    q = torch.randn(sum(lens), 4, 8, generator=g)
+    k, v = (torch.randn(sum(lens), 2, 8, generator=g) for _ in range(2))
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    a_out, a_lse = reference_varlen_attention(q, k, v, VarlenSpec.from_lengths(lens, lens, True), 0.4)
+    b_out, b_lse = reference_attention(q, k, v, cu, 0.4)
+    assert torch.allclose(a_out, b_out, rtol=0, atol=1e-12) and torch.allclose(a_lse, b_lse, rtol=0, atol=1e-12)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The device checks for one lent GPU, in one command (see README "GPU checks"): the CUDA tests, then the
+# cost-model calibration. Run from the repository root on the GPU machine, whose python3 has torch with
+# CUDA. Logs and calibration.json go to $OUT (the device tool's folder) or /tmp/hsap_gpu.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/hsap_gpu}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/device.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)" 2>&1 | tee -a "$out/device.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/cuda/check_cuda.py 2>&1 | tee "$out/cuda_tests.log"
+tests_rc=${PIPESTATUS[0]}
+[ -f benchmarks/calibration.json ] && cp benchmarks/calibration.json "$out/calibration.json"
+timeout 300 python3 -m benchmarks.gpu_calibrate --out "$out/calibration.json" 2>&1 | tee "$out/calibrate.log"
+cal_rc=${PIPESTATUS[0]}
+echo "cuda tests rc=$tests_rc, calibration rc=$cal_rc" | tee -a "$out/device.txt"
+exit $(( tests_rc != 0 || cal_rc != 0 ))

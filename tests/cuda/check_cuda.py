@@ -1,0 +1,88 @@
+"""CUDA checks for a lent GPU: ``bash scripts/gpu_check.sh`` runs this file (CI has no GPU and never
+collects it: the name does not match ``test_*.py``). Everything is compared with float64 references.
+
+1. The CUDA kernels (flash-attn or PyTorch's varlen flash in bf16/fp16, math in fp32) on the segment
+   shapes the runtime issues (causal squares, full rectangles, bottom-right causal with fewer queries
+   than keys), and on edge shapes (queries that see no key, empty segments).
+2. The whole SAP runtime of a plan on one GPU (``run_plan_loopback``: one thread per part), bf16,
+   with Llama-like heads, with and without a receive budget.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import hf_hsap
+from hf_hsap.comm.loopback import run_plan_loopback
+from hf_hsap.kernels import MathKernel, VarlenSpec, reference_attention, reference_varlen_attention, select_kernel
+
+DEV = torch.device(os.environ.get("HSAP_CHECK_DEVICE", "cuda"))  # "cpu": dry run of these checks' logic
+if DEV.type == "cuda" and not torch.cuda.is_available():
+    raise SystemExit("tests/cuda/check_cuda.py needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)")
+RUNTIME_SHAPES = [(37, 37), (1024, 1024), (300, 300), (65, 200), (128, 257), (1, 9), (513, 2000)]
+EDGE_SHAPES = [(200, 65), (9, 1), (16, 16), (0, 5), (5, 0)]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _check_kernel(kernel, dtype: torch.dtype, shapes, causal: bool, tol: float) -> None:
+    g = torch.Generator(device="cpu").manual_seed(11)
+    spec = VarlenSpec.from_lengths([a for a, _ in shapes], [b for _, b in shapes], causal)
+    hq, hkv, d = 8, 2, 128
+    q, dout = (torch.randn(spec.total_q, hq, d, generator=g).to(DEV) for _ in range(2))
+    k, v = (torch.randn(spec.total_k, hkv, d, generator=g).to(DEV) for _ in range(2))
+    qr, kr, vr = (x.double().requires_grad_(True) for x in (q, k, v))
+    ref_out, ref_lse = reference_varlen_attention(qr, kr, vr, spec, 0.09)
+    ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
+    q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
+    out, lse = kernel.forward(q, k, v, spec, 0.09)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, 0.09)
+    seen = torch.isfinite(ref_lse)
+    assert lse.shape == ref_lse.shape and out.shape == ref_out.shape
+    assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have lse -inf, the others finite"
+    assert not bool(out[~seen].abs().any()), "rows that see no key must have output 0"
+    assert _rel(lse[seen], ref_lse[seen]) < tol
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
+        assert got.dtype == dtype, name
+        assert _rel(got, want) < tol, f"{name}: {_rel(got, want):.2e}"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_kernel_runtime_shapes(dtype: torch.dtype, causal: bool) -> None:
+    _check_kernel(select_kernel(DEV, dtype), dtype, RUNTIME_SHAPES, causal, 2e-2)
+
+
+def test_math_kernel_fp32_runtime_shapes() -> None:
+    _check_kernel(MathKernel(), torch.float32, RUNTIME_SHAPES, True, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_flash_kernel_edge_shapes(dtype: torch.dtype) -> None:
+    _check_kernel(select_kernel(DEV, dtype), dtype, EDGE_SHAPES, True, 2e-2)
+
+
+@pytest.mark.parametrize("P,rounds,budget", [(4, "auto", None), (8, "by_peer", None), (8, "batched", 2048)])
+def test_sap_runtime_on_one_gpu(P: int, rounds: str, budget: int | None) -> None:
+    rng = np.random.default_rng(P)
+    lengths = np.concatenate([rng.integers(16, 400, size=20), [3000, 1800]])
+    rng.shuffle(lengths)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    T = int(cu[-1])
+    plan = hf_hsap.plan_sequence(cu, P, "auto", rounds=rounds, recv_budget_tokens=budget)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    q, k, v, dout = (torch.randn(T, h, 128, generator=g).to(DEV) for h in (16, 4, 4, 16))
+    qr, kr, vr = (x.double().requires_grad_(True) for x in (q, k, v))
+    ref_out, ref_lse = reference_attention(qr, kr, vr, torch.from_numpy(cu))
+    ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
+    out, lse, dq, dk, dv, stats = run_plan_loopback(plan, *(x.bfloat16() for x in (q, k, v, dout)))
+    assert _rel(lse, ref_lse) < 1e-2
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
+        assert _rel(got, want) < 3e-2, f"{name}: {_rel(got, want):.2e}"
+    assert sum(s.rows_recv for s in stats) > 0
