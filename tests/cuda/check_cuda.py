@@ -6,6 +6,9 @@ collects it: the name does not match ``test_*.py``). Everything is compared with
    than keys), and on edge shapes (queries that see no key, empty segments).
 2. The whole SAP runtime of a plan on one GPU (``run_plan_loopback``: one thread per part), bf16,
    with Llama-like heads, with and without a receive budget.
+3. A small Llama with ``attn_implementation="hsap"`` under bf16 autocast against its documents run alone.
+
+``HSAP_CHECK_DEVICE=cpu`` runs the same checks on CPU (a dry run of their logic).
 """
 from __future__ import annotations
 
@@ -86,3 +89,39 @@ def test_sap_runtime_on_one_gpu(P: int, rounds: str, budget: int | None) -> None
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
         assert _rel(got, want) < 3e-2, f"{name}: {_rel(got, want):.2e}"
     assert sum(s.rows_recv for s in stats) > 0
+
+
+def test_packed_model_matches_documents_alone() -> None:
+    """A small Llama with ``attn_implementation="hsap"`` on the device: a packed row's logits and
+    parameter gradients against every document run alone with eager attention (float32 math on the
+    device, so only the kernels' rounding separates them)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from hf_hsap.integrations import register
+
+    register()
+    cfg = LlamaConfig(vocab_size=211, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").to(DEV)
+    hsap = AutoModelForCausalLM.from_config(cfg, attn_implementation="hsap").to(DEV)
+    hsap.load_state_dict(eager.state_dict())
+    lens = [1, 70, 300, 5, 1000, 2]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, 211, (1, sum(lens)), generator=g).to(DEV)
+    pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0).to(DEV)
+    w = torch.randn(sum(lens), 211, generator=g).to(DEV)
+    pieces, start = [], 0
+    for n in lens:
+        pieces.append(eager(input_ids=ids[:, start:start + n]).logits)
+        start += n
+    ref = torch.cat(pieces, dim=1)
+    (ref[0] * w).sum().backward()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=DEV.type == "cuda"):
+        logits = hsap(input_ids=ids, position_ids=pos).logits  # bf16 attention through the flash kernel
+    (logits[0].float() * w).sum().backward()
+    assert _rel(logits.float(), ref) < 5e-2  # bf16 autocast against fp32; a wrong mask is off by O(1)
+    grads = dict(eager.named_parameters())
+    worst = max(_rel(p.grad, grads[n].grad) for n, p in hsap.named_parameters())
+    assert worst < 1e-1, worst
