@@ -1,5 +1,5 @@
 """CUDA checks for a lent GPU: ``bash scripts/gpu_check.sh`` runs this file (CI has no GPU and never
-collects it: the name does not match ``test_*.py``). Everything is compared with float64 references.
+collects it: the name does not match ``test_*.py``). References: float64 (the model: float32 eager).
 
 1. The CUDA kernels (flash-attn or PyTorch's varlen flash in bf16/fp16, math in fp32) on the segment
    shapes the runtime issues (causal squares, full rectangles, bottom-right causal with fewer queries
