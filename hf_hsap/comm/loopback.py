@@ -11,6 +11,7 @@ Why by hand: ``torch.distributed`` needs one process per rank, and NCCL one GPU 
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict, deque
 from typing import Any, Callable, Sequence
@@ -101,19 +102,13 @@ class LoopbackExecutor:
                  tag: int = 0) -> _LoopbackPending:
         """As :meth:`hf_hsap.comm.p2p.P2PExecutor.transfer`: post ``send[off:off+n]`` to each peer (copied:
         the sender may reuse its buffer) and return the pending receive of ``recv_rows`` rows."""
-        row_bytes = send[:1].numel() * send.element_size() if send.shape[0] else 0
+        row_bytes = math.prod(send.shape[1:]) * send.element_size()
         for peer, off, n in send_splits:
             if n:
                 self.hub._post(self.part, peer, tag, send[off:off + n].clone())
-                self.stats.messages += 1
-                self.stats.rows_sent += n
-                self.stats.bytes_sent += n * row_bytes
-                self.stats.per_peer_bytes_sent[peer] = self.stats.per_peer_bytes_sent.get(peer, 0) + n * row_bytes
+                self.stats.count_send(peer, n, row_bytes)
         recv = torch.empty((recv_rows, *send.shape[1:]), dtype=send.dtype, device=send.device)
-        self.stats.max_recv_rows = max(self.stats.max_recv_rows, recv_rows)
-        n_recv = sum(n for _, _, n in recv_splits)
-        self.stats.rows_recv += n_recv
-        self.stats.bytes_recv += n_recv * row_bytes
+        self.stats.count_recv(sum(n for _, _, n in recv_splits), row_bytes, recv_rows)
         return _LoopbackPending(self.hub, self.part, recv, recv_splits, tag)
 
 

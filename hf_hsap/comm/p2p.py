@@ -6,6 +6,7 @@ those rows back along the reverse of the same transfers. Both are one call of
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -46,6 +47,19 @@ class CommStats:
         self.messages = self.rows_sent = self.bytes_sent = self.rows_recv = self.bytes_recv = 0
         self.a2a_bytes_sent = self.max_recv_rows = 0
         self.per_peer_bytes_sent = {}
+
+    def count_send(self, peer: int, rows: int, row_bytes: int) -> None:
+        """One message of ``rows`` rows to ``peer``."""
+        self.messages += 1
+        self.rows_sent += rows
+        self.bytes_sent += rows * row_bytes
+        self.per_peer_bytes_sent[peer] = self.per_peer_bytes_sent.get(peer, 0) + rows * row_bytes
+
+    def count_recv(self, rows: int, row_bytes: int, buffer_rows: int) -> None:
+        """``rows`` rows received into a buffer of ``buffer_rows`` rows."""
+        self.rows_recv += rows
+        self.bytes_recv += rows * row_bytes
+        self.max_recv_rows = max(self.max_recv_rows, buffer_rows)
 
 
 class Pending:
@@ -100,24 +114,19 @@ class P2PExecutor:
             :class:`Pending`; its ``wait()`` gives the ``[recv_rows, ...]`` buffer (``send``'s dtype).
         """
         recv = torch.empty((recv_rows, *send.shape[1:]), dtype=send.dtype, device=send.device)
-        self.stats.max_recv_rows = max(self.stats.max_recv_rows, recv_rows)
         ops = []
-        row_bytes = send[:1].numel() * send.element_size() if send.shape[0] else 0
+        row_bytes = math.prod(send.shape[1:]) * send.element_size()
         for peer, off, n in send_splits:
             if n == 0:
                 continue
             ops.append(dist.P2POp(dist.isend, send[off:off + n].contiguous(), self.peer_to_global[peer], self.group,
                                   tag))
-            self.stats.messages += 1
-            self.stats.rows_sent += n
-            self.stats.bytes_sent += n * row_bytes
-            self.stats.per_peer_bytes_sent[peer] = self.stats.per_peer_bytes_sent.get(peer, 0) + n * row_bytes
+            self.stats.count_send(peer, n, row_bytes)
         for peer, off, n in recv_splits:
             if n == 0:
                 continue
             ops.append(dist.P2POp(dist.irecv, recv[off:off + n], self.peer_to_global[peer], self.group, tag))
-            self.stats.rows_recv += n
-            self.stats.bytes_recv += n * recv[:1].numel() * recv.element_size()
+        self.stats.count_recv(sum(n for _, _, n in recv_splits), row_bytes, recv_rows)
         peers = [self.peer_to_global[p] for p, _, n in (*send_splits, *recv_splits) if n]
         try:
             works = dist.batch_isend_irecv(ops) if ops else []
