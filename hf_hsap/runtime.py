@@ -21,12 +21,41 @@ import torch
 
 from .comm.p2p import P2PExecutor
 from .kernels.base import AttentionKernel, lse_dtype, merge_partial
-from .plan.schedule import Round, Schedule
+from .plan.schedule import Round, Runs, Schedule
 
 
-def _take(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
-    """Rows ``idx`` of ``x`` (``x`` itself when ``idx`` is None). ``[N, ...] -> [n, ...]``."""
-    return x if idx is None else x.index_select(0, idx.to(x.device))
+def _take(x: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None = None) -> torch.Tensor:
+    """Rows ``idx`` of ``x`` (``x`` itself when ``idx`` is None): a view for one run of consecutive rows,
+    a concatenation of slices for a few runs, else ``index_select``. ``[N, ...] -> [n, ...]``."""
+    if idx is None:
+        return x
+    if runs is not None:
+        return x[runs[0][0]:runs[0][1]] if len(runs) == 1 else torch.cat([x[a:b] for a, b in runs])
+    return x.index_select(0, idx.to(x.device))
+
+
+def _put_rows(x: torch.Tensor, idx: torch.Tensor, runs: Runs | None, rows: torch.Tensor) -> None:
+    """``x[idx] = rows`` (in place)."""
+    if runs is None:
+        x.index_copy_(0, idx.to(x.device), rows)
+        return
+    off = 0
+    for a, b in runs:
+        x[a:b] = rows[off:off + b - a]
+        off += b - a
+
+
+def _add_rows(acc: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None, rows: torch.Tensor) -> None:
+    """``acc[idx] += rows`` (in place, in ``acc``'s dtype; the rows of ``idx`` are distinct)."""
+    if idx is None:
+        acc.add_(rows)
+    elif runs is None:
+        acc.index_add_(0, idx.to(acc.device), rows.to(acc.dtype))
+    else:
+        off = 0
+        for a, b in runs:
+            acc[a:b].add_(rows[off:off + b - a])
+            off += b - a
 
 
 def _fetch_tag(t: int) -> int:
@@ -82,12 +111,11 @@ def sap_forward(
         if t + ahead < len(rounds):  # double buffering: the next round while this one computes
             pending.append(_start_fetch(executor, kv, rounds[t + ahead], t + ahead))
         for item in rnd.items:
-            kvi = _take(recv, item.kv_index)  # [n_k, 2*Hkv, D]
-            o, l = kernel.forward(_take(q, item.q_index), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
-            idx = item.q_index.to(q.device)
-            m_o, m_l = merge_partial(out.index_select(0, idx), lse.index_select(0, idx), o, l)
-            out.index_copy_(0, idx, m_o)
-            lse.index_copy_(0, idx, m_l)
+            kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
+            o, l = kernel.forward(_take(q, item.q_index, item.q_runs), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
+            m_o, m_l = merge_partial(_take(out, item.q_index, item.q_runs), _take(lse, item.q_index, item.q_runs), o, l)
+            _put_rows(out, item.q_index, item.q_runs, m_o)
+            _put_rows(lse, item.q_index, item.q_runs, m_l)
         if keep_recv:
             kept.append(recv)
     return out.to(q.dtype), lse, kept
@@ -142,17 +170,12 @@ def sap_backward(
                 fetch = _start_fetch(executor, kv, rounds[t + 1], t + 1)
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
         for item in rnd.items:
-            idx = item.q_index.to(q.device)
-            kvi = _take(recv, item.kv_index)
-            gq, gk, gv = kernel.backward(dout.index_select(0, idx), q.index_select(0, idx), kvi[:, :hkv],
-                                         kvi[:, hkv:], out.index_select(0, idx), lse.index_select(0, idx),
-                                         item.spec, scale)
-            dq.index_add_(0, idx, gq.to(acc))
-            gkv = torch.cat([gk, gv], dim=1).to(acc)  # [n_k, 2*Hkv, D]
-            if item.kv_index is None:
-                d_recv.add_(gkv)
-            else:
-                d_recv.index_add_(0, item.kv_index.to(k.device), gkv)
+            d_i, q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (dout, q, out, lse))
+            kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
+            gq, gk, gv = kernel.backward(d_i, q_i, kvi[:, :hkv], kvi[:, hkv:], o_i, l_i, item.spec, scale)
+            _add_rows(dq, item.q_index, item.q_runs, gq)
+            _add_rows(d_recv[:, :hkv], item.kv_index, item.kv_runs, gk)
+            _add_rows(d_recv[:, hkv:], item.kv_index, item.kv_runs, gv)
         while len(returning) >= max_returning:  # earlier dK/dV had this round's compute to arrive
             pending, idx = returning.pop(0)
             dkv.index_add_(0, idx, pending.wait().to(acc))

@@ -38,6 +38,25 @@ def ranges_to_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offs, lengths) + np.arange(total, dtype=np.int64)
 
 
+MAX_RUNS = 64  # beyond this many runs of consecutive rows, one index_select beats slicing
+
+Runs = tuple[tuple[int, int], ...]  # (start, stop) of consecutive rows
+
+
+def index_runs(idx: np.ndarray) -> Runs | None:
+    """``idx`` as runs of consecutive rows, ``((start, stop), ...)``, or None when there are more than
+    :data:`MAX_RUNS` (the runtime then gathers with ``index_select``). Slicing is a view for one run
+    and a memcpy-speed concatenation for a few: on CPU about 3x faster than ``index_select``."""
+    if idx.shape[0] == 0:
+        return ()
+    br = np.nonzero(np.diff(idx) != 1)[0] + 1  # [n_runs - 1] positions where a run starts
+    if br.shape[0] + 1 > MAX_RUNS:
+        return None
+    first = np.concatenate([[0], br])
+    last = np.concatenate([br, [idx.shape[0]]]) - 1
+    return tuple(zip(idx[first].tolist(), (idx[last] + 1).tolist()))
+
+
 def _index_or_none(idx: np.ndarray, full_len: int) -> torch.Tensor | None:
     """``None`` when ``idx`` is ``arange(full_len)`` (no gather needed), else a LongTensor."""
     if idx.shape[0] == full_len and (full_len == 0 or (idx[0] == 0 and np.all(np.diff(idx) == 1))):
@@ -52,15 +71,20 @@ def _move(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
 @dataclass(frozen=True)
 class WorkItem:
     """One kernel call. ``q_index``: rows of the local q (None = all, in order); ``kv_index``: rows of
-    the KV source (None = all); ``kv_source``: ``"local"`` or ``"recv"`` (this round's buffer)."""
+    the KV source (None = all); ``kv_source``: ``"local"`` or ``"recv"`` (this round's buffer);
+    ``q_runs`` / ``kv_runs``: the same rows as runs of consecutive rows (:func:`index_runs`), None when
+    there are too many runs (or no index)."""
 
     spec: VarlenSpec
     kv_source: str
     q_index: torch.Tensor | None
     kv_index: torch.Tensor | None
+    q_runs: Runs | None = None
+    kv_runs: Runs | None = None
 
     def to(self, device: torch.device) -> "WorkItem":
-        return WorkItem(self.spec, self.kv_source, _move(self.q_index, device), _move(self.kv_index, device))
+        return WorkItem(self.spec, self.kv_source, _move(self.q_index, device), _move(self.kv_index, device),
+                        self.q_runs, self.kv_runs)
 
 
 @dataclass(frozen=True)
@@ -146,7 +170,9 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
         q_idx = ranges_to_index(np.array([e[0] for e in entries]), np.array([e[1] for e in entries]))
         kv_idx = np.concatenate([e[2] for e in entries])
         spec = VarlenSpec.from_lengths([e[1] for e in entries], [len(e[2]) for e in entries], causal=False)
-        items.append(WorkItem(spec, "recv", torch.from_numpy(q_idx), _index_or_none(kv_idx, recv_total)))
+        kv_index = _index_or_none(kv_idx, recv_total)
+        items.append(WorkItem(spec, "recv", torch.from_numpy(q_idx), kv_index, index_runs(q_idx),
+                              None if kv_index is None else index_runs(kv_idx)))
     return tuple(items)
 
 

@@ -70,3 +70,27 @@ def test_loopback_times_out_instead_of_hanging() -> None:
 
     with pytest.raises(HSAPCommError, match="no message from part 1"):
         hub.run(fn)
+
+
+@pytest.mark.parametrize("max_runs", [0, 1, 2, 64])
+def test_row_gathers_by_runs_and_by_index_agree(monkeypatch, max_runs: int) -> None:
+    """The runtime gathers and scatters rows by slices (views or concatenations of runs) or by
+    ``index_select`` / ``index_add_`` beyond ``MAX_RUNS`` runs; every mix gives the reference."""
+    import hf_hsap.plan.schedule as schedule
+
+    monkeypatch.setattr(schedule, "MAX_RUNS", max_runs)
+    cu = np.concatenate([[0], np.cumsum([30, 3, 200, 7, 150, 64, 1, 90])])
+    plan = hf_hsap.plan_sequence(cu, 4, "zigzag", rounds="batched")
+    items = [it for p in range(4) for r in plan.schedule(p).rounds for it in r.items]
+    for it in items:
+        n_runs = 1 + int(np.count_nonzero(np.diff(it.q_index.numpy()) != 1))
+        assert (it.q_runs is None) == (n_runs > max_runs)
+    assert any(it.q_runs is not None for it in items) == (max_runs == 64)
+    assert any(it.kv_runs is not None for it in items) == (max_runs == 64)
+    q, k, v, dout = _inputs(int(cu[-1]), 4, 2, 8, 4)
+    qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+    ref_out, _ = reference_attention(qr, kr, vr, torch.from_numpy(cu))
+    ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout)
+    out, _, dq, dk, dv, _ = run_plan_loopback(plan, q, k, v, dout)
+    for got, want in zip((out, dq, dk, dv), (ref_out, *ref)):
+        assert _rel(got, want) < 1e-10

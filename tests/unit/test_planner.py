@@ -256,3 +256,21 @@ def test_balanced_split_arithmetic_matches_zigzag(L, k, rot):
         pairs = sum(int(x) + 1 for c in (i, j) for x in range(starts[c], ends[c]))
         assert w == pairs
         assert r == ends[j] - sizes[i] - sizes[j]
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.integers(0, 200), max_size=80, unique=True), shuffle=st.booleans())
+def test_index_runs_cover_the_index_in_order(rows, shuffle):
+    """``index_runs`` lists the rows of an index, in order, as runs of consecutive rows (or gives up
+    beyond MAX_RUNS runs, when the runtime falls back to ``index_select``)."""
+    from hf_hsap.plan.schedule import MAX_RUNS, index_runs
+
+    idx = np.array(rows if shuffle else sorted(rows), dtype=np.int64)
+    runs = index_runs(idx)
+    n_runs = 1 + int(np.count_nonzero(np.diff(idx) != 1)) if idx.size else 0
+    if n_runs > MAX_RUNS:
+        assert runs is None
+        return
+    assert len(runs) == n_runs and all(b > a for a, b in runs)
+    flat = [r for a, b in runs for r in range(a, b)]
+    assert flat == idx.tolist()
