@@ -24,19 +24,25 @@ from .kernels.base import AttentionKernel, lse_dtype, merge_partial
 from .plan.schedule import Round, Runs, Schedule
 
 
+def _by_runs(x: torch.Tensor, runs: Runs | None) -> bool:
+    """Move rows by slices: always for one run (a view); for several only on CPU, where slicing copies
+    at memcpy speed, while on a GPU one index kernel beats a launch per run."""
+    return runs is not None and (len(runs) == 1 or x.device.type == "cpu")
+
+
 def _take(x: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None = None) -> torch.Tensor:
     """Rows ``idx`` of ``x`` (``x`` itself when ``idx`` is None): a view for one run of consecutive rows,
-    a concatenation of slices for a few runs, else ``index_select``. ``[N, ...] -> [n, ...]``."""
+    a concatenation of slices for a few runs (CPU), else ``index_select``. ``[N, ...] -> [n, ...]``."""
     if idx is None:
         return x
-    if runs is not None:
+    if _by_runs(x, runs):
         return x[runs[0][0]:runs[0][1]] if len(runs) == 1 else torch.cat([x[a:b] for a, b in runs])
     return x.index_select(0, idx.to(x.device))
 
 
 def _put_rows(x: torch.Tensor, idx: torch.Tensor, runs: Runs | None, rows: torch.Tensor) -> None:
     """``x[idx] = rows`` (in place)."""
-    if runs is None:
+    if not _by_runs(x, runs):
         x.index_copy_(0, idx.to(x.device), rows)
         return
     off = 0
@@ -49,7 +55,7 @@ def _add_rows(acc: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None, ro
     """``acc[idx] += rows`` (in place, in ``acc``'s dtype; the rows of ``idx`` are distinct)."""
     if idx is None:
         acc.add_(rows)
-    elif runs is None:
+    elif not _by_runs(acc, runs):
         acc.index_add_(0, idx.to(acc.device), rows.to(acc.dtype))
     else:
         off = 0
