@@ -118,8 +118,9 @@ def sap_forward(
             pending.append(_start_fetch(executor, kv, rounds[t + ahead], t + ahead))
         for item in rnd.items:
             kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
-            o, l = kernel.forward(_take(q, item.q_index, item.q_runs), kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
-            m_o, m_l = merge_partial(_take(out, item.q_index, item.q_runs), _take(lse, item.q_index, item.q_runs), o, l)
+            q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (q, out, lse))
+            o, l = kernel.forward(q_i, kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
+            m_o, m_l = merge_partial(o_i, l_i, o, l)
             _put_rows(out, item.q_index, item.q_runs, m_o)
             _put_rows(lse, item.q_index, item.q_runs, m_l)
         if keep_recv:
