@@ -1,4 +1,5 @@
-"""Test utilities: a pool of spawned gloo ranks that runs functions collectively.
+"""Test utilities: a pool of spawned gloo ranks that runs functions collectively, and a kernel check
+against the float64 reference (:func:`check_kernel_against_reference`).
 
 Spawning a process and importing torch costs seconds, so tests start a pool of ``world`` ranks
 once and send it many tasks. Every task runs ``fn(*args)`` on every rank; results come back in
@@ -93,3 +94,44 @@ class DistPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close(force=exc[0] is not None)
+
+
+def check_kernel_against_reference(kernel: Any, dtype: Any, shapes: list[tuple[int, int]], causal: bool, tol: float,
+                                   *, device: Any = "cpu", heads: tuple[int, int, int] = (4, 2, 16),
+                                   scale: float = 0.3, seed: int = 7) -> None:
+    """Assert that a varlen kernel matches the float64 reference (out, lse, dq, dk, dv) on segments of
+    ``shapes`` (``(Lq, Lk)`` each; bottom-right causal when ``causal``). Rows that see no key must have
+    lse ``-inf`` and output 0. Errors are max-abs relative to the reference's largest magnitude.
+
+    Args:
+        kernel: an :class:`~hf_hsap.kernels.base.AttentionKernel`; dtype: the inputs' dtype.
+        tol: largest relative error allowed; device: where the inputs live.
+        heads: ``(Hq, Hkv, D)``; scale: softmax scale; seed: of the random inputs (drawn on the CPU).
+    """
+    import torch
+
+    from .kernels import VarlenSpec, reference_varlen_attention
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = a.detach().double(), b.detach().double()
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+    g = torch.Generator().manual_seed(seed)
+    spec = VarlenSpec.from_lengths([a for a, _ in shapes], [b for _, b in shapes], causal)
+    hq, hkv, d = heads
+    q, dout = (torch.randn(spec.total_q, hq, d, generator=g).to(device) for _ in range(2))
+    k, v = (torch.randn(spec.total_k, hkv, d, generator=g).to(device) for _ in range(2))
+    qr, kr, vr = (x.double().requires_grad_(True) for x in (q, k, v))
+    ref_out, ref_lse = reference_varlen_attention(qr, kr, vr, spec, scale)
+    ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
+    q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
+    out, lse = kernel.forward(q, k, v, spec, scale)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, scale)
+    seen = torch.isfinite(ref_lse)
+    assert lse.shape == ref_lse.shape and out.shape == ref_out.shape
+    assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have lse -inf, the others finite"
+    assert not bool(out[~seen].abs().any()), "rows that see no key must have output 0"
+    assert rel(lse[seen], ref_lse[seen]) < tol
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert rel(got, want) < tol, f"{name}: {rel(got, want):.2e}"

@@ -20,7 +20,8 @@ import torch
 
 import hf_hsap
 from hf_hsap.comm.loopback import run_plan_loopback
-from hf_hsap.kernels import MathKernel, VarlenSpec, reference_attention, reference_varlen_attention, select_kernel
+from hf_hsap.kernels import MathKernel, reference_attention, select_kernel
+from hf_hsap.testing import check_kernel_against_reference
 
 DEV = torch.device(os.environ.get("HSAP_CHECK_DEVICE", "cuda"))  # "cpu": dry run of these checks' logic
 if DEV.type == "cuda" and not torch.cuda.is_available():
@@ -35,25 +36,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _check_kernel(kernel, dtype: torch.dtype, shapes, causal: bool, tol: float) -> None:
-    g = torch.Generator(device="cpu").manual_seed(11)
-    spec = VarlenSpec.from_lengths([a for a, _ in shapes], [b for _, b in shapes], causal)
-    hq, hkv, d = 8, 2, 128
-    q, dout = (torch.randn(spec.total_q, hq, d, generator=g).to(DEV) for _ in range(2))
-    k, v = (torch.randn(spec.total_k, hkv, d, generator=g).to(DEV) for _ in range(2))
-    qr, kr, vr = (x.double().requires_grad_(True) for x in (q, k, v))
-    ref_out, ref_lse = reference_varlen_attention(qr, kr, vr, spec, 0.09)
-    ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
-    q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
-    out, lse = kernel.forward(q, k, v, spec, 0.09)
-    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, 0.09)
-    seen = torch.isfinite(ref_lse)
-    assert lse.shape == ref_lse.shape and out.shape == ref_out.shape
-    assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have lse -inf, the others finite"
-    assert not bool(out[~seen].abs().any()), "rows that see no key must have output 0"
-    assert _rel(lse[seen], ref_lse[seen]) < tol
-    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
-        assert got.dtype == dtype, name
-        assert _rel(got, want) < tol, f"{name}: {_rel(got, want):.2e}"
+    check_kernel_against_reference(kernel, dtype, shapes, causal, tol, device=DEV, heads=(8, 2, 128), scale=0.09,
+                                   seed=11)
 
 
 @pytest.mark.parametrize("causal", [True, False])

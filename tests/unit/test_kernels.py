@@ -13,20 +13,9 @@ import torch
 
 from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, VarlenSpec, reference_varlen_attention
 from hf_hsap.kernels.cpu import _pieces
+from hf_hsap.testing import check_kernel_against_reference
 
 SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), (5, 0), (129, 129), (128, 257)]
-
-
-def _reference(q, k, v, dout, spec: VarlenSpec, scale: float):
-    """float64 out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` and dq/dk/dv by autograd."""
-    q, k, v = (x.detach().double().requires_grad_(True) for x in (q, k, v))
-    out, lse = reference_varlen_attention(q, k, v, spec, scale)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout.double())
-    return out.detach(), lse.detach(), dq, dk, dv
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -39,22 +28,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     (MathKernel(), torch.float32, 2e-5),
 ])
 def test_kernel_matches_float64_reference(kernel, dtype, tol, causal) -> None:
-    g = torch.Generator().manual_seed(7)
-    spec = VarlenSpec.from_lengths([a for a, _ in SEGMENTS], [b for _, b in SEGMENTS], causal)
-    hq, hkv, d = 4, 2, 16
-    q, dout = (torch.randn(spec.total_q, hq, d, generator=g) for _ in range(2))
-    k, v = (torch.randn(spec.total_k, hkv, d, generator=g) for _ in range(2))
-    ref = _reference(q, k, v, dout, spec, 0.3)
-    q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
-    out, lse = kernel.forward(q, k, v, spec, 0.3)
-    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, 0.3)
-    seen = torch.isfinite(ref[1])
-    assert torch.equal(torch.isfinite(lse), seen), "rows without visible keys must have lse -inf"
-    assert not bool(out[~seen].abs().any()), "rows without visible keys must have output 0"
-    assert _rel(lse[seen], ref[1][seen]) < tol
-    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref[0], *ref[2:])):
-        assert got.dtype == dtype and got.shape == want.shape
-        assert _rel(got, want) < tol, name
+    check_kernel_against_reference(kernel, dtype, SEGMENTS, causal, tol)
 
 
 @pytest.mark.parametrize("lq,lk", [(300, 300), (65, 200), (200, 65), (128, 257), (1, 1), (7, 3)])
