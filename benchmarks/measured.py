@@ -104,16 +104,18 @@ KERNEL_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("full", 1024, 4096), ("full", 2048, 2048))
 
 
-def run_kernel_shapes(cfg: MeasureConfig, heads: int = 8) -> list[dict]:
-    """Throughput of the CPU kernel by segment shape: one causal square or one full rectangle, fwd + bwd,
-    ``heads`` query and key/value heads, one thread, best of 3 after a warm-up; each shape run whole (one
-    op call per square) and as the kernel runs it by default (causal squares halved down to 128 rows).
-    PyTorch's CPU flash attention walks keys in blocks of 512, so one call on a causal square computes
-    about 256 masked keys per query row on its diagonal, a share that shrinks as the square grows.
+def run_kernel_shapes(cfg: MeasureConfig, heads: tuple[int, ...] = (8, 2)) -> list[dict]:
+    """Throughput of the CPU kernel by segment shape: one causal square or one full rectangle, forward
+    and backward timed apart, ``heads`` query and key/value heads, one thread, best of 3 after a
+    warm-up. Each shape runs as one op call (``whole``), halved in both passes (``halved``: causal
+    squares cut down to 128 rows at >= 4 heads, 256 below) and as the kernel runs it by default
+    (backward halved, forward whole). PyTorch's CPU flash attention walks keys in blocks of 512, so one
+    call on a causal square computes about 256 masked keys per query row on its diagonal, a share that
+    shrinks as the square grows.
 
     Returns:
-        Rows ``{kind, nq, nk, heads, whole_ms, ms, whole_mpairs_per_s, mpairs_per_s}`` (million useful
-        (query, key) pairs per head per second; ``whole_*``: one call per square).
+        Rows ``{kind, nq, nk, heads, <v>_fwd_ms, <v>_bwd_ms, <v>_mpairs_per_s}`` for ``v`` in ``whole``,
+        ``halved``, ``default`` (million useful (query, key) pairs per head per second, fwd + bwd).
     """
     import torch
 
@@ -122,23 +124,28 @@ def run_kernel_shapes(cfg: MeasureConfig, heads: int = 8) -> list[dict]:
 
     from .gpu_calibrate import timed
 
+    kernels = {"whole": TorchCPUFlashKernel(block=0, few_heads_block=0),
+               "halved": TorchCPUFlashKernel(halve_forward=True), "default": TorchCPUFlashKernel()}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    cpu = torch.device("cpu")
     try:
         out = []
-        for kind, nq, nk in KERNEL_SHAPES:
-            g = torch.Generator().manual_seed(0)
-            q, do = (torch.randn(nq, heads, cfg.d, generator=g) for _ in range(2))
-            k, v = (torch.randn(nk, heads, cfg.d, generator=g) for _ in range(2))
-            spec, scale = VarlenSpec((0, nq), (0, nk), kind == "causal"), cfg.d ** -0.5
-            pairs = nq * (nq + 1) / 2 if kind == "causal" else nq * nk
-            row = {"kind": kind, "nq": nq, "nk": nk, "heads": heads}
-            for key, kernel in (("whole_", TorchCPUFlashKernel(block=0)), ("", TorchCPUFlashKernel())):
-                o, lse = kernel.forward(q, k, v, spec, scale)
-                s = timed(lambda: (kernel.forward(q, k, v, spec, scale), kernel.backward(do, q, k, v, o, lse, spec, scale)),
-                          torch.device("cpu"), 1, 3, "min")
-                row[key + "ms"], row[key + "mpairs_per_s"] = s * 1e3, pairs * heads / s / 1e6
-            out.append(row)
+        for h in heads:
+            for kind, nq, nk in KERNEL_SHAPES:
+                g = torch.Generator().manual_seed(0)
+                q, do = (torch.randn(nq, h, cfg.d, generator=g) for _ in range(2))
+                k, v = (torch.randn(nk, h, cfg.d, generator=g) for _ in range(2))
+                spec, scale = VarlenSpec((0, nq), (0, nk), kind == "causal"), cfg.d ** -0.5
+                pairs = nq * (nq + 1) / 2 if kind == "causal" else nq * nk
+                row = {"kind": kind, "nq": nq, "nk": nk, "heads": h}
+                for key, kern in kernels.items():
+                    o, lse = kern.forward(q, k, v, spec, scale)
+                    f = timed(lambda: kern.forward(q, k, v, spec, scale), cpu, 1, 3, "min")
+                    b = timed(lambda: kern.backward(do, q, k, v, o, lse, spec, scale), cpu, 1, 3, "min")
+                    row[f"{key}_fwd_ms"], row[f"{key}_bwd_ms"] = f * 1e3, b * 1e3
+                    row[f"{key}_mpairs_per_s"] = pairs * h / (f + b) / 1e6
+                out.append(row)
         return out
     finally:
         torch.set_num_threads(threads)

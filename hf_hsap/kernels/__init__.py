@@ -1,5 +1,5 @@
 """Varlen attention kernels behind one interface (see :mod:`hf_hsap.kernels.base`)."""
-from .base import AttentionKernel, VarlenSpec, lse_dtype, merge_partial
+from .base import AttentionKernel, InPlaceKernel, Segment, VarlenSpec, lse_dtype, merge_partial
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
 from .reference import reference_attention, reference_varlen_attention
@@ -8,7 +8,9 @@ from .varlen import varlen_attention
 
 __all__ = [
     "AttentionKernel",
+    "InPlaceKernel",
     "MathKernel",
+    "Segment",
     "TorchCPUFlashKernel",
     "VarlenSpec",
     "lse_dtype",

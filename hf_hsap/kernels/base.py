@@ -13,6 +13,11 @@ Vocabulary (fixed for the whole package):
 * GQA: ``Hq`` must be a multiple of ``Hkv``; query head ``h`` reads key/value head ``h // (Hq // Hkv)``.
   Kernels never materialise repeated key/value heads.
 
+Optional in-place capability (:class:`InPlaceKernel`, the CPU kernel has it): ``forward_into`` /
+``backward_into`` take *segments* as row ranges anywhere in un-gathered q and k/v
+(:data:`Segment`) and merge the output into / add the gradients to caller-owned accumulators, so
+the runtime needs no row gathers, scatters or gradient buffers per work item.
+
 Backward contract (what makes split attention exact): ``backward`` receives the *final* output and
 log-sum-exp of each query (after all partial results were merged), not the partial ones of this call.
 Then the gradients of every partial call add up to the gradient of the whole attention.
@@ -86,6 +91,9 @@ class VarlenSpec:
         return VarlenSpec(tuple(cu_q), tuple(cu_k), causal)
 
 
+Segment = tuple[int, int, int, int]  # (q_lo, q_hi, k_lo, k_hi): rows of q and of k/v (not packed)
+
+
 class AttentionKernel(Protocol):
     """A varlen attention implementation (see the module docstring for the contract)."""
 
@@ -111,6 +119,34 @@ class AttentionKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Args: dout/out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` (final, merged values).
         Returns dq ``[Nq, Hq, D]``, dk/dv ``[Nk, Hkv, D]`` (inputs' dtypes)."""
+        ...
+
+
+class InPlaceKernel(AttentionKernel, Protocol):
+    """A kernel that also runs segments in place (see the module docstring). Within one call the
+    segments are independent attention problems; several may share query rows (their results are
+    merged) or key rows (their gradients add up)."""
+
+    def forward_into(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], causal: bool,
+        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False,
+    ) -> None:
+        """Merge the attention of every segment into ``out`` / ``lse`` by log-sum-exp (in place).
+
+        Args:
+            q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``: un-gathered sources of the segments' rows.
+            out ``[Nq, Hq, D]`` and lse ``[Nq, Hq]``: accumulators in :func:`lse_dtype`.
+            fresh: the segments' query rows hold nothing yet (their first result is written, not merged).
+        """
+        ...
+
+    def backward_into(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, segments: Sequence[Segment], causal: bool, scale: float,
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    ) -> None:
+        """Add the segments' gradients to ``dq [Nq, Hq, D]``, ``dk``/``dv [Nk, Hkv, D]`` (in place; any
+        dtype, views allowed). ``out``/``lse``: the final merged values of all ``Nq`` rows."""
         ...
 
 

@@ -8,22 +8,26 @@ so no key/value head is ever repeated. Its causal mask is top-left aligned, so a
 segment with fewer queries than keys is run as a full part plus a square causal part, merged by LSE.
 The op crashes on zero-length keys, so empty segments are skipped (output 0, lse -inf).
 
-Causal squares are halved recursively: ``causal(n) = causal(n/2) + full(n/2 x n/2) + causal(n/2)``
-down to squares of ``block`` rows, and the parts are merged by LSE. The op walks keys in blocks of up
-to 512 and computes a whole key block even where the causal mask hides most of it, so one call on a
-causal square computes about 256 masked keys per query row; after halving only the small diagonal
-squares carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles.
-Measured fwd + bwd on one thread (4-32 query heads, 1-8 KV heads, head dim 64): 1.3-1.4x faster for
-a 512-token square, 1.15-1.2x at 1024, 1.06-1.1x at 2048 and 1.02-1.07x at 4096-8192. With fewer than
-``min_heads`` query heads a call is too light to pay for the extra calls, merges and gradient adds
-(with 2 heads, 4 processes on 2 cores ran 5-10% slower halved), so such calls stay whole.
+Causal squares are halved recursively in the backward: ``causal(n) = causal(n/2) + full(n/2 x n/2) +
+causal(n/2)`` down to squares of ``block`` rows. The op walks keys in blocks of up to 512 and
+computes a whole key block even where the causal mask hides most of it, so one call on a causal
+square computes about 256 masked keys per query row; after halving only the small diagonal squares
+carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles. Measured on
+one thread (head dim 64), the backward of a square gets 1.1-1.2x faster at 828-1427 tokens and
+1.03-1.07x at 2504-5706 with 8 query heads (``block`` 128); with 2 heads 128-row pieces are too
+light to pay for the extra calls, so calls with fewer than ``min_heads`` query heads halve down to
+``few_heads_block`` (256) rows instead, for a 1.03-1.13x faster backward. The forward is not halved
+by default: its LSE merges cost more than the masked keys they save (1.05-1.3x slower at every size
+measured), so it runs one call per causal square (``halve_forward=True`` halves it too).
 ``run_kernel_shapes`` in ``benchmarks/measured.py`` shows the current figures.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from .base import VarlenSpec, check_shapes, lse_dtype, merge_partial
+from .base import Segment, VarlenSpec, check_shapes, lse_dtype, merge_partial
 
 _FWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -73,18 +77,23 @@ class TorchCPUFlashKernel:
     """Varlen attention on CPU via ``aten._scaled_dot_product_flash_attention_for_cpu``.
 
     Args:
-        block: causal squares are halved down to this many rows (0: one call per causal square).
-        min_heads: halve only calls with at least this many query heads.
+        block: the backward halves causal squares down to this many rows (0: one call per square) in
+            calls with at least ``min_heads`` query heads.
+        min_heads: see ``block``; calls with fewer query heads halve down to ``few_heads_block`` rows.
+        few_heads_block: the halving block of calls with fewer than ``min_heads`` query heads.
+        halve_forward: halve in the forward too (same blocks); off by default (slower, see above).
     """
 
     name = "torch-cpu-flash"
 
-    def __init__(self, block: int = 128, min_heads: int = 4) -> None:
-        self.block, self.min_heads = block, min_heads
+    def __init__(self, block: int = 128, min_heads: int = 4, few_heads_block: int = 256,
+                 halve_forward: bool = False) -> None:
+        self.block, self.min_heads, self.few_heads_block = block, min_heads, few_heads_block
+        self.halve_forward = halve_forward
 
     def _block(self, q: torch.Tensor) -> int:
         """The halving block for queries ``q [N, Hq, D]`` (0: no halving)."""
-        return self.block if q.shape[1] >= self.min_heads else 0
+        return self.block if q.shape[1] >= self.min_heads else self.few_heads_block
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec, scale: float
@@ -92,27 +101,11 @@ class TorchCPUFlashKernel:
         """See :class:`hf_hsap.kernels.base.AttentionKernel`. Shapes: q ``[Nq, Hq, D]``, k/v
         ``[Nk, Hkv, D]`` -> out ``[Nq, Hq, D]``, lse ``[Nq, Hq]``."""
         check_shapes(q, k, v, spec)
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:2], float("-inf"), dtype=lse_dtype(q.dtype))
-        block = self._block(q)
-        for qa, qb, ka, kb in spec.segments():
-            calls = _pieces(qb - qa, kb - ka, spec.causal, block)
-            # several calls: merge in the LSE dtype over the segment's queries (rows of no call stay empty)
-            acc_o = torch.zeros((qb - qa, *q.shape[1:]), dtype=lse.dtype) if len(calls) > 1 else None
-            acc_l = lse[qa:qb]  # a view: merged results land in lse directly
-            for ql, qh, kl, kh, causal in calls:
-                o, l = _FWD(_bhld(q[qa + ql:qa + qh]), _bhld(k[ka + kl:ka + kh]), _bhld(v[ka + kl:ka + kh]),
-                            0.0, causal, scale=scale)
-                o = o[0].transpose(0, 1)  # [1, H, Lq, D] -> [Lq, H, D]
-                l = l[0].transpose(0, 1)  # [1, H, Lq] -> [Lq, H]
-                if acc_o is None:
-                    out[qa + ql:qa + qh] = o
-                    acc_l[ql:qh] = l
-                else:
-                    acc_o[ql:qh], acc_l[ql:qh] = merge_partial(acc_o[ql:qh], acc_l[ql:qh], o, l)
-            if acc_o is not None:
-                out[qa:qb] = acc_o.to(q.dtype)
-        return out, lse
+        acc = lse_dtype(q.dtype)
+        out = torch.zeros(q.shape, dtype=acc)  # rows of no segment stay 0 / -inf
+        lse = torch.full(q.shape[:2], float("-inf"), dtype=acc)
+        self.forward_into(q, k, v, spec.segments(), spec.causal, scale, out, lse, fresh=True)
+        return out.to(q.dtype), lse
 
     def backward(
         self,
@@ -126,21 +119,52 @@ class TorchCPUFlashKernel:
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """See :class:`hf_hsap.kernels.base.AttentionKernel`; ``out``/``lse`` are the final merged
-        values. Returns dq ``[Nq, Hq, D]``, dk/dv ``[Nk, Hkv, D]``."""
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
+        values. Returns dq ``[Nq, Hq, D]``, dk/dv ``[Nk, Hkv, D]`` (summed in fp32, or fp64 for fp64)."""
+        acc = lse_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc)
+        dk = torch.zeros(k.shape, dtype=acc)
+        dv = torch.zeros(v.shape, dtype=acc)
+        self.backward_into(dout, q, k, v, out, lse, spec.segments(), spec.causal, scale, dq, dk, dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    def forward_into(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], causal: bool,
+        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False,
+    ) -> None:
+        """See :class:`hf_hsap.kernels.base.InPlaceKernel`. Shapes: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``,
+        out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` (accumulators, updated in place)."""
+        block = self._block(q) if self.halve_forward else 0
+        for qa, qb, ka, kb in segments:
+            # Rows below ``written`` hold a result (merge into it), rows from it on are empty (write).
+            # The pieces of one segment either lie below it or start at it (see ``_halve``).
+            written = qa if fresh else qb
+            for ql, qh, kl, kh, c in _pieces(qb - qa, kb - ka, causal, block):
+                qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
+                o, l = _FWD(_bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, c, scale=scale)[:2]
+                o = o[0].transpose(0, 1)  # [1, H, Lq, D] -> [Lq, H, D]
+                l = l[0].transpose(0, 1)  # [1, H, Lq] -> [Lq, H]
+                if qs >= written:
+                    out[qs:qe], lse[qs:qe], written = o, l, qe
+                else:
+                    out[qs:qe], lse[qs:qe] = merge_partial(out[qs:qe], lse[qs:qe], o, l)
+
+    def backward_into(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, segments: Sequence[Segment], causal: bool, scale: float,
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+    ) -> None:
+        """See :class:`hf_hsap.kernels.base.InPlaceKernel`. Shapes: dout/q/out/dq ``[Nq, Hq, D]``,
+        k/v/dk/dv ``[Nk, Hkv, D]``, lse ``[Nq, Hq]``; the gradients are added in place."""
         op_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         dout = dout.to(q.dtype)
         out = out.to(q.dtype)
         block = self._block(q)
-        for qa, qb, ka, kb in spec.segments():
-            for ql, qh, kl, kh, causal in _pieces(qb - qa, kb - ka, spec.causal, block):
+        for qa, qb, ka, kb in segments:
+            for ql, qh, kl, kh, c in _pieces(qb - qa, kb - ka, causal, block):
                 qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
                 l = lse[qs:qe].to(op_lse_dtype).transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, Lq]
                 gq, gk, gv = _BWD(_bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]),
-                                  _bhld(out[qs:qe]), l, 0.0, causal, scale=scale)
+                                  _bhld(out[qs:qe]), l, 0.0, c, scale=scale)
                 dq[qs:qe] += gq[0].transpose(0, 1)  # [1, H, L, D] -> [L, H, D]
                 dk[ks:ke] += gk[0].transpose(0, 1)
                 dv[ks:ke] += gv[0].transpose(0, 1)
-        return dq, dk, dv

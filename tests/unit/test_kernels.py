@@ -20,11 +20,13 @@ SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("kernel,dtype,tol", [
-    (TorchCPUFlashKernel(block=0), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(block=0, few_heads_block=0), torch.float64, 1e-10),
     (TorchCPUFlashKernel(block=16), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(block=16, halve_forward=True), torch.float64, 1e-10),
+    (TorchCPUFlashKernel(min_heads=8, few_heads_block=32, halve_forward=True), torch.float64, 1e-10),
     (TorchCPUFlashKernel(), torch.float64, 1e-10),
-    (TorchCPUFlashKernel(block=16), torch.float32, 2e-5),
-    (TorchCPUFlashKernel(block=16), torch.bfloat16, 3e-2),
+    (TorchCPUFlashKernel(block=16, halve_forward=True), torch.float32, 2e-5),
+    (TorchCPUFlashKernel(block=16, halve_forward=True), torch.bfloat16, 3e-2),
     (MathKernel(), torch.float32, 2e-5),
 ])
 def test_kernel_matches_float64_reference(kernel, dtype, tol, causal) -> None:
