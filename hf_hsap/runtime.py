@@ -21,7 +21,14 @@ import torch
 
 from .comm.p2p import P2PExecutor
 from .kernels.base import AttentionKernel, lse_dtype, merge_partial
-from .plan.schedule import Round, Runs, Schedule
+from .plan.schedule import Round, Runs, Schedule, WorkItem
+
+
+def _in_place(kernel: AttentionKernel, item: WorkItem) -> bool:
+    """Run ``item`` on the un-gathered tensors (:class:`~hf_hsap.kernels.base.InPlaceKernel`): no row
+    gathers, scatters or per-item gradient buffers. Other kernels (one varlen launch on a GPU) get
+    the item's rows gathered into packed segments."""
+    return item.segments is not None and hasattr(kernel, "forward_into")
 
 
 def _by_runs(x: torch.Tensor, runs: Runs | None) -> bool:
@@ -36,7 +43,9 @@ def _take(x: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None = None) -
     if idx is None:
         return x
     if _by_runs(x, runs):
-        return x[runs[0][0]:runs[0][1]] if len(runs) == 1 else torch.cat([x[a:b] for a, b in runs])
+        if len(runs) <= 1:
+            return x[runs[0][0]:runs[0][1]] if runs else x[:0]
+        return torch.cat([x[a:b] for a, b in runs])
     return x.index_select(0, idx.to(x.device))
 
 
@@ -52,7 +61,7 @@ def _put_rows(x: torch.Tensor, idx: torch.Tensor, runs: Runs | None, rows: torch
 
 
 def _add_rows(acc: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None, rows: torch.Tensor) -> None:
-    """``acc[idx] += rows`` (in place, in ``acc``'s dtype; the rows of ``idx`` are distinct)."""
+    """``acc[idx] += rows`` (in place, in ``acc``'s dtype; a row listed twice gets both added)."""
     if idx is None:
         acc.add_(rows)
     elif not _by_runs(acc, runs):
@@ -73,7 +82,7 @@ def _return_tag(t: int) -> int:
 
 
 def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round, t: int):
-    send = kv.index_select(0, rnd.send_index.to(kv.device))  # [n_send, 2*Hkv, D]
+    send = _take(kv, rnd.send_index, rnd.send_runs)  # [n_send, 2*Hkv, D]
     return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits, tag=_fetch_tag(t))
 
 
@@ -101,8 +110,11 @@ def sap_forward(
 
     def local() -> None:
         nonlocal out, lse
-        if sched.local_item is not None:
-            o, l = kernel.forward(q, k, v, sched.local_item.spec, scale)
+        item = sched.local_item
+        if item is not None and _in_place(kernel, item):
+            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, fresh=True)
+        elif item is not None:
+            o, l = kernel.forward(q, k, v, item.spec, scale)
             out, lse = o.to(acc), l.to(acc)
 
     rounds = sched.rounds
@@ -117,6 +129,9 @@ def sap_forward(
         if t + ahead < len(rounds):  # double buffering: the next round while this one computes
             pending.append(_start_fetch(executor, kv, rounds[t + ahead], t + ahead))
         for item in rnd.items:
+            if _in_place(kernel, item):
+                kernel.forward_into(q, recv[:, :hkv], recv[:, hkv:], item.segments, item.spec.causal, scale, out, lse)
+                continue
             kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
             q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (q, out, lse))
             o, l = kernel.forward(q_i, kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
@@ -151,8 +166,12 @@ def sap_backward(
     dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
 
     def local() -> None:
-        if sched.local_item is not None:
-            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, sched.local_item.spec, scale)
+        item = sched.local_item
+        if item is not None and _in_place(kernel, item):
+            kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale,
+                                 dq, dkv[:, :hkv], dkv[:, hkv:])
+        elif item is not None:
+            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, item.spec, scale)
             dq.add_(gq.to(acc))
             dkv[:, :hkv].add_(gk.to(acc))
             dkv[:, hkv:].add_(gv.to(acc))
@@ -177,6 +196,10 @@ def sap_backward(
                 fetch = _start_fetch(executor, kv, rounds[t + 1], t + 1)
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
         for item in rnd.items:
+            if _in_place(kernel, item):
+                kernel.backward_into(dout, q, recv[:, :hkv], recv[:, hkv:], out, lse, item.segments,
+                                     item.spec.causal, scale, dq, d_recv[:, :hkv], d_recv[:, hkv:])
+                continue
             d_i, q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (dout, q, out, lse))
             kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
             gq, gk, gv = kernel.backward(d_i, q_i, kvi[:, :hkv], kvi[:, hkv:], o_i, l_i, item.spec, scale)
@@ -184,14 +207,14 @@ def sap_backward(
             _add_rows(d_recv[:, :hkv], item.kv_index, item.kv_runs, gk)
             _add_rows(d_recv[:, hkv:], item.kv_index, item.kv_runs, gv)
         while len(returning) >= max_returning:  # earlier dK/dV had this round's compute to arrive
-            pending, idx = returning.pop(0)
-            dkv.index_add_(0, idx, pending.wait().to(acc))
+            pending, r = returning.pop(0)
+            _add_rows(dkv, r.send_index, r.send_runs, pending.wait())
         # reverse of the forward transfers: gradients go back to the owners of the rows
         pending = executor.transfer(d_recv.to(grad_dtype), rnd.recv_splits, int(rnd.send_index.shape[0]),
                                     rnd.send_splits, tag=_return_tag(t))
-        returning.append((pending, rnd.send_index.to(k.device)))
+        returning.append((pending, rnd))
         if t == 0:
             local()
-    for pending, idx in returning:
-        dkv.index_add_(0, idx, pending.wait().to(acc))
+    for pending, r in returning:
+        _add_rows(dkv, r.send_index, r.send_runs, pending.wait())
     return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

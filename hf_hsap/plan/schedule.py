@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..kernels.base import VarlenSpec
+from ..kernels.base import Segment, VarlenSpec
 from .layout import Layout
 from .pipeline import split_rounds  # noqa: F401  (re-exported: the planner's round splitting)
 from .placement import Placement
@@ -73,7 +73,10 @@ class WorkItem:
     """One kernel call. ``q_index``: rows of the local q (None = all, in order); ``kv_index``: rows of
     the KV source (None = all); ``kv_source``: ``"local"`` or ``"recv"`` (this round's buffer);
     ``q_runs`` / ``kv_runs``: the same rows as runs of consecutive rows (:func:`index_runs`), None when
-    there are too many runs (or no index)."""
+    there are too many runs (or no index). ``segments``: the same attention as segments on the
+    un-gathered local q and KV source (:data:`~hf_hsap.kernels.base.Segment`, for in-place kernels;
+    a segment whose keys are several runs becomes one segment per run), None beyond
+    :data:`MAX_RUNS` segments."""
 
     spec: VarlenSpec
     kv_source: str
@@ -81,10 +84,11 @@ class WorkItem:
     kv_index: torch.Tensor | None
     q_runs: Runs | None = None
     kv_runs: Runs | None = None
+    segments: tuple[Segment, ...] | None = None
 
     def to(self, device: torch.device) -> "WorkItem":
         return WorkItem(self.spec, self.kv_source, _move(self.q_index, device), _move(self.kv_index, device),
-                        self.q_runs, self.kv_runs)
+                        self.q_runs, self.kv_runs, self.segments)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class Round:
         send_splits: ``(peer_part, offset, count)`` into the send buffer.
         recv_splits: ``(peer_part, offset, count)`` into the receive buffer of ``recv_total`` rows.
         items: remote work items reading this round's receive buffer.
+        send_runs: ``send_index`` as runs of consecutive rows (:func:`index_runs`; None: too many).
     """
 
     send_index: torch.Tensor
@@ -103,10 +108,11 @@ class Round:
     recv_splits: tuple[tuple[int, int, int], ...]
     recv_total: int
     items: tuple[WorkItem, ...]
+    send_runs: Runs | None = None
 
     def to(self, device: torch.device) -> "Round":
         return Round(_move(self.send_index, device), self.send_splits, self.recv_splits, self.recv_total,
-                     tuple(i.to(device) for i in self.items))
+                     tuple(i.to(device) for i in self.items), self.send_runs)
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,19 @@ def _splits(peers: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, int, int
     return tuple(out)
 
 
+def _item_segments(entries: list[tuple[int, int, np.ndarray]]) -> tuple[Segment, ...] | None:
+    """Segments of a remote item on the un-gathered sources: per entry (first local query row, query
+    count, receive-buffer key rows), one segment per run of its key rows; None beyond
+    :data:`MAX_RUNS` segments."""
+    out: list[Segment] = []
+    for q0, n, rows in entries:
+        runs = index_runs(rows)
+        if runs is None:
+            return None
+        out.extend((q0, q0 + n, a, b) for a, b in runs)
+    return tuple(out) if len(out) <= MAX_RUNS else None
+
+
 def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end, k_off) -> tuple[WorkItem, ...]:
     """Remote work items of one round (see the module docstring). ``q_*``: the part's segments;
     ``k_*``: received pieces with their offset in the receive buffer."""
@@ -172,7 +191,7 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
         spec = VarlenSpec.from_lengths([e[1] for e in entries], [len(e[2]) for e in entries], causal=False)
         kv_index = _index_or_none(kv_idx, recv_total)
         items.append(WorkItem(spec, "recv", torch.from_numpy(q_idx), kv_index, index_runs(q_idx),
-                              None if kv_index is None else index_runs(kv_idx)))
+                              None if kv_index is None else index_runs(kv_idx), _item_segments(entries)))
     return tuple(items)
 
 
@@ -187,7 +206,8 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray
         change = np.concatenate([[True], q_doc[1:] != q_doc[:-1]])
         doc_first_local = q_local[change]
         cu = tuple(np.concatenate([doc_first_local, [n_local]]).tolist())
-        local_item = WorkItem(VarlenSpec(cu, cu, True), "local", None, None)
+        spec = VarlenSpec(cu, cu, True)
+        local_item = WorkItem(spec, "local", None, None, segments=tuple(spec.segments()))
     n_rounds = int(pieces["round"].max()) + 1 if pieces["round"].shape[0] else 0
     rounds = []
     for t in range(n_rounds):
@@ -197,8 +217,8 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray
         r_len = pieces["end"][rm] - pieces["start"][rm]
         s_len = pieces["end"][sm] - pieces["start"][sm]
         k_off = np.cumsum(r_len) - r_len
-        send_index = torch.from_numpy(ranges_to_index(pieces["src_local"][sm], s_len))
+        send_idx = ranges_to_index(pieces["src_local"][sm], s_len)
         items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces["start"][rm], pieces["end"][rm], k_off)
-        rounds.append(Round(send_index, _splits(pieces["dst"][sm], s_len), _splits(pieces["src"][rm], r_len),
-                            int(r_len.sum()), items))
+        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces["dst"][sm], s_len),
+                            _splits(pieces["src"][rm], r_len), int(r_len.sum()), items, index_runs(send_idx)))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)

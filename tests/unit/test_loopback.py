@@ -10,7 +10,40 @@ import torch
 import hf_hsap
 from hf_hsap.comm.loopback import LoopbackHub, run_plan_loopback
 from hf_hsap.comm.p2p import HSAPCommError
-from hf_hsap.kernels import MathKernel, reference_attention
+from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, reference_attention
+
+
+class GatheredKernel:
+    """The CPU kernel without its in-place methods: the runtime gathers each item's rows into packed
+    segments, as it does for a GPU kernel."""
+
+    name = "gathered"
+
+    def __init__(self) -> None:
+        self.inner = TorchCPUFlashKernel()
+
+    def forward(self, *args):
+        return self.inner.forward(*args)
+
+    def backward(self, *args):
+        return self.inner.backward(*args)
+
+
+class CountingKernel(TorchCPUFlashKernel):
+    """The CPU kernel counting its calls by path (in place / gathered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"in_place": 0, "gathered": 0}
+        self.plain = TorchCPUFlashKernel()  # its forward uses its own forward_into, not counted
+
+    def forward(self, *args):
+        self.calls["gathered"] += 1
+        return self.plain.forward(*args)
+
+    def forward_into(self, *args, **kw):
+        self.calls["in_place"] += 1
+        return super().forward_into(*args, **kw)
 
 
 def _inputs(T: int, hq: int, hkv: int, d: int, seed: int):
@@ -29,7 +62,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     (2, "contiguous", "batched", None), (3, "balanced", "by_peer", None), (4, "zigzag", "by_peer", 37),
     (4, "auto", "batched", 50), (5, "balanced", "auto", None)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_loopback_matches_reference(P: int, placement: str, rounds: str, budget: int | None, seed: int) -> None:
+@pytest.mark.parametrize("path", ["in_place", "gathered"])
+def test_loopback_matches_reference(P: int, placement: str, rounds: str, budget: int | None, seed: int,
+                                    path: str) -> None:
     rng = np.random.default_rng(seed)
     lengths = np.concatenate([rng.integers(1, 40, size=12), rng.integers(80, 300, size=2)])
     rng.shuffle(lengths)
@@ -39,7 +74,8 @@ def test_loopback_matches_reference(P: int, placement: str, rounds: str, budget:
     qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref_out, ref_lse = reference_attention(qr, kr, vr, torch.from_numpy(cu))
     ref_grads = torch.autograd.grad(ref_out, (qr, kr, vr), dout)
-    out, lse, dq, dk, dv, stats = run_plan_loopback(plan, q, k, v, dout)
+    kernel = TorchCPUFlashKernel() if path == "in_place" else GatheredKernel()
+    out, lse, dq, dk, dv, stats = run_plan_loopback(plan, q, k, v, dout, kernel=kernel)
     for got, want in zip((out, lse, dq, dk, dv), (ref_out, ref_lse, *ref_grads)):
         assert _rel(got, want) < 1e-10
     # forward KV rows (once, or again in the backward under a budget) plus the dK/dV rows returned
@@ -75,7 +111,8 @@ def test_loopback_times_out_instead_of_hanging() -> None:
 @pytest.mark.parametrize("max_runs", [0, 1, 2, 64])
 def test_row_gathers_by_runs_and_by_index_agree(monkeypatch, max_runs: int) -> None:
     """The runtime gathers and scatters rows by slices (views or concatenations of runs) or by
-    ``index_select`` / ``index_add_`` beyond ``MAX_RUNS`` runs; every mix gives the reference."""
+    ``index_select`` / ``index_add_`` beyond ``MAX_RUNS`` runs, and runs items in place unless they
+    have more than ``MAX_RUNS`` segments; every mix gives the reference."""
     import hf_hsap.plan.schedule as schedule
 
     monkeypatch.setattr(schedule, "MAX_RUNS", max_runs)
@@ -87,10 +124,17 @@ def test_row_gathers_by_runs_and_by_index_agree(monkeypatch, max_runs: int) -> N
         assert (it.q_runs is None) == (n_runs > max_runs)
     assert any(it.q_runs is not None for it in items) == (max_runs == 64)
     assert any(it.kv_runs is not None for it in items) == (max_runs == 64)
+    for it in items:
+        n_segs = sum(1 + int(np.count_nonzero(np.diff(it.kv_index.numpy()[a:b]) != 1))
+                     for a, b in zip(it.spec.cu_k, it.spec.cu_k[1:]))
+        assert (it.segments is None) == (n_segs > max_runs)
     q, k, v, dout = _inputs(int(cu[-1]), 4, 2, 8, 4)
     qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref_out, _ = reference_attention(qr, kr, vr, torch.from_numpy(cu))
     ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout)
-    out, _, dq, dk, dv, _ = run_plan_loopback(plan, q, k, v, dout)
+    kernel = CountingKernel()
+    out, _, dq, dk, dv, _ = run_plan_loopback(plan, q, k, v, dout, kernel=kernel)
     for got, want in zip((out, dq, dk, dv), (ref_out, *ref)):
         assert _rel(got, want) < 1e-10
+    n_in_place = sum(it.segments is not None for it in items) + 4  # + the local items
+    assert kernel.calls == {"in_place": n_in_place, "gathered": len(items) + 4 - n_in_place}
