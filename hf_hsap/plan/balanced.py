@@ -6,6 +6,9 @@ parts the same attention work), with ``k`` as small as keeps every part within i
 (activation memory) and its work cap (time). Documents are placed longest first onto the parts with
 the lowest load, like LPT scheduling for two resources.
 
+Last, :func:`.refine.refine_work` evens out the work left unequal by slide boundaries of split
+documents between parts (token counts unchanged).
+
 Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
 fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
 (the token cap is never exceeded; only the work cap may be).
@@ -24,6 +27,7 @@ import numpy as np
 
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish
+from .refine import refine_work
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -148,6 +152,7 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
                 wrk[p] += float(w_add)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
+    refine_work(layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=4 * P)
     return _finish("balanced", P, seg_doc, seg_start, seg_end, seg_part)
 
 

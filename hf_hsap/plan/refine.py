@@ -1,0 +1,117 @@
+"""Token-neutral work refinement of a placement: slide segment boundaries inside split documents.
+
+A greedy placement leaves some attention-work imbalance (the last documents it places are whole and
+coarse). Where two parts ``p`` and ``q`` meet at two boundaries of split documents (a dual-chunk
+split always gives neighbouring holders one early and one late boundary), ``p`` can hand ``x`` of its
+rows at a late position to ``q`` and take ``x`` of ``q``'s rows at an early position: both keep their
+token counts, and about ``x * (late - early)`` (query, key) pairs of work move from ``p`` to ``q``
+(a row at position ``r`` of its document attends to ``r + 1`` keys).
+
+:func:`refine_work` repeats the best such exchange for the busiest part until it no longer lowers
+the maximum. Token counts, segment counts and the set of (part, document) pairs never change, so
+the KV a part needs changes by at most the rows moved. Plain Python scalars (it runs per batch,
+inside the planning budget).
+"""
+from __future__ import annotations
+
+
+def _rows_work(u: int, v: int) -> int:
+    """Pairs of the rows at document positions ``[u, v)``: sum of ``r + 1``."""
+    return (v * (v + 1) - u * (u + 1)) // 2
+
+
+def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+                seg_part: list[int], wrk: list[float], max_moves: int) -> int:
+    """Lower the largest per-part work by token-neutral boundary exchanges (module docstring).
+
+    Args:
+        doc_first: global position of every document's first token (``cu_seqlens[:-1]``).
+        seg_doc, seg_start, seg_end, seg_part: the placement's segments (global ``[start, end)``), each
+            document's segments consecutive and in position order (as the greedy appends them);
+            updated in place.
+        wrk: work of every part (pairs), updated in place.
+        max_moves: the most exchanges made.
+
+    Returns:
+        The number of exchanges made.
+    """
+    # boundary: (left segment, right segment) of one document, adjacent, on different parts; the
+    # greedy appends a document's segments together and in order, so neighbours in the lists suffice
+    n = len(seg_doc)
+    bounds = [(a, a + 1) for a in range(n - 1)
+              if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
+    if not bounds:
+        return 0
+    by_part: dict[int, list[int]] = {}
+    for j, (a, b) in enumerate(bounds):
+        by_part.setdefault(seg_part[a], []).append(j)
+        by_part.setdefault(seg_part[b], []).append(j)
+    moves = 0
+    while moves < max_moves:
+        p = max(range(len(wrk)), key=wrk.__getitem__)
+        best = _best_exchange(p, by_part.get(p, []), bounds, doc_first, seg_doc, seg_start, seg_end, seg_part, wrk)
+        if best is None:
+            return moves
+        q, x, give, take, delta = best
+        _shift(bounds[give], seg_part[bounds[give][0]] == p, x, seg_start, seg_end)
+        _shift(bounds[take], seg_part[bounds[take][0]] == q, x, seg_start, seg_end)
+        wrk[p] -= delta
+        wrk[q] += delta
+        moves += 1
+    return moves
+
+
+def _shift(bound: tuple[int, int], left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:
+    """Move ``x`` rows across a boundary: from the left segment to the right one, or back."""
+    a, b = bound
+    d = -x if left_gives else x
+    seg_end[a] += d
+    seg_start[b] += d
+
+
+def _moved(bound: tuple[int, int], left_gives: bool, x: int, doc_first: list[int], seg_doc: list[int],
+           seg_start: list[int], seg_end: list[int]) -> tuple[int, int]:
+    """Work of the ``x`` rows that would cross ``bound``, and the rows left in the giving segment."""
+    a, b = bound
+    pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
+    if left_gives:
+        return _rows_work(pos - x, pos), seg_end[a] - seg_start[a] - x
+    return _rows_work(pos, pos + x), seg_end[b] - seg_start[b] - x
+
+
+def _best_exchange(p: int, mine: list[int], bounds: list[tuple[int, int]], doc_first: list[int],
+                   seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
+                   wrk: list[float]) -> tuple[int, int, int, int, float] | None:
+    """The exchange of ``p`` with one neighbour that lowers ``max(wrk[p], wrk[q])`` the most:
+    ``(q, x, give boundary, take boundary, work moved)``, or None. Per neighbour only the two latest
+    boundaries are tried for giving and the two earliest for taking (the most work per row moved)."""
+    shared: dict[int, list[tuple[int, int]]] = {}  # neighbour -> [(boundary position in its document, j)]
+    for j in mine:
+        a, b = bounds[j]
+        q = seg_part[b] if seg_part[a] == p else seg_part[a]
+        shared.setdefault(q, []).append((seg_end[a] - doc_first[seg_doc[a]], j))
+    best, best_peak = None, wrk[p]
+    for q, js in shared.items():
+        gap = wrk[p] - wrk[q]
+        if gap <= 0 or len(js) < 2:
+            continue
+        js.sort()
+        for pos_g, g in js[-2:]:
+            g_left = seg_part[bounds[g][0]] == p
+            for pos_t, t in js[:2]:
+                if pos_g <= pos_t:
+                    continue
+                t_left = seg_part[bounds[t][0]] == q
+                x = max(1, round(gap / (2 * (pos_g - pos_t))))
+                for xx in (x - 1, x, x + 1):
+                    if xx < 1:
+                        continue
+                    w_g, left_g = _moved(bounds[g], g_left, xx, doc_first, seg_doc, seg_start, seg_end)
+                    w_t, left_t = _moved(bounds[t], t_left, xx, doc_first, seg_doc, seg_start, seg_end)
+                    if left_g < 1 or left_t < 1:
+                        continue
+                    delta = w_g - w_t
+                    peak = max(wrk[p] - delta, wrk[q] + delta)
+                    if peak < best_peak:
+                        best, best_peak = (q, xx, g, t, float(delta)), peak
+    return best
