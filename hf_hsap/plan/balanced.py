@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish
+from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish, rows_work
 from .refine import refine_work
 
 
@@ -48,7 +48,7 @@ def _pair_work(sizes: list[int]) -> list[int]:
     w, a = [], 0
     for s in sizes:
         b = a + s
-        w.append((b * (b + 1) - a * (a + 1)) // 2)
+        w.append(rows_work(a, b))
         a = b
     k = len(sizes) // 2
     return [w[i] + w[-1 - i] for i in range(k)]
@@ -184,7 +184,7 @@ def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: lis
         a, b = pos, pos + take
         seg_doc.append(d), seg_start.append(s0 + a), seg_end.append(s0 + b), seg_part.append(p)
         tok[p] += take
-        wrk[p] += (b * (b + 1) - a * (a + 1)) / 2
+        wrk[p] += float(rows_work(a, b))
         pos = b
         if pos == L:
             return

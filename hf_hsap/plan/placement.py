@@ -58,8 +58,13 @@ class Placement:
         doc_start = layout.cu_seqlens[self.doc]
         a = self.start - doc_start
         b = self.end - doc_start
-        pairs = (b * (b + 1) - a * (a + 1)) // 2
-        return np.bincount(self.part, weights=pairs, minlength=self.n_parts).astype(np.int64)
+        return np.bincount(self.part, weights=rows_work(a, b), minlength=self.n_parts).astype(np.int64)
+
+
+def rows_work(u, v):
+    """(query, key) pairs of the rows at document offsets ``[u, v)`` (a row at offset ``x`` attends
+    ``x + 1`` keys): ints or integer arrays, elementwise."""
+    return (v * (v + 1) - u * (u + 1)) // 2
 
 
 def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:

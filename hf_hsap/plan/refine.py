@@ -14,10 +14,7 @@ inside the planning budget).
 """
 from __future__ import annotations
 
-
-def _rows_work(u: int, v: int) -> int:
-    """Pairs of the rows at document positions ``[u, v)``: sum of ``r + 1``."""
-    return (v * (v + 1) - u * (u + 1)) // 2
+from .placement import rows_work
 
 
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
@@ -75,8 +72,8 @@ def _moved(bound: tuple[int, int], left_gives: bool, x: int, doc_first: list[int
     a, b = bound
     pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
     if left_gives:
-        return _rows_work(pos - x, pos), seg_end[a] - seg_start[a] - x
-    return _rows_work(pos, pos + x), seg_end[b] - seg_start[b] - x
+        return rows_work(pos - x, pos), seg_end[a] - seg_start[a] - x
+    return rows_work(pos, pos + x), seg_end[b] - seg_start[b] - x
 
 
 def _best_exchange(p: int, mine: list[int], bounds: list[tuple[int, int]], doc_first: list[int],
