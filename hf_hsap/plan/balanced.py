@@ -6,8 +6,9 @@ parts the same attention work), with ``k`` as small as keeps every part within i
 (activation memory) and its work cap (time). Documents are placed longest first onto the parts with
 the lowest load, like LPT scheduling for two resources.
 
-Last, :func:`.refine.refine_work` evens out the work left unequal by slide boundaries of split
-documents between parts (token counts unchanged).
+Last, :func:`.refine.refine_work` evens out the work left unequal by sliding boundaries of split
+documents between parts: at unchanged token counts, or, given the cost model's price of a token,
+evening out ``work + token_cost * tokens`` within the token cap.
 
 Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
 fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
@@ -66,7 +67,7 @@ def _pair_recv(sizes: list[int]) -> list[int]:
 
 
 def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
-             work_slack: float = DEFAULT_WORK_SLACK) -> Placement:
+             work_slack: float = DEFAULT_WORK_SLACK, token_cost: float | None = None) -> Placement:
     """Document-aware placement (see module docstring).
 
     Args:
@@ -74,6 +75,9 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
         n_parts: number of parts P.
         token_slack: epsilon of the token cap ``ceil(T/P) * (1 + eps)``.
         work_slack: slack of the work cap over the mean.
+        token_cost: price of a token in attention pairs (``CostModel.token_cost``). Given, the refinement
+            evens out ``work + token_cost * tokens`` and may also move tokens between parts (within the
+            cap); ``None``: it evens out the work at unchanged token counts.
 
     Returns:
         The placement.
@@ -152,7 +156,8 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
                 wrk[p] += float(w_add)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
-    refine_work(layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=4 * P)
+    refine_work(layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=4 * P,
+                tok=None if token_cost is None else tok, token_cost=token_cost or 0.0, cap_t=cap_t)
     return _finish("balanced", P, seg_doc, seg_start, seg_end, seg_part)
 
 

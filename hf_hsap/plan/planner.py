@@ -216,7 +216,10 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
         # small slacks: tokens cost every linear layer, so near-equal token counts pay even when a few
         # more documents must be split (BENCHMARKS.md); ``token_slack`` stays the cap
         slacks = sorted({min(AUTO_TOKEN_SLACKS[0], token_slack), min(AUTO_TOKEN_SLACKS[1], token_slack)})
-        cands = [balanced(layout, n_parts, eps) for eps in slacks] + [contiguous(layout, n_parts)]
+        # priced refinement: trade a little token balance for work balance where the cost model says so
+        token_cost = (cost or CostModel.default()).token_cost
+        cands = [balanced(layout, n_parts, eps, token_cost=token_cost) for eps in slacks]
+        cands.append(contiguous(layout, n_parts))
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [compute_transfers(c) for c in cands]
         best = choose_placement(layout, cands, trs, cost)

@@ -11,15 +11,24 @@ token counts, and about ``x * (late - early)`` (query, key) pairs of work move f
 the maximum. Token counts, segment counts and the set of (part, document) pairs never change, so
 the KV a part needs changes by at most the rows moved. Plain Python scalars (it runs per batch,
 inside the planning budget).
+
+Priced by a cost model (``tok`` and ``token_cost`` given), a part may also *slide* one boundary: it
+hands ``x`` rows to the neighbour on the other side, which has free tokens under the cap. Its load
+``work + token_cost * tokens`` drops by ``x * token_cost`` plus the rows' work. This reaches parts
+that share only one boundary and trades a little token balance for work balance where attention
+dominates the step (long rows). The set of (part, document) pairs still never changes.
 """
 from __future__ import annotations
+
+import math
 
 from .placement import rows_work
 
 
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-                seg_part: list[int], wrk: list[float], max_moves: int) -> int:
-    """Lower the largest per-part work by token-neutral boundary exchanges (module docstring).
+                seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
+                token_cost: float = 0.0, cap_t: float = math.inf) -> int:
+    """Lower the largest per-part load by boundary exchanges and slides (module docstring).
 
     Args:
         doc_first: global position of every document's first token (``cu_seqlens[:-1]``).
@@ -27,10 +36,14 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             document's segments consecutive and in position order (as the greedy appends them);
             updated in place.
         wrk: work of every part (pairs), updated in place.
-        max_moves: the most exchanges made.
+        max_moves: the most moves made.
+        tok: tokens of every part, updated in place; ``None``: token-neutral exchanges only, the load is
+            the work.
+        token_cost: price of one token in pairs (the load is ``work + token_cost * tokens``).
+        cap_t: no slide takes a part above this many tokens.
 
     Returns:
-        The number of exchanges made.
+        The number of moves made.
     """
     # a boundary is named by its left segment ``a``: segments ``a`` and ``a + 1`` are adjacent rows of
     # one document on different parts (the greedy appends a document's segments together and in order)
@@ -41,17 +54,30 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             by_part.setdefault(seg_part[a + 1], []).append(a)
     if not by_part:
         return 0
+    tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
+    load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
     while moves < max_moves:
-        p = max(range(len(wrk)), key=wrk.__getitem__)
-        best = _best_exchange(p, by_part.get(p, []), doc_first, seg_doc, seg_start, seg_end, seg_part, wrk)
-        if best is None:
+        p = max(range(len(load)), key=load.__getitem__)
+        mine = by_part.get(p, [])
+        exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
+        slide = None if tok is None else _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part,
+                                                     load, tok, token_cost, cap_t)
+        if slide is not None and (exchange is None or slide[0] < exchange[0]):
+            _, q, x, a, work = slide
+            _shift(a, seg_part[a] == p, x, seg_start, seg_end)
+            tokens[p] -= x
+            tokens[q] += x
+        elif exchange is not None:
+            _, q, x, give, take, work = exchange
+            _shift(give, seg_part[give] == p, x, seg_start, seg_end)
+            _shift(take, seg_part[take] == q, x, seg_start, seg_end)
+        else:
             return moves
-        q, x, give, take, delta = best
-        _shift(give, seg_part[give] == p, x, seg_start, seg_end)
-        _shift(take, seg_part[take] == q, x, seg_start, seg_end)
-        wrk[p] -= delta
-        wrk[q] += delta
+        wrk[p] -= work
+        wrk[q] += work
+        for i in (p, q):
+            load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
     return moves
 
@@ -74,17 +100,17 @@ def _moved(a: int, left_gives: bool, x: int, doc_first: list[int], seg_doc: list
 
 def _best_exchange(p: int, mine: list[int], doc_first: list[int],
                    seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
-                   wrk: list[float]) -> tuple[int, int, int, int, float] | None:
-    """The exchange of ``p`` with one neighbour that lowers ``max(wrk[p], wrk[q])`` the most:
-    ``(q, x, give boundary, take boundary, work moved)``, or None. Per neighbour only the two latest
-    boundaries are tried for giving and the two earliest for taking (the most work per row moved)."""
+                   load: list[float]) -> tuple[float, int, int, int, int, float] | None:
+    """The exchange of ``p`` with one neighbour that lowers ``max(load[p], load[q])`` the most:
+    ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. Per neighbour only the two
+    latest boundaries are tried for giving and the two earliest for taking (the most work per row moved)."""
     shared: dict[int, list[tuple[int, int]]] = {}  # neighbour -> [(boundary position in its document, a)]
     for a in mine:
         q = seg_part[a + 1] if seg_part[a] == p else seg_part[a]
         shared.setdefault(q, []).append((seg_end[a] - doc_first[seg_doc[a]], a))
-    best, best_peak = None, wrk[p]
+    best, best_peak = None, load[p]
     for q, js in shared.items():
-        gap = wrk[p] - wrk[q]
+        gap = load[p] - load[q]
         if gap <= 0 or len(js) < 2:
             continue
         js.sort()
@@ -103,7 +129,32 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
                     if left_g < 1 or left_t < 1:
                         continue
                     delta = w_g - w_t
-                    peak = max(wrk[p] - delta, wrk[q] + delta)
+                    peak = max(load[p] - delta, load[q] + delta)
                     if peak < best_peak:
-                        best, best_peak = (q, xx, g, t, float(delta)), peak
+                        best, best_peak = (peak, q, xx, g, t, float(delta)), peak
+    return best
+
+
+def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int], seg_start: list[int],
+                seg_end: list[int], seg_part: list[int], load: list[float], tok: list[float],
+                token_cost: float, cap_t: float) -> tuple[float, int, int, int, float] | None:
+    """The slide of one of ``p``'s boundaries that lowers ``max(load[p], load[q])`` the most:
+    ``(new peak, q, x, boundary, work moved)``, or None. ``p`` keeps at least one row of the segment
+    and ``q`` stays within ``cap_t`` tokens."""
+    best, best_peak = None, load[p]
+    for a in mine:
+        left = seg_part[a] == p
+        q = seg_part[a + 1] if left else seg_part[a]
+        gap = load[p] - load[q]
+        x_max = min(int(cap_t - tok[q]), (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1)
+        if gap <= 0 or x_max < 1:
+            continue
+        pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
+        x = max(1, min(x_max, round(gap / (2 * (pos + token_cost)))))  # a row there carries about pos pairs
+        for xx in {max(1, x - 1), x, min(x_max, x + 1)}:
+            work = _moved(a, left, xx, doc_first, seg_doc, seg_start, seg_end)[0]
+            delta = work + token_cost * xx
+            peak = max(load[p] - delta, load[q] + delta)
+            if peak < best_peak:
+                best, best_peak = (peak, q, xx, a, float(work)), peak
     return best

@@ -1,4 +1,5 @@
-"""The token-neutral work refinement of the ``balanced`` placement (``hf_hsap.plan.refine``)."""
+"""The work refinement of the ``balanced`` placement (``hf_hsap.plan.refine``): token-neutral exchanges,
+and slides priced by a cost model's token cost."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +11,14 @@ from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_work
 
 
-def _placements(lengths: list[int], P: int, slack: float, monkeypatch=None):
+def _placements(lengths: list[int], P: int, slack: float, token_cost: float | None = None):
     """The balanced placement with and without the refinement."""
     layout = make_layout(np.concatenate([[0], np.cumsum(lengths)]))
-    on = balanced_mod.balanced(layout, P, token_slack=slack)
+    on = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
     real = balanced_mod.refine_work
     balanced_mod.refine_work = lambda *a, **k: 0
     try:
-        off = balanced_mod.balanced(layout, P, token_slack=slack)
+        off = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
     finally:
         balanced_mod.refine_work = real
     return layout, on, off
@@ -68,3 +69,58 @@ def test_refinement_balances_the_cpu_benchmark_layout() -> None:
     w_on, w_off = on.work_per_part(layout), off.work_per_part(layout)
     assert w_off.max() / w_off.mean() > 1.02
     assert w_on.max() / w_on.mean() < 1.005
+
+
+def _covers_once(layout, pl) -> None:
+    cover = np.zeros(layout.total_tokens, dtype=np.int64)
+    for s, e, d in zip(pl.start, pl.end, pl.doc):
+        assert layout.cu_seqlens[d] <= s < e <= layout.cu_seqlens[d + 1]
+        cover[s:e] += 1
+    assert (cover == 1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=40), st.integers(2, 12), st.sampled_from([0.0, 0.01, 0.03]),
+       st.sampled_from([0.0, 50.0, 2000.0]))
+def test_priced_refinement_lowers_the_load_within_the_token_cap(lengths: list[int], P: int, slack: float,
+                                                                 token_cost: float) -> None:
+    layout, on, off = _placements(lengths, P, slack, token_cost)
+    _covers_once(layout, on)
+    cap = np.ceil(layout.total_tokens / P) * (1 + slack)
+    t_on, t_off = on.tokens_per_part(), off.tokens_per_part()
+    assert (t_on <= np.maximum(cap, t_off)).all()  # a slide never takes a part above the cap
+    assert set(zip(on.part.tolist(), on.doc.tolist())) == set(zip(off.part.tolist(), off.doc.tolist()))
+    assert len(on.doc) == len(off.doc)
+    load_on = on.work_per_part(layout) + token_cost * t_on
+    load_off = off.work_per_part(layout) + token_cost * t_off
+    assert load_on.max() <= load_off.max() + 1e-6 * load_off.max()
+
+
+def test_a_slide_reaches_a_neighbour_across_one_boundary() -> None:
+    """Part 0 holds the first half of a document and a whole one; part 1 holds the second half and has
+    free tokens under the cap. No exchange is possible (one shared boundary), but part 0 can slide the
+    boundary: it hands its last rows of the document (and their tokens) to part 1 until the loads
+    ``work + token_cost * tokens`` are even. Running totals stay exact."""
+    doc_first = [0, 400]
+    seg_doc, seg_start, seg_end, seg_part = [0, 0, 1], [0, 200, 400], [200, 400, 800], [0, 1, 0]
+    work = lambda a, b, s0: ((b - s0) * (b - s0 + 1) - (a - s0) * (a - s0 + 1)) // 2  # noqa: E731
+    wrk, tok = [0.0, 0.0], [0.0, 0.0]
+    for d, a, b, p in zip(seg_doc, seg_start, seg_end, seg_part):
+        wrk[p] += work(a, b, doc_first[d])
+        tok[p] += b - a
+    token_cost = 100.0
+    load_before = [w + token_cost * t for w, t in zip(wrk, tok)]
+    assert refine_work(doc_first, seg_doc, seg_start, seg_end, seg_part, list(wrk), 10) == 0  # token-neutral
+    moves = refine_work(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, 10, tok=tok, token_cost=token_cost,
+                        cap_t=400)
+    assert moves >= 1
+    recomputed_w, recomputed_t = [0.0, 0.0], [0.0, 0.0]
+    for d, a, b, p in zip(seg_doc, seg_start, seg_end, seg_part):
+        recomputed_w[p] += work(a, b, doc_first[d])
+        recomputed_t[p] += b - a
+    assert recomputed_w == wrk and recomputed_t == tok  # the running totals are exact
+    assert tok[1] <= 400 and seg_end[0] == seg_start[1] < 200  # part 1 took part 0's last rows, within the cap
+    load = [w + token_cost * t for w, t in zip(wrk, tok)]
+    assert max(load) < max(load_before)
+    if tok[1] < 400:  # not stopped by the cap: even within one row (a row there carries < 300 load)
+        assert abs(load[0] - load[1]) <= 2 * (200 + token_cost)
