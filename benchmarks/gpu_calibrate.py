@@ -78,18 +78,20 @@ def timed(fn: Callable[[], object], device: torch.device, warmup: int, iters: in
 
 
 def calibrate_layout(dist: str, T: int, P: int, hq: int, hkv: int, d: int, dtype: torch.dtype,
-                     device: torch.device, warmup: int, iters: int, stat: str = "median") -> dict:
+                     device: torch.device, warmup: int, iters: int, stat: str = "median",
+                     cost: hf_hsap.CostModel | None = None) -> dict:
     """Time the busiest rank's plan items and one varlen call over the same pairs.
 
     Args:
         dist, T, P: the layout (seed 0) and SP size; hq, hkv, d: heads and head dim of the model.
         dtype, device: where to run; warmup, iters: timing repetitions; stat: ``median`` or ``min``.
+        cost: the planner's cost model (default: a full model's, KV over NVLink: one node).
 
     Returns:
         ``{"dist", "part", "pairs", "items", "plan_fwd_s", "plan_bwd_s", "single_fwd_s", "single_bwd_s",
         "plan_tflops", "single_tflops"}`` (TFLOP/s over forward + backward).
     """
-    plan = hf_hsap.plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto", gpus_per_node=P)  # one node
+    plan = hf_hsap.plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto", gpus_per_node=P, cost=cost)
     part = int(np.argmax(plan.stats()["attn_work"]))
     sched = plan.schedule(part)
     n = sched.n_local

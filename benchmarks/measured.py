@@ -88,13 +88,15 @@ def run_kernel_paths(cfg: MeasureConfig) -> list[dict]:
     """
     import torch
 
+    from .cpu_workers import ATTENTION_ONLY
     from .gpu_calibrate import calibrate_layout
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         return [dict(calibrate_layout(d, cfg.T, cfg.world, cfg.hq, hkv, cfg.d, torch.float32, torch.device("cpu"),
-                                      1, 5, "min"), hkv=hkv) for d in cfg.dists for hkv in cfg.kv_heads]
+                                      1, 5, "min", ATTENTION_ONLY), hkv=hkv)  # the measured runs' plans
+                for d in cfg.dists for hkv in cfg.kv_heads]
     finally:
         torch.set_num_threads(threads)
 

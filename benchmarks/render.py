@@ -151,7 +151,9 @@ def _one_node(res: dict) -> str:
             "(NVLink makes Ulysses' all-to-all cheap and it splits work exactly by heads); hf_hsap / best other is "
             f"{_rng(vo)} there. On one node the default is flat SAP (`ulysses_size=\"auto\"` gives U = 1) and `auto` "
             "prices KV at NVLink speed, so it keeps tokens balanced (tokens max/mean "
-            f"{_rng(tok, 3)} at P = 8; hsap / Ulysses GEMM ms of the slowest GPU {_rng(g, 3)}).")
+            f"{_rng(tok, 3)} at P = 8; hsap / Ulysses GEMM ms of the slowest GPU {_rng(g, 3)}); its refinement "
+            "evens out each GPU's priced load (GEMM tokens + attention pairs), so at 512K, where attention "
+            "dominates, a GPU may hold a few more tokens and fewer pairs.")
 
 
 def _cpu_analysis(res: dict) -> str:
@@ -178,9 +180,11 @@ def _cpu_analysis(res: dict) -> str:
             "wall time: "
             + "; ".join(parts) + ". Ring and all-gather lose by moving and merging every block. Ulysses splits "
             f"work exactly by heads; hf_hsap's busiest rank holds {work.max() / work.mean():.3f} × the mean "
-            "pairs: `auto` keeps token counts within 1 % (tokens cost every linear layer of a full model; this "
-            "test has none), and the `balanced` placement then slides boundaries of split documents between "
-            "ranks to even out the work at unchanged token counts (`hf_hsap/plan/refine.py`). In one process "
+            "pairs: these runs plan with the cost model of the step they time (`ATTENTION_ONLY` in "
+            "`benchmarks/cpu_workers.py`: one attention layer, so a token costs nothing beyond its pairs; a full "
+            "model's projections and MLP price it at about 18,000 pairs), and the `balanced` placement slides "
+            "boundaries of split documents between ranks until the priced load is even "
+            "(`hf_hsap/plan/refine.py`). In one process "
             "hf_hsap's compute path "
             "(local causal item, remote items on the receive buffer, LSE merges, gradient returns) reaches this "
             f"fraction of one causal varlen call over the same pairs: {kp_txt}. The CPU kernel runs every work "
@@ -298,7 +302,7 @@ def _measured_section(res: dict) -> str:
         "ring), **allgather_kv** (Llama 3: row zigzag shards, all-gather K/V once and keep it, one varlen call per "
         "rank, dK/dV reduce-scattered by all-to-all), **ulysses** (DeepSpeed: all-to-all q, k, v over heads, "
         "the whole row's varlen attention, all-to-all back; kv heads repeated to 4 when there are 2), and hf_hsap "
-        "(`hsap_attn_func`, placement auto; `hsap_U2`: U = 2 × R = 2). Ratios are schedule / hsap (> 1: hsap faster). "
+        "(`hsap_attn_func`, placement auto with the attention-only cost model; `hsap_U2`: U = 2 × R = 2). Ratios are schedule / hsap (> 1: hsap faster). "
         "Bytes: received from other ranks per fwd + bwd (hf_hsap: P2P received + all-to-all sent).",
         "",
         f"PyTorch `context_parallel`: {cp}",
