@@ -15,6 +15,11 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def span(vals: list[float], nd: int = 2) -> str:
+    """``"min–max"`` of the values (``"–"`` when empty)."""
+    return f"{min(vals):.{nd}f}–{max(vals):.{nd}f}" if vals else "–"
+
+
 def _f(x: float, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 
