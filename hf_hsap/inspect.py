@@ -2,7 +2,8 @@
 
 Given document lengths (or a distribution of the benchmark spec), the row length ``T``, the SP size
 ``P`` and the Ulysses size ``U``, it prints the placement summary and every rank's tokens, attention work
-and received KV (and all-to-all tokens for ``U > 1``), and can write a PNG with a token → rank map and
+and received KV (and all-to-all tokens for ``U > 1``) and the cost model's estimated step time of every
+rank relative to the mean (what ``placement="auto"`` evens out), and can write a PNG with a token → rank map and
 a rank × rank map of the KV traffic::
 
     hsap-plan --dist longtail --seed 0 --T 131072 --P 8 --png plan.png
@@ -105,13 +106,21 @@ def summary_lines(plan: Plan) -> list[str]:
         f"placement: {st['placement']}; {int(split.sum())} document(s) split "
         f"(over up to {int(parts_per_doc.max())} parts), {int((~split).sum())} whole; "
         f"rounds {st['rounds']} ({st['round_order']})",
-        f"balance: tokens max/mean {tok.max() / tok.mean():.3f}, work max/mean {work.max() / max(work.mean(), 1e-30):.3f}",
+        f"balance: tokens max/mean {tok.max() / tok.mean():.3f}, "
+        f"work max/mean {work.max() / max(work.mean(), 1e-30):.3f}",
         f"received KV per layer: max {int(recv.max())} ({recv.max() / ring:.3f} of ring's (P-1)/P*T), "
         f"mean {recv.mean():.1f} ({recv.mean() / ring:.3f}), total {int(recv.sum() / max(U, 1))}",
-        "",
     ]
+    est = np.array(st.get("est_time", []), dtype=np.float64)
+    if est.size:
+        c = plan.cost
+        lines.append(f"cost model (attention pairs): token {c.token_cost:.0f}, KV token {c.kv_token_cost:.0f}, "
+                     f"round {c.round_cost:.0f}; estimated step time max/mean {est.max() / est.mean():.3f} "
+                     "(what placement=auto evens out)")
+    lines.append("")
     head = f"{'rank':>4} {'part':>4} {'tokens':>9} {'attn_work':>15} {'recv_kv':>9} {'send_kv':>9}"
     head += f" {'a2a':>9}" if U > 1 else ""
+    head += f" {'est/mean':>8}" if est.size else ""
     lines.append(head)
     for r in range(P):
         w = st["attn_work"][r]
@@ -119,6 +128,7 @@ def summary_lines(plan: Plan) -> list[str]:
         line = (f"{r:4d} {r // U:4d} {st['tokens'][r]:9d} {w_txt} {st['recv_kv_tokens'][r]:9d} "
                 f"{st['send_kv_tokens'][r]:9d}")
         line += f" {st['a2a_tokens'][r]:9d}" if U > 1 else ""
+        line += f" {est[r] / est.mean():8.3f}" if est.size else ""
         lines.append(line)
     return lines
 

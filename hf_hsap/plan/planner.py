@@ -12,7 +12,7 @@ import torch
 
 from .balanced import balanced
 from .cache import PlanCache
-from .cost import CostModel, choose_placement, local_work_per_part, round_order_times
+from .cost import CostModel, choose_placement, local_work_per_part, part_times, round_order_times
 from .pipeline import ROUND_ORDERS, piece_remote_work, round_tables
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -33,7 +33,8 @@ class Plan:
 
     def __init__(self, layout: Layout, placement: Placement, transfers: Transfers, size: int,
                  ulysses_size: int, rank: int | None, sp: Any, recv_budget_tokens: int | None,
-                 round_order: str = "batched", pieces: dict[str, np.ndarray] | None = None) -> None:
+                 round_order: str = "batched", pieces: dict[str, np.ndarray] | None = None,
+                 cost: CostModel | None = None) -> None:
         self.layout = layout
         self.placement = placement
         self.transfers = transfers
@@ -43,6 +44,7 @@ class Plan:
         self.sp = sp
         self.recv_budget_tokens = recv_budget_tokens
         self.round_order = round_order
+        self.cost = cost  # the cost model the plan was made with (None: unknown)
         self._pieces = pieces if pieces is not None else split_rounds(transfers, placement.n_parts,
                                                                       recv_budget_tokens, round_order)
         self._schedules: dict[int, Schedule] = {}
@@ -164,7 +166,10 @@ class Plan:
             ``send_kv_pairs`` (``[R][R]`` matrix of KV tokens part i sends to part j), ``placement``,
             ``round_order``, and per part and round (``[R][rounds]``): ``round_recv_kv`` (KV tokens),
             ``round_remote_work`` (pairs against them), ``round_transfers`` (``[rounds]`` lists of
-            ``(dst, src, KV tokens)`` between parts in the round).
+            ``(dst, src, KV tokens)`` between parts in the round); with a cost model, ``est_time``: each
+            rank's estimated step time in attention pairs (``token_cost * tokens + max(local work,
+            kv_token_cost * recv) + remote work``, one batched round, divided by ``U``), the load that
+            ``placement="auto"`` evens out.
         """
         pl, U = self.placement, self.ulysses_size
         work = pl.work_per_part(self.layout)
@@ -187,7 +192,13 @@ class Plan:
             "send_kv_pairs": self.transfers.pair_matrix(pl.n_parts).tolist(),
             "round_order": self.round_order,
             **self._round_stats(),
+            **({} if self.cost is None else {"est_time": self._est_time()}),
         }
+
+    def _est_time(self) -> list[float]:
+        """``[P]`` the cost model's step time of every rank (see :meth:`stats`)."""
+        per_part = part_times(self.layout, self.placement, self.transfers, self.cost)  # [R]
+        return [float(t) / self.ulysses_size for t in np.repeat(per_part, self.ulysses_size)]
 
     def _round_stats(self) -> dict[str, Any]:
         pc, R = self._pieces, self.placement.n_parts
@@ -320,7 +331,7 @@ def plan_sequence(
             order = "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
             pieces = times[order][1]
         return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens,
-                    order, pieces)
+                    order, pieces, cost)
 
     return build() if cache is None else cache.get_or_build(key, build)
 

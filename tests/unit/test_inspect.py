@@ -10,7 +10,7 @@ from hf_hsap.inspect import main, rank_owner, sample_lengths
 
 
 def _rank_rows(text: str, with_a2a: bool) -> list[list[float]]:
-    n = 7 if with_a2a else 6
+    n = 8 if with_a2a else 7  # rank, part, tokens, work, recv, send, (a2a,) est/mean
     rows = []
     for line in text.splitlines():
         if re.fullmatch(r"\s*" + r"\s+".join([r"-?[\d.]+"] * n) + r"\s*", line):
@@ -41,11 +41,14 @@ def test_printed_numbers_equal_plan_stats(capsys, tmp_path, lengths, P, U, place
         assert row[5] == st["send_kv_tokens"][r]
         if U > 1:
             assert row[6] == st["a2a_tokens"][r]
+        assert row[-1] == pytest.approx(st["est_time"][r] / np.mean(st["est_time"]), abs=6e-4)
     assert f"placement: {st['placement']}" in out
     assert f"rounds {st['rounds']} ({st['round_order']})" in out
     ring = (P - 1) / P * sum(lengths)
     assert f"max {max(st['recv_kv_tokens'])} ({max(st['recv_kv_tokens']) / ring:.3f}" in out
     assert png.exists() and png.stat().st_size > 1000
+    est = np.array(st["est_time"])
+    assert f"estimated step time max/mean {est.max() / est.mean():.3f}" in out
 
 
 def test_distribution_sampler_matches_the_benchmark_spec():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap
-from hf_hsap import PlanCache, plan_sequence
+from hf_hsap import CostModel, PlanCache, plan_sequence
 from hf_hsap.plan.layout import check_position_ids, cu_seqlens_from_position_ids, make_layout
 
 PLACEMENTS = ["contiguous", "zigzag", "balanced", "auto"]
@@ -274,3 +274,20 @@ def test_index_runs_cover_the_index_in_order(rows, shuffle):
     assert len(runs) == n_runs and all(b > a for a, b in runs)
     flat = [r for a, b in runs for r in range(a, b)]
     assert flat == idx.tolist()
+
+
+@pytest.mark.parametrize("U", [1, 2])
+def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
+    """``stats()["est_time"]``: token_cost * tokens + max(local, kv_token_cost * recv) + remote, per part,
+    split over its U ranks; computed here from the other per-rank figures of the same stats."""
+    cost = CostModel(token_cost=50.0, kv_token_cost=7.0, round_cost=1.0)
+    lengths = [3000, 700, 5000, 120, 2600, 900, 40, 1500]
+    plan = plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "balanced", ulysses_size=U, cost=cost)
+    st = plan.stats()
+    for r in range(4):
+        part = [q for q in range(4) if q // U == r // U]
+        tokens = sum(st["tokens"][q] for q in part)  # the part's tokens
+        work, local = st["attn_work"][r] * U, st["local_attn_work"][r] * U  # the part's pairs (all heads)
+        want = cost.token_cost * tokens + max(local, cost.kv_token_cost * st["recv_kv_tokens"][r]) + work - local
+        assert st["est_time"][r] == pytest.approx(want / U, rel=1e-12)
+    assert "est_time" in plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "auto").stats()
