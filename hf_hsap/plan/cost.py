@@ -20,6 +20,8 @@ in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -58,6 +60,14 @@ class CostModel:
     token_cost: float = 17930.0
     kv_token_cost: float = 1226.0
     round_cost: float = 120000.0
+
+    def __post_init__(self) -> None:
+        for name in ("token_cost", "kv_token_cost", "round_cost"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
+                                 f"got {v!r}; build one with CostModel.from_config(model.config, link) or "
+                                 "CostModel.from_shapes(...)")
 
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,

@@ -291,3 +291,10 @@ def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
         want = cost.token_cost * tokens + max(local, cost.kv_token_cost * st["recv_kv_tokens"][r]) + work - local
         assert st["est_time"][r] == pytest.approx(want / U, rel=1e-12)
     assert "est_time" in plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "auto").stats()
+
+
+@pytest.mark.parametrize("bad", [{"token_cost": -1.0}, {"kv_token_cost": float("nan")}, {"round_cost": "60000"},
+                                 {"token_cost": float("inf")}])
+def test_cost_model_rejects_bad_costs(bad: dict) -> None:
+    with pytest.raises(ValueError, match="finite number >= 0.*from_config"):
+        CostModel(**bad)
