@@ -8,18 +8,24 @@ a rank × rank map of the KV traffic::
 
     hsap-plan --dist longtail --seed 0 --T 131072 --P 8 --png plan.png
     hsap-plan --lengths 100,2000,30000,500 --P 4 --U 2
+    hsap-plan --dist mixed --P 8 --gpus_per_node 8 --config ./my-model/config.json --hardware H100
 
 Every printed figure is taken from :meth:`hf_hsap.Plan.stats`. matplotlib is imported only for ``--png``.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
 
+from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, plan_sequence
 
@@ -190,8 +196,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round order of the transfers (default auto)")
     p.add_argument("--gpus_per_node", type=int, default=None,
                    help="GPUs per node: a group inside one node plans with NVLink costs (default: network costs)")
+    p.add_argument("--config", help="a model's config.json (or its folder): price tokens and KV for that model "
+                   "(default: Llama-3-8B shapes)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE_LINKS), default="A100",
+                   help="GPU of --config's cost model (default A100)")
+    p.add_argument("--attention-only", action="store_true",
+                   help="plan for a step of attention alone: a token costs nothing beyond its pairs")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
     return p
+
+
+def _load_config(path: str) -> SimpleNamespace:
+    """A model config from a local ``config.json`` (or the folder holding one), as attributes; a
+    multimodal config's ``text_config`` is used when present. No hub access."""
+    f = Path(path)
+    f = f / "config.json" if f.is_dir() else f
+    if not f.is_file():
+        raise ValueError(f"--config: no config file at {f}; pass a config.json or the folder of a saved model")
+    try:
+        raw = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config: {f} is not valid JSON ({e})") from None
+    raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+    missing = [k for k in ("num_attention_heads", "hidden_size") if k not in raw]
+    if missing:
+        raise ValueError(f"--config: {f} lacks {', '.join(missing)}; pass a decoder model's config.json")
+    return SimpleNamespace(**raw)
+
+
+def make_cost(args: argparse.Namespace) -> CostModel | None:
+    """The cost model the arguments ask for (``None``: the planner's default for the link)."""
+    link = "nvlink" if args.gpus_per_node and args.gpus_per_node % args.P == 0 else "network"
+    cost = CostModel.from_config(_load_config(args.config), link, args.hardware) if args.config else None
+    if args.attention_only:
+        cost = dataclasses.replace(cost or CostModel.for_link(link), token_cost=0.0)
+    return cost
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -204,7 +243,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return plan_sequence(cu, args.P, args.placement, ulysses_size=args.U, recv_budget_tokens=args.budget,
-                         rounds=args.rounds, gpus_per_node=args.gpus_per_node)
+                         rounds=args.rounds, gpus_per_node=args.gpus_per_node, cost=make_cost(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

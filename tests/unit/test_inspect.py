@@ -80,3 +80,34 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
 def test_rounds_option(capsys):
     assert main(["--lengths", "65536", "--P", "8", "--rounds", "by_peer"]) == 0
     assert "rounds 7 (by_peer)" in capsys.readouterr().out
+
+
+def test_config_and_attention_only_options(capsys, tmp_path):
+    """--config prices tokens and KV for that model (CostModel.from_config, on --hardware, KV over NVLink
+    when --gpus_per_node holds the group); --attention-only sets the token cost to 0; the plans differ."""
+    import json
+    from types import SimpleNamespace
+
+    from hf_hsap import CostModel
+
+    cfg = {"num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096, "intermediate_size": 11008}
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": cfg}))
+    base = ["--dist", "mixed", "--T", "65536", "--P", "8", "--gpus_per_node", "8"]
+    assert main(base + ["--config", str(tmp_path), "--hardware", "H100"]) == 0
+    want = CostModel.from_config(SimpleNamespace(**cfg), "nvlink", "H100")
+    out = capsys.readouterr().out
+    assert f"token {want.token_cost:.0f}, KV token {want.kv_token_cost:.0f}," in out
+    assert main(base + ["--attention-only"]) == 0
+    out_att = capsys.readouterr().out
+    assert "token 0, KV token 102," in out_att
+    assert _rank_rows(out_att, False) != _rank_rows(out, False)
+
+
+@pytest.mark.parametrize("content,msg", [(None, "no config file"), ("{oops", "not valid JSON"),
+                                         ('{"hidden_size": 8}', "lacks num_attention_heads")])
+def test_bad_config_exits_2(capsys, tmp_path, content, msg):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["--lengths", "100,200", "--P", "2", "--config", str(path)]) == 2
+    assert msg in capsys.readouterr().err
