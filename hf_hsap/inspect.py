@@ -120,7 +120,8 @@ def summary_lines(plan: Plan) -> list[str]:
     est = np.array(st.get("est_time", []), dtype=np.float64)
     if est.size:
         c = plan.cost
-        lines.append(f"cost model (attention pairs): token {c.token_cost:.0f}, KV token {c.kv_token_cost:.0f}, "
+        a2a = " (incl. all-to-all)" if U > 1 else ""
+        lines.append(f"cost model (attention pairs): token {c.token_cost:.0f}{a2a}, KV token {c.kv_token_cost:.0f}, "
                      f"round {c.round_cost:.0f}; estimated step time max/mean {est.max() / est.mean():.3f} "
                      "(what placement=auto evens out)")
     lines.append("")

@@ -9,6 +9,10 @@ attention work::
 * ``local_work_r``: pairs of queries against the part's own keys: run while the needed KV is in
   flight. ``remote_work_r``: pairs against received keys: wait for them.
 * ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
+* With Ulysses inside the SP group (``U > 1``) every token's q, k, v and output (and their gradients)
+  also cross the intra all-to-all, which nothing overlaps: :meth:`CostModel.for_ulysses` adds
+  ``a2a_token_cost * (U - 1) / U`` to ``token_cost`` (a rank computes ``1 / U`` of its part's heads,
+  so every term of a rank's time is its part's divided by ``U``).
 
 Defaults (:meth:`CostModel.default`): Llama-3-8B shapes (32 q heads, 8 kv heads, head dim 128,
 218 M parameters per layer) on A100 nodes with InfiniBand (25 GB/s per GPU, 80% reached) between
@@ -20,6 +24,7 @@ in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -55,14 +60,17 @@ class CostModel:
         token_cost: cost of one token through the non-attention parts of a layer.
         kv_token_cost: cost of receiving one KV token (and returning its gradient).
         round_cost: latency of one communication round (fwd + bwd), in pairs.
+        a2a_token_cost: cost of one token's q, k, v and output and their gradients through a whole
+            all-to-all (fwd + bwd, over NVLink); only plans with ``U > 1`` pay it (:meth:`for_ulysses`).
     """
 
     token_cost: float = 17930.0
     kv_token_cost: float = 1226.0
     round_cost: float = 120000.0
+    a2a_token_cost: float = 511.0
 
     def __post_init__(self) -> None:
-        for name in ("token_cost", "kv_token_cost", "round_cost"):
+        for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
@@ -72,14 +80,18 @@ class CostModel:
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
-                    dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6) -> "CostModel":
+                    dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6,
+                    a2a_bytes_per_s: float | None = None) -> "CostModel":
         """Cost model for a model shape, a link (per GPU, per direction, as reached), its latency per
-        round ``alpha_s`` (paid in forward and backward) and a GPU peak."""
+        round ``alpha_s`` (paid in forward and backward), a GPU peak and the all-to-all's link inside a
+        node (``a2a_bytes_per_s``, default ``link_bytes_per_s``)."""
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
+        # forward q, k, v, out; backward dout, dq, dk, dv (kv heads as given: replication not counted)
+        a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / (a2a_bytes_per_s or link_bytes_per_s)
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
-                         round_cost=2 * alpha_s / pair_s)
+                         round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s)
 
     @staticmethod
     def from_config(config: Any, link: str = "network", hardware: str = "auto") -> "CostModel":
@@ -106,7 +118,7 @@ class CostModel:
         params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
         peak, nvl, net = HARDWARE_LINKS[hardware]
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
-        return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha)
+        return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8)
 
     @staticmethod
     def default() -> "CostModel":
@@ -117,6 +129,14 @@ class CostModel:
     def nvlink() -> "CostModel":
         """Llama-3-8B on A100, KV over NVLink (300 GB/s per GPU, 80% reached)."""
         return CostModel(token_cost=17930.0, kv_token_cost=102.0, round_cost=60000.0)
+
+    def for_ulysses(self, ulysses_size: int) -> "CostModel":
+        """This model for plans with Ulysses size ``U``: every token also pays its share of the all-to-all,
+        ``token_cost + a2a_token_cost * (U - 1) / U`` (the model itself for ``U == 1``)."""
+        if ulysses_size <= 1:
+            return self
+        extra = self.a2a_token_cost * (ulysses_size - 1) / ulysses_size
+        return dataclasses.replace(self, token_cost=self.token_cost + extra)
 
     @staticmethod
     def for_link(link: str) -> "CostModel":

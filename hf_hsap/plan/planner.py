@@ -324,14 +324,15 @@ def plan_sequence(
     key = (layout.digest, size, U, placement, recv_budget_tokens, rounds, token_slack, cost, rank)
 
     def build() -> Plan:
-        pl, tr = _place(layout, size // U, placement, token_slack, cost, min_tokens=U)
+        ucost = cost.for_ulysses(U)  # tokens also cross the all-to-all when U > 1
+        pl, tr = _place(layout, size // U, placement, token_slack, ucost, min_tokens=U)
         order, pieces = rounds, None
         if rounds == "auto":
-            times = round_order_times(layout, pl, tr, cost, recv_budget_tokens)
+            times = round_order_times(layout, pl, tr, ucost, recv_budget_tokens)
             order = "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
             pieces = times[order][1]
         return Plan(layout, pl, tr, size, U, rank, sp if isinstance(sp, SPGroup) else None, recv_budget_tokens,
-                    order, pieces, cost)
+                    order, pieces, ucost)
 
     return build() if cache is None else cache.get_or_build(key, build)
 

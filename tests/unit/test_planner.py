@@ -279,8 +279,10 @@ def test_index_runs_cover_the_index_in_order(rows, shuffle):
 @pytest.mark.parametrize("U", [1, 2])
 def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
     """``stats()["est_time"]``: token_cost * tokens + max(local, kv_token_cost * recv) + remote, per part,
-    split over its U ranks; computed here from the other per-rank figures of the same stats."""
-    cost = CostModel(token_cost=50.0, kv_token_cost=7.0, round_cost=1.0)
+    split over its U ranks, with the all-to-all's share added to the token cost for U > 1; computed here
+    from the other per-rank figures of the same stats."""
+    cost = CostModel(token_cost=50.0, kv_token_cost=7.0, round_cost=1.0, a2a_token_cost=3.0)
+    token_cost = 50.0 + 3.0 * (U - 1) / U
     lengths = [3000, 700, 5000, 120, 2600, 900, 40, 1500]
     plan = plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "balanced", ulysses_size=U, cost=cost)
     st = plan.stats()
@@ -288,13 +290,28 @@ def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
         part = [q for q in range(4) if q // U == r // U]
         tokens = sum(st["tokens"][q] for q in part)  # the part's tokens
         work, local = st["attn_work"][r] * U, st["local_attn_work"][r] * U  # the part's pairs (all heads)
-        want = cost.token_cost * tokens + max(local, cost.kv_token_cost * st["recv_kv_tokens"][r]) + work - local
+        want = token_cost * tokens + max(local, cost.kv_token_cost * st["recv_kv_tokens"][r]) + work - local
         assert st["est_time"][r] == pytest.approx(want / U, rel=1e-12)
     assert "est_time" in plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "auto").stats()
 
 
 @pytest.mark.parametrize("bad", [{"token_cost": -1.0}, {"kv_token_cost": float("nan")}, {"round_cost": "60000"},
-                                 {"token_cost": float("inf")}])
+                                 {"token_cost": float("inf")}, {"a2a_token_cost": -3.0}])
 def test_cost_model_rejects_bad_costs(bad: dict) -> None:
     with pytest.raises(ValueError, match="finite number >= 0.*from_config"):
         CostModel(**bad)
+
+
+def test_all_to_all_cost_of_the_hierarchy() -> None:
+    """from_config prices a token's q, k, v, out and their gradients over NVLink (Llama-3-8B on A100:
+    2 * (2 * 32 + 2 * 8) * 128 * 2 bytes at 240 GB/s against one pair's 57344 FLOPs at 171.6 TFLOP/s);
+    for_ulysses adds its (U - 1) / U share to the token cost and leaves U = 1 alone."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
+    for link in ("nvlink", "network"):
+        c = CostModel.from_config(cfg, link, "A100")
+        assert c.a2a_token_cost == pytest.approx((40960 / 240e9) / (57344 / (312e12 * 0.55)), rel=1e-9)
+    assert c.for_ulysses(1) is c
+    assert c.for_ulysses(8).token_cost == pytest.approx(c.token_cost + c.a2a_token_cost * 7 / 8)
+    assert CostModel().a2a_token_cost == pytest.approx(c.a2a_token_cost, rel=1e-3)  # the defaults agree
