@@ -37,8 +37,9 @@ class _Runner:
 
 
 # The cost model of the step these benchmarks time: one attention layer and nothing else, so a token
-# costs nothing outside attention (a full model's projections and MLP would price it at ~18,000 pairs);
-# KV priced as on NVLink, as for an SP group inside one node.
+# costs no linear layers (a full model's projections and MLP would price it at ~18,000 pairs), only its
+# communication: KV priced as on NVLink, as for an SP group inside one node (and the default all-to-all
+# share for hsap_U2).
 ATTENTION_ONLY = hf_hsap.CostModel(token_cost=0.0, kv_token_cost=hf_hsap.CostModel.nvlink().kv_token_cost,
                                    round_cost=hf_hsap.CostModel.nvlink().round_cost)
 

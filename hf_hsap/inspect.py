@@ -30,6 +30,7 @@ from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, plan_sequence
 
 DISTS = ("longtail", "sft", "mixed", "single")
+LLAMA3_8B = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
 _LOGNORMAL = {"longtail": (2048.0, 1.6), "sft": (600.0, 0.9)}  # (median, sigma) of the spec's draws
 
 
@@ -123,7 +124,7 @@ def summary_lines(plan: Plan) -> list[str]:
         a2a = " (incl. all-to-all)" if U > 1 else ""
         lines.append(f"cost model (attention pairs): token {c.token_cost:.0f}{a2a}, KV token {c.kv_token_cost:.0f}, "
                      f"round {c.round_cost:.0f}; estimated step time max/mean {est.max() / est.mean():.3f} "
-                     "(what placement=auto evens out)")
+                     "(placement=auto keeps the candidate with the lowest max)")
     lines.append("")
     head = f"{'rank':>4} {'part':>4} {'tokens':>9} {'attn_work':>15} {'recv_kv':>9} {'send_kv':>9}"
     head += f" {'a2a':>9}" if U > 1 else ""
@@ -199,10 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPUs per node: a group inside one node plans with NVLink costs (default: network costs)")
     p.add_argument("--config", help="a model's config.json (or its folder): price tokens and KV for that model "
                    "(default: Llama-3-8B shapes)")
-    p.add_argument("--hardware", choices=sorted(HARDWARE_LINKS), default="A100",
-                   help="GPU of --config's cost model (default A100)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE_LINKS), default=None,
+                   help="GPU of the cost model (default A100)")
     p.add_argument("--attention-only", action="store_true",
-                   help="plan for a step of attention alone: a token costs nothing beyond its pairs")
+                   help="plan for a step of attention alone: no linear layers, so a token costs only its "
+                        "communication (KV, and with --U > 1 its all-to-all share)")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
     return p
 
@@ -218,6 +220,8 @@ def _load_config(path: str) -> SimpleNamespace:
         raw = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"--config: {f} is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--config: {f} holds a JSON {type(raw).__name__}, not a model config object")
     raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
     missing = [k for k in ("num_attention_heads", "hidden_size") if k not in raw]
     if missing:
@@ -228,7 +232,10 @@ def _load_config(path: str) -> SimpleNamespace:
 def make_cost(args: argparse.Namespace) -> CostModel | None:
     """The cost model the arguments ask for (``None``: the planner's default for the link)."""
     link = "nvlink" if args.gpus_per_node and args.gpus_per_node % args.P == 0 else "network"
-    cost = CostModel.from_config(_load_config(args.config), link, args.hardware) if args.config else None
+    cost = None
+    if args.config or args.hardware:
+        config = _load_config(args.config) if args.config else LLAMA3_8B
+        cost = CostModel.from_config(config, link, args.hardware or "A100")
     if args.attention_only:
         cost = dataclasses.replace(cost or CostModel.for_link(link), token_cost=0.0)
     return cost

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -82,6 +83,14 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
     Returns:
         The placement.
     """
+    return balanced_variants(layout, n_parts, (token_cost,), token_slack, work_slack)[0]
+
+
+def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float | None],
+                      token_slack: float = DEFAULT_TOKEN_SLACK,
+                      work_slack: float = DEFAULT_WORK_SLACK) -> list[Placement]:
+    """:func:`balanced` for several ``token_cost`` values at the price of one greedy pass (only the
+    refinement differs). Returns one placement per entry of ``token_costs``."""
     lengths = layout.doc_lengths
     T = layout.total_tokens
     P = n_parts
@@ -156,9 +165,14 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
                 wrk[p] += float(w_add)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
-    refine_work(layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=4 * P,
-                tok=None if token_cost is None else tok, token_cost=token_cost or 0.0, cap_t=cap_t)
-    return _finish("balanced", P, seg_doc, seg_start, seg_end, seg_part)
+    doc_first = layout.cu_seqlens[:-1].tolist()
+    out = []
+    for token_cost in token_costs:
+        starts_, ends_, parts_ = list(seg_start), list(seg_end), list(seg_part)
+        refine_work(doc_first, seg_doc, starts_, ends_, parts_, list(wrk), max_moves=4 * P,
+                    tok=None if token_cost is None else list(tok), token_cost=token_cost or 0.0, cap_t=cap_t)
+        out.append(_finish("balanced", P, seg_doc, starts_, ends_, parts_))
+    return out
 
 
 def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:

@@ -88,8 +88,10 @@ class CostModel:
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
-        # forward q, k, v, out; backward dout, dq, dk, dv (kv heads as given: replication not counted)
-        a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / (a2a_bytes_per_s or link_bytes_per_s)
+        # forward q, k, v, out; backward dout, dq, dk, dv, all in the activations' dtype (kv heads as given:
+        # replication for a U that does not divide them is not counted)
+        a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
+        a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s)
 
@@ -113,6 +115,9 @@ class CostModel:
         hq = int(config.num_attention_heads)
         hkv = int(getattr(config, "num_key_value_heads", None) or hq)
         hidden = int(config.hidden_size)
+        if hq < 1 or hkv < 1 or hidden < 1:
+            raise ValueError(f"the model config needs positive num_attention_heads, num_key_value_heads and "
+                             f"hidden_size, got {hq}, {hkv}, {hidden}")
         d = int(getattr(config, "head_dim", None) or hidden // hq)
         ffn = int(getattr(config, "intermediate_size", None) or 4 * hidden)
         params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .balanced import balanced
+from .balanced import balanced, balanced_variants
 from .cache import PlanCache
 from .cost import CostModel, choose_placement, local_work_per_part, part_times, round_order_times
 from .pipeline import ROUND_ORDERS, piece_remote_work, round_tables
@@ -168,8 +168,9 @@ class Plan:
             ``round_remote_work`` (pairs against them), ``round_transfers`` (``[rounds]`` lists of
             ``(dst, src, KV tokens)`` between parts in the round); with a cost model, ``est_time``: each
             rank's estimated step time in attention pairs (``token_cost * tokens + max(local work,
-            kv_token_cost * recv) + remote work``, one batched round, divided by ``U``), the load that
-            ``placement="auto"`` evens out.
+            kv_token_cost * recv) + remote work`` of its part, divided by ``U``; round latency and the
+            ``by_peer`` overlap left out): ``placement="auto"`` keeps the candidate whose largest
+            estimate is the smallest.
         """
         pl, U = self.placement, self.ulysses_size
         work = pl.work_per_part(self.layout)
@@ -227,9 +228,10 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
         # small slacks: tokens cost every linear layer, so near-equal token counts pay even when a few
         # more documents must be split (BENCHMARKS.md); ``token_slack`` stays the cap
         slacks = sorted({min(AUTO_TOKEN_SLACKS[0], token_slack), min(AUTO_TOKEN_SLACKS[1], token_slack)})
-        # priced refinement: trade a little token balance for work balance where the cost model says so
+        # priced refinement: trade a little token balance for work balance where the cost model says so;
+        # the token-neutral one stays a candidate (its slides add no KV where parts wait for it)
         token_cost = (cost or CostModel.default()).token_cost
-        cands = [balanced(layout, n_parts, eps, token_cost=token_cost) for eps in slacks]
+        cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (token_cost, None), eps)]
         cands.append(contiguous(layout, n_parts))
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [compute_transfers(c) for c in cands]

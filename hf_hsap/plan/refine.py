@@ -1,4 +1,4 @@
-"""Token-neutral work refinement of a placement: slide segment boundaries inside split documents.
+"""Work refinement of a placement: move segment boundaries inside split documents.
 
 A greedy placement leaves some attention-work imbalance (the last documents it places are whole and
 coarse). Where two parts ``p`` and ``q`` meet at two boundaries of split documents (a dual-chunk
@@ -7,10 +7,10 @@ rows at a late position to ``q`` and take ``x`` of ``q``'s rows at an early posi
 token counts, and about ``x * (late - early)`` (query, key) pairs of work move from ``p`` to ``q``
 (a row at position ``r`` of its document attends to ``r + 1`` keys).
 
-:func:`refine_work` repeats the best such exchange for the busiest part until it no longer lowers
-the maximum. Token counts, segment counts and the set of (part, document) pairs never change, so
-the KV a part needs changes by at most the rows moved. Plain Python scalars (it runs per batch,
-inside the planning budget).
+:func:`refine_work` repeats the best move for the busiest part until it no longer lowers the
+maximum. Exchanges keep token counts; neither move changes segment counts or the set of (part,
+document) pairs, so the KV a part needs changes by at most the rows moved. Plain Python scalars (it
+runs per batch, inside the planning budget).
 
 Priced by a cost model (``tok`` and ``token_cost`` given), a part may also *slide* one boundary: it
 hands ``x`` rows to the neighbour on the other side, which has free tokens under the cap. Its load
@@ -146,15 +146,22 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
         left = seg_part[a] == p
         q = seg_part[a + 1] if left else seg_part[a]
         gap = load[p] - load[q]
-        x_max = min(int(cap_t - tok[q]), (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1)
+        x_max = (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1
+        if math.isfinite(cap_t):
+            x_max = min(x_max, int(cap_t - tok[q]))
         if gap <= 0 or x_max < 1:
             continue
-        pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
-        x = max(1, min(x_max, round(gap / (2 * (pos + token_cost)))))  # a row there carries about pos pairs
-        for xx in {max(1, x - 1), x, min(x_max, x + 1)}:
-            work = _moved(a, left, xx, doc_first, seg_doc, seg_start, seg_end)[0]
-            delta = work + token_cost * xx
-            peak = max(load[p] - delta, load[q] + delta)
+
+        def delta(x: int) -> float:  # load moved by sliding x rows (increases with x)
+            return _moved(a, left, x, doc_first, seg_doc, seg_start, seg_end)[0] + token_cost * x
+
+        lo, hi = 1, x_max  # the largest x moving at most half the gap (the rows' work is quadratic in x)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if delta(mid) <= gap / 2 else (lo, mid - 1)
+        for x in {lo, min(x_max, lo + 1)}:
+            d = delta(x)
+            peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
-                best, best_peak = (peak, q, xx, a, float(work)), peak
+                best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
     return best

@@ -100,11 +100,18 @@ def test_config_and_attention_only_options(capsys, tmp_path):
     assert main(base + ["--attention-only"]) == 0
     out_att = capsys.readouterr().out
     assert "token 0, KV token 102," in out_att
-    assert _rank_rows(out_att, False) != _rank_rows(out, False)
+    # the plans themselves differ (tokens, work, received and sent KV; not only the estimate column)
+    assert [r[:-1] for r in _rank_rows(out_att, False)] != [r[:-1] for r in _rank_rows(out, False)]
+    assert main(base + ["--hardware", "H100"]) == 0  # Llama-3-8B shapes on that GPU
+    want = CostModel.from_config(SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
+                                                 intermediate_size=14336), "nvlink", "H100")
+    assert f"token {want.token_cost:.0f}, KV token {want.kv_token_cost:.0f}," in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("content,msg", [(None, "no config file"), ("{oops", "not valid JSON"),
-                                         ('{"hidden_size": 8}', "lacks num_attention_heads")])
+                                         ('{"hidden_size": 8}', "lacks num_attention_heads"),
+                                         ("[1, 2]", "not a model config object"),
+                                         ('{"num_attention_heads": 0, "hidden_size": 8}', "positive")])
 def test_bad_config_exits_2(capsys, tmp_path, content, msg):
     path = tmp_path / "config.json"
     if content is not None:

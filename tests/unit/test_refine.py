@@ -124,3 +124,19 @@ def test_a_slide_reaches_a_neighbour_across_one_boundary() -> None:
     assert max(load) < max(load_before)
     if tok[1] < 400:  # not stopped by the cap: even within one row (a row there carries < 300 load)
         assert abs(load[0] - load[1]) <= 2 * (200 + token_cost)
+
+
+def test_a_slide_far_from_the_document_start_is_sized_exactly() -> None:
+    """The work of rows given away near a document's start grows quadratically with their number; the
+    slide is sized by bisection, not a linear guess, so a large gap is still evened out. A caller's
+    default (infinite) token cap is fine."""
+    from hf_hsap.plan.placement import rows_work
+
+    doc_first = [0, 2000]  # document 0 (2000 rows): part 1 holds [0, 100), part 0 [100, 2000); doc 1 on part 1
+    seg_doc, seg_start, seg_end, seg_part = [0, 0, 1], [0, 100, 2000], [100, 2000, 3000], [1, 0, 1]
+    wrk = [float(rows_work(100, 2000)), float(rows_work(0, 100) + rows_work(0, 1000))]
+    tok = [1900.0, 1100.0]
+    before = max(wrk)
+    assert refine_work(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, 10, tok=tok, token_cost=0.0) >= 1
+    assert max(wrk) < 0.65 * before and abs(wrk[0] - wrk[1]) < 2500  # even within about one row (~1224 pairs)
+    assert tok == [2000.0 - seg_end[0], seg_end[0] + 1000.0]
