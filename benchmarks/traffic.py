@@ -25,6 +25,7 @@ import numpy as np
 
 import hf_hsap
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
+from hf_hsap.plan.planner import offline_link
 from hf_hsap.topology import auto_ulysses_size
 
 from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
@@ -179,7 +180,7 @@ def evaluate_layout(dist: str, T: int, P: int, seed: int, cfg: TrafficConfig) ->
     lengths = doc_lengths(dist, T, seed)
     cu = cu_seqlens(lengths)
     res = LayoutResult(dist, T, P, seed, len(lengths), int(lengths.max()), recv_floor(lengths, P))
-    link = "nvlink" if cfg.gpus_per_node % P == 0 else "network"
+    link = offline_link(P, cfg.gpus_per_node)
     for key, shape in SHAPES.items():  # each model plans with its own cost model, as the trainers do
         res.schemes[key] = all_schemes(lengths, P, shape, cfg.gpus_per_node, cfg.u_values)
         for hw in cfg.planner_hardware:  # ... on the GPU it runs on (CostModel.from_config)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
-from .plan.planner import Plan, plan_sequence
+from .plan.planner import Plan, offline_link, plan_sequence
 
 DISTS = ("longtail", "sft", "mixed", "single")
 LLAMA3_8B = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
@@ -231,7 +231,7 @@ def _load_config(path: str) -> SimpleNamespace:
 
 def make_cost(args: argparse.Namespace) -> CostModel | None:
     """The cost model the arguments ask for (``None``: the planner's default for the link)."""
-    link = "nvlink" if args.gpus_per_node and args.gpus_per_node % args.P == 0 else "network"
+    link = offline_link(args.P, args.gpus_per_node)
     cost = None
     if args.config or args.hardware:
         config = _load_config(args.config) if args.config else LLAMA3_8B

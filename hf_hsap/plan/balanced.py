@@ -90,7 +90,15 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
                       token_slack: float = DEFAULT_TOKEN_SLACK,
                       work_slack: float = DEFAULT_WORK_SLACK) -> list[Placement]:
     """:func:`balanced` for several ``token_cost`` values at the price of one greedy pass (only the
-    refinement differs). Returns one placement per entry of ``token_costs``."""
+    refinement differs).
+
+    Args:
+        layout, n_parts, token_slack, work_slack: as for :func:`balanced`.
+        token_costs: one refinement per entry (``None``: token-neutral).
+
+    Returns:
+        One placement per entry of ``token_costs``.
+    """
     lengths = layout.doc_lengths
     T = layout.total_tokens
     P = n_parts

@@ -211,6 +211,12 @@ class Plan:
                 "round_transfers": [[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat]}
 
 
+def offline_link(size: int, gpus_per_node: int | None) -> str:
+    """The link SAP's KV crosses for an offline group of ``size`` ranks: ``"nvlink"`` when the group fits
+    in one node of ``gpus_per_node`` ranks, else (or unknown) ``"network"``."""
+    return "nvlink" if gpus_per_node and gpus_per_node % size == 0 else "network"
+
+
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
            cost: CostModel | None, min_tokens: int = 1) -> tuple[Placement, Transfers]:
     """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`) and its transfers.
@@ -308,7 +314,7 @@ def plan_sequence(
         size, U, rank = int(sp), int(ulysses_size), None
         if size < 1 or U < 1 or size % U != 0:
             raise ValueError(f"the SP size ({size}) must be a positive multiple of ulysses_size ({U})")
-        link = "nvlink" if gpus_per_node and gpus_per_node % size == 0 else "network"
+        link = offline_link(size, gpus_per_node)
     else:
         raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
     if recv_budget_tokens is not None and recv_budget_tokens < 1:
