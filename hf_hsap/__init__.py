@@ -1,9 +1,10 @@
 """hf_hsap: Hierarchical Sequence-Aware Parallelism for packed training data.
 
 Public API:
-    init_sequence_parallel(sp_size, ulysses_size=1, group=None) -> SPGroup
+    init_sequence_parallel(sp_size, ulysses_size="auto", group=None) -> SPGroup
     plan_sequence(cu_seqlens, sp, placement="auto") -> Plan
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
+    check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
 """
 from .attention import hsap_attn_func
 from .kernels import reference_attention, select_kernel, varlen_attention
@@ -12,7 +13,7 @@ from .plan.cost import CostModel
 from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
 from .plan.planner import Plan, plan_sequence
 from .topology import SPGroup, init_sequence_parallel
-from .integrations import register, shard_batch  # noqa: E402  (register() imports transformers lazily)
+from .integrations import check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
 
 register()
@@ -23,7 +24,10 @@ __all__ = [
     "Plan",
     "PlanCache",
     "SPGroup",
+    "check_model",
+    "check_plan_used",
     "cu_seqlens_from_position_ids",
+    "disable_attention_dropout",
     "hsap_attn_func",
     "init_sequence_parallel",
     "make_layout",

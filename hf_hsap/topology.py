@@ -45,6 +45,8 @@ class SPGroup:
             sap_link)``.
         gpus_per_node: ranks per node (global ranks ``n * gpus_per_node ...`` share node ``n``);
             ``None``: unknown (the SAP links are then treated as network links).
+        pending_plan_use: the :class:`~hf_hsap.integrations.plan_use.PlanUse` of the last batch
+            ``shard_batch`` made for this group, checked at its next call.
     """
 
     size: int
@@ -64,6 +66,7 @@ class SPGroup:
     gpus_per_node: int | None = None
     grad_comm_dtype: Any = None
     cost_model: Any = None
+    pending_plan_use: Any = None
 
     @property
     def sap_link(self) -> str:
@@ -189,8 +192,13 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
             return SPGroup.single()
-        raise RuntimeError("torch.distributed is not initialised: run under `accelerate launch` / torchrun "
-                           "and create the Accelerator (or call dist.init_process_group) first")
+        raise RuntimeError(
+            f"sp_size={sp_size} needs at least {sp_size} processes, but this is a single process (torch.distributed "
+            f"is not initialised): launch {sp_size} or more, e.g. `accelerate launch --num_processes {sp_size} ...` "
+            "(on CPU: --config_file accelerate_configs/cpu_4proc.yaml) or `torchrun --nproc_per_node "
+            f"{sp_size} ...`, and create the Accelerator (or call dist.init_process_group) before this call"
+        )
+    _check_accelerate_world(dist.get_world_size())
     members = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
     world = len(members)
     _validate(world, sp_size, ulysses_size)
@@ -229,6 +237,28 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group
     )
     sp.device_mesh = _device_mesh(members, n_sp, R, U)
     return sp
+
+
+def _check_accelerate_world(world: int) -> None:
+    """Refuse an Accelerate state that counts other processes than torch.distributed has.
+
+    A bare ``Accelerator()`` on a CPU machine under ``accelerate launch`` with a multi-process config
+    initialises the process group but reports one process (``DistributedType.NO``): ``prepare()`` then
+    returns the model without DDP and the ranks train apart, silently.
+    """
+    try:
+        from accelerate.state import PartialState
+    except ImportError:  # pragma: no cover - accelerate is a dependency
+        return
+    shared = getattr(PartialState, "_shared_state", {})
+    n = shared.get("num_processes")
+    if n is not None and int(n) != world:
+        raise ValueError(
+            f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "
+            "the model for data parallelism and the ranks would train apart. On CPU create the Accelerator with "
+            "Accelerator(cpu=True) (or PartialState(cpu=True)) before init_sequence_parallel; on GPUs launch with "
+            "a config whose distributed_type matches (accelerate_configs/)"
+        )
 
 
 def _device_mesh(members: list[int], dp: int, R: int, U: int) -> Any:

@@ -115,8 +115,11 @@ def load_checkpoint(accelerator: Any, args: argparse.Namespace, path: Path) -> i
 
 def to_device(local: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The model inputs of a sharded batch, on ``device`` (the plan stays a host object)."""
-    return {"input_ids": local["input_ids"].to(device), "position_ids": local["position_ids"].to(device),
-            "hsap_plan": local["hsap_plan"], "use_cache": False}
+    out = {"input_ids": local["input_ids"].to(device), "position_ids": local["position_ids"].to(device),
+           "hsap_plan": local["hsap_plan"], "use_cache": False}
+    if "hsap_plan_use" in local:  # the record each attention layer fills (checked by hsap_causal_lm_loss)
+        out["hsap_plan_use"] = local["hsap_plan_use"]
+    return out
 
 
 def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str, Any]]:
@@ -147,7 +150,7 @@ def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, acc
         local = shard_batch(batch, sp, placement=args.placement, verify=False, plan_options=plan_options(args))
         with accelerator.autocast():
             logits = model(**to_device(local, accelerator.device)).logits
-        totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1))
+        totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1, sp=sp))
         if sp.rank == 0:  # the count is of the global batch, the same on every SP rank: add it once
             totals[1] += int(local["num_items_in_batch"])
     model.train()
@@ -172,7 +175,7 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
         with nullcontext() if sync else accelerator.no_sync(model):
             with accelerator.autocast():
                 logits = model(**to_device(local, accelerator.device)).logits  # [1, T_local, V]
-            loss = hsap_causal_lm_loss(logits, local["shift_labels"], n_targets, grad_scale=scale)
+            loss = hsap_causal_lm_loss(logits, local["shift_labels"], n_targets, grad_scale=scale, sp=sp)
             accelerator.backward(loss)
         loss_sum += loss.detach()
     return {"loss": reduce_loss_for_logging(loss_sum, sp, grad_scale=scale), "targets": n_targets,
@@ -200,6 +203,7 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--docs_per_step {args.docs_per_step} < dp_size {sp.dp_size} x grad_accum {args.grad_accum}")
 
     model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
+    hf_hsap.check_model(model, sp_size=sp.size)  # refuse before the first step what "hsap" cannot run exactly
     config, n_matmul = model.config, matmul_params(model)
     optimizer, scheduler = make_optimizer(model, args)
     model, optimizer = accelerator.prepare(model, optimizer)

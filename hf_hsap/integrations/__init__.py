@@ -6,6 +6,8 @@ The trainers import ``transformers.Trainer`` / TRL lazily (``from hf_hsap.integr
 from typing import Any
 
 from .dataloader import SPDataLoader
+from .model_check import ModelCheck, UnsupportedModelError, check_model, disable_attention_dropout
+from .plan_use import PlanNotUsedError, PlanUse, check_plan_used
 from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, reduce_loss_for_logging
 from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
 from .transformers import (
@@ -21,8 +23,15 @@ _TRAINERS = ("HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin")
 
 __all__ = [
     "ATTN_NAME",
+    "ModelCheck",
+    "PlanNotUsedError",
+    "PlanUse",
     "SPDataLoader",
+    "UnsupportedModelError",
     "batch_cu_seqlens",
+    "check_model",
+    "check_plan_used",
+    "disable_attention_dropout",
     "document_starts",
     "dp_grad_scale",
     "global_num_items",

@@ -64,6 +64,10 @@ class SPDataLoader:
             iteration; set it with :meth:`skip_first_batches`.
         skip_first_pass_only: apply ``skip_batches`` to the first iteration only (a resumed epoch), and report
             the length of a full pass.
+        check_previous: passed to :func:`~.sharding.shard_batch`: each batch checks that the forward of the
+            one before it consumed its plan in every attention layer. A caller that runs ahead of the forward
+            (e.g. Trainer's gradient accumulation) passes ``False`` and calls
+            :func:`~.plan_use.check_plan_used` after each forward instead.
 
     Yields:
         local batches from :func:`~.sharding.shard_batch`, on the device this rank's batches came on.
@@ -73,13 +77,14 @@ class SPDataLoader:
 
     def __init__(self, dataloader: Any, sp: Any, placement: str = "auto", keep_num_items: bool = True,
                  verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False,
-                 plan_options: dict[str, Any] | None = None) -> None:
+                 plan_options: dict[str, Any] | None = None, check_previous: bool = True) -> None:
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
         self.dataloader = dataloader
         self.sp = sp
         self.placement = placement
         self.plan_options = dict(plan_options or {})
+        self.check_previous = check_previous
         self.keep_num_items = keep_num_items
         self.verify = verify
         self.skip_batches = int(skip_batches)
@@ -107,7 +112,8 @@ class SPDataLoader:
         """
         return SPDataLoader(self.dataloader, self.sp, placement=self.placement, keep_num_items=self.keep_num_items,
                             verify=self.verify, skip_batches=self.skip_batches + int(num_batches),
-                            skip_first_pass_only=first_pass_only, plan_options=self.plan_options)
+                            skip_first_pass_only=first_pass_only, plan_options=self.plan_options,
+                            check_previous=self.check_previous)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward to the inner loader and to a batch sampler that Accelerate wrapped (it does not forward)."""
@@ -131,7 +137,7 @@ class SPDataLoader:
 
     def _local(self, batch: Mapping[str, Any], device: torch.device | None) -> dict[str, Any]:
         local = shard_batch(batch, self.sp, placement=self.placement, verify=self.verify,
-                            plan_options=self.plan_options)
+                            plan_options=self.plan_options, check_previous=self.check_previous)
         if not self.keep_num_items:
             local.pop("num_items_in_batch", None)
         return _to_device(local, device) if device is not None else local

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .plan_use import check_plan_used
 from .sharding import IGNORE_INDEX
 
 __all__ = ["dp_grad_scale", "global_num_items", "hsap_causal_lm_loss", "reduce_loss_for_logging"]
@@ -59,6 +60,7 @@ def hsap_causal_lm_loss(
     num_items_in_batch: torch.Tensor | int,
     grad_scale: float = 1.0,
     ignore_index: int = IGNORE_INDEX,
+    sp: Any = None,
 ) -> torch.Tensor:
     """``grad_scale * sum(CE of local tokens) / num_items_in_batch``, computed in float32.
 
@@ -68,10 +70,18 @@ def hsap_causal_lm_loss(
         num_items_in_batch: global valid targets ``N`` (:func:`global_num_items`); values < 1 count as 1.
         grad_scale: ``W`` when a DP wrapper averages gradients over ``W`` ranks (:func:`dp_grad_scale`), else 1.
         ignore_index: label value without a target.
+        sp: the SP group the batch was sharded for: first check that the forward which made ``logits`` ran
+            the plan of the group's last :func:`~.sharding.shard_batch` through every attention layer.
 
     Returns:
         0-dim float32 loss; 0 (with zero gradients) when no local target is valid.
+
+    Raises:
+        PlanNotUsedError: (with ``sp``) the model's attention layers did not all consume the plan.
     """
+    use = getattr(sp, "pending_plan_use", None)
+    if use is not None and not use.checked:
+        check_plan_used(use)
     vocab = logits.shape[-1]
     ce = F.cross_entropy(logits.float().reshape(-1, vocab), shift_labels.reshape(-1).to(logits.device),
                          ignore_index=ignore_index, reduction="sum")  # [T_local, V] -> scalar

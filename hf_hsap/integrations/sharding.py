@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..plan.layout import check_position_ids
+from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
 from .transformers import document_starts
 
 IGNORE_INDEX = -100
@@ -111,6 +112,20 @@ def _check_same_batch(digest: int, sp: Any) -> None:
         )
 
 
+def _check_previous_batch(sp: Any) -> None:
+    """Raise if the SP group's previous batch from :func:`shard_batch` went through a forward in which not
+    every attention layer consumed its plan (a check not made yet by the trainers or the loss helper)."""
+    use = getattr(sp, "pending_plan_use", None)
+    if use is None or use.checked:
+        return
+    sp.pending_plan_use = None
+    problem = use.problem()
+    if problem is not None:
+        raise PlanNotUsedError(f"the previous batch of this SP group: {problem}. (A loop that shards batches "
+                               "without running the model on them passes check_previous=False to shard_batch / "
+                               "SPDataLoader.)")
+
+
 def shard_batch(
     batch: Mapping[str, Any],
     sp: Any,
@@ -118,6 +133,7 @@ def shard_batch(
     verify: bool = True,
     ignore_index: int = IGNORE_INDEX,
     plan_options: Mapping[str, Any] | None = None,
+    check_previous: bool = True,
 ) -> dict[str, Any]:
     """Turn one global packed batch into this rank's model inputs.
 
@@ -133,13 +149,18 @@ def shard_batch(
             ``recv_budget_tokens``, ``rounds``, ``token_slack``, ``cost``).
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
+        check_previous: under SP, first check that the forward of the group's previous batch from
+            ``shard_batch`` ran its plan through every attention layer (see :mod:`.plan_use`), and keep this
+            batch's record for the next call. Loaders that shard ahead of the forward (the trainers' loader,
+            which checks each batch after its forward instead) pass ``False``.
 
     Returns:
         dict with ``input_ids``, ``position_ids``, ``shift_labels`` and ``labels`` (the same tensor as
         ``shift_labels``: Transformers computes a loss only when ``labels`` is given, and uses
         ``shift_labels`` in preference), each ``[1, T_local]``; ``hsap_plan``; ``num_items_in_batch``
         (0-dim int64: valid targets in the whole global batch, at least 1 so that an all-ignored batch
-        gives a finite zero loss); ``use_cache=False``.
+        gives a finite zero loss); ``use_cache=False``; under SP ``hsap_plan_use``, the
+        :class:`~.plan_use.PlanUse` record the attention layers fill (:func:`~.plan_use.check_plan_used`).
 
     Shapes:
         ``[B, L]`` global -> ``[1, T_local]`` local, ``T_local = plan.num_local_tokens()``.
@@ -147,6 +168,8 @@ def shard_batch(
     Raises:
         ValueError: a padding ``attention_mask`` with zeros, no document layout, or SP ranks with
             different batches.
+        PlanNotUsedError: (``check_previous``) the group's previous batch ran through a model whose attention
+            layers did not all consume its plan.
     """
     from .. import plan_sequence
 
@@ -168,6 +191,8 @@ def shard_batch(
         sp = 1
     size = getattr(sp, "size", 1)
     rank = None if size > 1 or not isinstance(sp, int) else 0  # an int-1 plan is offline: name rank 0
+    if check_previous and size > 1:
+        _check_previous_batch(sp)
     if verify and size > 1:
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
@@ -188,13 +213,17 @@ def shard_batch(
         "hsap_plan": plan,
         "use_cache": False,
     }
+    if size > 1:
+        local[PLAN_USE_KEY] = PlanUse(size, plan)
+        if check_previous:
+            sp.pending_plan_use = local[PLAN_USE_KEY]
     if shift is not None:
         local["shift_labels"] = plan.shard(shift.to(device), rank=rank).unsqueeze(0)  # [1, T_local]
         local["labels"] = local["shift_labels"]
         n_valid = (shift != ignore_index).sum().clamp_min(1)
         local["num_items_in_batch"] = n_valid.to(device)
     for key, value in batch.items():
-        if key in local or key in _LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch"):
+        if key in local or key in _LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
             continue
         if torch.is_tensor(value) and tuple(value.shape[:2]) == tuple(ids.shape):
             flat = value.reshape(ids.numel(), *value.shape[2:])  # [B, L, ...] -> [B*L, ...]

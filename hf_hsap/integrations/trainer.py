@@ -1,12 +1,14 @@
 """Trainer integration: ``HSAPTrainer`` (Transformers) and ``HSAPSFTTrainer`` (TRL, packing / padding-free).
 
-The mixin changes three things and leaves the training loop alone:
+The mixin changes four things and leaves the training loop alone:
 
 1. the model runs with ``attn_implementation="hsap"`` (registered on construction);
 2. the train / eval loaders are wrapped in :class:`~.dataloader.SPDataLoader`, so each SP group shares its
    global batches and every step's batch is sharded by :func:`~.sharding.shard_batch` (``hsap_plan``,
    ``shift_labels`` computed on the global batch);
-3. the loss is exact: Trainer counts valid ``shift_labels`` over all ranks (``average_tokens_across_devices``
+3. every forward is checked to have run the plan through all of the model's attention layers
+   (:func:`~.plan_use.check_plan_used`, after :func:`~.model_check.check_model` at construction);
+4. the loss is exact: Trainer counts valid ``shift_labels`` over all ranks (``average_tokens_across_devices``
    is forced on), each rank's loss is ``sum(local CE) / N * W``, DDP averages over the ``W`` ranks. The
    logged loss (Trainer's mean over ranks) is then the loss one process would log for the same batches.
    Evaluation gets the same count through one all-reduce per batch.
@@ -24,6 +26,8 @@ from typing import Any
 import torch
 
 from .dataloader import SPDataLoader
+from .model_check import check_model
+from .plan_use import check_plan_used
 from .sharding import IGNORE_INDEX
 from .transformers import ATTN_NAME, register
 
@@ -65,10 +69,14 @@ class HSAPTrainerMixin:
         model = self.accelerator.unwrap_model(self.model)
         if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
             model.set_attn_implementation(ATTN_NAME)
+        # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
+        self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
 
     def _hsap_wrap(self, loader: Any) -> SPDataLoader:
+        # Trainer fetches the micro-batches of a step before their forwards: each batch's plan use is
+        # checked after its own forward (compute_loss), not at the next batch
         return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False,
-                            plan_options=self.sp_plan_options)
+                            plan_options=self.sp_plan_options, check_previous=False)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Trainer's ``train`` with an SP-aware resume: the first pass of the training loader leaves out
@@ -126,8 +134,10 @@ class HSAPTrainerMixin:
         inputs.pop("num_items_in_batch", None)
         if num_items_in_batch is None:
             num_items_in_batch = self._global_num_items(inputs)
-        return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                    num_items_in_batch=num_items_in_batch)
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
+        return result
 
 
 def _trainer_class() -> type:

@@ -5,31 +5,37 @@
 ``from_pretrained(..., attn_implementation="hsap")`` and ``model.set_attn_implementation("hsap")`` work
 for every model whose attention goes through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Qwen2/3, Mistral, ...).
 
-How documents are found (first match wins), see ``NOTES.md`` next to this file for the transformers side:
+How documents are found (first match wins); the single-device rules live in :mod:`.local_layout`:
 
 1. ``hsap_plan`` in the kwargs and the plan's SP size > 1: sequence-parallel attention
-   (:func:`hf_hsap.hsap_attn_func`); the batch is one row of this rank's tokens in plan order.
+   (:func:`hf_hsap.hsap_attn_func`); the batch is one row of this rank's tokens in plan order. The layer
+   records that it consumed the plan (``hsap_plan_use``, see :mod:`.plan_use`).
 2. ``cu_seq_lens_q`` (and optionally ``cu_seq_lens_k``) in the kwargs: documents over the flattened
    ``B * L`` tokens, exactly as flash-attention's padding-free path.
-3. ``L_q == L_k`` (training, prefill): a new document starts at every row start and wherever
-   ``position_ids`` does not continue (``p[t] != p[t-1] + 1``, the rule ``masking_utils`` uses for
-   eager/SDPA, which includes every restart at 0). A 2D padding mask drops padded tokens (their output is 0);
-   the valid tokens of a row must be contiguous (left or right padding).
-4. ``L_q != L_k`` (generation with a KV cache): one causal segment per row, bottom-right aligned (the new
-   queries are the last ``L_q`` of the ``L_k`` keys). A 2D mask may pad on the left only.
+3. ``L_q == L_k`` (training, prefill): the mask function evaluates the mask Transformers composed
+   (causal, packed documents, chunks) on the sub-diagonal only (O(L), never a dense mask) and passes the
+   document ids as a ``[B, L]`` integer ``attention_mask``; without them, a new document starts wherever
+   ``position_ids`` does not continue. A 2D padding mask drops padded tokens (their output is 0).
+4. ``L_q != L_k`` (generation with a KV cache): one causal segment per row over its filled keys,
+   bottom-right aligned (a static cache's unfilled slots are never seen). A 2D mask may pad on the left only.
 
 Refused with ``ValueError`` (the message names the fix): attention dropout > 0, sliding-window layers
-whose window is shorter than a document's keys, non-causal modules, attention sinks (``s_aux``),
-logit soft-capping, position biases, dense 4D masks and custom mask overlays.
+whose window is shorter than a document's keys, chunked layers under SP or in generation past a chunk,
+non-causal modules or masks, attention sinks (``s_aux``), logit soft-capping, position biases, dense 4D
+masks and custom mask overlays, families with non-attention token mixers or attention outside the
+interface (:mod:`.model_check`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..kernels import varlen_attention
+from .local_layout import (LocalLayout, document_ids, document_starts, layout_cached, layout_from_cu,
+                           layout_same_length)
+from .model_check import UnsupportedModelError, check_config, layer_type
+from .plan_use import plan_use_of
 
 ATTN_NAME = "hsap"
 
@@ -75,181 +81,94 @@ def hsap_mask_function(
     attention_mask: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
-    """Mask factory for ``"hsap"``: never a dense mask, only the 2D padding mask when it matters.
+    """Mask factory for ``"hsap"``: never a dense mask, only what the varlen kernel needs.
 
-    Called by ``masking_utils.create_causal_mask`` / ``create_sliding_window_causal_mask``. Causality and
-    document boundaries are handled by the attention function, so the only information kept is padding.
+    Called by ``masking_utils.create_causal_mask`` (and its sliding / chunked variants) once per forward.
+
+    * Without a cache (training, prefill): the composed ``mask_function`` (causal, packed documents from
+      ``position_ids``, chunks of chunked layers) is evaluated on the pairs ``(t, t - 1)`` and ``(t - 1, t)``
+      only: where a token may not see its predecessor a segment starts, and a token that may see its
+      successor means the mask is not causal (refused). The segments go to the attention function as
+      ``[B, L]`` int32 document ids (``-1`` = padding), so they reach it even when a model does not
+      forward ``position_ids`` to its attention layers.
+    * With a cache: the padding of the filled key slots (``[B, <= kv_length]`` bool); a static cache's slots
+      past the last query are not filled and are left out.
 
     Args:
-        batch_size, q_length, kv_length, q_offset, kv_offset: mask geometry (only ``kv_length`` is used).
-        mask_function: the composed mask pattern (ignored: the kernel is causal + document-masked).
+        batch_size, q_length, kv_length, q_offset, kv_offset: mask geometry.
+        mask_function: the mask pattern Transformers composed (index-based).
         attention_mask: ``[B, seen + q_length]`` bool padding mask or ``None``.
-        kwargs: ``use_vmap`` is True when a model adds a custom mask overlay, which is refused.
+        kwargs: ``config`` (checked with :func:`~.model_check.check_config`), ``local_size`` (chunk size of
+            a chunked layer), ``use_vmap`` (True for a custom mask overlay, refused).
 
     Returns:
-        ``None`` when there is no padding, else the padding mask's last ``kv_length`` columns
-        (``[B, <= kv_length]`` bool).
+        ``None`` (one causal document per row, no padding), int32 document ids ``[B, L]``, or a bool
+        padding mask of the filled keys.
 
     Raises:
-        ValueError: a custom mask overlay (``or_mask_function`` / ``and_mask_function``) was requested.
+        ValueError: a custom mask overlay, a non-causal mask, chunked attention in generation past a
+            chunk, or a model family hf_hsap cannot run (:class:`~.model_check.UnsupportedModelError`).
     """
     if kwargs.get("use_vmap", False):
         raise ValueError(
             "attn_implementation='hsap' supports causal document-masked attention only, but this model adds a "
             "custom mask overlay (e.g. bidirectional image tokens); use attn_implementation='sdpa' for it"
         )
+    config = kwargs.get("config")
+    q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
+    if q_offset == 0 and kv_offset == 0 and kv_length == q_length:
+        ids, packed = _probe_documents(batch_size, q_length, mask_function, attention_mask, kwargs.get("device"))
+        if config is not None:
+            check_config(config, packed=packed)
+        return ids
+    if config is not None:
+        check_config(config, packed=False)
+    chunk = kwargs.get("local_size")
+    if chunk is not None and q_offset + q_length > chunk:
+        raise UnsupportedModelError(
+            f"attn_implementation='hsap' has no chunked attention with a KV cache, and this generation reaches "
+            f"{q_offset + q_length} tokens, past the chunk of {chunk}; generate with attn_implementation='sdpa'"
+        )
+    filled = q_offset + q_length - kv_offset  # keys up to the last query (a static cache has more slots)
     if attention_mask is None:
-        return None
+        if filled >= kv_length:
+            return None
+        return torch.ones(batch_size, max(filled, q_length), dtype=torch.bool, device=kwargs.get("device"))
     attention_mask = attention_mask[:, -kv_length:]  # sliding caches keep only the last kv_length keys
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
     return attention_mask.bool()
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Documents of one local attention call over flattened tokens.
-
-    ``q_index`` / ``k_index`` select the kept queries / keys of the flattened ``B * L`` tensors (``None``:
-    all, in order); ``cu_q`` / ``cu_k`` are the segment boundaries over the kept tokens.
-    """
-
-    cu_q: tuple[int, ...]
-    cu_k: tuple[int, ...]
-    q_index: torch.Tensor | None = None
-    k_index: torch.Tensor | None = None
-
-    @property
-    def max_k(self) -> int:
-        return max((b - a for a, b in zip(self.cu_k, self.cu_k[1:])), default=0)
-
-
-def _cu_from_starts(starts: torch.Tensor) -> tuple[int, ...]:
-    """Segment boundaries from a flat bool ``[N]`` tensor marking segment starts (``starts[0]`` True)."""
-    idx = torch.nonzero(starts, as_tuple=False).flatten().tolist()
-    return tuple(idx) + (int(starts.numel()),)
-
-
-_HOLES_FIX = "pack documents with position_ids / cu_seq_lens_q instead of masking, or pad on one side only"
-_LEFT_PAD_FIX = "generate with left padding: set tokenizer.padding_side = 'left'"
-
-
-def _row_ranges(valid: torch.Tensor, fix: str = _HOLES_FIX) -> tuple[torch.Tensor, torch.Tensor]:
-    """First valid column and number of valid columns per row; raise if a row's valid part has holes.
-
-    Args:
-        valid: ``[B, M]`` bool padding mask.
-        fix: the remedy named in the error message.
-
-    Returns:
-        ``(first, count)``, each ``[B]`` int64 (``first`` is meaningless where ``count == 0``).
-    """
-    count = valid.sum(dim=1)
-    first = valid.int().argmax(dim=1)
-    last = valid.shape[1] - 1 - valid.flip(1).int().argmax(dim=1)
-    holes = (count > 0) & (last - first + 1 != count)
-    if bool(holes.any()):
-        raise ValueError(
-            "attn_implementation='hsap' needs each row's attention_mask to be one contiguous block of ones "
-            f"(left or right padding), got padding between tokens; {fix}"
-        )
-    return first, count
-
-
-def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
-    """Where documents start in packed rows: every row start, and wherever the position does not continue.
-
-    The rule of ``masking_utils.find_packed_sequence_indices`` (``p[t] != p[t - 1] + 1``), so a packed row
-    means the same to "hsap" as to eager/SDPA; it includes every restart at 0.
-
-    Args:
-        position_ids: ``[B, L]`` integer positions.
-
-    Returns:
-        ``[B, L]`` bool, True on the first token of each document.
-    """
-    starts = torch.ones(position_ids.shape, dtype=torch.bool, device=position_ids.device)  # [B, L]
-    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [B, L - 1]
-    return starts
-
-
-def _positions(position_ids: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
-    """``position_ids`` as ``[B, L]`` (expanding a shared ``[1, L]``), or ``None``."""
-    if position_ids is None:
-        return None
-    if position_ids.dim() != 2 or position_ids.shape[-1] != length:
-        raise ValueError(
-            f"attn_implementation='hsap' expects position_ids of shape [batch, {length}], got "
-            f"{tuple(position_ids.shape)}; pass cu_seq_lens_q / cu_seq_lens_k to give the documents explicitly"
-        )
-    if position_ids.shape[0] != batch:
-        position_ids = position_ids.expand(batch, -1)  # [1, L] -> [B, L]
-    return position_ids
-
-
-def _layout_same_length(
-    batch: int, length: int, position_ids: torch.Tensor | None, mask: torch.Tensor | None, device: torch.device
-) -> _Layout:
-    """Documents when queries and keys are the same tokens (training, prefill): see module docstring, 3."""
-    pos = _positions(position_ids, batch, length)
+def _probe_documents(batch: int, length: int, mask_function: Any, attention_mask: torch.Tensor | None,
+                     device: Any) -> tuple[torch.Tensor | None, bool]:
+    """Document ids ``[B, L]`` int32 of a mask without cache, read off its sub-diagonal (``None``: one
+    causal document per row and no padding), and whether a row holds several segments. See
+    :func:`hsap_mask_function`."""
+    valid = None
+    if attention_mask is not None:
+        valid = attention_mask[:, -length:].to(torch.bool)  # [B, L]
+        device = valid.device
+        if bool(valid.all()):
+            valid = None
     starts = torch.zeros(batch, length, dtype=torch.bool, device=device)  # [B, L]
-    if pos is not None:
-        starts = document_starts(pos).to(device)
     starts[:, 0] = True
-    if mask is None:
-        cu = _cu_from_starts(starts.flatten())
-        return _Layout(cu, cu)
-    valid = mask.to(device=device, dtype=torch.bool)
-    _row_ranges(valid)
-    starts[:, 1:] |= ~valid[:, :-1]  # a valid token after padding starts a document
-    keep = torch.nonzero(valid.flatten(), as_tuple=False).flatten()  # [N_valid] into B * L
-    cu = _cu_from_starts(starts.flatten()[keep]) if keep.numel() else (0,)
-    return _Layout(cu, cu, keep, keep)
-
-
-def _layout_cached(batch: int, lq: int, lk: int, mask: torch.Tensor | None, device: torch.device) -> _Layout:
-    """One bottom-right causal segment per row (decoding with a KV cache): see module docstring, 4."""
-    if mask is None:
-        return _Layout(tuple(range(0, batch * lq + 1, lq)), tuple(range(0, batch * lk + 1, lk)))
-    valid = mask.to(device=device, dtype=torch.bool)
-    m = valid.shape[1]  # a static cache holds lk >= m slots; slots past m are not filled yet
-    if m > lk or m < lq:
-        raise ValueError(f"attention_mask covers {m} keys but the cache holds {lk} keys for {lq} queries")
-    first, count = _row_ranges(valid, _LEFT_PAD_FIX)
-    if bool(((count > 0) & (first + count != m)).any()):
-        raise ValueError(
-            "attn_implementation='hsap' needs the new tokens to follow the last valid key of each row; "
-            + _LEFT_PAD_FIX
-        )
-    first = torch.where(count > 0, first, torch.full_like(first, m))  # [B]; empty rows keep nothing
-    k_cols = torch.arange(lk, device=device)  # [Lk]
-    k_keep = (k_cols[None, :] >= first[:, None]) & (k_cols[None, :] < m)  # [B, Lk]
-    q_keep = (m - lq + torch.arange(lq, device=device))[None, :] >= first[:, None]  # [B, Lq]
-    cu_q = (0,) + tuple(int(x) for x in q_keep.sum(1).cumsum(0).tolist())
-    cu_k = (0,) + tuple(int(x) for x in k_keep.sum(1).cumsum(0).tolist())
-    q_index = torch.nonzero(q_keep.flatten(), as_tuple=False).flatten()  # [N_q kept] into B * Lq
-    k_index = torch.nonzero(k_keep.flatten(), as_tuple=False).flatten()  # [N_k kept] into B * Lk
-    return _Layout(cu_q, cu_k, q_index, k_index)
-
-
-def _layout_from_cu(batch: int, lq: int, lk: int, kwargs: dict[str, Any], mask: torch.Tensor | None) -> _Layout:
-    """Documents given explicitly by ``cu_seq_lens_q`` / ``cu_seq_lens_k``: see module docstring, 2."""
-    if mask is not None:
-        raise ValueError(
-            "attn_implementation='hsap' got both cu_seq_lens_q and a padding attention_mask; put padding into "
-            "its own document in cu_seq_lens_q and drop the attention_mask"
-        )
-    cu_q_t = kwargs["cu_seq_lens_q"]
-    cu_k_t = kwargs.get("cu_seq_lens_k")
-    cu_q = tuple(int(x) for x in cu_q_t.tolist())
-    cu_k = cu_q if cu_k_t is None else tuple(int(x) for x in cu_k_t.tolist())
-    if cu_q[-1] != batch * lq or cu_k[-1] != batch * lk or cu_q[0] != 0 or len(cu_q) != len(cu_k):
-        raise ValueError(
-            f"cu_seq_lens_q/k must start at 0 and end at the flattened token counts {batch * lq} / {batch * lk}, "
-            f"got {cu_q[:1]}..{cu_q[-1:]} / {cu_k[:1]}..{cu_k[-1:]}; build them over the whole batch "
-            "(hf_hsap.data.PackingCollator does)"
-        )
-    return _Layout(cu_q, cu_k)
+    if mask_function is not None and length > 1:
+        b = torch.arange(batch, device=device)[:, None]  # [B, 1]
+        h = torch.zeros(1, dtype=torch.long, device=device)
+        t = torch.arange(1, length, device=device)[None, :]  # [1, L - 1]
+        sees_previous = torch.as_tensor(mask_function(b, h, t, t - 1), device=device).expand(batch, length - 1)
+        sees_next = torch.as_tensor(mask_function(b, h, t - 1, t), device=device).expand(batch, length - 1)
+        if bool(sees_next.any()):
+            raise ValueError(
+                "attn_implementation='hsap' computes causal attention only, but this model's mask lets tokens see "
+                "later tokens (bidirectional blocks); use attn_implementation='sdpa' for it"
+            )
+        starts[:, 1:] = ~sees_previous
+    packed = bool(starts[:, 1:].any())
+    if valid is None and not packed:
+        return None, False
+    return document_ids(starts, valid), packed
 
 
 def _check_supported(module: torch.nn.Module, dropout: float, kwargs: dict[str, Any]) -> int | None:
@@ -257,8 +176,9 @@ def _check_supported(module: torch.nn.Module, dropout: float, kwargs: dict[str, 
     name = type(module).__name__
     if dropout and dropout > 0:
         raise ValueError(
-            f"attn_implementation='hsap' has no attention dropout ({name} asked for p={dropout}); set "
-            "model.config.attention_dropout = 0.0 (dropout elsewhere in the model is unaffected)"
+            f"attn_implementation='hsap' has no attention dropout ({name} asked for p={dropout}); call "
+            "hf_hsap.disable_attention_dropout(model) or load the model with attention_dropout=0.0 (setting "
+            "model.config.attention_dropout afterwards does not reach the layers; other dropout is unaffected)"
         )
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
@@ -277,6 +197,20 @@ def _check_supported(module: torch.nn.Module, dropout: float, kwargs: dict[str, 
             )
     window = kwargs.get("sliding_window")
     return window if window is not None else getattr(module, "sliding_window", None)
+
+
+def _check_chunked_sp(module: torch.nn.Module, longest_doc: int) -> None:
+    """Refuse a chunked layer under SP when a document is longer than its chunk (the plan has no chunks)."""
+    config = getattr(module, "config", None)
+    if config is None or layer_type(config, getattr(module, "layer_idx", None)) != "chunked_attention":
+        return
+    chunk = getattr(config, "attention_chunk_size", None)
+    if chunk is not None and longest_doc > chunk:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} (layer {module.layer_idx}) is a chunked-attention layer of {chunk} tokens and a "
+            f"document has {longest_doc}; hf_hsap has no chunked attention under sequence parallelism. Use "
+            "sp_size=1 (chunks are exact there), or keep documents at most attention_chunk_size tokens long"
+        )
 
 
 def _check_window(module: torch.nn.Module, window: int | None, longest_keys: int) -> None:
@@ -320,6 +254,22 @@ def _plan_longest_doc(plan: Any) -> int:
     return max((int(b) - int(a) for a, b in zip(cu[:-1], cu[1:])), default=0)
 
 
+def _sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any,
+                scaling: float | None, window: int | None, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The SP branch of :func:`hsap_attention_forward`: refuse what the plan cannot express, record that this
+    layer consumed the plan, run SAP. Shapes: query ``[1, Hq, T, D]`` -> ``[1, T, Hq, D]``."""
+    config = getattr(module, "config", None)
+    if config is not None:
+        check_config(config, packed=True, sp_size=plan.size)
+    longest = _plan_longest_doc(plan)
+    _check_window(module, window, longest)
+    _check_chunked_sp(module, longest)
+    use = plan_use_of(plan, kwargs)
+    if use is not None:
+        use.record(module)
+    return _sp_attention(query, key, value, plan, scaling)
+
+
 def hsap_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -337,10 +287,12 @@ def hsap_attention_forward(
         query: ``[B, Hq, Lq, D]``.
         key: ``[B, Hkv, Lk, D]`` (``Hq % Hkv == 0``; ``Lk >= Lq`` with a KV cache).
         value: ``[B, Hkv, Lk, Dv]`` (``Dv <= D``).
-        attention_mask: ``None`` or the ``[B, <= Lk]`` bool padding mask from :func:`hsap_mask_function`.
+        attention_mask: ``None``, the ``[B, <= Lk]`` bool padding mask or the ``[B, L]`` int32 document ids
+            from :func:`hsap_mask_function`.
         scaling: softmax scale, default ``D ** -0.5``.
         dropout: must be 0.
-        kwargs: ``hsap_plan``, ``cu_seq_lens_q/k``, ``position_ids``, ``sliding_window``, ``is_causal``, ...
+        kwargs: ``hsap_plan``, ``hsap_plan_use``, ``cu_seq_lens_q/k``, ``position_ids``, ``sliding_window``,
+            ``is_causal``, ...
 
     Returns:
         ``(attn_output [B, Lq, Hq, Dv], None)``; padded queries get output 0.
@@ -351,8 +303,10 @@ def hsap_attention_forward(
     window = _check_supported(module, dropout, kwargs)
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
-            f"attn_implementation='hsap' never uses dense masks, but got a {attention_mask.dim()}D attention_mask; "
-            "pass a 2D padding mask, or position_ids / cu_seq_lens_q for packed documents"
+            f"attn_implementation='hsap' reads only 2D padding masks, but {type(module).__name__} got a "
+            f"{attention_mask.dim()}D attention_mask, a dense mask the model builds itself (or one passed in by "
+            "hand); use attn_implementation='sdpa' for this model, or pass position_ids / cu_seq_lens_q (not a 4D "
+            "mask) for packed documents"
         )
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
     if v_head_dim > head_dim:
@@ -361,24 +315,23 @@ def hsap_attention_forward(
     if v_head_dim < head_dim:  # e.g. MLA: pad values like flash-attention does, crop the output below
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, D]
     plan = kwargs.get("hsap_plan")
-    if plan is not None and attention_mask is not None:
+    ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool  # the mask function's ids
+    if plan is not None and attention_mask is not None and not ids_mask:
         raise ValueError("hsap_plan does not combine with a padding attention_mask; make padding its own document")
     if plan is not None and plan.size > 1:
-        _check_window(module, window, _plan_longest_doc(plan))
-        out = _sp_attention(query, key, value, plan, scaling)
-        return out[..., :v_head_dim], None
+        return _sp_forward(module, query, key, value, plan, scaling, window, kwargs)[..., :v_head_dim], None
     batch, lq, lk = query.shape[0], query.shape[2], key.shape[2]
-    if plan is not None:  # SP size 1: the plan's layout covers the flattened batch in global order
+    if plan is not None and not ids_mask:  # SP size 1: the plan's layout covers the flattened batch
         cu = tuple(int(x) for x in _plan_cu_seqlens(plan))
         if lq != lk or cu[-1] != batch * lq:
             raise ValueError(f"hsap_plan covers {cu[-1]} tokens but the batch has {batch} x {lq} queries, {lk} keys")
-        layout = _Layout(cu, cu)
+        layout = LocalLayout(cu, cu)
     elif kwargs.get("cu_seq_lens_q") is not None:
-        layout = _layout_from_cu(batch, lq, lk, kwargs, attention_mask)
+        layout = layout_from_cu(batch, lq, lk, kwargs, attention_mask)
     elif lq == lk and (attention_mask is None or attention_mask.shape[1] == lk):
-        layout = _layout_same_length(batch, lq, kwargs.get("position_ids"), attention_mask, query.device)
+        layout = layout_same_length(batch, lq, kwargs.get("position_ids"), attention_mask, query.device)
     else:
-        layout = _layout_cached(batch, lq, lk, attention_mask, query.device)
+        layout = layout_cached(batch, lq, lk, attention_mask, query.device)
     _check_window(module, window, layout.max_k)
     q = query.transpose(1, 2).reshape(batch * lq, query.shape[1], head_dim)  # [B, Hq, Lq, D] -> [B*Lq, Hq, D]
     k = key.transpose(1, 2).reshape(batch * lk, key.shape[1], head_dim)  # [B, Hkv, Lk, D] -> [B*Lk, Hkv, D]

@@ -8,6 +8,8 @@ import copy
 
 import pytest
 import torch
+
+import hf_hsap
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -117,12 +119,16 @@ def test_mask_interface_never_builds_a_dense_mask() -> None:
     config._attn_implementation = "hsap"
     embeds = torch.zeros(2, 7, 32)
     _, pos, _ = _packed([3, 4])
-    assert create_causal_mask(config, embeds, None, None, position_ids=pos.expand(2, -1)) is None
+    # packed rows: the document ids read off the composed mask's sub-diagonal, [B, L] (never [B, 1, L, L])
+    ids = create_causal_mask(config, embeds, None, None, position_ids=pos.expand(2, -1))
+    assert ids.dtype == torch.int32 and torch.equal(ids, torch.tensor([[0, 0, 0, 1, 1, 1, 1]] * 2, dtype=torch.int32))
+    assert create_causal_mask(config, embeds, None, None) is None  # one causal document per row
     assert create_causal_mask(config, embeds, torch.ones(2, 7, dtype=torch.long), None, position_ids=pos) is None
     padding = torch.ones(2, 7, dtype=torch.long)
     padding[0, :2] = 0
     mask = create_causal_mask(config, embeds, padding, None, position_ids=pos)
-    assert mask.dtype == torch.bool and mask.shape == (2, 7) and torch.equal(mask, padding.bool())
+    assert mask.shape == (2, 7) and torch.equal(mask >= 0, padding.bool())  # -1 = padding
+    assert torch.equal(mask[0, 2:], mask[0, 2:3].expand(5)) and bool((mask[1] == mask[1, 0]).all())
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
@@ -196,7 +202,7 @@ def test_refusals(tmp_path) -> None:
     bidir.is_causal = False
     with pytest.raises(ValueError, match="not causal"):
         hsap_attention_forward(bidir, q, k, v, None)
-    with pytest.raises(ValueError, match="dense masks"):
+    with pytest.raises(ValueError, match="only 2D padding masks"):
         hsap_attention_forward(attn, q, k, v, torch.zeros(1, 1, 5, 5))
 
     with pytest.raises(ValueError, match="contiguous"):  # padding between tokens
@@ -208,6 +214,13 @@ def test_refusals(tmp_path) -> None:
         model(input_ids=ids, position_ids=pos)
     model.eval()  # eval mode passes dropout=0
     model(input_ids=ids, position_ids=pos)
+    model.train()
+    model.config.attention_dropout = 0.0  # what the old message advised: does not reach the layers
+    with pytest.raises(ValueError, match="disable_attention_dropout"):
+        model(input_ids=ids, position_ids=pos)
+    assert hf_hsap.disable_attention_dropout(model) == len(model.model.layers)  # the fix the message names
+    model(input_ids=ids, position_ids=pos)
+    model.eval()
     prompt = torch.randint(1, VOCAB, (2, 6))
     right = torch.ones_like(prompt)
     right[1, 4:] = 0

@@ -105,10 +105,10 @@ def loader_order(sp_size: int, n_batches: int) -> dict[str, Any]:
     sp = get_sp(sp_size)
     world, rank = dist.get_world_size(), dist.get_rank()
     mine = [global_batch([3, 5], seed=100 + i) for i in range(rank, n_batches, world)]  # interleaved by rank
-    loader = SPDataLoader(mine, sp)
+    loader = SPDataLoader(mine, sp, check_previous=False)  # no forward runs on these batches
     seen = [int(b["num_items_in_batch"]) for b in loader]
     firsts = []
-    for b in SPDataLoader(mine, sp):
+    for b in SPDataLoader(mine, sp, check_previous=False):
         full = b["hsap_plan"].gather(b["input_ids"][0])  # [T] global tokens back
         firsts.append(int(full[0]))
     return {"len": len(loader), "yielded": len(seen), "firsts": firsts}

@@ -1,0 +1,298 @@
+"""What a Transformers model must be for ``attn_implementation="hsap"`` to be exact, checked before a step.
+
+hf_hsap replaces the *attention* of a model. It is exact only when every token mixer of the model is an
+attention layer that goes through Transformers' ``AttentionInterface`` (so that the ``"hsap"`` function is
+what runs) and receives the model's keyword arguments (so that the SP plan reaches it). Three families
+of models break that, and each is refused here with its reason and a fix that works:
+
+* **Other token mixers** (linear attention, Mamba / SSM, short convolutions, recurrent blocks): they see
+  the whole packed row (documents leak into each other) and, under SP, only this rank's tokens. Seen in
+  ``config.layer_types`` or in other config fields, and in the model's module classes.
+* **Attention outside the interface** (Bloom, MPT, Falcon, ...): the model computes attention itself and
+  "hsap" never runs (Bloom would even lose causality).
+* **Attention that the keyword arguments do not reach** (StableLM, Nemotron, ...: a decoder layer calls it
+  without ``**kwargs``): exact on one device, but under SP the plan never reaches the layer. Found by one
+  two-token forward with a sentinel argument.
+
+:func:`check_config` needs only the config (the mask function and the attention function call it on every
+forward, so direct calls and hand-written loops are covered); :func:`check_model` also inspects the modules
+(the trainers call it, and users can: ``hf_hsap.check_model(model, sp_size=...)``).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("hf_hsap")
+
+__all__ = ["ATTENTION_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
+           "check_model", "disable_attention_dropout", "layer_type", "uses_attention_interface"]
+
+# `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+# Config fields that only models with non-attention token mixers have (Mamba / SSM, convolutions, linear
+# attention, recurrent blocks), for the families whose config has no `layer_types`.
+_MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_ssm", "ssm_state_size",
+                 "state_size", "conv_L_cache", "conv_kernel", "d_conv", "linear_conv_kernel_dim", "linear_num_key_heads",
+                 "attn_layer_indices", "attn_layer_period", "layers_block_type", "hybrid_override_pattern",
+                 "block_types", "lru_width", "time_step_rank")
+# Module class-name fragments of non-attention token mixers (what `check_model` looks for in the modules).
+_MIXER_CLASS_WORDS = ("Mamba", "Mixer", "GatedDeltaNet", "DeltaNet", "LinearAttention", "ShortConv", "Lightning",
+                      "Recurrent", "RGLRU", "SSM", "Rwkv", "RWKV", "XLSTM", "Mlstm", "Slstm")
+
+_SDPA_FIX = "use attn_implementation='sdpa' (or 'eager'), without packing and without sequence parallelism"
+
+
+class UnsupportedModelError(ValueError):
+    """A model (or one of its layers) that hf_hsap cannot run exactly; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """What :func:`check_model` found.
+
+    Attributes:
+        family: ``config.model_type``.
+        attention_layers: modules that call the attention interface (what a forward under SP must show).
+        chunk_size: ``attention_chunk_size`` of chunked layers (``None``: no chunked layers).
+    """
+
+    family: str
+    attention_layers: int
+    chunk_size: int | None = None
+
+
+def _text_config(config: Any) -> Any:
+    """The decoder's config (``get_text_config()`` for composite configs)."""
+    get = getattr(config, "get_text_config", None)
+    if not callable(get):
+        return config
+    try:
+        return get(decoder=True)
+    except (TypeError, ValueError):  # older signature, or several text configs: use the config itself
+        return config
+
+
+def _family(config: Any) -> str:
+    return str(getattr(config, "model_type", type(config).__name__))
+
+
+def layer_type(config: Any, layer_idx: int | None) -> str | None:
+    """``config.layer_types[layer_idx]`` (``None`` when the config has no layer types or no index)."""
+    types = getattr(_text_config(config), "layer_types", None)
+    if not types or layer_idx is None or not 0 <= layer_idx < len(types):
+        return None
+    return str(types[layer_idx])
+
+
+def attention_layer_count(config: Any) -> int | None:
+    """Attention layers a forward runs, from the config: the attention entries of ``layer_types``, else
+    ``num_hidden_layers`` (``None`` when the config says neither)."""
+    text = _text_config(config)
+    types = getattr(text, "layer_types", None)
+    n_layers = getattr(text, "num_hidden_layers", None)
+    if types:
+        types = list(types)[:n_layers] if isinstance(n_layers, int) else list(types)
+        return sum(str(t) in ATTENTION_LAYER_TYPES for t in types)
+    return n_layers if isinstance(n_layers, int) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _interface_of_config_class(config_class: type) -> bool | None:
+    """Whether the causal-LM class registered for ``config_class`` computes attention through the
+    AttentionInterface (Transformers' own source heuristic); ``None`` when no class is registered."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
+
+        for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING):
+            if config_class in mapping:
+                model_class = mapping[config_class]
+                if isinstance(model_class, (list, tuple)):
+                    model_class = model_class[0]
+                return bool(model_class._can_set_attn_implementation())
+    except Exception:  # noqa: BLE001 - an unknown or custom config: nothing to say
+        return None
+    return None
+
+
+def uses_attention_interface(config: Any) -> bool | None:
+    """Whether the model family of ``config`` runs its attention through the AttentionInterface
+    (``None``: unknown, e.g. a custom model)."""
+    return _interface_of_config_class(type(_text_config(config)))
+
+
+def _mixer_reason(config: Any) -> str | None:
+    """Why the config's model has non-attention token mixers, or ``None``."""
+    text = _text_config(config)
+    types = getattr(text, "layer_types", None)
+    if types:
+        other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
+        if other:
+            return f"layers of type {other} (config.layer_types) that are not softmax attention"
+        return None
+    for name in _MIXER_FIELDS:
+        if getattr(text, name, None) is not None:
+            return f"non-attention token mixers (config.{name} is set: Mamba / SSM, convolution or linear attention)"
+    return None
+
+
+def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
+    """Refuse what the config alone shows hf_hsap cannot compute exactly on packed rows or under SP.
+
+    Args:
+        config: the model's config.
+        packed: the input holds several documents in a row (or its layout is unknown).
+        sp_size: the SP size (> 1: the row is split over ranks).
+
+    Raises:
+        UnsupportedModelError: non-attention token mixers (on packed rows or under SP), or a family that
+            computes attention outside the AttentionInterface.
+    """
+    family = _family(_text_config(config))
+    if uses_attention_interface(config) is False:
+        raise UnsupportedModelError(
+            f"{family} computes attention in its own code, outside Transformers' AttentionInterface, so "
+            f"attn_implementation='hsap' would never run (and its mask would be wrong); {_SDPA_FIX}"
+        )
+    if packed or sp_size > 1:
+        reason = _mixer_reason(config)
+        if reason is not None:
+            where = f"under sequence parallelism (sp_size={sp_size})" if sp_size > 1 else "on packed rows"
+            raise UnsupportedModelError(
+                f"{family} has {reason}; hf_hsap replaces only the attention, so these layers would mix documents "
+                f"{where}. Train it with one document per row: {_SDPA_FIX}"
+            )
+
+
+def _calls_attention_interface(module: torch.nn.Module) -> bool:
+    """Whether the module's ``forward`` dispatches through ``ALL_ATTENTION_FUNCTIONS``."""
+    return _forward_uses_interface(type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_uses_interface(cls: type) -> bool:
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+_PROBE_KEY = "hsap_kwargs_probe"
+
+
+def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Module]) -> list[str] | None:
+    """Attention layers that a keyword argument of ``model(...)`` does not reach (what the SP plan needs).
+
+    One forward of two tokens with a sentinel keyword argument, watched by pre-hooks on the attention
+    layers: the direct test of "the kwargs reach every attention layer", whatever the decoder layers do.
+
+    Returns:
+        Class names of the layers not reached (all of them if the model refuses the argument), or ``None``
+        when the probe cannot run (e.g. weights on the meta device; the per-step check still applies).
+    """
+    reached: set[int] = set()
+
+    def hook(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if _PROBE_KEY in kwargs:
+            reached.add(id(module))
+
+    try:
+        param = next(model.parameters())
+    except StopIteration:
+        return None
+    if param.device.type == "meta":
+        return None
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
+    ids = torch.ones(1, 2, dtype=torch.long, device=param.device)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
+    except TypeError as e:  # the model's forward takes no such argument: nothing reaches the attention
+        logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)
+        reached.clear()
+    except Exception as e:  # noqa: BLE001 - an input the model needs besides input_ids: undecided here
+        logger.warning("check_model: could not probe %s with a 2-token forward (%s: %s); the plan's use is still "
+                       "checked after every forward", type(model).__name__, type(e).__name__, e)
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return sorted({type(m).__name__ for m in attention if id(m) not in reached})
+
+
+def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
+    """Refuse, before the first step, a model that ``attn_implementation="hsap"`` cannot run exactly.
+
+    Args:
+        model: a Transformers model (e.g. ``AutoModelForCausalLM.from_pretrained(..., attn_implementation="hsap")``).
+        sp_size: the SP size it will train with.
+        packed: whether rows hold several documents (the reason to use ``"hsap"``).
+
+    Returns:
+        A :class:`ModelCheck` with the number of attention layers a forward must run.
+
+    Raises:
+        UnsupportedModelError: with the family, the reason and a fix (see the module docstring).
+    """
+    config = model.config
+    family = _family(_text_config(config))
+    check_config(config, packed=packed, sp_size=sp_size)
+    mixers = sorted({type(m).__name__ for m in model.modules()
+                     if any(w in type(m).__name__ for w in _MIXER_CLASS_WORDS)})
+    if mixers and (packed or sp_size > 1):
+        raise UnsupportedModelError(
+            f"{family} has non-attention token mixers ({', '.join(mixers)}); hf_hsap replaces only the attention, so "
+            f"they would mix documents on packed rows and see only local tokens under SP; {_SDPA_FIX}"
+        )
+    attention = [m for m in model.modules() if _calls_attention_interface(m)]
+    if not attention:
+        raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
+                                    f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
+    dropout = sorted({type(m).__name__ for m in attention if float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0})
+    if dropout and model.training:
+        raise UnsupportedModelError(
+            f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; call "
+            "hf_hsap.disable_attention_dropout(model) (or load with attention_dropout=0.0)"
+        )
+    if sp_size > 1:
+        missing = _layers_missing_kwargs(model, attention)
+        if missing:
+            raise UnsupportedModelError(
+                f"{family}: the model's keyword arguments do not reach {', '.join(missing)} (a layer on the way calls "
+                "it without **kwargs), so the sequence-parallel plan never reaches the attention and every rank "
+                "would attend to its own tokens only; use sp_size=1 (packed rows are exact there) or a family whose "
+                "layers forward their kwargs (Llama, Qwen2/3, Mistral, ...)"
+            )
+    text = _text_config(config)
+    chunk = getattr(text, "attention_chunk_size", None)
+    has_chunked = "chunked_attention" in {str(t) for t in (getattr(text, "layer_types", None) or [])}
+    result = ModelCheck(family=family, attention_layers=len(attention), chunk_size=chunk if has_chunked else None)
+    logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, len(attention), sp_size)
+    return result
+
+
+def disable_attention_dropout(model: torch.nn.Module) -> int:
+    """Set the attention dropout of every attention layer (and the config) to 0.
+
+    Changing ``model.config.attention_dropout`` after construction does nothing: each layer copied the value.
+
+    Args:
+        model: a Transformers model.
+
+    Returns:
+        The number of layers changed.
+    """
+    changed = 0
+    for m in model.modules():
+        if _calls_attention_interface(m) and float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0:
+            m.attention_dropout = 0.0
+            changed += 1
+    text = _text_config(model.config)
+    if getattr(text, "attention_dropout", None):
+        text.attention_dropout = 0.0
+    return changed

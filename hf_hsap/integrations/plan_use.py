@@ -1,0 +1,118 @@
+"""Proof that a sharded batch's plan reached every attention layer of the forward that consumed it.
+
+Under SP a rank holds a non-contiguous subset of the row's tokens. If the plan does not reach an attention
+layer (the model was loaded without ``attn_implementation="hsap"``, or a layer drops the keyword arguments),
+that layer silently attends to the rank's own tokens only: a wrong loss with no error. So
+:func:`~.sharding.shard_batch` puts a fresh :class:`PlanUse` next to the plan (``hsap_plan_use``), the
+``"hsap"`` attention records each layer that consumed the plan, and the record is checked:
+
+* by the HSAP trainers right after each forward (:func:`check_plan_used` in ``compute_loss``);
+* by :func:`~.loss.hsap_causal_lm_loss` when given ``sp=`` (hand-written loops);
+* at the latest by the next :func:`~.sharding.shard_batch` of the same SP group, for the batch before.
+
+A loop that passes only some keys of the local batch to the model (``hsap_plan`` without
+``hsap_plan_use``) is recorded too: the attention then fills the group's last record of the same plan.
+
+A forward is complete when the distinct attention layers that consumed the plan are as many as the model's
+attention layers (:func:`~.model_check.check_model`'s count, else the config's; recomputation under
+gradient checkpointing calls the same layers again and counts once).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .model_check import attention_layer_count, check_model
+
+__all__ = ["PLAN_USE_KEY", "PlanNotUsedError", "PlanUse", "check_plan_used", "plan_use_of"]
+
+PLAN_USE_KEY = "hsap_plan_use"  # the key of the record in shard_batch's output (rides in the model kwargs)
+
+
+class PlanNotUsedError(RuntimeError):
+    """A forward under SP in which some attention layers did not consume the plan (results would be wrong)."""
+
+
+class PlanUse:
+    """Which attention layers consumed one sharded batch's plan.
+
+    Attributes:
+        sp_size: the plan's SP size.
+        plan: the plan whose use this records.
+        layers: ``id(module) -> class name`` of every attention layer that consumed the plan.
+        calls: attention calls that consumed it (more than ``len(layers)`` under recomputation).
+        config: the config of the first layer that consumed it (for the expected layer count).
+    """
+
+    def __init__(self, sp_size: int, plan: Any = None) -> None:
+        self.sp_size = sp_size
+        self.plan = plan
+        self.layers: dict[int, str] = {}
+        self.calls = 0
+        self.config: Any = None
+        self.checked = False
+
+    def record(self, module: torch.nn.Module) -> None:
+        """Called by the ``"hsap"`` attention for every layer that consumes the plan."""
+        self.layers.setdefault(id(module), type(module).__name__)
+        self.calls += 1
+        if self.config is None:
+            self.config = getattr(module, "config", None)
+
+    def problem(self, expected: int | None = None) -> str | None:
+        """Why this record shows an incomplete forward (``None``: complete).
+
+        Args:
+            expected: the model's attention layers (default: counted from the recorded config).
+        """
+        if not self.layers:
+            return ("the sharded batch's plan reached no attention layer: the model runs without "
+                    "attn_implementation='hsap', or its layers drop the keyword arguments, so every rank attended "
+                    "to its own tokens only. Load it with AutoModelForCausalLM.from_pretrained(..., "
+                    "attn_implementation='hsap') (or model.set_attn_implementation('hsap')), pass every key of "
+                    "shard_batch's output to model(**local), and check the model with hf_hsap.check_model(model, "
+                    "sp_size=...)")
+        if expected is None and self.config is not None:
+            expected = attention_layer_count(self.config)
+        if expected is not None and len(self.layers) < expected:
+            return (f"only {len(self.layers)} of the model's {expected} attention layers consumed the sequence-parallel "
+                    f"plan ({sorted(set(self.layers.values()))}); the others attended to this rank's tokens only. "
+                    "Check the model with hf_hsap.check_model(model, sp_size=...) for the layers that drop kwargs")
+        return None
+
+
+def plan_use_of(plan: Any, kwargs: Mapping[str, Any]) -> PlanUse | None:
+    """The record an attention call with ``plan`` fills: the kwargs' ``hsap_plan_use``, else the SP group's
+    last record from :func:`~.sharding.shard_batch` if it is of the same plan (``None``: nothing to record)."""
+    use = kwargs.get(PLAN_USE_KEY)
+    if use is None:
+        use = getattr(getattr(plan, "sp", None), "pending_plan_use", None)
+        if use is not None and use.plan is not plan:
+            return None
+    return use
+
+
+def check_plan_used(batch: Mapping[str, Any] | PlanUse | None, model: torch.nn.Module | None = None,
+                    expected_layers: int | None = None) -> None:
+    """Raise unless the forward that consumed ``batch`` ran its plan through every attention layer.
+
+    Args:
+        batch: the local batch from :func:`~.sharding.shard_batch` (or its ``hsap_plan_use`` record), after
+            ``model(**batch)``; a batch without a record (SP size 1, or built by hand) passes.
+        model: the model, to count its attention layers exactly (:func:`~.model_check.check_model`).
+        expected_layers: that count, if known (wins over ``model``).
+
+    Raises:
+        PlanNotUsedError: the plan reached no attention layer, or fewer layers than the model has.
+    """
+    use = batch.get(PLAN_USE_KEY) if isinstance(batch, Mapping) else batch
+    if use is None or use.sp_size <= 1:
+        return
+    if expected_layers is None and model is not None:
+        expected_layers = check_model(model, sp_size=use.sp_size).attention_layers
+    use.checked = True
+    problem = use.problem(expected_layers)
+    if problem is not None:
+        raise PlanNotUsedError(problem)

@@ -1,0 +1,40 @@
+"""Under SP, a forward whose attention layers did not all consume the plan is an error (never a wrong loss).
+
+A model loaded without ``attn_implementation="hsap"``, or one whose attention drops the keyword arguments
+(StableLM), attends only to each rank's own tokens under SP. The error comes in the step itself (the loss
+helper with ``sp=``, ``check_plan_used``, the trainers) and at the latest at the next ``shard_batch``.
+"""
+from __future__ import annotations
+
+import pytest
+
+from hf_hsap.testing import DistPool
+from workers import plan_use as W
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    with DistPool(2, timeout_s=150) as pool:
+        yield pool
+
+
+def test_loops_whose_model_does_not_run_the_plan_raise(pool2) -> None:
+    for res in pool2.run(W.loops_without_the_plan, 2):
+        assert res["sdpa_loss"].startswith("PlanNotUsedError") and "attn_implementation='hsap'" in res["sdpa_loss"]
+        assert res["sdpa_next_shard"].startswith("PlanNotUsedError") and "previous batch" in res["sdpa_next_shard"]
+        assert res["stablelm_check_model"].startswith("UnsupportedModelError")
+        assert "StableLmAttention" in res["stablelm_check_model"] and "sp_size=1" in res["stablelm_check_model"]
+        assert res["stablelm_check_model_sp1"] is None  # exact on one device (the mask carries the documents)
+        assert res["stablelm_check_plan_used"].startswith("PlanNotUsedError")
+        # an "hsap" model is fine however many of shard_batch's keys the loop passes
+        assert res["hsap_some_keys_loss"] is None and res["hsap_layers"] == res["hsap_expected"] == 2
+        assert res["hsap_all_keys_next_shard"] is None and res["hsap_check_plan_used"] is None
+
+
+def test_a_layer_missing_from_the_record_raises(pool2) -> None:
+    for err in pool2.run(W.half_the_layers, 2):
+        assert err is not None and "only 1 of the model's 2 attention layers" in err
+
+
+def test_config_count() -> None:
+    assert W.llama_config_sanity() == 3
