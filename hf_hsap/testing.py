@@ -25,6 +25,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_env() -> dict[str, str]:
+    """The environment for a test's ``accelerate launch`` subprocess: offline, one thread per rank, and no
+    user Accelerate config (the test names its own ``--config_file``)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    env.pop("ACCELERATE_CONFIG_FILE", None)
+    return env
+
+
 def _worker(rank: int, world: int, port: int, tasks, results, pg_timeout_s: float) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hf_hsap.testing import free_port
+from hf_hsap.testing import free_port, launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_CONFIG = ROOT / "accelerate_configs" / "cpu_4proc.yaml"
@@ -30,13 +30,6 @@ SFT_ARGS = ["--max_steps", str(SFT_STEPS), "--max_length", "128", "--rows_per_st
             "--seed", "1", "--no_final_model"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
-    env.pop("ACCELERATE_CONFIG_FILE", None)
-    return env
-
-
 def run_recipe(script: str, out: Path, args: list[str], procs: int = 1) -> list[dict[str, Any]]:
     """Run ``recipes/<script>`` (one process, or ``accelerate launch`` with ``procs`` CPU processes);
     returns its metrics.jsonl records."""
@@ -46,7 +39,7 @@ def run_recipe(script: str, out: Path, args: list[str], procs: int = 1) -> list[
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
                "--num_processes", str(procs), "--main_process_port", str(free_port()), *target]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # its own process group: the ranks go with it
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)

@@ -88,3 +88,28 @@ def llama_config_sanity() -> int:
     from hf_hsap.integrations.model_check import attention_layer_count
 
     return int(attention_layer_count(LlamaConfig(num_hidden_layers=3)))
+
+
+def chunked_llama4(chunk: int = 8) -> torch.nn.Module:
+    """A tiny Llama 4 text model, one chunked-attention layer of ``chunk`` tokens and one full layer."""
+    from transformers import Llama4TextConfig
+
+    register()
+    config = Llama4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, intermediate_size_mlp=48,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              attention_chunk_size=chunk, num_local_experts=1, moe_layers=[], no_rope_layers=[1, 1],
+                              layer_types=["chunked_attention", "full_attention"], max_position_embeddings=256,
+                              pad_token_id=0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
+
+
+def chunked_under_sp(sp_size: int) -> dict[str, str | None]:
+    """A chunked layer under SP: refused when a document is longer than the chunk, run when none is."""
+    sp = get_sp(sp_size)
+    long_chunk = chunked_llama4(chunk=64)  # every document of global_batch() (<= 41 tokens) fits in a chunk
+    local = shard_batch(global_batch(), sp)
+    long_chunk(**local)
+    check_plan_used(local, long_chunk)
+    model = chunked_llama4(chunk=8)
+    return {"short_chunk": _error(lambda: model(**shard_batch(global_batch(), sp, check_previous=False)))}

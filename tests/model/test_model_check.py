@@ -1,0 +1,68 @@
+"""``check_model`` and the config checks on one process: what is refused, with which fix, and what runs.
+
+References are each document alone in eager attention (float64).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, BloomConfig, LlamaConfig
+
+import hf_hsap
+from hf_hsap.integrations import UnsupportedModelError
+from workers.plan_use import chunked_llama4
+
+VOCAB = 61
+LENS = [5, 20, 1, 13]  # documents longer than the chunk of 8 and shorter ones
+
+
+def _row() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (1, sum(LENS)), generator=g)
+    return ids, torch.cat([torch.arange(n) for n in LENS]).unsqueeze(0)
+
+
+def test_chunked_attention_is_exact_on_one_process() -> None:
+    model = chunked_llama4(chunk=8).double().eval()
+    ids, pos = _row()
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref, start = [], 0
+        for n in LENS:
+            ref.append(model(input_ids=ids[:, start:start + n], use_cache=False).logits[0])
+            start += n
+        ref = torch.cat(ref)  # [T, V]
+        model.set_attn_implementation("hsap")
+        plain = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        sharded = model(**hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos}, 1)).logits[0]
+    scale = ref.abs().max()
+    assert float((plain - ref).abs().max() / scale) < 1e-12
+    assert float((sharded - ref).abs().max() / scale) < 1e-12
+    assert hf_hsap.check_model(model, sp_size=2).chunk_size == 8
+
+
+def test_llama_passes_with_its_layer_count() -> None:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap")
+    assert hf_hsap.check_model(model, sp_size=4).attention_layers == 3
+
+
+def test_attention_outside_the_interface_is_refused() -> None:
+    config = BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap")
+    with pytest.raises(UnsupportedModelError, match="bloom computes attention in its own code.*sdpa"):
+        hf_hsap.check_model(model)
+    ids, _ = _row()
+    with pytest.raises(UnsupportedModelError, match="outside Transformers' AttentionInterface"):
+        model(input_ids=ids[:, :6])  # even one document: bloom would have lost causality
+
+
+def test_attention_dropout_is_refused_until_disabled() -> None:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap").train()
+    with pytest.raises(UnsupportedModelError, match="disable_attention_dropout"):
+        hf_hsap.check_model(model)
+    assert hf_hsap.disable_attention_dropout(model) == 2
+    assert hf_hsap.check_model(model).attention_layers == 2
