@@ -41,6 +41,9 @@ _MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads
                  "state_size", "conv_L_cache", "conv_kernel", "d_conv", "linear_conv_kernel_dim", "linear_num_key_heads",
                  "attn_layer_indices", "attn_layer_period", "layers_block_type", "hybrid_override_pattern",
                  "block_types", "lru_width", "time_step_rank")
+# Config fields of families whose attention adds a dense bias the model computes itself (Doge's dynamic
+# mask from `dt_states`): "hsap" has no additive biases.
+_DENSE_BIAS_FIELDS = ("keep_window_size",)
 # Module class-name fragments of non-attention token mixers (what `check_model` looks for in the modules).
 _MIXER_CLASS_WORDS = ("Mamba", "Mixer", "GatedDeltaNet", "DeltaNet", "LinearAttention", "ShortConv", "Lightning",
                       "Recurrent", "RGLRU", "SSM", "Rwkv", "RWKV", "XLSTM", "Mlstm", "Slstm")
@@ -159,6 +162,13 @@ def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
             f"{family} computes attention in its own code, outside Transformers' AttentionInterface, so "
             f"attn_implementation='hsap' would never run (and its mask would be wrong); {_SDPA_FIX}"
         )
+    text = _text_config(config)
+    for name in _DENSE_BIAS_FIELDS:
+        if getattr(text, name, None) is not None:
+            raise UnsupportedModelError(
+                f"{family}'s attention adds a dense bias it computes itself (config.{name}: a dynamic mask), which "
+                f"attn_implementation='hsap' does not implement; {_SDPA_FIX}"
+            )
     if packed or sp_size > 1:
         reason = _mixer_reason(config)
         if reason is not None:
