@@ -263,7 +263,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     if not attention:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
                                     f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
-    dropout = sorted({type(m).__name__ for m in attention if float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0})
+    dropout = sorted({type(m).__name__ for m in attention if _dropout_p(m) > 0})
     if dropout and model.training:
         raise UnsupportedModelError(
             f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; call "
@@ -286,6 +286,14 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     return result
 
 
+def _dropout_p(module: torch.nn.Module) -> float:
+    """The attention dropout probability of a layer (a number, or an ``nn.Dropout``'s ``p``)."""
+    dropout = getattr(module, "attention_dropout", 0.0)
+    if isinstance(dropout, torch.nn.Dropout):
+        return float(dropout.p)
+    return float(dropout or 0.0)
+
+
 def disable_attention_dropout(model: torch.nn.Module) -> int:
     """Set the attention dropout of every attention layer (and the config) to 0.
 
@@ -299,8 +307,12 @@ def disable_attention_dropout(model: torch.nn.Module) -> int:
     """
     changed = 0
     for m in model.modules():
-        if _calls_attention_interface(m) and float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0:
-            m.attention_dropout = 0.0
+        if _calls_attention_interface(m) and _dropout_p(m) > 0:
+            dropout = m.attention_dropout
+            if isinstance(dropout, torch.nn.Dropout):  # e.g. Persimmon keeps an nn.Dropout and passes its .p
+                dropout.p = 0.0
+            else:
+                m.attention_dropout = 0.0
             changed += 1
     text = _text_config(model.config)
     if getattr(text, "attention_dropout", None):
