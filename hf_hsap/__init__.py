@@ -13,7 +13,7 @@ from .plan.cost import CostModel
 from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
 from .plan.planner import Plan, plan_sequence
 from .topology import SPGroup, init_sequence_parallel
-from .integrations import check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
+from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
 
 register()
@@ -24,6 +24,7 @@ __all__ = [
     "Plan",
     "PlanCache",
     "SPGroup",
+    "check_config",
     "check_model",
     "check_plan_used",
     "cu_seqlens_from_position_ids",

@@ -160,8 +160,10 @@ def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch
     Returns:
         The model in train mode.
     """
-    import hf_hsap  # noqa: F401  (registers "hsap")
+    import hf_hsap  # registers "hsap"
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    from transformers import AutoConfig
 
     torch.manual_seed(seed)
     if name in BUILTIN_MODELS:
@@ -169,8 +171,10 @@ def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch
         cls = LlamaConfig if kind == "llama" else Qwen2Config
         config = cls(vocab_size=vocab_size, max_position_embeddings=max(2048, max_length), pad_token_id=1,
                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, **sizes)
+        hf_hsap.check_config(config)  # before construction: some families cannot even be built with "hsap"
         model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32)
     else:
+        hf_hsap.check_config(AutoConfig.from_pretrained(name))
         model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="hsap", dtype=torch.float32)
     return model.train()
 

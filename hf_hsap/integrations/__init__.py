@@ -6,7 +6,7 @@ The trainers import ``transformers.Trainer`` / TRL lazily (``from hf_hsap.integr
 from typing import Any
 
 from .dataloader import SPDataLoader
-from .model_check import ModelCheck, UnsupportedModelError, check_model, disable_attention_dropout
+from .model_check import ModelCheck, UnsupportedModelError, check_config, check_model, disable_attention_dropout
 from .plan_use import PlanNotUsedError, PlanUse, check_plan_used
 from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, reduce_loss_for_logging
 from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
@@ -29,6 +29,7 @@ __all__ = [
     "SPDataLoader",
     "UnsupportedModelError",
     "batch_cu_seqlens",
+    "check_config",
     "check_model",
     "check_plan_used",
     "disable_attention_dropout",

@@ -222,6 +222,8 @@ def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Modu
     try:
         with torch.no_grad():
             model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
+    except ValueError:  # "hsap" refused a layer feature (sinks, soft-capping, ...): that is the answer
+        raise
     except TypeError as e:  # the model's forward takes no such argument: nothing reaches the attention
         logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)
         reached.clear()
