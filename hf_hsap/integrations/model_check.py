@@ -219,8 +219,9 @@ def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Modu
         return None
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
     ids = torch.ones(1, 2, dtype=torch.long, device=param.device)
-    try:
-        with torch.no_grad():
+    devices = [param.device] if param.device.type == "cuda" else []
+    try:  # the random streams stay as they were (a model with dropout would draw from them)
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
             model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (sinks, soft-capping, ...): that is the answer
         raise

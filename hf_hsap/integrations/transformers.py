@@ -333,6 +333,9 @@ def hsap_attention_forward(
     else:
         layout = layout_cached(batch, lq, lk, attention_mask, query.device)
     _check_window(module, window, layout.max_k)
+    config = getattr(module, "config", None)
+    if config is not None and len(layout.cu_q) - 1 > batch:  # packed rows (e.g. from cu_seq_lens_q alone)
+        check_config(config, packed=True)
     q = query.transpose(1, 2).reshape(batch * lq, query.shape[1], head_dim)  # [B, Hq, Lq, D] -> [B*Lq, Hq, D]
     k = key.transpose(1, 2).reshape(batch * lk, key.shape[1], head_dim)  # [B, Hkv, Lk, D] -> [B*Lk, Hkv, D]
     v = value.transpose(1, 2).reshape(batch * lk, value.shape[1], head_dim)

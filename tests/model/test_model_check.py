@@ -66,3 +66,17 @@ def test_attention_dropout_is_refused_until_disabled() -> None:
         hf_hsap.check_model(model)
     assert hf_hsap.disable_attention_dropout(model) == 2
     assert hf_hsap.check_model(model).attention_layers == 2
+
+
+def test_hybrid_model_refused_on_packed_rows_given_by_cu_seq_lens_only() -> None:
+    """The documents may reach "hsap" only as cu_seq_lens_q (no position_ids): a hybrid is refused then too."""
+    from transformers import Lfm2Config
+
+    config = Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1])
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap")
+    ids, _ = _row()
+    cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+    with pytest.raises(UnsupportedModelError, match="lfm2 has layers of type \\['conv'\\].*on packed rows"):
+        model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20, use_cache=False)
+    model(input_ids=ids[:, :5], use_cache=False)  # one document: the convolution sees only it, exact
