@@ -1,0 +1,86 @@
+"""CI subset of the model-zoo conformance harness (``tests/workers/zoo*.py``; the full sweep is
+``scripts/model_zoo.py`` -> MODELS.md).
+
+Each family's tiny random model runs one packed row (documents of 7, 30, 1, 19 and 15 tokens) in float32 and
+float64: in one process (the plain packed row, and through ``shard_batch(batch, 1)``) and on 4 gloo ranks at SP 2
+(as DP 2 x SP 2) and SP 4 with Ulysses 1 and 2, against the same weights in float64, eager, each document alone.
+No mode may be ``WRONG`` or ``crash``, and every family has the outcome per mode that MODELS.md records for it
+(``exact``, or ``refused``: hf_hsap raised on purpose with a message naming the fix).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_hsap
+from workers import zoo, zoo_run
+
+SUPPORTED = "exact"  # every mode exact
+REFUSED = "refused"  # every mode refused
+SP1_ONLY = "exact at sp1, refused under SP"
+
+EXPECT = {
+    "llama": SUPPORTED,  # plain multi-head attention
+    "mistral": SUPPORTED,  # GQA with the default (longer than any document) sliding window
+    "qwen3": SUPPORTED,  # GQA with q/k norm
+    "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
+    "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout
+    "nemotron": SP1_ONLY,  # a decoder layer calls the attention without kwargs: the plan cannot reach it
+    "llama4_text": SP1_ONLY,  # chunked attention (16-token chunks here, documents of 19 and 30), MoE
+    "lfm2": REFUSED,  # hybrid: a short causal convolution layer beside the attention layer
+    "bamba": REFUSED,  # hybrid: mamba-2 mixers
+    "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
+    "falcon": REFUSED,  # its own attention table: check_config refuses it before construction
+}
+
+
+@pytest.fixture(scope="module")
+def pools():
+    manager = zoo_run.PoolManager()
+    yield manager
+    manager.close()
+
+
+def _outcomes(rec: dict) -> dict[str, dict]:
+    return {f"{dtype}:{mode}": res for dtype, per_mode in rec["results"].items() for mode, res in per_mode.items()}
+
+
+@pytest.mark.parametrize("family", list(EXPECT))
+def test_family_is_exact_or_refused(family: str, pools) -> None:
+    rec = zoo_run.run_family(family, pools, sanity=False)
+    assert rec["status"] == "run", rec.get("reason")
+    got = _outcomes(rec)
+    assert len(got) == len(zoo.DTYPES) * len(zoo.MODES)
+    bad = {k: v for k, v in got.items() if v["outcome"] in ("WRONG", "crash")}
+    assert not bad, f"{family}: {bad}"
+    for key, res in got.items():
+        sp1 = key.split(":")[1].startswith("sp1")
+        want = {SUPPORTED: "exact", REFUSED: "refused", SP1_ONLY: "exact" if sp1 else "refused"}[EXPECT[family]]
+        assert res["outcome"] == want, f"{family} {key}: {res} (expected {want})"
+
+
+def test_outcome_classification() -> None:
+    """A ``raise`` inside hf_hsap is a refusal, anything else a crash; the same from DistPool's traceback text."""
+    try:
+        hf_hsap.shard_batch({"input_ids": torch.zeros(3, dtype=torch.long)}, 1)  # not [batch, length]
+    except ValueError as e:
+        refused = zoo.classify(e)
+    try:
+        torch.zeros(2) @ torch.zeros(3)
+    except RuntimeError as e:
+        crash = zoo.classify(e)
+    assert refused["outcome"] == "refused" and refused["error"].startswith("ValueError: input_ids must be")
+    assert crash["outcome"] == "crash" and crash["error"].startswith("RuntimeError")
+    for res in (refused, crash):
+        again = zoo.classify_traceback(res["traceback"])
+        assert (again["outcome"], again["error"]) == (res["outcome"], res["error"])
+
+
+def test_compare_flags_a_wrong_gradient() -> None:
+    ref = {"logits": torch.ones(3, 4, dtype=torch.float64), "loss": 2.0,
+           "grads": {"w": torch.tensor([1.0, 0.0], dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}}
+    same = {k: v.clone() for k, v in ref["grads"].items()}
+    assert zoo.compare(ref, ref["logits"], 2.0, same, 1e-9)["outcome"] == "exact"
+    same["b"] = torch.tensor([0.0, 1e-5], dtype=torch.float64)  # above 1e-9 x the floor (1e-3 x largest grad)
+    res = zoo.compare(ref, ref["logits"], 2.0, same, 1e-9)
+    assert res["outcome"] == "WRONG" and res["err"]["worst_grad"] == "b"

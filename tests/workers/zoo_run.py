@@ -1,0 +1,185 @@
+"""Running the model-zoo harness (``zoo.py``) for one family: reference, one-process modes, and the SP modes on a
+pool of spawned gloo ranks that is replaced whenever a task leaves it in doubt (timeout, ranks that failed
+unevenly, a rank that died)."""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import torch
+
+from hf_hsap.testing import DistPool
+from workers import zoo
+from workers import zoo_configs as ZC
+
+WORLD = 4  # SP 2 runs as DP 2 x SP 2
+TASK_TIMEOUT_S = 240.0  # one family's SP jobs of one pool task
+JOB_TIMEOUT_S = 120.0  # one job alone (after a task timed out)
+FLOAT32_ISLAND = 1e-5  # float64 errors below this come from float32 steps inside the model (see fp64_tolerance)
+
+
+class PoolManager:
+    """A :class:`~hf_hsap.testing.DistPool` of :data:`WORLD` ranks, started on first use and after a failure."""
+
+    def __init__(self, world: int = WORLD) -> None:
+        self.world = world
+        self.pool: DistPool | None = None
+        self.restarts = 0
+
+    def _get(self, timeout_s: float) -> DistPool:
+        if self.pool is None:
+            self.pool = DistPool(self.world, timeout_s=timeout_s, pg_timeout_s=60)
+        self.pool.timeout_s = timeout_s
+        return self.pool
+
+    def restart(self) -> None:
+        """Drop the current pool (killing its ranks); the next task starts a fresh one."""
+        if self.pool is not None:
+            self.pool.close(force=True)
+            self.pool = None
+            self.restarts += 1
+
+    def close(self) -> None:
+        """Stop the pool's ranks."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def run_jobs(self, family: str, state_dict: dict[str, torch.Tensor], jobs: list[tuple[str, str]],
+                 timeout_s: float = TASK_TIMEOUT_S) -> dict[tuple[str, str], Any]:
+        """Every job's per-rank records (:func:`zoo.worker_sp_modes`), or one error record when none came back.
+
+        Args:
+            family: the model type; state_dict: the weights; jobs: ``(dtype, mode)`` pairs.
+            timeout_s: of the pool task running all the jobs.
+
+        Returns:
+            ``{job: [record of rank 0, ...]}`` or ``{job: {"outcome", "error", ...}}``.
+        """
+        results: dict[tuple[str, str], Any] = {}
+        remaining = list(jobs)
+        while remaining:
+            try:
+                per_rank = self._get(timeout_s).run(zoo.worker_sp_modes, family, state_dict, remaining)
+            except TimeoutError:
+                self.pool = None  # DistPool closed it
+                self.restarts += 1
+                if len(remaining) == 1 or timeout_s <= JOB_TIMEOUT_S:
+                    error = f"timeout: no result within {timeout_s:.0f} s"
+                    results[remaining[0]] = {"outcome": "crash", "error": error}
+                    remaining = remaining[1:]
+                else:
+                    for job in remaining:
+                        results.update(self.run_jobs(family, state_dict, [job], JOB_TIMEOUT_S))
+                    remaining = []
+                continue
+            except RuntimeError as e:  # a rank raised outside the per-job records
+                first = _rank_tracebacks(str(e))
+                res = zoo.classify_traceback(first) if first else {"outcome": "crash", "error": str(e)[:300]}
+                results.update({job: res for job in remaining})
+                self.restart()
+                break
+            done = min(len(r) for r in per_rank)
+            for i in range(done):
+                results[remaining[i]] = [r[i] for r in per_rank]
+            if any(r[done - 1].get("dirty") for r in per_rank):
+                self.restart()
+            remaining = remaining[done:]
+        return results
+
+
+def _rank_tracebacks(text: str) -> str:
+    """The first rank's traceback in DistPool's ``--- rank N ---`` report."""
+    parts = re.split(r"^--- rank \d+ ---$", text, flags=re.M)
+    return parts[1].strip() if len(parts) > 1 else ""
+
+
+def _safe(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``fn(*args)``'s outcome dict, or the classified exception."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return zoo.classify(e)
+
+
+def fp64_tolerance(eager: dict[str, Any]) -> float:
+    """The float64 tolerance of a family: :data:`zoo.TOL` ``["fp64"]``, or 10x the error of Transformers' own
+    eager packed-row run (no hf_hsap) when that is above it but at float32 rounding level (below
+    :data:`FLOAT32_ISLAND`): the model computes parts in float32 (e.g. a router or RoPE), whose results depend on
+    the shapes of the matrix products (each document alone vs the packed row)."""
+    err = eager.get("err")
+    if eager.get("outcome") != "WRONG" or not err:
+        return zoo.TOL["fp64"]
+    floor = max(err["logits"], err["grads"])
+    return 10 * floor if floor < FLOAT32_ISLAND else zoo.TOL["fp64"]
+
+
+def run_family(family: str, pools: PoolManager | None, dtypes: tuple[str, ...] = tuple(zoo.DTYPES),
+               modes: tuple[str, ...] = zoo.MODES, sanity: bool = True) -> dict[str, Any]:
+    """All outcomes of one family.
+
+    Args:
+        family: a model type; pools: where the SP modes run (``None``: one-process modes only);
+        dtypes / modes: which to run; sanity: also run eager and SDPA on the packed row (float64).
+
+    Returns:
+        ``{"family", "status" ("run" | "not buildable" | "reference failed"), "reason", "layers", "params",
+        "results": {dtype: {mode: {"outcome", "error" | "err"}}}, "sanity": {attn: outcome}, "seconds"}`` and
+        ``"fp64_tol"`` where :func:`fp64_tolerance` raised it, ``"fp64_skipped"`` (the error) where the model does
+        not run in float64 (then the reference and the sanity runs are float32).
+    """
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"family": family, "status": "run", "results": {}, "sanity": {}}
+    try:
+        config = ZC.tiny_config(family)
+        model = ZC.build_model(config, "eager", torch.float32)
+    except ZC.NotBuildable as e:
+        return {**rec, "status": "not buildable", "reason": str(e), "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {**rec, "status": "not buildable", "reason": zoo.classify(e)["error"],
+                "seconds": time.perf_counter() - t0}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rec.update(layers=ZC.num_layers(config), params=sum(p.numel() for p in model.parameters()))
+    try:
+        ref = zoo.reference(config, state)
+    except Exception as e:  # noqa: BLE001 - some models do not run in float64: a float32 reference, fp32 modes
+        rec["fp64_skipped"] = zoo.classify(e)["error"]
+        dtypes = tuple(d for d in dtypes if d != "fp64")
+        try:
+            ref = zoo.reference(config, state, torch.float32)
+        except Exception as e32:  # noqa: BLE001
+            return {**rec, "status": "reference failed", "reason": zoo.classify(e32)["error"],
+                    "seconds": time.perf_counter() - t0}
+
+    def one(attn: str, dtype: str, via_shard: bool) -> dict[str, Any]:
+        out = zoo.packed_run(config, state, attn, zoo.DTYPES[dtype], via_shard)
+        return zoo.compare(ref, out["logits"], out["loss"], out["grads"], zoo.TOL[dtype])
+
+    check = "fp64" if "fp64" in dtypes else "fp32"
+    rec["sanity"] = {attn: _safe(one, attn, check, False) for attn in (("eager", "sdpa") if sanity else ("eager",))}
+    tol = {**zoo.TOL, "fp64": fp64_tolerance(rec["sanity"]["eager"])}
+    if tol["fp64"] > zoo.TOL["fp64"]:
+        rec["fp64_tol"] = tol["fp64"]
+
+    def one_hsap(dtype: str, via_shard: bool) -> dict[str, Any]:
+        out = zoo.packed_run(config, state, "hsap", zoo.DTYPES[dtype], via_shard)
+        return zoo.compare(ref, out["logits"], out["loss"], out["grads"], tol[dtype])
+
+    for dtype in dtypes:
+        rec["results"][dtype] = {m: _safe(one_hsap, dtype, m == "sp1_shard") for m in modes if m in zoo.SP1_MODES}
+    jobs = [(d, m) for d in dtypes for m in modes if m in zoo.SP_MODES]
+    if jobs and pools is not None:
+        for (dtype, mode), got in pools.run_jobs(family, state, jobs).items():
+            if isinstance(got, dict):
+                res = got
+            else:
+                res = _safe(zoo.combine_sp, ref, got, zoo.SP_MODES[mode][0], tol[dtype])
+            rec["results"][dtype][mode] = res
+    for per_mode in rec["results"].values():  # keep the records small (JSON)
+        for res in per_mode.values():
+            res.pop("traceback", None)
+    for res in rec["sanity"].values():
+        res.pop("traceback", None)
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
