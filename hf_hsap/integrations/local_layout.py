@@ -113,20 +113,19 @@ def layout_same_length(
         position_ids: ``[B, L]`` (or ``[1, L]``) positions, or ``None``; used when ``mask`` is not the mask
             function's document ids.
         mask: ``None``, a ``[B, L]`` bool padding mask, or the ``[B, L]`` integer document ids of
-            :func:`document_ids` (``-1`` = padding), which win over ``position_ids``.
+            :func:`document_ids` (``0`` = padding), which add their boundaries to those of ``position_ids``.
         device: where the index tensors go.
     """
     starts = torch.zeros(batch, length, dtype=torch.bool, device=device)  # [B, L]
+    pos = _positions(position_ids, batch, length)
+    if pos is not None:  # restarts split documents even where masking_utils did not look (a padding mask)
+        starts = document_starts(pos).to(device)
     if mask is not None and not mask.dtype == torch.bool:  # document ids from the mask function
         ids = mask.to(device)
-        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
-        mask = ids >= 0
+        starts[:, 1:] |= ids[:, 1:] != ids[:, :-1]  # documents and chunks of the composed mask
+        mask = ids > 0
         if bool(mask.all()):
             mask = None
-    else:
-        pos = _positions(position_ids, batch, length)
-        if pos is not None:
-            starts = document_starts(pos).to(device)
     starts[:, 0] = True
     if mask is None:
         cu = _cu_from_starts(starts.flatten())
@@ -170,7 +169,7 @@ def layout_cached(batch: int, lq: int, lk: int, mask: torch.Tensor | None, devic
 
 def layout_from_cu(batch: int, lq: int, lk: int, kwargs: dict[str, Any], mask: torch.Tensor | None) -> "LocalLayout":
     """Documents given explicitly by ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (flash-attention's padding-free form)."""
-    if mask is not None and mask.dtype == torch.bool:
+    if mask is not None and (mask.dtype == torch.bool or bool((mask <= 0).any())):
         raise ValueError(
             "attn_implementation='hsap' got both cu_seq_lens_q and a padding attention_mask; put padding into "
             "its own document in cu_seq_lens_q and drop the attention_mask"
@@ -185,6 +184,13 @@ def layout_from_cu(batch: int, lq: int, lk: int, kwargs: dict[str, Any], mask: t
             f"got {cu_q[:1]}..{cu_q[-1:]} / {cu_k[:1]}..{cu_k[-1:]}; build them over the whole batch "
             "(hf_hsap.data.PackingCollator does)"
         )
+    if mask is not None and lq == lk and cu_q == cu_k:  # the mask function's ids: chunks split segments too
+        starts = torch.zeros(batch * lq, dtype=torch.bool, device=mask.device)  # [B*L]
+        starts[list(cu_q[:-1])] = True
+        ids = mask.reshape(batch, lq)
+        row = torch.zeros_like(ids, dtype=torch.bool)  # [B, L]
+        row[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        cu_q = cu_k = _cu_from_starts(starts | row.flatten())
     return LocalLayout(cu_q, cu_k)
 
 
@@ -196,12 +202,14 @@ def document_ids(starts: torch.Tensor, valid: torch.Tensor | None) -> torch.Tens
         valid: ``[B, L]`` bool padding mask, or ``None`` (all valid).
 
     Returns:
-        ``[B, L]`` int32: ids that change exactly at document starts and after padding, ``-1`` on padding.
+        ``[B, L]`` int32: ids ``>= 1`` that change exactly at document starts and after padding, ``0`` on
+        padding. So ``ids.bool()`` is the padding mask: Transformers may feed the mask function's output back
+        to it as a 2D padding mask (``generate`` builds the masks, then the model builds them again).
     """
     starts = starts.clone()
     if valid is not None:
         starts[:, 1:] |= valid[:, 1:] & ~valid[:, :-1]  # a valid token after padding starts a document
-    ids = starts.to(torch.int32).cumsum(1, dtype=torch.int32) - 1  # [B, L]
+    ids = starts.to(torch.int32).cumsum(1, dtype=torch.int32)  # [B, L], >= 1
     if valid is not None:
-        ids = ids.masked_fill(~valid, -1)
+        ids = ids.masked_fill(~valid, 0)
     return ids

@@ -61,7 +61,8 @@ class ModelCheck:
 
     Attributes:
         family: ``config.model_type``.
-        attention_layers: modules that call the attention interface (what a forward under SP must show).
+        attention_layers: attention layers a text forward runs (what a forward under SP must show; under SP
+            counted by the probe, else the modules that call the attention interface).
         chunk_size: ``attention_chunk_size`` of chunked layers (``None``: no chunked layers).
     """
 
@@ -94,15 +95,18 @@ def layer_type(config: Any, layer_idx: int | None) -> str | None:
 
 
 def attention_layer_count(config: Any) -> int | None:
-    """Attention layers a forward runs, from the config: the attention entries of ``layer_types``, else
-    ``num_hidden_layers`` (``None`` when the config says neither)."""
+    """Attention layers a text forward runs, from the config: the attention entries of ``layer_types``, else
+    ``num_hidden_layers`` less cross-attention layers (``None`` when the config says neither)."""
     text = _text_config(config)
     types = getattr(text, "layer_types", None)
     n_layers = getattr(text, "num_hidden_layers", None)
     if types:
         types = list(types)[:n_layers] if isinstance(n_layers, int) else list(types)
         return sum(str(t) in ATTENTION_LAYER_TYPES for t in types)
-    return n_layers if isinstance(n_layers, int) else None
+    if not isinstance(n_layers, int):
+        return None
+    cross = getattr(text, "cross_attention_layers", None) or ()  # Mllama: run only with images
+    return n_layers - len(cross)
 
 
 @functools.lru_cache(maxsize=None)
@@ -195,19 +199,24 @@ def _forward_uses_interface(cls: type) -> bool:
 _PROBE_KEY = "hsap_kwargs_probe"
 
 
-def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Module]) -> list[str] | None:
-    """Attention layers that a keyword argument of ``model(...)`` does not reach (what the SP plan needs).
+def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -> tuple[int, list[str]] | None:
+    """Which attention layers a text forward runs, and which of them a keyword argument of ``model(...)`` does
+    not reach (what the SP plan needs).
 
     One forward of two tokens with a sentinel keyword argument, watched by pre-hooks on the attention
     layers: the direct test of "the kwargs reach every attention layer", whatever the decoder layers do.
+    Layers a text forward never runs (a vision tower, cross-attention without images) are not counted.
 
     Returns:
-        Class names of the layers not reached (all of them if the model refuses the argument), or ``None``
-        when the probe cannot run (e.g. weights on the meta device; the per-step check still applies).
+        ``(layers run, class names of the run layers the argument did not reach)`` (all of them if the
+        model refuses the argument), or ``None`` when the probe cannot run (e.g. weights on the meta
+        device; the per-step check still applies).
     """
+    called: set[int] = set()
     reached: set[int] = set()
 
     def hook(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        called.add(id(module))
         if _PROBE_KEY in kwargs:
             reached.add(id(module))
 
@@ -225,9 +234,12 @@ def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Modu
             model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (sinks, soft-capping, ...): that is the answer
         raise
-    except TypeError as e:  # the model's forward takes no such argument: nothing reaches the attention
+    except TypeError as e:
+        if _PROBE_KEY not in str(e):
+            logger.warning("check_model: could not probe %s with a 2-token forward (%s)", type(model).__name__, e)
+            return None
         logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)
-        reached.clear()
+        return len(attention), sorted({type(m).__name__ for m in attention})
     except Exception as e:  # noqa: BLE001 - an input the model needs besides input_ids: undecided here
         logger.warning("check_model: could not probe %s with a 2-token forward (%s: %s); the plan's use is still "
                        "checked after every forward", type(model).__name__, type(e).__name__, e)
@@ -235,7 +247,7 @@ def _layers_missing_kwargs(model: torch.nn.Module, attention: list[torch.nn.Modu
     finally:
         for h in handles:
             h.remove()
-    return sorted({type(m).__name__ for m in attention if id(m) not in reached})
+    return len(called), sorted({type(m).__name__ for m in attention if id(m) in called and id(m) not in reached})
 
 
 def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
@@ -267,13 +279,15 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
                                     f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
     dropout = sorted({type(m).__name__ for m in attention if _dropout_p(m) > 0})
-    if dropout and model.training:
+    if dropout:  # checked in eval mode too: from_pretrained returns eval mode, training turns it on
         raise UnsupportedModelError(
             f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; call "
             "hf_hsap.disable_attention_dropout(model) (or load with attention_dropout=0.0)"
         )
+    n_layers = len(attention)
     if sp_size > 1:
-        missing = _layers_missing_kwargs(model, attention)
+        probe = _probe_attention(model, attention)
+        n_layers, missing = probe if probe is not None else (len(attention), [])
         if missing:
             raise UnsupportedModelError(
                 f"{family}: the model's keyword arguments do not reach {', '.join(missing)} (a layer on the way calls "
@@ -284,17 +298,23 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     text = _text_config(config)
     chunk = getattr(text, "attention_chunk_size", None)
     has_chunked = "chunked_attention" in {str(t) for t in (getattr(text, "layer_types", None) or [])}
-    result = ModelCheck(family=family, attention_layers=len(attention), chunk_size=chunk if has_chunked else None)
-    logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, len(attention), sp_size)
+    result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunk if has_chunked else None)
+    logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result
 
 
+_DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "dropout")  # where attention layers keep their p
+
+
 def _dropout_p(module: torch.nn.Module) -> float:
-    """The attention dropout probability of a layer (a number, or an ``nn.Dropout``'s ``p``)."""
-    dropout = getattr(module, "attention_dropout", 0.0)
-    if isinstance(dropout, torch.nn.Dropout):
-        return float(dropout.p)
-    return float(dropout or 0.0)
+    """The attention dropout probability of a layer (a number, or an ``nn.Dropout``'s ``p``, under any of
+    the names families use: ``attention_dropout``, GPT-2's ``attn_dropout``, BERT's ``dropout``)."""
+    for name in _DROPOUT_ATTRS:
+        dropout = getattr(module, name, None)
+        p = float(dropout.p) if isinstance(dropout, torch.nn.Dropout) else dropout
+        if isinstance(p, (int, float)) and p > 0:
+            return float(p)
+    return 0.0
 
 
 def disable_attention_dropout(model: torch.nn.Module) -> int:
@@ -311,13 +331,15 @@ def disable_attention_dropout(model: torch.nn.Module) -> int:
     changed = 0
     for m in model.modules():
         if _calls_attention_interface(m) and _dropout_p(m) > 0:
-            dropout = m.attention_dropout
-            if isinstance(dropout, torch.nn.Dropout):  # e.g. Persimmon keeps an nn.Dropout and passes its .p
-                dropout.p = 0.0
-            else:
-                m.attention_dropout = 0.0
+            for name in _DROPOUT_ATTRS:
+                dropout = getattr(m, name, None)
+                if isinstance(dropout, torch.nn.Dropout):  # e.g. Persimmon, GPT-2, BERT pass its .p
+                    dropout.p = 0.0
+                elif isinstance(dropout, (int, float)) and dropout > 0:
+                    setattr(m, name, 0.0)
             changed += 1
     text = _text_config(model.config)
-    if getattr(text, "attention_dropout", None):
-        text.attention_dropout = 0.0
+    for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
+        if getattr(text, name, None):
+            setattr(text, name, 0.0)
     return changed

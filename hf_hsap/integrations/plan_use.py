@@ -54,6 +54,7 @@ class PlanUse:
         self.config: Any = None
         self.checked = False
 
+    @torch.compiler.disable  # dynamo would guard on the record's size and recompile in every layer
     def record(self, module: torch.nn.Module) -> None:
         """Called by the ``"hsap"`` attention for every layer that consumes the plan."""
         self.layers.setdefault(id(module), type(module).__name__)
@@ -110,7 +111,8 @@ def check_plan_used(batch: Mapping[str, Any] | PlanUse | None, model: torch.nn.M
     use = batch.get(PLAN_USE_KEY) if isinstance(batch, Mapping) else batch
     if use is None or use.sp_size <= 1:
         return
-    if expected_layers is None and model is not None:
+    if expected_layers is None and model is not None:  # a loop calling this every step: pass expected_layers
+        model = getattr(model, "module", model)  # DDP / Accelerate wrappers
         expected_layers = check_model(model, sp_size=use.sp_size).attention_layers
     use.checked = True
     problem = use.problem(expected_layers)

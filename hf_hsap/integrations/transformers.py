@@ -83,14 +83,15 @@ def hsap_mask_function(
 ) -> torch.Tensor | None:
     """Mask factory for ``"hsap"``: never a dense mask, only what the varlen kernel needs.
 
-    Called by ``masking_utils.create_causal_mask`` (and its sliding / chunked variants) once per forward.
+    Called by ``masking_utils.create_causal_mask`` (and its sliding / chunked variants) once per mask kind
+    and forward.
 
     * Without a cache (training, prefill): the composed ``mask_function`` (causal, packed documents from
       ``position_ids``, chunks of chunked layers) is evaluated on the pairs ``(t, t - 1)`` and ``(t - 1, t)``
       only: where a token may not see its predecessor a segment starts, and a token that may see its
       successor means the mask is not causal (refused). The segments go to the attention function as
-      ``[B, L]`` int32 document ids (``-1`` = padding), so they reach it even when a model does not
-      forward ``position_ids`` to its attention layers.
+      ``[B, L]`` int32 document ids (``0`` = padding, so ``.bool()`` is the padding mask), so they reach it
+      even when a model does not forward ``position_ids`` to its attention layers.
     * With a cache: the padding of the filled key slots (``[B, <= kv_length]`` bool); a static cache's slots
       past the last query are not filled and are left out.
 
@@ -123,7 +124,7 @@ def hsap_mask_function(
         return ids
     if config is not None:
         check_config(config, packed=False)
-    chunk = kwargs.get("local_size")
+    chunk = _chunk_size(config, kwargs.get("local_size"))
     if chunk is not None and q_offset + q_length > chunk:
         raise UnsupportedModelError(
             f"attn_implementation='hsap' has no chunked attention with a KV cache, and this generation reaches "
@@ -138,6 +139,16 @@ def hsap_mask_function(
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
     return attention_mask.bool()
+
+
+def _chunk_size(config: Any, local_size: int | None) -> int | None:
+    """The chunk of a chunked-attention mask call (``local_size`` is also a sliding layer's window: only a
+    model with chunked layers of that size makes it a chunk)."""
+    if local_size is None or config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    chunked = "chunked_attention" in {str(t) for t in (getattr(text, "layer_types", None) or [])}
+    return local_size if chunked and getattr(text, "attention_chunk_size", None) == local_size else None
 
 
 def _probe_documents(batch: int, length: int, mask_function: Any, attention_mask: torch.Tensor | None,
@@ -249,9 +260,9 @@ def _plan_cu_seqlens(plan: Any) -> Any:
 
 
 def _plan_longest_doc(plan: Any) -> int:
-    """Longest document of a plan's layout, in tokens."""
-    cu = _plan_cu_seqlens(plan)
-    return max((int(b) - int(a) for a, b in zip(cu[:-1], cu[1:])), default=0)
+    """Longest document of a plan's layout, in tokens (vectorised: it runs in every attention layer)."""
+    cu = torch.as_tensor(_plan_cu_seqlens(plan))
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
 def _sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any,
@@ -327,7 +338,7 @@ def hsap_attention_forward(
             raise ValueError(f"hsap_plan covers {cu[-1]} tokens but the batch has {batch} x {lq} queries, {lk} keys")
         layout = LocalLayout(cu, cu)
     elif kwargs.get("cu_seq_lens_q") is not None:
-        layout = layout_from_cu(batch, lq, lk, kwargs, attention_mask)
+        layout = layout_from_cu(batch, lq, lk, kwargs, attention_mask)  # ids: split at chunks too
     elif lq == lk and (attention_mask is None or attention_mask.shape[1] == lk):
         layout = layout_same_length(batch, lq, kwargs.get("position_ids"), attention_mask, query.device)
     else:

@@ -239,3 +239,30 @@ def test_packed_row_matches_documents_alone(family: str, use_cache: bool | None)
             start += n
     bad = [(i, f"{e:.2e}") for i, e in enumerate(errors) if e > TOL[torch.float32]]
     assert not bad, f"{family}: documents (index, rel error) mixed with their neighbours: {bad}"
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generation_past_the_sliding_window_matches_sdpa(cache: str) -> None:
+    """Mistral with a window of 10 generating 12 tokens after 9-token prompts: the window is exact in
+    generation (the sliding layers' caches keep the window; the mask function never takes it for a chunk)."""
+    config = _config("mistral")
+    config.sliding_window = 10  # longer than the 9-token prompts (a prompt past the window is refused)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    hsap = copy.deepcopy(base)
+    hsap.set_attn_implementation("hsap")
+    ids, mask = _batch("left_padded")
+    kwargs: dict = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                        pad_token_id=0, eos_token_id=None, attention_mask=mask)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        a, b = hsap.generate(ids, **kwargs), base.generate(ids, **kwargs)
+    assert torch.equal(a.sequences, b.sequences)
+    assert max(_rel(x, y) for x, y in zip(a.scores, b.scores)) <= TOL[torch.float32]
+    hsap.config.sliding_window = 8  # prompts longer than the window: refused at prefill, never a wrong token
+    for layer in hsap.model.layers:
+        layer.self_attn.config.sliding_window = 8
+    with pytest.raises(ValueError, match="window of 8 tokens while a document spans 9 keys"):
+        with torch.no_grad():
+            hsap.generate(ids, **kwargs)

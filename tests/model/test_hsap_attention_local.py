@@ -121,13 +121,13 @@ def test_mask_interface_never_builds_a_dense_mask() -> None:
     _, pos, _ = _packed([3, 4])
     # packed rows: the document ids read off the composed mask's sub-diagonal, [B, L] (never [B, 1, L, L])
     ids = create_causal_mask(config, embeds, None, None, position_ids=pos.expand(2, -1))
-    assert ids.dtype == torch.int32 and torch.equal(ids, torch.tensor([[0, 0, 0, 1, 1, 1, 1]] * 2, dtype=torch.int32))
+    assert ids.dtype == torch.int32 and torch.equal(ids, torch.tensor([[1, 1, 1, 2, 2, 2, 2]] * 2, dtype=torch.int32))
     assert create_causal_mask(config, embeds, None, None) is None  # one causal document per row
     assert create_causal_mask(config, embeds, torch.ones(2, 7, dtype=torch.long), None, position_ids=pos) is None
     padding = torch.ones(2, 7, dtype=torch.long)
     padding[0, :2] = 0
     mask = create_causal_mask(config, embeds, padding, None, position_ids=pos)
-    assert mask.shape == (2, 7) and torch.equal(mask >= 0, padding.bool())  # -1 = padding
+    assert mask.shape == (2, 7) and torch.equal(mask.bool(), padding.bool())  # 0 = padding
     assert torch.equal(mask[0, 2:], mask[0, 2:3].expand(5)) and bool((mask[1] == mask[1, 0]).all())
 
 

@@ -80,3 +80,49 @@ def test_hybrid_model_refused_on_packed_rows_given_by_cu_seq_lens_only() -> None
     with pytest.raises(UnsupportedModelError, match="lfm2 has layers of type \\['conv'\\].*on packed rows"):
         model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20, use_cache=False)
     model(input_ids=ids[:, :5], use_cache=False)  # one document: the convolution sees only it, exact
+
+
+def test_gpt2_attention_dropout_found_and_disabled() -> None:
+    """GPT-2 keeps its attention dropout as ``attn_dropout`` (from ``attn_pdrop``), not ``attention_dropout``."""
+    from transformers import GPT2Config
+
+    model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                                        attn_pdrop=0.1), attn_implementation="hsap")
+    with pytest.raises(UnsupportedModelError, match="disable_attention_dropout"):
+        hf_hsap.check_model(model.eval())  # eval mode too: training will turn the dropout on
+    assert hf_hsap.disable_attention_dropout(model) == 2
+    hf_hsap.check_model(model.train())
+    ids, _ = _row()
+    model(input_ids=ids[:, :6])  # the forward in train mode passes dropout 0 now
+
+
+def test_packed_rows_with_a_padding_mask_and_chunks_with_cu_seq_lens() -> None:
+    """Position restarts split documents also beside a padding mask (masking_utils then does not look for
+    them); chunk boundaries split documents also when cu_seq_lens_q gives them."""
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+    ids, _ = _row()
+    lens = [5, 4]  # then 3 padded slots
+    row = ids[:, :12]
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 1, 1, 1]])
+    mask = torch.tensor([[1] * 9 + [0] * 3])
+    with torch.no_grad():
+        ref = torch.cat([model(input_ids=row[:, :5]).logits[0], model(input_ids=row[:, 5:9]).logits[0]])
+        model.set_attn_implementation("hsap")
+        got = model(input_ids=row, position_ids=pos, attention_mask=mask, use_cache=False).logits[0, :9]
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-6, lens  # eager's softmax runs in float32
+
+    chunked = chunked_llama4(chunk=8).double().eval()
+    cu = torch.tensor([0, 20, 30], dtype=torch.int32)
+    long_row = ids[:, :30]
+    with torch.no_grad():
+        chunked.set_attn_implementation("eager")
+        ref = torch.cat([chunked(input_ids=long_row[:, :20], use_cache=False).logits[0],
+                         chunked(input_ids=long_row[:, 20:], use_cache=False).logits[0]])
+        chunked.set_attn_implementation("hsap")
+        pos = torch.cat([torch.arange(20), torch.arange(10)]).unsqueeze(0)
+        got = chunked(input_ids=long_row, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20,
+                      max_length_k=20, use_cache=False).logits[0]
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-6  # merged chunks: ~0.3
