@@ -161,9 +161,7 @@ def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch
         The model in train mode.
     """
     import hf_hsap  # registers "hsap"
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     torch.manual_seed(seed)
     if name in BUILTIN_MODELS:

@@ -31,6 +31,7 @@ import torch
 logger = logging.getLogger("hf_hsap")
 
 __all__ = ["ATTENTION_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
+           "chunked_attention_size",
            "check_model", "disable_attention_dropout", "layer_type", "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
@@ -92,6 +93,14 @@ def layer_type(config: Any, layer_idx: int | None) -> str | None:
     if not types or layer_idx is None or not 0 <= layer_idx < len(types):
         return None
     return str(types[layer_idx])
+
+
+def chunked_attention_size(config: Any) -> int | None:
+    """``attention_chunk_size`` when the model has chunked-attention layers, else ``None``."""
+    text = _text_config(config)
+    if "chunked_attention" not in {str(t) for t in (getattr(text, "layer_types", None) or [])}:
+        return None
+    return getattr(text, "attention_chunk_size", None)
 
 
 def attention_layer_count(config: Any) -> int | None:
@@ -184,7 +193,7 @@ def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
 
 
 def _calls_attention_interface(module: torch.nn.Module) -> bool:
-    """Whether the module's ``forward`` dispatches through ``ALL_ATTENTION_FUNCTIONS``."""
+    """Whether the module's ``forward`` dispatches through ``ALL_ATTENTION_FUNCTIONS`` (cached per class)."""
     return _forward_uses_interface(type(module))
 
 
@@ -295,10 +304,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
                 "would attend to its own tokens only; use sp_size=1 (packed rows are exact there) or a family whose "
                 "layers forward their kwargs (Llama, Qwen2/3, Mistral, ...)"
             )
-    text = _text_config(config)
-    chunk = getattr(text, "attention_chunk_size", None)
-    has_chunked = "chunked_attention" in {str(t) for t in (getattr(text, "layer_types", None) or [])}
-    result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunk if has_chunked else None)
+    result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config))
     logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result
 

@@ -34,7 +34,7 @@ import torch
 from ..kernels import varlen_attention
 from .local_layout import (LocalLayout, document_ids, document_starts, layout_cached, layout_from_cu,
                            layout_same_length)
-from .model_check import UnsupportedModelError, check_config, layer_type
+from .model_check import UnsupportedModelError, check_config, chunked_attention_size, layer_type
 from .plan_use import plan_use_of
 
 ATTN_NAME = "hsap"
@@ -146,9 +146,7 @@ def _chunk_size(config: Any, local_size: int | None) -> int | None:
     model with chunked layers of that size makes it a chunk)."""
     if local_size is None or config is None:
         return None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    chunked = "chunked_attention" in {str(t) for t in (getattr(text, "layer_types", None) or [])}
-    return local_size if chunked and getattr(text, "attention_chunk_size", None) == local_size else None
+    return local_size if chunked_attention_size(config) == local_size else None
 
 
 def _probe_documents(batch: int, length: int, mask_function: Any, attention_mask: torch.Tensor | None,
@@ -215,7 +213,7 @@ def _check_chunked_sp(module: torch.nn.Module, longest_doc: int) -> None:
     config = getattr(module, "config", None)
     if config is None or layer_type(config, getattr(module, "layer_idx", None)) != "chunked_attention":
         return
-    chunk = getattr(config, "attention_chunk_size", None)
+    chunk = chunked_attention_size(config)
     if chunk is not None and longest_doc > chunk:
         raise UnsupportedModelError(
             f"{type(module).__name__} (layer {module.layer_idx}) is a chunked-attention layer of {chunk} tokens and a "
