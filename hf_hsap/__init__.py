@@ -1,12 +1,14 @@
 """hf_hsap: Hierarchical Sequence-Aware Parallelism for packed training data.
 
 Public API:
-    init_sequence_parallel(sp_size, ulysses_size="auto", group=None) -> SPGroup
+    HSAPConfig(sp_size, ulysses_size, placement, rounds, recv_budget_tokens, ...)   (every option, validated)
+    init_sequence_parallel(sp_size_or_config, ulysses_size="auto") -> SPGroup   (groups from a DeviceMesh)
     plan_sequence(cu_seqlens, sp, placement="auto") -> Plan
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
 """
 from .attention import hsap_attn_func
+from .config import HSAPConfig
 from .kernels import reference_attention, select_kernel, varlen_attention
 from .plan.cache import PlanCache
 from .plan.cost import CostModel
@@ -20,6 +22,7 @@ register()
 
 __all__ = [
     "CostModel",
+    "HSAPConfig",
     "Layout",
     "Plan",
     "PlanCache",

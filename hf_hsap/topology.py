@@ -19,10 +19,8 @@ from typing import Any
 import torch.distributed as dist
 
 from .comm.p2p import CommStats, P2PExecutor
+from .config import DEFAULT_TIMEOUT_S, HSAPConfig
 from .plan.cache import PlanCache
-
-DEFAULT_TIMEOUT_S = 600.0
-
 
 @dataclass(eq=False)
 class SPGroup:
@@ -47,6 +45,9 @@ class SPGroup:
             ``None``: unknown (the SAP links are then treated as network links).
         pending_plan_use: the :class:`~hf_hsap.integrations.plan_use.PlanUse` of the last batch
             ``shard_batch`` made for this group, checked at its next call.
+        config: the :class:`~hf_hsap.HSAPConfig` the group was made from (``ulysses_size`` resolved):
+            ``shard_batch`` and the SP loader plan with its placement, rounds and budget.
+        device_mesh: the ``DeviceMesh`` (dims ``dp, sp_inter, sp_intra``) the groups come from.
     """
 
     size: int
@@ -67,6 +68,7 @@ class SPGroup:
     grad_comm_dtype: Any = None
     cost_model: Any = None
     pending_plan_use: Any = None
+    config: HSAPConfig = field(default_factory=HSAPConfig)
 
     @property
     def sap_link(self) -> str:
@@ -156,20 +158,24 @@ def _gpus_per_node(world: int) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else world
 
 
-def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group: Any = None,
+def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str = "auto", group: Any = None,
                            timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
                            gpus_per_node: int | None = None, grad_comm_dtype: Any = None) -> SPGroup:
-    """Split the initialised world (or ``group``) into consecutive SP groups of ``sp_size`` ranks.
+    """Split the initialised world into consecutive SP groups of ``sp_size`` ranks, taken from one
+    ``DeviceMesh`` with dims ``(dp, sp_inter, sp_intra)``.
 
-    Every rank of the world (of ``group``) must call this, in the same order relative to other group
-    creations: it creates process groups collectively.
+    Every rank of the world must call this, in the same order relative to other group creations: it
+    creates process groups collectively. The mesh's groups are the only communicators: ``sp_intra`` is the
+    Ulysses group, ``sp_inter`` SAP's, ``dp`` the data-parallel one, and the SP group is ``sp_inter`` or
+    ``sp_intra`` when the other has one rank, else the two dims flattened (``DeviceMesh._flatten``).
 
     Args:
-        sp_size: P, ranks sharing one packed batch.
+        sp_size: P, ranks sharing one packed batch, or an :class:`~hf_hsap.HSAPConfig` (then the other
+            arguments are taken from it and must be left at their defaults).
         ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``), or
             ``"auto"`` (default): :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``
             (1 when the SP group fits in one node, else Ulysses inside each node and SAP between).
-        group: the parent group; default the whole initialised world.
+        group: must be ``None`` or span the whole world (the mesh is built over the world).
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.
         num_heads: query heads of the model, for ``ulysses_size="auto"``.
@@ -179,19 +185,29 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group
             inputs' dtype; ``torch.float32``: the fp32 accumulators, 2x the bytes in bf16).
 
     Returns:
-        This rank's :class:`SPGroup`.
+        This rank's :class:`SPGroup` (its ``config`` holds the options, ``device_mesh`` the mesh).
 
     Raises:
         ValueError: when ``sp_size`` does not divide the world or ``ulysses_size`` does not divide
             ``sp_size``; RuntimeError when torch.distributed is not initialised and ``sp_size > 1``.
     """
+    if isinstance(sp_size, HSAPConfig):
+        config = sp_size
+    else:
+        config = HSAPConfig(sp_size=sp_size, ulysses_size=ulysses_size, timeout_s=timeout_s,
+                            gpus_per_node=gpus_per_node, grad_comm_dtype=grad_comm_dtype)
+    sp_size, timeout_s = config.sp_size, float(config.timeout_s)
+    num_heads = num_heads or config.num_heads
     world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    gpus_per_node = gpus_per_node or _gpus_per_node(world_now)
+    gpus_per_node = config.gpus_per_node or _gpus_per_node(world_now)
+    ulysses_size = config.ulysses_size
     if ulysses_size == "auto":
         ulysses_size = auto_ulysses_size(sp_size, gpus_per_node, num_heads)
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
-            return SPGroup.single()
+            sp = SPGroup.single()
+            sp.config, sp.cost_model = config, config.cost_for(sp.sap_link)
+            return sp
         raise RuntimeError(
             f"sp_size={sp_size} needs at least {sp_size} processes, but this is a single process (torch.distributed "
             f"is not initialised): launch {sp_size} or more, e.g. `accelerate launch --num_processes {sp_size} ...` "
@@ -199,44 +215,76 @@ def init_sequence_parallel(sp_size: int, ulysses_size: int | str = "auto", group
             f"{sp_size} ...`, and create the Accelerator (or call dist.init_process_group) before this call"
         )
     _check_accelerate_world(dist.get_world_size())
-    members = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
-    world = len(members)
+    check_parallelism_config()
+    world = dist.get_world_size()
+    if group is not None and dist.get_process_group_ranks(group) != list(range(world)):
+        raise ValueError("init_sequence_parallel builds its groups from a DeviceMesh over the whole world; pass "
+                         "group=None (SP groups are consecutive ranks, data parallelism runs across them)")
     _validate(world, sp_size, ulysses_size)
-    me = members.index(dist.get_rank())
-    timeout = timedelta(seconds=timeout_s)
+    me = dist.get_rank()
     U, R, n_sp = ulysses_size, sp_size // ulysses_size, world // sp_size
-    mine: dict[str, Any] = {}
+    mesh = _device_mesh(n_sp, R, U, timeout_s)
 
-    def make(name: str, ranks: list[int]) -> None:
-        g = dist.new_group(ranks=[members[i] for i in ranks], timeout=timeout) if len(ranks) > 1 else None
-        if me in ranks:
-            mine[name] = g
+    def dim_group(name: str) -> Any:
+        return mesh.get_group(name) if mesh[name].size() > 1 else None
 
-    for s in range(n_sp):
-        make("sp", list(range(s * sp_size, (s + 1) * sp_size)))
-    for s in range(n_sp):
-        for r in range(R):
-            make("intra", [s * sp_size + r * U + u for u in range(U)])
-        for u in range(U):
-            make("inter", [s * sp_size + r * U + u for r in range(R)])
-    for j in range(sp_size):
-        make("dp", [s * sp_size + j for s in range(n_sp)])
+    intra, inter = dim_group("sp_intra"), dim_group("sp_inter")
+    if U == 1 or R == 1:
+        sp_group = inter if U == 1 else intra
+    else:  # both dims > 1: one more communicator over the U x R ranks of the group
+        sp_group = mesh["sp_inter", "sp_intra"]._flatten("sp", backend_override=_group_options(timeout_s)).get_group()
     # One barrier per group, in the same order on every rank: each communicator is created with all of its
     # ranks before the runtime's first batched P2P, which may involve only some of them (NCCL requires the
     # first operation on a group to involve every rank; gloo runs the same path here)
-    for name in ("sp", "intra", "inter", "dp"):
-        if mine.get(name) is not None:
-            dist.barrier(group=mine[name])
+    for g in dict.fromkeys(x for x in (sp_group, intra, inter, dim_group("dp")) if x is not None):
+        dist.barrier(group=g)
     s_me = me // sp_size
     sp = SPGroup(
-        size=sp_size, ulysses_size=U, rank=me % sp_size, group=mine.get("sp"),
-        global_ranks=tuple(members[s_me * sp_size + j] for j in range(sp_size)),
-        intra_group=mine.get("intra"), inter_group=mine.get("inter"), dp_size=n_sp, dp_rank=s_me,
-        dp_group=mine.get("dp"), timeout_s=timeout_s, gpus_per_node=gpus_per_node,
-        grad_comm_dtype=grad_comm_dtype,
+        size=sp_size, ulysses_size=U, rank=me % sp_size, group=sp_group,
+        global_ranks=tuple(s_me * sp_size + j for j in range(sp_size)),
+        intra_group=intra, inter_group=inter, dp_size=n_sp, dp_rank=s_me,
+        dp_group=dim_group("dp"), timeout_s=timeout_s, gpus_per_node=gpus_per_node,
+        grad_comm_dtype=config.grad_comm_dtype, device_mesh=mesh, config=config.replace(ulysses_size=U),
     )
-    sp.device_mesh = _device_mesh(members, n_sp, R, U)
+    sp.cost_model = config.cost_for(sp.sap_link)
     return sp
+
+
+def check_parallelism_config(pc: Any = None) -> None:
+    """Refuse an Accelerate ``ParallelismConfig`` that would split the sequence (or the heads) a second time.
+
+    Args:
+        pc: an ``accelerate.ParallelismConfig`` (e.g. ``accelerator.parallelism_config``); ``None`` reads
+            what ``accelerate launch`` exported from a config file (``PARALLELISM_CONFIG_*``).
+
+    Raises:
+        ValueError: ``cp_size > 1`` (PyTorch context parallelism drops the document mask), ``sp_size > 1``
+            (ALST / DeepSpeed Ulysses, whose sharding HSAP replaces) or ``tp_size > 1`` (not composed).
+    """
+    import os
+
+    if pc is None:
+        if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() not in ("1", "true"):
+            return
+        sizes = {k: int(os.environ.get(f"PARALLELISM_CONFIG_{k.upper()}", "1")) for k in ("cp_size", "sp_size", "tp_size")}
+        backend = os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+    else:
+        sizes = {k: int(getattr(pc, k, 1) or 1) for k in ("cp_size", "sp_size", "tp_size")}
+        backend = getattr(pc, "sp_backend", "deepspeed")
+    where = ("remove the parallelism_config block's {key} from the Accelerate config (or ParallelismConfig) and "
+             "pass the size to HSAP instead: --hsap_sp_size {n} (HSAPTrainingArguments / HSAPSFTConfig), "
+             "HSAPConfig(sp_size={n}) or the recipes' --sp_size {n}")
+    if sizes["cp_size"] > 1:
+        raise ValueError("Accelerate's context parallelism (cp_size=%d) replaces the document mask of packed rows by "
+                         "plain causal attention; " % sizes["cp_size"]
+                         + where.format(key="parallelism_config_cp_size", n=sizes["cp_size"]))
+    if sizes["sp_size"] > 1:
+        raise ValueError(f"an ALST-style parallelism_config (sp_size={sizes['sp_size']}, sp_backend={backend}) would "
+                         "shard every sequence a second time under HSAP's own sequence parallelism; "
+                         + where.format(key="parallelism_config_sp_size / sp_backend", n=sizes["sp_size"]))
+    if sizes["tp_size"] > 1:
+        raise ValueError(f"tensor parallelism (tp_size={sizes['tp_size']}) is not composed with HSAP; remove "
+                         "parallelism_config_tp_size (HSAP's SP groups with data parallelism or FSDP2 across them)")
 
 
 def _check_accelerate_world(world: int) -> None:
@@ -261,14 +309,24 @@ def _check_accelerate_world(world: int) -> None:
         )
 
 
-def _device_mesh(members: list[int], dp: int, R: int, U: int) -> Any:
-    """A DeviceMesh with dims (dp, sp_inter, sp_intra), or None where the backend cannot build one."""
-    try:
-        import torch
-        from torch.distributed.device_mesh import DeviceMesh
+def _group_options(timeout_s: float) -> tuple[str, Any]:
+    """(backend, options) of a mesh group with this timeout, for the default group's backend."""
+    backend = dist.get_backend()
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        options = dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    return backend, options
 
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        mesh = torch.tensor(members, dtype=torch.int64).view(dp, R, U)  # [dp, sp_inter, sp_intra]
-        return DeviceMesh(device_type, mesh, mesh_dim_names=("dp", "sp_inter", "sp_intra"))
-    except Exception:  # noqa: BLE001 - the mesh is a convenience view; groups above are authoritative
-        return None
+
+def _device_mesh(dp: int, R: int, U: int, timeout_s: float) -> Any:
+    """The world as a DeviceMesh with dims ``(dp, sp_inter, sp_intra)`` = ``[dp, R, U]``; every dim's group
+    gets ``timeout_s``. Rank ``s * P + r * U + u`` is data-parallel replica ``s``, inter rank ``r``, intra
+    rank ``u``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    names = ("dp", "sp_inter", "sp_intra")
+    return init_device_mesh(device_type, (dp, R, U), mesh_dim_names=names,
+                            backend_override={name: _group_options(timeout_s) for name in names})

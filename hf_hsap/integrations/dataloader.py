@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+from accelerate.utils import send_to_device
+
+from .batch_gather import gather_batches
 from .sharding import shard_batch
 
 __all__ = ["SPDataLoader"]
@@ -33,30 +36,15 @@ __all__ = ["SPDataLoader"]
 _NOT_FORWARDED = ("sampler", "batch_sampler")
 
 
-def _to_cpu(batch: Any) -> Any:
-    """The batch with every tensor on the CPU (what travels through ``all_gather_object``)."""
-    if torch.is_tensor(batch):
-        return batch.detach().cpu()
-    if isinstance(batch, Mapping):
-        return {k: _to_cpu(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_cpu(v) for v in batch)
-    return batch
-
-
-def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 class SPDataLoader:
     """Wrap a per-rank data loader so that each SP group trains on shared global batches.
 
     Args:
         dataloader: this rank's loader (iterable of packed-batch dicts, see :func:`~.sharding.shard_batch`).
         sp: the :class:`~hf_hsap.SPGroup`.
-        placement: passed to the planner.
-        plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` (``recv_budget_tokens``,
-            ``rounds``, ``token_slack``, ``cost``).
+        placement: overrides the config's placement.
+        config: the :class:`~hf_hsap.HSAPConfig` to plan with (default the group's ``sp.config``).
+        plan_options: deprecated (one release): a dict of ``plan_sequence`` options; use ``config``.
         keep_num_items: keep ``num_items_in_batch`` (the SP group's count) in the yielded batches; the HSAP
             trainers drop it because Transformers' Trainer computes the count over all ranks itself.
         verify: compare batch digests across the group at every step (the gather makes them equal already).
@@ -75,15 +63,20 @@ class SPDataLoader:
     Every rank of the SP group must iterate the loader in step (it runs one collective per ``P`` batches).
     """
 
-    def __init__(self, dataloader: Any, sp: Any, placement: str = "auto", keep_num_items: bool = True,
+    def __init__(self, dataloader: Any, sp: Any, placement: str | None = None, keep_num_items: bool = True,
                  verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False,
-                 plan_options: dict[str, Any] | None = None, check_previous: bool = True) -> None:
+                 plan_options: dict[str, Any] | None = None, check_previous: bool = True,
+                 config: Any = None) -> None:
+        from ..config import HSAPConfig, warn_deprecated
+
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        if plan_options:
+            warn_deprecated("SPDataLoader(plan_options=...)", "SPDataLoader(config=HSAPConfig(...))")
         self.dataloader = dataloader
         self.sp = sp
-        self.placement = placement
-        self.plan_options = dict(plan_options or {})
+        base = config or getattr(sp, "config", None) or HSAPConfig()
+        self.config = base.with_plan_options(placement, plan_options)
         self.check_previous = check_previous
         self.keep_num_items = keep_num_items
         self.verify = verify
@@ -110,9 +103,9 @@ class SPDataLoader:
         Returns:
             A new :class:`SPDataLoader` (this one is unchanged).
         """
-        return SPDataLoader(self.dataloader, self.sp, placement=self.placement, keep_num_items=self.keep_num_items,
+        return SPDataLoader(self.dataloader, self.sp, config=self.config, keep_num_items=self.keep_num_items,
                             verify=self.verify, skip_batches=self.skip_batches + int(num_batches),
-                            skip_first_pass_only=first_pass_only, plan_options=self.plan_options,
+                            skip_first_pass_only=first_pass_only,
                             check_previous=self.check_previous)
 
     def set_epoch(self, epoch: int) -> None:
@@ -136,15 +129,13 @@ class SPDataLoader:
         return getattr(inner, name)  # dataset, batch_size, collate_fn, ... of the inner loader
 
     def _local(self, batch: Mapping[str, Any], device: torch.device | None) -> dict[str, Any]:
-        local = shard_batch(batch, self.sp, placement=self.placement, verify=self.verify,
-                            plan_options=self.plan_options, check_previous=self.check_previous)
+        local = shard_batch(batch, self.sp, verify=self.verify, config=self.config,
+                            check_previous=self.check_previous)
         if not self.keep_num_items:
             local.pop("num_items_in_batch", None)
-        return _to_device(local, device) if device is not None else local
+        return send_to_device(local, device) if device is not None else local
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        import torch.distributed as dist
-
         size = int(self.sp.size)
         rounds, drop = divmod(self.skip_batches, size)  # whole inner rounds, then batches of the next round
         if self.skip_first_pass_only:
@@ -158,8 +149,7 @@ class SPDataLoader:
                 yield self._local(mine, None)
                 continue
             device = mine["input_ids"].device if mine is not None else None
-            everyone: list[Any] = [None] * size
-            dist.all_gather_object(everyone, _to_cpu(mine), group=self.sp.group)
+            everyone = gather_batches(mine, self.sp.group, size)  # tensors, not pickles
             for batch in everyone[drop:]:  # SP rank order: the order one process would have read them in
                 if batch is not None:
                     yield self._local(batch, device)

@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 
-from ..plan.layout import check_position_ids
+from ..data.packing import IGNORE_INDEX, shift_labels_global
+from ..plan.layout import check_position_ids, document_starts
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
-from .transformers import document_starts
 
-IGNORE_INDEX = -100
 # Keys that describe the global layout; they are replaced by the plan and never reach the model.
 _LAYOUT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "attention_mask")
 
@@ -63,24 +62,6 @@ def batch_cu_seqlens(batch: Mapping[str, Any]) -> torch.Tensor:
     starts = document_starts(pos).flatten()  # [B*L]
     idx = torch.nonzero(starts, as_tuple=False).flatten()
     return torch.cat([idx, torch.tensor([total])]).to(torch.int64)
-
-
-def shift_labels_global(labels: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Next-token targets that never cross a document end, on the flattened global batch.
-
-    Args:
-        labels: ``[B, L]`` unshifted labels (``-100`` = no target).
-        cu_seqlens: ``[n + 1]`` document boundaries over ``B * L``.
-
-    Returns:
-        ``[B * L]``: ``out[i] = labels[i + 1]`` when token ``i + 1`` is in the same document, else ``-100``.
-    """
-    flat = labels.reshape(-1)  # [B, L] -> [B*L]
-    out = torch.full_like(flat, IGNORE_INDEX)
-    out[:-1] = flat[1:]
-    ends = cu_seqlens[1:].to(flat.device) - 1  # last token of every document
-    out[ends] = IGNORE_INDEX
-    return out
 
 
 def _batch_digest(tensors: list[torch.Tensor]) -> int:
@@ -126,14 +107,31 @@ def _check_previous_batch(sp: Any) -> None:
                                "SPDataLoader.)")
 
 
+def _plan_kwargs(sp: Any, config: Any, placement: str | None, plan_options: Mapping[str, Any] | None) -> dict:
+    """``plan_sequence`` keyword arguments from the config (the group's unless given), a placement override
+    and the deprecated ``plan_options`` dict."""
+    from ..config import HSAPConfig, warn_deprecated
+
+    config = config or getattr(sp, "config", None) or HSAPConfig()
+    if plan_options:
+        warn_deprecated("shard_batch(plan_options=...) / SPDataLoader(plan_options=...)",
+                        "an HSAPConfig (init_sequence_parallel(HSAPConfig(...)) or config=)")
+    config = config.with_plan_options(placement, dict(plan_options or {}))
+    kwargs = {"placement": config.placement, **config.plan_options()}
+    if config.cost_model is not None:
+        kwargs["cost"] = config.cost_model
+    return kwargs
+
+
 def shard_batch(
     batch: Mapping[str, Any],
     sp: Any,
-    placement: str = "auto",
+    placement: str | None = None,
     verify: bool = True,
     ignore_index: int = IGNORE_INDEX,
     plan_options: Mapping[str, Any] | None = None,
     check_previous: bool = True,
+    config: Any = None,
 ) -> dict[str, Any]:
     """Turn one global packed batch into this rank's model inputs.
 
@@ -144,9 +142,10 @@ def shard_batch(
             ``completion_mask``) are sharded too; other values pass through. An all-ones ``attention_mask``
             is dropped.
         sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
-        placement: passed to :func:`hf_hsap.plan_sequence`.
-        plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` (e.g.
-            ``recv_budget_tokens``, ``rounds``, ``token_slack``, ``cost``).
+        placement: overrides the config's placement (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
+        config: the :class:`~hf_hsap.HSAPConfig` to plan with (placement, rounds, receive budget, token
+            slack); default the group's ``sp.config``.
+        plan_options: deprecated (one release): a dict of ``plan_sequence`` options; use ``config``.
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
         check_previous: under SP, first check that the forward of the group's previous batch from
@@ -196,7 +195,7 @@ def shard_batch(
     if verify and size > 1:
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
-    plan = plan_sequence(cu, sp, placement=placement, verify=False, **dict(plan_options or {}))
+    plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement, plan_options))
     device = ids.device
     pos = batch.get("position_ids")
     if pos is not None:

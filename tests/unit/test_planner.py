@@ -211,13 +211,19 @@ def test_sap_link_and_default_cost():
     assert max(one_node["tokens"]) <= max(network["tokens"])
 
 
-def test_shard_batch_passes_plan_options():
+def test_shard_batch_plans_with_its_config():
     batch = {"input_ids": torch.arange(40).reshape(1, 40), "position_ids": torch.tensor([list(range(25)) + list(range(15))])}
-    local = hf_hsap.shard_batch(batch, None, plan_options={"rounds": "by_peer", "recv_budget_tokens": 8})
-    plan = local["hsap_plan"]
+    cfg = hf_hsap.HSAPConfig(rounds="by_peer", recv_budget_tokens=8)
+    plan = hf_hsap.shard_batch(batch, None, config=cfg)["hsap_plan"]
     assert plan.round_order == "by_peer" and plan.recv_budget_tokens == 8
-    with pytest.raises(ValueError, match="unknown rounds"):
+    # the old dict still works for one release, with a FutureWarning, and is validated the same way
+    with pytest.warns(FutureWarning, match="plan_options"):
+        old = hf_hsap.shard_batch(batch, None, plan_options={"rounds": "by_peer", "recv_budget_tokens": 8})
+    assert old["hsap_plan"].round_order == "by_peer" and old["hsap_plan"].recv_budget_tokens == 8
+    with pytest.raises(ValueError, match="rounds='ring'"), pytest.warns(FutureWarning):
         hf_hsap.shard_batch(batch, None, plan_options={"rounds": "ring"})
+    with pytest.raises(ValueError, match="no HSAPConfig field"), pytest.warns(FutureWarning):
+        hf_hsap.shard_batch(batch, None, plan_options={"roundz": "batched"})
 
 
 def test_cost_model_from_config():

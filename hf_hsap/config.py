@@ -1,0 +1,161 @@
+"""HSAPConfig: every HSAP option in one frozen, validated object.
+
+One object travels from where users configure (``HSAPTrainingArguments`` / ``HSAPSFTConfig``, the
+``hsap-sft`` command line, a recipe's flags) to the group (:func:`~hf_hsap.init_sequence_parallel`), the
+sharding hook, the SP data loader, the trainers and ``hsap-plan``; it replaces the ``plan_options`` /
+``sp_plan_options`` dicts and the cost model set on a group after its creation::
+
+    cfg = HSAPConfig(sp_size=4, ulysses_size=2, recv_budget_tokens=8192, model_config=model.config)
+    sp = hf_hsap.init_sequence_parallel(cfg)            # groups + the model's cost model
+    local = hf_hsap.shard_batch(batch, sp)              # placement, rounds, budget: from sp.config
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .plan.placement import DEFAULT_TOKEN_SLACK
+
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "parse_dtype", "warn_deprecated"]
+
+PLACEMENTS = ("auto", "balanced", "contiguous", "zigzag")
+ROUNDS = ("auto", "batched", "by_peer")
+DEFAULT_TIMEOUT_S = 600.0
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+           "fp64": torch.float64, "float64": torch.float64}
+
+
+def parse_dtype(value: Any) -> torch.dtype | None:
+    """A dtype from a ``torch.dtype``, its name (``"bf16"``, ``"float32"``, ``"torch.float32"``) or None.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    name = str(value).lower().removeprefix("torch.")
+    if name in ("", "none", "auto"):
+        return None
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; use one of {sorted(_DTYPES)} or None")
+    return _DTYPES[name]
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """One ``FutureWarning`` for an old spelling that still works for one release."""
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
+                  stacklevel=3)
+
+
+@dataclass(frozen=True, eq=False)
+class HSAPConfig:
+    """What HSAP needs to know, validated once at construction.
+
+    Args:
+        sp_size: P, ranks sharing one packed batch (divides the world).
+        ulysses_size: U, the all-to-all degree inside the SP group (divides P and the query heads), or
+            ``"auto"`` (:func:`~hf_hsap.topology.auto_ulysses_size`).
+        placement: token placement of the planner (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
+        rounds: how SAP's transfers are grouped in time (``auto``, ``batched``, ``by_peer``).
+        recv_budget_tokens: at most this many KV tokens in one receive buffer (None: no bound).
+        token_slack: epsilon of the balanced token cap ``ceil(T/P) * (1 + eps)``.
+        grad_comm_dtype: dtype of the dK/dV partial sums SAP returns (None: the inputs' dtype); a dtype or
+            its name (``"float32"``).
+        timeout_s: collective / point-to-point timeout of the SP groups.
+        gpus_per_node: ranks per node (None: ``LOCAL_WORLD_SIZE``, else the GPUs, else the world).
+        cost_model: the planner's :class:`~hf_hsap.CostModel` (None: built from ``model_config``).
+        model_config: a Transformers config; with no ``cost_model`` the group's cost model is
+            ``CostModel.from_config(model_config, sp.sap_link)`` and ``"auto"`` U divides its heads.
+
+    Raises:
+        ValueError: any field out of range (named, with the values it accepts).
+    """
+
+    sp_size: int = 1
+    ulysses_size: int | str = "auto"
+    placement: str = "auto"
+    rounds: str = "auto"
+    recv_budget_tokens: int | None = None
+    token_slack: float = DEFAULT_TOKEN_SLACK
+    grad_comm_dtype: Any = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    gpus_per_node: int | None = None
+    cost_model: Any = None
+    model_config: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, what: str) -> ValueError:
+            return ValueError(f"HSAPConfig.{name}={getattr(self, name)!r}: {what}")
+
+        if isinstance(self.ulysses_size, str) and self.ulysses_size.isdigit():
+            object.__setattr__(self, "ulysses_size", int(self.ulysses_size))
+        object.__setattr__(self, "grad_comm_dtype", parse_dtype(self.grad_comm_dtype))
+        if isinstance(self.sp_size, bool) or not isinstance(self.sp_size, int) or self.sp_size < 1:
+            raise bad("sp_size", "must be a positive int")
+        u = self.ulysses_size
+        if u != "auto" and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
+            raise bad("ulysses_size", "must be a positive int or 'auto'")
+        if isinstance(u, int) and self.sp_size % u:
+            raise bad("ulysses_size", f"does not divide sp_size={self.sp_size}; pick a divisor (e.g. the GPUs per node)")
+        if self.placement not in PLACEMENTS:
+            raise bad("placement", f"must be one of {PLACEMENTS}")
+        if self.rounds not in ROUNDS:
+            raise bad("rounds", f"must be one of {ROUNDS}")
+        if self.recv_budget_tokens is not None and (not isinstance(self.recv_budget_tokens, int)
+                                                    or self.recv_budget_tokens < 1):
+            raise bad("recv_budget_tokens", "must be a positive int or None")
+        if not 0 <= float(self.token_slack) <= 1:
+            raise bad("token_slack", "must lie in [0, 1]")
+        if not float(self.timeout_s) > 0:
+            raise bad("timeout_s", "must be > 0 seconds")
+        if self.gpus_per_node is not None and (not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1):
+            raise bad("gpus_per_node", "must be a positive int or None")
+
+    def replace(self, **changes: Any) -> "HSAPConfig":
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_heads(self) -> int | None:
+        """Query heads of ``model_config`` (what ``ulysses_size="auto"`` must divide), or None."""
+        return getattr(self.model_config, "num_attention_heads", None)
+
+    def cost_for(self, sap_link: str) -> Any:
+        """The cost model of a group whose SAP links are ``sap_link``: ``cost_model``, else one built from
+        ``model_config`` (when it has the shapes), else None (the planner's default)."""
+        if self.cost_model is not None:
+            return self.cost_model
+        cfg = self.model_config
+        if cfg is not None and hasattr(cfg, "num_attention_heads") and hasattr(cfg, "hidden_size"):
+            from .plan.cost import CostModel
+
+            return CostModel.from_config(cfg, sap_link)
+        return None
+
+    def plan_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`hf_hsap.plan_sequence` (besides ``placement``; the cost model
+        travels on the group)."""
+        return {"rounds": self.rounds, "recv_budget_tokens": self.recv_budget_tokens,
+                "token_slack": float(self.token_slack)}
+
+    def with_plan_options(self, placement: str | None = None, options: dict[str, Any] | None = None) -> "HSAPConfig":
+        """This config with an old-style ``placement`` / ``plan_options`` dict applied (the deprecated
+        spellings of the loader, the hook and the trainers).
+
+        Raises:
+            ValueError: a key that no field holds.
+        """
+        changes: dict[str, Any] = {} if placement is None else {"placement": placement}
+        for key, value in dict(options or {}).items():
+            if key == "cost":
+                key = "cost_model"
+            if key not in {"rounds", "recv_budget_tokens", "token_slack", "cost_model"}:
+                raise ValueError(f"plan option {key!r} has no HSAPConfig field; HSAPConfig takes placement, rounds, "
+                                 "recv_budget_tokens, token_slack and cost_model")
+            changes[key] = value
+        return self.replace(**changes) if changes else self
