@@ -37,16 +37,7 @@ __all__ = [
     "peak_memory_gb",
 ]
 
-# Built-in model configs: random init, no download. Heads are multiples of 8 for the GPU-sized ones (so
-# --ulysses_size 8 divides them); the tiny ones use 4 query / 2 key-value heads (Ulysses 2 on CPU).
-BUILTIN_MODELS: dict[str, tuple[str, dict[str, int]]] = {
-    "tiny-llama": ("llama", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2)),
-    "tiny-qwen2": ("qwen2", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2)),
-    "small-llama": ("llama", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-                                  num_attention_heads=16, num_key_value_heads=8)),
-}
+from hf_hsap.examples import BUILTIN_MODELS, builtin_config  # noqa: E402  (one table of built-in models)
 
 # Dense bf16 tensor-core peaks (FLOP/s) of one device, by a substring of torch.cuda.get_device_name().
 _GPU_PEAK_BF16: tuple[tuple[str, float], ...] = (
@@ -161,14 +152,11 @@ def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch
         The model in train mode.
     """
     import hf_hsap  # registers "hsap"
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     if name in BUILTIN_MODELS:
-        kind, sizes = BUILTIN_MODELS[name]
-        cls = LlamaConfig if kind == "llama" else Qwen2Config
-        config = cls(vocab_size=vocab_size, max_position_embeddings=max(2048, max_length), pad_token_id=1,
-                     bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, **sizes)
+        config = builtin_config(name, vocab_size, max_length)
         hf_hsap.check_config(config)  # before construction: some families cannot even be built with "hsap"
         model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32)
     else:
@@ -265,14 +253,17 @@ class MetricsWriter:
                 f.write(json.dumps(record) + "\n")
 
 
-def find_checkpoint(output_dir: str, spec: str | None) -> Path | None:
-    """The checkpoint to resume from: ``spec`` itself, the newest ``checkpoint-<step>`` for 'latest', or None."""
+def resolve_checkpoint(output_dir: str, spec: str | None) -> Path | None:
+    """The checkpoint to resume from: ``spec`` itself, Transformers' ``get_last_checkpoint`` for 'latest', or
+    None."""
     if not spec:
         return None
     if spec != "latest":
         return Path(spec)
-    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[-1]))
-    return found[-1] if found else None
+    from transformers.trainer_utils import get_last_checkpoint
+
+    found = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    return Path(found) if found else None
 
 
 def parse_common_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

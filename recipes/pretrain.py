@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from contextlib import nullcontext
@@ -25,7 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import send_to_device
 from tqdm.auto import tqdm
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
@@ -33,7 +34,7 @@ import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
+from common import (MetricsWriter, add_common_args, attention_flops, build_model, resolve_checkpoint,  # noqa: E402
                     finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, plan_options,
                     parse_common_args, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
@@ -66,18 +67,6 @@ def make_accelerator(args: argparse.Namespace) -> Any:
                        project_dir=args.output_dir)
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Any:
-    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
 def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any]:
     """AdamW (no weight decay on norms and biases) and its warm-up + cosine scheduler."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -85,8 +74,8 @@ def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[An
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(args.warmup_steps, args.max_steps, args.min_lr_ratio))
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
     return optimizer, scheduler
 
 
@@ -113,13 +102,14 @@ def load_checkpoint(accelerator: Any, args: argparse.Namespace, path: Path) -> i
     return int(state["step"])
 
 
+# The model inputs of a sharded batch (the targets stay out: the recipe computes the loss itself); under SP
+# hsap_plan_use is the record each attention layer fills (checked by hsap_causal_lm_loss).
+MODEL_INPUTS = ("input_ids", "position_ids", "hsap_plan", "use_cache", "hsap_plan_use")
+
+
 def to_device(local: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The model inputs of a sharded batch, on ``device`` (the plan stays a host object)."""
-    out = {"input_ids": local["input_ids"].to(device), "position_ids": local["position_ids"].to(device),
-           "hsap_plan": local["hsap_plan"], "use_cache": False}
-    if "hsap_plan_use" in local:  # the record each attention layer fills (checked by hsap_causal_lm_loss)
-        out["hsap_plan_use"] = local["hsap_plan_use"]
-    return out
+    return send_to_device({k: local[k] for k in MODEL_INPUTS if k in local}, device)
 
 
 def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str, Any]]:
@@ -210,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
     accelerator.register_for_checkpointing(scheduler)  # not prepared: Accelerate would step it once per process
 
     start_step = 0
-    ckpt = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    ckpt = resolve_checkpoint(args.output_dir, args.resume_from_checkpoint)
     if ckpt is not None:
         start_step = load_checkpoint(accelerator, args, ckpt)
     metrics = MetricsWriter(args.output_dir, main_proc, resume_step=start_step if ckpt is not None else None)

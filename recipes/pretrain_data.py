@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 
-from hf_hsap.data import PackingCollator
+from hf_hsap.data import IGNORE_INDEX, PackingCollator
 from hf_hsap.integrations import batch_cu_seqlens, shift_labels_global
 
 __all__ = ["MicroBatch", "StepData", "deal_documents", "split_train_eval"]
 
-IGNORE_INDEX = -100
 
 
 def split_train_eval(n_docs: int, eval_docs: int, seed: int) -> tuple[list[int], list[int]]:

@@ -13,6 +13,7 @@ from .packing import (
     IGNORE_INDEX,
     PackingCollator,
     best_fit_decreasing,
+    shift_labels_global,
     shift_labels_packed,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PackingCollator",
     "best_fit_decreasing",
+    "shift_labels_global",
     "shift_labels_packed",
     *sorted(_LAZY),
 ]

@@ -24,10 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..plan.layout import cu_seqlens_from_position_ids
+
 __all__ = [
     "IGNORE_INDEX",
     "PackingCollator",
     "best_fit_decreasing",
+    "shift_labels_global",
     "shift_labels_packed",
 ]
 
@@ -67,14 +70,35 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
     return [sorted(b) for b in bins]
 
 
+def shift_labels_global(labels: torch.Tensor, cu_seqlens: torch.Tensor,
+                        ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Next-token targets that never cross a document end, on the flattened global batch (the one label
+    shifter of hf_hsap; :func:`shift_labels_packed` and the sharding hook use it).
+
+    Args:
+        labels: ``[B, L]`` unshifted labels (``ignore_index`` = no target).
+        cu_seqlens: ``[n + 1]`` document boundaries over ``B * L`` (every row start included).
+        ignore_index: value for positions without a target.
+
+    Returns:
+        ``[B * L]``: ``out[i] = labels[i + 1]`` when token ``i + 1`` is in the same document, else ``ignore_index``.
+    """
+    flat = labels.reshape(-1)  # [B, L] -> [B*L]
+    out = torch.full_like(flat, ignore_index)
+    out[:-1] = flat[1:]
+    ends = torch.as_tensor(cu_seqlens)[1:].to(flat.device, torch.int64) - 1  # last token of every document
+    out[ends] = ignore_index
+    return out
+
+
 def shift_labels_packed(
     labels: torch.Tensor, position_ids: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """Next-token targets for packed rows, never crossing a document boundary.
 
     ``shift[..., i] = labels[..., i + 1]`` when token ``i + 1`` belongs to the same document as token ``i``
-    (i.e. ``position_ids[..., i + 1] != 0``), else ``ignore_index``; the last position of each row is
-    ``ignore_index``. Pure and vectorised.
+    (:func:`hf_hsap.plan.layout.document_starts`: the position continues), else ``ignore_index``; the last
+    position of each row is ``ignore_index``.
 
     Args:
         labels: Unshifted labels, aligned with ``input_ids``.
@@ -92,11 +116,11 @@ def shift_labels_packed(
             f"labels {tuple(labels.shape)} and position_ids {tuple(position_ids.shape)} must have the same shape; "
             "pass the position_ids returned by the collator for the same batch"
         )
-    shifted = torch.full_like(labels, ignore_index)
-    if labels.shape[-1] > 1:
-        nxt = labels[..., 1:]
-        shifted[..., :-1] = nxt.masked_fill(position_ids[..., 1:] == 0, ignore_index)
-    return shifted
+    if labels.numel() == 0:
+        return labels.clone()
+    rows = position_ids.reshape(-1, labels.shape[-1])  # [..., L] -> [B, L]
+    cu = cu_seqlens_from_position_ids(rows)
+    return shift_labels_global(labels, cu, ignore_index).reshape(labels.shape)
 
 
 def _as_int_array(value: Any, what: str) -> np.ndarray:

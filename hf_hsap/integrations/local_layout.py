@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..plan.layout import document_starts
+
 __all__ = ["LocalLayout", "document_ids", "document_starts", "layout_cached", "layout_from_cu",
            "layout_same_length"]
 
@@ -70,23 +72,6 @@ def _row_ranges(valid: torch.Tensor, fix: str = _HOLES_FIX) -> tuple[torch.Tenso
             f"(left or right padding), got padding between tokens; {fix}"
         )
     return first, count
-
-
-def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
-    """Where documents start in packed rows: every row start, and wherever the position does not continue.
-
-    The rule of ``masking_utils.find_packed_sequence_indices`` (``p[t] != p[t - 1] + 1``), so a packed row
-    means the same to "hsap" as to eager/SDPA; it includes every restart at 0.
-
-    Args:
-        position_ids: ``[B, L]`` integer positions.
-
-    Returns:
-        ``[B, L]`` bool, True on the first token of each document.
-    """
-    starts = torch.ones(position_ids.shape, dtype=torch.bool, device=position_ids.device)  # [B, L]
-    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [B, L - 1]
-    return starts
 
 
 def _positions(position_ids: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:

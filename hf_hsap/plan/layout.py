@@ -95,21 +95,38 @@ def make_layout(cu_seqlens: torch.Tensor | np.ndarray | Sequence[int], total_tok
     return Layout(cu_seqlens=arr, digest=digest)
 
 
-def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Document boundaries from position ids that restart at 0 for every document.
+def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """Where documents start in packed rows: every row start, and wherever the position does not continue.
+
+    The one document-boundary rule of hf_hsap (the sharding hook, the local "hsap" attention, the labels
+    and :func:`cu_seqlens_from_position_ids` all use it). It is the rule of Transformers'
+    ``masking_utils.find_packed_sequence_indices`` (``p[t] != p[t - 1] + 1``), so a packed row means the
+    same to "hsap" as to eager/SDPA; it includes every restart at 0.
 
     Args:
-        position_ids: ``[B, T_row]`` or ``[T]``; a new document starts wherever the id is 0 and at the
-            start of every row.
+        position_ids: ``[B, L]`` integer positions.
 
     Returns:
-        ``[n_docs + 1]`` int64 ``cu_seqlens`` over the flattened batch.
+        ``[B, L]`` bool, True on the first token of each document.
+    """
+    starts = torch.ones(position_ids.shape, dtype=torch.bool, device=position_ids.device)  # [B, L]
+    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [B, L - 1]
+    return starts
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Document boundaries from packed position ids (:func:`document_starts`).
+
+    Args:
+        position_ids: ``[B, T_row]`` or ``[T]``; a new document starts wherever the position does not
+            continue the previous one (e.g. restarts at 0) and at the start of every row.
+
+    Returns:
+        ``[n_docs + 1]`` int64 ``cu_seqlens`` over the flattened batch (CPU).
     """
     pos = position_ids.detach().reshape(position_ids.shape[0], -1) if position_ids.dim() == 2 \
-        else position_ids.detach().reshape(1, -1)
-    starts = pos == 0  # [B, T_row]
-    starts[:, 0] = True
-    flat = starts.reshape(-1).nonzero().squeeze(1).to(torch.int64)  # [n_docs]
+        else position_ids.detach().reshape(1, -1)  # [B, T_row]
+    flat = document_starts(pos).reshape(-1).nonzero().squeeze(1).to(torch.int64)  # [n_docs]
     total = torch.tensor([pos.numel()], dtype=torch.int64, device=flat.device)
     return torch.cat([flat, total]).cpu()
 
