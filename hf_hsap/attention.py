@@ -15,6 +15,7 @@ import torch
 
 from .comm.all_to_all import HeadToSeq, SeqToHead, head_to_seq
 from .kernels import AttentionKernel, select_kernel
+from .kernels.dtypes import cast_qkv
 from .runtime import sap_backward, sap_forward
 
 
@@ -94,6 +95,7 @@ def hsap_attn_func(
         raise ValueError("this plan was made offline (int SP size); make it with the SPGroup from "
                          "hf_hsap.init_sequence_parallel to run attention")
     n_local = plan.num_local_tokens(0 if plan.size == 1 and plan.rank is None else None)
+    q, k, v = cast_qkv(q, k, v)  # the autocast dtype (or the common one): hf_hsap.kernels.dtypes
     _check_inputs(q, k, v, plan, n_local)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)

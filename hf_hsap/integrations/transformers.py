@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..kernels import varlen_attention
+from ..kernels.dtypes import cast_qkv
 from .local_layout import (LocalLayout, document_ids, document_starts, layout_cached, layout_from_cu,
                            layout_same_length)
 from .model_check import UnsupportedModelError, check_config, chunked_attention_size, layer_type
@@ -310,6 +311,7 @@ def hsap_attention_forward(
         ValueError: for unsupported attention variants or inputs (see the module docstring).
     """
     window = _check_supported(module, dropout, kwargs)
+    query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             f"attn_implementation='hsap' reads only 2D padding masks, but {type(module).__name__} got a "

@@ -22,7 +22,7 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
     Returns:
         An :class:`~hf_hsap.kernels.base.AttentionKernel`. CPU: PyTorch's CPU flash attention
         (float32/64, bf16), else math. CUDA: flash-attn when installed, else PyTorch's varlen flash
-        (fp16/bf16), else math (float32/64).
+        (fp16/bf16); other dtypes raise ``ValueError`` (ask for ``prefer="math"`` explicitly).
     """
     device = torch.device(device)
     if prefer is not None:
@@ -33,6 +33,14 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
         from .cuda import FlashAttnKernel, TorchCUDAFlashKernel
 
         return FlashAttnKernel() if FlashAttnKernel.available() else TorchCUDAFlashKernel()
+    if device.type == "cuda":
+        # the math kernel materialises every document's [L, L] scores: never chosen silently on a GPU
+        raise ValueError(
+            f"hf_hsap has no memory-efficient CUDA kernel for {dtype} (the flash kernels take fp16 / bf16; the "
+            "math kernel's memory grows with the square of the document length): train under bf16 autocast "
+            "(TrainingArguments(bf16=True), Accelerator(mixed_precision='bf16')) or load the model in bf16; pass "
+            "kernel=MathKernel() (select_kernel(..., prefer='math')) to hsap_attn_func / varlen_attention to "
+            "run the math kernel on purpose (e.g. float64 checks)")
     return MathKernel()
 
 
