@@ -26,5 +26,5 @@ setup(
         "bench": ["matplotlib>=3.7"],
         "gpu": ["flash-attn>=2.6"],
     },
-    entry_points={"console_scripts": ["hsap-plan=hf_hsap.inspect:main"]},
+    entry_points={"console_scripts": ["hsap-plan=hf_hsap.inspect:main", "hsap-sft=hf_hsap.cli.sft:main"]},
 )

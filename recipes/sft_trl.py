@@ -1,17 +1,24 @@
-"""Supervised fine-tuning with TRL's ``SFTTrainer``, packing and HSAP sequence parallelism.
+"""Supervised fine-tuning with TRL and HSAP: a thin wrapper of ``hsap-sft`` (:mod:`hf_hsap.cli.sft`).
 
-    accelerate launch --config_file accelerate_configs/cpu_4proc.yaml recipes/sft_trl.py \\
+    accelerate launch --config_file accelerate_configs/cpu_4proc.yaml recipes/sft_trl.py \
         --sp_size 4 --ulysses_size 2 --max_steps 10
     python recipes/sft_trl.py --sp_size 1 --max_steps 10                 # the same losses on one process
     python recipes/sft_trl.py --data_format messages                     # chat data, assistant-only loss
 
-TRL packs the tokenized examples into rows of ``--max_length`` tokens (best-fit decreasing, padding-free);
-``HSAPSFTTrainer`` shares each packed batch over the SP group and shards it (``SPDataLoader`` +
-``shard_batch``), and the loss stays the exact global mean. The loss covers completions only
-(``completion_only_loss`` for prompt/completion data, ``assistant_only_loss`` for chat data). A step trains on
-``--rows_per_step`` packed rows whatever the number of processes (gradient accumulation makes up the rest).
-Writes ``<output_dir>/metrics.jsonl`` (one record per optimizer step) and Trainer checkpoints; resuming
-(``--resume_from_checkpoint``) skips the trained batches inside the SP loader (``HSAPTrainerMixin.train``).
+What this adds to ``hsap-sft`` (every other flag goes to it unchanged: any ``SFTConfig`` / ``TrainingArguments``
+field, ``--hsap_*``, ``--config file.yaml``):
+
+* ``--model``: a built-in config (``tiny-llama``, ...; random init, saved with the shipped tokenizer to
+  ``<output_dir>/base_model``), a local directory or a Hub name;
+* ``--dataset`` / ``--data_format`` / ``--max_samples`` / ``--eval_samples``: the shipped SFT sets (or a file),
+  written as ``<output_dir>/data/{train,test}.jsonl`` with a seeded held-out split;
+* ``--rows_per_step`` / ``--micro_batch_rows``: packed rows per optimizer step whatever the number of
+  processes (gradient accumulation makes up the rest); ``--sp_size`` / ``--ulysses_size`` alias ``--hsap_*``;
+* ``--eval_every`` / ``--save_every``, ``--resume_from_checkpoint latest``;
+* ``<output_dir>/metrics.jsonl`` (one record per optimizer step: loss, lr, TGS, MFU, peak memory).
+
+TRL packs the examples into rows of ``--max_length`` tokens (best-fit decreasing, padding-free); the loss covers
+completions only (``completion_only_loss``; ``assistant_only_loss`` for chat data) and is the exact global mean.
 """
 from __future__ import annotations
 
@@ -28,28 +35,38 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
+from hf_hsap.cli.sft import make_parser, run as run_sft  # noqa: E402
 from hf_hsap.data import load_sft_dataset  # noqa: E402
+from hf_hsap.examples import BUILTIN_MODELS, save_sft_data, save_tiny_model  # noqa: E402
 from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
-from trl import SFTConfig  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, attention_flops, build_model, find_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, plan_options,
-                    parse_common_args, peak_memory_gb)
+from common import (MetricsWriter, attention_flops, finish_distributed, guess_peak_flops,  # noqa: E402
+                    matmul_params, peak_memory_gb, resolve_checkpoint)
 from pretrain_data import split_train_eval  # noqa: E402
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments (the common ones, see ``common.add_common_args``, plus SFT's own)."""
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """The recipe's own flags, and the rest (for ``hsap-sft``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_args(p, default_lr=1e-3, default_max_length=512)
-    p.add_argument("--data_format", default="prompt_completion", choices=["prompt_completion", "messages"],
-                   help="prompt/completion pairs (default data/sft.jsonl) or chat messages (data/sft_chat.jsonl)")
+    p.add_argument("--model", default="tiny-llama", help=f"built-in ({', '.join(BUILTIN_MODELS)}), a directory or a Hub name")
+    p.add_argument("--dataset", default=None, help="a prompt/completion or messages JSONL file (default: shipped)")
+    p.add_argument("--data_format", default="prompt_completion", choices=["prompt_completion", "messages"])
+    p.add_argument("--max_samples", type=int, default=None, help="use only the first N examples")
+    p.add_argument("--eval_samples", type=int, default=64, help="held-out examples (with --eval_every)")
     p.add_argument("--rows_per_step", type=int, default=8, help="packed rows in the global batch of one step")
     p.add_argument("--micro_batch_rows", type=int, default=1, help="packed rows per micro-batch")
-    p.add_argument("--eval_samples", type=int, default=64, help="held-out examples for the eval loss")
-    p.add_argument("--gradient_checkpointing", action="store_true")
-    return parse_common_args(p, argv)
+    p.add_argument("--sp_size", type=int, default=1, help="alias of --hsap_sp_size")
+    p.add_argument("--ulysses_size", default="auto", help="alias of --hsap_ulysses_size")
+    p.add_argument("--eval_every", type=int, default=0, help="evaluate every N steps (0 = never)")
+    p.add_argument("--save_every", type=int, default=0, help="save a checkpoint every N steps (0 = never)")
+    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
+    p.add_argument("--output_dir", default="runs/sft")
+    p.add_argument("--max_length", type=int, default=512)
+    p.add_argument("--max_steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of a device, for MFU")
+    return p.parse_known_args(argv)
 
 
 class RecipeSFTTrainer(HSAPSFTTrainer):  # type: ignore[misc,valid-type]
@@ -124,74 +141,80 @@ class MetricsCallback(TrainerCallback):
             self.pending = None
 
 
-# Transformers 5 renamed gradient_checkpointing (deprecated alias until v6).
-_CHECKPOINTING_FIELD = ("activation_checkpointing" if "activation_checkpointing" in SFTConfig.__dataclass_fields__
-                        else "gradient_checkpointing")
-
-
-def make_config(args: argparse.Namespace, dp_size: int) -> SFTConfig:
-    """The SFTConfig: packing (BFD, padding-free), completion-only loss, the global batch split over DP."""
+def hsap_sft_argv(args: argparse.Namespace, rest: list[str], model: str, data: str, world: int) -> list[str]:
+    """The ``hsap-sft`` command line: the recipe's defaults first, then the user's flags (the last one wins)."""
+    dp_size = world // args.sp_size
     per_step = args.micro_batch_rows * dp_size
     if args.rows_per_step % per_step:
         raise ValueError(f"--rows_per_step {args.rows_per_step} must be a multiple of --micro_batch_rows "
                          f"{args.micro_batch_rows} x dp_size {dp_size} (= world / sp_size)")
-    cuda = torch.cuda.is_available()
-    precision = ("bf16" if cuda else "no") if args.mixed_precision == "auto" else args.mixed_precision
     chat = args.data_format == "messages"
-    return SFTConfig(
-        output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed, data_seed=args.seed,
-        per_device_train_batch_size=args.micro_batch_rows, per_device_eval_batch_size=args.micro_batch_rows,
-        gradient_accumulation_steps=args.rows_per_step // per_step,
-        learning_rate=args.learning_rate, lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": 0.1}, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, adam_beta2=0.95,
-        packing=True, packing_strategy="bfd", max_length=args.max_length,
-        completion_only_loss=None if chat else True, assistant_only_loss=chat,
-        **{_CHECKPOINTING_FIELD: args.gradient_checkpointing},
-        bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=not cuda,
-        logging_steps=1, report_to=[t for t in (args.report_to or "").split(",") if t] or "none",
-        eval_strategy="steps" if args.eval_every else "no", eval_steps=args.eval_every or None,
-        save_strategy="steps" if args.save_every else "no", save_steps=args.save_every or 500,
-        dataloader_num_workers=0, dataset_num_proc=None, disable_tqdm=False,
-    )
+    cuda = torch.cuda.is_available()
+    argv = [
+        "--model_name_or_path", model, "--dataset_name", data, "--output_dir", args.output_dir,
+        "--max_steps", str(args.max_steps), "--seed", str(args.seed), "--data_seed", str(args.seed),
+        "--max_length", str(args.max_length), "--packing", "--packing_strategy", "bfd",
+        "--per_device_train_batch_size", str(args.micro_batch_rows),
+        "--per_device_eval_batch_size", str(args.micro_batch_rows),
+        "--gradient_accumulation_steps", str(args.rows_per_step // per_step),
+        "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine_with_min_lr",
+        "--lr_scheduler_kwargs", json.dumps({"min_lr_rate": 0.1}), "--warmup_steps", str(max(1, args.max_steps // 10)),
+        "--weight_decay", "0.1", "--adam_beta2", "0.95", "--logging_steps", "1", "--report_to", "none",
+        "--bf16", str(cuda), "--use_cpu", str(not cuda), "--dataloader_num_workers", "0",
+        "--hsap_sp_size", str(args.sp_size), "--hsap_ulysses_size", str(args.ulysses_size),
+        *(["--assistant_only_loss", "true"] if chat else ["--completion_only_loss", "true"]),
+        *(["--eval_strategy", "steps", "--eval_steps", str(args.eval_every)] if args.eval_every else []),
+        *(["--save_strategy", "steps", "--save_steps", str(args.save_every)] if args.save_every
+          else ["--save_strategy", "no"]),
+    ]
+    ckpt = resolve_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    if ckpt is not None:
+        argv += ["--resume_from_checkpoint", str(ckpt)]
+    return argv + rest
 
 
-def run(args: argparse.Namespace) -> None:
-    """Fine-tune (see the module docstring); the trainer is freed when it returns, the process groups are not."""
-    from accelerate import PartialState
-
-    state = PartialState(cpu=not torch.cuda.is_available())  # the process group, before the SP groups
-    sp = init_sp(args)
-    tokenizer = load_tokenizer(args.model, args.tokenizer)
-    data = load_sft_dataset(args.dataset, format=args.data_format)
-    if args.max_samples:
-        data = data.select(range(min(args.max_samples, len(data))))
-    train_rows, eval_rows = split_train_eval(len(data), args.eval_samples if args.eval_every else 0, args.seed)
-    model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
-    ckpt = find_checkpoint(args.output_dir, args.resume_from_checkpoint)
-    resume_step = json.loads((ckpt / "trainer_state.json").read_text())["global_step"] if ckpt else 0
-
-    trainer = RecipeSFTTrainer(
-        model=model, args=make_config(args, sp.dp_size), processing_class=tokenizer,
-        train_dataset=data.select(train_rows), eval_dataset=data.select(eval_rows) if eval_rows else None,
-        sp=sp, sp_placement=args.placement, sp_plan_options=plan_options(args),
-    )
-    writer = MetricsWriter(args.output_dir, state.is_main_process, resume_step=resume_step if ckpt else None)
-    trainer.add_callback(MetricsCallback(trainer, writer, guess_peak_flops(trainer.accelerator.device,
-                                                                           args.peak_tflops)))
-    if state.is_main_process:
-        print(f"[hf_hsap] SFT: world {state.num_processes} = dp {sp.dp_size} x sp {sp.size} (ulysses "
-              f"{sp.ulysses_size} x ring {sp.ring_size}) | {args.data_format} | {len(train_rows)} train examples "
-              f"| {args.rows_per_step} packed rows of {args.max_length} tokens per step"
-              + (f" | resuming from {ckpt}" if ckpt else ""), flush=True)
-    trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-    if not args.no_final_model:
-        trainer.save_model(str(Path(args.output_dir) / "final_model"))
+def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, str]:
+    """The model directory (a built-in model saved once) and the data directory (train / test split)."""
+    out = Path(args.output_dir)
+    model = args.model
+    if main_process:
+        if model in BUILTIN_MODELS:
+            save_tiny_model(out / "base_model", model, seed=args.seed, max_length=args.max_length)
+        data = load_sft_dataset(args.dataset, format=args.data_format)
+        if args.max_samples:
+            data = data.select(range(min(args.max_samples, len(data))))
+        train, test = split_train_eval(len(data), args.eval_samples if args.eval_every else 0, args.seed)
+        data_dir = out / "data"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data.select(train).to_json(str(data_dir / "train.jsonl"))
+        (data_dir / "test.jsonl").unlink(missing_ok=True)
+        if test:
+            data.select(test).to_json(str(data_dir / "test.jsonl"))
+    return (str(out / "base_model") if model in BUILTIN_MODELS else model), str(out / "data")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the recipe, then destroy the process groups (see ``common.finish_distributed``)."""
-    run(parse_args(argv))
+    """Prepare the model and data, then run ``hsap-sft`` with the metrics callback (see the module docstring)."""
+    from accelerate import PartialState
+
+    args, rest = parse_args(argv)
+    state = PartialState(cpu=not torch.cuda.is_available())  # the process group, before the SP groups
+    with state.main_process_first():
+        model, data = prepare_inputs(args, state.is_main_process)
+    parsed = make_parser().parse_args_and_config(
+        args=hsap_sft_argv(args, rest, model, data, state.num_processes), fail_with_unknown_args=True)
+    ckpt = parsed[1].resume_from_checkpoint
+    resume_step = json.loads((Path(ckpt) / "trainer_state.json").read_text())["global_step"] if ckpt else None
+    writer = MetricsWriter(args.output_dir, state.is_main_process, resume_step=resume_step)
+
+    def metrics(trainer: Any) -> MetricsCallback:
+        return MetricsCallback(trainer, writer, guess_peak_flops(trainer.accelerator.device, args.peak_tflops))
+
+    if state.is_main_process:
+        print(f"[hf_hsap] SFT: world {state.num_processes}, sp {args.sp_size} | {args.data_format} | "
+              f"{args.rows_per_step} packed rows of {args.max_length} tokens per step"
+              + (f" | resuming from {ckpt}" if ckpt else ""), flush=True)
+    run_sft(*parsed, callbacks=[metrics], trainer_class=RecipeSFTTrainer)
     finish_distributed()
 
 

@@ -9,74 +9,123 @@ The mixin changes four things and leaves the training loop alone:
 3. every forward is checked to have run the plan through all of the model's attention layers
    (:func:`~.plan_use.check_plan_used`, after :func:`~.model_check.check_model` at construction);
 4. the loss is exact: Trainer counts valid ``shift_labels`` over all ranks (``average_tokens_across_devices``
-   is forced on), each rank's loss is ``sum(local CE) / N * W``, DDP averages over the ``W`` ranks. The
+   must stay on, its default), each rank's loss is ``sum(local CE) / N * W``, DDP averages over the ``W`` ranks. The
    logged loss (Trainer's mean over ranks) is then the loss one process would log for the same batches.
    Evaluation gets the same count through one all-reduce per batch.
 
 Resuming (``train(resume_from_checkpoint=...)``) skips the trained batches inside the SP loader, so a
-resumed run logs the losses of the uninterrupted one. Label smoothing is refused: ``shift_labels`` are
-already shifted and Trainer's smoother would shift again.
+resumed run logs the losses of the uninterrupted one. What the trainers refuse at construction (label
+smoothing, ``compute_loss_func``, unpacked data, conflicting Accelerate parallelism) is in
+:mod:`.trainer_checks`.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .dataloader import SPDataLoader
+from .loss import global_num_items
 from .model_check import check_model
 from .plan_use import check_plan_used
-from .sharding import IGNORE_INDEX
+from .trainer_checks import check_trainer_setup
 from .transformers import ATTN_NAME, register
 
 __all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
+
+logger = logging.getLogger("hf_hsap")
 
 
 class HSAPTrainerMixin:
     """Mix into a ``transformers.Trainer`` subclass (put it first in the bases).
 
+    The SP layout and planner options come, in this order, from ``hsap_config``, from ``sp`` (a group made
+    elsewhere), or from ``args`` when it is an :class:`~.arguments.HSAPTrainingArguments` /
+    :class:`~.arguments.HSAPSFTConfig` (``hsap_sp_size``, ...); else SP size 1.
+
     Args:
-        sp: an :class:`~hf_hsap.SPGroup`, an int SP size (the group is created after the Accelerator, i.e.
-            collectively on every rank, with ``ulysses_size="auto"`` for the model's heads), or ``None``
-            for SP size 1 (plain data parallelism with "hsap"). A group without a ``cost_model`` gets
-            ``CostModel.from_config(model.config, sp.sap_link)``.
-        sp_placement: placement passed to the planner (``"auto"``).
-        sp_plan_options: further keyword arguments of :func:`hf_hsap.plan_sequence` for every batch
-            (``recv_budget_tokens`` to bound communication buffers, ``rounds``, ``token_slack``, ``cost``).
+        sp: an :class:`~hf_hsap.SPGroup`, an int SP size, or ``None`` (from ``args`` / ``hsap_config``).
+        hsap_config: an :class:`~hf_hsap.HSAPConfig` (its ``model_config`` defaults to the model's).
+        sp_placement, sp_plan_options: deprecated (one release): use ``hsap_config`` or the ``hsap_*`` args.
         *args, **kwargs: the Trainer's own arguments.
+
+    Raises:
+        ValueError: what :func:`~.trainer_checks.check_trainer_setup` and :func:`~.model_check.check_model`
+            refuse, before the first step.
     """
 
-    def __init__(self, *args: Any, sp: Any = None, sp_placement: str = "auto",
+    def __init__(self, *args: Any, sp: Any = None, hsap_config: Any = None, sp_placement: str | None = None,
                  sp_plan_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        from ..config import warn_deprecated
+
         register()
         super().__init__(*args, **kwargs)
-        from .. import CostModel, init_sequence_parallel
-
-        config = self.accelerator.unwrap_model(self.model).config
-        if sp is None or isinstance(sp, int):
-            sp = init_sequence_parallel(sp or 1, num_heads=getattr(config, "num_attention_heads", None))
-        if sp.cost_model is None and hasattr(config, "num_attention_heads") and hasattr(config, "hidden_size"):
-            sp.cost_model = CostModel.from_config(config, sp.sap_link)  # `auto` weighs this model's KV bytes
-        self.sp = sp
-        self.sp_placement = sp_placement
-        self.sp_plan_options = dict(sp_plan_options or {})
-        if self.args.label_smoothing_factor:
-            raise ValueError("HSAP trainers pass pre-shifted labels; set label_smoothing_factor=0 (label smoothing "
-                             "would shift them again)")
-        self.args.average_tokens_across_devices = True  # the exact-loss contract relies on the global count
         model = self.accelerator.unwrap_model(self.model)
+        config = model.config
+        if sp_placement is not None or sp_plan_options:
+            warn_deprecated("HSAPTrainer(sp_placement=..., sp_plan_options=...)",
+                            "hsap_config=HSAPConfig(...) or the hsap_* fields of HSAPTrainingArguments / HSAPSFTConfig")
+        check_trainer_setup(self)
+        self.sp = sp = self._hsap_group(sp, hsap_config, config)
+        self.hsap_config = sp.config.with_plan_options(sp_placement, sp_plan_options)
         if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
             model.set_attn_implementation(ATTN_NAME)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
+        logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
+                    self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
+
+    def _hsap_group(self, sp: Any, hsap_config: Any, model_config: Any) -> Any:
+        """The SP group from ``sp`` / ``hsap_config`` / ``args`` (collective when it is created here)."""
+        from .. import init_sequence_parallel
+        from ..config import HSAPConfig
+        from .arguments import HSAPArguments
+
+        from_args = self.args.hsap_config(model_config) if isinstance(self.args, HSAPArguments) else None
+        if sp is not None and not isinstance(sp, int):  # a group made by the caller
+            if from_args is not None and from_args.sp_size not in (1, sp.size):
+                raise ValueError(f"sp= is a group of {sp.size} ranks but args.hsap_sp_size={from_args.sp_size}; "
+                                 "pass one of them")
+            if sp.cost_model is None:
+                sp.cost_model = (hsap_config or sp.config.replace(model_config=model_config)).cost_for(sp.sap_link)
+            if hsap_config is not None:
+                sp.config = hsap_config
+            return sp
+        cfg = hsap_config or from_args or HSAPConfig(model_config=model_config)
+        if isinstance(sp, int):
+            cfg = cfg.replace(sp_size=sp)
+        if cfg.model_config is None:
+            cfg = cfg.replace(model_config=model_config)
+        return init_sequence_parallel(cfg)
+
+    def get_total_train_batch_size(self, args: Any) -> int:
+        """Rows per optimizer step over the world: the ranks of an SP group share each row, so Trainer's
+        ``micro-batch x accumulation x world`` counts every row ``sp.size`` times."""
+        total = super().get_total_train_batch_size(args)
+        return total // max(1, int(getattr(getattr(self, "sp", None), "size", 1)))
+
+    def end(self) -> None:
+        """Trainer's ``end`` without its gloo hang: finish the trackers, then destroy the process groups
+        after a barrier that lets gloo's workers go idle (``accelerator.end_training`` destroys them while the
+        DDP reducer still holds a group; see ``recipes/common.finish_distributed``)."""
+        import time
+
+        import torch.distributed as dist
+
+        for tracker in getattr(self.accelerator, "trackers", []):
+            tracker.finish()
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            time.sleep(0.1)
+            dist.destroy_process_group()
 
     def _hsap_wrap(self, loader: Any) -> SPDataLoader:
         # Trainer fetches the micro-batches of a step before their forwards: each batch's plan use is
         # checked after its own forward (compute_loss), not at the next batch
-        return SPDataLoader(loader, self.sp, placement=self.sp_placement, keep_num_items=False,
-                            plan_options=self.sp_plan_options, check_previous=False)
+        return SPDataLoader(loader, self.sp, keep_num_items=False, config=self.hsap_config, check_previous=False)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Trainer's ``train`` with an SP-aware resume: the first pass of the training loader leaves out
@@ -96,6 +145,8 @@ class HSAPTrainerMixin:
             if not state.exists():
                 raise ValueError(f"{ckpt} is not a Trainer checkpoint (no trainer_state.json)")
             self._hsap_resume_step = int(json.loads(state.read_text())["global_step"])
+            logger.info("hf_hsap: resuming at step %d; the SP loader skips the trained batches itself, so Trainer's "
+                        "own data skip (ignore_data_skip) is off for this train() call", self._hsap_resume_step)
             self.args.ignore_data_skip = True  # the SP loader skips itself (get_train_dataloader)
             try:
                 return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -119,14 +170,10 @@ class HSAPTrainerMixin:
         return self._hsap_wrap(super().get_eval_dataloader(eval_dataset))
 
     def _global_num_items(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """Valid targets over all ranks (one all-reduce), for calls where Trainer did not count them."""
+        """Valid targets over all ranks (:func:`~.loss.global_num_items`), for calls where Trainer did not
+        count them (evaluation)."""
         labels = inputs.get("shift_labels")
-        if labels is None:
-            return None
-        count = (labels != IGNORE_INDEX).sum().to(torch.int64)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(count)
-        return count
+        return None if labels is None else global_num_items(labels, self.sp)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:

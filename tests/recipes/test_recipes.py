@@ -27,7 +27,7 @@ PRETRAIN_ARGS = ["--max_steps", str(PRETRAIN_STEPS), "--max_length", "128", "--d
                  "--no_final_model"]
 SFT_STEPS, SFT_SAVE = 10, 5
 SFT_ARGS = ["--max_steps", str(SFT_STEPS), "--max_length", "128", "--rows_per_step", "3", "--max_samples", "200",
-            "--seed", "1", "--no_final_model"]
+            "--seed", "1"]
 
 
 def run_recipe(script: str, out: Path, args: list[str], procs: int = 1) -> list[dict[str, Any]]:
@@ -115,6 +115,6 @@ def test_sft_trl_resume_under_sp2_logs_the_uninterrupted_losses(sft_sp1, tmp_pat
     """3 micro-batches per step: resuming at step 5 skips 15 SP batches, i.e. 7 rounds of 2 and one more."""
     out, ref = sft_sp1
     got = run_recipe("sft_trl.py", tmp_path, ["--sp_size", "2", "--resume_from_checkpoint",
-                                              str(out / f"checkpoint-{SFT_SAVE}"), "--rounds", "batched",
-                                              "--recv_budget_tokens", "16", *SFT_ARGS], procs=2)
+                                              str(out / f"checkpoint-{SFT_SAVE}"), "--hsap_rounds", "batched",
+                                              "--hsap_recv_budget_tokens", "16", *SFT_ARGS], procs=2)
     assert_same_losses(got, ref, list(range(SFT_SAVE + 1, SFT_STEPS + 1)))

@@ -1,0 +1,96 @@
+"""HSAP options where Hugging Face users already configure: ``TrainingArguments`` / ``SFTConfig`` subclasses.
+
+The ``hsap_*`` fields are ordinary dataclass fields, so ``HfArgumentParser``, TRL's ``TrlParser`` (and its
+``--config file.yaml``), the command line and Python all carry them::
+
+    args = HSAPSFTConfig(output_dir="out", packing=True, hsap_sp_size=4, hsap_ulysses_size="2")
+    trainer = HSAPSFTTrainer(model=model, args=args, train_dataset=data)   # SP 4 read from args
+
+    hsap-sft --model_name_or_path ... --packing --hsap_sp_size 4 --hsap_recv_budget_tokens 8192
+
+Each field mirrors one of :class:`~hf_hsap.HSAPConfig` (``hsap_sp_size`` -> ``sp_size``, ...); validation
+happens once, in ``__post_init__`` (through ``HSAPConfig``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, HSAPConfig
+from ..plan.placement import DEFAULT_TOKEN_SLACK
+
+__all__ = ["HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments", "HSAP_FIELDS"]
+
+HSAP_FIELDS = ("sp_size", "ulysses_size", "placement", "rounds", "recv_budget_tokens", "token_slack",
+               "grad_comm_dtype", "timeout_s", "gpus_per_node")
+
+
+@dataclass
+class HSAPArguments:
+    """The HSAP fields (mixed into :class:`HSAPTrainingArguments` and :class:`HSAPSFTConfig`)."""
+
+    hsap_sp_size: int = field(default=1, metadata={
+        "help": "HSAP: ranks sharing one packed batch (sequence parallel size; divides the number of processes)"})
+    hsap_ulysses_size: str = field(default="auto", metadata={
+        "help": "HSAP: Ulysses all-to-all degree inside the SP group (divides hsap_sp_size and the heads), or "
+                "'auto' (1 inside one node, else Ulysses inside each node)"})
+    hsap_placement: str = field(default="auto", metadata={"help": f"HSAP: token placement, one of {PLACEMENTS}"})
+    hsap_rounds: str = field(default="auto", metadata={"help": f"HSAP: SAP round order, one of {ROUNDS}"})
+    hsap_recv_budget_tokens: int | None = field(default=None, metadata={
+        "help": "HSAP: at most this many KV tokens in one receive buffer (bounds communication memory)"})
+    hsap_token_slack: float = field(default=DEFAULT_TOKEN_SLACK, metadata={
+        "help": "HSAP: extra tokens a rank may hold over ceil(T/P), as a fraction (balanced placement)"})
+    hsap_grad_comm_dtype: str | None = field(default=None, metadata={
+        "help": "HSAP: dtype of the dK/dV partial sums sent back (default: the inputs' dtype; e.g. float32)"})
+    hsap_timeout_s: float = field(default=DEFAULT_TIMEOUT_S, metadata={
+        "help": "HSAP: seconds before a silent peer makes the SP group raise"})
+    hsap_gpus_per_node: int | None = field(default=None, metadata={
+        "help": "HSAP: ranks per node (default LOCAL_WORLD_SIZE)"})
+
+    def hsap_config(self, model_config: Any = None) -> HSAPConfig:
+        """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).
+
+        Args:
+            model_config: the model's Transformers config (the planner's cost model and ``"auto"`` U).
+        """
+        return HSAPConfig(**{name: getattr(self, f"hsap_{name}") for name in HSAP_FIELDS}, model_config=model_config)
+
+
+@dataclass
+class HSAPTrainingArguments(TrainingArguments, HSAPArguments):
+    """``transformers.TrainingArguments`` plus the ``hsap_*`` fields of :class:`HSAPArguments`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.hsap_config()  # validate once, where the user configured
+
+
+def _sft_config_class() -> type | None:
+    try:
+        from trl import SFTConfig
+    except ImportError:  # pragma: no cover - TRL is optional
+        return None
+    return SFTConfig
+
+
+_SFTConfig = _sft_config_class()
+
+if _SFTConfig is not None:
+
+    @dataclass
+    class HSAPSFTConfig(_SFTConfig, HSAPArguments):  # type: ignore[misc,valid-type]
+        """TRL ``SFTConfig`` plus the ``hsap_*`` fields of :class:`HSAPArguments`."""
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.hsap_config()
+
+else:  # pragma: no cover
+
+    class HSAPSFTConfig:  # type: ignore[no-redef]
+        """Placeholder: TRL is not installed."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("HSAPSFTConfig needs TRL: pip install trl")

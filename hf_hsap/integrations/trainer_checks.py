@@ -1,0 +1,88 @@
+"""What the HSAP trainers refuse or change at construction, in one place (no silent surprises).
+
+Each rule either refuses before the first step, naming a fix, or changes an argument the user left at its
+default and says so once through ``logging.getLogger("hf_hsap")``:
+
+* ``compute_loss_func``: refused. Under SP a rank holds only its shard; its labels are ``shift_labels``
+  shifted on the global batch, which a Transformers loss function would shift again.
+* label smoothing: refused (Trainer's smoother shifts the labels again).
+* ``average_tokens_across_devices=False``: refused (the exact-loss contract counts targets over all ranks).
+* unpacked data: refused (TRL without ``packing`` / ``padding_free``; for ``HSAPTrainer`` a probe batch of the
+  collator without ``position_ids`` / ``cu_seq_lens_q`` or with padding).
+* an Accelerate ``ParallelismConfig`` with ``cp_size``, ``sp_size`` or ``tp_size`` > 1: refused
+  (:func:`~hf_hsap.topology.check_parallelism_config`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("hf_hsap")
+
+__all__ = ["check_trainer_setup", "probe_packed_batch"]
+
+
+def check_trainer_setup(trainer: Any) -> None:
+    """Refuse what the HSAP trainers cannot train exactly (see the module docstring).
+
+    Args:
+        trainer: a constructed Trainer / SFTTrainer with the HSAP mixin.
+
+    Raises:
+        ValueError: a refused setting, naming the fix.
+    """
+    from ..topology import check_parallelism_config
+
+    args = trainer.args
+    check_parallelism_config(getattr(trainer.accelerator, "parallelism_config", None))
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        raise ValueError(
+            "HSAP trainers refuse compute_loss_func: under sequence parallelism each rank sees only its shard of a "
+            "packed row, with targets already shifted on the global batch (inputs['shift_labels']); a Transformers "
+            "loss function would shift them again. Override compute_loss(model, inputs, ...) instead and use "
+            "inputs['shift_labels'] with num_items_in_batch (hf_hsap.integrations.hsap_causal_lm_loss)")
+    if args.label_smoothing_factor:
+        raise ValueError("HSAP trainers pass pre-shifted labels; set label_smoothing_factor=0 (label smoothing "
+                         "would shift them again)")
+    if not args.average_tokens_across_devices:
+        raise ValueError("HSAP trainers need average_tokens_across_devices=True (the default): the exact loss "
+                         "divides by the valid targets of all ranks; remove average_tokens_across_devices=False")
+    if hasattr(args, "packing") and not (getattr(trainer, "padding_free", False) or args.packing
+                                         or getattr(args, "padding_free", False)):
+        raise ValueError("HSAPSFTTrainer needs packed, padding-free batches: set packing=True (SFTConfig / "
+                         "--packing) or padding_free=True")
+    if not hasattr(args, "packing"):
+        probe_packed_batch(trainer)
+
+
+def probe_packed_batch(trainer: Any) -> None:
+    """Collate the first two training examples and refuse a batch ``shard_batch`` could not shard.
+
+    Best effort: when the examples cannot be collated outside the Trainer's own loader (e.g. columns the
+    loader would remove first), the check is left to the first step, and that is logged.
+
+    Raises:
+        ValueError: a collated batch without ``position_ids`` / ``cu_seq_lens_q``, or with padding.
+    """
+    data, collate = trainer.train_dataset, trainer.data_collator
+    if data is None or collate is None or not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+        return
+    try:
+        if hasattr(trainer, "_remove_unused_columns") and hasattr(data, "column_names"):
+            data = trainer._remove_unused_columns(data, description="training")
+        batch = collate([data[i] for i in range(min(2, len(data)))])
+    except Exception as err:  # noqa: BLE001 - a probe; the real loader runs the same check at its first batch
+        logger.info("hf_hsap: could not collate a probe batch at init (%s); packing is checked at the first step",
+                    err)
+        return
+    if not isinstance(batch, dict) or "input_ids" not in batch:
+        return
+    mask = batch.get("attention_mask")
+    if (batch.get("position_ids") is None and batch.get("cu_seq_lens_q") is None) or \
+            (mask is not None and not bool(torch.as_tensor(mask).all())):
+        raise ValueError(
+            "HSAPTrainer needs packed, padding-free batches (position_ids restarting at every document, or "
+            "cu_seq_lens_q, and no padding attention_mask); its data collator gave "
+            f"{sorted(batch)}: use hf_hsap.data.PackingCollator or transformers.DataCollatorWithFlattening")
