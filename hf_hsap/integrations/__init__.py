@@ -1,7 +1,8 @@
 """Integrations with Hugging Face Transformers (attention registry), Trainer / TRL and data loading.
 
 Call :func:`register` once (``import hf_hsap`` does it) before ``attn_implementation="hsap"`` is used.
-The trainers import ``transformers.Trainer`` / TRL lazily (``from hf_hsap.integrations import HSAPTrainer``).
+The trainers and their arguments import ``transformers.Trainer`` / TRL lazily (``from hf_hsap.integrations
+import HSAPTrainer, HSAPSFTConfig``).
 """
 from typing import Any
 
@@ -20,6 +21,7 @@ from .transformers import (
 )
 
 _TRAINERS = ("HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin")
+_ARGUMENTS = ("HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments")
 
 __all__ = [
     "ATTN_NAME",
@@ -45,6 +47,7 @@ __all__ = [
     "shard_batch",
     "shift_labels_global",
     *_TRAINERS,
+    *_ARGUMENTS,
 ]
 
 
@@ -53,4 +56,8 @@ def __getattr__(name: str) -> Any:
         from . import trainer
 
         return getattr(trainer, name)
+    if name in _ARGUMENTS:
+        from . import arguments
+
+        return getattr(arguments, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
