@@ -28,7 +28,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from .batch_gather import gather_batches
-from .sharding import shard_batch
+from .sharding import LAYOUT_KEYS, shard_batch
 
 __all__ = ["SPDataLoader"]
 
@@ -149,6 +149,8 @@ class SPDataLoader:
                 yield self._local(mine, None)
                 continue
             device = mine["input_ids"].device if mine is not None else None
+            if mine is not None:  # derived layout values (max_length_q, ...) are rebuilt by the plan
+                mine = {k: v for k, v in mine.items() if torch.is_tensor(v) or k not in LAYOUT_KEYS}
             everyone = gather_batches(mine, self.sp.group, size)  # tensors, not pickles
             for batch in everyone[drop:]:  # SP rank order: the order one process would have read them in
                 if batch is not None:

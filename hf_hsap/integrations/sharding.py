@@ -25,7 +25,7 @@ from ..plan.layout import check_position_ids, document_starts
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
 
 # Keys that describe the global layout; they are replaced by the plan and never reach the model.
-_LAYOUT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "attention_mask")
+LAYOUT_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "attention_mask")
 
 __all__ = ["IGNORE_INDEX", "batch_cu_seqlens", "shard_batch", "shift_labels_global"]
 
@@ -222,7 +222,7 @@ def shard_batch(
         n_valid = (shift != ignore_index).sum().clamp_min(1)
         local["num_items_in_batch"] = n_valid.to(device)
     for key, value in batch.items():
-        if key in local or key in _LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
+        if key in local or key in LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
             continue
         if torch.is_tensor(value) and tuple(value.shape[:2]) == tuple(ids.shape):
             flat = value.reshape(ids.numel(), *value.shape[2:])  # [B, L, ...] -> [B*L, ...]
