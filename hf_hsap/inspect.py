@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .config import HSAPConfig
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, offline_link, plan_sequence
@@ -250,8 +251,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    return plan_sequence(cu, args.P, args.placement, ulysses_size=args.U, recv_budget_tokens=args.budget,
-                         rounds=args.rounds, gpus_per_node=args.gpus_per_node, cost=make_cost(args))
+    config = HSAPConfig(sp_size=args.P, ulysses_size=args.U, placement=args.placement, rounds=args.rounds,
+                        recv_budget_tokens=args.budget, gpus_per_node=args.gpus_per_node, cost_model=make_cost(args))
+    return plan_sequence(cu, config.sp_size, config.placement, ulysses_size=config.ulysses_size,
+                         gpus_per_node=config.gpus_per_node, cost=config.cost_model, **config.plan_options())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

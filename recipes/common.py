@@ -31,7 +31,6 @@ __all__ = [
     "finish_distributed",
     "guess_peak_flops",
     "init_sp",
-    "plan_options",
     "load_tokenizer",
     "matmul_params",
     "peak_memory_gb",
@@ -100,15 +99,11 @@ def _ulysses_size(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
 
 
-def plan_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword arguments of ``hf_hsap.plan_sequence`` from ``--rounds`` / ``--recv_budget_tokens``."""
-    return {"rounds": args.rounds, "recv_budget_tokens": args.recv_budget_tokens}
-
-
 def init_sp(args: argparse.Namespace) -> Any:
-    """``hf_hsap.init_sequence_parallel`` for ``--sp_size`` / ``--ulysses_size`` (collective; after the
-    process group exists). ``auto`` needs the model's query heads, read from its config; the group's
-    planner cost model is derived from the same config (``CostModel.from_config``)."""
+    """``hf_hsap.init_sequence_parallel`` with the :class:`~hf_hsap.HSAPConfig` of ``--sp_size``,
+    ``--ulysses_size``, ``--placement``, ``--rounds`` and ``--recv_budget_tokens`` (collective; after the process
+    group exists). The model's config (read without building the model) gives ``auto`` its query heads and the
+    planner its cost model."""
     import hf_hsap
 
     if args.model in BUILTIN_MODELS:
@@ -119,9 +114,9 @@ def init_sp(args: argparse.Namespace) -> Any:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(args.model)
-    sp = hf_hsap.init_sequence_parallel(args.sp_size, args.ulysses_size, num_heads=config.num_attention_heads)
-    sp.cost_model = hf_hsap.CostModel.from_config(config, sp.sap_link)
-    return sp
+    return hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
+        sp_size=args.sp_size, ulysses_size=args.ulysses_size, placement=args.placement, rounds=args.rounds,
+        recv_budget_tokens=args.recv_budget_tokens, model_config=config))
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> Any:

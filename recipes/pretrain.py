@@ -35,7 +35,7 @@ from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus 
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, attention_flops, build_model, resolve_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, plan_options,
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
                     parse_common_args, peak_memory_gb)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
@@ -137,7 +137,7 @@ def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, acc
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64)  # [sum of CE, targets]
     for batch in batches:
-        local = shard_batch(batch, sp, placement=args.placement, verify=False, plan_options=plan_options(args))
+        local = shard_batch(batch, sp, verify=False)  # plans with sp.config
         with accelerator.autocast():
             logits = model(**to_device(local, accelerator.device)).logits
         totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1, sp=sp))
@@ -160,7 +160,7 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
     scale = dp_grad_scale(sp)  # W: DDP / FSDP average gradients over all ranks
     loss_sum = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     for i, m in enumerate(micro):
-        local = shard_batch(m.batch, sp, placement=args.placement, verify=verify, plan_options=plan_options(args))
+        local = shard_batch(m.batch, sp, verify=verify)
         sync = i == len(micro) - 1
         with nullcontext() if sync else accelerator.no_sync(model):
             with accelerator.autocast():

@@ -145,7 +145,7 @@ class HSAPTrainerMixin:
             if not state.exists():
                 raise ValueError(f"{ckpt} is not a Trainer checkpoint (no trainer_state.json)")
             self._hsap_resume_step = int(json.loads(state.read_text())["global_step"])
-            logger.info("hf_hsap: resuming at step %d; the SP loader skips the trained batches itself, so Trainer's "
+            logger.warning("hf_hsap: resuming at step %d; the SP loader skips the trained batches itself, so Trainer's "
                         "own data skip (ignore_data_skip) is off for this train() call", self._hsap_resume_step)
             self.args.ignore_data_skip = True  # the SP loader skips itself (get_train_dataloader)
             try:

@@ -9,6 +9,7 @@ default and says so once through ``logging.getLogger("hf_hsap")``:
 * ``average_tokens_across_devices=False``: refused (the exact-loss contract counts targets over all ranks).
 * unpacked data: refused (TRL without ``packing`` / ``padding_free``; for ``HSAPTrainer`` a probe batch of the
   collator without ``position_ids`` / ``cu_seq_lens_q`` or with padding).
+* fp32 / fp64 on CUDA without mixed precision: refused (no memory-efficient kernel; see ``select_kernel``).
 * an Accelerate ``ParallelismConfig`` with ``cp_size``, ``sp_size`` or ``tp_size`` > 1: refused
   (:func:`~hf_hsap.topology.check_parallelism_config`).
 """
@@ -55,6 +56,12 @@ def check_trainer_setup(trainer: Any) -> None:
                          "--packing) or padding_free=True")
     if not hasattr(args, "packing"):
         probe_packed_batch(trainer)
+    dtype = getattr(trainer.model, "dtype", None)
+    if trainer.accelerator.device.type == "cuda" and not (args.bf16 or args.fp16) and dtype in (torch.float32,
+                                                                                                 torch.float64):
+        raise ValueError(f"the model runs in {dtype} on CUDA without mixed precision, and hf_hsap's CUDA kernels "
+                         "take bf16 / fp16 only (the math kernel's memory is quadratic in the document length): "
+                         "set bf16=True (TRL's default) or load the model in bf16")
 
 
 def probe_packed_batch(trainer: Any) -> None:

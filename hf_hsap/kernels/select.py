@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import torch
 
+import logging
+from functools import lru_cache
+
 from .base import AttentionKernel
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
@@ -28,11 +31,15 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
     if prefer is not None:
         return _by_name(prefer)
     if device.type == "cpu":
-        return TorchCPUFlashKernel() if dtype in _CPU_FLASH_DTYPES else MathKernel()
+        kernel = TorchCPUFlashKernel() if dtype in _CPU_FLASH_DTYPES else MathKernel()
+        _log_choice(device.type, str(dtype), type(kernel).__name__)
+        return kernel
     if device.type == "cuda" and dtype in _CUDA_FLASH_DTYPES:
         from .cuda import FlashAttnKernel, TorchCUDAFlashKernel
 
-        return FlashAttnKernel() if FlashAttnKernel.available() else TorchCUDAFlashKernel()
+        kernel = FlashAttnKernel() if FlashAttnKernel.available() else TorchCUDAFlashKernel()
+        _log_choice(device.type, str(dtype), type(kernel).__name__)  # flash-attn missing: PyTorch's varlen flash
+        return kernel
     if device.type == "cuda":
         # the math kernel materialises every document's [L, L] scores: never chosen silently on a GPU
         raise ValueError(
@@ -42,6 +49,12 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
             "kernel=MathKernel() (select_kernel(..., prefer='math')) to hsap_attn_func / varlen_attention to "
             "run the math kernel on purpose (e.g. float64 checks)")
     return MathKernel()
+
+
+@lru_cache(maxsize=None)
+def _log_choice(device_type: str, dtype: str, kernel: str) -> None:
+    """Say once per (device, dtype) which kernel runs (the cache makes it once)."""
+    logging.getLogger("hf_hsap").info("hf_hsap: attention on %s in %s runs %s", device_type, dtype, kernel)
 
 
 def _by_name(name: str) -> AttentionKernel:

@@ -109,3 +109,19 @@ def test_packed_model_matches_documents_alone() -> None:
     grads = dict(eager.named_parameters())
     worst = max(_rel(p.grad, grads[n].grad) for n, p in hsap.named_parameters())
     assert worst < 1e-1, worst
+
+
+def test_autocast_reaches_a_flash_kernel() -> None:
+    """Under bf16 autocast Transformers hands the attention fp32 q/k and bf16 v: hf_hsap casts them to bf16
+    and picks a flash kernel; fp32 outside autocast is refused instead of running the O(N^2) math kernel."""
+    from hf_hsap.kernels.cuda import FlashAttnKernel, TorchCUDAFlashKernel
+    from hf_hsap.kernels.dtypes import cast_qkv
+
+    q = k = torch.randn(64, 8, 128, device=DEV)
+    v = torch.randn(64, 2, 128, device=DEV, dtype=torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        cq, ck, cv = cast_qkv(q, k, v)
+    assert cq.dtype == ck.dtype == cv.dtype == torch.bfloat16
+    assert isinstance(select_kernel(DEV, cq.dtype), (FlashAttnKernel, TorchCUDAFlashKernel))
+    with pytest.raises(ValueError, match="bf16"):
+        select_kernel(DEV, torch.float32)
