@@ -94,7 +94,15 @@ class HSAPConfig:
 
         if isinstance(self.ulysses_size, str) and self.ulysses_size.isdigit():
             object.__setattr__(self, "ulysses_size", int(self.ulysses_size))
-        object.__setattr__(self, "grad_comm_dtype", parse_dtype(self.grad_comm_dtype))
+        try:
+            object.__setattr__(self, "grad_comm_dtype", parse_dtype(self.grad_comm_dtype))
+        except ValueError as err:
+            raise bad("grad_comm_dtype", str(err)) from None
+        for name in ("token_slack", "timeout_s"):
+            try:
+                object.__setattr__(self, name, float(getattr(self, name)))
+            except (TypeError, ValueError):
+                raise bad(name, "must be a number") from None
         if isinstance(self.sp_size, bool) or not isinstance(self.sp_size, int) or self.sp_size < 1:
             raise bad("sp_size", "must be a positive int")
         u = self.ulysses_size
@@ -106,14 +114,16 @@ class HSAPConfig:
             raise bad("placement", f"must be one of {PLACEMENTS}")
         if self.rounds not in ROUNDS:
             raise bad("rounds", f"must be one of {ROUNDS}")
-        if self.recv_budget_tokens is not None and (not isinstance(self.recv_budget_tokens, int)
+        if self.recv_budget_tokens is not None and (isinstance(self.recv_budget_tokens, bool)
+                                                    or not isinstance(self.recv_budget_tokens, int)
                                                     or self.recv_budget_tokens < 1):
             raise bad("recv_budget_tokens", "must be a positive int or None")
         if not 0 <= float(self.token_slack) <= 1:
             raise bad("token_slack", "must lie in [0, 1]")
         if not float(self.timeout_s) > 0:
             raise bad("timeout_s", "must be > 0 seconds")
-        if self.gpus_per_node is not None and (not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1):
+        if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int)
+                                               or self.gpus_per_node < 1):
             raise bad("gpus_per_node", "must be a positive int or None")
 
     def replace(self, **changes: Any) -> "HSAPConfig":

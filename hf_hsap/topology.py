@@ -298,8 +298,15 @@ def _check_accelerate_world(world: int) -> None:
         from accelerate.state import PartialState
     except ImportError:  # pragma: no cover - accelerate is a dependency
         return
+    import os
+
     shared = getattr(PartialState, "_shared_state", {})
     n = shared.get("num_processes")
+    if n is not None and int(n) != world and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise ValueError(
+            f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: under DeepSpeed on a machine "
+            "without GPUs, Accelerate (1.15) picks no backend and reports one process, so the ranks would train apart. "
+            "Run DeepSpeed on GPUs; on CPU see scripts/deepspeed_cpu_check.sh (it makes Accelerate use gloo)")
     if n is not None and int(n) != world:
         raise ValueError(
             f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "

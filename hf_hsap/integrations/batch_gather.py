@@ -68,10 +68,18 @@ def gather_batches(batch: Mapping[str, Any] | None, group: Any, size: int) -> li
         ValueError: ranks whose batches have different keys or dtypes.
     """
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    head, keys, tensors = _header(batch)
+    try:
+        head, keys, tensors = _header(batch)
+        problem = None
+    except ValueError as err:  # say so in the header, so that every rank raises instead of waiting
+        head, keys, tensors, problem = torch.zeros(_HEADER, dtype=torch.int64), [], [], err
+        head[0] = -1
     heads = [torch.empty_like(head, device=device) for _ in range(size)]
     dist.all_gather(heads, head.to(device), group=group)
     heads = [h.cpu() for h in heads]
+    bad = [r for r, h in enumerate(heads) if int(h[0]) < 0]
+    if bad:
+        raise problem or ValueError(f"SP ranks {bad} could not send their batch (see their error)")
     digests = {int(h[1]) for h in heads if int(h[0])}
     if len(digests) > 1:
         raise ValueError("the ranks of an SP group loaded batches with different keys or dtypes; every rank's data "

@@ -60,7 +60,10 @@ class SPDataLoader:
     Yields:
         local batches from :func:`~.sharding.shard_batch`, on the device this rank's batches came on.
 
-    Every rank of the SP group must iterate the loader in step (it runs one collective per ``P`` batches).
+    Every rank of the SP group must iterate the loader in step (it runs one collective per ``P`` batches), and
+    the inner loaders should have equal lengths (Accelerate's default ``even_batches=True``): ``len()`` is
+    ``len(inner) * P`` on each rank, and with uneven inner loaders an epoch ends when the first rank's loader
+    does (after the other ranks' batches of that round).
     """
 
     def __init__(self, dataloader: Any, sp: Any, placement: str | None = None, keep_num_items: bool = True,

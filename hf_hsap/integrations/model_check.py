@@ -235,6 +235,12 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
         return None
     if param.device.type == "meta":
         return None
+    if hasattr(param, "ds_id") or hasattr(param, "ds_numel"):
+        # DeepSpeed ZeRO-3 partitions the weights across ranks: the bare module cannot run a forward, and
+        # gathering it would defeat ZeRO-3; the trainers' per-step plan-use check still counts the layers
+        logger.info("check_model: %s has ZeRO-3 partitioned weights; the 2-token probe is skipped",
+                    type(model).__name__)
+        return None
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
     ids = torch.ones(1, 2, dtype=torch.long, device=param.device)
     devices = [param.device] if param.device.type == "cuda" else []

@@ -1,0 +1,303 @@
+"""HSAPConfig validation and helpers, the hsap_* fields of HSAPTrainingArguments / HSAPSFTConfig through the
+Hugging Face parsers (command line and YAML), and check_parallelism_config's refusals."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_hsap import HSAPConfig
+from hf_hsap.config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, parse_dtype
+from hf_hsap.plan.cost import CostModel
+from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
+from hf_hsap.topology import check_parallelism_config
+
+MODEL_CONFIG = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2, hidden_size=256,
+                               intermediate_size=704, head_dim=32)
+
+
+# ------------------------------------------------------------------------------------------- HSAPConfig
+def test_defaults() -> None:
+    cfg = HSAPConfig()
+    assert (cfg.sp_size, cfg.ulysses_size, cfg.placement, cfg.rounds) == (1, "auto", "auto", "auto")
+    assert cfg.recv_budget_tokens is None and cfg.grad_comm_dtype is None and cfg.gpus_per_node is None
+    assert cfg.token_slack == DEFAULT_TOKEN_SLACK and cfg.timeout_s == DEFAULT_TIMEOUT_S
+    assert cfg.cost_model is None and cfg.model_config is None and cfg.num_heads is None
+
+
+@pytest.mark.parametrize("field,value,extra", [
+    ("sp_size", 0, {}), ("sp_size", -2, {}), ("sp_size", True, {}), ("sp_size", 2.0, {}), ("sp_size", "2", {}),
+    ("ulysses_size", 0, {"sp_size": 4}), ("ulysses_size", "zero", {"sp_size": 4}), ("ulysses_size", True, {}),
+    ("ulysses_size", 2.0, {"sp_size": 4}), ("ulysses_size", 3, {"sp_size": 4}), ("ulysses_size", "3", {"sp_size": 4}),
+    ("placement", "spread", {}), ("placement", None, {}), ("rounds", "ring", {}), ("rounds", "", {}),
+    ("recv_budget_tokens", 0, {}), ("recv_budget_tokens", -5, {}), ("recv_budget_tokens", 1.5, {}),
+    ("token_slack", -0.01, {}), ("token_slack", 1.5, {}), ("token_slack", float("nan"), {}),
+    ("timeout_s", 0, {}), ("timeout_s", -1.0, {}), ("timeout_s", float("nan"), {}),
+    ("gpus_per_node", 0, {}), ("gpus_per_node", 2.0, {}), ("gpus_per_node", "8", {}),
+])
+def test_bad_field_raises_naming_it(field: str, value, extra: dict) -> None:
+    with pytest.raises(ValueError, match=rf"HSAPConfig\.{field}="):
+        HSAPConfig(**{field: value, **extra})
+
+
+def test_ulysses_that_does_not_divide_names_sp_size() -> None:
+    with pytest.raises(ValueError, match="does not divide sp_size=6"):
+        HSAPConfig(sp_size=6, ulysses_size=4)
+
+
+def test_bad_grad_comm_dtype_raises() -> None:
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        HSAPConfig(grad_comm_dtype="int8")
+
+
+def test_ulysses_digit_string_becomes_int() -> None:
+    cfg = HSAPConfig(sp_size=4, ulysses_size="2")
+    assert cfg.ulysses_size == 2 and type(cfg.ulysses_size) is int
+    assert HSAPConfig(sp_size=4, ulysses_size="auto").ulysses_size == "auto"
+    assert type(HSAPConfig(sp_size=4, ulysses_size=4).ulysses_size) is int
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16),
+    ("fp16", torch.float16), ("half", torch.float16), ("float32", torch.float32), ("FP32", torch.float32),
+    ("float", torch.float32), ("torch.float64", torch.float64), (torch.float32, torch.float32),
+    (None, None), ("none", None), ("auto", None), ("", None),
+])
+def test_grad_comm_dtype_names(name, dtype) -> None:
+    assert HSAPConfig(grad_comm_dtype=name).grad_comm_dtype is dtype
+    assert parse_dtype(name) is dtype
+
+
+def test_frozen() -> None:
+    cfg = HSAPConfig(sp_size=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.sp_size = 4  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.placement = "zigzag"  # type: ignore[misc]
+    assert cfg.sp_size == 2 and cfg.placement == "auto"
+
+
+def test_replace_validates_again_and_keeps_the_original() -> None:
+    cfg = HSAPConfig(sp_size=4, ulysses_size=2, placement="zigzag")
+    new = cfg.replace(sp_size=8, ulysses_size="4")
+    assert new is not cfg and (new.sp_size, new.ulysses_size, new.placement) == (8, 4, "zigzag")
+    assert (cfg.sp_size, cfg.ulysses_size) == (4, 2)
+    with pytest.raises(ValueError, match=r"HSAPConfig\.ulysses_size="):
+        cfg.replace(sp_size=5)  # ulysses_size=2 does not divide 5
+    with pytest.raises(ValueError, match=r"HSAPConfig\.sp_size="):
+        cfg.replace(sp_size=0)
+    with pytest.raises(ValueError, match=r"HSAPConfig\.placement="):
+        cfg.replace(placement="nope")
+    assert cfg.replace(grad_comm_dtype="bf16").grad_comm_dtype is torch.bfloat16
+
+
+def test_plan_options() -> None:
+    opts = HSAPConfig(placement="balanced", rounds="by_peer", recv_budget_tokens=4096, token_slack=0.25).plan_options()
+    assert opts == {"rounds": "by_peer", "recv_budget_tokens": 4096, "token_slack": 0.25}
+    assert type(opts["token_slack"]) is float
+    default = HSAPConfig(token_slack=0).plan_options()
+    assert default == {"rounds": "auto", "recv_budget_tokens": None, "token_slack": 0.0}
+    assert type(default["token_slack"]) is float
+
+
+def test_with_plan_options() -> None:
+    cost = CostModel(token_cost=1.0)
+    cfg = HSAPConfig(sp_size=2, rounds="batched")
+    assert cfg.with_plan_options() is cfg and cfg.with_plan_options(None, {}) is cfg
+    new = cfg.with_plan_options("contiguous", {"rounds": "by_peer", "recv_budget_tokens": 64, "token_slack": 0.5,
+                                               "cost": cost})
+    assert (new.placement, new.rounds, new.recv_budget_tokens, new.token_slack) == ("contiguous", "by_peer", 64, 0.5)
+    assert new.cost_model is cost and new.sp_size == 2
+    assert cfg.placement == "auto" and cfg.cost_model is None  # unchanged
+    assert cfg.with_plan_options(options={"cost_model": cost}).cost_model is cost
+    assert cfg.with_plan_options("zigzag").placement == "zigzag"
+    with pytest.raises(ValueError, match="plan option 'budget' has no HSAPConfig field"):
+        cfg.with_plan_options(options={"budget": 8})
+    with pytest.raises(ValueError, match="plan option 'sp_size'"):
+        cfg.with_plan_options(options={"sp_size": 4})
+    with pytest.raises(ValueError, match=r"HSAPConfig\.rounds="):
+        cfg.with_plan_options(options={"rounds": "ring"})  # validated like the constructor
+    with pytest.raises(ValueError, match=r"HSAPConfig\.placement="):
+        cfg.with_plan_options("spread")
+
+
+def test_cost_for() -> None:
+    cfg = HSAPConfig(model_config=MODEL_CONFIG)
+    assert cfg.num_heads == 8
+    for link in ("network", "nvlink"):
+        got = cfg.cost_for(link)
+        assert isinstance(got, CostModel) and got == CostModel.from_config(MODEL_CONFIG, link)
+    assert cfg.cost_for("network") != cfg.cost_for("nvlink")
+    assert cfg.cost_for("network") != CostModel.default()  # the model's shapes, not the Llama-3-8B default
+    assert HSAPConfig().cost_for("network") is None
+    assert HSAPConfig(model_config=SimpleNamespace(num_attention_heads=8)).cost_for("network") is None  # no hidden
+    explicit = CostModel(token_cost=5.0)
+    assert HSAPConfig(cost_model=explicit, model_config=MODEL_CONFIG).cost_for("nvlink") is explicit
+    assert HSAPConfig(cost_model=explicit).cost_for("network") is explicit
+
+
+def test_repr_leaves_the_model_config_out() -> None:
+    text = repr(HSAPConfig(sp_size=2, model_config=MODEL_CONFIG))
+    assert "sp_size=2" in text and "model_config" not in text and "num_attention_heads" not in text
+
+
+# ------------------------------------------------------------------------------------------- arguments
+CLI = ["--hsap_sp_size", "4", "--hsap_ulysses_size", "2", "--hsap_placement", "zigzag", "--hsap_rounds",
+       "by_peer", "--hsap_recv_budget_tokens", "8192", "--hsap_token_slack", "0.2", "--hsap_grad_comm_dtype",
+       "float32", "--hsap_timeout_s", "30", "--hsap_gpus_per_node", "8"]
+EXPECTED = {"sp_size": 4, "ulysses_size": 2, "placement": "zigzag", "rounds": "by_peer", "recv_budget_tokens": 8192,
+            "token_slack": 0.2, "grad_comm_dtype": torch.float32, "timeout_s": 30.0, "gpus_per_node": 8}
+
+
+def _common(tmp_path) -> list[str]:
+    return ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none"]
+
+
+def _check_hsap(args, model_config=None) -> HSAPConfig:
+    cfg = args.hsap_config(model_config)
+    assert isinstance(cfg, HSAPConfig)
+    for name, value in EXPECTED.items():
+        got = getattr(cfg, name)
+        # float fields may hold an int from a YAML file ("30"); every other field has exactly the expected type
+        want = (int, float) if isinstance(value, float) else (type(value),)
+        assert got == value and type(got) in want, (name, got)
+    return cfg
+
+
+def test_training_arguments_from_the_command_line(tmp_path) -> None:
+    from transformers import HfArgumentParser
+
+    from hf_hsap.integrations.arguments import HSAPTrainingArguments
+
+    (args,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(_common(tmp_path) + CLI)
+    assert isinstance(args, HSAPTrainingArguments) and args.use_cpu
+    assert args.hsap_sp_size == 4 and args.hsap_ulysses_size == "2" and args.hsap_recv_budget_tokens == 8192
+    cfg = _check_hsap(args, MODEL_CONFIG)
+    assert cfg.model_config is MODEL_CONFIG and cfg.num_heads == 8
+    assert cfg.cost_for("network") == CostModel.from_config(MODEL_CONFIG, "network")
+    (plain,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(_common(tmp_path))
+    assert plain.hsap_config().sp_size == 1 and plain.hsap_config().ulysses_size == "auto"
+
+
+def test_sft_config_from_the_command_line_with_trl_parser(tmp_path) -> None:
+    from trl import TrlParser
+
+    from hf_hsap.integrations.arguments import HSAPSFTConfig
+
+    (args,) = TrlParser(HSAPSFTConfig).parse_args_and_config(_common(tmp_path) + CLI + ["--packing"])
+    assert isinstance(args, HSAPSFTConfig) and args.packing and args.use_cpu
+    _check_hsap(args)
+
+
+def test_sft_config_from_a_yaml_file(tmp_path) -> None:
+    from trl import TrlParser
+
+    from hf_hsap.integrations.arguments import HSAPSFTConfig
+
+    path = tmp_path / "hsap.yaml"
+    path.write_text("hsap_sp_size: 4\nhsap_ulysses_size: 2\nhsap_placement: zigzag\nhsap_rounds: by_peer\n"
+                    "hsap_recv_budget_tokens: 8192\nhsap_token_slack: 0.2\nhsap_grad_comm_dtype: float32\n"
+                    "hsap_timeout_s: 30\nhsap_gpus_per_node: 8\nuse_cpu: true\nreport_to: none\npacking: true\n")
+    (args,) = TrlParser(HSAPSFTConfig).parse_args_and_config(args=["--config", str(path), "--output_dir",
+                                                                    str(tmp_path / "out")])
+    assert args.packing and args.use_cpu
+    _check_hsap(args)
+    # the command line overrides the file
+    (args,) = TrlParser(HSAPSFTConfig).parse_args_and_config(args=["--config", str(path), "--output_dir",
+                                                                    str(tmp_path / "out"), "--hsap_placement",
+                                                                    "balanced", "--hsap_sp_size", "8"])
+    cfg = args.hsap_config()
+    assert cfg.placement == "balanced" and cfg.sp_size == 8 and cfg.ulysses_size == 2
+
+
+def test_invalid_placement_raises_at_construction(tmp_path) -> None:
+    from hf_hsap.integrations.arguments import HSAPSFTConfig, HSAPTrainingArguments
+
+    for cls in (HSAPTrainingArguments, HSAPSFTConfig):
+        with pytest.raises(ValueError, match=r"HSAPConfig\.placement='spread'"):
+            cls(output_dir=str(tmp_path), use_cpu=True, report_to="none", hsap_placement="spread")
+        with pytest.raises(ValueError, match=r"HSAPConfig\.ulysses_size="):
+            cls(output_dir=str(tmp_path), use_cpu=True, report_to="none", hsap_sp_size=4, hsap_ulysses_size="3")
+    from transformers import HfArgumentParser
+
+    with pytest.raises(ValueError, match=r"HSAPConfig\.placement='spread'"):
+        HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(
+            _common(tmp_path) + ["--hsap_placement", "spread"])
+
+
+def test_arguments_in_python_match_their_config(tmp_path) -> None:
+    from hf_hsap.integrations.arguments import HSAPSFTConfig, HSAPTrainingArguments
+
+    for cls in (HSAPTrainingArguments, HSAPSFTConfig):
+        args = cls(output_dir=str(tmp_path), use_cpu=True, report_to="none", hsap_sp_size=4, hsap_ulysses_size="2",
+                   hsap_placement="zigzag", hsap_rounds="by_peer", hsap_recv_budget_tokens=8192, hsap_token_slack=0.2,
+                   hsap_grad_comm_dtype="float32", hsap_timeout_s=30.0, hsap_gpus_per_node=8)
+        cfg = _check_hsap(args, MODEL_CONFIG)
+        assert cfg.model_config is MODEL_CONFIG
+
+
+# ------------------------------------------------------------------------------------------- parallelism config
+@pytest.mark.parametrize("field,words", [
+    ("cp_size", ["context parallelism (cp_size=2)", "--hsap_sp_size 2", "parallelism_config_cp_size"]),
+    ("sp_size", ["sp_size=2", "--hsap_sp_size 2", "HSAPConfig(sp_size=2)"]),
+    ("tp_size", ["tensor parallelism (tp_size=2)", "parallelism_config_tp_size"]),
+])
+def test_parallelism_config_object_refused(field: str, words: list[str]) -> None:
+    pc = SimpleNamespace(cp_size=1, sp_size=1, tp_size=1, sp_backend="deepspeed")
+    setattr(pc, field, 2)
+    with pytest.raises(ValueError) as err:
+        check_parallelism_config(pc)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_accelerate_parallelism_config_refused() -> None:
+    from accelerate import ParallelismConfig
+
+    with pytest.raises(ValueError, match="--hsap_sp_size 2"):
+        check_parallelism_config(ParallelismConfig(sp_size=2))
+    with pytest.raises(ValueError, match="context parallelism"):
+        check_parallelism_config(ParallelismConfig(cp_size=2))
+    check_parallelism_config(ParallelismConfig())  # all ones (None) passes
+
+
+def test_parallelism_config_all_ones_passes() -> None:
+    assert check_parallelism_config(SimpleNamespace(cp_size=1, sp_size=1, tp_size=1)) is None
+    assert check_parallelism_config(SimpleNamespace(cp_size=None, sp_size=None, tp_size=None)) is None
+    assert check_parallelism_config(SimpleNamespace()) is None
+
+
+def test_parallelism_config_from_the_environment(monkeypatch) -> None:
+    for key in ("CP_SIZE", "SP_SIZE", "TP_SIZE", "SP_BACKEND"):
+        monkeypatch.delenv(f"PARALLELISM_CONFIG_{key}", raising=False)
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_PARALLELISM_CONFIG", raising=False)
+    check_parallelism_config()  # sizes without the switch: not a parallelism config
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    with pytest.raises(ValueError, match="--hsap_sp_size 2") as err:
+        check_parallelism_config()
+    assert "sp_backend=deepspeed" in str(err.value)
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "1")
+    check_parallelism_config()  # all ones
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_SIZE", "4")
+    with pytest.raises(ValueError, match="cp_size=4"):
+        check_parallelism_config()
+
+
+def test_placements_and_rounds_lists() -> None:
+    assert set(PLACEMENTS) == {"auto", "balanced", "contiguous", "zigzag"}
+    assert set(ROUNDS) == {"auto", "batched", "by_peer"}
+    for p in PLACEMENTS:
+        assert HSAPConfig(placement=p).placement == p
+    for r in ROUNDS:
+        assert HSAPConfig(rounds=r).rounds == r
+
+
+@pytest.mark.parametrize("field,value", [("recv_budget_tokens", True), ("gpus_per_node", True),
+                                         ("grad_comm_dtype", "int8"), ("token_slack", "abc"),
+                                         ("token_slack", None), ("timeout_s", None)])
+def test_every_bad_value_is_a_value_error_naming_its_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"HSAPConfig.{field}="):
+        HSAPConfig(**{field: value})
