@@ -16,6 +16,7 @@ default and says so once through ``logging.getLogger("hf_hsap")``:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -84,7 +85,7 @@ def probe_packed_batch(trainer: Any) -> None:
         logger.info("hf_hsap: could not collate a probe batch at init (%s); packing is checked at the first step",
                     err)
         return
-    if not isinstance(batch, dict) or "input_ids" not in batch:
+    if not isinstance(batch, Mapping) or "input_ids" not in batch:
         return
     mask = batch.get("attention_mask")
     if (batch.get("position_ids") is None and batch.get("cu_seq_lens_q") is None) or \

@@ -70,11 +70,13 @@ def test_hsap_sft_flags_on_2_processes_logs_the_single_process_trl_losses(inputs
     out = inputs["base"] / "cli2"
     output = _run(["-m", "hf_hsap.cli.sft", "--model_name_or_path", inputs["model"], "--dataset_name",
                    inputs["data"], "--packing", "--use_cpu", "--hsap_sp_size", "2", "--output_dir", str(out),
-                   *_flags(TRAIN)], procs=2)
+                   "--log_level", "info", *_flags(TRAIN)], procs=2)
     _assert_close(_losses(out), inputs["ref"])
     args = __import__("torch").load(out / f"checkpoint-{STEPS}" / "training_args.bin", weights_only=False)
     assert args.bf16 and args.hsap_sp_size == 2 and not args.ignore_data_skip  # TRL's default, nothing overridden
     assert "Training completed" in output
+    # 1 row x 2 micro-batches per step, shared by the 2 SP ranks (Trainer alone would count 4)
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 2" in output
 
 
 def test_hsap_sft_yaml_on_4_processes_ulysses2_logs_the_single_process_trl_losses(inputs: dict[str, Any]) -> None:
