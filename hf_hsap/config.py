@@ -46,10 +46,11 @@ def parse_dtype(value: Any) -> torch.dtype | None:
     return _DTYPES[name]
 
 
-def warn_deprecated(old: str, new: str) -> None:
-    """One ``FutureWarning`` for an old spelling that still works for one release."""
+def warn_deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """One ``FutureWarning`` for an old spelling that still works for one release (``stacklevel``: 3 names
+    the caller of the function that calls this)."""
     warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
-                  stacklevel=3)
+                  stacklevel=stacklevel)
 
 
 @dataclass(frozen=True, eq=False)

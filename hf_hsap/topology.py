@@ -39,8 +39,8 @@ class SPGroup:
         comm_stats: what this rank's executor really sent and received.
         grad_comm_dtype: dtype of the dK/dV partial sums SAP sends back (``None``: the inputs' dtype).
         cost_model: the :class:`~hf_hsap.CostModel` its plans use by default (``None``:
-            ``CostModel.for_link(sap_link)``); the trainers set ``CostModel.from_config(model.config,
-            sap_link)``.
+            ``CostModel.for_link(sap_link)``); ``init_sequence_parallel`` sets ``config.cost_for(sap_link)``
+            (``CostModel.from_config(model_config, sap_link)`` when the config has a model config).
         gpus_per_node: ranks per node (global ranks ``n * gpus_per_node ...`` share node ``n``);
             ``None``: unknown (the SAP links are then treated as network links).
         pending_plan_use: the :class:`~hf_hsap.integrations.plan_use.PlanUse` of the last batch
@@ -189,10 +189,19 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
 
     Raises:
         ValueError: when ``sp_size`` does not divide the world or ``ulysses_size`` does not divide
-            ``sp_size``; RuntimeError when torch.distributed is not initialised and ``sp_size > 1``.
+            ``sp_size``, a ``group`` that is not the world, an Accelerate state that counts other processes
+            than torch.distributed, or a conflicting Accelerate ``ParallelismConfig``
+            (:func:`check_parallelism_config`); RuntimeError when torch.distributed is not initialised and
+            ``sp_size > 1``; TypeError for options given both in an ``HSAPConfig`` and as arguments.
     """
     if isinstance(sp_size, HSAPConfig):
         config = sp_size
+        extra = {k: v for k, v, d in (("ulysses_size", ulysses_size, "auto"), ("group", group, None),
+                                       ("timeout_s", timeout_s, DEFAULT_TIMEOUT_S), ("gpus_per_node", gpus_per_node, None),
+                                       ("grad_comm_dtype", grad_comm_dtype, None)) if v != d}
+        if extra:
+            raise TypeError(f"init_sequence_parallel(HSAPConfig, ...) takes its options from the config; set "
+                            f"{sorted(extra)} there (config.replace(...))")
     else:
         config = HSAPConfig(sp_size=sp_size, ulysses_size=ulysses_size, timeout_s=timeout_s,
                             gpus_per_node=gpus_per_node, grad_comm_dtype=grad_comm_dtype)
@@ -205,8 +214,9 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
         ulysses_size = auto_ulysses_size(sp_size, gpus_per_node, num_heads)
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
-            sp = SPGroup.single()
-            sp.config, sp.cost_model = config, config.cost_for(sp.sap_link)
+            sp = SPGroup(size=1, ulysses_size=1, rank=0, timeout_s=timeout_s, gpus_per_node=gpus_per_node,
+                         grad_comm_dtype=config.grad_comm_dtype, config=config.replace(ulysses_size=1))
+            sp.cost_model = config.cost_for(sp.sap_link)
             return sp
         raise RuntimeError(
             f"sp_size={sp_size} needs at least {sp_size} processes, but this is a single process (torch.distributed "
@@ -317,12 +327,12 @@ def _check_accelerate_world(world: int) -> None:
 
 
 def _group_options(timeout_s: float) -> tuple[str, Any]:
-    """(backend, options) of a mesh group with this timeout, for the default group's backend."""
-    backend = dist.get_backend()
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
+    """(backend, options) of a mesh group with this timeout: NCCL when the default group has it (also in a
+    mixed ``"cpu:gloo,cuda:nccl"`` group), else gloo."""
+    if "nccl" in dist.get_backend():
+        backend, options = "nccl", dist.ProcessGroupNCCL.Options()
     else:
-        options = dist.ProcessGroupGloo._Options()
+        backend, options = "gloo", dist.ProcessGroupGloo._Options()
     options._timeout = timedelta(seconds=timeout_s)
     return backend, options
 
@@ -333,7 +343,7 @@ def _device_mesh(dp: int, R: int, U: int, timeout_s: float) -> Any:
     rank ``u``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
     names = ("dp", "sp_inter", "sp_intra")
     return init_device_mesh(device_type, (dp, R, U), mesh_dim_names=names,
                             backend_override={name: _group_options(timeout_s) for name in names})

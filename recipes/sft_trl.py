@@ -143,6 +143,9 @@ class MetricsCallback(TrainerCallback):
 
 def hsap_sft_argv(args: argparse.Namespace, rest: list[str], model: str, data: str, world: int) -> list[str]:
     """The ``hsap-sft`` command line: the recipe's defaults first, then the user's flags (the last one wins)."""
+    both = [f for f in ("--hsap_sp_size", "--hsap_ulysses_size") if any(a.split("=")[0] == f for a in rest)]
+    if both:
+        raise ValueError(f"pass {both[0].replace('hsap_', '')} to the recipe (its batch arithmetic uses it), not {both[0]}")
     dp_size = world // args.sp_size
     per_step = args.micro_batch_rows * dp_size
     if args.rows_per_step % per_step:

@@ -59,7 +59,7 @@ class HSAPArguments:
 
 
 @dataclass
-class HSAPTrainingArguments(TrainingArguments, HSAPArguments):
+class HSAPTrainingArguments(HSAPArguments, TrainingArguments):
     """``transformers.TrainingArguments`` plus the ``hsap_*`` fields of :class:`HSAPArguments`."""
 
     def __post_init__(self) -> None:
@@ -80,7 +80,7 @@ _SFTConfig = _sft_config_class()
 if _SFTConfig is not None:
 
     @dataclass
-    class HSAPSFTConfig(_SFTConfig, HSAPArguments):  # type: ignore[misc,valid-type]
+    class HSAPSFTConfig(HSAPArguments, _SFTConfig):  # type: ignore[misc,valid-type]
         """TRL ``SFTConfig`` plus the ``hsap_*`` fields of :class:`HSAPArguments`."""
 
         def __post_init__(self) -> None:

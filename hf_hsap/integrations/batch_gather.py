@@ -140,6 +140,9 @@ def _gather_extras(batch: Mapping[str, Any] | None, heads: list[torch.Tensor], g
     """Non-tensor values of the batches: one object gather, only on steps where some rank has any."""
     if not any(int(h[3]) for h in heads):
         return [{} for _ in range(size)]
+    from accelerate.utils import send_to_device
+
     everyone: list[Any] = [None] * size
-    dist.all_gather_object(everyone, {k: v for k, v in (batch or {}).items() if not torch.is_tensor(v)}, group=group)
+    mine = send_to_device({k: v for k, v in (batch or {}).items() if not torch.is_tensor(v)}, "cpu")
+    dist.all_gather_object(everyone, mine, group=group)  # tensors inside them travel from the CPU
     return [e or {} for e in everyone]

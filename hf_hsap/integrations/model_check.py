@@ -244,8 +244,11 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
     ids = torch.ones(1, 2, dtype=torch.long, device=param.device)
     devices = [param.device] if param.device.type == "cuda" else []
+    # on CUDA the kernels take bf16 / fp16: an fp32 model (trained under autocast) is probed under autocast too
+    autocast = param.device.type == "cuda" and param.dtype in (torch.float32, torch.float64)
     try:  # the random streams stay as they were (a model with dropout would draw from them)
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), \
+                torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (sinks, soft-capping, ...): that is the answer
         raise

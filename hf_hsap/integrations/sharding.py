@@ -115,9 +115,11 @@ def _plan_kwargs(sp: Any, config: Any, placement: str | None, plan_options: Mapp
     config = config or getattr(sp, "config", None) or HSAPConfig()
     if plan_options:
         warn_deprecated("shard_batch(plan_options=...) / SPDataLoader(plan_options=...)",
-                        "an HSAPConfig (init_sequence_parallel(HSAPConfig(...)) or config=)")
-    config = config.with_plan_options(placement, dict(plan_options or {}))
-    kwargs = {"placement": config.placement, **config.plan_options()}
+                        "an HSAPConfig (init_sequence_parallel(HSAPConfig(...)) or config=)", stacklevel=4)
+    options = dict(plan_options or {})
+    direct = {k: options.pop(k) for k in ("cache", "gpus_per_node", "total_tokens", "ulysses_size") if k in options}
+    config = config.with_plan_options(placement, options)
+    kwargs = {"placement": config.placement, **config.plan_options(), **direct}
     if config.cost_model is not None:
         kwargs["cost"] = config.cost_model
     return kwargs
@@ -183,7 +185,7 @@ def shard_batch(
         )
     cu = batch_cu_seqlens(batch)
     labels = batch.get("labels")
-    shift = shift_labels_global(torch.as_tensor(labels), cu) if labels is not None else None  # [B*L]
+    shift = shift_labels_global(torch.as_tensor(labels), cu, ignore_index) if labels is not None else None  # [B*L]
     if sp is None or isinstance(sp, int):
         if sp not in (None, 1):
             raise ValueError(f"shard_batch needs the SPGroup from hf_hsap.init_sequence_parallel, got sp={sp!r}")

@@ -69,8 +69,9 @@ class HSAPTrainerMixin:
             warn_deprecated("HSAPTrainer(sp_placement=..., sp_plan_options=...)",
                             "hsap_config=HSAPConfig(...) or the hsap_* fields of HSAPTrainingArguments / HSAPSFTConfig")
         check_trainer_setup(self)
-        self.sp = sp = self._hsap_group(sp, hsap_config, config)
-        self.hsap_config = sp.config.with_plan_options(sp_placement, sp_plan_options)
+        self.sp, cfg = self._hsap_group(sp, hsap_config, config)
+        sp = self.sp
+        self.hsap_config = cfg.with_plan_options(sp_placement, sp_plan_options)
         if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
             model.set_attn_implementation(ATTN_NAME)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
@@ -78,28 +79,45 @@ class HSAPTrainerMixin:
         logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
                     self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
 
-    def _hsap_group(self, sp: Any, hsap_config: Any, model_config: Any) -> Any:
-        """The SP group from ``sp`` / ``hsap_config`` / ``args`` (collective when it is created here)."""
+    def _hsap_group(self, sp: Any, hsap_config: Any, model_config: Any) -> tuple[Any, Any]:
+        """The SP group and the config this trainer plans with (collective when the group is created here).
+
+        Sources, most explicit first: ``hsap_config``, else ``args`` when it is an ``HSAPTrainingArguments`` /
+        ``HSAPSFTConfig``, else defaults; ``sp`` (a size or a group made by the caller) must agree with an SP
+        size set in either. A caller's group is not changed, except that a group without a cost model gets the
+        model's (``CostModel.from_config``) and one without a dK/dV dtype gets the config's.
+
+        Raises:
+            ValueError: ``sp`` disagrees with the SP size (or Ulysses size, or dK/dV dtype) configured.
+        """
         from .. import init_sequence_parallel
         from ..config import HSAPConfig
         from .arguments import HSAPArguments
 
         from_args = self.args.hsap_config(model_config) if isinstance(self.args, HSAPArguments) else None
-        if sp is not None and not isinstance(sp, int):  # a group made by the caller
-            if from_args is not None and from_args.sp_size not in (1, sp.size):
-                raise ValueError(f"sp= is a group of {sp.size} ranks but args.hsap_sp_size={from_args.sp_size}; "
-                                 "pass one of them")
-            if sp.cost_model is None:
-                sp.cost_model = (hsap_config or sp.config.replace(model_config=model_config)).cost_for(sp.sap_link)
-            if hsap_config is not None:
-                sp.config = hsap_config
-            return sp
-        cfg = hsap_config or from_args or HSAPConfig(model_config=model_config)
-        if isinstance(sp, int):
-            cfg = cfg.replace(sp_size=sp)
+        cfg = hsap_config or from_args or HSAPConfig()
         if cfg.model_config is None:
             cfg = cfg.replace(model_config=model_config)
-        return init_sequence_parallel(cfg)
+        if sp is None:
+            group = init_sequence_parallel(cfg)
+            return group, group.config
+        size = sp if isinstance(sp, int) else sp.size
+        set_sizes = {c.sp_size for c in (hsap_config, from_args) if c is not None and c.sp_size != 1}
+        if set_sizes - {size}:
+            raise ValueError(f"sp={size} but the HSAP config sets sp_size={sorted(set_sizes)}; pass one of them")
+        if isinstance(sp, int):
+            group = init_sequence_parallel(cfg.replace(sp_size=sp))
+            return group, group.config
+        if isinstance(cfg.ulysses_size, int) and cfg.ulysses_size != sp.ulysses_size and cfg.sp_size != 1:
+            raise ValueError(f"sp= has ulysses_size {sp.ulysses_size} but the HSAP config sets {cfg.ulysses_size}")
+        if cfg.grad_comm_dtype is not None and sp.grad_comm_dtype not in (None, cfg.grad_comm_dtype):
+            raise ValueError(f"sp= sends dK/dV in {sp.grad_comm_dtype} but the HSAP config sets {cfg.grad_comm_dtype}")
+        cfg = cfg.replace(sp_size=sp.size, ulysses_size=sp.ulysses_size)
+        if sp.cost_model is None:
+            sp.cost_model = cfg.cost_for(sp.sap_link)  # `auto` weighs this model's KV bytes
+        if sp.grad_comm_dtype is None:
+            sp.grad_comm_dtype = cfg.grad_comm_dtype
+        return sp, cfg
 
     def get_total_train_batch_size(self, args: Any) -> int:
         """Rows per optimizer step over the world: the ranks of an SP group share each row, so Trainer's

@@ -1,13 +1,12 @@
 """What the HSAP trainers refuse or change at construction, in one place (no silent surprises).
 
-Each rule either refuses before the first step, naming a fix, or changes an argument the user left at its
-default and says so once through ``logging.getLogger("hf_hsap")``:
+Each rule refuses before the first step, naming a fix (nothing here changes an argument):
 
 * ``compute_loss_func``: refused. Under SP a rank holds only its shard; its labels are ``shift_labels``
   shifted on the global batch, which a Transformers loss function would shift again.
 * label smoothing: refused (Trainer's smoother shifts the labels again).
 * ``average_tokens_across_devices=False``: refused (the exact-loss contract counts targets over all ranks).
-* unpacked data: refused (TRL without ``packing`` / ``padding_free``; for ``HSAPTrainer`` a probe batch of the
+* unpacked data: refused (TRL without ``packing="bfd"`` / ``padding_free``; for ``HSAPTrainer`` a probe batch of the
   collator without ``position_ids`` / ``cu_seq_lens_q`` or with padding).
 * fp32 / fp64 on CUDA without mixed precision: refused (no memory-efficient kernel; see ``select_kernel``).
 * an Accelerate ``ParallelismConfig`` with ``cp_size``, ``sp_size`` or ``tp_size`` > 1: refused
@@ -51,15 +50,16 @@ def check_trainer_setup(trainer: Any) -> None:
     if not args.average_tokens_across_devices:
         raise ValueError("HSAP trainers need average_tokens_across_devices=True (the default): the exact loss "
                          "divides by the valid targets of all ranks; remove average_tokens_across_devices=False")
-    if hasattr(args, "packing") and not (getattr(trainer, "padding_free", False) or args.packing
-                                         or getattr(args, "padding_free", False)):
-        raise ValueError("HSAPSFTTrainer needs packed, padding-free batches: set packing=True (SFTConfig / "
-                         "--packing) or padding_free=True")
+    if hasattr(args, "packing") and not (getattr(trainer, "padding_free", False) or getattr(args, "padding_free", False)):
+        raise ValueError("HSAPSFTTrainer needs packed, padding-free batches: set packing=True with "
+                         "packing_strategy='bfd' (the default; 'wrapped' rows carry no document boundaries) or "
+                         "padding_free=True")
     if not hasattr(args, "packing"):
         probe_packed_batch(trainer)
     dtype = getattr(trainer.model, "dtype", None)
-    if trainer.accelerator.device.type == "cuda" and not (args.bf16 or args.fp16) and dtype in (torch.float32,
-                                                                                                 torch.float64):
+    mixed = (args.bf16 or args.fp16 or getattr(trainer.accelerator, "mixed_precision", "no") in ("bf16", "fp16")
+             or getattr(trainer, "is_deepspeed_enabled", False))  # DeepSpeed's JSON decides its precision
+    if trainer.accelerator.device.type == "cuda" and not mixed and dtype in (torch.float32, torch.float64):
         raise ValueError(f"the model runs in {dtype} on CUDA without mixed precision, and hf_hsap's CUDA kernels "
                          "take bf16 / fp16 only (the math kernel's memory is quadratic in the document length): "
                          "set bf16=True (TRL's default) or load the model in bf16")

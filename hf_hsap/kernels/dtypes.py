@@ -16,15 +16,14 @@ def attention_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor)
     """The dtype q, k, v are computed in.
 
     Returns:
-        The autocast dtype of the inputs' device when autocast is on there and the inputs are floating point
-        wider than it; else the promoted dtype of q, k, v.
+        The autocast dtype of the inputs' device when autocast is on there and the inputs promote to float32
+        (autocast leaves float64 alone, as SDPA does); else the promoted dtype of q, k, v.
     """
     device_type = query.device.type
     promoted = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
     if torch.is_autocast_enabled(device_type):
-        target = torch.get_autocast_dtype(device_type)
-        if promoted.is_floating_point and torch.finfo(promoted).bits > torch.finfo(target).bits:
-            return target
+        if promoted == torch.float32:
+            return torch.get_autocast_dtype(device_type)
     return promoted
 
 

@@ -94,3 +94,44 @@ def test_resume_override_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixt
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert any("ignore_data_skip" in r.getMessage() for r in caplog.records)
     assert resumed.args.ignore_data_skip is False  # restored after the call
+
+
+def test_the_sp_argument_must_agree_with_the_configured_size(tmp_path: Path) -> None:
+    import hf_hsap
+
+    args = _args(tmp_path, HSAPTrainingArguments, hsap_sp_size=4)
+    with pytest.raises(ValueError, match="sp=1 but the HSAP config sets sp_size=\\[4\\]"):
+        _trainer(tmp_path, args=args, sp=1)
+    group = hf_hsap.init_sequence_parallel(1)
+    with pytest.raises(ValueError, match="sp=1"):
+        _trainer(tmp_path, sp=group, hsap_config=HSAPConfig(sp_size=2, ulysses_size=1))
+    # a caller's group keeps its own config; the trainer plans with the args' options
+    args = _args(tmp_path, HSAPTrainingArguments, hsap_placement="zigzag", hsap_recv_budget_tokens=128,
+                 hsap_grad_comm_dtype="float32")
+    trainer = _trainer(tmp_path, args=args, sp=group)
+    assert trainer.sp is group and group.config.placement == "auto"
+    assert (trainer.hsap_config.placement, trainer.hsap_config.recv_budget_tokens) == ("zigzag", 128)
+    assert group.grad_comm_dtype == torch.float32 and group.cost_model is not None
+
+
+def test_positional_output_dir_and_wrapped_packing(tmp_path: Path) -> None:
+    assert HSAPTrainingArguments(str(tmp_path), use_cpu=True).output_dir == str(tmp_path)
+    args = _args(tmp_path, HSAPSFTConfig, packing=True, packing_strategy="wrapped", max_length=64, bf16=False)
+    data = Dataset.from_list([{"prompt": "a b", "completion": " c d"}] * 4)
+    from transformers import AutoTokenizer
+
+    from hf_hsap.data import tokenizer_path
+
+    with pytest.raises(ValueError, match="packing_strategy='bfd'"):
+        HSAPSFTTrainer(model=make_model("qwen2"), args=args, train_dataset=data,
+                       processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())))
+
+
+def test_old_plan_options_keep_the_plan_sequence_keys() -> None:
+    import hf_hsap
+
+    batch = {"input_ids": torch.arange(20).reshape(1, 20), "position_ids": torch.arange(20).reshape(1, 20)}
+    with pytest.warns(FutureWarning) as record:
+        local = hf_hsap.shard_batch(batch, None, plan_options={"cache": hf_hsap.PlanCache(), "rounds": "batched"})
+    assert local["hsap_plan"].round_order == "batched"
+    assert record[0].filename == __file__  # the warning names the caller's line

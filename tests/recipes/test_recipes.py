@@ -104,11 +104,7 @@ def test_pretrain_resume_logs_the_uninterrupted_losses(pretrain_sp1, tmp_path: P
     assert_same_losses(got, ref, list(range(PRETRAIN_SAVE + 1, PRETRAIN_STEPS + 1)))
 
 
-def test_sft_trl_sp4_ulysses2_logs_the_sp1_losses(sft_sp1, tmp_path: Path) -> None:
-    _, ref = sft_sp1
-    got = run_recipe("sft_trl.py", tmp_path, ["--sp_size", "4", "--ulysses_size", "2", *SFT_ARGS], procs=4)
-    assert_same_losses(got, ref, list(range(1, SFT_STEPS + 1)))
-    assert [r["tokens"] for r in got] == [r["tokens"] for r in ref]
+# SFT under SP 4 x Ulysses 2 against one process: tests/recipes/test_hsap_sft.py (hsap-sft, which this recipe wraps)
 
 
 def test_sft_trl_resume_under_sp2_logs_the_uninterrupted_losses(sft_sp1, tmp_path: Path) -> None:

@@ -29,11 +29,12 @@ def test_autocast_fp32_qk_bf16_v_runs_in_bf16() -> None:
     assert torch.equal(cq, q.to(torch.bfloat16)) and torch.equal(ck, k.to(torch.bfloat16))
 
 
-def test_autocast_casts_wider_inputs_down() -> None:
+def test_autocast_casts_float32_down_and_leaves_float64() -> None:
     q, k, v = _qkv(torch.float64, torch.float32, torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert attention_dtype(q, k, v) == torch.bfloat16
+        assert attention_dtype(q, k, v) == torch.float64  # autocast (and SDPA under it) leave float64 alone
         assert attention_dtype(*_qkv(torch.float32, torch.float32, torch.float32)) == torch.bfloat16
+        assert attention_dtype(*_qkv(torch.float32, torch.float32, torch.bfloat16)) == torch.bfloat16
         # as wide as the autocast dtype (fp16 vs bf16): left alone
         assert attention_dtype(*_qkv(torch.float16, torch.float16, torch.float16)) == torch.float16
         # integers are not floating point: promoted as usual
