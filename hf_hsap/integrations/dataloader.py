@@ -86,6 +86,22 @@ class SPDataLoader:
         self.skip_batches = int(skip_batches)
         self.skip_first_pass_only = skip_first_pass_only
 
+    @property
+    def placement(self) -> str:
+        """Deprecated (one release): ``config.placement``."""
+        from ..config import warn_deprecated
+
+        warn_deprecated("SPDataLoader.placement", "SPDataLoader.config.placement", stacklevel=3)
+        return self.config.placement
+
+    @property
+    def plan_options(self) -> dict[str, Any]:
+        """Deprecated (one release): ``config.plan_options()``."""
+        from ..config import warn_deprecated
+
+        warn_deprecated("SPDataLoader.plan_options", "SPDataLoader.config", stacklevel=3)
+        return self.config.plan_options()
+
     def __len__(self) -> int:
         full = len(self.dataloader) * int(self.sp.size)
         return full if self.skip_first_pass_only else max(0, full - self.skip_batches)

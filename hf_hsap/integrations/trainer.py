@@ -119,6 +119,22 @@ class HSAPTrainerMixin:
             sp.grad_comm_dtype = cfg.grad_comm_dtype
         return sp, cfg
 
+    @property
+    def sp_placement(self) -> str:
+        """Deprecated (one release): ``hsap_config.placement``."""
+        from ..config import warn_deprecated
+
+        warn_deprecated("HSAPTrainer.sp_placement", "HSAPTrainer.hsap_config.placement", stacklevel=3)
+        return self.hsap_config.placement
+
+    @property
+    def sp_plan_options(self) -> dict[str, Any]:
+        """Deprecated (one release): ``hsap_config.plan_options()``."""
+        from ..config import warn_deprecated
+
+        warn_deprecated("HSAPTrainer.sp_plan_options", "HSAPTrainer.hsap_config", stacklevel=3)
+        return self.hsap_config.plan_options()
+
     def get_total_train_batch_size(self, args: Any) -> int:
         """Rows per optimizer step over the world: the ranks of an SP group share each row, so Trainer's
         ``micro-batch x accumulation x world`` counts every row ``sp.size`` times."""

@@ -135,3 +135,16 @@ def test_old_plan_options_keep_the_plan_sequence_keys() -> None:
         local = hf_hsap.shard_batch(batch, None, plan_options={"cache": hf_hsap.PlanCache(), "rounds": "batched"})
     assert local["hsap_plan"].round_order == "batched"
     assert record[0].filename == __file__  # the warning names the caller's line
+
+
+def test_removed_attributes_still_read_with_a_warning(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, hsap_config=HSAPConfig(placement="balanced", rounds="batched"))
+    with pytest.warns(FutureWarning, match="sp_placement"):
+        assert trainer.sp_placement == "balanced"
+    with pytest.warns(FutureWarning, match="sp_plan_options"):
+        assert trainer.sp_plan_options["rounds"] == "batched"
+    loader = trainer.get_train_dataloader()
+    with pytest.warns(FutureWarning, match="SPDataLoader.placement"):
+        assert loader.placement == "balanced"
+    with pytest.warns(FutureWarning, match="SPDataLoader.plan_options"):
+        assert loader.plan_options["rounds"] == "batched"
