@@ -20,7 +20,7 @@ import torch
 
 from .plan.placement import DEFAULT_TOKEN_SLACK
 
-__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "parse_dtype", "warn_deprecated"]
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "deprecated_property", "parse_dtype", "warn_deprecated"]
 
 PLACEMENTS = ("auto", "balanced", "contiguous", "zigzag")
 ROUNDS = ("auto", "batched", "by_peer")
@@ -51,6 +51,16 @@ def warn_deprecated(old: str, new: str, stacklevel: int = 3) -> None:
     the caller of the function that calls this)."""
     warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
                   stacklevel=stacklevel)
+
+
+def deprecated_property(old: str, new: str, read: Any) -> property:
+    """A read-only attribute kept for one release: ``read(self)`` with a ``FutureWarning`` naming ``new``."""
+
+    def getter(self: Any) -> Any:
+        warn_deprecated(old, new, stacklevel=3)
+        return read(self)
+
+    return property(getter, doc=f"Deprecated (one release): {new}.")
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,6 +27,7 @@ import torch
 
 from accelerate.utils import send_to_device
 
+from ..config import deprecated_property
 from .batch_gather import gather_batches
 from .sharding import LAYOUT_KEYS, shard_batch
 
@@ -86,21 +87,10 @@ class SPDataLoader:
         self.skip_batches = int(skip_batches)
         self.skip_first_pass_only = skip_first_pass_only
 
-    @property
-    def placement(self) -> str:
-        """Deprecated (one release): ``config.placement``."""
-        from ..config import warn_deprecated
-
-        warn_deprecated("SPDataLoader.placement", "SPDataLoader.config.placement", stacklevel=3)
-        return self.config.placement
-
-    @property
-    def plan_options(self) -> dict[str, Any]:
-        """Deprecated (one release): ``config.plan_options()``."""
-        from ..config import warn_deprecated
-
-        warn_deprecated("SPDataLoader.plan_options", "SPDataLoader.config", stacklevel=3)
-        return self.config.plan_options()
+    placement = deprecated_property("SPDataLoader.placement", "SPDataLoader.config.placement",
+                                    lambda self: self.config.placement)
+    plan_options = deprecated_property("SPDataLoader.plan_options", "SPDataLoader.config",
+                                       lambda self: self.config.plan_options())
 
     def __len__(self) -> int:
         full = len(self.dataloader) * int(self.sp.size)

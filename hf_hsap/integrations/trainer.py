@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..config import deprecated_property
 from .dataloader import SPDataLoader
 from .loss import global_num_items
 from .model_check import check_model
@@ -119,21 +120,10 @@ class HSAPTrainerMixin:
             sp.grad_comm_dtype = cfg.grad_comm_dtype
         return sp, cfg
 
-    @property
-    def sp_placement(self) -> str:
-        """Deprecated (one release): ``hsap_config.placement``."""
-        from ..config import warn_deprecated
-
-        warn_deprecated("HSAPTrainer.sp_placement", "HSAPTrainer.hsap_config.placement", stacklevel=3)
-        return self.hsap_config.placement
-
-    @property
-    def sp_plan_options(self) -> dict[str, Any]:
-        """Deprecated (one release): ``hsap_config.plan_options()``."""
-        from ..config import warn_deprecated
-
-        warn_deprecated("HSAPTrainer.sp_plan_options", "HSAPTrainer.hsap_config", stacklevel=3)
-        return self.hsap_config.plan_options()
+    sp_placement = deprecated_property("HSAPTrainer.sp_placement", "HSAPTrainer.hsap_config.placement",
+                                       lambda self: self.hsap_config.placement)
+    sp_plan_options = deprecated_property("HSAPTrainer.sp_plan_options", "HSAPTrainer.hsap_config",
+                                          lambda self: self.hsap_config.plan_options())
 
     def get_total_train_batch_size(self, args: Any) -> int:
         """Rows per optimizer step over the world: the ranks of an SP group share each row, so Trainer's
