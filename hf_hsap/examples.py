@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_MODELS", "builtin_config", "save_sft_data", "save_tiny_model"]
+__all__ = ["BUILTIN_MODELS", "builtin_config", "save_sft_data", "save_tiny_model", "write_splits"]
 
 # Built-in model configs: random init, no download. Heads are multiples of 8 for the GPU-sized ones (so
 # --ulysses_size 8 divides them); the tiny ones use 4 query / 2 key-value heads (Ulysses 2 on CPU).
@@ -86,13 +86,22 @@ def save_sft_data(path: str | os.PathLike[str], n_train: int | None = None, n_te
     n_train = len(rows) - n_test if n_train is None else n_train
     if n_train < 1 or n_train + n_test > len(rows):
         raise ValueError(f"{src} has {len(rows)} examples; asked for {n_train} train + {n_test} test")
+    return write_splits(path, {"train": rows[:n_train], "test": rows[n_train:n_train + n_test]})
+
+
+def write_splits(path: str | os.PathLike[str], splits: dict[str, Any]) -> str:
+    """Write each split's rows (dicts) as ``<path>/<split>.jsonl``; an empty split leaves no file.
+
+    Returns:
+        ``path`` as a string (``datasets.load_dataset(path)`` reads the splits back).
+    """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    splits = {"train": rows[:n_train], "test": rows[n_train:n_train + n_test]}
-    for split, part in splits.items():
+    for split, rows in splits.items():
         file = out / f"{split}.jsonl"
-        if part:
-            file.write_text("".join(json.dumps(r) + "\n" for r in part))
-        elif file.exists():
-            file.unlink()
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        if text:
+            file.write_text(text)
+        else:
+            file.unlink(missing_ok=True)
     return str(out)

@@ -312,18 +312,19 @@ def _check_accelerate_world(world: int) -> None:
 
     shared = getattr(PartialState, "_shared_state", {})
     n = shared.get("num_processes")
-    if n is not None and int(n) != world and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+    if n is None or int(n) == world:
+        return
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise ValueError(
             f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: under DeepSpeed on a machine "
             "without GPUs, Accelerate (1.15) picks no backend and reports one process, so the ranks would train apart. "
             "Run DeepSpeed on GPUs; on CPU see scripts/deepspeed_cpu_check.sh (it makes Accelerate use gloo)")
-    if n is not None and int(n) != world:
-        raise ValueError(
-            f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "
-            "the model for data parallelism and the ranks would train apart. On CPU create the Accelerator with "
-            "Accelerator(cpu=True) (or PartialState(cpu=True)) before init_sequence_parallel; on GPUs launch with "
-            "a config whose distributed_type matches (accelerate_configs/)"
-        )
+    raise ValueError(
+        f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "
+        "the model for data parallelism and the ranks would train apart. On CPU create the Accelerator with "
+        "Accelerator(cpu=True) (or PartialState(cpu=True)) before init_sequence_parallel; on GPUs launch with "
+        "a config whose distributed_type matches (accelerate_configs/)"
+    )
 
 
 def _group_options(timeout_s: float) -> tuple[str, Any]:
@@ -347,3 +348,27 @@ def _device_mesh(dp: int, R: int, U: int, timeout_s: float) -> Any:
     names = ("dp", "sp_inter", "sp_intra")
     return init_device_mesh(device_type, (dp, R, U), mesh_dim_names=names,
                             backend_override={name: _group_options(timeout_s) for name in names})
+
+
+def finish_distributed() -> None:
+    """Destroy the process groups at the end of a script, after the run's models are gone (collective).
+
+    Order matters with gloo. A process group whose last reference is a DDP reducer is destroyed when the model
+    is garbage-collected, and gloo's destructor joins its worker threads while holding the GIL; a worker that
+    is still releasing its last work item (tensors with Python objects) waits for the GIL, and the rank hangs
+    after training. ``accelerator.end_training()`` destroys the groups first, which makes exactly that
+    happen, so the recipes and ``HSAPTrainer.end`` finish their trackers themselves and call this once the model is freed (or
+    before it is, since the groups are destroyed only after the barrier): while the
+    groups are still registered, freeing a model destroys none; then a barrier and a short sleep (without the
+    GIL) let the workers go idle, and the groups are destroyed.
+    """
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    gc.collect()  # reference cycles (trainer <-> callbacks) that still hold a model
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        time.sleep(0.1)
+        dist.destroy_process_group()

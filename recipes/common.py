@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 from hf_hsap.examples import BUILTIN_MODELS, builtin_config  # noqa: E402  (one table of built-in models)
+from hf_hsap.topology import finish_distributed  # noqa: E402,F401  (the recipes' end of a run)
 
 # Dense bf16 tensor-core peaks (FLOP/s) of one device, by a substring of torch.cuda.get_device_name().
 _GPU_PEAK_BF16: tuple[tuple[str, float], ...] = (
@@ -194,29 +195,6 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
-
-
-def finish_distributed() -> None:
-    """Destroy the process groups at the end of a script, after the run's models are gone (collective).
-
-    Order matters with gloo. A process group whose last reference is a DDP reducer is destroyed when the model
-    is garbage-collected, and gloo's destructor joins its worker threads while holding the GIL; a worker that
-    is still releasing its last work item (tensors with Python objects) waits for the GIL, and the rank hangs
-    after training. ``accelerator.end_training()`` destroys the groups first, which makes exactly that
-    happen, so the recipes finish their trackers themselves and call this once the model is freed: while the
-    groups are still registered, freeing a model destroys none; then a barrier and a short sleep (without the
-    GIL) let the workers go idle, and the groups are destroyed.
-    """
-    import gc
-    import time
-
-    import torch.distributed as dist
-
-    gc.collect()  # reference cycles (trainer <-> callbacks) that still hold a model
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        time.sleep(0.1)
-        dist.destroy_process_group()
 
 
 class MetricsWriter:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers whe
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.cli.sft import make_parser, run as run_sft  # noqa: E402
 from hf_hsap.data import load_sft_dataset  # noqa: E402
-from hf_hsap.examples import BUILTIN_MODELS, save_sft_data, save_tiny_model  # noqa: E402
+from hf_hsap.examples import BUILTIN_MODELS, save_tiny_model, write_splits  # noqa: E402
 from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -187,12 +187,7 @@ def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, s
         if args.max_samples:
             data = data.select(range(min(args.max_samples, len(data))))
         train, test = split_train_eval(len(data), args.eval_samples if args.eval_every else 0, args.seed)
-        data_dir = out / "data"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        data.select(train).to_json(str(data_dir / "train.jsonl"))
-        (data_dir / "test.jsonl").unlink(missing_ok=True)
-        if test:
-            data.select(test).to_json(str(data_dir / "test.jsonl"))
+        write_splits(out / "data", {"train": data.select(train), "test": data.select(test)})
     return (str(out / "base_model") if model in BUILTIN_MODELS else model), str(out / "data")
 
 

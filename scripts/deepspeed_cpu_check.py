@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 with the HSAP trainer on 2 CPU processes (HSAP SP 2) against one process
-without DeepSpeed: the per-step losses must agree to 1e-4 (fp32). Run by ``scripts/deepspeed_cpu_check.sh``
+"""DeepSpeed ZeRO-2 / ZeRO-3 (the shipped ``accelerate_configs/deepspeed/zero{2,3}.json``) with the HSAP
+trainer on 2 CPU processes (HSAP SP 2) against one process without DeepSpeed: the per-step losses must agree to 1e-4 (fp32). Run by ``scripts/deepspeed_cpu_check.sh``
 (its own virtual environment: DeepSpeed is not a dependency of hf_hsap; its first run compiles DeepSpeed's
 CPU communication op, a few minutes). Writes ``runs/deepspeed_cpu_check.json``; exits 1 on a mismatch.
 """
@@ -38,11 +38,7 @@ def main() -> int:
     results = {"reference (1 process, no DeepSpeed)": ref}
     ok = True
     for stage in (2, 3):
-        ds = tmp / f"zero{stage}.json"
-        ds.write_text(json.dumps({"zero_optimization": {"stage": stage}, "zero_force_ds_cpu_optimizer": False,
-                                  "bf16": {"enabled": False}, "fp16": {"enabled": False},
-                                  "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                                  "gradient_clipping": "auto", "train_batch_size": "auto"}))
+        ds = ROOT / "accelerate_configs" / "deepspeed" / f"zero{stage}.json"  # the shipped one; Trainer fills "auto"
         acc = tmp / f"zero{stage}.yaml"
         acc.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
                        f"  deepspeed_config_file: {ds}\n  zero3_init_flag: {str(stage == 3).lower()}\n"

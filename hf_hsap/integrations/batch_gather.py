@@ -20,12 +20,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["gather_batches"]
+__all__ = ["collective_device", "gather_batches"]
 
 _DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float64,
            torch.float32, torch.float16, torch.bfloat16)
 _MAX_KEYS, _MAX_DIMS = 32, 4
 _HEADER = 4 + _MAX_KEYS * (2 + _MAX_DIMS)
+
+
+def collective_device(group: Any) -> torch.device:
+    """Where a collective's tensors must live: this rank's GPU for an NCCL group, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
 def _digest(keys: list[str], dtypes: list[torch.dtype]) -> int:
@@ -67,7 +72,7 @@ def gather_batches(batch: Mapping[str, Any] | None, group: Any, size: int) -> li
     Raises:
         ValueError: ranks whose batches have different keys or dtypes.
     """
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = collective_device(group)
     try:
         head, keys, tensors = _header(batch)
         problem = None
@@ -117,19 +122,13 @@ def _shapes(head: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
 
 
 def _nbytes(head: torch.Tensor) -> int:
-    total = 0
-    for dtype, shape in _shapes(head):
-        n = 1
-        for d in shape:
-            n *= d
-        total += n * torch.empty(0, dtype=dtype).element_size()
-    return total
+    return sum(torch.Size(shape).numel() * dtype.itemsize for dtype, shape in _shapes(head))
 
 
 def _unpack(head: torch.Tensor, buf: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
     out, offset = {}, 0
     for key, (dtype, shape) in zip(keys, _shapes(head)):
-        n = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        n = torch.Size(shape).numel() * dtype.itemsize
         out[key] = buf[offset: offset + n].clone().view(dtype).reshape(shape)  # bytes -> [*shape]
         offset += n
     return out

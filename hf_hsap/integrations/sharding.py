@@ -22,6 +22,7 @@ import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..plan.layout import check_position_ids, document_starts
+from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
 
 # Keys that describe the global layout; they are replaced by the plan and never reach the model.
@@ -41,10 +42,17 @@ def batch_cu_seqlens(batch: Mapping[str, Any]) -> torch.Tensor:
         ``[n_docs + 1]`` int64 CPU tensor, ``0 < ... < B * L``.
 
     Raises:
-        ValueError: no document information, or ``cu_seq_lens_q`` that does not cover the batch.
+        ValueError: a padding ``attention_mask`` with zeros, no document information, or ``cu_seq_lens_q``
+            that does not cover the batch (what :func:`shard_batch` and the trainers' init probe refuse).
     """
     ids = batch["input_ids"]
     total = ids.numel()
+    mask = batch.get("attention_mask")
+    if mask is not None and not bool(torch.as_tensor(mask).all()):
+        raise ValueError(
+            "shard_batch got a padding attention_mask with zeros; sequence parallelism needs padding-free packed "
+            "batches: make padding its own document (hf_hsap.data.PackingCollator, or TRL with padding_free=True)"
+        )
     cu = batch.get("cu_seq_lens_q")
     if cu is not None:
         cu = torch.as_tensor(cu).detach().to("cpu", torch.int64).flatten()
@@ -78,9 +86,7 @@ def _check_same_batch(digest: int, sp: Any) -> None:
     """All-gather the digest in the SP group; raise on every rank if the ranks hold different batches."""
     import torch.distributed as dist
 
-    mine = torch.tensor([digest], dtype=torch.int64)
-    if dist.get_backend(sp.group) == "nccl":
-        mine = mine.cuda()
+    mine = torch.tensor([digest], dtype=torch.int64, device=collective_device(sp.group))
     everyone = [torch.empty_like(mine) for _ in range(sp.size)]
     dist.all_gather(everyone, mine, group=sp.group)
     values = [int(t.item()) for t in everyone]
@@ -177,12 +183,6 @@ def shard_batch(
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")
-    mask = batch.get("attention_mask")
-    if mask is not None and not bool(torch.as_tensor(mask).all()):
-        raise ValueError(
-            "shard_batch got a padding attention_mask with zeros; sequence parallelism needs padding-free packed "
-            "batches: make padding its own document (hf_hsap.data.PackingCollator, or TRL with padding_free=True)"
-        )
     cu = batch_cu_seqlens(batch)
     labels = batch.get("labels")
     shift = shift_labels_global(torch.as_tensor(labels), cu, ignore_index) if labels is not None else None  # [B*L]

@@ -99,15 +99,13 @@ class HSAPTrainerMixin:
         cfg = hsap_config or from_args or HSAPConfig()
         if cfg.model_config is None:
             cfg = cfg.replace(model_config=model_config)
-        if sp is None:
-            group = init_sequence_parallel(cfg)
-            return group, group.config
-        size = sp if isinstance(sp, int) else sp.size
-        set_sizes = {c.sp_size for c in (hsap_config, from_args) if c is not None and c.sp_size != 1}
-        if set_sizes - {size}:
-            raise ValueError(f"sp={size} but the HSAP config sets sp_size={sorted(set_sizes)}; pass one of them")
-        if isinstance(sp, int):
-            group = init_sequence_parallel(cfg.replace(sp_size=sp))
+        if sp is not None:  # a size or a group: it must agree with a size set in the config
+            size = sp if isinstance(sp, int) else sp.size
+            set_sizes = {c.sp_size for c in (hsap_config, from_args) if c is not None and c.sp_size != 1}
+            if set_sizes - {size}:
+                raise ValueError(f"sp={size} but the HSAP config sets sp_size={sorted(set_sizes)}; pass one of them")
+        if sp is None or isinstance(sp, int):
+            group = init_sequence_parallel(cfg if sp is None else cfg.replace(sp_size=sp))
             return group, group.config
         if isinstance(cfg.ulysses_size, int) and cfg.ulysses_size != sp.ulysses_size and cfg.sp_size != 1:
             raise ValueError(f"sp= has ulysses_size {sp.ulysses_size} but the HSAP config sets {cfg.ulysses_size}")
@@ -132,19 +130,14 @@ class HSAPTrainerMixin:
         return total // max(1, int(getattr(getattr(self, "sp", None), "size", 1)))
 
     def end(self) -> None:
-        """Trainer's ``end`` without its gloo hang: finish the trackers, then destroy the process groups
-        after a barrier that lets gloo's workers go idle (``accelerator.end_training`` destroys them while the
-        DDP reducer still holds a group; see ``recipes/common.finish_distributed``)."""
-        import time
-
-        import torch.distributed as dist
+        """Trainer's ``end`` without its gloo hang: finish the trackers, then
+        :func:`~hf_hsap.topology.finish_distributed` (``accelerator.end_training`` destroys the groups while the
+        DDP reducer still holds one)."""
+        from ..topology import finish_distributed
 
         for tracker in getattr(self.accelerator, "trackers", []):
             tracker.finish()
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            time.sleep(0.1)
-            dist.destroy_process_group()
+        finish_distributed()
 
     def _hsap_wrap(self, loader: Any) -> SPDataLoader:
         # Trainer fetches the micro-batches of a step before their forwards: each batch's plan use is

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .sharding import batch_cu_seqlens
+
 logger = logging.getLogger("hf_hsap")
 
 __all__ = ["check_trainer_setup", "probe_packed_batch"]
@@ -87,10 +89,10 @@ def probe_packed_batch(trainer: Any) -> None:
         return
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         return
-    mask = batch.get("attention_mask")
-    if (batch.get("position_ids") is None and batch.get("cu_seq_lens_q") is None) or \
-            (mask is not None and not bool(torch.as_tensor(mask).all())):
+    try:
+        batch_cu_seqlens(batch)  # the layout rule shard_batch applies at every step
+    except ValueError as err:
         raise ValueError(
             "HSAPTrainer needs packed, padding-free batches (position_ids restarting at every document, or "
-            "cu_seq_lens_q, and no padding attention_mask); its data collator gave "
-            f"{sorted(batch)}: use hf_hsap.data.PackingCollator or transformers.DataCollatorWithFlattening")
+            f"cu_seq_lens_q, and no padding attention_mask); its data collator gave {sorted(batch)}: use "
+            f"hf_hsap.data.PackingCollator or transformers.DataCollatorWithFlattening ({err})") from None
