@@ -1,6 +1,8 @@
 """Alpha-beta cost model: fwd + bwd time and tokens/s/GPU (TGS) of a full layer stack, per scheme.
 
-It turns the exact counts of :mod:`benchmarks.schemes` into time on the spec's hardware. Assumptions
+It turns the exact counts of :mod:`benchmarks.schemes` into time on the spec's hardware. GPU peaks,
+link bandwidths and model shapes (:data:`HARDWARE`, :data:`MODELS`) are read from the project's one
+table, :mod:`hf_hsap.hardware`, which the planner's ``CostModel.from_config`` reads too. Assumptions
 (module constants; every one can be overridden from ``benchmarks/calibration.json``):
 
 | constant            | default | meaning                                                                 |
@@ -51,9 +53,12 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
+from hf_hsap.hardware import MODEL_SHAPES, DecoderShape, cost_model_kinds, gpu_kind
 from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
 
 from .schemes import CommPhase, ModelShape, RingPipeline, SchemeStats
@@ -68,26 +73,13 @@ DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """Decoder shape of the spec's models."""
-
-    name: str
-    layers: int
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    dtype_bytes: int = 2
+class ModelSpec(DecoderShape):
+    """Decoder shape of the spec's models (:class:`hf_hsap.hardware.DecoderShape`, fields and
+    ``params_per_layer``), with its head shape for :mod:`benchmarks.schemes`."""
 
     def shape(self) -> ModelShape:
         """Head shape for :mod:`benchmarks.schemes`."""
         return ModelShape(self.q_heads, self.kv_heads, self.head_dim, self.dtype_bytes)
-
-    @property
-    def params_per_layer(self) -> int:
-        """Linear parameters of one layer (q, k, v, o projections and the gated MLP)."""
-        return self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads) + 3 * self.hidden * self.ffn
 
 
 @dataclass(frozen=True)
@@ -99,6 +91,27 @@ class HardwareSpec:
     intra_bw: float
     inter_bw: float
     gpus_per_node: int = 8
+
+    @staticmethod
+    def from_table(key: str, gpus_per_node: int = 8) -> "HardwareSpec":
+        """Nodes of ``gpus_per_node`` GPUs of a kind of :mod:`hf_hsap.hardware` (one with link figures).
+
+        Args:
+            key: a :attr:`hf_hsap.hardware.GPUKind.key` (``"A100"``, ``"H100"``, ...).
+            gpus_per_node: GPUs of one node.
+
+        Returns:
+            The spec, named ``key``.
+
+        Raises:
+            ValueError: an unknown key, or a kind without NVLink and network figures.
+        """
+        kind = gpu_kind(key)
+        if not kind.has_links:
+            raise ValueError(f"hardware {key!r} has no link figures in hf_hsap.hardware; "
+                             f"use one of {', '.join(cost_model_kinds())}")
+        return HardwareSpec(kind.key, kind.peak_bf16_flops, kind.nvlink_bytes_per_s, kind.network_bytes_per_s,
+                            gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -113,14 +126,11 @@ class CostAssumptions:
     attn_bwd_factor: float = ATTN_BWD_FACTOR
 
 
-MODELS = {
-    "llama2-7b": ModelSpec("Llama-2-7B", 32, 4096, 32, 32, 128, 11008),
-    "llama3-8b": ModelSpec("Llama-3-8B", 32, 4096, 32, 8, 128, 14336),
-}
-HARDWARE = {
-    "A100": HardwareSpec("A100", 312e12, 300e9, 25e9),
-    "H100": HardwareSpec("H100", 989e12, 450e9, 50e9),
-}
+SPEC_HARDWARE = ("A100", "H100")  # the benchmark spec's 8-GPU nodes
+# Both tables are read from hf_hsap.hardware (the one table of GPU and model figures); read-only.
+MODELS: Mapping[str, ModelSpec] = MappingProxyType(
+    {k: ModelSpec(**dataclasses.asdict(v)) for k, v in MODEL_SHAPES.items()})
+HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType({k: HardwareSpec.from_table(k) for k in SPEC_HARDWARE})
 
 
 def load_assumptions(hardware: str | None = None, path: str | Path | None = DEFAULT_CALIBRATION) -> CostAssumptions:

@@ -58,8 +58,8 @@ def _hsap_runner(cu: list[int], U: int, q, k, v, dout) -> tuple[_Runner, Any]:
         return out.detach(), a.grad, b.grad, c.grad
 
     st = plan.stats()
-    info = {"placement": plan.placement_name, "recv_kv_tokens": st["recv_kv_tokens"][sp.rank],
-            "tokens": st["tokens"][sp.rank], "attn_work": st["attn_work"][sp.rank]}
+    info = {"placement": plan.placement_name, "recv_kv_tokens": st.recv_kv_tokens[sp.rank],
+            "tokens": st.tokens[sp.rank], "attn_work": st.attn_work[sp.rank]}
     return _Runner(idx, fn, lambda: sp.comm_stats.bytes_recv + sp.comm_stats.a2a_bytes_sent, info), plan
 
 

@@ -13,8 +13,10 @@ Achieved TFLOP/s counts ``4 · pairs · head_dim · q_heads`` forward and ``2.5�
 model's convention). The written ``attn_efficiency`` is the single varlen call's (the kernel's own
 capability, applied by the cost model to every scheme); the plan items' efficiency relative to it is
 recorded in ``source`` (the price of hf_hsap's fragmentation). ``gemm_efficiency`` is the matmul's.
-Efficiencies are relative to the nominal dense bf16 peak of the device (A100 312, H100 / H200 989
-TFLOP/s); they are written under ``hardware.<A100|H100>`` of the calibration file, other keys kept.
+Efficiencies are relative to the nominal dense bf16 peak of the device (the table of
+:mod:`hf_hsap.hardware`: A100 312, H100 / H200 989 TFLOP/s, ...); they are written under
+``hardware.<key>`` (``A100``, ``H100``, ...: the table's key for the device) of the calibration file,
+other keys kept.
 
     python -m benchmarks.gpu_calibrate                 # on a GPU machine
     python -m benchmarks.gpu_calibrate --dry-run       # on CPU: tiny sizes, float32, prints the JSON only
@@ -27,20 +29,24 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 import hf_hsap
 from hf_hsap.comm.p2p import Pending
+from hf_hsap.hardware import GPU_KINDS, hardware_for_device_name, peak_flops_for_device_name
 from hf_hsap.kernels import VarlenSpec, select_kernel
 from hf_hsap.runtime import sap_backward, sap_forward
 
 from .cost_model import DEFAULT_CALIBRATION, MODELS
 from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
 
-PEAKS = {"A100": ("A100", 312e12), "H100": ("H100", 989e12), "H200": ("H100", 989e12), "H800": ("H100", 989e12)}
+# {device-name substring: (hardware key, dense bf16 peak FLOP/s)}, a read-only view of hf_hsap.hardware's table
+PEAKS: Mapping[str, tuple[str, float]] = MappingProxyType(
+    {sub: (kind.key, kind.peak_bf16_flops) for kind in GPU_KINDS for sub in kind.name_substrings})
 
 
 class ReadyBuffers:
@@ -92,7 +98,7 @@ def calibrate_layout(dist: str, T: int, P: int, hq: int, hkv: int, d: int, dtype
         "plan_tflops", "single_tflops"}`` (TFLOP/s over forward + backward).
     """
     plan = hf_hsap.plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto", gpus_per_node=P, cost=cost)
-    part = int(np.argmax(plan.stats()["attn_work"]))
+    part = int(np.argmax(plan.stats().attn_work))
     sched = plan.schedule(part)
     n = sched.n_local
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -103,7 +109,7 @@ def calibrate_layout(dist: str, T: int, P: int, hq: int, hkv: int, d: int, dtype
     fwd = timed(lambda: sap_forward(q, k, v, sched, ex, kernel, scale, keep_recv=True), device, warmup, iters, stat)
     bwd = timed(lambda: sap_backward(dout, q, k, v, out, lse, recvs, sched, ex, kernel, scale), device, warmup, iters,
                 stat)
-    pairs = int(plan.stats()["attn_work"][part])
+    pairs = int(plan.stats().attn_work[part])
     n_eq = max(1, int(round((math.sqrt(8 * pairs + 1) - 1) / 2)))  # n (n + 1) / 2 ≈ pairs
     qs, ks, vs, ds = (torch.randn(n_eq, h, d, generator=g).to(device, dtype) for h in (hq, hkv, hkv, hq))
     spec = VarlenSpec((0, n_eq), (0, n_eq), True)
@@ -127,15 +133,36 @@ def gemm_tflops(tokens: int, hidden: int, ffn: int, dtype: torch.dtype, device: 
     return 2.0 * tokens * hidden * ffn / t / 1e12
 
 
+def peak_for_device_name(name: str) -> tuple[str, float | None]:
+    """The calibration key and nominal peak of a device name, from :mod:`hf_hsap.hardware`.
+
+    Args:
+        name: a ``torch.cuda.get_device_name()`` string.
+
+    Returns:
+        ``(hardware key, dense bf16 peak FLOP/s)``; an unknown device gives its name with ``_`` for
+        spaces and ``None``.
+    """
+    key = hardware_for_device_name(name)
+    if key is None:
+        return name.replace(" ", "_"), None
+    return key, peak_flops_for_device_name(name)
+
+
 def device_peak(device: torch.device, dtype: torch.dtype) -> tuple[str, str, float | None]:
-    """(device name, cost-model hardware key, nominal peak FLOP/s) — peak ``None`` when unknown."""
+    """(device name, hardware key, nominal peak FLOP/s) — peak ``None`` when unknown.
+
+    Args:
+        device: the device timed (not CUDA: ``("cpu", "cpu", None)``).
+        dtype: the dtype timed (the peak is the dense bf16 one).
+
+    Returns:
+        The device's name and :func:`peak_for_device_name` of it.
+    """
     if device.type != "cuda":
         return "cpu", "cpu", None
     name = torch.cuda.get_device_name(device)
-    for key, (hw, peak) in PEAKS.items():
-        if key in name:
-            return name, hw, peak
-    return name, name.replace(" ", "_"), None
+    return (name, *peak_for_device_name(name))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Any, Mapping
+
+from hf_hsap.plan.stats import PlanStats
+
 from .distributions import useful_pairs
 from .schemes import (LLAMA3_8B_SHAPE, CommPhase, ModelShape, RoundSchedule, SchemeStats, _heads_ok, _kv_share,
                       _split, _ulysses_phases)
 
 
-def hsap_stats_from_plan(stats: dict, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_per_node: int = 8, U: int = 1,
+def _field(stats: PlanStats | Mapping[str, Any], name: str) -> Any:
+    """A figure of ``stats``: the attribute of a :class:`~hf_hsap.plan.stats.PlanStats`, or the entry of a
+    hand-made mapping (None when absent)."""
+    return getattr(stats, name, None) if isinstance(stats, PlanStats) else stats.get(name)
+
+
+def hsap_stats_from_plan(stats: PlanStats | Mapping[str, Any], shape: ModelShape = LLAMA3_8B_SHAPE, gpus_per_node: int = 8, U: int = 1,
                          lengths: np.ndarray | None = None, bwd_refetch_kv: bool = False,
                          name: str = "hsap") -> SchemeStats:
     """Adapt ``hf_hsap.Plan.stats()`` to :class:`SchemeStats`.
@@ -19,7 +29,8 @@ def hsap_stats_from_plan(stats: dict, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_
     part ``i`` to part ``j`` runs between GPUs of equal index ``u`` in the two groups.
 
     Args:
-        stats: lists ``tokens``, ``attn_work``, ``recv_kv_tokens`` either by SP rank (length ``P``,
+        stats: ``Plan.stats()`` (a :class:`~hf_hsap.plan.stats.PlanStats`), or a mapping with the same
+            names (hand-made, e.g. by part): lists ``tokens``, ``attn_work``, ``recv_kv_tokens`` either by SP rank (length ``P``,
             work already divided by ``U``, as ``Plan.stats()`` returns) or by part (length ``R``), and
             ``send_kv_pairs`` (``R × R``: KV tokens part ``i`` sends part ``j`` in the forward pass);
             optional ``local_attn_work`` (work needing no remote KV; hides the transfers), else
@@ -33,17 +44,18 @@ def hsap_stats_from_plan(stats: dict, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_
     Returns:
         Counts over ``P = R U`` GPUs.
     """
-    send = np.asarray(stats["send_kv_pairs"], dtype=np.float64)  # [R, R] src -> dst
+    send = np.asarray(_field(stats, "send_kv_pairs"), dtype=np.float64)  # [R, R] src -> dst
     R = send.shape[0]
     P = R * U
-    get = lambda k: np.asarray(stats[k], dtype=np.float64)  # noqa: E731
+    get = lambda k: np.asarray(_field(stats, k), dtype=np.float64)  # noqa: E731
     work = get("attn_work")
-    hide = get("local_attn_work") if "local_attn_work" in stats else (
-        work - get("remote_attn_work") if "remote_attn_work" in stats else np.zeros_like(work))
+    hide = get("local_attn_work") if _field(stats, "local_attn_work") is not None else (
+        work - get("remote_attn_work") if _field(stats, "remote_attn_work") is not None else np.zeros_like(work))
     g = np.arange(P)
-    per_rank = len(stats["tokens"]) == P and U > 1  # lists by SP rank (work already / U) or by part
-    if not per_rank and len(stats["tokens"]) != R:
-        raise ValueError(f"stats of {len(stats['tokens'])} entries fit neither R={R} parts nor P={P} ranks")
+    n_tok = len(_field(stats, "tokens"))
+    per_rank = n_tok == P and U > 1  # lists by SP rank (work already / U) or by part
+    if not per_rank and n_tok != R:
+        raise ValueError(f"stats of {n_tok} entries fit neither R={R} parts nor P={P} ranks")
     sel = g if per_rank else g // U
     tok = get("tokens").astype(np.int64) if per_rank else _split(get("tokens"), U)
     work, hide = work[sel] / (1 if per_rank else U), hide[sel] / (1 if per_rank else U)
@@ -73,19 +85,21 @@ def hsap_stats_from_plan(stats: dict, shape: ModelShape = LLAMA3_8B_SHAPE, gpus_
                        _round_schedule(stats, R, U, kvb, gpus_per_node, bwd_refetch_kv))
 
 
-def _round_schedule(stats: dict, R: int, U: int, kvb: float, gpn: int, refetch: bool) -> RoundSchedule | None:
-    """The plan's rounds (``Plan.stats()`` ``round_*`` keys) as :class:`RoundSchedule`; None without them."""
-    if "round_transfers" not in stats:
+def _round_schedule(stats: PlanStats | Mapping[str, Any], R: int, U: int, kvb: float, gpn: int,
+                    refetch: bool) -> RoundSchedule | None:
+    """The plan's rounds (``PlanStats.round_*``) as :class:`RoundSchedule`; None without them."""
+    transfers = _field(stats, "round_transfers")
+    if transfers is None:
         return None
-    n = len(stats["round_transfers"])
+    n = len(transfers)
     z = lambda: np.zeros((R, n))  # noqa: E731
     recv_i, recv_x, ret_i, ret_x = z(), z(), z(), z()
     peers = np.zeros((n, R, R), dtype=bool)
-    for t, trs in enumerate(stats["round_transfers"]):
+    for t, trs in enumerate(transfers):
         for dst, src, tokens in trs:
             inter = (dst * U) // gpn != (src * U) // gpn  # GPUs u of both parts: nodes differ alike
             (recv_x if inter else recv_i)[dst, t] += tokens * kvb
             (ret_x if inter else ret_i)[src, t] += tokens * kvb
             peers[t, dst, src] = True
-    work = np.asarray(stats["round_remote_work"], dtype=np.float64).reshape(R, n) / U
+    work = np.asarray(_field(stats, "round_remote_work"), dtype=np.float64).reshape(R, n) / U
     return RoundSchedule(np.arange(R * U) // U, recv_i, recv_x, ret_i, ret_x, work, peers, refetch)

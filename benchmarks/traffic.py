@@ -113,26 +113,6 @@ class LayoutResult:
     hsap_by_hw: dict[tuple[str, str], dict[str, SchemeStats]] = field(default_factory=dict)
 
 
-def local_attn_work(plan: hf_hsap.Plan) -> np.ndarray:
-    """Pairs each SP rank computes against its own part's keys (needs no remote KV).
-
-    Per (part, document): ``n (n + 1) / 2`` with ``n`` the part's tokens of that document (the part's
-    local causal work item); with ``U > 1`` a rank computes ``1 / U`` of its part's heads.
-
-    Args:
-        plan: an offline or online plan.
-
-    Returns:
-        ``[P]`` float64, indexed by SP rank (divided by ``U`` like ``Plan.stats()["attn_work"]``).
-    """
-    pl, layout, U = plan.placement, plan.layout, plan.ulysses_size
-    key = pl.part * (layout.n_docs + 1) + pl.doc  # [n_segments] one key per (part, document)
-    uniq, inv = np.unique(key, return_inverse=True)
-    n = np.bincount(inv, weights=pl.end - pl.start)  # [n_keys] tokens of the part in the document
-    per_part = np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
-    return np.repeat(per_part, U) / U  # [R] -> [P]
-
-
 def hsap_scheme(plan: hf_hsap.Plan, lengths: np.ndarray, shape: ModelShape, gpus_per_node: int,
                 name: str) -> SchemeStats:
     """A plan as :class:`SchemeStats` (dK/dV counted in the model dtype, like every other scheme).
@@ -146,9 +126,7 @@ def hsap_scheme(plan: hf_hsap.Plan, lengths: np.ndarray, shape: ModelShape, gpus
     Returns:
         Counts over the plan's ``P`` GPUs.
     """
-    stats = dict(plan.stats())
-    stats.setdefault("local_attn_work", local_attn_work(plan).tolist())  # Plan.stats has it in newer versions
-    return hsap_stats_from_plan(stats, shape, gpus_per_node, U=plan.ulysses_size, lengths=lengths, name=name)
+    return hsap_stats_from_plan(plan.stats(), shape, gpus_per_node, U=plan.ulysses_size, lengths=lengths, name=name)
 
 
 def recv_floor(lengths: np.ndarray, P: int, token_slack: float = DEFAULT_TOKEN_SLACK) -> float:

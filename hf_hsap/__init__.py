@@ -7,13 +7,17 @@ Public API:
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
 """
+from . import log  # noqa: F401  (the NullHandler of the "hf_hsap" logger: quiet by default)
 from .attention import hsap_attn_func
 from .config import HSAPConfig
 from .kernels import reference_attention, select_kernel, varlen_attention
 from .plan.cache import PlanCache
 from .plan.cost import CostModel
 from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
-from .plan.planner import Plan, plan_sequence
+from .plan.group import GroupSpec
+from .plan.plan import Plan
+from .plan.stats import PlanStats
+from .sp_plan import SPPlan, plan_sequence
 from .topology import SPGroup, init_sequence_parallel
 from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
@@ -24,8 +28,11 @@ __all__ = [
     "CostModel",
     "HSAPConfig",
     "Layout",
+    "GroupSpec",
     "Plan",
     "PlanCache",
+    "PlanStats",
+    "SPPlan",
     "SPGroup",
     "check_config",
     "check_model",

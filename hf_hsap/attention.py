@@ -13,9 +13,10 @@ import math
 
 import torch
 
-from .comm.all_to_all import HeadToSeq, SeqToHead, head_to_seq
+from .comm.all_to_all import all_to_all, head_to_seq
 from .kernels import AttentionKernel, select_kernel
 from .kernels.dtypes import cast_qkv
+from .plan.plan import Plan
 from .runtime import sap_backward, sap_forward
 
 
@@ -24,8 +25,7 @@ class _SAPAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype):
-        keep = sched.keep_recv or len(sched.rounds) <= 1  # a receive budget: refetch in backward
-        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, keep_recv=keep)
+        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale)  # buffers kept: sched.shape
         ctx.save_for_backward(q, k, v, out, lse, *recvs)
         ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype
         ctx.mark_non_differentiable(lse)
@@ -39,7 +39,7 @@ class _SAPAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan, n_local: int) -> None:
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, n_local: int) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"hsap_attn_func takes q [T_local, Hq, D], k/v [T_local, Hkv, D]; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -63,7 +63,7 @@ def hsap_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    plan,
+    plan: Plan,
     softmax_scale: float | None = None,
     kernel: AttentionKernel | None = None,
     return_lse: bool = False,
@@ -75,7 +75,8 @@ def hsap_attn_func(
         q: ``[T_local, Hq, D]`` this rank's queries in plan order (``plan.shard`` of the global q).
         k: ``[T_local, Hkv, D]`` keys, ``Hq % Hkv == 0``.
         v: ``[T_local, Hkv, D]`` values.
-        plan: a :class:`~hf_hsap.plan.planner.Plan` made with this rank's SPGroup (or SP size 1).
+        plan: the plan of this rank's SPGroup (``hf_hsap.plan_sequence(cu_seqlens, sp)``, an
+            :class:`~hf_hsap.sp_plan.SPPlan`), or any :class:`~hf_hsap.plan.plan.Plan` of SP size 1.
         softmax_scale: defaults to ``D ** -0.5``.
         kernel: override the kernel (default: :func:`~hf_hsap.kernels.select_kernel`).
         return_lse: also return the log-sum-exp ``[T_local, Hq]`` (fp32; fp64 for fp64 inputs).
@@ -90,7 +91,7 @@ def hsap_attn_func(
     ``lcm(Hkv, U) / Hkv`` times (the least that lets every rank hold whole heads) before the
     all-to-all; their gradients are summed back by autograd.
     """
-    sp = plan.sp
+    sp = getattr(plan, "sp", None)  # an SPPlan's group; a plain Plan has none
     if plan.size > 1 and sp is None:
         raise ValueError("this plan was made offline (int SP size); make it with the SPGroup from "
                          "hf_hsap.init_sequence_parallel to run attention")
@@ -113,12 +114,12 @@ def hsap_attn_func(
         rep = math.lcm(hkv, U) // hkv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [T, Hkv*rep, D]
         hkv = hkv * rep
-    b = plan._piece_bounds(part)
-    pieces = tuple(int(x) for x in (b[1:] - b[:-1]))
+    slices = plan.intra_sizes(part)  # [U] tokens of each intra rank
     t = q.shape[0]
     # one all-to-all for q, k, v: [T_local, U, (Hq + 2*Hkv)/U * D]
     packed = torch.cat([q.reshape(t, U, -1), k.reshape(t, U, -1), v.reshape(t, U, -1)], dim=2)
-    heads = SeqToHead.apply(packed.reshape(t, -1), sp.intra_group, pieces, sp.intra_rank, sp.comm_stats)  # [T_part, F]
+    heads = all_to_all(packed.reshape(t, -1), "seq_to_head", sp.intra_group, slices, sp.intra_rank,
+                       sp.comm_stats)  # [T_local, U*F] -> [T_part, F]
     fq, fk = hq // U * d, hkv // U * d
     t_part = heads.shape[0]
     qh = heads[:, :fq].reshape(t_part, hq // U, d)  # [T_part, Hq/U, D]
@@ -126,9 +127,10 @@ def hsap_attn_func(
     vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
     out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), sched, executor,
                                        kernel, scale, gdt)
-    out = HeadToSeq.apply(out_h.reshape(t_part, -1), sp.intra_group, pieces, sp.intra_rank, sp.comm_stats)  # [T_local, Hq*D]
+    out = all_to_all(out_h.reshape(t_part, -1), "head_to_seq", sp.intra_group, slices, sp.intra_rank,
+                     sp.comm_stats)  # [T_part, Hq/U*D] -> [T_local, Hq*D]
     out = out.reshape(t, hq, d)
     if not return_lse:
         return out
-    lse = head_to_seq(lse_h.contiguous(), sp.intra_group, pieces, sp.intra_rank)  # [T_part, Hq/U] -> [T_local, Hq]
+    lse = head_to_seq(lse_h.contiguous(), sp.intra_group, slices, sp.intra_rank)  # [T_part, Hq/U] -> [T_local, Hq]
     return out, lse

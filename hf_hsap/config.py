@@ -148,14 +148,16 @@ class HSAPConfig:
 
     def cost_for(self, sap_link: str) -> Any:
         """The cost model of a group whose SAP links are ``sap_link``: ``cost_model``, else one built from
-        ``model_config`` (when it has the shapes), else None (the planner's default)."""
+        ``model_config`` (when it has the shapes) for this process's GPU
+        (:func:`hf_hsap.devices.detect_hardware`), else None (the planner's default)."""
         if self.cost_model is not None:
             return self.cost_model
         cfg = self.model_config
         if cfg is not None and hasattr(cfg, "num_attention_heads") and hasattr(cfg, "hidden_size"):
+            from .devices import detect_hardware
             from .plan.cost import CostModel
 
-            return CostModel.from_config(cfg, sap_link)
+            return CostModel.from_config(cfg, sap_link, detect_hardware())
         return None
 
     def plan_options(self) -> dict[str, Any]:

@@ -26,49 +26,16 @@ from typing import Sequence
 import numpy as np
 
 from .config import HSAPConfig
+from .data.lengths import doc_lengths
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, offline_link, plan_sequence
 
 DISTS = ("longtail", "sft", "mixed", "single")
 LLAMA3_8B = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
-_LOGNORMAL = {"longtail": (2048.0, 1.6), "sft": (600.0, 0.9)}  # (median, sigma) of the spec's draws
-
-
-def sample_lengths(dist: str, T: int, seed: int) -> np.ndarray:
-    """Document lengths of one row of ``T`` tokens, as the benchmark spec defines them.
-
-    Draws ``int(clip(lognormal(log(median), sigma), 16, T))`` one at a time with
-    ``numpy.random.default_rng(seed)`` until the sum reaches ``T``, and cuts the last document so the
-    sum is exactly ``T``. ``single``: one document; ``mixed``: one document of ``T // 2`` first, then
-    ``longtail`` draws for the rest.
-
-    Args:
-        dist: ``longtail``, ``sft``, ``mixed`` or ``single``.
-        T: row length (``>= 1``).
-        seed: generator seed.
-
-    Returns:
-        ``[n_docs]`` int64 lengths summing to ``T``.
-    """
-    if dist not in DISTS:
-        raise ValueError(f"unknown distribution {dist!r}; choose one of {', '.join(DISTS)}")
-    if T < 1:
-        raise ValueError(f"T must be a positive number of tokens, got {T}")
-    if dist == "single":
-        return np.array([T], dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    out: list[int] = []
-    if dist == "mixed":
-        out.append(T // 2)
-    median, sigma = _LOGNORMAL["sft" if dist == "sft" else "longtail"]
-    total = sum(out)
-    while total < T:
-        n = int(np.clip(rng.lognormal(math.log(median), sigma), 16, T))
-        n = min(n, T - total)
-        out.append(n)
-        total += n
-    return np.array([x for x in out if x > 0], dtype=np.int64)
+# The benchmark spec's sampler (one implementation: hf_hsap.data.lengths, also benchmarks.distributions):
+# ``[n_docs]`` int64 lengths of one row of ``T`` tokens, for ``--dist``.
+sample_lengths = doc_lengths
 
 
 def _parse_lengths(text: str) -> np.ndarray:
@@ -104,22 +71,22 @@ def summary_lines(plan: Plan) -> list[str]:
     pl = plan.placement
     parts_per_doc = np.bincount(np.unique(pl.doc * pl.n_parts + pl.part) // pl.n_parts, minlength=len(lengths))
     split = parts_per_doc > 1
-    tok = np.array(st["tokens"], dtype=np.float64)
-    work = np.array(st["attn_work"], dtype=np.float64)
-    recv = np.array(st["recv_kv_tokens"], dtype=np.float64)
+    tok = np.array(st.tokens, dtype=np.float64)
+    work = np.array(st.attn_work, dtype=np.float64)
+    recv = np.array(st.recv_kv_tokens, dtype=np.float64)
     ring = (P - 1) / P * T if P > 1 else 1.0
     lines = [
         f"layout: {len(lengths)} documents, T = {T}, longest {int(lengths.max())}, median {int(np.median(lengths))}",
         f"group: P = {P} ranks = U {U} (all-to-all) x R {plan.n_parts} (point-to-point)",
-        f"placement: {st['placement']}; {int(split.sum())} document(s) split "
+        f"placement: {st.placement}; {int(split.sum())} document(s) split "
         f"(over up to {int(parts_per_doc.max())} parts), {int((~split).sum())} whole; "
-        f"rounds {st['rounds']} ({st['round_order']})",
+        f"rounds {st.rounds} ({st.round_order})",
         f"balance: tokens max/mean {tok.max() / tok.mean():.3f}, "
         f"work max/mean {work.max() / max(work.mean(), 1e-30):.3f}",
         f"received KV per layer: max {int(recv.max())} ({recv.max() / ring:.3f} of ring's (P-1)/P*T), "
         f"mean {recv.mean():.1f} ({recv.mean() / ring:.3f}), total {int(recv.sum() / max(U, 1))}",
     ]
-    est = np.array(st.get("est_time", []), dtype=np.float64)
+    est = np.array(st.est_time, dtype=np.float64)
     if est.size:
         c = plan.cost
         a2a = " (incl. all-to-all)" if U > 1 else ""
@@ -132,11 +99,11 @@ def summary_lines(plan: Plan) -> list[str]:
     head += f" {'est/mean':>8}" if est.size else ""
     lines.append(head)
     for r in range(P):
-        w = st["attn_work"][r]
+        w = st.attn_work[r]
         w_txt = f"{w:15.1f}" if isinstance(w, float) and not float(w).is_integer() else f"{int(w):15d}"
-        line = (f"{r:4d} {r // U:4d} {st['tokens'][r]:9d} {w_txt} {st['recv_kv_tokens'][r]:9d} "
-                f"{st['send_kv_tokens'][r]:9d}")
-        line += f" {st['a2a_tokens'][r]:9d}" if U > 1 else ""
+        line = (f"{r:4d} {r // U:4d} {st.tokens[r]:9d} {w_txt} {st.recv_kv_tokens[r]:9d} "
+                f"{st.send_kv_tokens[r]:9d}")
+        line += f" {st.a2a_tokens[r]:9d}" if U > 1 else ""
         line += f" {est[r] / est.mean():8.3f}" if est.size else ""
         lines.append(line)
     return lines
@@ -170,7 +137,7 @@ def write_png(plan: Plan, path: str, title: str = "") -> None:
     if cu.shape[0] <= 400:  # document boundaries
         a0.scatter(cu % cols, cu // cols, s=4, c="black", marker="|")
     fig.colorbar(im, ax=a0, label="SP rank")
-    m = np.array(plan.stats()["send_kv_pairs"], dtype=np.float64)
+    m = np.array(plan.stats().send_kv_pairs, dtype=np.float64)
     h = a1.imshow(m, cmap="magma_r")
     a1.set_title("KV tokens sent, part → part (forward)")
     a1.set_xlabel("receiving part")

@@ -1,26 +1,31 @@
 """Executing a compiled schedule: forward and backward of SAP attention over the inter peers.
 
-Forward: post the KV transfers (every round at once without a receive budget; with one, round 0 and
-then each next round when the previous has landed: double buffering) and compute the local item
-while they are in flight; then, per round, wait for its KV and run the round's remote items,
-merging them into the output by log-sum-exp in fp32.
+The order of the steps (post, wait, local, compute, return, collect) is not written here: both
+directions run the steps of :mod:`hf_hsap.plan.pipeline` (:func:`~hf_hsap.plan.pipeline.forward_steps`,
+:func:`~hf_hsap.plan.pipeline.backward_steps`), the same ones the cost model simulates. This module
+says what each step does with tensors:
 
-Backward, per round: the remote items' gradients (dQ locally, dK/dV into the receive-buffer
-gradient), then the dK/dV go back to their owners along the reverse transfers while the next rounds
-(and the local item's backward) are computed; they are added once the last round is done (with a
-receive budget: before the next round's return, so at most two are in flight). Gradients are
-accumulated in fp32 (fp64 for fp64 inputs) on both sides and travel in ``grad_dtype`` (default: the
-inputs' dtype, like every other gradient that crosses ranks in training).
+* forward: ``post`` sends this part's KV rows of a round and opens its receive buffer; ``local`` runs the
+  part's own item while KV is in flight; ``wait`` + ``compute`` run the round's remote items, merging
+  them into the output by log-sum-exp in fp32.
+* backward: ``compute`` runs the remote items' gradients (dQ locally, dK/dV into the receive-buffer
+  gradient); ``return`` sends the dK/dV back to their owners along the reverse transfers; ``collect``
+  adds what came back. Gradients are accumulated in fp32 (fp64 for fp64 inputs) on both sides and
+  travel in ``grad_dtype`` (default: the inputs' dtype, like every other gradient that crosses ranks).
 
 Both directions use :meth:`P2PExecutor.transfer`; every transfer that may overlap another has its
-own tag.
+own tag (:func:`fetch_tag`, :func:`return_tag`).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from .comm.p2p import P2PExecutor
 from .kernels.base import AttentionKernel, lse_dtype, merge_partial
+from .plan.pipeline import (COLLECT, COMPUTE, LOCAL, POST, RETURN, WAIT, backward_steps, forward_steps,
+                            run_steps)
 from .plan.schedule import Round, Runs, Schedule, WorkItem
 
 
@@ -73,42 +78,49 @@ def _add_rows(acc: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None, ro
             off += b - a
 
 
-def _fetch_tag(t: int) -> int:
+def fetch_tag(t: int) -> int:
+    """Message tag of round ``t``'s KV fetch."""
     return 2 * t
 
 
-def _return_tag(t: int) -> int:
+def return_tag(t: int) -> int:
+    """Message tag of round ``t``'s dK/dV return."""
     return 2 * t + 1
 
 
 def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round, t: int):
     send = _take(kv, rnd.send_index, rnd.send_runs)  # [n_send, 2*Hkv, D]
-    return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits, tag=_fetch_tag(t))
+    return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits, tag=fetch_tag(t))
 
 
 def sap_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float, keep_recv: bool,
+    kernel: AttentionKernel, scale: float, keep_recv: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Forward of one part.
+    """Forward of one part (the steps of :func:`~hf_hsap.plan.pipeline.forward_steps`).
 
     Args:
         q: ``[T_part, Hq, D]``; k, v: ``[T_part, Hkv, D]`` (the part's tokens in plan order).
         sched: the part's compiled schedule. executor: its inter peers (None without rounds).
-        keep_recv: return the receive buffers for the backward (else it fetches them again).
+        keep_recv: return the receive buffers for the backward (default: ``sched.shape.keep_recv``;
+            otherwise the backward fetches them again).
 
     Returns:
         out ``[T_part, Hq, D]`` (q's dtype), lse ``[T_part, Hq]`` (fp32/fp64), receive buffers
-        ``[recv_total, 2*Hkv, D]`` per round (empty list unless ``keep_recv``).
+        ``[recv_total, 2*Hkv, D]`` per round (empty list unless kept).
     """
     hkv = k.shape[1]
     acc = lse_dtype(q.dtype)
+    shape = sched.shape
+    keep = shape.keep_recv if keep_recv is None else keep_recv
     kv = torch.cat([k, v], dim=1) if sched.rounds else None  # [T_part, 2*Hkv, D]: one message per peer
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
+    pending: dict = {}
+    landed: dict[int, torch.Tensor] = {}
     kept: list[torch.Tensor] = []
 
-    def local() -> None:
+    def local(_: int) -> None:
         nonlocal out, lse
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
@@ -117,18 +129,15 @@ def sap_forward(
             o, l = kernel.forward(q, k, v, item.spec, scale)
             out, lse = o.to(acc), l.to(acc)
 
-    rounds = sched.rounds
-    # No budget (keep_recv): every round is posted now and consumed in order, so round t's items start
-    # as soon as round t lands. A budget bounds the buffers: double buffering, round t + 1 posted when
-    # round t has landed.
-    ahead = len(rounds) if sched.keep_recv else 1
-    pending = [_start_fetch(executor, kv, rnd, t) for t, rnd in enumerate(rounds[:ahead])]  # during local()
-    local()
-    for t, rnd in enumerate(rounds):
-        recv = pending.pop(0).wait()
-        if t + ahead < len(rounds):  # double buffering: the next round while this one computes
-            pending.append(_start_fetch(executor, kv, rounds[t + ahead], t + ahead))
-        for item in rnd.items:
+    def post(t: int) -> None:
+        pending[t] = _start_fetch(executor, kv, sched.rounds[t], t)
+
+    def wait(t: int) -> None:
+        landed[t] = pending.pop(t).wait()
+
+    def compute(t: int) -> None:
+        recv = landed.pop(t)
+        for item in sched.rounds[t].items:
             if _in_place(kernel, item):
                 kernel.forward_into(q, recv[:, :hkv], recv[:, hkv:], item.segments, item.spec.causal, scale, out, lse)
                 continue
@@ -138,8 +147,10 @@ def sap_forward(
             m_o, m_l = merge_partial(o_i, l_i, o, l)
             _put_rows(out, item.q_index, item.q_runs, m_o)
             _put_rows(lse, item.q_index, item.q_runs, m_l)
-        if keep_recv:
+        if keep:
             kept.append(recv)
+
+    run_steps(forward_steps(shape), {POST: post, WAIT: wait, LOCAL: local, COMPUTE: compute})
     return out.to(q.dtype), lse, kept
 
 
@@ -148,9 +159,11 @@ def sap_backward(
     lse: torch.Tensor, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
     kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward of one part (shapes as :func:`sap_forward`; ``out``/``lse`` are the final values).
+    """Backward of one part (the steps of :func:`~hf_hsap.plan.pipeline.backward_steps`; shapes as
+    :func:`sap_forward`; ``out``/``lse`` are the final values).
 
     Args:
+        recvs: the forward's receive buffers, one per round; empty: the KV is fetched again.
         grad_dtype: dtype of the dK/dV partial sums sent back to their owners (default ``k.dtype``;
             ``torch.float32`` sends the fp32 accumulators: twice the bytes in bf16 training, one
             rounding fewer).
@@ -162,10 +175,19 @@ def sap_backward(
     hkv = k.shape[1]
     acc = lse_dtype(q.dtype)
     grad_dtype = grad_dtype or k.dtype
+    rounds = sched.rounds
+    if rounds and recvs and len(recvs) != len(rounds):
+        raise ValueError(f"sap_backward got {len(recvs)} receive buffers for {len(rounds)} rounds")
+    shape = dataclasses.replace(sched.shape, refetch=bool(rounds) and not recvs)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
+    kv = torch.cat([k, v], dim=1) if shape.refetch else None  # [T_part, 2*Hkv, D]
+    fetching: dict = {}
+    landed: dict[int, torch.Tensor] = dict(enumerate(recvs))
+    d_recvs: dict[int, torch.Tensor] = {}
+    returning: dict = {}
 
-    def local() -> None:
+    def local(_: int) -> None:
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
             kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale,
@@ -176,24 +198,14 @@ def sap_backward(
             dkv[:, :hkv].add_(gk.to(acc))
             dkv[:, hkv:].add_(gv.to(acc))
 
-    rounds = sched.rounds
-    if not rounds:
-        local()
-    fetch = None
-    if rounds and not recvs:
-        kv = torch.cat([k, v], dim=1)  # [T_part, 2*Hkv, D]
-        fetch = _start_fetch(executor, kv, rounds[0], 0)
-    returning: list = []  # (pending dK/dV, its send index) not yet added
-    # Without a budget nothing bounds memory by rounds: collect every return at the end, so a slow
-    # peer's gradients never stall this rank's next round. With a budget: at most two in flight.
-    max_returning = len(rounds) if sched.keep_recv else 1
-    for t, rnd in enumerate(rounds):
-        if recvs:
-            recv = recvs[t]
-        else:
-            recv = fetch.wait()
-            if t + 1 < len(rounds):
-                fetch = _start_fetch(executor, kv, rounds[t + 1], t + 1)
+    def post(t: int) -> None:
+        fetching[t] = _start_fetch(executor, kv, rounds[t], t)
+
+    def wait(t: int) -> None:
+        landed[t] = fetching.pop(t).wait()
+
+    def compute(t: int) -> None:
+        recv, rnd = landed.pop(t), rounds[t]
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
         for item in rnd.items:
             if _in_place(kernel, item):
@@ -206,15 +218,17 @@ def sap_backward(
             _add_rows(dq, item.q_index, item.q_runs, gq)
             _add_rows(d_recv[:, :hkv], item.kv_index, item.kv_runs, gk)
             _add_rows(d_recv[:, hkv:], item.kv_index, item.kv_runs, gv)
-        while len(returning) >= max_returning:  # earlier dK/dV had this round's compute to arrive
-            pending, r = returning.pop(0)
-            _add_rows(dkv, r.send_index, r.send_runs, pending.wait())
-        # reverse of the forward transfers: gradients go back to the owners of the rows
-        pending = executor.transfer(d_recv.to(grad_dtype), rnd.recv_splits, int(rnd.send_index.shape[0]),
-                                    rnd.send_splits, tag=_return_tag(t))
-        returning.append((pending, rnd))
-        if t == 0:
-            local()
-    for pending, r in returning:
-        _add_rows(dkv, r.send_index, r.send_runs, pending.wait())
+        d_recvs[t] = d_recv
+
+    def send_return(t: int) -> None:  # reverse of the forward transfers: gradients go back to the rows' owners
+        rnd = rounds[t]
+        returning[t] = executor.transfer(d_recvs.pop(t).to(grad_dtype), rnd.recv_splits,
+                                         int(rnd.send_index.shape[0]), rnd.send_splits, tag=return_tag(t))
+
+    def collect(t: int) -> None:
+        rnd = rounds[t]
+        _add_rows(dkv, rnd.send_index, rnd.send_runs, returning.pop(t).wait())
+
+    run_steps(backward_steps(shape), {POST: post, WAIT: wait, LOCAL: local, COMPUTE: compute,
+                                      RETURN: send_return, COLLECT: collect})
     return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)

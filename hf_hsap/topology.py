@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .comm.p2p import CommStats, P2PExecutor
 from .config import DEFAULT_TIMEOUT_S, HSAPConfig
 from .plan.cache import PlanCache
+from .plan.group import GroupSpec
 
 @dataclass(eq=False)
 class SPGroup:
@@ -80,6 +81,11 @@ class SPGroup:
         return "nvlink" if len({r // g for r in self.global_ranks}) == 1 else "network"
 
     @property
+    def spec(self) -> GroupSpec:
+        """This group as the planner sees it (size, Ulysses size, this rank, SAP link): plain data."""
+        return GroupSpec(self.size, self.ulysses_size, self.rank, self.sap_link)
+
+    @property
     def ring_size(self) -> int:
         """R, the number of intra groups (inter-SP degree)."""
         return self.size // self.ulysses_size
@@ -120,8 +126,8 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
     """The ``ulysses_size="auto"`` rule (the default of :func:`init_sequence_parallel`).
 
     * The SP group fits in one node (``sp_size`` divides ``gpus_per_node``): ``U = 1``, pure SAP. Every
-      link is NVLink, SAP moves only the KV that documents need and balances work within 3%, and it
-      has no head-count cap; in the cost model it matches or beats Ulysses on one node (BENCHMARKS.md).
+      link is NVLink, SAP moves only the KV that documents need and balances work, and it has no
+      head-count cap; how it compares with Ulysses on one node is in BENCHMARKS.md (cost model).
     * Otherwise: the largest U that divides ``sp_size``, fits in one node (divides ``gpus_per_node``)
       and divides the number of query heads. Inside a node the all-to-all runs over NVLink, an order
       of magnitude faster than the inter-node links, and it leaves SAP only ``R = sp_size / U`` parts,

@@ -8,8 +8,9 @@ Vocabulary used in the recipes:
 * MFU: model FLOPs utilisation = training FLOPs of the step / step time / (processes x peak FLOP/s of one
   device). Training FLOPs = ``6 * N * tokens`` (``N`` = parameters without the input embedding) plus the
   attention ``6 * layers * heads * head_dim * sum(doc_len^2)`` (causal, per document: packed rows only attend
-  inside each document). The peak comes from ``--peak_tflops`` or, on known GPUs, a dense bf16 table below;
-  on CPU there is no meaningful peak, so MFU prints as ``n/a`` unless ``--peak_tflops`` is given.
+  inside each document). The peak comes from ``--peak_tflops`` or, on known GPUs, the dense bf16 table of
+  :mod:`hf_hsap.hardware`; on CPU there is no meaningful peak, so MFU prints as ``n/a`` unless
+  ``--peak_tflops`` is given.
 """
 from __future__ import annotations
 
@@ -39,12 +40,7 @@ __all__ = [
 from hf_hsap.examples import BUILTIN_MODELS, builtin_config  # noqa: E402  (one table of built-in models)
 from hf_hsap.topology import finish_distributed  # noqa: E402,F401  (the recipes' end of a run)
 
-# Dense bf16 tensor-core peaks (FLOP/s) of one device, by a substring of torch.cuda.get_device_name().
-_GPU_PEAK_BF16: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15), ("B200", 2.25e15), ("H200", 989e12), ("H100", 989e12), ("H800", 989e12),
-    ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12),
-    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("MI300X", 1307e12),
-)
+from hf_hsap.hardware import peak_flops_for_device_name  # noqa: E402  (one table of GPU peaks)
 
 
 def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_max_length: int) -> None:
@@ -179,14 +175,20 @@ def attention_flops(config: Any, sum_sq_doc_lens: int) -> float:
 
 
 def guess_peak_flops(device: torch.device, peak_tflops: float | None) -> float | None:
-    """Peak FLOP/s of one device: ``--peak_tflops`` if given, the bf16 table for known GPUs, else None."""
+    """Peak FLOP/s of one device.
+
+    Args:
+        device: the training device.
+        peak_tflops: ``--peak_tflops`` (TFLOP/s), or None.
+
+    Returns:
+        ``peak_tflops`` in FLOP/s if given, else the dense bf16 peak of a known GPU from
+        :mod:`hf_hsap.hardware` (by its ``torch.cuda.get_device_name``), else None (CPU, unknown GPU).
+    """
     if peak_tflops:
         return peak_tflops * 1e12
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in _GPU_PEAK_BF16:
-            if key in name:
-                return peak
+        return peak_flops_for_device_name(torch.cuda.get_device_name(device))
     return None
 
 

@@ -54,29 +54,30 @@ def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: i
     return recv.reshape(U, t_local, -1).transpose(0, 1).reshape(t_local, -1)  # [U, T_u, F] -> [T_u, U*F]
 
 
-class SeqToHead(torch.autograd.Function):
-    """Differentiable :func:`seq_to_head`; backward is :func:`head_to_seq`."""
+_OPS = {"seq_to_head": seq_to_head, "head_to_seq": head_to_seq}
+_REVERSE = {"seq_to_head": "head_to_seq", "head_to_seq": "seq_to_head"}
+
+
+class AllToAll(torch.autograd.Function):
+    """Differentiable :func:`seq_to_head` / :func:`head_to_seq` (``direction``); the backward is the same
+    all-to-all in the reverse direction. Shapes as the two functions."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int,
+    def forward(ctx, x: torch.Tensor, direction: str, group: Any, piece_sizes: tuple[int, ...], rank: int,
                 stats: Any = None) -> torch.Tensor:
-        ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = group, piece_sizes, rank, stats
-        return seq_to_head(x, group, piece_sizes, rank, stats)
+        ctx.direction, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = direction, group, piece_sizes, rank, stats
+        return _OPS[direction](x, group, piece_sizes, rank, stats)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return head_to_seq(grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats), None, None, None, None
+        back = _OPS[_REVERSE[ctx.direction]](grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats)
+        return back, None, None, None, None, None
 
 
-class HeadToSeq(torch.autograd.Function):
-    """Differentiable :func:`head_to_seq`; backward is :func:`seq_to_head`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any, piece_sizes: tuple[int, ...], rank: int,
-                stats: Any = None) -> torch.Tensor:
-        ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = group, piece_sizes, rank, stats
-        return head_to_seq(x, group, piece_sizes, rank, stats)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return seq_to_head(grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats), None, None, None, None
+def all_to_all(x: torch.Tensor, direction: str, group: Any, piece_sizes: Sequence[int], rank: int,
+               stats: Any = None) -> torch.Tensor:
+    """:class:`AllToAll` applied: ``direction`` is ``"seq_to_head"`` (``[T_u, U * F] -> [T_group, F]``) or
+    ``"head_to_seq"`` (the inverse); ``piece_sizes``: the ``U`` ranks' token counts."""
+    if direction not in _OPS:
+        raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
+    return AllToAll.apply(x, direction, group, tuple(piece_sizes), rank, stats)

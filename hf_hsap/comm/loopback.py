@@ -1,9 +1,9 @@
 """An in-process transport: the parts of one plan run as threads of one process on one device.
 
 :class:`LoopbackHub` hands every part an executor with the interface of
-:class:`~hf_hsap.comm.p2p.P2PExecutor` (``transfer`` -> pending -> ``wait``), so
-:func:`hf_hsap.runtime.sap_forward` / :func:`~hf_hsap.runtime.sap_backward` run unchanged while the
-messages go through queues instead of a process group. It exists to check the runtime and the kernels
+:class:`~hf_hsap.comm.p2p.P2PExecutor` (``transfer`` -> pending -> ``wait``), so the runtime's
+``sap_forward`` / ``sap_backward`` run unchanged while the messages go through queues instead of a
+process group (:func:`hf_hsap.loopback.run_plan_loopback` runs a whole plan that way). It exists to check the runtime and the kernels
 of a whole plan where there is one device and no process group (one lent GPU, a notebook); it is not a
 training transport: the parts share one device and run one after another on its stream.
 
@@ -112,43 +112,18 @@ class LoopbackExecutor:
         return _LoopbackPending(self.hub, self.part, recv, recv_splits, tag)
 
 
-def run_plan_loopback(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                      kernel=None, softmax_scale: float | None = None, timeout_s: float = 60.0,
-                      ) -> tuple[torch.Tensor, ...]:
-    """Forward and backward of a whole plan's SAP attention in this process, one thread per part.
-
-    Args:
-        plan: an offline plan (``plan_sequence(cu_seqlens, P, ...)``, ``ulysses_size`` 1).
-        q: ``[T, Hq, D]`` global queries (any device); k, v: ``[T, Hkv, D]``; dout: ``[T, Hq, D]``.
-        kernel: default :func:`~hf_hsap.kernels.select_kernel` for q's device and dtype.
-        softmax_scale: defaults to ``D ** -0.5``.
-
-    Returns:
-        Global ``out [T, Hq, D]``, ``lse [T, Hq]``, ``dq``, ``dk``, ``dv`` (in global token order) and the
-        per-part :class:`CommStats` list.
-    """
-    from ..kernels import select_kernel
-    from ..runtime import sap_backward, sap_forward
-
-    if plan.ulysses_size != 1:
-        raise ValueError("run_plan_loopback runs flat SAP plans (ulysses_size=1); the all-to-all needs a process group")
-    kernel = kernel or select_kernel(q.device, q.dtype)
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    hub = LoopbackHub(plan.n_parts, timeout_s)
-    stats = [CommStats() for _ in range(plan.n_parts)]
-
-    def part_fn(p: int) -> tuple[torch.Tensor, ...]:
-        idx = plan.local_token_indices(p).to(q.device)
-        ql, kl, vl, dl = (x.index_select(0, idx) for x in (q, k, v, dout))
-        sched = plan.schedule(p, q.device)
-        ex = hub.executor(p, stats[p])
-        out, lse, recvs = sap_forward(ql, kl, vl, sched, ex, kernel, scale, keep_recv=sched.keep_recv)
-        dq, dk, dv = sap_backward(dl, ql, kl, vl, out, lse, recvs, sched, ex, kernel, scale)
-        return out, lse, dq, dk, dv
-
-    res = hub.run(part_fn)
-    glob = [plan.unshard([r[i] for r in res]) for i in range(5)]
-    return (*glob, stats)
+__all__: Sequence[str] = ("LoopbackHub", "LoopbackExecutor")
 
 
-__all__: Sequence[str] = ("LoopbackHub", "LoopbackExecutor", "run_plan_loopback")
+def __getattr__(name: str) -> Any:
+    """``run_plan_loopback`` moved to :mod:`hf_hsap.loopback` (it runs the runtime, a layer above comm);
+    the old spelling works for one release with a deprecation warning. A dynamic import keeps comm from
+    importing upwards."""
+    if name == "run_plan_loopback":
+        import importlib
+        import warnings
+
+        warnings.warn("hf_hsap.comm.loopback.run_plan_loopback moved to hf_hsap.loopback.run_plan_loopback; the old "
+                      "name will be removed in the next release", FutureWarning, stacklevel=2)
+        return importlib.import_module("hf_hsap.loopback").run_plan_loopback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,14 +12,13 @@ Causal squares are halved recursively in the backward: ``causal(n) = causal(n/2)
 causal(n/2)`` down to squares of ``block`` rows. The op walks keys in blocks of up to 512 and
 computes a whole key block even where the causal mask hides most of it, so one call on a causal
 square computes about 256 masked keys per query row; after halving only the small diagonal squares
-carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles. Measured on
-one thread (head dim 64), the backward of a square gets 1.1-1.2x faster at 828-1427 tokens and
-1.03-1.07x at 2504-5706 with 8 query heads (``block`` 128); with 2 heads 128-row pieces are too
-light to pay for the extra calls, so calls with fewer than ``min_heads`` query heads halve down to
-``few_heads_block`` (256) rows instead, for a 1.03-1.13x faster backward. The forward is not halved
-by default: its LSE merges cost more than the masked keys they save (1.05-1.3x slower at every size
-measured), so it runs one call per causal square (``halve_forward=True`` halves it too).
-``run_kernel_shapes`` in ``benchmarks/measured.py`` shows the current figures.
+carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles. That pays in
+the backward; with few heads 128-row pieces are too light to pay for the extra calls, so calls with
+fewer than ``min_heads`` query heads halve down to ``few_heads_block`` (256) rows instead. The forward
+is not halved by default: its LSE merges cost more than the masked keys they save, so it runs one call
+per causal square (``halve_forward=True`` halves it too). The measured figures (one call / halved /
+default, by shape and head count) are the CPU kernel table of ``BENCHMARKS.md``
+(``run_kernel_shapes`` in ``benchmarks/measured.py``).
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ from typing import Any, Callable, Hashable
 
 
 class PlanCache:
-    """Least-recently-used cache. One lives on every :class:`~hf_hsap.topology.SPGroup`; offline
-    planning (an int group size) uses a cache passed by the caller or the planner's own instance."""
+    """Least-recently-used cache. One lives on every SP group (``SPGroup.plan_cache``, holding that
+    group's bound plans); offline planning (an int group size or a GroupSpec) caches only in a cache the
+    caller passes. Plain data: it never talks to other ranks."""
 
     def __init__(self, maxsize: int = 64) -> None:
         if maxsize < 1:

@@ -20,7 +20,9 @@ them; kernels at 55% (attention) and 70% (GEMM) of 312 TFLOP/s; fwd + bwd attent
 FLOPs; K, V sent and dK, dV returned in bf16 (the runtime's default ``grad_comm_dtype``).
 :meth:`CostModel.nvlink` is the same over NVLink (300 GB/s): what a plan uses when every SAP peer is
 in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents the same figures;
-:meth:`CostModel.from_shapes` builds one for other models and links.
+:meth:`CostModel.from_shapes` builds one for other models and links. GPU figures (peak, NVLink and
+network bytes/s per GPU) come from the one table of :mod:`hf_hsap.hardware` (:data:`HARDWARE_LINKS`);
+this package never queries a device: the process's GPU is :func:`hf_hsap.devices.detect_hardware`.
 """
 from __future__ import annotations
 
@@ -28,28 +30,24 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..hardware import cost_model_kinds, gpu_kind
 from .layout import Layout
-from .pipeline import piece_remote_work, round_tables, simulate_backward, simulate_forward, split_rounds
+from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
+from .rounds import RoundPieces, piece_remote_work, round_tables, split_rounds
 from .placement import Placement
 from .transfers import Transfers
 
 
-HARDWARE_LINKS = {"A100": (312e12, 300e9, 25e9), "H100": (989e12, 450e9, 50e9)}  # peak, NVLink, network B/s
-
-
-def detect_hardware() -> str:
-    """The :data:`HARDWARE_LINKS` entry closest to this process's GPU: ``"H100"`` for Hopper and newer
-    data-center GPUs (H100, H200, H800, GH200, B200), else ``"A100"`` (also without a GPU)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "A100"
-    name = torch.cuda.get_device_name()
-    return "H100" if any(k in name for k in ("H100", "H200", "H800", "GH200", "B200", "GB200")) else "A100"
+# (peak FLOP/s, NVLink B/s, network B/s) per GPU of every hardware key that can price a plan, read
+# from the one table (hf_hsap.hardware.GPU_KINDS); read-only.
+HARDWARE_LINKS: Mapping[str, tuple[float, float, float]] = MappingProxyType({
+    k: (gpu_kind(k).peak_bf16_flops, gpu_kind(k).nvlink_bytes_per_s, gpu_kind(k).network_bytes_per_s)
+    for k in cost_model_kinds()})
 
 
 @dataclass(frozen=True)
@@ -96,18 +94,32 @@ class CostModel:
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s)
 
     @staticmethod
-    def from_config(config: Any, link: str = "network", hardware: str = "auto") -> "CostModel":
-        """Cost model for a Transformers model config (``num_attention_heads``, ``num_key_value_heads``,
-        ``hidden_size``, ``intermediate_size``, optional ``head_dim``) on ``hardware`` (``"A100"`` or
-        ``"H100"``: peak, NVLink and per-GPU network bandwidth as in ``benchmarks/cost_model.py``;
-        ``"auto"``: this process's GPU, see :func:`detect_hardware`), with SAP's KV over ``link``
-        (``"nvlink"`` or ``"network"``, e.g. ``sp.sap_link``).
+    def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
+        """Cost model for a Transformers model config on a GPU kind, with SAP's KV over a link.
 
         What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
         (Llama-2-7B moves 4x the KV bytes per pair of Llama-3-8B) and GPU (an H100 computes 3.2x
-        faster than an A100 but its links are only 1.5-2x faster)."""
+        faster than an A100 but its links are only 1.5-2x faster).
+
+        Args:
+            config: ``num_attention_heads``, ``hidden_size``, optional ``num_key_value_heads``,
+                ``intermediate_size`` and ``head_dim``.
+            link: ``"nvlink"`` or ``"network"`` (e.g. ``sp.sap_link``).
+            hardware: a key of :data:`HARDWARE_LINKS` (``"A100"``, ``"H100"``, ...: peak, NVLink and
+                per-GPU network bandwidth from :mod:`hf_hsap.hardware`). Explicit: for this process's
+                GPU pass :func:`hf_hsap.devices.detect_hardware`.
+
+        Returns:
+            The cost model.
+
+        Raises:
+            ValueError: ``"auto"`` or another unknown hardware, an unknown link, or a config without
+                positive head counts and hidden size.
+        """
         if hardware == "auto":
-            hardware = detect_hardware()
+            raise ValueError("CostModel.from_config does not query the device: pass "
+                             "hardware=hf_hsap.devices.detect_hardware() for this process's GPU, or a key "
+                             f"({', '.join(HARDWARE_LINKS)})")
         if hardware not in HARDWARE_LINKS:
             raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
         if link not in ("nvlink", "network"):
@@ -172,32 +184,31 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) ->
 
 
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
-                      budget: int | None) -> dict[str, tuple[float, dict[str, np.ndarray]]]:
+                      budget: int | None) -> dict[str, tuple[float, RoundPieces]]:
     """Estimated attention time (forward + backward, pairs) of the slowest part, and the pieces, for
     each round order.
 
-    Uses the runtime's dataflow (:func:`~hf_hsap.plan.pipeline.simulate_forward` and
-    ``simulate_backward``): work split 1 : 2.5 between forward and backward, each transfer half of
-    ``kv_token_cost`` per token (KV forward, dK/dV back) plus half of ``round_cost`` per round.
-    ``by_peer`` is not simulated (``inf``) when ``batched`` already hides its transfers within 0.5%.
+    Simulates the runtime's own steps (:mod:`hf_hsap.plan.pipeline`: :func:`pipeline_shape`,
+    :func:`forward_steps`, :func:`backward_steps`, :func:`simulate_steps`): work split 1 : 2.5 between
+    forward and backward, each transfer half of ``kv_token_cost`` per token (KV forward, dK/dV back)
+    plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``) when ``batched``
+    already hides its transfers within 0.5%.
     """
     local = local_work_per_part(layout, pl)
     f, b = 1 / 3.5, 2.5 / 3.5
     bound = float(pl.work_per_part(layout).max())  # no exposed transfer at all: nothing to pipeline
-    out = {}
+    out: dict[str, tuple[float, RoundPieces]] = {}
     for order in ("batched", "by_peer"):
         if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
             out[order] = (float("inf"), out["batched"][1])
             continue
         pieces = split_rounds(tr, pl.n_parts, budget, order)
-        recv, rwork, peers = round_tables(pieces, piece_remote_work(layout, pl, pieces), pl.n_parts)
-        sent = np.zeros_like(recv)
-        if recv.shape[1]:
-            np.add.at(sent, (pieces["src"], pieces["round"]), pieces["end"] - pieces["start"])
-        xfer = np.where(recv > 0, (cost.kv_token_cost * recv + cost.round_cost) / 2, 0.0)
-        ret = np.where(sent > 0, (cost.kv_token_cost * sent + cost.round_cost) / 2, 0.0)
-        t = (simulate_forward(f * local, xfer, f * rwork, peers, eager=budget is None)
-             + simulate_backward(b * local, xfer, b * rwork, peers, ret, budget is not None))
+        tab = round_tables(pieces, piece_remote_work(layout, pl, pieces), pl.n_parts)
+        xfer = np.where(tab.recv > 0, (cost.kv_token_cost * tab.recv + cost.round_cost) / 2, 0.0)
+        ret = np.where(tab.sent > 0, (cost.kv_token_cost * tab.sent + cost.round_cost) / 2, 0.0)
+        shape = pipeline_shape(pieces.n_rounds, budget is not None)
+        t = (simulate_steps(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers)
+             + simulate_steps(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret))
         out[order] = (float(t.max()), pieces)
     return out
 

@@ -23,8 +23,10 @@ import torch
 
 from ..kernels.base import Segment, VarlenSpec
 from .layout import Layout
-from .pipeline import split_rounds  # noqa: F401  (re-exported: the planner's round splitting)
+from .pipeline import PipelineShape, pipeline_shape
+
 from .placement import Placement
+from .rounds import RoundPieces
 
 
 def ranges_to_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -46,7 +48,7 @@ Runs = tuple[tuple[int, int], ...]  # (start, stop) of consecutive rows
 def index_runs(idx: np.ndarray) -> Runs | None:
     """``idx`` as runs of consecutive rows, ``((start, stop), ...)``, or None when there are more than
     :data:`MAX_RUNS` (the runtime then gathers with ``index_select``). Slicing is a view for one run
-    and a memcpy-speed concatenation for a few: on CPU about 3x faster than ``index_select``."""
+    and a memcpy-speed concatenation for a few, cheaper than ``index_select`` on CPU."""
     if idx.shape[0] == 0:
         return ()
     br = np.nonzero(np.diff(idx) != 1)[0] + 1  # [n_runs - 1] positions where a run starts
@@ -117,8 +119,9 @@ class Round:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Everything one part executes per layer. ``n_local``: its token count; ``keep_recv``: keep the
-    received KV for the backward (no receive budget) rather than fetching it again."""
+    """Everything one part executes per layer. ``n_local``: its token count; ``keep_recv``: the plan has
+    no receive budget (the received KV is kept for the backward rather than fetched again; with a
+    budget, :attr:`shape` says when it is kept anyway)."""
 
     part: int
     n_local: int
@@ -131,6 +134,12 @@ class Schedule:
         """A copy whose index tensors live on ``device`` (host plans, device execution)."""
         return Schedule(self.part, self.n_local, None if self.local_item is None else self.local_item.to(device),
                         tuple(r.to(device) for r in self.rounds), self.meta, self.keep_recv)
+
+    @property
+    def shape(self) -> PipelineShape:
+        """How the runtime runs these rounds (:func:`~hf_hsap.plan.pipeline.pipeline_shape`; a receive
+        budget when ``keep_recv`` is False)."""
+        return pipeline_shape(len(self.rounds), bounded=not self.keep_recv)
 
     @property
     def recv_tokens(self) -> int:
@@ -195,7 +204,7 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
     return tuple(items)
 
 
-def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray], part: int,
+def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int,
                      keep_recv: bool = True) -> Schedule:
     """Compile the schedule of ``part`` from a placement and its (round-split) transfers."""
     lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
@@ -208,17 +217,16 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: dict[str, np.ndarray
         cu = tuple(np.concatenate([doc_first_local, [n_local]]).tolist())
         spec = VarlenSpec(cu, cu, True)
         local_item = WorkItem(spec, "local", None, None, segments=tuple(spec.segments()))
-    n_rounds = int(pieces["round"].max()) + 1 if pieces["round"].shape[0] else 0
     rounds = []
-    for t in range(n_rounds):
-        in_t = pieces["round"] == t
-        rm = in_t & (pieces["dst"] == part)
-        sm = in_t & (pieces["src"] == part)
-        r_len = pieces["end"][rm] - pieces["start"][rm]
-        s_len = pieces["end"][sm] - pieces["start"][sm]
+    for t in range(pieces.n_rounds):
+        in_t = pieces.round == t
+        rm = in_t & (pieces.dst == part)
+        sm = in_t & (pieces.src == part)
+        r_len = pieces.end[rm] - pieces.start[rm]
+        s_len = pieces.end[sm] - pieces.start[sm]
         k_off = np.cumsum(r_len) - r_len
-        send_idx = ranges_to_index(pieces["src_local"][sm], s_len)
-        items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces["start"][rm], pieces["end"][rm], k_off)
-        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces["dst"][sm], s_len),
-                            _splits(pieces["src"][rm], r_len), int(r_len.sum()), items, index_runs(send_idx)))
+        send_idx = ranges_to_index(pieces.src_local[sm], s_len)
+        items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces.start[rm], pieces.end[rm], k_off)
+        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces.dst[sm], s_len),
+                            _splits(pieces.src[rm], r_len), int(r_len.sum()), items, index_runs(send_idx)))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)

@@ -19,20 +19,16 @@ import pytest
 import torch
 
 import hf_hsap
-from hf_hsap.comm.loopback import run_plan_loopback
+from hf_hsap.loopback import run_plan_loopback
 from hf_hsap.kernels import MathKernel, reference_attention, select_kernel
 from hf_hsap.testing import check_kernel_against_reference
+from helpers import rel_err
 
 DEV = torch.device(os.environ.get("HSAP_CHECK_DEVICE", "cuda"))  # "cpu": dry run of these checks' logic
 if DEV.type == "cuda" and not torch.cuda.is_available():
     raise SystemExit("tests/cuda/check_cuda.py needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)")
 RUNTIME_SHAPES = [(37, 37), (1024, 1024), (300, 300), (65, 200), (128, 257), (1, 9), (513, 2000)]
 EDGE_SHAPES = [(200, 65), (9, 1), (16, 16), (0, 5), (5, 0)]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def _check_kernel(kernel, dtype: torch.dtype, shapes, causal: bool, tol: float) -> None:
@@ -69,9 +65,9 @@ def test_sap_runtime_on_one_gpu(P: int, rounds: str, budget: int | None) -> None
     ref_out, ref_lse = reference_attention(qr, kr, vr, torch.from_numpy(cu))
     ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
     out, lse, dq, dk, dv, stats = run_plan_loopback(plan, *(x.bfloat16() for x in (q, k, v, dout)))
-    assert _rel(lse, ref_lse) < 1e-2
+    assert rel_err(lse, ref_lse) < 1e-2
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
-        assert _rel(got, want) < 3e-2, f"{name}: {_rel(got, want):.2e}"
+        assert rel_err(got, want) < 3e-2, f"{name}: {rel_err(got, want):.2e}"
     assert sum(s.rows_recv for s in stats) > 0
 
 
@@ -105,9 +101,9 @@ def test_packed_model_matches_documents_alone() -> None:
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=DEV.type == "cuda"):
         logits = hsap(input_ids=ids, position_ids=pos).logits  # bf16 attention through the flash kernel
     (logits[0].float() * w).sum().backward()
-    assert _rel(logits.float(), ref) < 5e-2  # bf16 autocast against fp32; a wrong mask is off by O(1)
+    assert rel_err(logits.float(), ref) < 5e-2  # bf16 autocast against fp32; a wrong mask is off by O(1)
     grads = dict(eager.named_parameters())
-    worst = max(_rel(p.grad, grads[n].grad) for n, p in hsap.named_parameters())
+    worst = max(rel_err(p.grad, grads[n].grad) for n, p in hsap.named_parameters())
     assert worst < 1e-1, worst
 
 

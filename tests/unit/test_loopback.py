@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import hf_hsap
-from hf_hsap.comm.loopback import LoopbackHub, run_plan_loopback
+from hf_hsap.comm.loopback import LoopbackHub
+from hf_hsap.loopback import run_plan_loopback
 from hf_hsap.comm.p2p import HSAPCommError
 from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, reference_attention
 
@@ -79,7 +80,7 @@ def test_loopback_matches_reference(P: int, placement: str, rounds: str, budget:
     for got, want in zip((out, lse, dq, dk, dv), (ref_out, ref_lse, *ref_grads)):
         assert _rel(got, want) < 1e-10
     # forward KV rows (once, or again in the backward under a budget) plus the dK/dV rows returned
-    recv_kv = plan.stats()["recv_kv_tokens"]
+    recv_kv = plan.stats().recv_kv_tokens
     fetches = 1 if budget is None else 2
     for p, s in enumerate(stats):
         assert s.rows_recv == fetches * recv_kv[p] + sum(int(r.send_index.shape[0]) for r in plan.schedule(p).rounds)

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap
-from hf_hsap.plan.pipeline import piece_remote_work, round_tables, simulate_backward, simulate_forward, split_rounds
+from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
+from hf_hsap.plan.rounds import piece_remote_work, round_tables, split_rounds
 
 
 def _plan(lengths, P, placement="zigzag", U=1):
@@ -16,7 +17,7 @@ def _plan(lengths, P, placement="zigzag", U=1):
 def _rows(pieces):
     """Multiset of (dst, src, global token) rows a set of pieces moves."""
     out = []
-    for d, s, a, b in zip(pieces["dst"], pieces["src"], pieces["start"], pieces["end"]):
+    for d, s, a, b in zip(pieces.dst, pieces.src, pieces.start, pieces.end):
         out += [(int(d), int(s), t) for t in range(int(a), int(b))]
     return sorted(out)
 
@@ -33,20 +34,20 @@ def test_orders_move_the_same_rows(lengths, P, placement, budget):
     by_peer = split_rounds(tr, R, budget, "by_peer")
     assert _rows(batched) == _rows(by_peer) == _rows(split_rounds(tr, R, None, "batched"))
     for pieces in (batched, by_peer):
-        n = pieces["end"] - pieces["start"]
+        n = pieces.end - pieces.start
         assert (n > 0).all()
-        if pieces["round"].shape[0]:
-            used = np.unique(pieces["round"])
+        if pieces.round.shape[0]:
+            used = np.unique(pieces.round)
             assert used.tolist() == list(range(len(used))), "rounds are numbered densely"
         if budget is not None:
-            for t in np.unique(pieces["round"]):
-                m = pieces["round"] == t
-                assert np.bincount(pieces["dst"][m], weights=n[m]).max() <= budget
-                assert np.bincount(pieces["src"][m], weights=n[m]).max() <= budget
+            for t in np.unique(pieces.round):
+                m = pieces.round == t
+                assert np.bincount(pieces.dst[m], weights=n[m]).max() <= budget
+                assert np.bincount(pieces.src[m], weights=n[m]).max() <= budget
     # by_peer: one ring distance per round, so one sender per receiver and one receiver per sender
-    for t in np.unique(by_peer["round"]):
-        m = by_peer["round"] == t
-        pairs = set(zip(by_peer["dst"][m].tolist(), by_peer["src"][m].tolist()))
+    for t in np.unique(by_peer.round):
+        m = by_peer.round == t
+        pairs = set(zip(by_peer.dst[m].tolist(), by_peer.src[m].tolist()))
         assert len({d for d, _ in pairs}) == len(pairs) == len({s for _, s in pairs})
         assert len({(d - s) % R for d, s in pairs}) == 1
 
@@ -63,16 +64,16 @@ def test_remote_work_per_round_sums_to_the_plan(lengths, P, placement, order):
     pieces = split_rounds(plan.transfers, plan.n_parts, 7, order)
     work = piece_remote_work(plan.layout, plan.placement, pieces)
     st_ = plan.stats()
-    _, rwork, _ = round_tables(pieces, work, plan.n_parts)
-    expect = np.array(st_["attn_work"], dtype=float) - np.array(st_["local_attn_work"], dtype=float)
+    rwork = round_tables(pieces, work, plan.n_parts).remote_work
+    expect = np.array(st_.attn_work, dtype=float) - np.array(st_.local_attn_work, dtype=float)
     assert np.allclose(rwork.sum(1), expect)
     cu = np.concatenate([[0], np.cumsum(lengths)])
     doc = np.searchsorted(cu, np.arange(cu[-1]), side="right") - 1
     owner = np.empty(cu[-1], dtype=int)
     for r in range(plan.n_parts):
         owner[plan.part_token_indices(r)] = r
-    for i in range(pieces["start"].shape[0]):  # brute force: receiver queries that see the piece
-        a, b, d = pieces["start"][i], pieces["end"][i], pieces["dst"][i]
+    for i in range(pieces.start.shape[0]):  # brute force: receiver queries that see the piece
+        a, b, d = pieces.start[i], pieces.end[i], pieces.dst[i]
         q = np.nonzero((owner == d) & (doc == doc[a]) & (np.arange(cu[-1]) >= b))[0]
         assert work[i] == (b - a) * q.shape[0]
 

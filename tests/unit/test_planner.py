@@ -60,20 +60,20 @@ def test_plan_is_minimal_partition_and_counts_exactly(lengths, P, U, placement):
     assert set(got) == brute_force_need(owner, cu, plan.n_parts)
     # stats
     st_ = plan.stats()
-    assert sum(st_["tokens"]) == T
+    assert sum(st_.tokens) == T
     L = np.asarray(lengths)
-    assert sum(st_["attn_work"]) == pytest.approx(int((L * (L + 1) // 2).sum()))
+    assert sum(st_.attn_work) == pytest.approx(int((L * (L + 1) // 2).sum()))
     doc_of = np.searchsorted(cu, np.arange(T), side="right") - 1
     for r in range(size):
-        assert st_["recv_kv_tokens"][r] == sum(1 for (d, _) in got if d == r // U)
+        assert st_.recv_kv_tokens[r] == sum(1 for (d, _) in got if d == r // U)
         held = plan.part_token_indices(r // U)
         same_doc = doc_of[held][:, None] == doc_of[held][None, :]
         local_pairs = int((same_doc & (held[None, :] <= held[:, None])).sum())
-        assert st_["local_attn_work"][r] == pytest.approx(local_pairs / U)
+        assert st_.local_attn_work[r] == pytest.approx(local_pairs / U)
     # compiled schedules receive exactly the transfers, and every remote key is used
     for part in range(plan.n_parts):
         sched = plan.schedule(part)
-        assert sched.recv_tokens == st_["recv_kv_tokens"][part * U]
+        assert sched.recv_tokens == st_.recv_kv_tokens[part * U]
         assert sched.n_local == len(plan.part_token_indices(part))
 
 
@@ -85,7 +85,7 @@ def test_token_bound(placement, dist):
     T, P = 131072, 8
     plan = plan_sequence(cu_of(doc_lengths(dist, T, 0)), P, placement)
     eps = 0.10 if placement == "balanced" else 0.0
-    assert max(plan.stats()["tokens"]) <= int(np.ceil(T / P) * (1 + eps))
+    assert max(plan.stats().tokens) <= int(np.ceil(T / P) * (1 + eps))
 
 
 @settings(max_examples=40, deadline=None)
@@ -99,9 +99,9 @@ def test_rounds_respect_budget_and_cover_transfers(lengths, budget):
         sched = plan.schedule(part)
         assert all(r.recv_total <= budget for r in sched.rounds)
         assert all(r.send_index.shape[0] <= budget for r in sched.rounds)
-        assert sched.recv_tokens == plan.stats()["recv_kv_tokens"][part]
+        assert sched.recv_tokens == plan.stats().recv_kv_tokens[part]
     sent = sum(plan.schedule(p).send_tokens for p in range(3))
-    assert sent == sum(plan.stats()["recv_kv_tokens"])
+    assert sent == sum(plan.stats().recv_kv_tokens)
 
 
 def test_cache_returns_same_plan():
@@ -208,7 +208,7 @@ def test_sap_link_and_default_cost():
     one_node = hf_hsap.plan_sequence(cu, 8, gpus_per_node=8).stats()
     network = hf_hsap.plan_sequence(cu, 8).stats()
     assert one_node == hf_hsap.plan_sequence(cu, 8, cost=hf_hsap.CostModel.nvlink()).stats()
-    assert max(one_node["tokens"]) <= max(network["tokens"])
+    assert max(one_node.tokens) <= max(network.tokens)
 
 
 def test_shard_batch_plans_with_its_config():
@@ -284,7 +284,7 @@ def test_index_runs_cover_the_index_in_order(rows, shuffle):
 
 @pytest.mark.parametrize("U", [1, 2])
 def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
-    """``stats()["est_time"]``: token_cost * tokens + max(local, kv_token_cost * recv) + remote, per part,
+    """``stats().est_time``: token_cost * tokens + max(local, kv_token_cost * recv) + remote, per part,
     split over its U ranks, with the all-to-all's share added to the token cost for U > 1; computed here
     from the other per-rank figures of the same stats."""
     cost = CostModel(token_cost=50.0, kv_token_cost=7.0, round_cost=1.0, a2a_token_cost=3.0)
@@ -294,11 +294,11 @@ def test_est_time_is_the_cost_models_step_time_of_each_rank(U: int) -> None:
     st = plan.stats()
     for r in range(4):
         part = [q for q in range(4) if q // U == r // U]
-        tokens = sum(st["tokens"][q] for q in part)  # the part's tokens
-        work, local = st["attn_work"][r] * U, st["local_attn_work"][r] * U  # the part's pairs (all heads)
-        want = token_cost * tokens + max(local, cost.kv_token_cost * st["recv_kv_tokens"][r]) + work - local
-        assert st["est_time"][r] == pytest.approx(want / U, rel=1e-12)
-    assert "est_time" in plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "auto").stats()
+        tokens = sum(st.tokens[q] for q in part)  # the part's tokens
+        work, local = st.attn_work[r] * U, st.local_attn_work[r] * U  # the part's pairs (all heads)
+        want = token_cost * tokens + max(local, cost.kv_token_cost * st.recv_kv_tokens[r]) + work - local
+        assert st.est_time[r] == pytest.approx(want / U, rel=1e-12)
+    assert len(plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 4, "auto").stats().est_time) == 4
 
 
 @pytest.mark.parametrize("bad", [{"token_cost": -1.0}, {"kv_token_cost": float("nan")}, {"round_cost": "60000"},

@@ -1,0 +1,205 @@
+"""Plan: what the planner decided for one layout and one group, as data.
+
+A :class:`Plan` holds the layout, the :class:`~hf_hsap.plan.group.GroupSpec`, the placement, the
+transfers, the round pieces and the cost model it was made with; compiled schedules and token indices
+are derived from them on first use and cached on the plan. It knows no process group: binding a plan to
+one (and the collectives that need one, such as ``gather``) is :class:`hf_hsap.sp_plan.SPPlan`.
+
+Vocabulary: a *part* is one of the ``R = P / U`` units of the placement (an intra group of ``U`` ranks);
+its tokens are cut into ``U`` consecutive *intra slices*, slice ``u`` on intra rank ``u``
+(:meth:`Plan.intra_bounds`); a *piece* is a run of KV tokens sent in one round
+(:class:`~hf_hsap.plan.rounds.RoundPieces`); a *shard* is one rank's tokens of a global tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .cost import CostModel, local_work_per_part, part_times
+from .group import GroupSpec
+from .layout import Layout
+from .pipeline import PipelineShape, pipeline_shape
+from .placement import Placement
+from .rounds import RoundPieces, piece_remote_work, round_tables
+from .schedule import Schedule, compile_schedule, ranges_to_index
+from .stats import PlanStats
+from .transfers import Transfers
+
+
+@dataclass(eq=False)
+class Plan:
+    """For one layout and one SP group: the placement, the KV each part needs from each peer, and the
+    compiled per-part schedules. Tokens of a rank are in *plan order* (sorted by global position).
+
+    With ``U > 1`` the placement is made at group granularity (``R`` parts of ``U`` ranks); inside a
+    part, the part's tokens are cut into ``U`` consecutive intra slices, slice ``u`` on intra rank ``u``.
+
+    Attributes:
+        layout: the documents. group: the group it was planned for. placement, transfers: what each
+        part holds and receives. pieces: the transfers cut into rounds. round_order: ``"batched"`` or
+        ``"by_peer"``. recv_budget_tokens: the receive budget (None: none). cost: the cost model used.
+    """
+
+    layout: Layout
+    group: GroupSpec
+    placement: Placement
+    transfers: Transfers
+    pieces: RoundPieces
+    round_order: str
+    recv_budget_tokens: int | None
+    cost: CostModel
+    _schedules: dict = field(default_factory=dict, init=False, repr=False)
+    _device_schedules: dict = field(default_factory=dict, init=False, repr=False)
+    _part_tokens: dict = field(default_factory=dict, init=False, repr=False)
+
+    # ----------------------------------------------------------------------------- the group
+    @property
+    def size(self) -> int:
+        """P: ranks of the group."""
+        return self.group.size
+
+    @property
+    def ulysses_size(self) -> int:
+        return self.group.ulysses_size
+
+    @property
+    def rank(self) -> int | None:
+        """The planning rank (None for an offline plan)."""
+        return self.group.rank
+
+    @property
+    def n_parts(self) -> int:
+        """R: parts of the placement (SP size / Ulysses size)."""
+        return self.placement.n_parts
+
+    @property
+    def total_tokens(self) -> int:
+        return self.layout.total_tokens
+
+    @property
+    def placement_name(self) -> str:
+        return self.placement.name
+
+    @property
+    def shape(self) -> PipelineShape:
+        """How the runtime runs this plan's rounds (:func:`~hf_hsap.plan.pipeline.pipeline_shape`)."""
+        return pipeline_shape(self.pieces.n_rounds, self.recv_budget_tokens is not None)
+
+    def _resolve(self, rank: int | None) -> int:
+        r = self.rank if rank is None else rank
+        if r is None:
+            raise ValueError("this plan was made offline (int group size): pass rank=...")
+        if not 0 <= r < self.size:
+            raise ValueError(f"rank {r} out of range for SP size {self.size}")
+        return r
+
+    # ----------------------------------------------------------------------------- tokens
+    def part_token_indices(self, part: int) -> np.ndarray:
+        """Global positions held by a part, in plan order. Shape ``[n_part_tokens]``."""
+        if part not in self._part_tokens:
+            lo, hi = self.placement.part_ptr[part], self.placement.part_ptr[part + 1]
+            pl = self.placement
+            self._part_tokens[part] = ranges_to_index(pl.start[lo:hi], pl.end[lo:hi] - pl.start[lo:hi])
+        return self._part_tokens[part]
+
+    def intra_bounds(self, part: int) -> np.ndarray:
+        """``[U + 1]`` offsets of the intra slices of a part's tokens (slice ``u`` is
+        ``part_token_indices(part)[b[u]:b[u + 1]]``, held by intra rank ``u``)."""
+        n = self.part_token_indices(part).shape[0]
+        U = self.ulysses_size
+        return (np.arange(U + 1, dtype=np.int64) * n) // U  # [U + 1]
+
+    def intra_sizes(self, part: int) -> tuple[int, ...]:
+        """Tokens of each intra slice of a part (what the intra all-to-all exchanges), ``[U]``."""
+        b = self.intra_bounds(part)
+        return tuple(int(x) for x in (b[1:] - b[:-1]))
+
+    def local_token_indices(self, rank: int | None = None) -> torch.Tensor:
+        """Global positions held by ``rank`` (default: this rank), in local order. ``[T_local]`` int64."""
+        part, u = divmod(self._resolve(rank), self.ulysses_size)
+        b = self.intra_bounds(part)
+        return torch.from_numpy(self.part_token_indices(part)[b[u]:b[u + 1]])
+
+    def num_local_tokens(self, rank: int | None = None) -> int:
+        part, u = divmod(self._resolve(rank), self.ulysses_size)
+        b = self.intra_bounds(part)
+        return int(b[u + 1] - b[u])
+
+    def shard(self, x: torch.Tensor, dim: int = 0, rank: int | None = None) -> torch.Tensor:
+        """This rank's tokens of a global tensor. Shapes: ``[..., T, ...] -> [..., T_local, ...]``."""
+        if x.shape[dim] != self.total_tokens:
+            raise ValueError(f"shard: dim {dim} has {x.shape[dim]} tokens but the plan covers "
+                             f"{self.total_tokens}; pass the global (flattened) batch")
+        idx = self.local_token_indices(rank).to(x.device)
+        return x.index_select(dim, idx)
+
+    def unshard(self, shards: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+        """Inverse of :meth:`shard` given every rank's shard (in SP rank order).
+        Shapes: ``P x [..., T_local(r), ...] -> [..., T, ...]``."""
+        if len(shards) != self.size:
+            raise ValueError(f"unshard needs {self.size} pieces, got {len(shards)}")
+        cat = torch.cat(shards, dim=dim)
+        order = torch.cat([self.local_token_indices(r) for r in range(self.size)]).to(cat.device)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.shape[0], device=order.device)
+        return cat.index_select(dim, inv)
+
+    def gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """All ranks' shards back in global order. A plan of one rank needs no collective; larger
+        groups gather through the plan bound to their process groups (:class:`hf_hsap.sp_plan.SPPlan`,
+        what ``hf_hsap.plan_sequence(cu_seqlens, sp)`` returns)."""
+        if self.size == 1:
+            return self.unshard([x], dim)
+        raise ValueError("gather needs a plan made with an SPGroup; offline plans use unshard()")
+
+    # ----------------------------------------------------------------------------- schedule
+    def schedule(self, part: int | None = None, device: torch.device | str | None = None) -> Schedule:
+        """The compiled schedule of a part (default: this rank's), built once and cached; with
+        ``device``, a copy whose index tensors live there (cached too: one host-to-device copy per plan)."""
+        if part is None:
+            part = self._resolve(None) // self.ulysses_size
+        if part not in self._schedules:
+            self._schedules[part] = compile_schedule(self.layout, self.placement, self.pieces, part,
+                                                     keep_recv=self.recv_budget_tokens is None)
+        sched = self._schedules[part]
+        if device is None or torch.device(device).type == "cpu":
+            return sched
+        key = (part, str(torch.device(device)))
+        if key not in self._device_schedules:
+            self._device_schedules[key] = sched.to(torch.device(device))
+        return self._device_schedules[key]
+
+    # ----------------------------------------------------------------------------- stats
+    def stats(self) -> PlanStats:
+        """Exact per-rank figures of what the runtime executes (:class:`~hf_hsap.plan.stats.PlanStats`)."""
+        pl, U = self.placement, self.ulysses_size
+        work = pl.work_per_part(self.layout)
+        local = local_work_per_part(self.layout, pl)
+        ptok = pl.tokens_per_part()
+        lengths = self.transfers.lengths
+        recv = np.bincount(self.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        send = np.bincount(self.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        ranks = range(self.size)
+        pc, R = self.pieces, pl.n_parts
+        tab = round_tables(pc, piece_remote_work(self.layout, pl, pc), R)
+        mat = np.zeros((pc.n_rounds, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
+        np.add.at(mat, (pc.round, pc.dst, pc.src), pc.lengths)
+        per_part = part_times(self.layout, pl, self.transfers, self.cost)  # [R]
+        return PlanStats(
+            placement=pl.name,
+            round_order=self.round_order,
+            tokens=[self.num_local_tokens(r) for r in ranks],
+            attn_work=[int(work[r // U]) / U if U > 1 else int(work[r]) for r in ranks],
+            local_attn_work=[int(local[r // U]) / U if U > 1 else int(local[r]) for r in ranks],
+            recv_kv_tokens=[int(recv[r // U]) for r in ranks],
+            send_kv_tokens=[int(send[r // U]) for r in ranks],
+            a2a_tokens=[int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
+            rounds=pc.n_rounds,
+            send_kv_pairs=self.transfers.pair_matrix(pl.n_parts).tolist(),
+            round_recv_kv=tab.recv.astype(np.int64).tolist(),
+            round_remote_work=tab.remote_work.tolist(),
+            round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
+            est_time=[float(t) / U for t in np.repeat(per_part, U)],
+        )

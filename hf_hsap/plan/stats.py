@@ -1,0 +1,68 @@
+"""PlanStats: the exact figures of what a plan's runtime executes, as a typed record.
+
+Lists are indexed by SP rank (``[P]``) unless said otherwise; with ``U > 1`` a rank computes its
+part's pairs for ``1 / U`` of the heads, so its work is counted as the part's pairs divided by ``U``.
+``benchmarks/``, ``hsap-plan`` and the tests read the attributes; :meth:`PlanStats.to_dict` gives the
+JSON form.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    """Per-rank figures of one plan (:meth:`hf_hsap.Plan.stats`).
+
+    Attributes:
+        placement: the placement's name. round_order: ``"batched"`` or ``"by_peer"``.
+        tokens: ``[P]`` tokens held.
+        attn_work: ``[P]`` (query, key) pairs computed.
+        local_attn_work: ``[P]`` the part of ``attn_work`` against the rank's own keys (runs while KV
+            is in flight).
+        recv_kv_tokens / send_kv_tokens: ``[P]`` KV tokens received / sent per layer in the forward
+            (between parts for ``U > 1``).
+        a2a_tokens: ``[P]`` tokens of q, k, v and out each rank moves through the intra all-to-all per
+            layer forward (0 for ``U == 1``).
+        rounds: number of communication rounds.
+        send_kv_pairs: ``[R][R]`` KV tokens part i sends to part j.
+        round_recv_kv / round_remote_work: ``[R][rounds]`` KV tokens received and pairs against them,
+            per part and round.
+        round_transfers: ``[rounds]`` lists of ``(dst, src, KV tokens)`` between parts in the round.
+        est_time: ``[P]`` the cost model's step time of each rank in attention pairs
+            (``token_cost * tokens + max(local work, kv_token_cost * recv) + remote work`` of its part,
+            divided by ``U``; round latency and the ``by_peer`` overlap left out): ``placement="auto"``
+            keeps the candidate whose largest estimate is the smallest.
+    """
+
+    placement: str
+    round_order: str
+    tokens: list[int]
+    attn_work: list[float]
+    local_attn_work: list[float]
+    recv_kv_tokens: list[int]
+    send_kv_tokens: list[int]
+    a2a_tokens: list[int]
+    rounds: int
+    send_kv_pairs: list[list[int]]
+    round_recv_kv: list[list[int]]
+    round_remote_work: list[list[float]]
+    round_transfers: list[list[list[int]]]
+    est_time: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as a plain (JSON-ready) dict keyed by attribute name."""
+        return dataclasses.asdict(self)
+
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated dict-style access (``stats["tokens"]``); use the attribute (``stats.tokens``)."""
+        warnings.warn(f"Plan.stats()[{key!r}] is deprecated and will be removed in the next release; read the "
+                      f"attribute: Plan.stats().{key} (PlanStats.to_dict() gives a dict)", FutureWarning,
+                      stacklevel=2)
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None

@@ -1,0 +1,173 @@
+"""The one table of GPU kinds and model shapes (``hf_hsap.hardware``), and the four places that read it.
+
+Device names are passed in (``torch.cuda.get_device_name`` is patched where a caller queries it), so
+every check runs without a GPU.
+"""
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import benchmarks.cost_model as bcm
+import benchmarks.gpu_calibrate as gcal
+import hf_hsap.devices as devices
+from hf_hsap import HSAPConfig, hardware
+from hf_hsap.plan.cost import HARDWARE_LINKS, CostModel
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3 = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
+NAMES = {  # torch.cuda.get_device_name() strings -> the table's key (None: unknown)
+    "NVIDIA A100-SXM4-80GB": "A100", "NVIDIA A100-PCIE-40GB": "A100", "NVIDIA A800-SXM4-80GB": "A100",
+    "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H100 PCIe": "H100", "NVIDIA H200": "H100", "NVIDIA H800": "H100",
+    "NVIDIA GH200 480GB": "H100", "NVIDIA B200": "B200", "NVIDIA GB200": "GB200", "NVIDIA L40S": "L40S",
+    "NVIDIA L40": "L40", "NVIDIA L4": "L4", "NVIDIA A10G": "A10G", "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "Tesla V100-SXM2-16GB": "V100", "AMD Instinct MI300X": "MI300X",
+    "NVIDIA A10": None, "Tesla T4": None, "NVIDIA H20": None, "cpu": None, "": None,
+}
+
+
+def _common():
+    """``recipes/common.py`` (a namespace package: the repository root is on the path)."""
+    return importlib.import_module("recipes.common")
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of the modules a source file imports (relative imports as ``.name``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add("." * node.level + (node.module or "").split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("name,key", NAMES.items())
+def test_device_name_mapping(name, key):
+    assert hardware.hardware_for_device_name(name) == key
+    want_peak = None if key is None else hardware.gpu_kind(key).peak_bf16_flops
+    assert hardware.peak_flops_for_device_name(name) == want_peak
+    want_cost = key if key in ("A100", "H100", "B200", "GB200") else "A100"
+    assert hardware.cost_hardware_for_device_name(name) == want_cost
+
+
+def test_resolved_figures():
+    """One value per GPU: Hopper variants are an H100; Blackwell has its own figures; A100 / H100 unchanged."""
+    peak = hardware.peak_flops_for_device_name
+    assert peak("NVIDIA H200") == peak("NVIDIA GH200 480GB") == peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak("NVIDIA B200") == 2.25e15 and peak("NVIDIA GB200") == 2.5e15
+    assert peak("NVIDIA A100-SXM4-80GB") == peak("NVIDIA A800-SXM4-80GB") == 312e12
+    assert dict(HARDWARE_LINKS) == {"A100": (312e12, 300e9, 25e9), "H100": (989e12, 450e9, 50e9),
+                                    "B200": (2.25e15, 900e9, 50e9), "GB200": (2.5e15, 900e9, 50e9)}
+    assert hardware.cost_model_kinds() == tuple(HARDWARE_LINKS)
+    assert hardware.cost_hardware_for_device_name(None) == hardware.DEFAULT_HARDWARE == "A100"
+
+
+def test_table_is_consistent():
+    keys = [k.key for k in hardware.GPU_KINDS]
+    assert len(keys) == len(set(keys))
+    subs = [s for k in hardware.GPU_KINDS for s in k.name_substrings]
+    assert len(subs) == len(set(subs))  # a substring names one kind
+    for kind in hardware.GPU_KINDS:
+        assert kind.peak_bf16_flops > 0
+        for sub in kind.name_substrings:  # longest match wins: "GB200" is not a B200, "L40S" not an L4
+            assert hardware.hardware_for_device_name(f"NVIDIA {sub} 80GB") == kind.key, sub
+    with pytest.raises(ValueError, match="unknown hardware 'TPU'.*A100"):
+        hardware.gpu_kind("TPU")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hardware.GPU_KINDS[0].peak_bf16_flops = 1.0
+    with pytest.raises(TypeError):
+        HARDWARE_LINKS["A100"] = (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_recipes_and_calibration_read_the_table(monkeypatch, name):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    cuda = torch.device("cuda")
+    peak = hardware.peak_flops_for_device_name(name)
+    assert _common().guess_peak_flops(cuda, None) == peak
+    assert _common().guess_peak_flops(cuda, 100.0) == 100e12  # --peak_tflops wins
+    key = hardware.hardware_for_device_name(name)
+    want = (name, key, peak) if key is not None else (name, name.replace(" ", "_"), None)
+    assert gcal.device_peak(cuda, torch.bfloat16) == want
+    assert gcal.peak_for_device_name(name) == want[1:]
+
+
+def test_recipes_and_calibration_have_no_table_of_their_own(monkeypatch):
+    """A kind added to the one table is seen by both: they hold no copy."""
+    fake = hardware.GPUKind("ZZ9000", ("ZZ9000",), 7e15)
+    monkeypatch.setattr(hardware, "GPU_KINDS", (*hardware.GPU_KINDS, fake))
+    monkeypatch.setattr(hardware, "_BY_KEY", {**hardware._BY_KEY, "ZZ9000": fake})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA ZZ9000 SXM")
+    assert _common().guess_peak_flops(torch.device("cuda"), None) == 7e15
+    assert gcal.device_peak(torch.device("cuda"), torch.bfloat16) == ("NVIDIA ZZ9000 SXM", "ZZ9000", 7e15)
+
+
+def test_cpu_has_no_peak():
+    assert _common().guess_peak_flops(torch.device("cpu"), None) is None
+    assert gcal.device_peak(torch.device("cpu"), torch.float32) == ("cpu", "cpu", None)
+    assert gcal.PEAKS["H200"] == ("H100", 989e12) and gcal.PEAKS["B200"] == ("B200", 2.25e15)
+
+
+def test_benchmark_cost_model_reads_the_table():
+    assert set(bcm.HARDWARE) == {"A100", "H100"}
+    for key, spec in bcm.HARDWARE.items():
+        kind = hardware.gpu_kind(key)
+        assert (spec.name, spec.peak_flops, spec.intra_bw, spec.inter_bw, spec.gpus_per_node) == (
+            key, kind.peak_bf16_flops, kind.nvlink_bytes_per_s, kind.network_bytes_per_s, 8)
+        assert HARDWARE_LINKS[key] == (spec.peak_flops, spec.intra_bw, spec.inter_bw)
+    assert set(bcm.MODELS) == set(hardware.MODEL_SHAPES) == {"llama2-7b", "llama3-8b"}
+    for key, m in bcm.MODELS.items():
+        assert dataclasses.asdict(m) == dataclasses.asdict(hardware.MODEL_SHAPES[key])
+        assert m.params_per_layer == hardware.MODEL_SHAPES[key].params_per_layer
+        assert m.shape().kv_heads == m.kv_heads
+    assert bcm.MODELS["llama3-8b"].params_per_layer == 4096 * 128 * (64 + 16) + 3 * 4096 * 14336
+    assert bcm.HardwareSpec.from_table("B200").peak_flops == 2.25e15
+    with pytest.raises(ValueError, match="no link figures"):
+        bcm.HardwareSpec.from_table("L40S")
+
+
+def test_from_config_takes_an_explicit_hardware():
+    params = 4096 * 128 * (64 + 16) + 3 * 4096 * 14336
+    for hw, (peak, nvl, net) in (("A100", (312e12, 300e9, 25e9)), ("H100", (989e12, 450e9, 50e9))):
+        want = CostModel.from_shapes(32, 8, 128, params, net * 0.8, peak, alpha_s=20e-6, a2a_bytes_per_s=nvl * 0.8)
+        assert CostModel.from_config(LLAMA3, "network", hw) == want
+    assert CostModel.from_config(LLAMA3, "network") == CostModel.from_config(LLAMA3, "network", "A100")
+    assert CostModel.from_config(LLAMA3, "nvlink", "B200") != CostModel.from_config(LLAMA3, "nvlink", "H100")
+    with pytest.raises(ValueError, match=r"hf_hsap\.devices\.detect_hardware\(\)"):
+        CostModel.from_config(LLAMA3, "network", "auto")
+    with pytest.raises(ValueError, match="unknown hardware 'L40S'"):
+        CostModel.from_config(LLAMA3, "network", "L40S")  # in the table, but without link figures
+
+
+@pytest.mark.parametrize("available,name,key", [
+    (False, None, "A100"), (True, "NVIDIA H200", "H100"), (True, "NVIDIA GH200 480GB", "H100"),
+    (True, "NVIDIA B200", "B200"), (True, "NVIDIA L40S", "A100"), (True, "Tesla T4", "A100"),
+])
+def test_detect_hardware(monkeypatch, available, name, key):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert devices.device_name() == name
+    assert devices.detect_hardware() == key
+
+
+def test_cost_for_prices_the_detected_gpu(monkeypatch):
+    cfg = HSAPConfig(model_config=LLAMA3)
+    monkeypatch.setattr(devices, "detect_hardware", lambda: "H100")
+    h100 = CostModel.from_config(LLAMA3, "network", "H100")
+    assert cfg.cost_for("network") == h100 != CostModel.from_config(LLAMA3, "network", "A100")
+    monkeypatch.setattr(devices, "detect_hardware", lambda: "A100")
+    assert cfg.cost_for("network") == CostModel.from_config(LLAMA3, "network", "A100")
+
+
+def test_no_device_query_in_the_planner_and_pure_modules():
+    for f in sorted((ROOT / "hf_hsap" / "plan").glob("*.py")):
+        text = f.read_text()
+        for query in ("cuda.is_available", "get_device_name", "cuda.current_device", "get_device_properties"):
+            assert query not in text, f"{f.name} queries the device ({query})"
+    assert _imports(ROOT / "hf_hsap" / "hardware.py") <= {"__future__", "dataclasses", "types", "typing"}
+    assert _imports(ROOT / "hf_hsap" / "data" / "lengths.py") <= {"__future__", "types", "typing", "numpy"}
