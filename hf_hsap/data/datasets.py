@@ -19,6 +19,8 @@ from typing import Any
 
 import datasets as hf_datasets
 
+from ..log import get_logger
+
 __all__ = [
     "DATA_DIR",
     "default_data_dir",
@@ -27,6 +29,8 @@ __all__ = [
     "tokenize_corpus",
     "tokenizer_path",
 ]
+
+logger = get_logger(__name__)
 
 _SUFFIX_BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".parquet": "parquet"}
 _SFT_FORMATS = {
@@ -169,6 +173,10 @@ def tokenize_corpus(
         columns = list(next(iter(dataset)).keys())
     fmt = "text" if text_field in columns and text_field != "text" else _detect_format(list(columns))
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
+    if add_eos and not eos and fmt != "messages":
+        logger.warning("tokenize_corpus: add_eos=True but the tokenizer has no eos_token_id, so no EOS is appended "
+                       "and the model never learns where a document ends; set tokenizer.eos_token")
+    logger.info("tokenize_corpus: columns %s tokenized as %r", list(columns), fmt)
 
     def encode(texts: list[str]) -> list[list[int]]:
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -203,4 +211,7 @@ def tokenize_corpus(
     if isinstance(dataset, hf_datasets.Dataset):
         kwargs.update(num_proc=num_proc, desc=f"Tokenizing ({fmt})")
     ds = dataset.map(fn, **kwargs)
-    return ds.filter(lambda ex: len(ex["input_ids"]) > 0)
+    kept = ds.filter(lambda ex: len(ex["input_ids"]) > 0)
+    if isinstance(ds, hf_datasets.Dataset) and len(kept) < len(ds):
+        logger.info("tokenize_corpus: dropped %d of %d examples that tokenize to nothing", len(ds) - len(kept), len(ds))
+    return kept

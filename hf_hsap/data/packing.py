@@ -17,6 +17,7 @@ document, so the last token of one document never learns to predict the start of
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..log import get_logger, log_once
 from ..plan.layout import cu_seqlens_from_position_ids
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
 
 IGNORE_INDEX = -100
 _MASK_KEYS = ("completion_mask", "assistant_masks")
+
+logger = get_logger(__name__)
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -255,6 +259,7 @@ class PackingCollator:
         if len(examples) == 0:
             raise ValueError("PackingCollator got an empty batch; use a DataLoader batch_size >= 1")
         docs: list[tuple[np.ndarray, np.ndarray]] = []
+        too_long = cut_tokens = unmasked = 0  # for the log: over-long documents, tokens truncated, no masks
         for n, ex in enumerate(examples):
             if not isinstance(ex, Mapping) or "input_ids" not in ex:
                 raise ValueError(f"example {n} must be a dict with an 'input_ids' key; tokenize the dataset first")
@@ -271,6 +276,8 @@ class PackingCollator:
                     "token-for-token with input_ids (unshifted, -100 where no loss)"
                 )
             if self.completion_only_loss:
+                if ex.get("labels") is None and all(ex.get(key) is None for key in _MASK_KEYS):
+                    unmasked += 1
                 for key in _MASK_KEYS:
                     if ex.get(key) is None:
                         continue
@@ -296,12 +303,32 @@ class PackingCollator:
                 start = end
                 if d_ids.size <= self.max_length:
                     docs.append((d_ids, d_lab))
-                elif self.overflow == "truncate":
+                    continue
+                too_long += 1
+                if self.overflow == "truncate":
+                    cut_tokens += d_ids.size - self.max_length
                     docs.append((d_ids[: self.max_length], d_lab[: self.max_length]))
                 else:
                     for s in range(0, d_ids.size, self.max_length):
                         docs.append((d_ids[s : s + self.max_length], d_lab[s : s + self.max_length]))
+        if too_long or unmasked:
+            self._log_documents(len(examples), too_long, cut_tokens, unmasked)
         return docs
+
+    def _log_documents(self, examples: int, too_long: int, cut_tokens: int, unmasked: int) -> None:
+        """Say once per setting what :meth:`documents` cut (INFO) and which examples had no prompt mask (WARNING)."""
+        if too_long:
+            what = (f"truncated to their first {self.max_length} tokens ({cut_tokens} tokens dropped in the first "
+                    "such batch)" if self.overflow == "truncate"
+                    else f"split into pieces of at most {self.max_length} tokens, each its own document")
+            log_once(logger, logging.INFO, ("overflow", self.overflow, self.max_length),
+                     "PackingCollator: documents longer than max_length=%d are %s (%d of %d examples in the first "
+                     "such batch)", self.max_length, what, too_long, examples)
+        if unmasked:
+            log_once(logger, logging.WARNING, ("no completion mask", self.label_pad),
+                     "PackingCollator(completion_only_loss=True): %d of %d examples have neither completion_mask / "
+                     "assistant_masks nor labels, so their prompt tokens are trained on too; tokenize with "
+                     "hf_hsap.data.tokenize_corpus (prompt/completion or messages) or pass labels", unmasked, examples)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Pack ``examples`` into a batch; see the class docstring for the returned fields and shapes."""

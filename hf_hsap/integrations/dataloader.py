@@ -28,10 +28,13 @@ import torch
 from accelerate.utils import send_to_device
 
 from ..config import deprecated_property
+from ..log import get_logger
 from .batch_gather import gather_batches
 from .sharding import LAYOUT_KEYS, shard_batch
 
 __all__ = ["SPDataLoader"]
+
+logger = get_logger(__name__)
 
 # Attributes of the inner loader that must not be reached through the wrapper (see the module docstring).
 _NOT_FORWARDED = ("sampler", "batch_sampler")
@@ -112,6 +115,11 @@ class SPDataLoader:
         Returns:
             A new :class:`SPDataLoader` (this one is unchanged).
         """
+        size = int(self.sp.size)
+        total = self.skip_batches + int(num_batches)
+        logger.info("SPDataLoader: skipping the first %d SP batches%s: %d whole rounds of %d in the inner loader, "
+                    "then %d gathered and dropped", total, " of the first pass" if first_pass_only else "",
+                    total // size, size, total % size)
         return SPDataLoader(self.dataloader, self.sp, config=self.config, keep_num_items=self.keep_num_items,
                             verify=self.verify, skip_batches=self.skip_batches + int(num_batches),
                             skip_first_pass_only=first_pass_only,
@@ -166,6 +174,11 @@ class SPDataLoader:
                     yield self._local(batch, device)
             drop = 0
             if any(batch is None for batch in everyone):
+                if any(batch is not None for batch in everyone):
+                    logger.warning("SPDataLoader: the inner loaders of the SP group have different lengths (SP "
+                                   "ranks %s ran out first); the epoch ends here and the longer loaders' remaining "
+                                   "batches are not trained on; use equal lengths (Accelerate's even_batches=True)",
+                                   [r for r, batch in enumerate(everyone) if batch is None])
                 return
 
 
@@ -194,4 +207,6 @@ def _skip_inner(loader: Any, n: int) -> Any:
         from accelerate import skip_first_batches
 
         return skip_first_batches(loader, n)
+    logger.info("SPDataLoader: the inner loader is a %s, not an Accelerate loader: its first %d batches are loaded "
+                "and dropped to skip them", type(loader).__name__, n)
     return _SkippedIterable(loader, n)

@@ -3,7 +3,7 @@
 The ``"hsap"`` attention function (:mod:`.transformers`) turns its inputs into a :class:`LocalLayout`, the
 segments of one varlen call over the flattened ``B * L`` tokens. Where the documents come from:
 
-1. ``cu_seq_lens_q`` / ``cu_seq_lens_k`` in the kwargs (:func:`layout_from_cu`);
+1. ``cu_seq_lens_q`` / ``cu_seq_lens_k`` given to the attention function (:func:`layout_from_cu`);
 2. ``L_q == L_k`` (training, prefill, :func:`layout_same_length`): the mask function's document ids when it
    gave them (packing and chunk boundaries exactly as ``masking_utils`` defines them, also for models that
    do not forward ``position_ids`` to attention), else ``position_ids`` (a new document wherever the
@@ -14,7 +14,6 @@ segments of one varlen call over the flattened ``B * L`` tokens. Where the docum
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -100,6 +99,12 @@ def layout_same_length(
         mask: ``None``, a ``[B, L]`` bool padding mask, or the ``[B, L]`` integer document ids of
             :func:`document_ids` (``0`` = padding), which add their boundaries to those of ``position_ids``.
         device: where the index tensors go.
+
+    Returns:
+        The :class:`LocalLayout` (padded tokens left out when there is padding).
+
+    Raises:
+        ValueError: ``position_ids`` of the wrong shape, or a row whose valid tokens are not contiguous.
     """
     starts = torch.zeros(batch, length, dtype=torch.bool, device=device)  # [B, L]
     pos = _positions(position_ids, batch, length)
@@ -128,6 +133,17 @@ def layout_cached(batch: int, lq: int, lk: int, mask: torch.Tensor | None, devic
 
     ``mask`` ``[B, m]``: the padding of the first ``m <= lk`` key slots; slots past ``m`` are not filled
     yet (a static cache), so the last query sees exactly the ``m`` filled keys.
+
+    Args:
+        batch, lq, lk: ``B``, ``L_q`` and ``L_k`` (``L_k`` cache slots, ``L_q`` new tokens).
+        mask: ``None`` (all ``L_k`` slots filled, no padding) or ``[B, m]`` bool padding of the filled slots.
+        device: where the index tensors go.
+
+    Returns:
+        The :class:`LocalLayout`: one segment per row, queries aligned to the row's last filled key.
+
+    Raises:
+        ValueError: a mask longer than the cache or shorter than the queries, or padding not on the left.
     """
     if mask is None:
         return LocalLayout(tuple(range(0, batch * lq + 1, lq)), tuple(range(0, batch * lk + 1, lk)))
@@ -152,17 +168,30 @@ def layout_cached(batch: int, lq: int, lk: int, mask: torch.Tensor | None, devic
     return LocalLayout(cu_q, cu_k, q_index, k_index)
 
 
-def layout_from_cu(batch: int, lq: int, lk: int, kwargs: dict[str, Any], mask: torch.Tensor | None) -> "LocalLayout":
-    """Documents given explicitly by ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (flash-attention's padding-free form)."""
+def layout_from_cu(batch: int, lq: int, lk: int, cu_seq_lens_q: torch.Tensor, cu_seq_lens_k: torch.Tensor | None,
+                   mask: torch.Tensor | None) -> "LocalLayout":
+    """Documents given explicitly by ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (flash-attention's padding-free form).
+
+    Args:
+        batch, lq, lk: ``B``, ``L_q`` and ``L_k``.
+        cu_seq_lens_q: ``[n + 1]`` query document boundaries over the flattened ``B * L_q`` tokens.
+        cu_seq_lens_k: ``[n + 1]`` key boundaries over ``B * L_k``, or ``None`` (the same as the queries').
+        mask: ``None`` or the mask function's ``[B, L]`` integer document ids (their chunk boundaries split the
+            documents too); a padding mask is refused.
+
+    Returns:
+        The :class:`LocalLayout` (all tokens kept).
+
+    Raises:
+        ValueError: a padding mask, or boundaries that do not cover the flattened batch.
+    """
     if mask is not None and (mask.dtype == torch.bool or bool((mask <= 0).any())):
         raise ValueError(
             "attn_implementation='hsap' got both cu_seq_lens_q and a padding attention_mask; put padding into "
             "its own document in cu_seq_lens_q and drop the attention_mask"
         )
-    cu_q_t = kwargs["cu_seq_lens_q"]
-    cu_k_t = kwargs.get("cu_seq_lens_k")
-    cu_q = tuple(int(x) for x in cu_q_t.tolist())
-    cu_k = cu_q if cu_k_t is None else tuple(int(x) for x in cu_k_t.tolist())
+    cu_q = tuple(int(x) for x in cu_seq_lens_q.tolist())
+    cu_k = cu_q if cu_seq_lens_k is None else tuple(int(x) for x in cu_seq_lens_k.tolist())
     if cu_q[-1] != batch * lq or cu_k[-1] != batch * lk or cu_q[0] != 0 or len(cu_q) != len(cu_k):
         raise ValueError(
             f"cu_seq_lens_q/k must start at 0 and end at the flattened token counts {batch * lq} / {batch * lk}, "

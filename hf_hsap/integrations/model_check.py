@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-logger = logging.getLogger("hf_hsap")
+from ..log import get_logger
+
+logger = get_logger(__name__)
 
 __all__ = ["ATTENTION_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
            "chunked_attention_size",
@@ -232,8 +233,11 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
     try:
         param = next(model.parameters())
     except StopIteration:
+        logger.info("check_model: %s has no parameters; the 2-token probe is skipped", type(model).__name__)
         return None
     if param.device.type == "meta":
+        logger.info("check_model: %s has its weights on the meta device; the 2-token probe is skipped (the plan's "
+                    "use is still checked after every forward)", type(model).__name__)
         return None
     if hasattr(param, "ds_id") or hasattr(param, "ds_numel"):
         # DeepSpeed ZeRO-3 partitions the weights across ranks: the bare module cannot run a forward, and
@@ -303,7 +307,9 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
             "hf_hsap.disable_attention_dropout(model) (or load with attention_dropout=0.0)"
         )
     n_layers = len(attention)
-    if sp_size > 1:
+    if sp_size == 1:
+        logger.debug("check_model: sp_size=1, so no probe of whether the keyword arguments reach the attention")
+    else:
         probe = _probe_attention(model, attention)
         n_layers, missing = probe if probe is not None else (len(attention), [])
         if missing:

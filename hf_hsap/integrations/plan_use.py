@@ -84,10 +84,18 @@ class PlanUse:
         return None
 
 
-def plan_use_of(plan: Any, kwargs: Mapping[str, Any]) -> PlanUse | None:
-    """The record an attention call with ``plan`` fills: the kwargs' ``hsap_plan_use``, else the SP group's
-    last record from :func:`~.sharding.shard_batch` if it is of the same plan (``None``: nothing to record)."""
-    use = kwargs.get(PLAN_USE_KEY)
+def plan_use_of(plan: Any, use: PlanUse | None = None) -> PlanUse | None:
+    """The record an attention call with ``plan`` fills.
+
+    Args:
+        plan: the call's ``hsap_plan``.
+        use: the call's ``hsap_plan_use`` (the record :func:`~.sharding.shard_batch` put next to the plan), or
+            ``None``.
+
+    Returns:
+        ``use`` when given, else the SP group's last record from :func:`~.sharding.shard_batch` if it is of the
+        same plan; ``None``: nothing to record.
+    """
     if use is None:
         use = getattr(getattr(plan, "sp", None), "pending_plan_use", None)
         if use is not None and use.plan is not plan:

@@ -21,13 +21,13 @@ smoothing, ``compute_loss_func``, unpacked data, conflicting Accelerate parallel
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import deprecated_property
+from ..log import get_logger
 from .dataloader import SPDataLoader
 from .loss import global_num_items
 from .model_check import check_model
@@ -37,7 +37,7 @@ from .transformers import ATTN_NAME, register
 
 __all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
 
-logger = logging.getLogger("hf_hsap")
+logger = get_logger(__name__)
 
 
 class HSAPTrainerMixin:
@@ -73,7 +73,10 @@ class HSAPTrainerMixin:
         self.sp, cfg = self._hsap_group(sp, hsap_config, config)
         sp = self.sp
         self.hsap_config = cfg.with_plan_options(sp_placement, sp_plan_options)
-        if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        current = getattr(model.config, "_attn_implementation", None)
+        if current != ATTN_NAME:
+            logger.info("hf_hsap: %s was loaded with attn_implementation=%r; switching it to %r", type(model).__name__,
+                        current, ATTN_NAME)
             model.set_attn_implementation(ATTN_NAME)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
@@ -179,7 +182,10 @@ class HSAPTrainerMixin:
         if step:
             accum = self.args.gradient_accumulation_steps
             steps_per_epoch = max(len(loader) // accum, 1)
-            loader = loader.skip_first_batches((step % steps_per_epoch) * accum, first_pass_only=True)
+            skip = (step % steps_per_epoch) * accum
+            logger.info("hf_hsap: resuming at step %d (%d steps per epoch): the first pass of the training loader "
+                        "leaves out %d batches", step, steps_per_epoch, skip)
+            loader = loader.skip_first_batches(skip, first_pass_only=True)
         return loader
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:

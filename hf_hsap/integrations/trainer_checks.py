@@ -14,15 +14,15 @@ Each rule refuses before the first step, naming a fix (nothing here changes an a
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from ..log import get_logger
 from .sharding import batch_cu_seqlens
 
-logger = logging.getLogger("hf_hsap")
+logger = get_logger(__name__)
 
 __all__ = ["check_trainer_setup", "probe_packed_batch"]
 
@@ -77,7 +77,13 @@ def probe_packed_batch(trainer: Any) -> None:
         ValueError: a collated batch without ``position_ids`` / ``cu_seq_lens_q``, or with padding.
     """
     data, collate = trainer.train_dataset, trainer.data_collator
-    if data is None or collate is None or not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+    if data is None or collate is None:
+        logger.debug("hf_hsap: no %s at init; packing is checked at the first step",
+                     "training dataset" if data is None else "data collator")
+        return
+    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+        logger.info("hf_hsap: the training dataset (%s) cannot be indexed, so no probe batch is collated at init; "
+                    "packing is checked at the first step", type(data).__name__)
         return
     try:
         if hasattr(trainer, "_remove_unused_columns") and hasattr(data, "column_names"):
@@ -88,6 +94,8 @@ def probe_packed_batch(trainer: Any) -> None:
                     err)
         return
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
+        logger.info("hf_hsap: the data collator's probe batch is not a dict with input_ids (%s); packing is checked "
+                    "at the first step", type(batch).__name__)
         return
     try:
         batch_cu_seqlens(batch)  # the layout rule shard_batch applies at every step

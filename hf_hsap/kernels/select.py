@@ -1,17 +1,19 @@
 """Choosing a kernel for a device and dtype."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
-import logging
-from functools import lru_cache
-
+from ..log import get_logger, log_once
 from .base import AttentionKernel
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
 
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 _CUDA_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+logger = get_logger(__name__)
 
 
 def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | None = None) -> AttentionKernel:
@@ -51,10 +53,11 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
     return MathKernel()
 
 
-@lru_cache(maxsize=None)
 def _log_choice(device_type: str, dtype: str, kernel: str) -> None:
-    """Say once per (device, dtype) which kernel runs (the cache makes it once)."""
-    logging.getLogger("hf_hsap").info("hf_hsap: attention on %s in %s runs %s", device_type, dtype, kernel)
+    """Say once per (device, dtype, kernel) which kernel runs (at INFO; remembered only while INFO is on, so
+    turning logging on later still shows it)."""
+    log_once(logger, logging.INFO, (device_type, dtype, kernel), "hf_hsap: attention on %s in %s runs %s",
+             device_type, dtype, kernel)
 
 
 def _by_name(name: str) -> AttentionKernel:

@@ -1,0 +1,120 @@
+"""The sequence-parallel branch of the ``"hsap"`` attention function (an ``hsap_plan`` of SP size > 1).
+
+The batch is one row of this rank's tokens in plan order (built by :func:`~.sharding.shard_batch`). The
+branch refuses what the plan cannot express (sliding windows shorter than a document, chunked layers with a
+document longer than a chunk, a model family hf_hsap cannot run under SP), records that the layer consumed the
+plan (:mod:`.plan_use`) and runs SAP attention (:func:`hf_hsap.hsap_attn_func`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..log import get_logger, log_once
+from .attention_checks import check_chunked_sp, check_window
+from .model_check import check_config
+from .plan_use import PlanUse, plan_use_of
+
+__all__ = ["plan_cu_seqlens", "plan_longest_doc", "sp_attention", "sp_forward"]
+
+logger = get_logger(__name__)
+
+
+def plan_cu_seqlens(plan: Any) -> Any:
+    """Document boundaries of a plan's layout (global order).
+
+    Args:
+        plan: a :class:`~hf_hsap.Plan`.
+
+    Returns:
+        Its ``layout.cu_seqlens`` (``[n_docs + 1]``, a tensor or a sequence of ints).
+    """
+    return plan.layout.cu_seqlens
+
+
+def plan_longest_doc(plan: Any) -> int:
+    """Longest document of a plan's layout, in tokens (vectorised: it runs in every attention layer).
+
+    Args:
+        plan: a :class:`~hf_hsap.Plan`.
+
+    Returns:
+        The longest document's length (0 for an empty layout).
+    """
+    cu = torch.as_tensor(plan_cu_seqlens(plan))  # [n_docs + 1]
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+
+
+def sp_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any, scaling: float | None
+) -> torch.Tensor:
+    """Sequence-parallel attention over this rank's tokens (``B == 1``, tokens in plan order).
+
+    Args:
+        query, key, value: this rank's heads (see Shapes).
+        plan: the :class:`~hf_hsap.Plan` of the global batch.
+        scaling: softmax scale, default ``D ** -0.5``.
+
+    Returns:
+        The attention output of this rank's queries.
+
+    Shapes:
+        query ``[1, Hq, T, D]``, key/value ``[1, Hkv, T, D]`` -> ``[1, T, Hq, D]``.
+
+    Raises:
+        ValueError: more than one row, or queries and keys of different lengths (a KV cache).
+    """
+    from .. import hsap_attn_func
+
+    if query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+        raise ValueError(
+            "hsap_plan needs one row of local tokens and no KV cache (got query "
+            f"{tuple(query.shape)}, key {tuple(key.shape)}); build the batch with hf_hsap's shard_batch"
+        )
+    q = query[0].transpose(0, 1)  # [1, Hq, T, D] -> [T, Hq, D]
+    k = key[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
+    v = value[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
+    return hsap_attn_func(q, k, v, plan, softmax_scale=scaling).unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
+
+
+def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any,
+               scaling: float | None, window: int | None, plan_use: PlanUse | None = None) -> torch.Tensor:
+    """The SP branch of :func:`~.transformers.hsap_attention_forward`.
+
+    Refuses what the plan cannot express, records that this layer consumed the plan, runs SAP.
+
+    Args:
+        module: the calling attention layer.
+        query, key, value: this rank's heads (see Shapes).
+        plan: the :class:`~hf_hsap.Plan` (SP size > 1).
+        scaling: softmax scale, default ``D ** -0.5``.
+        window: the layer's sliding window (from :func:`~.attention_checks.check_supported`), or ``None``.
+        plan_use: the call's ``hsap_plan_use`` record, or ``None`` (then the SP group's pending record of the
+            same plan, see :func:`~.plan_use.plan_use_of`).
+
+    Returns:
+        The attention output of this rank's queries.
+
+    Shapes:
+        query ``[1, Hq, T, D]``, key/value ``[1, Hkv, T, D]`` -> ``[1, T, Hq, D]``.
+    """
+    config = getattr(module, "config", None)
+    if config is not None:
+        check_config(config, packed=True, sp_size=plan.size)
+    longest = plan_longest_doc(plan)
+    check_window(module, window, longest)
+    check_chunked_sp(module, longest)
+    use = plan_use_of(plan, plan_use)
+    if use is not None:
+        use.record(module)
+    else:  # a plan made by hand (not by shard_batch): nothing proves that every layer consumed it
+        log_once(logger, logging.WARNING, "no plan use",
+                 "hsap attention: an hsap_plan without its hsap_plan_use record (a plan not made by shard_batch, "
+                 "or not its latest); whether every attention layer consumed the plan is not checked")
+    if logger.isEnabledFor(logging.DEBUG):  # once per case, not per layer
+        log_once(logger, logging.DEBUG, ("sp", plan.size),
+                 "hsap attention: sequence-parallel branch, SAP over sp_size=%d (%s)", plan.size,
+                 type(module).__name__)
+    return sp_attention(query, key, value, plan, scaling)
