@@ -6,7 +6,6 @@ CPU communication op, a few minutes). Writes ``runs/deepspeed_cpu_check.json``; 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -14,7 +14,6 @@ TRL's script here would be a twin that drifts from it. Before anything is built,
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..plan.plan import Plan
 from .model_check import UnsupportedModelError, chunked_attention_size, layer_type
 
 __all__ = ["check_chunked_sp", "check_mask_rank", "check_plan_mask", "check_supported", "check_value_head_dim",
@@ -88,7 +89,7 @@ def check_value_head_dim(head_dim: int, v_head_dim: int) -> None:
                          f"{head_dim}; use attn_implementation='sdpa' for this model")
 
 
-def check_plan_mask(plan: Any, attention_mask: torch.Tensor | None, ids_mask: bool) -> None:
+def check_plan_mask(plan: Plan, attention_mask: torch.Tensor | None, ids_mask: bool) -> None:
     """Refuse an ``hsap_plan`` together with a padding mask (the mask function's document ids are fine).
 
     Args:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..plan.plan import Plan
 from .model_check import attention_layer_count, check_model
 
 __all__ = ["PLAN_USE_KEY", "PlanNotUsedError", "PlanUse", "check_plan_used", "plan_use_of"]
@@ -46,7 +47,7 @@ class PlanUse:
         config: the config of the first layer that consumed it (for the expected layer count).
     """
 
-    def __init__(self, sp_size: int, plan: Any = None) -> None:
+    def __init__(self, sp_size: int, plan: Plan | None = None) -> None:
         self.sp_size = sp_size
         self.plan = plan
         self.layers: dict[int, str] = {}
@@ -84,7 +85,7 @@ class PlanUse:
         return None
 
 
-def plan_use_of(plan: Any, use: PlanUse | None = None) -> PlanUse | None:
+def plan_use_of(plan: Plan, use: PlanUse | None = None) -> PlanUse | None:
     """The record an attention call with ``plan`` fills.
 
     Args:

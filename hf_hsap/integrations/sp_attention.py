@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..plan.plan import Plan
 from ..log import get_logger, log_once
 from .attention_checks import check_chunked_sp, check_window
 from .model_check import check_config
@@ -22,7 +23,7 @@ __all__ = ["plan_cu_seqlens", "plan_longest_doc", "sp_attention", "sp_forward"]
 logger = get_logger(__name__)
 
 
-def plan_cu_seqlens(plan: Any) -> Any:
+def plan_cu_seqlens(plan: Plan) -> Any:
     """Document boundaries of a plan's layout (global order).
 
     Args:
@@ -34,7 +35,7 @@ def plan_cu_seqlens(plan: Any) -> Any:
     return plan.layout.cu_seqlens
 
 
-def plan_longest_doc(plan: Any) -> int:
+def plan_longest_doc(plan: Plan) -> int:
     """Longest document of a plan's layout, in tokens (vectorised: it runs in every attention layer).
 
     Args:
@@ -48,7 +49,7 @@ def plan_longest_doc(plan: Any) -> int:
 
 
 def sp_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any, scaling: float | None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, scaling: float | None
 ) -> torch.Tensor:
     """Sequence-parallel attention over this rank's tokens (``B == 1``, tokens in plan order).
 
@@ -79,7 +80,7 @@ def sp_attention(
     return hsap_attn_func(q, k, v, plan, softmax_scale=scaling).unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
 
 
-def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Any,
+def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan,
                scaling: float | None, window: int | None, plan_use: PlanUse | None = None) -> torch.Tensor:
     """The SP branch of :func:`~.transformers.hsap_attention_forward`.
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
 from .attention_checks import check_mask_rank, check_plan_mask, check_supported, check_value_head_dim
@@ -56,7 +57,7 @@ def hsap_attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     *,
-    hsap_plan: Any = None,
+    hsap_plan: Plan | None = None,
     hsap_plan_use: Any = None,
     cu_seq_lens_q: torch.Tensor | None = None,
     cu_seq_lens_k: torch.Tensor | None = None,

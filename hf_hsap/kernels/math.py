@@ -42,7 +42,7 @@ class MathKernel:
         acc = lse_dtype(q.dtype)
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
-        hq, hkv = q.shape[1], k.shape[1]
+        hq = q.shape[1]
         for qa, qb, ka, kb in spec.segments():
             lq, lk = qb - qa, kb - ka
             if lq == 0 or lk == 0:

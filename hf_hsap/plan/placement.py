@@ -106,7 +106,6 @@ def _zigzag_chunks(lengths: np.ndarray, k: int, rotate_from: int = 0) -> tuple[n
     The ``L mod 2k`` extra tokens of each document go round-robin over the parts (continuing across
     documents from ``rotate_from``), so parts differ by at most one token per round.
     """
-    n = lengths.shape[0]
     base = lengths // (2 * k)
     rem = lengths % (2 * k)
     # chunk order in which extras are handed out: first chunks of parts 0..k-1, then second chunks
@@ -123,8 +122,7 @@ def _zigzag_segments(doc_ids: np.ndarray, doc_starts: np.ndarray, sizes: np.ndar
                      parts_of_doc: np.ndarray) -> tuple[np.ndarray, ...]:
     """Segments of dual-chunk splits. ``sizes [n, 2k]``; ``parts_of_doc [n, k]`` maps chunk pair i to a
     part. Returns (doc, start, end, part) arrays."""
-    n, two_k = sizes.shape
-    k = two_k // 2
+    two_k = sizes.shape[1]
     offs = np.cumsum(sizes, axis=1) - sizes  # [n, 2k]
     start = doc_starts[:, None] + offs
     end = start + sizes

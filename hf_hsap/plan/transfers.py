@@ -50,7 +50,7 @@ def compute_transfers(pl: Placement) -> Transfers:
     """
     # segments in document order
     order = np.lexsort((pl.start, pl.doc))
-    doc, part, end = pl.doc[order], pl.part[order], pl.end[order]
+    doc, part = pl.doc[order], pl.part[order]
     n = order.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
