@@ -29,28 +29,28 @@ def _count(stats: Any, rows_to_others: int, row_elems: int, x: torch.Tensor) -> 
         stats.a2a_bytes_sent += rows_to_others * row_elems * x.element_size()
 
 
-def seq_to_head(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int = 0,
+def seq_to_head(x: torch.Tensor, group: Any, token_counts: Sequence[int], rank: int = 0,
                 stats: Any = None) -> torch.Tensor:
     """``[T_u, U * F] -> [T_group, F]`` where ``F`` is this rank's feature shard (no autograd).
     ``stats.a2a_bytes_sent`` (if given) grows by the bytes sent to the other ranks."""
-    U = len(piece_sizes)
+    U = len(token_counts)
     t_local = x.shape[0]
     _count(stats, t_local * (U - 1), x.shape[1] // U, x)
     send = x.reshape(t_local, U, -1).transpose(0, 1).contiguous()  # [T_u, U, F] -> [U, T_u, F]
     send = send.reshape(U * t_local, -1)  # [U * T_u, F]
-    recv = torch.empty((sum(piece_sizes), send.shape[1]), dtype=x.dtype, device=x.device)  # [T_group, F]
-    _all_to_all(recv, send, list(piece_sizes), [t_local] * U, group)
+    recv = torch.empty((sum(token_counts), send.shape[1]), dtype=x.dtype, device=x.device)  # [T_group, F]
+    _all_to_all(recv, send, list(token_counts), [t_local] * U, group)
     return recv
 
 
-def head_to_seq(x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int,
+def head_to_seq(x: torch.Tensor, group: Any, token_counts: Sequence[int], rank: int,
                 stats: Any = None) -> torch.Tensor:
     """``[T_group, F] -> [T_u, U * F]``: the inverse of :func:`seq_to_head` (no autograd)."""
-    U = len(piece_sizes)
-    t_local = piece_sizes[rank]
-    _count(stats, sum(piece_sizes) - t_local, x.shape[1], x)
+    U = len(token_counts)
+    t_local = token_counts[rank]
+    _count(stats, sum(token_counts) - t_local, x.shape[1], x)
     recv = torch.empty((U * t_local, x.shape[1]), dtype=x.dtype, device=x.device)  # [U * T_u, F]
-    _all_to_all(recv, x.contiguous(), [t_local] * U, list(piece_sizes), group)
+    _all_to_all(recv, x.contiguous(), [t_local] * U, list(token_counts), group)
     return recv.reshape(U, t_local, -1).transpose(0, 1).reshape(t_local, -1)  # [U, T_u, F] -> [T_u, U*F]
 
 
@@ -63,21 +63,21 @@ class AllToAll(torch.autograd.Function):
     all-to-all in the reverse direction. Shapes as the two functions."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, direction: str, group: Any, piece_sizes: tuple[int, ...], rank: int,
+    def forward(ctx, x: torch.Tensor, direction: str, group: Any, token_counts: tuple[int, ...], rank: int,
                 stats: Any = None) -> torch.Tensor:
-        ctx.direction, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats = direction, group, piece_sizes, rank, stats
-        return _OPS[direction](x, group, piece_sizes, rank, stats)
+        ctx.direction, ctx.group, ctx.token_counts, ctx.rank, ctx.stats = direction, group, token_counts, rank, stats
+        return _OPS[direction](x, group, token_counts, rank, stats)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        back = _OPS[_REVERSE[ctx.direction]](grad, ctx.group, ctx.piece_sizes, ctx.rank, ctx.stats)
+        back = _OPS[_REVERSE[ctx.direction]](grad, ctx.group, ctx.token_counts, ctx.rank, ctx.stats)
         return back, None, None, None, None, None
 
 
-def all_to_all(x: torch.Tensor, direction: str, group: Any, piece_sizes: Sequence[int], rank: int,
+def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequence[int], rank: int,
                stats: Any = None) -> torch.Tensor:
     """:class:`AllToAll` applied: ``direction`` is ``"seq_to_head"`` (``[T_u, U * F] -> [T_group, F]``) or
-    ``"head_to_seq"`` (the inverse); ``piece_sizes``: the ``U`` ranks' token counts."""
+    ``"head_to_seq"`` (the inverse); ``token_counts``: the ``U`` ranks' token counts."""
     if direction not in _OPS:
         raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
-    return AllToAll.apply(x, direction, group, tuple(piece_sizes), rank, stats)
+    return AllToAll.apply(x, direction, group, tuple(token_counts), rank, stats)

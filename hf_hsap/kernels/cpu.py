@@ -13,7 +13,7 @@ causal(n/2)`` down to squares of ``block`` rows. The op walks keys in blocks of 
 computes a whole key block even where the causal mask hides most of it, so one call on a causal
 square computes about 256 masked keys per query row; after halving only the small diagonal squares
 carry masked keys (``block / 2`` per row) and the rest runs as large full rectangles. That pays in
-the backward; with few heads 128-row pieces are too light to pay for the extra calls, so calls with
+the backward; with few heads 128-row squares are too light to pay for the extra calls, so calls with
 fewer than ``min_heads`` query heads halve down to ``few_heads_block`` (256) rows instead. The forward
 is not halved by default: its LSE merges cost more than the masked keys they save, so it runs one call
 per causal square (``halve_forward=True`` halves it too). The measured figures (one call / halved /
@@ -50,7 +50,7 @@ def _halve(q0: int, k0: int, n: int, block: int, out: list[Call]) -> None:
     _halve(q0 + h, k0 + h, n - h, block, out)
 
 
-def _pieces(lq: int, lk: int, causal: bool, block: int = 0) -> list[Call]:
+def _calls(lq: int, lk: int, causal: bool, block: int = 0) -> list[Call]:
     """Split one bottom-right causal segment into calls the top-left causal op can run.
 
     Args:
@@ -135,9 +135,9 @@ class TorchCPUFlashKernel:
         block = self._block(q) if self.halve_forward else 0
         for qa, qb, ka, kb in segments:
             # Rows below ``written`` hold a result (merge into it), rows from it on are empty (write).
-            # The pieces of one segment either lie below it or start at it (see ``_halve``).
+            # The calls of one segment either lie below it or start at it (see ``_halve``).
             written = qa if fresh else qb
-            for ql, qh, kl, kh, c in _pieces(qb - qa, kb - ka, causal, block):
+            for ql, qh, kl, kh, c in _calls(qb - qa, kb - ka, causal, block):
                 qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
                 o, l = _FWD(_bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]), 0.0, c, scale=scale)[:2]
                 o = o[0].transpose(0, 1)  # [1, H, Lq, D] -> [Lq, H, D]
@@ -159,7 +159,7 @@ class TorchCPUFlashKernel:
         out = out.to(q.dtype)
         block = self._block(q)
         for qa, qb, ka, kb in segments:
-            for ql, qh, kl, kh, c in _pieces(qb - qa, kb - ka, causal, block):
+            for ql, qh, kl, kh, c in _calls(qb - qa, kb - ka, causal, block):
                 qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
                 l = lse[qs:qe].to(op_lse_dtype).transpose(0, 1).unsqueeze(0).contiguous()  # [1, H, Lq]
                 gq, gk, gv = _BWD(_bhld(dout[qs:qe]), _bhld(q[qs:qe]), _bhld(k[ks:ke]), _bhld(v[ks:ke]),

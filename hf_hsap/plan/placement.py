@@ -81,16 +81,16 @@ def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
     return Placement(name, n_parts, doc, start, end, part, part_ptr, local_start.astype(np.int64))
 
 
-def _cut(layout: Layout, bounds: np.ndarray, owner_of_piece: np.ndarray, name: str, n_parts: int) -> Placement:
-    """Cut the token line at document boundaries and at ``bounds`` (piece ``i`` = ``[bounds[i],
-    bounds[i+1])`` owned by ``owner_of_piece[i]``)."""
+def _cut(layout: Layout, bounds: np.ndarray, owner_of_range: np.ndarray, name: str, n_parts: int) -> Placement:
+    """Cut the token line at document boundaries and at ``bounds`` (range ``i`` = ``[bounds[i],
+    bounds[i+1])`` owned by ``owner_of_range[i]``)."""
     cuts = np.union1d(layout.cu_seqlens, bounds)
     start, end = cuts[:-1], cuts[1:]
     keep = end > start
     start, end = start[keep], end[keep]
     doc = layout.doc_of(start)
-    piece = np.searchsorted(bounds, start, side="right") - 1
-    return _finish(name, n_parts, doc, start, end, owner_of_piece[piece])
+    rng = np.searchsorted(bounds, start, side="right") - 1
+    return _finish(name, n_parts, doc, start, end, owner_of_range[rng])
 
 
 def contiguous(layout: Layout, n_parts: int) -> Placement:

@@ -139,7 +139,7 @@ class Plan:
         """Inverse of :meth:`shard` given every rank's shard (in SP rank order).
         Shapes: ``P x [..., T_local(r), ...] -> [..., T, ...]``."""
         if len(shards) != self.size:
-            raise ValueError(f"unshard needs {self.size} pieces, got {len(shards)}")
+            raise ValueError(f"unshard needs {self.size} shards (one per SP rank), got {len(shards)}")
         cat = torch.cat(shards, dim=dim)
         order = torch.cat([self.local_token_indices(r) for r in range(self.size)]).to(cat.device)
         inv = torch.empty_like(order)

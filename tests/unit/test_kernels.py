@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_hsap.kernels import MathKernel, TorchCPUFlashKernel, VarlenSpec, reference_varlen_attention
-from hf_hsap.kernels.cpu import _pieces
+from hf_hsap.kernels.cpu import _calls
 from hf_hsap.testing import check_kernel_against_reference
 
 SEGMENTS = [(37, 37), (300, 300), (65, 200), (200, 65), (1, 9), (9, 1), (0, 5), (5, 0), (129, 129), (128, 257)]
@@ -35,11 +35,11 @@ def test_kernel_matches_float64_reference(kernel, dtype, tol, causal) -> None:
 
 @pytest.mark.parametrize("lq,lk", [(300, 300), (65, 200), (200, 65), (128, 257), (1, 1), (7, 3)])
 @pytest.mark.parametrize("block", [0, 1, 8, 128])
-def test_cpu_pieces_cover_each_visible_pair_once(lq: int, lk: int, block: int) -> None:
+def test_cpu_calls_cover_each_visible_pair_once(lq: int, lk: int, block: int) -> None:
     """The calls of one causal segment cover exactly its visible (query, key) pairs, each once, and
     only squares of at most ``block`` rows carry a causal mask."""
     count = torch.zeros(lq, lk, dtype=torch.int64)
-    for ql, qh, kl, kh, causal in _pieces(lq, lk, True, block):
+    for ql, qh, kl, kh, causal in _calls(lq, lk, True, block):
         assert 0 <= ql < qh <= lq and 0 <= kl < kh <= lk
         if causal:
             assert qh - ql == kh - kl and (block == 0 or qh - ql <= block)
