@@ -29,12 +29,13 @@ nodes). Overlap rules:
   sent at the start of step ``s`` and overlaps its compute; backward, the dK/dV accumulator is sent
   after each step and must arrive before the next step ends, plus a final hop home; one link carries
   one transfer at a time. Fully masked blocks are skipped (zero compute); no buffer back-pressure.
-* hf_hsap's SAP rounds (``SchemeStats.rounds``): the runtime's own order, simulated by dataflow with
-  the planner's functions (:mod:`hf_hsap.plan.pipeline`): every round is posted at once (no receive
-  budget; the link serves them in order) while the local item runs; per round, wait for its KV and
-  run its remote items. Backward: remote items, wait for the previous
-  round's dK/dV, send this round's back (the local item's backward hides round 0's return). One
-  ``batched`` round reduces to ``max(local, transfer) + remote``.
+* hf_hsap's SAP rounds (``SchemeStats.rounds``): the runtime's own steps (:mod:`hf_hsap.plan.pipeline`,
+  the list the runtime executes and the planner simulates): without a receive budget every round is
+  posted at once (the link serves them in order) while the local item runs, then per round wait for
+  its KV and run its remote items; backward, per round the remote items and this round's dK/dV sent
+  back (the local item's backward hides round 0's return), every return collected at the end (with a
+  budget: double-buffered fetches, a refetch in the backward, one return in flight). One ``batched``
+  round reduces to ``max(local, transfer) + remote``.
 * GEMMs never hide attention communication (a pessimistic choice, equal for every scheme).
 
 Ranks synchronise every layer: a layer lasts as long as its slowest GPU; a step is ``layers`` layers.
@@ -59,7 +60,7 @@ from typing import Mapping
 import numpy as np
 
 from hf_hsap.hardware import MODEL_SHAPES, DecoderShape, cost_model_kinds, gpu_kind
-from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
+from hf_hsap.plan.pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
 
 from .schemes import CommPhase, ModelShape, RingPipeline, SchemeStats
 
@@ -207,8 +208,9 @@ def _ring_time(c: np.ndarray, ring: RingPipeline, backward: bool, hw: HardwareSp
 
 
 def _rounds_time(s: SchemeStats, pair_s: float, hw: HardwareSpec, a: CostAssumptions) -> tuple[np.ndarray, np.ndarray]:
-    """``[P]`` forward and backward attention time of hf_hsap's rounds, by the runtime's dataflow
-    (:func:`hf_hsap.plan.pipeline.simulate_forward` / ``simulate_backward``, shared with the planner)."""
+    """``[P]`` forward and backward attention time of hf_hsap's rounds: the runtime's own steps
+    (:func:`hf_hsap.plan.pipeline.pipeline_shape`, ``forward_steps`` / ``backward_steps``) timed by
+    :func:`~hf_hsap.plan.pipeline.simulate_steps`, as the planner does (``rs.refetch``: a receive budget)."""
     rs = s.rounds
     gp = rs.gpu_part
     first = np.unique(gp, return_index=True)[1]  # one GPU per part (the U GPUs of a part are alike)
@@ -223,8 +225,9 @@ def _rounds_time(s: SchemeStats, pair_s: float, hw: HardwareSpec, a: CostAssumpt
     # the round tables carry exactly the remote work: keep the two views consistent
     assert np.allclose(work.sum(1), remote_work, rtol=1e-6, atol=1e-12), "round work != work - local work"
     bwd = a.attn_bwd_factor
-    fwd_t = simulate_forward(local, xfer, work, rs.peers, eager=not rs.refetch)
-    bwd_t = simulate_backward(bwd * local, xfer, bwd * work, rs.peers, ret, rs.refetch)
+    shape = pipeline_shape(n, bounded=rs.refetch)
+    fwd_t = simulate_steps(forward_steps(shape), local, xfer, work, rs.peers)
+    bwd_t = simulate_steps(backward_steps(shape), bwd * local, xfer, bwd * work, rs.peers, ret)
     return fwd_t[gp], bwd_t[gp]
 
 

@@ -91,7 +91,7 @@ def hsap_attn_func(
     ``lcm(Hkv, U) / Hkv`` times (the least that lets every rank hold whole heads) before the
     all-to-all; their gradients are summed back by autograd.
     """
-    sp = getattr(plan, "sp", None)  # an SPPlan's group; a plain Plan has none
+    sp = plan.sp  # an SPPlan's group; a plain Plan has none
     if plan.size > 1 and sp is None:
         raise ValueError("this plan was made offline (int SP size); make it with the SPGroup from "
                          "hf_hsap.init_sequence_parallel to run attention")

@@ -72,8 +72,9 @@ def log_once(logger: logging.Logger, level: int, key: Hashable, msg: str, *args:
 
 
 def _seen(logger: logging.Logger) -> set:
-    """The keys :func:`log_once` already logged on ``logger``, kept on the logger object itself (loggers are
-    process-wide by the logging module's design; hf_hsap keeps no registry of its own)."""
+    """The keys :func:`log_once` already logged on ``logger``, kept on the logger object itself. That is
+    process-wide state (loggers are, by the logging module's design), bounded by the distinct cases; hf_hsap
+    keeps no registry of its own."""
     seen = getattr(logger, "_hsap_logged", None)
     if seen is None:
         seen = set()

@@ -103,10 +103,11 @@ def plan_sequence(
     if not isinstance(sp, SPGroup):
         return planner.plan_sequence(cu_seqlens, sp, cost=cost, cache=cache, total_tokens=total_tokens, **opts)
     layout = cu_seqlens if isinstance(cu_seqlens, Layout) and total_tokens is None else make_layout(cu_seqlens, total_tokens)
-    if verify and sp.size > 1 and layout.total_tokens >= sp.size:
+    if verify and sp.size > 1:  # before anything that may raise on one rank only
         check_same_layout(layout, sp)
     return planner.plan_sequence(layout, sp.spec, cost=cost or sp.cost_model,
-                                 cache=cache or sp.plan_cache, bind=lambda p: SPPlan.bind(p, sp), **opts)
+                                 cache=cache if cache is not None else sp.plan_cache,
+                                 bind=lambda p: SPPlan.bind(p, sp), **opts)
 
 
 def check_same_layout(layout: Layout, sp: SPGroup) -> None:

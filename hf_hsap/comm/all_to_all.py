@@ -65,11 +65,13 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, direction: str, group: Any, token_counts: tuple[int, ...], rank: int,
                 stats: Any = None) -> torch.Tensor:
+        """The all-to-all in ``direction`` (the arguments of :func:`all_to_all`)."""
         ctx.direction, ctx.group, ctx.token_counts, ctx.rank, ctx.stats = direction, group, token_counts, rank, stats
         return _OPS[direction](x, group, token_counts, rank, stats)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """The same all-to-all reversed: the gradient goes back to the ranks its rows came from."""
         back = _OPS[_REVERSE[ctx.direction]](grad, ctx.group, ctx.token_counts, ctx.rank, ctx.stats)
         return back, None, None, None, None, None
 
@@ -81,3 +83,26 @@ def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequen
     if direction not in _OPS:
         raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
     return AllToAll.apply(x, direction, group, tuple(token_counts), rank, stats)
+
+
+class _DeprecatedDirection:
+    """``SeqToHead`` / ``HeadToSeq`` of the previous release: ``.apply(x, group, piece_sizes, rank, stats)``
+    now runs :class:`AllToAll` in that direction, with a deprecation warning."""
+
+    def __init__(self, name: str, direction: str) -> None:
+        self.name, self.direction = name, direction
+
+    def apply(self, x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int, stats: Any = None) -> torch.Tensor:
+        import warnings
+
+        warnings.warn(f"hf_hsap.comm.all_to_all.{self.name} is deprecated and will be removed in the next release; "
+                      f"use all_to_all(x, {self.direction!r}, group, token_counts, rank, stats)", FutureWarning,
+                      stacklevel=2)
+        return all_to_all(x, self.direction, group, piece_sizes, rank, stats)
+
+
+def __getattr__(name: str) -> Any:
+    """The two autograd classes of the previous release, for one release (see :class:`_DeprecatedDirection`)."""
+    if name in ("SeqToHead", "HeadToSeq"):
+        return _DeprecatedDirection(name, "seq_to_head" if name == "SeqToHead" else "head_to_seq")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -320,10 +320,10 @@ class PackingCollator:
         if too_long:
             what = (f"truncated to their first {self.max_length} tokens ({cut_tokens} tokens dropped in the first "
                     "such batch)" if self.overflow == "truncate"
-                    else f"split into pieces of at most {self.max_length} tokens, each its own document")
+                    else f"split into runs of at most {self.max_length} tokens, each its own document")
             log_once(logger, logging.INFO, ("overflow", self.overflow, self.max_length),
-                     "PackingCollator: documents longer than max_length=%d are %s (%d of %d examples in the first "
-                     "such batch)", self.max_length, what, too_long, examples)
+                     "PackingCollator: documents longer than max_length=%d are %s (%d such documents among the %d "
+                     "examples of the first such batch)", self.max_length, what, too_long, examples)
         if unmasked:
             log_once(logger, logging.WARNING, ("no completion mask", self.label_pad),
                      "PackingCollator(completion_only_loss=True): %d of %d examples have neither completion_mask / "

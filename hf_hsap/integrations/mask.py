@@ -8,9 +8,8 @@ with a cache it returns the padding of the filled key slots. The attention funct
 """
 from __future__ import annotations
 
-from typing import Any
-
 import logging
+from typing import Any
 
 import torch
 

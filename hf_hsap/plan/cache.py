@@ -32,6 +32,7 @@ class PlanCache:
         return value
 
     def clear(self) -> None:
+        """Drop every cached plan (the hit and miss counters stay)."""
         self._data.clear()
 
     def __len__(self) -> int:

@@ -94,7 +94,7 @@ class CostModel:
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s)
 
     @staticmethod
-    def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
+    def from_config(config: Any, link: str = "network", hardware: str | None = None) -> "CostModel":
         """Cost model for a Transformers model config on a GPU kind, with SAP's KV over a link.
 
         What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
@@ -106,20 +106,20 @@ class CostModel:
                 ``intermediate_size`` and ``head_dim``.
             link: ``"nvlink"`` or ``"network"`` (e.g. ``sp.sap_link``).
             hardware: a key of :data:`HARDWARE_LINKS` (``"A100"``, ``"H100"``, ...: peak, NVLink and
-                per-GPU network bandwidth from :mod:`hf_hsap.hardware`). Explicit: for this process's
-                GPU pass :func:`hf_hsap.devices.detect_hardware`.
+                per-GPU network bandwidth from :mod:`hf_hsap.hardware`); for this process's GPU pass
+                :func:`hf_hsap.devices.detect_hardware`. Leaving it out (or ``"auto"``) still asks the
+                device for one release, with a ``FutureWarning``: the planner does not query devices,
+                and the default will become ``"A100"``.
 
         Returns:
             The cost model.
 
         Raises:
-            ValueError: ``"auto"`` or another unknown hardware, an unknown link, or a config without
-                positive head counts and hidden size.
+            ValueError: an unknown hardware or link, or a config without positive head counts and
+                hidden size.
         """
-        if hardware == "auto":
-            raise ValueError("CostModel.from_config does not query the device: pass "
-                             "hardware=hf_hsap.devices.detect_hardware() for this process's GPU, or a key "
-                             f"({', '.join(HARDWARE_LINKS)})")
+        if hardware is None or hardware == "auto":
+            hardware = _deprecated_auto_hardware()
         if hardware not in HARDWARE_LINKS:
             raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
         if link not in ("nvlink", "network"):
@@ -163,6 +163,19 @@ class CostModel:
         if link == "network":
             return CostModel.default()
         raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+
+
+def _deprecated_auto_hardware() -> str:
+    """``hardware="auto"`` (the old default) for one release: warn, then ask :mod:`hf_hsap.devices`. The
+    import is dynamic so that the planner package keeps no static edge to the device query (the import
+    contract); it goes with the deprecation."""
+    import importlib
+    import warnings
+
+    warnings.warn("CostModel.from_config without hardware= (or with 'auto') queries the device, which the "
+                  "planner no longer does: pass hardware=hf_hsap.devices.detect_hardware() (or a key such as "
+                  "'A100'); the default becomes 'A100' in the next release", FutureWarning, stacklevel=3)
+    return importlib.import_module("hf_hsap.devices").detect_hardware()
 
 
 def local_work_per_part(layout: Layout, pl: Placement) -> np.ndarray:
@@ -219,3 +232,17 @@ def choose_placement(layout: Layout, candidates: Sequence[Placement], transfers:
     cost = cost or CostModel.default()
     times = [float(part_times(layout, c, t, cost).max()) for c, t in zip(candidates, transfers)]
     return int(np.argmin(times))
+
+
+def __getattr__(name: str) -> Any:
+    """``detect_hardware`` (a device query) moved to :mod:`hf_hsap.devices`; the old name works for one
+    release with a deprecation warning (a dynamic import: the planner keeps no static edge to devices)."""
+    if name == "detect_hardware":
+        import importlib
+        import warnings
+
+        warnings.warn("hf_hsap.plan.cost.detect_hardware moved to hf_hsap.devices.detect_hardware (the planner does "
+                      "not query devices); the old name will be removed in the next release", FutureWarning,
+                      stacklevel=2)
+        return importlib.import_module("hf_hsap.devices").detect_hardware
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -190,3 +190,20 @@ def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, pee
     n = xfer.shape[1]
     shape = PipelineShape(n, 1, refetch, 1 if refetch else max(n, 1))
     return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)
+
+
+_MOVED = {"split_rounds", "round_tables", "piece_remote_work", "ROUND_ORDERS"}
+
+
+def __getattr__(name: str):
+    """The round splitting moved to :mod:`hf_hsap.plan.rounds`; the old names work for one release with a
+    deprecation warning (``round_tables`` now returns a :class:`~hf_hsap.plan.rounds.RoundTables`)."""
+    if name in _MOVED:
+        import warnings
+
+        from . import rounds
+
+        warnings.warn(f"hf_hsap.plan.pipeline.{name} moved to hf_hsap.plan.rounds.{name}; the old name will be "
+                      "removed in the next release", FutureWarning, stacklevel=2)
+        return getattr(rounds, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -62,7 +62,14 @@ class Plan:
 
     @property
     def ulysses_size(self) -> int:
+        """U: ranks of an intra (all-to-all) group."""
         return self.group.ulysses_size
+
+    @property
+    def sp(self) -> None:
+        """The process groups: none for a plain plan (an :class:`~hf_hsap.sp_plan.SPPlan` carries its
+        SPGroup here)."""
+        return None
 
     @property
     def rank(self) -> int | None:
@@ -76,10 +83,12 @@ class Plan:
 
     @property
     def total_tokens(self) -> int:
+        """T: tokens of the layout."""
         return self.layout.total_tokens
 
     @property
     def placement_name(self) -> str:
+        """The placement's name (``"balanced"``, ...)."""
         return self.placement.name
 
     @property
@@ -123,6 +132,7 @@ class Plan:
         return torch.from_numpy(self.part_token_indices(part)[b[u]:b[u + 1]])
 
     def num_local_tokens(self, rank: int | None = None) -> int:
+        """Tokens held by ``rank`` (default: this rank)."""
         part, u = divmod(self._resolve(rank), self.ulysses_size)
         b = self.intra_bounds(part)
         return int(b[u + 1] - b[u])

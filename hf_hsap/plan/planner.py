@@ -9,7 +9,7 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -72,8 +72,10 @@ def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) ->
         return sp
     if isinstance(sp, (int, np.integer)) and not isinstance(sp, bool):
         return GroupSpec.offline(int(sp), int(ulysses_size), gpus_per_node)
-    raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel), a GroupSpec or an int, got "
-                     f"{type(sp)}; plan an SPGroup with hf_hsap.plan_sequence")
+    if hasattr(sp, "spec") and hasattr(sp, "plan_cache"):
+        raise ValueError("the pure planner takes a GroupSpec or an int; an SPGroup (process groups) is planned "
+                         "by hf_hsap.plan_sequence(cu_seqlens, sp), which checks and binds the plan to it")
+    raise ValueError(f"sp must be an SPGroup (from hf_hsap.init_sequence_parallel) or an int, got {type(sp)}")
 
 
 def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, recv_budget_tokens: int | None = None,
@@ -164,7 +166,7 @@ def plan_sequence(
         raise ValueError(f"the batch has {layout.total_tokens} tokens but the SP group has {group.size} ranks; "
                          "every rank needs at least one token: pack longer rows or use a smaller sp_size")
     cost = cost or CostModel.for_link(group.link)
-    key = (layout.digest, group, placement, recv_budget_tokens, rounds, token_slack, cost)
+    key = (layout.digest, group, placement, recv_budget_tokens, rounds, token_slack, cost, bind is not None)
 
     def build() -> Plan:
         plan = plan_layout(layout, group, placement, recv_budget_tokens=recv_budget_tokens, rounds=rounds,
@@ -172,3 +174,17 @@ def plan_sequence(
         return plan if bind is None else bind(plan)
 
     return build() if cache is None else cache.get_or_build(key, build)
+
+
+def __getattr__(name: str) -> Any:
+    """``check_same_layout`` (a collective) moved to :mod:`hf_hsap.sp_plan`; the old name works for one
+    release with a deprecation warning (a dynamic import: the planner keeps no static edge upwards)."""
+    if name == "check_same_layout":
+        import importlib
+        import warnings
+
+        warnings.warn("hf_hsap.plan.planner.check_same_layout moved to hf_hsap.sp_plan.check_same_layout (the "
+                      "planner runs no collective); the old name will be removed in the next release",
+                      FutureWarning, stacklevel=2)
+        return importlib.import_module("hf_hsap.sp_plan").check_same_layout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

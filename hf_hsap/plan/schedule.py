@@ -230,3 +230,17 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: i
         rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces.dst[sm], s_len),
                             _splits(pieces.src[rm], r_len), int(r_len.sum()), items, index_runs(send_idx)))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)
+
+
+def __getattr__(name: str):
+    """``split_rounds`` was re-exported here; it lives in :mod:`hf_hsap.plan.rounds` (one release with a
+    deprecation warning)."""
+    if name == "split_rounds":
+        import warnings
+
+        from .rounds import split_rounds
+
+        warnings.warn("hf_hsap.plan.schedule.split_rounds moved to hf_hsap.plan.rounds.split_rounds; the old name "
+                      "will be removed in the next release", FutureWarning, stacklevel=2)
+        return split_rounds
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

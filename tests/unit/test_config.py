@@ -10,6 +10,7 @@ import torch
 
 from hf_hsap import HSAPConfig
 from hf_hsap.config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, parse_dtype
+from hf_hsap.devices import detect_hardware
 from hf_hsap.plan.cost import CostModel
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
 from hf_hsap.topology import check_parallelism_config
@@ -128,7 +129,7 @@ def test_cost_for() -> None:
     assert cfg.num_heads == 8
     for link in ("network", "nvlink"):
         got = cfg.cost_for(link)
-        assert isinstance(got, CostModel) and got == CostModel.from_config(MODEL_CONFIG, link)
+        assert isinstance(got, CostModel) and got == CostModel.from_config(MODEL_CONFIG, link, detect_hardware())
     assert cfg.cost_for("network") != cfg.cost_for("nvlink")
     assert cfg.cost_for("network") != CostModel.default()  # the model's shapes, not the Llama-3-8B default
     assert HSAPConfig().cost_for("network") is None
@@ -176,7 +177,7 @@ def test_training_arguments_from_the_command_line(tmp_path) -> None:
     assert args.hsap_sp_size == 4 and args.hsap_ulysses_size == "2" and args.hsap_recv_budget_tokens == 8192
     cfg = _check_hsap(args, MODEL_CONFIG)
     assert cfg.model_config is MODEL_CONFIG and cfg.num_heads == 8
-    assert cfg.cost_for("network") == CostModel.from_config(MODEL_CONFIG, "network")
+    assert cfg.cost_for("network") == CostModel.from_config(MODEL_CONFIG, "network", detect_hardware())
     (plain,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(_common(tmp_path))
     assert plain.hsap_config().sp_size == 1 and plain.hsap_config().ulysses_size == "auto"
 

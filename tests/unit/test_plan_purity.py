@@ -104,3 +104,48 @@ def test_stats_are_typed() -> None:
         warnings.simplefilter("ignore", FutureWarning)
         with pytest.raises(KeyError):
             st["nope"]
+
+
+def test_dict_style_stats_still_work_for_one_release() -> None:
+    st = hf_hsap.plan_sequence([0, 100, 300], 2, "zigzag").stats()
+    with pytest.warns(FutureWarning):
+        assert "tokens" in st and "nope" not in st
+    with pytest.warns(FutureWarning):
+        assert st.get("rounds") == st.rounds and st.get("nope", 7) == 7
+    with pytest.warns(FutureWarning):
+        assert dict(st) == st.to_dict()
+    with pytest.warns(FutureWarning):
+        assert dict(st.items()) == st.to_dict() and list(st.keys()) == list(st.to_dict())
+
+
+@pytest.mark.parametrize("module,name,new", [
+    ("hf_hsap.plan.pipeline", "split_rounds", "hf_hsap.plan.rounds"),
+    ("hf_hsap.plan.pipeline", "round_tables", "hf_hsap.plan.rounds"),
+    ("hf_hsap.plan.pipeline", "piece_remote_work", "hf_hsap.plan.rounds"),
+    ("hf_hsap.plan.schedule", "split_rounds", "hf_hsap.plan.rounds"),
+    ("hf_hsap.plan.cost", "detect_hardware", "hf_hsap.devices"),
+    ("hf_hsap.plan.planner", "check_same_layout", "hf_hsap.sp_plan"),
+    ("hf_hsap.comm.loopback", "run_plan_loopback", "hf_hsap.loopback"),
+])
+def test_moved_names_work_for_one_release(module: str, name: str, new: str) -> None:
+    import importlib
+
+    with pytest.warns(FutureWarning, match=new.replace(".", r"\.")):
+        got = getattr(importlib.import_module(module), name)
+    assert got is getattr(importlib.import_module(new), name)
+
+
+def test_the_old_all_to_all_classes_warn_and_forward(monkeypatch) -> None:
+    import torch
+
+    from hf_hsap.comm import all_to_all as a2a
+
+    calls = []
+    monkeypatch.setattr(a2a, "all_to_all", lambda x, direction, *rest: calls.append(direction) or x)
+    x = torch.randn(5, 6)
+    for name, direction in (("SeqToHead", "seq_to_head"), ("HeadToSeq", "head_to_seq")):
+        with pytest.warns(FutureWarning, match=f"all_to_all\\(x, '{direction}'"):
+            assert getattr(a2a, name).apply(x, None, (5,), 0) is x
+    assert calls == ["seq_to_head", "head_to_seq"]
+    with pytest.raises(AttributeError):
+        a2a.Nope  # noqa: B018

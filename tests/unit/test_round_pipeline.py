@@ -176,3 +176,21 @@ def test_simulation_follows_the_steps() -> None:
     assert simulate_steps(steps, local, xfer, work, peers).tolist() == [4.0, 5.0]  # max(0, 3) + 2
     late = (Step(LOCAL), Step(POST, 0), Step(WAIT, 0), Step(COMPUTE, 0))  # posted only after the local item
     assert simulate_steps(late, local, xfer, work, peers).tolist() == [4.0, 9.0]  # part 0 posts at 4: 4 + 3 + 2
+
+
+def test_a_budget_that_fits_one_round_is_simulated_as_run() -> None:
+    """A budget larger than every round: the runtime keeps the one buffer (no refetch), and ``rounds="auto"``
+    now prices exactly that. The previous simulator charged a backward refetch the runtime never did, and
+    picked ``by_peer`` here."""
+    cu = np.concatenate([[0], np.cumsum([1377, 9338])])
+    plan = hf_hsap.plan_sequence(cu, 4, "balanced", recv_budget_tokens=10**9)
+    assert plan.round_order == "batched" and plan.pieces.n_rounds == 1 and not plan.shape.refetch
+    small = hf_hsap.plan_sequence(np.concatenate([[0], np.cumsum([130, 90, 40])]), 3, "zigzag", rounds="batched",
+                                  recv_budget_tokens=10**9)
+    q, k, v, dout = (torch.randn(260, 2, 4, dtype=torch.float64) for _ in range(4))
+    from hf_hsap.loopback import run_plan_loopback
+
+    *_, stats = run_plan_loopback(small, q, k, v, dout, kernel=MathKernel())
+    recv = small.stats().recv_kv_tokens
+    for p, s in enumerate(stats):  # KV fetched once, plus the dK/dV rows that come back
+        assert s.rows_recv == recv[p] + sum(int(r.send_index.shape[0]) for r in small.schedule(p).rounds)
