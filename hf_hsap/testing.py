@@ -1,25 +1,68 @@
-"""Test utilities: a pool of spawned gloo ranks that runs functions collectively, and a kernel check
+"""Test utilities: a pool of spawned gloo ranks that runs functions collectively (:class:`DistPool`, and
+:class:`DistPools`, one pool per world size), the tests' relative error (:func:`rel_err`) and a kernel check
 against the float64 reference (:func:`check_kernel_against_reference`).
 
 Spawning a process and importing torch costs seconds, so tests start a pool of ``world`` ranks
 once and send it many tasks. Every task runs ``fn(*args)`` on every rank; results come back in
 rank order; an exception on any rank is raised in the caller with its traceback; a task that takes
-longer than ``timeout_s`` raises instead of hanging.
+longer than ``timeout_s`` raises instead of hanging. The ranks meet through a ``file://`` rendezvous
+on a fresh temporary file (no TCP port is picked, so nothing can take it first).
 """
 from __future__ import annotations
 
+import math
 import os
 import queue
+import shutil
 import socket
+import tempfile
 import traceback
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
+import torch
 import torch.multiprocessing as mp
+
+REL_ERR_TINY = 1e-300  # rel_err's smallest denominator: only keeps 0 / 0 defined
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor, *, scale: torch.Tensor | None = None,
+            floor: float = 0.0) -> float:
+    """The tests' relative error: ``max |actual - expected| / max(max |scale|, floor, REL_ERR_TINY)``,
+    computed in float64 (``scale`` defaults to ``expected``).
+
+    ``scale`` is the magnitude the error is relative to (e.g. the whole global reference when ``expected``
+    is one rank's shard of it); ``floor`` a smallest magnitude (for quantities that are 0 by mathematics and
+    come out as rounding noise). Both all zero gives 0.0.
+
+    Returns:
+        the error, or ``inf`` when the shapes differ or when the result is not a number: a NaN or an
+        infinity in either tensor (even at the same place) never passes a ``<= tol`` check.
+
+    Raises:
+        ValueError: on empty tensors (nothing compared must not pass).
+    """
+    if actual.shape != expected.shape:
+        return float("inf")
+    if actual.numel() == 0:
+        raise ValueError("rel_err of empty tensors: nothing to compare")
+    a, b = actual.detach().double(), expected.detach().double()
+    s = b if scale is None else scale.detach().double()
+    if s.numel() == 0:
+        raise ValueError("rel_err with an empty scale")
+    denom = max(float(s.abs().max()), floor, REL_ERR_TINY)
+    err = float((a - b).abs().max()) / denom
+    return err if math.isfinite(err) and math.isfinite(denom) else float("inf")
 
 
 def free_port() -> int:
-    """A free TCP port on localhost."""
+    """A free TCP port on localhost, for a launcher that needs a port number (``scripts/deepspeed_cpu_check.py``).
+
+    Racy by nature: the port is free when this returns, and another process can bind it before the launcher
+    does. :class:`DistPool` does not use it (``file://`` rendezvous); the ``accelerate launch`` tests pass
+    ``--main_process_port 0`` (Accelerate picks the port right before binding it).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -34,13 +77,13 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def _worker(rank: int, world: int, port: int, tasks, results, pg_timeout_s: float) -> None:
+def _worker(rank: int, world: int, init_method: str, tasks, results, pg_timeout_s: float) -> None:
+    """One rank of a :class:`DistPool`: join the gloo group, then run tasks until ``None`` arrives."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=pg_timeout_s))
     while True:
         task = tasks.get()
@@ -55,19 +98,35 @@ def _worker(rank: int, world: int, port: int, tasks, results, pg_timeout_s: floa
 
 
 class DistPool:
-    """``world`` spawned ranks on gloo, reused across tasks. Use as a context manager."""
+    """``world`` spawned ranks on gloo, reused across tasks. Use as a context manager.
+
+    Args:
+        world: number of ranks; timeout_s: how long :meth:`run` waits for a task (then the pool is closed and
+            ``TimeoutError`` raised: the hang guard of every test that uses it).
+        pg_timeout_s: the process group's own timeout (collectives that never complete).
+    """
 
     def __init__(self, world: int, timeout_s: float = 180.0, pg_timeout_s: float = 60.0) -> None:
         self.world = world
         self.timeout_s = timeout_s
+        self._closed = False
+        # file:// rendezvous on a fresh file in a fresh directory: unlike a TCP port picked in advance,
+        # nothing else can take it; the directory goes on close (or when the pool is collected)
+        self._rdzv_dir = tempfile.mkdtemp(prefix="hsap-pool-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._rdzv_dir, True)
+        init_method = "file://" + os.path.join(self._rdzv_dir, "rendezvous")
         ctx = mp.get_context("spawn")
         self._tasks = [ctx.Queue() for _ in range(world)]
         self._results = ctx.Queue()
-        port = free_port()
-        self._procs = [ctx.Process(target=_worker, args=(r, world, port, self._tasks[r], self._results, pg_timeout_s),
-                                   daemon=True) for r in range(world)]
+        self._procs = [ctx.Process(target=_worker, args=(r, world, init_method, self._tasks[r], self._results,
+                                                         pg_timeout_s), daemon=True) for r in range(world)]
         for p in self._procs:
             p.start()
+
+    @property
+    def alive(self) -> bool:
+        """Not closed, and every rank still running (a timeout or a dead rank ends the pool)."""
+        return not self._closed and all(p.is_alive() for p in self._procs)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """Run ``fn(*args)`` on every rank; returns the results in rank order."""
@@ -90,6 +149,10 @@ class DistPool:
         return out
 
     def close(self, force: bool = False) -> None:
+        """Stop the ranks (``force``: kill them without asking) and remove the rendezvous directory."""
+        if self._closed:
+            return
+        self._closed = True
         if not force:
             for q in self._tasks:
                 q.put(None)
@@ -97,6 +160,8 @@ class DistPool:
             p.join(timeout=0 if force else 20)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+        self._cleanup()
 
     def __enter__(self) -> "DistPool":
         return self
@@ -105,25 +170,57 @@ class DistPool:
         self.close(force=exc[0] is not None)
 
 
+class DistPools:
+    """One :class:`DistPool` per world size, started on first use and reused; a pool that ended (a task timed
+    out, a rank died) is replaced by a fresh one on the next :meth:`get`. Call :meth:`close` at the end.
+
+    Args:
+        timeout_s: the pools' default task timeout; pg_timeout_s: their process groups' timeout.
+    """
+
+    def __init__(self, timeout_s: float = 180.0, pg_timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self.pg_timeout_s = pg_timeout_s
+        self._pools: dict[int, DistPool] = {}
+
+    def get(self, world: int, timeout_s: float | None = None) -> DistPool:
+        """The pool of ``world`` ranks, with its task timeout set to ``timeout_s`` (default: the pools')."""
+        pool = self._pools.get(world)
+        if pool is None or not pool.alive:
+            if pool is not None:
+                pool.close(force=True)
+            pool = self._pools[world] = DistPool(world, self.timeout_s, self.pg_timeout_s)
+        pool.timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        return pool
+
+    __call__ = get
+
+    def close(self) -> None:
+        """Stop every pool."""
+        for pool in self._pools.values():
+            pool.close(force=not pool.alive)
+        self._pools.clear()
+
+    def __enter__(self) -> "DistPools":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def check_kernel_against_reference(kernel: Any, dtype: Any, shapes: list[tuple[int, int]], causal: bool, tol: float,
                                    *, device: Any = "cpu", heads: tuple[int, int, int] = (4, 2, 16),
                                    scale: float = 0.3, seed: int = 7) -> None:
     """Assert that a varlen kernel matches the float64 reference (out, lse, dq, dk, dv) on segments of
     ``shapes`` (``(Lq, Lk)`` each; bottom-right causal when ``causal``). Rows that see no key must have
-    lse ``-inf`` and output 0. Errors are max-abs relative to the reference's largest magnitude.
+    lse ``-inf`` and output 0. Errors are :func:`rel_err` (max-abs relative to the reference's largest magnitude).
 
     Args:
         kernel: an :class:`~hf_hsap.kernels.base.AttentionKernel`; dtype: the inputs' dtype.
         tol: largest relative error allowed; device: where the inputs live.
         heads: ``(Hq, Hkv, D)``; scale: softmax scale; seed: of the random inputs (drawn on the CPU).
     """
-    import torch
-
     from .kernels import VarlenSpec, reference_varlen_attention
-
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        a, b = a.detach().double(), b.detach().double()
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
     g = torch.Generator().manual_seed(seed)
     spec = VarlenSpec.from_lengths([a for a, _ in shapes], [b for _, b in shapes], causal)
@@ -140,7 +237,7 @@ def check_kernel_against_reference(kernel: Any, dtype: Any, shapes: list[tuple[i
     assert lse.shape == ref_lse.shape and out.shape == ref_out.shape
     assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have lse -inf, the others finite"
     assert not bool(out[~seen].abs().any()), "rows that see no key must have output 0"
-    assert rel(lse[seen], ref_lse[seen]) < tol
+    assert rel_err(lse[seen], ref_lse[seen]) < tol
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref_out, *ref)):
         assert got.dtype == dtype and got.shape == want.shape, name
-        assert rel(got, want) < tol, f"{name}: {rel(got, want):.2e}"
+        assert rel_err(got, want) < tol, f"{name}: {rel_err(got, want):.2e}"

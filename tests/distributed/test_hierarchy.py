@@ -5,7 +5,7 @@ intra all-to-all moved exactly the formula's bytes and the inter P2P exactly the
 """
 import pytest
 
-from test_sap_attention import assert_exact, cu_of
+from helpers import assert_exact, cu_of
 from workers.sap import check_attention
 
 LAYOUT = [1, 45, 3, 1, 30, 2, 60, 9]  # T = 151: 1-token docs, docs longer than a shard

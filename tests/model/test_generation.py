@@ -31,6 +31,7 @@ from transformers import (
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from hf_hsap.integrations import register
+from helpers import rel_err
 
 REGISTERED = register()
 VOCAB = 97
@@ -126,12 +127,6 @@ def _batch(kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     raise KeyError(kind)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference relative to the reference's largest magnitude."""
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
 def _generate(
     model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None, cache: str
 ) -> GenerateDecoderOnlyOutput:
@@ -168,7 +163,7 @@ def test_generate_matches_sdpa_and_eager(family: str, cache: str, batch: str) ->
             assert a.sequences.shape == b.sequences.shape, (ref, dtype)
             where = "" if torch.equal(a.sequences, b.sequences) else _first_difference(a.sequences, b.sequences)
             assert not where, f"vs {ref}, {dtype}: {where}"
-            errors = [_rel(x, y) for x, y in zip(a.scores, b.scores)]
+            errors = [rel_err(x, y) for x, y in zip(a.scores, b.scores)]
             assert len(errors) == NEW_TOKENS
             worst = max(range(NEW_TOKENS), key=lambda s: errors[s])
             assert errors[worst] <= TOL[dtype], (
@@ -207,8 +202,8 @@ def test_prefill_and_decode_step_logits(family: str, cache: str, batch: str) -> 
                              use_cache=True)
             logits[impl] = (prefill.logits[valid], step.logits[:, -1])  # [N_valid, V], [B, V]
         for ref in REFERENCES[dtype]:
-            pre = _rel(logits["hsap"][0], logits[ref][0])
-            dec = _rel(logits["hsap"][1], logits[ref][1])
+            pre = rel_err(logits["hsap"][0], logits[ref][0])
+            dec = rel_err(logits["hsap"][1], logits[ref][1])
             assert pre <= TOL[dtype], f"vs {ref}, {dtype}: prefill logits differ, rel {pre:.2e}"
             assert dec <= TOL[dtype], f"vs {ref}, {dtype}: decode-step logits differ, rel {dec:.2e}"
 
@@ -235,7 +230,7 @@ def test_packed_row_matches_documents_alone(family: str, use_cache: bool | None)
         start, errors = 0, []
         for n in DOC_LENS:
             alone = models["eager"](input_ids=ids[:, start:start + n]).logits[0]  # [n, V]
-            errors.append(_rel(packed[start:start + n], alone))
+            errors.append(rel_err(packed[start:start + n], alone))
             start += n
     bad = [(i, f"{e:.2e}") for i, e in enumerate(errors) if e > TOL[torch.float32]]
     assert not bad, f"{family}: documents (index, rel error) mixed with their neighbours: {bad}"
@@ -259,7 +254,7 @@ def test_generation_past_the_sliding_window_matches_sdpa(cache: str) -> None:
     with torch.no_grad():
         a, b = hsap.generate(ids, **kwargs), base.generate(ids, **kwargs)
     assert torch.equal(a.sequences, b.sequences)
-    assert max(_rel(x, y) for x, y in zip(a.scores, b.scores)) <= TOL[torch.float32]
+    assert max(rel_err(x, y) for x, y in zip(a.scores, b.scores)) <= TOL[torch.float32]
     hsap.config.sliding_window = 8  # prompts longer than the window: refused at prefill, never a wrong token
     for layer in hsap.model.layers:
         layer.self_attn.config.sliding_window = 8

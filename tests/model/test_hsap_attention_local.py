@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from hf_hsap.integrations import hsap_attention_forward, is_registered, register
+from helpers import rel_err
 
 REGISTERED = register()
 VOCAB = 97
@@ -63,11 +64,6 @@ def _packed(lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, pos, cu
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach(), b.detach()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
 def _loss(logits: torch.Tensor) -> torch.Tensor:
     """A per-token loss whose gradient touches every logit: ``sum(w * logits)`` with fixed weights."""
     w = torch.randn(logits.shape[-2:], generator=torch.Generator().manual_seed(2))  # [T, V]
@@ -90,9 +86,9 @@ def _check_packed(hsap: torch.nn.Module, ref_logits: torch.Tensor, ref_grads: di
     hsap.zero_grad()
     logits = hsap(**inputs).logits
     _loss(logits).backward()
-    assert _rel(logits.detach(), ref_logits) <= 1e-4
+    assert rel_err(logits.detach(), ref_logits) <= 1e-4
     for name, p in hsap.named_parameters():
-        assert _rel(p.grad, ref_grads[name]) <= 1e-4, name
+        assert rel_err(p.grad, ref_grads[name]) <= 1e-4, name
 
 
 def test_register_is_idempotent_and_set_attn_implementation(tmp_path) -> None:
@@ -109,7 +105,7 @@ def test_register_is_idempotent_and_set_attn_implementation(tmp_path) -> None:
     # use_cache=False: with a cache, eager/SDPA ignore packed position_ids (masking_utils checks `cache is None`)
     ref = model(input_ids=ids, position_ids=pos, use_cache=False).logits
     model.set_attn_implementation("hsap")
-    assert _rel(model(input_ids=ids, position_ids=pos).logits, ref) <= 1e-4
+    assert rel_err(model(input_ids=ids, position_ids=pos).logits, ref) <= 1e-4
 
 
 def test_mask_interface_never_builds_a_dense_mask() -> None:
@@ -154,15 +150,15 @@ def test_batched_packed_rows_and_right_padding(tmp_path) -> None:
     hsap.zero_grad()
     logits = hsap(input_ids=ids, position_ids=pos).logits.reshape(1, -1, VOCAB)  # [2, 16, V] -> [1, 32, V]
     _loss(logits).backward()
-    assert _rel(logits.detach(), ref_logits) <= 1e-4
+    assert rel_err(logits.detach(), ref_logits) <= 1e-4
     for name, p in hsap.named_parameters():
-        assert _rel(p.grad, ref_grads[name]) <= 1e-4, name
+        assert rel_err(p.grad, ref_grads[name]) <= 1e-4, name
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 11:] = 0  # right padding of the second row
     with torch.no_grad():
         out = hsap(input_ids=ids, attention_mask=mask).logits
-        assert _rel(out[0], eager(input_ids=ids[:1]).logits[0]) <= 1e-4
-        assert _rel(out[1, :11], eager(input_ids=ids[1:, :11]).logits[0]) <= 1e-4
+        assert rel_err(out[0], eager(input_ids=ids[:1]).logits[0]) <= 1e-4
+        assert rel_err(out[1, :11], eager(input_ids=ids[1:, :11]).logits[0]) <= 1e-4
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -176,7 +172,7 @@ def test_generate_matches_eager(kind: str, tmp_path) -> None:
         a = hsap.generate(prompt, attention_mask=mask, **kwargs, **extra)
         b = eager.generate(prompt, attention_mask=mask, **kwargs, **extra)
         assert torch.equal(a.sequences, b.sequences)
-        assert max(_rel(x, y) for x, y in zip(a.scores, b.scores)) <= 1e-4
+        assert max(rel_err(x, y) for x, y in zip(a.scores, b.scores)) <= 1e-4
     single = prompt[:1]
     assert torch.equal(hsap.generate(single, max_new_tokens=8, do_sample=False),
                        eager.generate(single, max_new_tokens=8, do_sample=False))

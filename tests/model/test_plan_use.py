@@ -7,20 +7,13 @@ helper with ``sp=``, ``check_plan_used``, the trainers) and at the latest at the
 """
 from __future__ import annotations
 
-import pytest
-
-from hf_hsap.testing import DistPool
 from workers import plan_use as W
 
-
-@pytest.fixture(scope="module")
-def pool2():
-    with DistPool(2, timeout_s=150) as pool:
-        yield pool
+TIMEOUT_S = 150  # each task's hang guard (DistPool.run)
 
 
-def test_loops_whose_model_does_not_run_the_plan_raise(pool2) -> None:
-    for res in pool2.run(W.loops_without_the_plan, 2):
+def test_loops_whose_model_does_not_run_the_plan_raise(pools) -> None:
+    for res in pools(2, TIMEOUT_S).run(W.loops_without_the_plan, 2):
         assert res["sdpa_loss"].startswith("PlanNotUsedError") and "attn_implementation='hsap'" in res["sdpa_loss"]
         assert res["sdpa_next_shard"].startswith("PlanNotUsedError") and "previous batch" in res["sdpa_next_shard"]
         assert res["stablelm_check_model"].startswith("UnsupportedModelError")
@@ -32,8 +25,8 @@ def test_loops_whose_model_does_not_run_the_plan_raise(pool2) -> None:
         assert res["hsap_all_keys_next_shard"] is None and res["hsap_check_plan_used"] is None
 
 
-def test_a_layer_missing_from_the_record_raises(pool2) -> None:
-    for err in pool2.run(W.half_the_layers, 2):
+def test_a_layer_missing_from_the_record_raises(pools) -> None:
+    for err in pools(2, TIMEOUT_S).run(W.half_the_layers, 2):
         assert err is not None and "only 1 of the model's 2 attention layers" in err
 
 
@@ -41,7 +34,7 @@ def test_config_count() -> None:
     assert W.llama_config_sanity() == 3
 
 
-def test_chunked_layers_under_sp_are_refused_when_a_document_spans_chunks(pool2) -> None:
-    for res in pool2.run(W.chunked_under_sp, 2):
+def test_chunked_layers_under_sp_are_refused_when_a_document_spans_chunks(pools) -> None:
+    for res in pools(2, TIMEOUT_S).run(W.chunked_under_sp, 2):
         err = res["short_chunk"]
         assert err is not None and "chunked-attention layer of 8 tokens" in err and "sp_size=1" in err

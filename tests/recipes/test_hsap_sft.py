@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hf_hsap.testing import free_port, launch_env
+from hf_hsap.testing import launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_CONFIG = ROOT / "accelerate_configs" / "cpu_4proc.yaml"
@@ -29,9 +29,9 @@ def _flags(fields: dict[str, Any]) -> list[str]:
 
 
 def _run(cmd: list[str], procs: int) -> str:
-    if procs > 1:
+    if procs > 1:  # --main_process_port 0: Accelerate picks a free port right before binding it
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
-               "--num_processes", str(procs), "--main_process_port", str(free_port()), *cmd]
+               "--num_processes", str(procs), "--main_process_port", "0", *cmd]
     else:
         cmd = [sys.executable, *cmd]
     proc = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True, timeout=420)
@@ -66,6 +66,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"base": base, "model": model, "data": data, "ref": ref}
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_hsap_sft_flags_on_2_processes_logs_the_single_process_trl_losses(inputs: dict[str, Any]) -> None:
     out = inputs["base"] / "cli2"
     output = _run(["-m", "hf_hsap.cli.sft", "--model_name_or_path", inputs["model"], "--dataset_name",
@@ -79,6 +81,8 @@ def test_hsap_sft_flags_on_2_processes_logs_the_single_process_trl_losses(inputs
     assert "Total train batch size (w. parallel, distributed & accumulation) = 2" in output
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_hsap_sft_yaml_on_4_processes_ulysses2_logs_the_single_process_trl_losses(inputs: dict[str, Any]) -> None:
     out = inputs["base"] / "cli4"
     config = inputs["base"] / "sft4.yaml"
@@ -89,6 +93,8 @@ def test_hsap_sft_yaml_on_4_processes_ulysses2_logs_the_single_process_trl_losse
     _assert_close(_losses(out), inputs["ref"])
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 @pytest.mark.parametrize("procs", [4])  # 2 processes: the hsap-sft test above
 def test_trl_docs_script_with_hsap_trainer_logs_the_single_process_trl_losses(inputs: dict[str, Any],
                                                                               procs: int) -> None:

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hf_hsap.testing import free_port, launch_env
+import pytest
+
+from hf_hsap.testing import launch_env
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # two accelerate launches (~25 s on 2 CPU cores)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "workers" / "bare_accelerator.py"
@@ -18,8 +22,9 @@ CPU_CONFIG = ROOT / "accelerate_configs" / "cpu_4proc.yaml"
 
 
 def _launch(kind: str) -> subprocess.CompletedProcess:
+    # --main_process_port 0: Accelerate picks a free port right before binding it
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG), "--num_processes",
-           "2", "--main_process_port", str(free_port()), str(SCRIPT), kind]
+           "2", "--main_process_port", "0", str(SCRIPT), kind]
     return subprocess.run(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=180)
 

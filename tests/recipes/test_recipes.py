@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from hf_hsap.testing import free_port, launch_env
+from hf_hsap.testing import launch_env
+
+# the recipes run as subprocesses, under accelerate launch; 20-50 s each on 2 CPU cores
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_CONFIG = ROOT / "accelerate_configs" / "cpu_4proc.yaml"
@@ -36,9 +39,9 @@ def run_recipe(script: str, out: Path, args: list[str], procs: int = 1) -> list[
     target = [str(ROOT / "recipes" / script), "--output_dir", str(out), *args]
     if procs == 1:
         cmd = [sys.executable, *target]
-    else:
+    else:  # --main_process_port 0: Accelerate picks a free port right before binding it
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
-               "--num_processes", str(procs), "--main_process_port", str(free_port()), *target]
+               "--num_processes", str(procs), "--main_process_port", "0", *target]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # its own process group: the ranks go with it
     try:

@@ -7,7 +7,7 @@ from benchmarks.planning import PlanningConfig, planning_lengths, run_planning
 from benchmarks.predictions import CostConfig
 from benchmarks.render import render
 from benchmarks.run import run_tables
-from benchmarks.traffic import TrafficConfig, local_attn_work, recv_floor
+from benchmarks.traffic import TrafficConfig, recv_floor
 from hf_hsap import plan_sequence
 
 TCFG = TrafficConfig(dists=("longtail", "mixed"), Ts=(131072,), Ps=(8,), seeds=(0,))
@@ -35,7 +35,7 @@ def test_hsap_row_equals_plan_stats(tables):
 
     row = next(r for r in tables["traffic_rows"] if r["scheme"] == "hsap" and r["dist"] == "longtail")
     st = plan_sequence(cu_seqlens(doc_lengths("longtail", 131072, 0)), 8, "auto").stats()
-    w, t, rv = (np.array(st[k], dtype=float) for k in ("attn_work", "tokens", "recv_kv_tokens"))
+    w, t, rv = (np.array(getattr(st, k), dtype=float) for k in ("attn_work", "tokens", "recv_kv_tokens"))
     assert row["work_max_mean"] == pytest.approx(w.max() / w.mean())
     assert row["tok_max_mean"] == pytest.approx(t.max() / t.mean())
     assert row["recv_max"] == pytest.approx(rv.max() / (7 / 8 * 131072))
@@ -62,14 +62,12 @@ def test_local_work_and_floor_by_hand():
     lengths = [10, 6, 30]
     plan = plan_sequence(np.concatenate([[0], np.cumsum(lengths)]), 2, "contiguous")
     # part 0 holds [0, 23): docs 10, 6 and 7 tokens of the 30; part 1 the other 23 tokens of the 30
-    assert local_attn_work(plan).tolist() == [55 + 21 + 28, 23 * 24 / 2]
-    st = plan.stats()
-    if "local_attn_work" in st:
-        assert np.allclose(st["local_attn_work"], local_attn_work(plan))
-    for U in (1, 2):
+    assert plan.stats().local_attn_work == [55 + 21 + 28, 23 * 24 / 2]
+    for U in (1, 2):  # a rank computes 1/U of its part's heads: per rank, the part's local work / U
         p4 = plan_sequence(np.concatenate([[0], np.cumsum([50, 7, 90, 3])]), 4, "balanced", ulysses_size=U)
-        if "local_attn_work" in p4.stats():
-            assert np.allclose(p4.stats()["local_attn_work"], local_attn_work(p4))
+        part_local = [sum(n * (n + 1) / 2 for n in np.bincount(p4.layout.doc_of(p4.part_token_indices(r)),
+                                                                  minlength=4)) for r in range(p4.n_parts)]
+        assert np.allclose(p4.stats().local_attn_work, np.repeat(part_local, U) / U)
     assert recv_floor(np.array(lengths), 2) == pytest.approx(max(0.0, 30 - 23 * 1.1) / 23)
 
 

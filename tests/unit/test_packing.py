@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap
+from helpers import ci_examples
 from hf_hsap.data import PackingCollator, shift_labels_packed
 from hf_hsap.data.packing import best_fit_decreasing
 
@@ -96,7 +97,7 @@ def test_docstring_example():
     assert batch["max_length_q"] == 3
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=ci_examples(60))
 @given(
     seed=st.integers(0, 10_000),
     n=st.integers(1, 12),
@@ -201,7 +202,7 @@ def naive_shift(labels, pos):
     return out
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=ci_examples(80))
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 4), L=st.integers(1, 30))
 def test_shift_labels_packed_matches_naive(seed, B, L):
     g = torch.Generator().manual_seed(seed)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap.plan.balanced as balanced_mod
+from helpers import ci_examples
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_work
 
@@ -24,7 +25,7 @@ def _placements(lengths: list[int], P: int, slack: float, token_cost: float | No
     return layout, on, off
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=ci_examples(60))
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=40), st.integers(2, 12), st.sampled_from([0.0, 0.01, 0.03]))
 def test_refinement_keeps_tokens_and_never_raises_the_peak(lengths: list[int], P: int, slack: float) -> None:
     layout, on, off = _placements(lengths, P, slack)
@@ -79,7 +80,7 @@ def _covers_once(layout, pl) -> None:
     assert (cover == 1).all()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=ci_examples(60))
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=40), st.integers(2, 12), st.sampled_from([0.0, 0.01, 0.03]),
        st.sampled_from([0.0, 50.0, 2000.0]))
 def test_priced_refinement_lowers_the_load_within_the_token_cap(lengths: list[int], P: int, slack: float,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 import traceback
 from datetime import timedelta
 
@@ -14,12 +13,15 @@ from hf_hsap.comm.p2p import HSAPCommError
 from hf_hsap.kernels import reference_attention
 
 
-def fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: float, results) -> None:
-    """Rank ``world - 1`` dies (``mode="die"``) or stalls (``"stall"``) after planning; the others run
-    attention and report whether they raised :class:`HSAPCommError`, and after how long."""
+def fault_worker(rank: int, world: int, init_method: str, mode: str, timeout_s: float, results, release,
+                 hang_guard_s: float) -> None:
+    """Rank ``world - 1`` dies (``mode="die"``: exit code 17) or stalls (``"stall"``: stays alive and silent
+    until ``release`` is set, then reports ``"stalled"``) after planning; the others run attention under an
+    SP group of ``timeout_s`` and report ``(rank, kind, message)``: ``kind`` is the exception type they raised
+    (``"HSAPCommError"`` expected) or ``"no error"``. ``hang_guard_s`` bounds every wait (a broken test)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=hang_guard_s))
     try:
         sp = hf_hsap.init_sequence_parallel(world, timeout_s=timeout_s)
         cu = [0, 24 * world]  # one document over every rank: everyone exchanges with everyone
@@ -31,19 +33,17 @@ def fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: float, 
         if rank == world - 1:
             if mode == "die":
                 os._exit(17)
-            time.sleep(timeout_s * 6)
-            results.put((rank, "stalled", 0.0, ""))
+            results.put((rank, "stalled" if release.wait(hang_guard_s) else "never released", ""))
             return
-        t0 = time.monotonic()
         try:
             hf_hsap.hsap_attn_func(ql, kl, vl, plan).sum().backward()
-            results.put((rank, "no error", time.monotonic() - t0, ""))
+            results.put((rank, "no error", ""))
         except HSAPCommError as err:
-            results.put((rank, "HSAPCommError", time.monotonic() - t0, str(err)))
+            results.put((rank, "HSAPCommError", str(err)))
         except Exception as err:  # noqa: BLE001 - report what else happened
-            results.put((rank, type(err).__name__, time.monotonic() - t0, str(err)))
+            results.put((rank, type(err).__name__, str(err)))
     except BaseException:  # noqa: BLE001
-        results.put((rank, "setup failed", 0.0, traceback.format_exc()))
+        results.put((rank, "setup failed", traceback.format_exc()))
     finally:
         results.close()
         results.join_thread()  # flush before the hard exit below

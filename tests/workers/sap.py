@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 import hf_hsap
 from hf_hsap.kernels import reference_attention
+from hf_hsap.testing import rel_err
 
 _GROUPS: dict = {}  # per-process cache of SP groups (worker processes only; keyed by shape)
 
@@ -23,17 +24,19 @@ def get_sp(sp_size: int, ulysses: int) -> hf_hsap.SPGroup:
 ABS_FLOOR = 1e-3  # inputs are N(0, 1): every gradient that is not 0 by mathematics is far above it
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
-    """Max abs error of this rank's shard, relative to the largest magnitude of the global reference
-    ``scale`` (a shard alone can be all ~0, e.g. the dq of 1-token documents). The denominator is at
-    least ``ABS_FLOOR``: a gradient that is 0 by mathematics (every document of 1 token: dq = dk = 0)
-    is computed as rounding noise of the O(1) terms it cancels, which is exact, not a relative error."""
-    a, b = a.double(), b.double()
+def _shard_err(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
+    """:func:`~hf_hsap.testing.rel_err` of this rank's shard over its finite entries (the non-finite ones, e.g.
+    the lse ``-inf`` of rows that see no key, must sit at the same places, else ``inf``), relative to the
+    largest finite magnitude of the global reference ``scale`` (a shard alone can be all ~0, e.g. the dq of
+    1-token documents). The denominator is at least ``ABS_FLOOR``: a gradient that is 0 by mathematics
+    (every document of 1 token: dq = dk = 0) is computed as rounding noise of the O(1) terms it cancels,
+    which is exact, not a relative error."""
     fin = torch.isfinite(b)
     if not torch.equal(fin, torch.isfinite(a)):
         return float("inf")
-    denom = scale[torch.isfinite(scale)].abs().max().item()
-    return (a[fin] - b[fin]).abs().max().item() / max(denom, ABS_FLOOR) if fin.any() else 0.0
+    if not fin.any():
+        return 0.0
+    return rel_err(a[fin], b[fin], scale=scale[torch.isfinite(scale)], floor=ABS_FLOOR)
 
 
 def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
@@ -75,15 +78,15 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
         digest.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
     return {
         "digest": digest.hexdigest(), "max_recv_rows": sp.comm_stats.max_recv_rows,
-        "out": _rel(out, plan.shard(ref), ref), "lse": _rel(lse, plan.shard(ref_lse), ref_lse),
-        "dq": _rel(ql.grad, plan.shard(qr.grad), qr.grad), "dk": _rel(kl.grad, plan.shard(kr.grad), kr.grad),
-        "dv": _rel(vl.grad, plan.shard(vr.grad), vr.grad),
+        "out": _shard_err(out, plan.shard(ref), ref), "lse": _shard_err(lse, plan.shard(ref_lse), ref_lse),
+        **{name: _shard_err(leaf.grad, plan.shard(full.grad), full.grad)
+           for name, leaf, full in (("dq", ql, qr), ("dk", kl, kr), ("dv", vl, vr))},
         "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs, "bwd_bytes": bwd_bytes,
-        "plan_recv": st["recv_kv_tokens"][sp.rank], "plan_send": st["send_kv_tokens"][sp.rank], "rounds": st["rounds"],
+        "plan_recv": st.recv_kv_tokens[sp.rank], "plan_send": st.send_kv_tokens[sp.rank], "rounds": st.rounds,
         "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
         "placement": plan.placement_name, "rank": dist.get_rank(), "round_order": plan.round_order,
         "bwd_rows": sp.comm_stats.rows_recv - fwd_rows,
-        "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st["a2a_tokens"][sp.rank],
+        "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st.a2a_tokens[sp.rank],
         "dp_rank": sp.dp_rank, "sp_rank": sp.rank,
     }
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_hsap
+from hf_hsap.testing import rel_err
 from workers import zoo_configs as ZC
 
 DOC_LENS = [7, 30, 1, 19, 15]  # 72 tokens: 30 > 72 / 4 (one document longer than a shard at SP 4)
@@ -272,15 +273,6 @@ def classify_traceback(text: str) -> dict[str, str]:
     return {**_outcome(exc_type, message, *_innermost(frames, exc_type)), "traceback": text[-1500:]}
 
 
-def rel(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
-    """``max |a - b| / max(max |b|, floor)`` in float64 (``inf`` on a shape mismatch or NaN)."""
-    if a.shape != b.shape:
-        return float("inf")
-    a, b = a.double(), b.double()
-    err = float((a - b).abs().max() / max(float(b.abs().max()), floor, 1e-300))
-    return err if err == err else float("inf")
-
-
 def compare(ref: dict[str, Any], logits: torch.Tensor, loss: float, grads: dict[str, torch.Tensor],
             tol: float) -> dict[str, Any]:
     """``exact`` or ``WRONG`` of one run against the reference.
@@ -289,9 +281,9 @@ def compare(ref: dict[str, Any], logits: torch.Tensor, loss: float, grads: dict[
         ``{"outcome", "err": {"logits", "loss", "grads", "worst_grad"}}`` (relative errors).
     """
     floor = GRAD_FLOOR * max(float(g.abs().max()) for g in ref["grads"].values())
-    g_err = {n: rel(grads[n], g, floor) if n in grads else float("inf") for n, g in ref["grads"].items()}
+    g_err = {n: rel_err(grads[n], g, floor=floor) if n in grads else float("inf") for n, g in ref["grads"].items()}
     worst = max(g_err, key=g_err.get) if g_err else ""
-    err = {"logits": rel(logits, ref["logits"]), "loss": abs(loss - ref["loss"]) / max(abs(ref["loss"]), 1e-300),
+    err = {"logits": rel_err(logits, ref["logits"]), "loss": abs(loss - ref["loss"]) / max(abs(ref["loss"]), 1e-300),
            "grads": g_err.get(worst, 0.0), "worst_grad": worst}
     ok = max(err["logits"], err["grads"]) <= tol and err["loss"] <= max(tol, LOSS_TOL)
     return {"outcome": "exact" if ok else "WRONG", "err": err}

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hf_hsap.testing import DistPool
+from hf_hsap.testing import DistPool, DistPools
 from workers import zoo
 from workers import zoo_configs as ZC
 
@@ -20,17 +20,23 @@ FLOAT32_ISLAND = 1e-5  # float64 errors below this come from float32 steps insid
 
 
 class PoolManager:
-    """A :class:`~hf_hsap.testing.DistPool` of :data:`WORLD` ranks, started on first use and after a failure."""
+    """The :class:`~hf_hsap.testing.DistPool` of :data:`WORLD` ranks of a :class:`~hf_hsap.testing.DistPools`,
+    started on first use and replaced after a failure.
 
-    def __init__(self, world: int = WORLD) -> None:
+    Args:
+        world: its ranks; pools: where the pool comes from, e.g. the tests' session-wide ``pools`` fixture (a
+            pool this manager kills is replaced there too); ``None``: pools of its own, stopped by :meth:`close`.
+    """
+
+    def __init__(self, world: int = WORLD, pools: DistPools | None = None) -> None:
         self.world = world
+        self._own = pools is None
+        self.pools = DistPools(pg_timeout_s=60) if pools is None else pools
         self.pool: DistPool | None = None
         self.restarts = 0
 
     def _get(self, timeout_s: float) -> DistPool:
-        if self.pool is None:
-            self.pool = DistPool(self.world, timeout_s=timeout_s, pg_timeout_s=60)
-        self.pool.timeout_s = timeout_s
+        self.pool = self.pools.get(self.world, timeout_s)  # a fresh pool when the last one ended
         return self.pool
 
     def restart(self) -> None:
@@ -41,10 +47,10 @@ class PoolManager:
             self.restarts += 1
 
     def close(self) -> None:
-        """Stop the pool's ranks."""
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        """Stop the pools' ranks if they are this manager's own (a shared ``pools`` is its owner's to close)."""
+        if self._own:
+            self.pools.close()
+        self.pool = None
 
     def run_jobs(self, family: str, state_dict: dict[str, torch.Tensor], jobs: list[tuple[str, str]],
                  timeout_s: float = TASK_TIMEOUT_S) -> dict[tuple[str, str], Any]:

@@ -1,0 +1,54 @@
+"""Helpers shared by the test modules (test modules import this, never each other).
+
+* :func:`rel_err`: the one relative error of the suite, ``max |a - b| / max(max |b|, tiny)`` in float64
+  (``inf`` on a shape mismatch, a NaN or an infinity); defined in :mod:`hf_hsap.testing` because the library's
+  own :func:`~hf_hsap.testing.check_kernel_against_reference` uses it too.
+* :func:`cu_of`, :func:`assert_exact`, :data:`TOL`: the SAP attention checks (``workers/sap.py`` results).
+* :func:`hypothesis_profile`, :func:`ci_examples`: the Hypothesis profiles (registered in ``conftest.py``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from hf_hsap.testing import rel_err
+
+__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_exact", "ci_examples", "cu_of", "hypothesis_profile", "rel_err"]
+
+HYPOTHESIS_PROFILE_ENV = "HSAP_HYPOTHESIS_PROFILE"  # "ci" (default) or "long"
+
+TOL = {"float64": 1e-9, "float32": 2e-5}  # largest relative error of the SAP attention checks, per dtype
+
+
+def cu_of(lengths: Iterable[int]) -> list[int]:
+    """Document lengths -> ``cu_seqlens`` (``[0, l0, l0 + l1, ...]``)."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+def assert_exact(results: list[dict[str, Any]], dtype: str, plan_minimum: bool = True) -> None:
+    """Every rank's out, lse, dq, dk, dv within :data:`TOL` of the float64 reference and (``plan_minimum``) the
+    forward receiving exactly the planner's minimum rows and bytes (``workers.sap.check_attention`` records)."""
+    for r in results:
+        for key in ("out", "lse", "dq", "dk", "dv"):
+            assert r[key] <= TOL[dtype], f"rank {r['rank']} {key} rel err {r[key]:.3g} > {TOL[dtype]} ({r})"
+        if plan_minimum:
+            assert r["fwd_rows"] == r["plan_recv"], r
+            assert r["fwd_bytes"] == r["plan_recv"] * r["row_bytes"], r
+
+
+def hypothesis_profile() -> str:
+    """The Hypothesis profile to load: ``$HSAP_HYPOTHESIS_PROFILE``, default ``"ci"``."""
+    return os.environ.get(HYPOTHESIS_PROFILE_ENV, "ci")
+
+
+def ci_examples(n: int) -> int:
+    """``max_examples`` of a property test that runs fewer examples than the ``ci`` profile's (slow examples,
+    e.g. on spawned ranks): ``n`` under ``ci``, the loaded profile's own (larger) count under any other
+    (``long``). Call it inside ``@settings(...)``: ``conftest.py`` loads the profile before test modules are
+    imported."""
+    from hypothesis import settings
+
+    return n if hypothesis_profile() == "ci" else settings.default.max_examples
