@@ -22,7 +22,8 @@ setup(
         "numpy>=1.24",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard",
+                 "import-linter>=2.1"],
         "bench": ["matplotlib>=3.7"],
         "gpu": ["flash-attn>=2.6"],
     },
