@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import hf_hsap
 from hf_hsap.kernels import TorchCPUFlashKernel
+from hf_hsap.testing import rel_err
 
 from .cpu_baselines import AllGatherKV, RingAttention, UlyssesAttention
 
@@ -84,10 +85,6 @@ def _baseline_runner(name: str, cu: np.ndarray, q, k, v, dout, kernel, scale: fl
     return _Runner(idx, fn, lambda: impl.bytes_recv)
 
 
-def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30))
-
-
 def bench_schedules(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: int, names: tuple[str, ...],
                     tol: float = 1e-4) -> dict:
     """Time forward + backward of one attention layer under every schedule in ``names``.
@@ -132,7 +129,7 @@ def bench_schedules(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: i
         bytes_[name] = r.bytes()
         if ref is None:
             ref = [ref_plan.gather(x.detach()) for x in res]  # global out, dq, dk, dv
-        err = torch.tensor([max(_rel_err(x, g_.index_select(0, r.indices)) for x, g_ in zip(res, ref))])
+        err = torch.tensor([max(rel_err(x, g_.index_select(0, r.indices)) for x, g_ in zip(res, ref))])
         dist.all_reduce(err, op=dist.ReduceOp.MAX)
         errors[name] = float(err)
         assert errors[name] < tol, f"{name} differs from hf_hsap by {errors[name]:.2e} (tolerance {tol})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import rel_err
 
 import hf_hsap
 from hf_hsap.comm.loopback import LoopbackHub
@@ -52,13 +53,6 @@ def _inputs(T: int, hq: int, hkv: int, d: int, seed: int):
     return [torch.randn(T, h, d, generator=g, dtype=torch.float64) for h in (hq, hkv, hkv, hq)]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    fin = torch.isfinite(b)
-    assert torch.equal(fin, torch.isfinite(a))
-    a, b = a.detach(), b.detach()
-    return float((a[fin].double() - b[fin]).abs().max() / b[fin].abs().max())
-
-
 @pytest.mark.parametrize("P,placement,rounds,budget", [
     (2, "contiguous", "batched", None), (3, "balanced", "by_peer", None), (4, "zigzag", "by_peer", 37),
     (4, "auto", "batched", 50), (5, "balanced", "auto", None)])
@@ -78,7 +72,7 @@ def test_loopback_matches_reference(P: int, placement: str, rounds: str, budget:
     kernel = TorchCPUFlashKernel() if path == "in_place" else GatheredKernel()
     out, lse, dq, dk, dv, stats = run_plan_loopback(plan, q, k, v, dout, kernel=kernel)
     for got, want in zip((out, lse, dq, dk, dv), (ref_out, ref_lse, *ref_grads)):
-        assert _rel(got, want) < 1e-10
+        assert rel_err(got, want) < 1e-10
     # forward KV rows (once, or again in the backward under a budget) plus the dK/dV rows returned
     recv_kv = plan.stats().recv_kv_tokens
     fetches = 1 if budget is None else 2
@@ -94,7 +88,7 @@ def test_loopback_with_the_math_kernel_and_one_part() -> None:
     ref_out, _ = reference_attention(q, k, v, torch.from_numpy(cu))
     for P in (1, 3):
         out, *_ = run_plan_loopback(hf_hsap.plan_sequence(cu, P, "zigzag"), q, k, v, dout, kernel=MathKernel())
-        assert _rel(out, ref_out) < 1e-10
+        assert rel_err(out, ref_out) < 1e-10
 
 
 def test_loopback_times_out_instead_of_hanging() -> None:
@@ -136,6 +130,6 @@ def test_row_gathers_by_runs_and_by_index_agree(monkeypatch, max_runs: int) -> N
     kernel = CountingKernel()
     out, _, dq, dk, dv, _ = run_plan_loopback(plan, q, k, v, dout, kernel=kernel)
     for got, want in zip((out, dq, dk, dv), (ref_out, *ref)):
-        assert _rel(got, want) < 1e-10
+        assert rel_err(got, want) < 1e-10
     n_in_place = sum(it.segments is not None for it in items) + 4  # + the local items
     assert kernel.calls == {"in_place": n_in_place, "gathered": len(items) + 4 - n_in_place}
