@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hf_hsap.hardware import MODEL_SHAPES, DecoderShape
+
 from .distributions import pair_matrix, per_doc_chunk_matrix, row_chunk_matrix, useful_pairs, zigzag_owner
 
 
@@ -68,8 +70,13 @@ class ModelShape:
         return self.q_heads * self.head_dim * self.dtype_bytes
 
 
-LLAMA2_7B_SHAPE = ModelShape(32, 32, 128)
-LLAMA3_8B_SHAPE = ModelShape(32, 8, 128)
+def head_shape(model: DecoderShape) -> ModelShape:
+    """The attention head shape of a model of the one table (:data:`hf_hsap.hardware.MODEL_SHAPES`)."""
+    return ModelShape(model.q_heads, model.kv_heads, model.head_dim, model.dtype_bytes)
+
+
+LLAMA2_7B_SHAPE = head_shape(MODEL_SHAPES["llama2-7b"])
+LLAMA3_8B_SHAPE = head_shape(MODEL_SHAPES["llama3-8b"])
 
 
 @dataclass

@@ -20,7 +20,6 @@ from .plan.cache import PlanCache
 from .plan.cost import CostModel
 from .plan.group import GroupSpec
 from .plan.layout import Layout, make_layout
-from .plan.placement import DEFAULT_TOKEN_SLACK
 from .plan.plan import Plan
 from .plan import planner
 from .topology import SPGroup
@@ -67,15 +66,11 @@ def plan_sequence(
     sp: SPGroup | GroupSpec | int,
     placement: str = "auto",
     *,
-    ulysses_size: int = 1,
-    recv_budget_tokens: int | None = None,
-    rounds: str = "auto",
-    token_slack: float = DEFAULT_TOKEN_SLACK,
     total_tokens: int | None = None,
     cost: CostModel | None = None,
-    gpus_per_node: int | None = None,
     verify: bool = True,
     cache: PlanCache | None = None,
+    **options: Any,
 ) -> Plan:
     """Plan document-masked attention of one packed batch over an SP group.
 
@@ -90,7 +85,9 @@ def plan_sequence(
         cache: plan cache (default: the SPGroup's own; offline planning caches only when given one).
         cost: the cost model ``auto`` minimises (default: the SPGroup's ``cost_model`` if set, else
             ``CostModel.for_link(sp.sap_link)``).
-        The other arguments: :func:`hf_hsap.plan.planner.plan_sequence`.
+        placement, total_tokens, options: as :func:`hf_hsap.plan.planner.plan_sequence`
+            (``recv_budget_tokens``, ``rounds``, ``token_slack``; ``ulysses_size`` and ``gpus_per_node``
+            for an int ``sp``); an unknown option raises ``TypeError``.
 
     Returns:
         The plan (cached: equal layouts and options return the same object).
@@ -98,8 +95,11 @@ def plan_sequence(
     Raises:
         ValueError: bad ``cu_seqlens`` or options, fewer tokens than ranks, ranks with different layouts.
     """
-    opts = dict(placement=placement, ulysses_size=ulysses_size, recv_budget_tokens=recv_budget_tokens,
-                rounds=rounds, token_slack=token_slack, gpus_per_node=gpus_per_node)
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise TypeError(f"plan_sequence() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; "
+                        f"options: {', '.join(sorted(_OPTIONS))}")
+    opts = dict(placement=placement, **options)
     if not isinstance(sp, SPGroup):
         return planner.plan_sequence(cu_seqlens, sp, cost=cost, cache=cache, total_tokens=total_tokens, **opts)
     layout = cu_seqlens if isinstance(cu_seqlens, Layout) and total_tokens is None else make_layout(cu_seqlens, total_tokens)
@@ -108,6 +108,9 @@ def plan_sequence(
     return planner.plan_sequence(layout, sp.spec, cost=cost or sp.cost_model,
                                  cache=cache if cache is not None else sp.plan_cache,
                                  bind=lambda p: SPPlan.bind(p, sp), **opts)
+
+
+_OPTIONS = {"ulysses_size", "recv_budget_tokens", "rounds", "token_slack", "gpus_per_node"}
 
 
 def check_same_layout(layout: Layout, sp: SPGroup) -> None:
