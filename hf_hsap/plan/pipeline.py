@@ -137,16 +137,17 @@ def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, w
     posted: dict[int, np.ndarray] = {}
     back: dict[int, np.ndarray] = {}
 
-    def senders_max(mask: np.ndarray, x: np.ndarray) -> np.ndarray:
-        return np.where(mask, x[None, :], -np.inf).max(axis=1) if R else x  # [R] over each row's senders
+    def senders_max(mask: np.ndarray, x: np.ndarray) -> np.ndarray:  # [R] max of x over each row's senders
+        return np.max(np.broadcast_to(x, (R, R)), axis=1, where=mask, initial=-np.inf) if R else x
 
     def post(t: int) -> None:
         posted[t] = clock.copy()
 
     def wait(t: int) -> None:
         nonlocal clock, link
-        p, has = posted.pop(t), xfer[:, t] > 0
-        begin = np.maximum.reduce([p, senders_max(peers[t], p), link, senders_max(peers[t], link)])
+        ready = np.maximum(posted.pop(t), link)  # [R] posted and its link free, per part
+        begin = np.maximum(ready, senders_max(peers[t], ready))  # both ends ready
+        has = xfer[:, t] > 0
         arrive = np.where(has, begin + xfer[:, t], -np.inf)
         link = np.where(has, arrive, link)
         clock = np.maximum(clock, arrive)
