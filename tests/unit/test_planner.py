@@ -232,7 +232,9 @@ def test_cost_model_from_config():
     cfg = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
     a100 = hf_hsap.CostModel.from_config(cfg, "network", "A100")
     assert a100.token_cost == pytest.approx(17930, rel=1e-3) and a100.kv_token_cost == pytest.approx(1226, rel=1e-3)
-    assert hf_hsap.CostModel.from_config(cfg, "network") == a100  # no GPU here: "auto" is A100
+    from hf_hsap.devices import detect_hardware
+
+    assert hf_hsap.CostModel.from_config(cfg, "network", detect_hardware()) == a100  # no GPU here: A100
     h100 = hf_hsap.CostModel.from_config(cfg, "network", "H100")
     assert h100.kv_token_cost > a100.kv_token_cost  # compute gets 3.2x faster, the network only 2x
     mha = hf_hsap.CostModel.from_config(SimpleNamespace(num_attention_heads=32, hidden_size=4096), "nvlink", "A100")
