@@ -7,7 +7,6 @@ Public API:
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
 """
-from . import log  # noqa: F401  (the NullHandler of the "hf_hsap" logger: quiet by default)
 from .attention import hsap_attn_func
 from .config import HSAPConfig
 from .kernels import reference_attention, select_kernel, varlen_attention

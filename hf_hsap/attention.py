@@ -93,7 +93,8 @@ def hsap_attn_func(
     """
     sp = plan.sp  # an SPPlan's group; a plain Plan has none
     if plan.size > 1 and sp is None:
-        raise ValueError("this plan was made offline (int SP size); make it with the SPGroup from "
+        raise ValueError("this plan was made offline (int SP size or GroupSpec) and is bound to no process group; "
+                         "make it with hf_hsap.plan_sequence(cu_seqlens, sp) and the SPGroup from "
                          "hf_hsap.init_sequence_parallel to run attention")
     n_local = plan.num_local_tokens(0 if plan.size == 1 and plan.rank is None else None)
     q, k, v = cast_qkv(q, k, v)  # the autocast dtype (or the common one): hf_hsap.kernels.dtypes

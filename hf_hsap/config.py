@@ -81,7 +81,7 @@ class HSAPConfig:
         gpus_per_node: ranks per node (None: ``LOCAL_WORLD_SIZE``, else the GPUs, else the world).
         cost_model: the planner's :class:`~hf_hsap.CostModel` (None: built from ``model_config``).
         model_config: a Transformers config; with no ``cost_model`` the group's cost model is
-            ``CostModel.from_config(model_config, sp.sap_link)`` and ``"auto"`` U divides its heads.
+            ``CostModel.from_config(model_config, sp.sap_link, detect_hardware())`` and ``"auto"`` U divides its heads.
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).

@@ -26,13 +26,16 @@ from typing import Sequence
 import numpy as np
 
 from .config import HSAPConfig
-from .data.lengths import doc_lengths
+from .data.lengths import DISTRIBUTIONS, doc_lengths
+from .hardware import MODEL_SHAPES
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, offline_link, plan_sequence
 
-DISTS = ("longtail", "sft", "mixed", "single")
-LLAMA3_8B = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
+DISTS = DISTRIBUTIONS
+_L3 = MODEL_SHAPES["llama3-8b"]  # the default model of --config: the one table's Llama-3-8B
+LLAMA3_8B = SimpleNamespace(num_attention_heads=_L3.q_heads, num_key_value_heads=_L3.kv_heads, hidden_size=_L3.hidden,
+                            intermediate_size=_L3.ffn)
 # The benchmark spec's sampler (one implementation: hf_hsap.data.lengths, also benchmarks.distributions):
 # ``[n_docs]`` int64 lengths of one row of ``T`` tokens, for ``--dist``.
 sample_lengths = doc_lengths

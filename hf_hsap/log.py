@@ -1,9 +1,11 @@
-"""hf_hsap's loggers: one hierarchy under ``"hf_hsap"``, quiet unless the application configures logging.
+"""hf_hsap's loggers: one hierarchy under ``"hf_hsap"``, decisions quiet unless the application asks.
 
-The library adds no handler except a :class:`logging.NullHandler` on the ``"hf_hsap"`` logger (so nothing is
-printed by default and "no handler found" never appears) and sets no level. An application turns the
-messages on with ordinary logging, e.g. ``logging.basicConfig(level=logging.INFO)`` or
-``logging.getLogger("hf_hsap").setLevel(logging.DEBUG)``.
+The library adds no handler and sets no level. Without any logging configuration Python prints only
+WARNING and above (its last-resort handler on stderr), so hf_hsap's fallbacks that change what runs are
+seen and its decisions (DEBUG / INFO) are not. An application shows the decisions with ordinary logging,
+e.g. ``logging.basicConfig(level=logging.INFO)``, or ``logging.basicConfig()`` plus
+``logging.getLogger("hf_hsap").setLevel(logging.DEBUG)``. (No ``NullHandler``: it would silence those
+warnings too.)
 
 Levels used by hf_hsap:
 
@@ -23,8 +25,6 @@ __all__ = ["ROOT_LOGGER", "forget_logged", "get_logger", "log_once"]
 ROOT_LOGGER = "hf_hsap"
 
 _root = logging.getLogger(ROOT_LOGGER)
-if not any(isinstance(h, logging.NullHandler) for h in _root.handlers):  # idempotent under importlib.reload
-    _root.addHandler(logging.NullHandler())
 
 
 

@@ -79,12 +79,26 @@ def _add_rows(acc: torch.Tensor, idx: torch.Tensor | None, runs: Runs | None, ro
 
 
 def fetch_tag(t: int) -> int:
-    """Message tag of round ``t``'s KV fetch."""
+    """Message tag of round ``t``'s KV fetch (even; :func:`return_tag` is the odd one after it).
+
+    Args:
+        t: the round.
+
+    Returns:
+        The tag.
+    """
     return 2 * t
 
 
 def return_tag(t: int) -> int:
-    """Message tag of round ``t``'s dK/dV return."""
+    """Message tag of round ``t``'s dK/dV return.
+
+    Args:
+        t: the round.
+
+    Returns:
+        The tag.
+    """
     return 2 * t + 1
 
 

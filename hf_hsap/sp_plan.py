@@ -9,6 +9,7 @@ group (:class:`SPPlan`), whose :meth:`SPPlan.gather` is a collective. ``hf_hsap.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,18 @@ class SPPlan(Plan):
     """A :class:`~hf_hsap.plan.plan.Plan` bound to the :class:`~hf_hsap.topology.SPGroup` it was made
     for (``sp``): what :func:`hf_hsap.hsap_attn_func` runs, and what can :meth:`gather`."""
 
-    sp: Any = None
+    sp: SPGroup | None = None
 
     @staticmethod
     def bind(plan: Plan, sp: SPGroup) -> "SPPlan":
-        """``plan`` bound to ``sp`` (sharing its data and caches)."""
+        """``plan`` bound to ``sp``, sharing its data and caches.
+
+        Args:
+            plan: a plan made for ``sp.spec``. sp: the group.
+
+        Returns:
+            The :class:`SPPlan`.
+        """
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan) if f.init}
         bound = SPPlan(**fields, sp=sp)
         bound._schedules, bound._device_schedules, bound._part_tokens = (
@@ -45,7 +53,14 @@ class SPPlan(Plan):
 
     def gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """All ranks' shards back in global order (collective over the SP group; differentiable only
-        as a value, not through other ranks). Shapes: ``[..., T_local, ...] -> [..., T, ...]``."""
+        as a value, not through other ranks).
+
+        Args:
+            x: this rank's shard. dim: the token dimension.
+
+        Returns:
+            The global tensor. Shapes: ``[..., T_local, ...] -> [..., T, ...]``.
+        """
         if self.size == 1:
             return self.unshard([x], dim)
         x = x.movedim(dim, 0).contiguous()
@@ -102,28 +117,56 @@ def plan_sequence(
     opts = dict(placement=placement, **options)
     if not isinstance(sp, SPGroup):
         return planner.plan_sequence(cu_seqlens, sp, cost=cost, cache=cache, total_tokens=total_tokens, **opts)
-    layout = cu_seqlens if isinstance(cu_seqlens, Layout) and total_tokens is None else make_layout(cu_seqlens, total_tokens)
-    if verify and sp.size > 1:  # before anything that may raise on one rank only
+    if not (verify and sp.size > 1):
+        layout = make_layout(cu_seqlens, total_tokens)
+    else:  # the check runs before anything that may raise on one rank only, a bad cu_seqlens included
+        try:
+            layout = make_layout(cu_seqlens, total_tokens)
+        except ValueError:
+            _exchange_layout_keys((-1, -1), sp)  # the peers learn that this rank has no layout
+            raise
         check_same_layout(layout, sp)
     return planner.plan_sequence(layout, sp.spec, cost=cost or sp.cost_model,
                                  cache=cache if cache is not None else sp.plan_cache,
                                  bind=lambda p: SPPlan.bind(p, sp), **opts)
 
 
-_OPTIONS = {"ulysses_size", "recv_budget_tokens", "rounds", "token_slack", "gpus_per_node"}
+# the planner's own options (its keyword-only parameters but the ones this function sets itself)
+_OPTIONS = frozenset(name for name, p in inspect.signature(planner.plan_sequence).parameters.items()
+                     if p.kind is p.KEYWORD_ONLY) - {"total_tokens", "cost", "cache", "bind"}
+
+
+def _exchange_layout_keys(mine: tuple[int, int], sp: SPGroup) -> list[tuple[int, int]]:
+    """All-gather ``(layout hash, tokens)`` over the SP group (``(-1, -1)``: no valid layout on that rank).
+
+    Args:
+        mine: this rank's key. sp: the group.
+
+    Returns:
+        Every SP rank's key, in SP rank order.
+    """
+    t = torch.tensor(mine, dtype=torch.int64)
+    if dist.get_backend(sp.group) == "nccl":
+        t = t.cuda()
+    everyone = [torch.empty_like(t) for _ in range(sp.size)]
+    try:
+        dist.all_gather(everyone, t, group=sp.group)
+    except RuntimeError as err:
+        raise_comm_error(err, "layout check (all-gather of the layout hash)", sp.global_ranks, sp.timeout_s)
+    return [tuple(int(v) for v in x.tolist()) for x in everyone]
 
 
 def check_same_layout(layout: Layout, sp: SPGroup) -> None:
-    """All-gather the layout hash over the SP group; raise ``ValueError`` on every rank if they differ."""
-    mine = torch.tensor([layout.hash64, layout.total_tokens], dtype=torch.int64)
-    if dist.get_backend(sp.group) == "nccl":
-        mine = mine.cuda()
-    everyone = [torch.empty_like(mine) for _ in range(sp.size)]
-    try:
-        dist.all_gather(everyone, mine, group=sp.group)
-    except RuntimeError as err:
-        raise_comm_error(err, "layout check (all-gather of the layout hash)", sp.global_ranks, sp.timeout_s)
-    hashes = [tuple(t.tolist()) for t in everyone]
+    """All-gather the layout hash over the SP group; raise ``ValueError`` on every rank if they differ
+    (also when a rank had no valid layout: it raises its own error, the others this one).
+
+    Args:
+        layout: this rank's layout. sp: the group.
+
+    Raises:
+        ValueError: the ranks were given different packed batches.
+    """
+    hashes = _exchange_layout_keys((layout.hash64, layout.total_tokens), sp)
     if len(set(hashes)) > 1:
         bad = [r for r, h in enumerate(hashes) if h != hashes[0]]
         raise ValueError(

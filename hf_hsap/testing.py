@@ -60,8 +60,9 @@ def free_port() -> int:
     """A free TCP port on localhost, for a launcher that needs a port number (``scripts/deepspeed_cpu_check.py``).
 
     Racy by nature: the port is free when this returns, and another process can bind it before the launcher
-    does. :class:`DistPool` does not use it (``file://`` rendezvous); the ``accelerate launch`` tests pass
-    ``--main_process_port 0`` (Accelerate picks the port right before binding it).
+    does. :class:`DistPool` does not use it (``file://`` rendezvous). The ``accelerate launch`` tests pass
+    ``--main_process_port 0``: Accelerate then picks a free port itself, the same race in a shorter window
+    (no launcher option removes it).
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -144,7 +145,8 @@ class DistPool:
                 out[rank] = val
             else:
                 errors.append(f"--- rank {rank} ---\n{val}")
-        if errors:
+        if errors:  # the ranks may now be out of step in their groups: never hand this pool to another task
+            self.close(force=True)
             raise RuntimeError("distributed task failed:\n" + "\n".join(errors))
         return out
 
@@ -184,7 +186,14 @@ class DistPools:
         self._pools: dict[int, DistPool] = {}
 
     def get(self, world: int, timeout_s: float | None = None) -> DistPool:
-        """The pool of ``world`` ranks, with its task timeout set to ``timeout_s`` (default: the pools')."""
+        """The pool of ``world`` ranks (started, or replaced if it ended).
+
+        Args:
+            world: ranks. timeout_s: the task timeout to set on it (default: the pools').
+
+        Returns:
+            The :class:`DistPool`.
+        """
         pool = self._pools.get(world)
         if pool is None or not pool.alive:
             if pool is not None:

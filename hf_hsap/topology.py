@@ -41,7 +41,7 @@ class SPGroup:
         grad_comm_dtype: dtype of the dK/dV partial sums SAP sends back (``None``: the inputs' dtype).
         cost_model: the :class:`~hf_hsap.CostModel` its plans use by default (``None``:
             ``CostModel.for_link(sap_link)``); ``init_sequence_parallel`` sets ``config.cost_for(sap_link)``
-            (``CostModel.from_config(model_config, sap_link)`` when the config has a model config).
+            (``CostModel.from_config(model_config, sap_link, detect_hardware())`` when the config has a model config).
         gpus_per_node: ranks per node (global ranks ``n * gpus_per_node ...`` share node ``n``);
             ``None``: unknown (the SAP links are then treated as network links).
         pending_plan_use: the :class:`~hf_hsap.integrations.plan_use.PlanUse` of the last batch

@@ -7,6 +7,7 @@ Token counts may differ by rank (``all_to_all_single`` with split sizes).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Sequence
 
 import torch
@@ -54,8 +55,8 @@ def head_to_seq(x: torch.Tensor, group: Any, token_counts: Sequence[int], rank: 
     return recv.reshape(U, t_local, -1).transpose(0, 1).reshape(t_local, -1)  # [U, T_u, F] -> [T_u, U*F]
 
 
-_OPS = {"seq_to_head": seq_to_head, "head_to_seq": head_to_seq}
-_REVERSE = {"seq_to_head": "head_to_seq", "head_to_seq": "seq_to_head"}
+_OPS = MappingProxyType({"seq_to_head": seq_to_head, "head_to_seq": head_to_seq})
+_REVERSE = MappingProxyType({"seq_to_head": "head_to_seq", "head_to_seq": "seq_to_head"})
 
 
 class AllToAll(torch.autograd.Function):
@@ -78,8 +79,17 @@ class AllToAll(torch.autograd.Function):
 
 def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequence[int], rank: int,
                stats: Any = None) -> torch.Tensor:
-    """:class:`AllToAll` applied: ``direction`` is ``"seq_to_head"`` (``[T_u, U * F] -> [T_group, F]``) or
-    ``"head_to_seq"`` (the inverse); ``token_counts``: the ``U`` ranks' token counts."""
+    """The differentiable intra-group all-to-all (:class:`AllToAll`).
+
+    Args:
+        x: ``[T_u, U * F]`` (``seq_to_head``) or ``[T_group, F]`` (``head_to_seq``).
+        direction: ``"seq_to_head"`` or ``"head_to_seq"``.
+        group: the intra process group. token_counts: the ``U`` ranks' token counts. rank: this rank's
+            index in the group. stats: counters to update (``a2a_bytes_sent``), or None.
+
+    Returns:
+        ``[T_group, F]`` (``seq_to_head``) or ``[T_u, U * F]`` (``head_to_seq``).
+    """
     if direction not in _OPS:
         raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
     return AllToAll.apply(x, direction, group, tuple(token_counts), rank, stats)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..deprecation import moved_names
 from .p2p import CommStats, HSAPCommError, Splits
 
 
@@ -115,15 +116,4 @@ class LoopbackExecutor:
 __all__: Sequence[str] = ("LoopbackHub", "LoopbackExecutor")
 
 
-def __getattr__(name: str) -> Any:
-    """``run_plan_loopback`` moved to :mod:`hf_hsap.loopback` (it runs the runtime, a layer above comm);
-    the old spelling works for one release with a deprecation warning. A dynamic import keeps comm from
-    importing upwards."""
-    if name == "run_plan_loopback":
-        import importlib
-        import warnings
-
-        warnings.warn("hf_hsap.comm.loopback.run_plan_loopback moved to hf_hsap.loopback.run_plan_loopback; the old "
-                      "name will be removed in the next release", FutureWarning, stacklevel=2)
-        return importlib.import_module("hf_hsap.loopback").run_plan_loopback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {"run_plan_loopback": ("hf_hsap.loopback", "it runs the runtime, a layer above comm")})

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..deprecation import moved_names
 from ..hardware import cost_model_kinds, gpu_kind
 from .layout import Layout
 from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
@@ -72,7 +73,7 @@ class CostModel:
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
-                                 f"got {v!r}; build one with CostModel.from_config(model.config, link) or "
+                                 f"got {v!r}; build one with CostModel.from_config(model.config, link, hardware) or "
                                  "CostModel.from_shapes(...)")
 
     @staticmethod
@@ -234,15 +235,4 @@ def choose_placement(layout: Layout, candidates: Sequence[Placement], transfers:
     return int(np.argmin(times))
 
 
-def __getattr__(name: str) -> Any:
-    """``detect_hardware`` (a device query) moved to :mod:`hf_hsap.devices`; the old name works for one
-    release with a deprecation warning (a dynamic import: the planner keeps no static edge to devices)."""
-    if name == "detect_hardware":
-        import importlib
-        import warnings
-
-        warnings.warn("hf_hsap.plan.cost.detect_hardware moved to hf_hsap.devices.detect_hardware (the planner does "
-                      "not query devices); the old name will be removed in the next release", FutureWarning,
-                      stacklevel=2)
-        return importlib.import_module("hf_hsap.devices").detect_hardware
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {"detect_hardware": ("hf_hsap.devices", "the planner does not query devices")})

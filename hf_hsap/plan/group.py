@@ -47,12 +47,24 @@ class GroupSpec:
 
     @staticmethod
     def offline(size: int, ulysses_size: int = 1, gpus_per_node: int | None = None) -> "GroupSpec":
-        """A group with no rank of its own; its link is ``"nvlink"`` when ``size`` ranks fit in one node
-        of ``gpus_per_node`` (:func:`offline_link`)."""
+        """A group with no rank of its own.
+
+        Args:
+            size: P. ulysses_size: U. gpus_per_node: ranks per node (None: unknown).
+
+        Returns:
+            The spec; its link is ``"nvlink"`` when ``size`` ranks fit in one node (:func:`offline_link`).
+        """
         return GroupSpec(size, ulysses_size, None, offline_link(size, gpus_per_node))
 
 
 def offline_link(size: int, gpus_per_node: int | None) -> str:
-    """The link SAP's KV crosses for an offline group of ``size`` ranks: ``"nvlink"`` when the group fits
-    in one node of ``gpus_per_node`` ranks, else (or unknown) ``"network"``."""
+    """The link SAP's KV crosses for an offline group.
+
+    Args:
+        size: ranks of the group. gpus_per_node: ranks per node (None: unknown).
+
+    Returns:
+        ``"nvlink"`` when the group fits in one node of ``gpus_per_node`` ranks, else ``"network"``.
+    """
     return "nvlink" if gpus_per_node and gpus_per_node % size == 0 else "network"

@@ -48,11 +48,12 @@ class Layout:
         return np.searchsorted(self.cu_seqlens, positions, side="right") - 1
 
 
-def make_layout(cu_seqlens: torch.Tensor | np.ndarray | Sequence[int], total_tokens: int | None = None) -> Layout:
-    """Validate ``cu_seqlens`` and wrap it in a :class:`Layout`.
+def make_layout(cu_seqlens: torch.Tensor | np.ndarray | Sequence[int] | Layout,
+                total_tokens: int | None = None) -> Layout:
+    """Validate ``cu_seqlens`` and wrap it in a :class:`Layout` (a :class:`Layout` is returned as it is).
 
     Args:
-        cu_seqlens: ``[n_docs + 1]`` cumulative document lengths over the flattened batch.
+        cu_seqlens: ``[n_docs + 1]`` cumulative document lengths over the flattened batch, or a layout.
         total_tokens: if given, the number of tokens the caller holds; ``cu_seqlens[-1]`` must equal it.
 
     Returns:
@@ -62,6 +63,10 @@ def make_layout(cu_seqlens: torch.Tensor | np.ndarray | Sequence[int], total_tok
         ValueError: naming the fix, for a non-1D or empty input, a first entry other than 0, empty or
             negative documents (entries not strictly increasing), or a last entry other than T.
     """
+    if isinstance(cu_seqlens, Layout) and total_tokens in (None, cu_seqlens.total_tokens):
+        return cu_seqlens
+    if isinstance(cu_seqlens, Layout):
+        cu_seqlens = cu_seqlens.cu_seqlens
     if torch.is_tensor(cu_seqlens):
         if cu_seqlens.is_floating_point():
             raise ValueError("cu_seqlens must hold integers (token offsets), not floats")

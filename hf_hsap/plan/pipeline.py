@@ -27,6 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..deprecation import moved_names
 POST, WAIT, LOCAL, COMPUTE, RETURN, COLLECT = "post", "wait", "local", "compute", "return", "collect"
 OPS = (POST, WAIT, LOCAL, COMPUTE, RETURN, COLLECT)
 
@@ -65,8 +66,14 @@ class PipelineShape:
 
 
 def pipeline_shape(n_rounds: int, bounded: bool) -> PipelineShape:
-    """The shape of a run of ``n_rounds`` rounds; ``bounded``: the plan has a receive budget (module
-    docstring)."""
+    """The one rule for how rounds run (module docstring).
+
+    Args:
+        n_rounds: rounds of the schedule. bounded: the plan has a receive budget.
+
+    Returns:
+        The :class:`PipelineShape`.
+    """
     if not bounded:
         return PipelineShape(n_rounds, n_rounds, False, max(n_rounds, 1))
     return PipelineShape(n_rounds, 1, n_rounds > 1, 1)
@@ -74,7 +81,14 @@ def pipeline_shape(n_rounds: int, bounded: bool) -> PipelineShape:
 
 def forward_steps(shape: PipelineShape) -> tuple[Step, ...]:
     """The forward: post ``fetch_ahead`` rounds, run the local item, then per round wait for it, post
-    the next one not yet posted, and consume it."""
+    the next one not yet posted, and consume it.
+
+    Args:
+        shape: the run's shape.
+
+    Returns:
+        The steps, in order.
+    """
     n, ahead = shape.n_rounds, max(shape.fetch_ahead, 1)
     steps = [Step(POST, t) for t in range(min(ahead, n))] + [Step(LOCAL)]
     for t in range(n):
@@ -88,7 +102,14 @@ def forward_steps(shape: PipelineShape) -> tuple[Step, ...]:
 def backward_steps(shape: PipelineShape) -> tuple[Step, ...]:
     """The backward: per round (refetch: wait for its KV and post the next fetch) compute it, await the
     oldest return once ``returns_in_flight`` are travelling, send its dK/dV back; the local item runs
-    after round 0's return has left; every return still travelling is collected at the end."""
+    after round 0's return has left; every return still travelling is collected at the end.
+
+    Args:
+        shape: the run's shape.
+
+    Returns:
+        The steps, in order.
+    """
     n, depth = shape.n_rounds, max(shape.returns_in_flight, 1)
     if n == 0:
         return (Step(LOCAL),)
@@ -111,8 +132,12 @@ def backward_steps(shape: PipelineShape) -> tuple[Step, ...]:
 
 
 def run_steps(steps: Sequence[Step], handlers: Mapping[str, Callable[[int], None]]) -> None:
-    """Call ``handlers[step.op](step.round)`` for every step, in order (ops without a handler are
-    skipped: a forward has no returns)."""
+    """Call ``handlers[step.op](step.round)`` for every step, in order.
+
+    Args:
+        steps: the steps. handlers: op -> function of the round (ops without one are skipped: a forward
+            has no returns).
+    """
     for s in steps:
         h = handlers.get(s.op)
         if h is not None:
@@ -130,6 +155,9 @@ def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, w
     A transfer starts when both ends have posted it and both ends' links have delivered their
     previous fetch; a return starts when both ends have sent it. Waiting moves a part's clock to the
     arrival; compute adds to it.
+
+    Returns:
+        ``[R]`` each part's clock after its last step.
     """
     R, n = xfer.shape
     clock = np.zeros(R)
@@ -193,18 +221,6 @@ def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, pee
     return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)
 
 
-_MOVED = {"split_rounds", "round_tables", "piece_remote_work", "ROUND_ORDERS"}
-
-
-def __getattr__(name: str):
-    """The round splitting moved to :mod:`hf_hsap.plan.rounds`; the old names work for one release with a
-    deprecation warning (``round_tables`` now returns a :class:`~hf_hsap.plan.rounds.RoundTables`)."""
-    if name in _MOVED:
-        import warnings
-
-        from . import rounds
-
-        warnings.warn(f"hf_hsap.plan.pipeline.{name} moved to hf_hsap.plan.rounds.{name}; the old name will be "
-                      "removed in the next release", FutureWarning, stacklevel=2)
-        return getattr(rounds, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# moved to hf_hsap.plan.rounds (round_tables now returns a RoundTables): one release with a warning
+__getattr__ = moved_names(__name__, {n: ("hf_hsap.plan.rounds", "") for n in
+                                     ("split_rounds", "round_tables", "piece_remote_work", "ROUND_ORDERS")})

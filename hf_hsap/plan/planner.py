@@ -9,11 +9,12 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
+from ..deprecation import moved_names
 from .balanced import balanced, balanced_variants
 from .cache import PlanCache
 from .cost import CostModel, choose_placement, round_order_times
@@ -154,7 +155,7 @@ def plan_sequence(
         ValueError: bad ``cu_seqlens``, unknown placement or round order, fewer tokens than ranks, a
             non-positive budget.
     """
-    layout = cu_seqlens if isinstance(cu_seqlens, Layout) and total_tokens is None else make_layout(cu_seqlens, total_tokens)
+    layout = make_layout(cu_seqlens, total_tokens)
     group = _group(sp, ulysses_size, gpus_per_node)
     if recv_budget_tokens is not None and recv_budget_tokens < 1:
         raise ValueError("recv_budget_tokens must be a positive number of tokens (or None for no limit)")
@@ -176,15 +177,4 @@ def plan_sequence(
     return build() if cache is None else cache.get_or_build(key, build)
 
 
-def __getattr__(name: str) -> Any:
-    """``check_same_layout`` (a collective) moved to :mod:`hf_hsap.sp_plan`; the old name works for one
-    release with a deprecation warning (a dynamic import: the planner keeps no static edge upwards)."""
-    if name == "check_same_layout":
-        import importlib
-        import warnings
-
-        warnings.warn("hf_hsap.plan.planner.check_same_layout moved to hf_hsap.sp_plan.check_same_layout (the "
-                      "planner runs no collective); the old name will be removed in the next release",
-                      FutureWarning, stacklevel=2)
-        return importlib.import_module("hf_hsap.sp_plan").check_same_layout
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {"check_same_layout": ("hf_hsap.sp_plan", "the planner runs no collective")})

@@ -154,7 +154,15 @@ class RoundTables:
 
 
 def round_tables(pieces: RoundPieces, work: np.ndarray, n_parts: int) -> RoundTables:
-    """The :class:`RoundTables` of ``pieces`` with ``work`` (``[n_pieces]``, :func:`piece_remote_work`)."""
+    """Per-round tables of a set of pieces.
+
+    Args:
+        pieces: the round pieces. work: ``[n_pieces]`` pairs against each (:func:`piece_remote_work`).
+        n_parts: R.
+
+    Returns:
+        The :class:`RoundTables`.
+    """
     n_rounds = pieces.n_rounds
     recv = np.zeros((n_parts, n_rounds))
     sent = np.zeros((n_parts, n_rounds))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..deprecation import moved_names
 from ..kernels.base import Segment, VarlenSpec
 from .layout import Layout
 from .pipeline import PipelineShape, pipeline_shape
@@ -232,15 +233,4 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: i
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)
 
 
-def __getattr__(name: str):
-    """``split_rounds`` was re-exported here; it lives in :mod:`hf_hsap.plan.rounds` (one release with a
-    deprecation warning)."""
-    if name == "split_rounds":
-        import warnings
-
-        from .rounds import split_rounds
-
-        warnings.warn("hf_hsap.plan.schedule.split_rounds moved to hf_hsap.plan.rounds.split_rounds; the old name "
-                      "will be removed in the next release", FutureWarning, stacklevel=2)
-        return split_rounds
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {"split_rounds": ("hf_hsap.plan.rounds", "")})  # one release

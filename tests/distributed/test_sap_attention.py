@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_exact, ci_examples, cu_of, rel_err
-from workers.sap import check_attention, check_mismatched_layouts
+from workers.sap import check_attention, check_mismatched_layouts, check_one_rank_with_a_bad_layout
 
 PLACEMENTS = ["contiguous", "zigzag", "balanced", "auto"]
 
@@ -117,3 +117,10 @@ def check_attention_local(cu, dtype):
 def test_different_layouts_fail_on_every_rank(pools):
     msgs = pools(3).run(check_mismatched_layouts)
     assert all("different packed batches" in m for m in msgs), msgs
+
+
+def test_an_invalid_layout_on_one_rank_fails_on_every_rank(pools):
+    """The pool's task timeout (60 s here) is far below the group timeout: a rank left waiting would time out."""
+    msgs = pools(3, 60.0).run(check_one_rank_with_a_bad_layout)
+    assert "different packed batches" in msgs[0] and "different packed batches" in msgs[1], msgs
+    assert "cu_seqlens" in msgs[2] and "different packed batches" not in msgs[2], msgs[2]

@@ -20,7 +20,7 @@ def _run(code: str, cwd: Path, procs: int = 1) -> str:
     script = cwd / "snippet.py"
     script.write_text(code)
     cmd = [sys.executable, str(script)]
-    if procs > 1:  # --main_process_port 0: Accelerate picks a free port right before binding it
+    if procs > 1:  # --main_process_port 0: Accelerate picks a free port itself (a short race window remains)
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(ROOT / "accelerate_configs" / "cpu_4proc.yaml"), "--num_processes", str(procs),
                "--main_process_port", "0", str(script)]

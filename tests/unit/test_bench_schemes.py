@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import ci_examples
 
 from benchmarks import cost_model as cm
 from benchmarks import distributions as dist
@@ -92,7 +93,7 @@ def test_sft_shorter_than_longtail() -> None:
 
 
 # ----------------------------------------------------------------------------- exact counts vs brute force
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=ci_examples(40))
 @given(layouts, st.integers(1, 4))
 def test_row_placements_match_brute_force(lengths: list[int], P: int) -> None:
     L = np.array(lengths)
@@ -113,7 +114,7 @@ def test_row_placements_match_brute_force(lengths: list[int], P: int) -> None:
     assert np.array_equal(cp.work, w_row.sum(1)) and cp.correct == (len(L) == 1)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=ci_examples(30))
 @given(layouts, st.integers(1, 3))
 def test_te_p2p_matches_brute_force_on_padded_documents(lengths: list[int], P: int) -> None:
     L = np.array(lengths)
@@ -128,7 +129,7 @@ def test_te_p2p_matches_brute_force_on_padded_documents(lengths: list[int], P: i
     assert s.T == L.sum() and s.useful_pairs == dist.useful_pairs(L)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=ci_examples(30))
 @given(layouts, st.sampled_from([(1, 4), (2, 2), (4, 1), (2, 3), (8, 1)]))
 def test_hierarchical_work_and_tokens_add_up(lengths: list[int], ur: tuple[int, int]) -> None:
     U, R = ur

@@ -48,8 +48,7 @@ def _branches(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_the_library_logger_is_quiet_and_propagates() -> None:
     root = logging.getLogger("hf_hsap")
-    assert any(isinstance(h, logging.NullHandler) for h in root.handlers)
-    assert all(isinstance(h, logging.NullHandler) for h in root.handlers)  # no handler that prints
+    assert root.handlers == []  # no handler of its own: no NullHandler either, which would silence warnings
     assert root.propagate and root.level == logging.NOTSET  # the application decides the level
     assert get_logger() is root and get_logger("hf_hsap") is root
     assert get_logger("data").name == "hf_hsap.data"
@@ -138,3 +137,16 @@ def test_packing_collator_logs_cuts_and_warns_without_a_prompt_mask(caplog: pyte
     collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
     warnings = _ours(caplog, logging.WARNING)
     assert len(warnings) == 1 and "2 of 2 examples" in warnings[0].getMessage()
+
+
+def test_warnings_reach_stderr_and_decisions_stay_quiet_without_configuration() -> None:
+    """A fresh process with no logging set up: an hf_hsap WARNING is printed (Python's last-resort handler),
+    an INFO decision is not."""
+    import subprocess
+    import sys
+
+    code = ("import logging, hf_hsap; lg = logging.getLogger('hf_hsap.data.packing'); "
+            "lg.info('a decision'); lg.warning('a fallback')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "a fallback" in res.stderr and "a decision" not in res.stderr

@@ -4,6 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import ci_examples
+
 import hf_hsap
 from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
 from hf_hsap.plan.rounds import piece_remote_work, round_tables, split_rounds
@@ -22,7 +24,7 @@ def _rows(pieces):
     return sorted(out)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=ci_examples(60))
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=8), P=st.integers(2, 6),
        placement=st.sampled_from(["zigzag", "balanced", "contiguous"]), budget=st.sampled_from([None, 1, 5, 17]))
 def test_orders_move_the_same_rows(lengths, P, placement, budget):
@@ -52,7 +54,7 @@ def test_orders_move_the_same_rows(lengths, P, placement, budget):
         assert len({(d - s) % R for d, s in pairs}) == 1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=ci_examples(60))
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=8), P=st.integers(2, 6),
        placement=st.sampled_from(["zigzag", "balanced", "contiguous"]), order=st.sampled_from(["batched", "by_peer"]))
 def test_remote_work_per_round_sums_to_the_plan(lengths, P, placement, order):

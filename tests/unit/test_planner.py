@@ -5,6 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import ci_examples
+
 import hf_hsap
 from hf_hsap import CostModel, PlanCache, plan_sequence
 from hf_hsap.plan.layout import check_position_ids, cu_seqlens_from_position_ids, make_layout
@@ -31,7 +33,7 @@ def brute_force_need(owner: np.ndarray, cu: np.ndarray, n_parts: int) -> set:
 layouts = st.lists(st.integers(1, 30), min_size=1, max_size=9)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=ci_examples(150))
 @given(lengths=layouts, P=st.integers(1, 6), U=st.sampled_from([1, 2]), placement=st.sampled_from(PLACEMENTS))
 def test_plan_is_minimal_partition_and_counts_exactly(lengths, P, U, placement):
     size = P * U
@@ -88,7 +90,7 @@ def test_token_bound(placement, dist):
     assert max(plan.stats().tokens) <= int(np.ceil(T / P) * (1 + eps))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=ci_examples(40))
 @given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=8), budget=st.integers(1, 20))
 def test_rounds_respect_budget_and_cover_transfers(lengths, budget):
     cu = cu_of(lengths)
@@ -232,9 +234,6 @@ def test_cost_model_from_config():
     cfg = SimpleNamespace(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, intermediate_size=14336)
     a100 = hf_hsap.CostModel.from_config(cfg, "network", "A100")
     assert a100.token_cost == pytest.approx(17930, rel=1e-3) and a100.kv_token_cost == pytest.approx(1226, rel=1e-3)
-    from hf_hsap.devices import detect_hardware
-
-    assert hf_hsap.CostModel.from_config(cfg, "network", detect_hardware()) == a100  # no GPU here: A100
     h100 = hf_hsap.CostModel.from_config(cfg, "network", "H100")
     assert h100.kv_token_cost > a100.kv_token_cost  # compute gets 3.2x faster, the network only 2x
     mha = hf_hsap.CostModel.from_config(SimpleNamespace(num_attention_heads=32, hidden_size=4096), "nvlink", "A100")
@@ -245,7 +244,7 @@ def test_cost_model_from_config():
         hf_hsap.CostModel.from_config(cfg, "pcie", "A100")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=ci_examples(200))
 @given(L=st.integers(1, 5000), k=st.integers(1, 40), rot=st.integers(0, 200))
 def test_balanced_split_arithmetic_matches_zigzag(L, k, rot):
     """``balanced``'s per-document split helpers agree with the vectorised zigzag chunker and with the
@@ -266,7 +265,7 @@ def test_balanced_split_arithmetic_matches_zigzag(L, k, rot):
         assert r == ends[j] - sizes[i] - sizes[j]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=ci_examples(100))
 @given(rows=st.lists(st.integers(0, 200), max_size=80, unique=True), shuffle=st.booleans())
 def test_index_runs_cover_the_index_in_order(rows, shuffle):
     """``index_runs`` lists the rows of an index, in order, as runs of consecutive rows (or gives up

@@ -102,6 +102,18 @@ def check_mismatched_layouts() -> str:
     return "no error"
 
 
+def check_one_rank_with_a_bad_layout() -> str:
+    """Rank 2 gets invalid boundaries (not increasing): it raises its own error and the others learn of it
+    from the layout check (nobody waits for the group timeout)."""
+    sp = get_sp(dist.get_world_size(), 1)
+    cu = [0, 4, 9] if sp.rank != 2 else [0, 6, 5, 9]
+    try:
+        hf_hsap.plan_sequence(torch.tensor(cu), sp)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
 def describe_groups(sp_size: int, ulysses: int) -> dict:
     """The groups and mesh this rank got from init_sequence_parallel."""
     sp = get_sp(sp_size, ulysses)
