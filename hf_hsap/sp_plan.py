@@ -62,7 +62,7 @@ class SPPlan(Plan):
             The global tensor. Shapes: ``[..., T_local, ...] -> [..., T, ...]``.
         """
         if self.size == 1:
-            return self.unshard([x], dim)
+            return super().gather(x, dim)
         x = x.movedim(dim, 0).contiguous()
         n_max = max(self.num_local_tokens(r) for r in range(self.size))
         padded = torch.zeros((n_max, *x.shape[1:]), dtype=x.dtype, device=x.device)  # [n_max, ...]

@@ -25,7 +25,6 @@ from ..log import get_logger, log_once
 from .attention_checks import check_window
 from .local_layout import LocalLayout, layout_cached, layout_from_cu, layout_same_length
 from .model_check import check_config
-from .sp_attention import plan_cu_seqlens
 
 __all__ = ["choose_layout", "local_forward"]
 
@@ -54,7 +53,7 @@ def choose_layout(batch: int, lq: int, lk: int, attention_mask: torch.Tensor | N
         ValueError: a plan that does not cover the batch, or what :mod:`.local_layout` refuses.
     """
     if plan is not None and not ids_mask:  # SP size 1: the plan's layout covers the flattened batch
-        cu = tuple(int(x) for x in plan_cu_seqlens(plan))
+        cu = tuple(int(x) for x in plan.layout.cu_seqlens)
         if lq != lk or cu[-1] != batch * lq:
             raise ValueError(f"hsap_plan covers {cu[-1]} tokens but the batch has {batch} x {lq} queries, {lk} keys")
         return LocalLayout(cu, cu), "plan"

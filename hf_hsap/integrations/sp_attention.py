@@ -8,44 +8,18 @@ plan (:mod:`.plan_use`) and runs SAP attention (:func:`hf_hsap.hsap_attn_func`).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
-from ..plan.plan import Plan
 from ..log import get_logger, log_once
+from ..plan.plan import Plan
 from .attention_checks import check_chunked_sp, check_window
 from .model_check import check_config
 from .plan_use import PlanUse, plan_use_of
 
-__all__ = ["plan_cu_seqlens", "plan_longest_doc", "sp_attention", "sp_forward"]
+__all__ = ["sp_attention", "sp_forward"]
 
 logger = get_logger(__name__)
-
-
-def plan_cu_seqlens(plan: Plan) -> Any:
-    """Document boundaries of a plan's layout (global order).
-
-    Args:
-        plan: a :class:`~hf_hsap.Plan`.
-
-    Returns:
-        Its ``layout.cu_seqlens`` (``[n_docs + 1]``, a tensor or a sequence of ints).
-    """
-    return plan.layout.cu_seqlens
-
-
-def plan_longest_doc(plan: Plan) -> int:
-    """Longest document of a plan's layout, in tokens (vectorised: it runs in every attention layer).
-
-    Args:
-        plan: a :class:`~hf_hsap.Plan`.
-
-    Returns:
-        The longest document's length (0 for an empty layout).
-    """
-    cu = torch.as_tensor(plan_cu_seqlens(plan))  # [n_docs + 1]
-    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
 
 
 def sp_attention(
@@ -104,7 +78,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     config = getattr(module, "config", None)
     if config is not None:
         check_config(config, packed=True, sp_size=plan.size)
-    longest = plan_longest_doc(plan)
+    longest = plan.layout.longest_doc
     check_window(module, window, longest)
     check_chunked_sp(module, longest)
     use = plan_use_of(plan, plan_use)

@@ -36,7 +36,13 @@ class Layout:
 
     @property
     def doc_lengths(self) -> np.ndarray:
+        """``[n_docs]`` tokens of each document."""
         return np.diff(self.cu_seqlens)
+
+    @property
+    def longest_doc(self) -> int:
+        """Tokens of the longest document (a layout has at least one)."""
+        return int(self.doc_lengths.max())
 
     @property
     def hash64(self) -> int:
