@@ -1,9 +1,10 @@
 """Varlen attention kernels behind one interface (see :mod:`hf_hsap.kernels.base`)."""
-from .base import AttentionKernel, InPlaceKernel, Segment, VarlenSpec, lse_dtype, merge_partial
+from .base import AttentionKernel, InPlaceKernel, Segment, VarlenSpec, lse_dtype, merge_partial, window_left
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
 from .reference import reference_attention, reference_varlen_attention
 from .select import select_kernel
+from .sinks import apply_sinks, sinks_grad
 from .varlen import varlen_attention
 
 __all__ = [
@@ -13,10 +14,13 @@ __all__ = [
     "Segment",
     "TorchCPUFlashKernel",
     "VarlenSpec",
+    "apply_sinks",
     "lse_dtype",
     "merge_partial",
     "reference_attention",
     "reference_varlen_attention",
     "select_kernel",
+    "sinks_grad",
     "varlen_attention",
+    "window_left",
 ]

@@ -1,8 +1,10 @@
 """CUDA kernels: flash-attn's varlen functions when installed, else PyTorch's built-in varlen flash.
 
-Both run a whole varlen call in one launch, with bottom-right causal masking and native GQA.
-They need float16/bfloat16 inputs; :func:`hf_hsap.kernels.select_kernel` falls back to the math
-kernel for other dtypes. Nothing here is imported or called on CPU-only code paths.
+Both run a whole varlen call in one launch, with bottom-right causal masking, flash-attn's sliding
+windows (``window_size=(window_left, 0 if causal else -1)``, bottom-right aligned: the package's
+``VarlenSpec.window_left``) and native GQA. flash-attn (>= 2.7) also soft-caps the scores; PyTorch's op
+cannot, and refuses a softcap. They need float16/bfloat16 inputs; :func:`hf_hsap.kernels.select_kernel`
+refuses other dtypes on CUDA. Nothing here is imported or called on CPU-only code paths.
 """
 from __future__ import annotations
 
@@ -12,10 +14,28 @@ import torch
 
 from .base import VarlenSpec, check_shapes
 
+_NO_SOFTCAP = ("PyTorch's CUDA flash attention (torch-cuda-flash) has no logit soft-capping: install flash-attn "
+               ">= 2.7 (pip install flash-attn), which hf_hsap then picks by itself, or run the math kernel on "
+               "purpose with kernel=select_kernel(device, dtype, prefer='math') (memory grows with the square "
+               "of the document length)")
+
 
 def _lse_rows(lse_hn: torch.Tensor) -> torch.Tensor:
     """``[H, N] -> [N, H]`` float32 (the package's lse layout)."""
     return lse_hn.transpose(0, 1).float()
+
+
+def _windows(spec: VarlenSpec) -> tuple[int, int]:
+    """flash-attn's ``(window_size_left, window_size_right)`` of a spec (``-1``: unbounded)."""
+    if spec.window_left is None:
+        return -1, -1
+    return spec.window_left, 0 if spec.causal else -1
+
+
+def _has_window_args(op) -> bool:
+    """Whether an aten op's schema takes ``window_size_left`` / ``window_size_right``."""
+    names = {a.name for a in op.default._schema.arguments}
+    return {"window_size_left", "window_size_right"} <= names
 
 
 class TorchCUDAFlashKernel:
@@ -23,18 +43,41 @@ class TorchCUDAFlashKernel:
 
     name = "torch-cuda-flash"
 
+    def _window_kw(self, spec: VarlenSpec) -> dict:
+        """The ops' window keywords for ``spec`` (none without a window: the call of the older contract)."""
+        if spec.window_left is None:
+            return {}
+        for op in (torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward):
+            if not _has_window_args(op):
+                raise ValueError(
+                    f"this PyTorch ({torch.__version__}) has no sliding windows in its CUDA flash attention: "
+                    "install flash-attn >= 2.7 (which hf_hsap then picks by itself), upgrade PyTorch, or run "
+                    "the math kernel on purpose with kernel=select_kernel(device, dtype, prefer='math')")
+        left, right = _windows(spec)
+        return {"window_size_left": left, "window_size_right": right}
+
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: VarlenSpec, scale: float, *,
+        softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shapes: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]`` -> out ``[Nq, Hq, D]``, lse ``[Nq, Hq]``."""
+        """Shapes: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]`` -> out ``[Nq, Hq, D]``, lse ``[Nq, Hq]``.
+
+        Raises:
+            ValueError: a ``softcap`` (this op has none), or a window this PyTorch's op cannot take.
+        """
+        if softcap is not None:
+            raise ValueError(_NO_SOFTCAP)
         check_shapes(q, k, v, spec)
         cu_q, cu_k = spec.cu_tensors(q.device)
         out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, False, scale=scale)
+            q, k, v, cu_q, cu_k, spec.max_q, spec.max_k, 0.0, spec.causal, False, scale=scale,
+            **self._window_kw(spec))
         return out, _lse_rows(lse)
 
-    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float):
-        """Gradients from the final ``out``/``lse`` (see the kernel contract)."""
+    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float, *, softcap: float | None = None):
+        """Gradients from the final ``out``/``lse`` (see the kernel contract). Shapes as :meth:`forward`."""
+        if softcap is not None:
+            raise ValueError(_NO_SOFTCAP)
         cu_q, cu_k = spec.cu_tensors(q.device)
         empty = torch.empty(0, dtype=torch.uint8, device=q.device)
         rng = torch.zeros(2, dtype=torch.uint64 if hasattr(torch, "uint64") else torch.int64,
@@ -42,7 +85,7 @@ class TorchCUDAFlashKernel:
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(),
             lse.transpose(0, 1).float().contiguous(), cu_q, cu_k, spec.max_q, spec.max_k, 0.0,
-            spec.causal, rng, empty, scale=scale)
+            spec.causal, rng, empty, scale=scale, **self._window_kw(spec))
         return dq, dk, dv
 
 
@@ -67,22 +110,26 @@ class FlashAttnKernel:
         params = inspect.signature(fai._flash_attn_varlen_forward).parameters
         return "window_size_left" in params and "softcap" in params
 
-    def forward(self, q, k, v, spec: VarlenSpec, scale: float):
-        """Shapes as :class:`TorchCUDAFlashKernel.forward`."""
+    def forward(self, q, k, v, spec: VarlenSpec, scale: float, *, softcap: float | None = None):
+        """Shapes as :class:`TorchCUDAFlashKernel.forward`; ``softcap``: ``None`` or the cap."""
         check_shapes(q, k, v, spec)
         cu_q, cu_k = spec.cu_tensors(q.device)
+        left, right = _windows(spec)
         res = self._fwd(q, k, v, cu_q, cu_k, spec.max_q, spec.max_k, dropout_p=0.0,
-                        softmax_scale=scale, causal=spec.causal, window_size_left=-1,
-                        window_size_right=-1, softcap=0.0, alibi_slopes=None, return_softmax=False)
+                        softmax_scale=scale, causal=spec.causal, window_size_left=left,
+                        window_size_right=right, softcap=float(softcap or 0.0), alibi_slopes=None,
+                        return_softmax=False)
         return res[0], _lse_rows(res[1])
 
-    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float):
+    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float, *, softcap: float | None = None):
         """Gradients from the final ``out``/``lse`` (see the kernel contract)."""
         cu_q, cu_k = spec.cu_tensors(q.device)
+        left, right = _windows(spec)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._bwd(dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(),
                   lse.transpose(0, 1).float().contiguous(), dq, dk, dv, cu_q, cu_k, spec.max_q,
                   spec.max_k, dropout_p=0.0, softmax_scale=scale, causal=spec.causal,
-                  window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-                  deterministic=torch.are_deterministic_algorithms_enabled(), rng_state=None)
+                  window_size_left=left, window_size_right=right, softcap=float(softcap or 0.0),
+                  alibi_slopes=None, deterministic=torch.are_deterministic_algorithms_enabled(),
+                  rng_state=None)
         return dq, dk, dv

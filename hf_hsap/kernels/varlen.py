@@ -5,27 +5,38 @@ from typing import Sequence
 
 import torch
 
-from .base import AttentionKernel, VarlenSpec
+from .base import AttentionKernel, VarlenSpec, lse_dtype, window_left
 from .select import select_kernel
+from .sinks import apply_sinks, sinks_grad
 
 
 def _as_tuple(cu: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
     return tuple(int(x) for x in (cu.tolist() if torch.is_tensor(cu) else cu))
 
 
+def _cap_kw(softcap: float | None) -> dict:
+    """``softcap=`` for a kernel call when there is one (kernels of the older contract take none)."""
+    return {} if softcap is None else {"softcap": softcap}
+
+
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec: VarlenSpec, scale: float, kernel: AttentionKernel):
-        out, lse = kernel.forward(q, k, v, spec, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.spec, ctx.scale, ctx.kernel = spec, scale, kernel
+    def forward(ctx, q, k, v, sinks, spec: VarlenSpec, scale: float, kernel: AttentionKernel, softcap):
+        out, lse = kernel.forward(q, k, v, spec, scale, **_cap_kw(softcap))
+        if sinks is not None:  # the sink joins each row's denominator once, after the whole attention
+            out_f, lse = apply_sinks(out.to(lse_dtype(q.dtype)), lse, sinks)
+            out = out_f.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.spec, ctx.scale, ctx.kernel, ctx.softcap = spec, scale, kernel, softcap
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.spec, ctx.scale)
-        return dq, dk, dv, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        # the backward of the final (sunk) out / lse is exactly the gradient with sinks (see .sinks)
+        dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.spec, ctx.scale, **_cap_kw(ctx.softcap))
+        d_sinks = sinks_grad(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, d_sinks, None, None, None, None
 
 
 def varlen_attention(
@@ -37,8 +48,12 @@ def varlen_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     kernel: AttentionKernel | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact varlen attention on one device, differentiable in q, k, v.
+    """Exact varlen attention on one device, differentiable in q, k, v (and ``sinks``).
 
     Args:
         q: ``[Nq, Hq, D]`` packed queries.
@@ -49,13 +64,20 @@ def varlen_attention(
         causal: bottom-right aligned causal mask inside each segment.
         softmax_scale: defaults to ``D ** -0.5``.
         kernel: defaults to :func:`select_kernel` for q's device and dtype.
+        window: Transformers' ``sliding_window`` (a query sees the ``window`` keys ending at its aligned
+            position, bottom-right aligned like ``causal``); ``None``: no window.
+        softcap: Gemma 2's logit soft-capping, ``softcap * tanh(score / softcap)``; ``None``: none.
+        sinks: ``[Hq]`` attention-sink logits (GPT-OSS's ``s_aux``), one extra softmax column per head.
 
     Returns:
         ``[Nq, Hq, D]`` attention output.
     """
     cu_q = _as_tuple(cu_seqlens_q)
     cu_k = cu_q if cu_seqlens_k is None else _as_tuple(cu_seqlens_k)
-    spec = VarlenSpec(cu_q, cu_k, causal)
+    spec = VarlenSpec(cu_q, cu_k, causal, window_left(window))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)
-    return _VarlenAttention.apply(q, k, v, spec, scale, kernel)
+    if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks must hold one logit per query head, shape ({q.shape[1]},), got "
+                         f"{tuple(sinks.shape)}")
+    return _VarlenAttention.apply(q, k, v, sinks, spec, scale, kernel, softcap)
