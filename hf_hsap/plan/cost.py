@@ -42,6 +42,7 @@ from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_st
 from .rounds import RoundPieces, piece_remote_work, round_tables, split_rounds
 from .placement import Placement
 from .transfers import Transfers
+from .windows import Window, local_work_per_part, work_per_part
 
 
 # (peak FLOP/s, NVLink B/s, network B/s) per GPU of every hardware key that can price a plan, read
@@ -179,26 +180,18 @@ def _deprecated_auto_hardware() -> str:
     return importlib.import_module("hf_hsap.devices").detect_hardware()
 
 
-def local_work_per_part(layout: Layout, pl: Placement) -> np.ndarray:
-    """``[n_parts]`` pairs of each part's queries against its own keys (per (part, document): causal
-    over the part's ``n`` tokens of it, ``n (n + 1) / 2``): the work that overlaps the KV transfers."""
-    key = pl.part * (layout.n_docs + 1) + pl.doc
-    uniq, inv = np.unique(key, return_inverse=True)
-    n = np.bincount(inv, weights=pl.end - pl.start)
-    return np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
-
-
-def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> np.ndarray:
-    """``[n_parts]`` estimated step time of every part (module docstring)."""
-    work = pl.work_per_part(layout).astype(np.float64)
-    local = local_work_per_part(layout, pl)
+def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, window: Window = None) -> np.ndarray:
+    """``[n_parts]`` estimated step time of every part for one layer of a mask kind (module docstring; a
+    window counts only the pairs it keeps)."""
+    work = work_per_part(layout, pl, window)
+    local = local_work_per_part(layout, pl, window)
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
     tokens = pl.tokens_per_part().astype(np.float64)
     return cost.token_cost * tokens + np.maximum(local, cost.kv_token_cost * recv) + (work - local)
 
 
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
-                      budget: int | None) -> dict[str, tuple[float, RoundPieces]]:
+                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces]]:
     """Estimated attention time (forward + backward, pairs) of the slowest part, and the pieces, for
     each round order.
 
@@ -206,18 +199,18 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     :func:`forward_steps`, :func:`backward_steps`, :func:`simulate_steps`): work split 1 : 2.5 between
     forward and backward, each transfer half of ``kv_token_cost`` per token (KV forward, dK/dV back)
     plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``) when ``batched``
-    already hides its transfers within 0.5%.
+    already hides its transfers within 0.5%. ``window``: the mask kind the transfers are of.
     """
-    local = local_work_per_part(layout, pl)
+    local = local_work_per_part(layout, pl, window)
     f, b = 1 / 3.5, 2.5 / 3.5
-    bound = float(pl.work_per_part(layout).max())  # no exposed transfer at all: nothing to pipeline
+    bound = float(work_per_part(layout, pl, window).max())  # no exposed transfer at all: nothing to pipeline
     out: dict[str, tuple[float, RoundPieces]] = {}
     for order in ("batched", "by_peer"):
         if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
             out[order] = (float("inf"), out["batched"][1])
             continue
         pieces = split_rounds(tr, pl.n_parts, budget, order)
-        tab = round_tables(pieces, piece_remote_work(layout, pl, pieces), pl.n_parts)
+        tab = round_tables(pieces, piece_remote_work(layout, pl, pieces, window), pl.n_parts)
         xfer = np.where(tab.recv > 0, (cost.kv_token_cost * tab.recv + cost.round_cost) / 2, 0.0)
         ret = np.where(tab.sent > 0, (cost.kv_token_cost * tab.sent + cost.round_cost) / 2, 0.0)
         shape = pipeline_shape(pieces.n_rounds, budget is not None)
@@ -227,11 +220,31 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     return out
 
 
-def choose_placement(layout: Layout, candidates: Sequence[Placement], transfers: Sequence[Transfers],
-                     cost: CostModel | None = None) -> int:
-    """Index of the candidate with the smallest estimated step time (first wins ties)."""
+def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers], layers: Mapping[Window, int],
+              cost: CostModel) -> float:
+    """Estimated time of one step of a model's attention layers: for every mask kind, its layers times the
+    slowest part's time of one such layer (each layer waits for its slowest part).
+
+    Args:
+        layout, pl: the documents and placement. transfers: the placement's transfers of every kind.
+        layers: layers per kind. cost: the cost model.
+    """
+    return float(sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items()))
+
+
+def choose_placement(layout: Layout, candidates: Sequence[Placement],
+                     transfers: Sequence[Transfers | Mapping[Window, Transfers]], cost: CostModel | None = None,
+                     layers: Mapping[Window, int] | None = None) -> int:
+    """Index of the candidate with the smallest estimated step time (first wins ties).
+
+    Args:
+        candidates: the placements. transfers: each one's transfers (of the full kind, or a mapping kind ->
+            transfers). cost: the cost model. layers: layers per mask kind (default: one full layer).
+    """
     cost = cost or CostModel.default()
-    times = [float(part_times(layout, c, t, cost).max()) for c, t in zip(candidates, transfers)]
+    layers = layers or {None: 1}
+    times = [step_time(layout, c, t if isinstance(t, Mapping) else {None: t}, layers, cost)
+             for c, t in zip(candidates, transfers)]
     return int(np.argmin(times))
 
 

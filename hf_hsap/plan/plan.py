@@ -12,20 +12,26 @@ its tokens are cut into ``U`` consecutive *intra slices*, slice ``u`` on intra r
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .cost import CostModel, local_work_per_part, part_times
+from .cost import CostModel, part_times
 from .group import GroupSpec
+from .kinds import KindPlan, plan_kind
 from .layout import Layout
 from .pipeline import PipelineShape, pipeline_shape
 from .placement import Placement
 from .rounds import RoundPieces, piece_remote_work, round_tables
 from .schedule import Schedule, compile_schedule, ranges_to_index
-from .stats import PlanStats
+from .stats import KindStats, PlanStats, kind_name
 from .transfers import Transfers
+from .window_schedule import compile_window_schedule
+from .windows import Window, kind_of, local_work_per_part, work_per_part
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -36,10 +42,17 @@ class Plan:
     With ``U > 1`` the placement is made at group granularity (``R`` parts of ``U`` ranks); inside a
     part, the part's tokens are cut into ``U`` consecutive intra slices, slice ``u`` on intra rank ``u``.
 
+    Mask kinds: a plan is made for the attention masks of a model's layers (``windows``: full attention
+    ``None`` and sliding windows, :mod:`~hf_hsap.plan.windows`); all kinds share the placement, and each has
+    its own transfers and rounds (:meth:`kind`), schedules and statistics. ``transfers``, ``pieces`` and
+    ``round_order`` are those of the first kind, ``windows[0]`` (full attention when a layer has it).
+
     Attributes:
         layout: the documents. group: the group it was planned for. placement, transfers: what each
         part holds and receives. pieces: the transfers cut into rounds. round_order: ``"batched"`` or
         ``"by_peer"``. recv_budget_tokens: the receive budget (None: none). cost: the cost model used.
+        windows: the mask kinds planned for (``None`` first, then ascending windows). layer_counts: layers per
+        kind. rounds_option: the ``rounds`` option the kinds' round orders were chosen with.
     """
 
     layout: Layout
@@ -50,9 +63,46 @@ class Plan:
     round_order: str
     recv_budget_tokens: int | None
     cost: CostModel
+    windows: tuple[Window, ...] = (None,)
+    layer_counts: dict = field(default_factory=lambda: {None: 1})
+    rounds_option: str = "auto"
+    _kinds: dict = field(default_factory=dict, init=False, repr=False)
     _schedules: dict = field(default_factory=dict, init=False, repr=False)
     _device_schedules: dict = field(default_factory=dict, init=False, repr=False)
     _part_tokens: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._kinds.setdefault(self.windows[0], KindPlan(self.windows[0], self.transfers, self.pieces,
+                                                         self.round_order))
+
+    # ----------------------------------------------------------------------------- mask kinds
+    def kind(self, window: Window) -> KindPlan:
+        """The transfers and rounds of the layers with ``window`` (``None``: full attention); a kind the plan
+        was not made for is planned now, exactly, over the same placement, and cached.
+
+        Args:
+            window: the layer's sliding window (Transformers' ``sliding_window``) or ``None``.
+
+        Returns:
+            The :class:`~hf_hsap.plan.kinds.KindPlan` (of :func:`~hf_hsap.plan.windows.kind_of` the window: a
+            window at least the longest document is the full kind).
+        """
+        w = kind_of(window, self.layout)
+        if w not in self._kinds:
+            logger.info("hsap plan: mask %s was not planned for (the plan's kinds: %s); planning its transfers now "
+                        "(exact; pass windows=hf_hsap.attention_windows(config) to plan for every kind)",
+                        "full" if w is None else f"window {w}", list(self.windows))
+            self._kinds[w] = plan_kind(self.layout, self.placement, w, self.cost, self.recv_budget_tokens,
+                                       self.rounds_option)
+        return self._kinds[w]
+
+    def transfers_for(self, window: Window) -> Transfers:
+        """The minimal KV transfers of the layers with ``window`` (:meth:`kind`)."""
+        return self.kind(window).transfers
+
+    def pieces_for(self, window: Window) -> RoundPieces:
+        """The round pieces of the layers with ``window`` (:meth:`kind`)."""
+        return self.kind(window).pieces
 
     # ----------------------------------------------------------------------------- the group
     @property
@@ -165,51 +215,78 @@ class Plan:
         raise ValueError("gather needs a plan made with an SPGroup; offline plans use unshard()")
 
     # ----------------------------------------------------------------------------- schedule
-    def schedule(self, part: int | None = None, device: torch.device | str | None = None) -> Schedule:
+    def schedule(self, part: int | None = None, device: torch.device | str | None = None, *,
+                 window: Window | str = "first") -> Schedule:
         """The compiled schedule of a part (default: this rank's), built once and cached; with
-        ``device``, a copy whose index tensors live there (cached too: one host-to-device copy per plan)."""
+        ``device``, a copy whose index tensors live there (cached too: one host-to-device copy per plan).
+        ``window``: the layers' mask kind (``None``: full attention; default the plan's first kind)."""
         if part is None:
             part = self._resolve(None) // self.ulysses_size
-        if part not in self._schedules:
-            self._schedules[part] = compile_schedule(self.layout, self.placement, self.pieces, part,
-                                                     keep_recv=self.recv_budget_tokens is None)
-        sched = self._schedules[part]
+        kind = self.kind(self.windows[0] if window == "first" else window)
+        skey = (part, kind.window)
+        if skey not in self._schedules:
+            keep = self.recv_budget_tokens is None
+            self._schedules[skey] = (
+                compile_schedule(self.layout, self.placement, kind.pieces, part, keep_recv=keep)
+                if kind.window is None else
+                compile_window_schedule(self.layout, self.placement, kind.pieces, part, keep, kind.window))
+        sched = self._schedules[skey]
         if device is None or torch.device(device).type == "cpu":
             return sched
-        key = (part, str(torch.device(device)))
+        key = (part, kind.window, str(torch.device(device)))
         if key not in self._device_schedules:
             self._device_schedules[key] = sched.to(torch.device(device))
         return self._device_schedules[key]
 
     # ----------------------------------------------------------------------------- stats
-    def stats(self) -> PlanStats:
-        """Exact per-rank figures of what the runtime executes (:class:`~hf_hsap.plan.stats.PlanStats`)."""
+    def stats(self, window: Window | str = "first") -> PlanStats:
+        """Exact per-rank figures of what the runtime executes (:class:`~hf_hsap.plan.stats.PlanStats`): the
+        top-level figures of the layers with ``window`` (default the plan's first kind), and
+        :attr:`~hf_hsap.plan.stats.PlanStats.kinds` for every kind the plan was made for."""
+        kind = self.kind(self.windows[0] if window == "first" else window)
         pl, U = self.placement, self.ulysses_size
-        work = pl.work_per_part(self.layout)
-        local = local_work_per_part(self.layout, pl)
-        ptok = pl.tokens_per_part()
-        lengths = self.transfers.lengths
-        recv = np.bincount(self.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
-        send = np.bincount(self.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
         ranks = range(self.size)
-        pc, R = self.pieces, pl.n_parts
-        tab = round_tables(pc, piece_remote_work(self.layout, pl, pc), R)
+        tr, pc, R = kind.transfers, kind.pieces, pl.n_parts
+        lengths = tr.lengths
+        send = np.bincount(tr.src, weights=lengths, minlength=R).astype(np.int64)
+        ptok = pl.tokens_per_part()
+        tab = round_tables(pc, piece_remote_work(self.layout, pl, pc, kind.window), R)
         mat = np.zeros((pc.n_rounds, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
         np.add.at(mat, (pc.round, pc.dst, pc.src), pc.lengths)
-        per_part = part_times(self.layout, pl, self.transfers, self.cost)  # [R]
+        per_part = part_times(self.layout, pl, tr, self.cost, kind.window)  # [R]
+        top = self._kind_stats(kind)
         return PlanStats(
             placement=pl.name,
-            round_order=self.round_order,
+            round_order=kind.round_order,
             tokens=[self.num_local_tokens(r) for r in ranks],
-            attn_work=[int(work[r // U]) / U if U > 1 else int(work[r]) for r in ranks],
-            local_attn_work=[int(local[r // U]) / U if U > 1 else int(local[r]) for r in ranks],
-            recv_kv_tokens=[int(recv[r // U]) for r in ranks],
+            attn_work=top.attn_work,
+            local_attn_work=top.local_attn_work,
+            recv_kv_tokens=top.recv_kv_tokens,
             send_kv_tokens=[int(send[r // U]) for r in ranks],
             a2a_tokens=[int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
             rounds=pc.n_rounds,
-            send_kv_pairs=self.transfers.pair_matrix(pl.n_parts).tolist(),
+            send_kv_pairs=tr.pair_matrix(R).tolist(),
             round_recv_kv=tab.recv.astype(np.int64).tolist(),
             round_remote_work=tab.remote_work.tolist(),
             round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
             est_time=[float(t) / U for t in np.repeat(per_part, U)],
+            kinds={kind_name(w): self._kind_stats(self.kind(w)) for w in self.windows},
         )
+
+    def _kind_stats(self, kind: KindPlan) -> KindStats:
+        """The per-rank figures of one mask kind."""
+        pl, U, w = self.placement, self.ulysses_size, kind.window
+        work = work_per_part(self.layout, pl, w)
+        local = local_work_per_part(self.layout, pl, w)
+        lengths = kind.transfers.lengths
+        recv = np.bincount(kind.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        send = np.bincount(kind.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
+        ranks = range(self.size)
+
+        def per_rank(x: np.ndarray) -> list:
+            return [float(x[r // U]) / U if U > 1 else int(x[r]) for r in ranks]
+
+        return KindStats(window=w, layers=int(self.layer_counts.get(w, 0)), attn_work=per_rank(work),
+                         local_attn_work=per_rank(local), recv_kv_tokens=[int(recv[r // U]) for r in ranks],
+                         send_kv_tokens=[int(send[r // U]) for r in ranks], rounds=kind.pieces.n_rounds,
+                         round_order=kind.round_order)

@@ -9,7 +9,7 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -17,13 +17,15 @@ import torch
 from ..deprecation import moved_names
 from .balanced import balanced, balanced_variants
 from .cache import PlanCache
-from .cost import CostModel, choose_placement, round_order_times
+from .cost import CostModel, choose_placement
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
+from .kinds import plan_kind
 from .plan import Plan
-from .rounds import ROUND_ORDERS, split_rounds
-from .transfers import Transfers, compute_transfers
+from .rounds import ROUND_ORDERS
+from .transfers import Transfers
+from .windows import Window, mask_kinds, window_transfers
 
 __all__ = ["AUTO_TOKEN_SLACKS", "Plan", "offline_link", "plan_layout", "plan_sequence"]
 
@@ -32,11 +34,17 @@ logger = logging.getLogger(__name__)
 AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" (capped by token_slack)
 
 
-def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
-           cost: CostModel | None, min_tokens: int = 1) -> tuple[Placement, Transfers]:
-    """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`) and its transfers.
-    A document-aware placement that would leave a part with fewer than ``min_tokens`` tokens (every
-    rank must hold one) is replaced by ``contiguous``, which never does when ``T >= P``."""
+def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: CostModel | None,
+           min_tokens: int = 1, layers: Mapping[Window, int] | None = None) -> tuple[Placement, dict[Window, Transfers]]:
+    """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`, weighing the layers of
+    every mask kind) and its transfers of every kind in ``layers`` (default: the full kind). A
+    document-aware placement that would leave a part with fewer than ``min_tokens`` tokens (every rank must
+    hold one) is replaced by ``contiguous``, which never does when ``T >= P``."""
+    layers = layers or {None: 1}
+
+    def kinds_of(pl: Placement) -> dict[Window, Transfers]:
+        return {w: window_transfers(pl, layout, w) for w in layers}
+
     if name == "contiguous":
         pl = contiguous(layout, n_parts)
     elif name == "zigzag":
@@ -55,8 +63,8 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
         cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (token_cost, None), eps)]
         cands.append(contiguous(layout, n_parts))
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
-        trs = [compute_transfers(c) for c in cands]
-        best = choose_placement(layout, cands, trs, cost)
+        trs = [kinds_of(c) for c in cands]
+        best = choose_placement(layout, cands, trs, cost, layers)
         return cands[best], trs[best]
     else:
         raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
@@ -64,7 +72,7 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float,
         logger.info("placement %r would leave a part with fewer than %d tokens (%d tokens, %d parts): "
                     "using 'contiguous'", name, min_tokens, layout.total_tokens, n_parts)
         pl = contiguous(layout, n_parts)
-    return pl, compute_transfers(pl)
+    return pl, kinds_of(pl)
 
 
 def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) -> GroupSpec:
@@ -80,8 +88,8 @@ def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) ->
 
 
 def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, recv_budget_tokens: int | None = None,
-                rounds: str = "auto", token_slack: float = DEFAULT_TOKEN_SLACK, cost: CostModel | None = None
-                ) -> Plan:
+                rounds: str = "auto", token_slack: float = DEFAULT_TOKEN_SLACK, cost: CostModel | None = None,
+                windows: Sequence[Window] | Mapping[Window, int] | None = None) -> Plan:
     """Plan one layout for one group (no cache, no validation of the options: :func:`plan_sequence`).
 
     Args:
@@ -92,17 +100,19 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     """
     U = group.ulysses_size
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
-    pl, tr = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U)
-    if rounds == "auto":
-        times = round_order_times(layout, pl, tr, cost, recv_budget_tokens)
-        order = "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
-        pieces = times[order][1]
-    else:
-        order, pieces = rounds, split_rounds(tr, pl.n_parts, recv_budget_tokens, rounds)
-    logger.debug("planned %d tokens, %d documents over %d ranks (U=%d): placement %r, rounds %r (%d), "
-                 "%d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U, pl.name, order,
-                 pieces.n_rounds, int(tr.lengths.sum()))
-    return Plan(layout, group, pl, tr, pieces, order, recv_budget_tokens, cost)
+    kinds, layers = mask_kinds(windows, layout)
+    pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers)
+    per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w]) for w in kinds}
+    for w, k in per_kind.items():
+        logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "
+                     "rounds %r (%d), %d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U,
+                     "full" if w is None else f"window {w}", layers[w], pl.name, k.round_order, k.pieces.n_rounds,
+                     int(k.transfers.lengths.sum()))
+    first = per_kind[kinds[0]]
+    plan = Plan(layout, group, pl, first.transfers, first.pieces, first.round_order, recv_budget_tokens, cost,
+                windows=kinds, layer_counts=layers, rounds_option=rounds)
+    plan._kinds.update(per_kind)
+    return plan
 
 
 def plan_sequence(
@@ -119,6 +129,7 @@ def plan_sequence(
     gpus_per_node: int | None = None,
     cache: PlanCache | None = None,
     bind: Callable[[Plan], Plan] | None = None,
+    windows: Sequence[Window] | Mapping[Window, int] | None = None,
 ) -> Plan:
     """Plan document-masked attention of one packed batch over a group (pure; see the module docstring).
 
@@ -147,6 +158,12 @@ def plan_sequence(
         cache: plan cache (equal layouts and options return the same object); none by default.
         bind: applied to the new plan before it is cached (the runtime binds plans to its process
             groups this way).
+        windows: the attention mask of every layer of the model (:mod:`hf_hsap.plan.windows`): a per-layer
+            sequence of sliding windows (Transformers' ``sliding_window``; ``None`` = full attention) or a
+            mapping window -> layer count; ``hf_hsap.attention_windows(model.config)`` reads it from a
+            config. The plan gets one set of transfers and rounds per distinct kind over one placement, and
+            ``auto`` weighs the kinds by their layers. Default: full attention only. Other kinds are planned
+            on demand (exact, but not weighed).
 
     Returns:
         The :class:`Plan`.
@@ -167,11 +184,13 @@ def plan_sequence(
         raise ValueError(f"the batch has {layout.total_tokens} tokens but the SP group has {group.size} ranks; "
                          "every rank needs at least one token: pack longer rows or use a smaller sp_size")
     cost = cost or CostModel.for_link(group.link)
-    key = (layout.digest, group, placement, recv_budget_tokens, rounds, token_slack, cost, bind is not None)
+    _, layers = mask_kinds(windows, layout)
+    key = (layout.digest, group, placement, recv_budget_tokens, rounds, token_slack, cost, bind is not None,
+           tuple(sorted(layers.items(), key=lambda kv: -1 if kv[0] is None else kv[0])))
 
     def build() -> Plan:
         plan = plan_layout(layout, group, placement, recv_budget_tokens=recv_budget_tokens, rounds=rounds,
-                           token_slack=token_slack, cost=cost)
+                           token_slack=token_slack, cost=cost, windows=layers)
         return plan if bind is None else bind(plan)
 
     return build() if cache is None else cache.get_or_build(key, build)

@@ -23,6 +23,7 @@ import numpy as np
 from .layout import Layout
 from .placement import Placement
 from .transfers import Transfers
+from .windows import piece_work
 
 ROUND_ORDERS = ("auto", "batched", "by_peer")
 
@@ -116,15 +117,18 @@ def split_rounds(tr: Transfers, n_parts: int, budget: int | None, order: str = "
                        src_local=arr[:, 5])
 
 
-def piece_remote_work(layout: Layout, pl: Placement, pieces: RoundPieces) -> np.ndarray:
+def piece_remote_work(layout: Layout, pl: Placement, pieces: RoundPieces, window: int | None = None) -> np.ndarray:
     """``[n_pieces]`` (query, key) pairs the receiving part computes against each piece.
 
     A piece ``[s, e)`` of document ``d`` lies between the receiver's segments of ``d``, so it is seen
     in full by every receiver segment that starts at or after ``e``: pairs = ``(e - s) · (tokens of
-    d the receiver holds at positions >= e)``.
+    d the receiver holds at positions >= e)``. With a window, the pairs it keeps
+    (:func:`hf_hsap.plan.windows.piece_work`).
     """
     if len(pieces) == 0:
         return np.zeros(0, dtype=np.float64)
+    if window is not None:
+        return piece_work(layout, pl, pieces.dst, pieces.start, pieces.end, window)
     span = layout.total_tokens + 1
     comp = (pl.part * (layout.n_docs + 1) + pl.doc) * span + pl.start  # [n_seg] (part, doc, start)
     o = np.argsort(comp, kind="stable")

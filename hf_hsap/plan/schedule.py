@@ -122,7 +122,9 @@ class Round:
 class Schedule:
     """Everything one part executes per layer. ``n_local``: its token count; ``keep_recv``: the plan has
     no receive budget (the received KV is kept for the backward rather than fetched again; with a
-    budget, :attr:`shape` says when it is kept anyway)."""
+    budget, :attr:`shape` says when it is kept anyway). ``local_item`` covers every local query row;
+    ``extra_local``: further items against the part's own keys, merged into its result (a sliding window
+    between two segments of one document on the part, :mod:`.window_schedule`). ``window``: the mask kind."""
 
     part: int
     n_local: int
@@ -130,11 +132,14 @@ class Schedule:
     rounds: tuple[Round, ...]
     meta: dict = field(default_factory=dict, compare=False)
     keep_recv: bool = True
+    extra_local: tuple[WorkItem, ...] = ()
+    window: int | None = None
 
     def to(self, device: torch.device) -> "Schedule":
         """A copy whose index tensors live on ``device`` (host plans, device execution)."""
         return Schedule(self.part, self.n_local, None if self.local_item is None else self.local_item.to(device),
-                        tuple(r.to(device) for r in self.rounds), self.meta, self.keep_recv)
+                        tuple(r.to(device) for r in self.rounds), self.meta, self.keep_recv,
+                        tuple(i.to(device) for i in self.extra_local), self.window)
 
     @property
     def shape(self) -> PipelineShape:
@@ -207,7 +212,8 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
 
 def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int,
                      keep_recv: bool = True) -> Schedule:
-    """Compile the schedule of ``part`` from a placement and its (round-split) transfers."""
+    """Compile the schedule of ``part`` from a placement and its (round-split) transfers of full attention
+    (a sliding window: :func:`~.window_schedule.compile_window_schedule`)."""
     lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
     q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
     n_local = int((q_end - q_start).sum())

@@ -35,7 +35,11 @@ class PlanStats:
         est_time: ``[P]`` the cost model's step time of each rank in attention pairs
             (``token_cost * tokens + max(local work, kv_token_cost * recv) + remote work`` of its part,
             divided by ``U``; round latency and the ``by_peer`` overlap left out): ``placement="auto"``
-            keeps the candidate whose largest estimate is the smallest.
+            keeps the candidate whose estimate, summed over the model's layers of each kind, is the smallest.
+        kinds: :class:`KindStats` of every mask kind the plan was made for, keyed by :func:`kind_name`
+            (``"full"``, ``"window=1024"``); the figures above are of one of them (``Plan.stats(window=...)``).
+
+    With a sliding window, work counts only the pairs the window keeps and the KV only the keys it sees.
     """
 
     placement: str
@@ -52,6 +56,7 @@ class PlanStats:
     round_remote_work: list[list[float]]
     round_transfers: list[list[list[int]]]
     est_time: list[float]
+    kinds: dict[str, "KindStats"] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as a plain (JSON-ready) dict keyed by attribute name."""
@@ -91,7 +96,35 @@ class PlanStats:
     def _get(self, key: str) -> Any:
         if key not in _FIELDS:
             raise KeyError(key)
+        if key == "kinds":  # the dict spelling is the JSON form all through
+            return {name: dataclasses.asdict(k) for name, k in self.kinds.items()}
         return getattr(self, key)
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """Per-rank figures of the layers of one mask kind (lists indexed by SP rank, as :class:`PlanStats`).
+
+    Attributes:
+        window: the kind's sliding window (``None``: full attention). layers: the model's layers of it.
+        attn_work / local_attn_work: ``[P]`` pairs a layer computes, and those against the rank's own keys.
+        recv_kv_tokens / send_kv_tokens: ``[P]`` KV tokens received / sent per layer (forward).
+        rounds: communication rounds of a layer. round_order: ``"batched"`` or ``"by_peer"``.
+    """
+
+    window: int | None
+    layers: int
+    attn_work: list[float]
+    local_attn_work: list[float]
+    recv_kv_tokens: list[int]
+    send_kv_tokens: list[int]
+    rounds: int
+    round_order: str
+
+
+def kind_name(window: int | None) -> str:
+    """The key of a mask kind in :attr:`PlanStats.kinds`: ``"full"`` or ``"window=<W>"``."""
+    return "full" if window is None else f"window={window}"
 
 
 def _warn_dict(old: str, new: str) -> None:

@@ -1,0 +1,118 @@
+"""Compiling the schedule of one part for a sliding-window mask kind.
+
+Same data as the full kind's :class:`~.schedule.Schedule` (rounds of sends and receive buffers, work items of
+one kernel call each), but a window changes which pairs a block of rows keeps:
+
+* the *local* item: every segment of the part against its own rows, causal with the window (the kernels'
+  ``window_left = window - 1``); it covers every local query row (a query sees itself);
+* ``extra_local`` items: a later segment of a document against an earlier segment of it on the same part
+  (non-adjacent in the document: the positions between are on other parts, so local rows are not global
+  distances), cut into blocks by :func:`~.windows.band_blocks`;
+* per round, remote items: every query segment against every received run of its document that the window
+  reaches, cut the same way.
+
+Blocks of one mask (``full``, ``anti``) go to items of that mask; blocks that share query rows go to
+different items (*slots*), so that an item's queries are distinct rows (a gathered item is one varlen call
+whose result is merged row by row).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels.base import VarlenSpec
+from .layout import Layout
+from .placement import Placement
+from .rounds import RoundPieces
+from .schedule import Round, Schedule, WorkItem, _index_or_none, _splits, index_runs, ranges_to_index
+from .windows import BLOCK_MASKS, band_blocks
+
+Block = tuple[str, int, int, int, int]  # (mask, first query row, query rows, first key row, key rows)
+
+
+def _slots(blocks: list[Block]) -> list[list[Block]]:
+    """Blocks of one mask grouped so that no two of a group share a query row (greedy interval colouring:
+    the fewest groups)."""
+    groups: list[list[Block]] = []
+    ends: list[int] = []
+    for b in sorted(blocks, key=lambda b: (b[1], b[3])):
+        for g, end in enumerate(ends):
+            if end <= b[1]:
+                groups[g].append(b)
+                ends[g] = b[1] + b[2]
+                break
+        else:
+            groups.append([b])
+            ends.append(b[1] + b[2])
+    return groups
+
+
+def _items(blocks: list[Block], kv_source: str, kv_total: int) -> tuple[WorkItem, ...]:
+    """Work items of blocks on rows of the local q and of a KV source of ``kv_total`` rows."""
+    items = []
+    for mask in BLOCK_MASKS:
+        causal, window_left = BLOCK_MASKS[mask]
+        for group in _slots([b for b in blocks if b[0] == mask]):
+            q_idx = ranges_to_index(np.array([b[1] for b in group]), np.array([b[2] for b in group]))
+            kv_idx = ranges_to_index(np.array([b[3] for b in group]), np.array([b[4] for b in group]))
+            spec = VarlenSpec.from_lengths([b[2] for b in group], [b[4] for b in group], causal,
+                                           window_left=window_left)
+            kv_index = _index_or_none(kv_idx, kv_total)
+            segments = tuple((b[1], b[1] + b[2], b[3], b[3] + b[4]) for b in group)
+            items.append(WorkItem(spec, kv_source, torch.from_numpy(q_idx), kv_index, index_runs(q_idx),
+                                  None if kv_index is None else index_runs(kv_idx), segments))
+    return tuple(items)
+
+
+def _blocks(qa: int, qb: int, q_row: int, ka: int, kb: int, k_row: int, window: int) -> list[Block]:
+    """:func:`~.windows.band_blocks` of queries ``[qa, qb)`` (first row ``q_row``) against keys ``[ka, kb)``
+    (first row ``k_row``), as rows."""
+    return [(m, q_row + a - qa, b - a, k_row + c - ka, d - c) for m, a, b, c, d in band_blocks(qa, qb, ka, kb, window)]
+
+
+def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int, keep_recv: bool,
+                            window: int) -> Schedule:
+    """The schedule of ``part`` for the layers with a sliding ``window`` (module docstring).
+
+    Args:
+        layout, pl: the documents and placement. pieces: the kind's round pieces. part: the part.
+        keep_recv: keep the receive buffers for the backward. window: the window (Transformers' convention).
+
+    Returns:
+        The :class:`~.schedule.Schedule`.
+    """
+    lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
+    q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
+    n_local = int((q_end - q_start).sum())
+    local_item = None
+    extra: list[Block] = []
+    if n_local:
+        cu = tuple(np.concatenate([q_local, [n_local]]).tolist())
+        spec = VarlenSpec(cu, cu, True, window_left=window - 1)
+        local_item = WorkItem(spec, "local", None, None, segments=tuple(spec.segments()))
+        for s in range(q_doc.shape[0]):  # earlier segments of the same document on this part
+            for g in range(s):
+                if q_doc[g] == q_doc[s] and q_end[g] + window - 1 > q_start[s]:
+                    extra += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), int(q_start[g]),
+                                     int(q_end[g]), int(q_local[g]), window)
+    rounds = []
+    for t in range(pieces.n_rounds):
+        in_t = pieces.round == t
+        rm = in_t & (pieces.dst == part)
+        sm = in_t & (pieces.src == part)
+        r_len = pieces.end[rm] - pieces.start[rm]
+        s_len = pieces.end[sm] - pieces.start[sm]
+        k_off = np.cumsum(r_len) - r_len
+        send_idx = ranges_to_index(pieces.src_local[sm], s_len)
+        k_start, k_end = pieces.start[rm], pieces.end[rm]
+        k_doc = layout.doc_of(k_start) if k_start.shape[0] else k_start
+        blocks: list[Block] = []
+        for ks, ke, ko, d in zip(k_start.tolist(), k_end.tolist(), k_off.tolist(), k_doc.tolist()):
+            for s in np.nonzero((q_doc == d) & (q_start >= ke) & (q_start < ke + window - 1))[0].tolist():
+                blocks += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), ks, ke, ko, window)
+        recv_total = int(r_len.sum())
+        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces.dst[sm], s_len),
+                            _splits(pieces.src[rm], r_len), recv_total, _items(blocks, "recv", recv_total),
+                            index_runs(send_idx)))
+    return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv,
+                    extra_local=_items(extra, "local", n_local), window=window)
