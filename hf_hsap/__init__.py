@@ -15,7 +15,8 @@ from .plan.cost import CostModel
 from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
 from .plan.group import GroupSpec
 from .plan.plan import Plan
-from .plan.stats import PlanStats
+from .plan.stats import KindStats, PlanStats
+from .plan.windows import attention_windows
 from .sp_plan import SPPlan, plan_sequence
 from .topology import SPGroup, init_sequence_parallel
 from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
@@ -31,8 +32,10 @@ __all__ = [
     "Plan",
     "PlanCache",
     "PlanStats",
+    "KindStats",
     "SPPlan",
     "SPGroup",
+    "attention_windows",
     "check_config",
     "check_model",
     "check_plan_used",

@@ -16,27 +16,32 @@ import torch
 from .comm.all_to_all import all_to_all, head_to_seq
 from .kernels import AttentionKernel, select_kernel
 from .kernels.dtypes import cast_qkv
+from .kernels.sinks import sinks_grad
 from .plan.plan import Plan
 from .runtime import sap_backward, sap_forward
 
 
 class _SAPAttention(torch.autograd.Function):
-    """SAP over the inter peers of one part. Inputs are the part's tokens (plan order)."""
+    """SAP over the inter peers of one part. Inputs are the part's tokens (plan order); ``sinks`` (``[Hq]``
+    of this rank's heads, or None) gets its gradient (:func:`~hf_hsap.kernels.sinks.sinks_grad`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype):
-        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale)  # buffers kept: sched.shape
-        ctx.save_for_backward(q, k, v, out, lse, *recvs)
+    def forward(ctx, q, k, v, sinks, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype, softcap):
+        # buffers kept: sched.shape; out / lse are final (after the sinks), what the backward needs
+        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, softcap=softcap, sinks=sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, *recvs)
         ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype
+        ctx.softcap = softcap
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, *recvs = ctx.saved_tensors
+        q, k, v, out, lse, sinks, *recvs = ctx.saved_tensors
         dq, dk, dv = sap_backward(dout, q, k, v, out, lse, list(recvs), ctx.sched, ctx.executor,
-                                  ctx.kernel, ctx.scale, ctx.grad_dtype)
-        return dq, dk, dv, None, None, None, None, None
+                                  ctx.kernel, ctx.scale, ctx.grad_dtype, softcap=ctx.softcap)
+        d_sinks = sinks_grad(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, d_sinks, None, None, None, None, None, None
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, n_local: int) -> None:
@@ -59,6 +64,12 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan,
                          "hf_hsap.init_sequence_parallel)")
 
 
+def _check_sinks(sinks: torch.Tensor | None, hq: int) -> None:
+    """Refuse sinks that are not one logit per query head."""
+    if sinks is not None and tuple(sinks.shape) != (hq,):
+        raise ValueError(f"sinks must hold one logit per query head, shape ({hq},), got {tuple(sinks.shape)}")
+
+
 def hsap_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -68,6 +79,10 @@ def hsap_attn_func(
     kernel: AttentionKernel | None = None,
     return_lse: bool = False,
     grad_comm_dtype: torch.dtype | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Document-masked causal attention of this rank's tokens, exact across the SP group.
 
@@ -83,9 +98,16 @@ def hsap_attn_func(
         grad_comm_dtype: dtype in which dK/dV partial sums travel back to their owners (default: the
             SP group's ``grad_comm_dtype``, else k's dtype). Both ends accumulate in fp32; pass
             ``torch.float32`` to send the fp32 accumulators (2x the return bytes in bf16 training).
+        window: a sliding window (Transformers' ``sliding_window``: a query sees the ``window`` keys of its
+            document ending at itself); only the keys it sees are moved (the plan's schedule of that mask
+            kind, :meth:`~hf_hsap.plan.plan.Plan.kind`). ``None``: full causal attention.
+        softcap: logit soft-capping, ``score = softcap * tanh(score / softcap)`` (Gemma 2); ``None``: none.
+        sinks: ``[Hq]`` attention-sink logits (GPT-OSS's ``s_aux``), each joining its head's softmax
+            denominator once per query; differentiable. ``None``: none.
 
     Returns:
-        ``[T_local, Hq, D]`` attention output, differentiable in q, k, v (and the lse if asked).
+        ``[T_local, Hq, D]`` attention output, differentiable in q, k, v and ``sinks`` (and the lse if asked,
+        with the sinks in it).
 
     GQA with ``U > 1``: when ``U`` does not divide ``Hkv``, each key/value head is repeated
     ``lcm(Hkv, U) / Hkv`` times (the least that lets every rank hold whole heads) before the
@@ -102,12 +124,13 @@ def hsap_attn_func(
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)
     part = 0 if sp is None else sp.inter_rank
-    sched = plan.schedule(part, q.device)
+    sched = plan.schedule(part, q.device, window=window)
     executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
     gdt = grad_comm_dtype or (sp.grad_comm_dtype if sp is not None else None)
     U = plan.ulysses_size
+    _check_sinks(sinks, q.shape[1])
     if U == 1:
-        out, lse = _SAPAttention.apply(q, k, v, sched, executor, kernel, scale, gdt)
+        out, lse = _SAPAttention.apply(q, k, v, sinks, sched, executor, kernel, scale, gdt, softcap)
         return (out, lse) if return_lse else out
 
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
@@ -126,8 +149,9 @@ def hsap_attn_func(
     qh = heads[:, :fq].reshape(t_part, hq // U, d)  # [T_part, Hq/U, D]
     kh = heads[:, fq:fq + fk].reshape(t_part, hkv // U, d)  # [T_part, Hkv/U, D]
     vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
-    out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), sched, executor,
-                                       kernel, scale, gdt)
+    heads_u = None if sinks is None else sinks[sp.intra_rank * (hq // U):(sp.intra_rank + 1) * (hq // U)]  # [Hq/U]
+    out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), heads_u, sched, executor,
+                                       kernel, scale, gdt, softcap)
     out = all_to_all(out_h.reshape(t_part, -1), "head_to_seq", sp.intra_group, slices, sp.intra_rank,
                      sp.comm_stats)  # [T_part, Hq/U*D] -> [T_local, Hq*D]
     out = out.reshape(t, hq, d)

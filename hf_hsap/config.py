@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .plan.placement import DEFAULT_TOKEN_SLACK
+from .plan.windows import attention_windows
 
 __all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "deprecated_property", "parse_dtype", "warn_deprecated"]
 
@@ -81,7 +82,11 @@ class HSAPConfig:
         gpus_per_node: ranks per node (None: ``LOCAL_WORLD_SIZE``, else the GPUs, else the world).
         cost_model: the planner's :class:`~hf_hsap.CostModel` (None: built from ``model_config``).
         model_config: a Transformers config; with no ``cost_model`` the group's cost model is
-            ``CostModel.from_config(model_config, sp.sap_link, detect_hardware())`` and ``"auto"`` U divides its heads.
+            ``CostModel.from_config(model_config, sp.sap_link, detect_hardware())`` and ``"auto"`` U divides its heads;
+            with no ``windows``, its layers' sliding windows are what plans are made for.
+        windows: the attention mask of every layer (``plan_sequence(..., windows=...)``: a per-layer list of
+            sliding windows, ``None`` = full attention, or a mapping window -> layer count); None: read from
+            ``model_config`` (:func:`hf_hsap.attention_windows`), else full attention only.
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).
@@ -98,6 +103,7 @@ class HSAPConfig:
     gpus_per_node: int | None = None
     cost_model: Any = None
     model_config: Any = field(default=None, repr=False)
+    windows: Any = None
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> ValueError:
@@ -163,8 +169,14 @@ class HSAPConfig:
     def plan_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`hf_hsap.plan_sequence` (besides ``placement``; the cost model
         travels on the group)."""
-        return {"rounds": self.rounds, "recv_budget_tokens": self.recv_budget_tokens,
-                "token_slack": float(self.token_slack)}
+        options = {"rounds": self.rounds, "recv_budget_tokens": self.recv_budget_tokens,
+                   "token_slack": float(self.token_slack)}
+        windows = self.windows
+        if windows is None and self.model_config is not None:
+            windows = attention_windows(self.model_config)
+        if windows is not None:
+            options["windows"] = dict(windows) if isinstance(windows, dict) else list(windows)
+        return options
 
     def with_plan_options(self, placement: str | None = None, options: dict[str, Any] | None = None) -> "HSAPConfig":
         """This config with an old-style ``placement`` / ``plan_options`` dict applied (the deprecated

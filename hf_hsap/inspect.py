@@ -31,6 +31,7 @@ from .hardware import MODEL_SHAPES
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, offline_link, plan_sequence
+from .plan.windows import attention_windows
 
 DISTS = DISTRIBUTIONS
 _L3 = MODEL_SHAPES["llama3-8b"]  # the default model of --config: the one table's Llama-3-8B
@@ -89,6 +90,12 @@ def summary_lines(plan: Plan) -> list[str]:
         f"received KV per layer: max {int(recv.max())} ({recv.max() / ring:.3f} of ring's (P-1)/P*T), "
         f"mean {recv.mean():.1f} ({recv.mean() / ring:.3f}), total {int(recv.sum() / max(U, 1))}",
     ]
+    if len(st.kinds) > 1 or plan.windows != (None,):
+        lines.append("mask kinds (the table below is the first):")
+        for name, k in st.kinds.items():
+            kw, kr = np.array(k.attn_work, dtype=np.float64), np.array(k.recv_kv_tokens, dtype=np.float64)
+            lines.append(f"  {name}: {k.layers} layer(s), work max/mean {kw.max() / max(kw.mean(), 1e-30):.3f}, "
+                         f"received KV max {int(kr.max())} mean {kr.mean():.1f}, rounds {k.rounds} ({k.round_order})")
     est = np.array(st.est_time, dtype=np.float64)
     if est.size:
         c = plan.cost
@@ -176,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-only", action="store_true",
                    help="plan for a step of attention alone: no linear layers, so a token costs only its "
                         "communication (KV, and with --U > 1 its all-to-all share)")
+    p.add_argument("--windows", default=None,
+                   help="the layers' attention masks: comma-separated WINDOW[:LAYERS] or full[:LAYERS] "
+                        "(e.g. 1024:5,full:1 for Gemma 3; 4096 for a Mistral-style window on every layer); "
+                        "default: read from --config, else full attention")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
     return p
 
@@ -200,6 +211,25 @@ def _load_config(path: str) -> SimpleNamespace:
     return SimpleNamespace(**raw)
 
 
+def parse_windows(text: str) -> dict[int | None, int]:
+    """``--windows``: ``WINDOW[:LAYERS]`` / ``full[:LAYERS]`` entries -> a mapping window -> layers.
+
+    Raises:
+        ValueError: an entry that is not of that form.
+    """
+    out: dict[int | None, int] = {}
+    for entry in text.split(","):
+        name, _, count = entry.strip().partition(":")
+        try:
+            window = None if name == "full" else int(name)
+            layers = int(count) if count else 1
+        except ValueError:
+            raise ValueError(f"--windows: bad entry {entry!r}; use WINDOW[:LAYERS] or full[:LAYERS], "
+                             "e.g. 1024:5,full:1") from None
+        out[window] = out.get(window, 0) + layers
+    return out
+
+
 def make_cost(args: argparse.Namespace) -> CostModel | None:
     """The cost model the arguments ask for (``None``: the planner's default for the link)."""
     link = offline_link(args.P, args.gpus_per_node)
@@ -221,8 +251,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
     else:
         lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    windows = parse_windows(args.windows) if args.windows else None
+    if windows is None and args.config:
+        windows = attention_windows(_load_config(args.config))
     config = HSAPConfig(sp_size=args.P, ulysses_size=args.U, placement=args.placement, rounds=args.rounds,
-                        recv_budget_tokens=args.budget, gpus_per_node=args.gpus_per_node, cost_model=make_cost(args))
+                        recv_budget_tokens=args.budget, gpus_per_node=args.gpus_per_node, cost_model=make_cost(args),
+                        windows=windows)
     return plan_sequence(cu, config.sp_size, config.placement, ulysses_size=config.ulysses_size,
                          gpus_per_node=config.gpus_per_node, cost=config.cost_model, **config.plan_options())
 

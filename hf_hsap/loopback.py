@@ -18,7 +18,7 @@ __all__ = ["run_plan_loopback"]
 
 def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                       kernel: AttentionKernel | None = None, softmax_scale: float | None = None, timeout_s: float = 60.0,
-                      ) -> tuple[torch.Tensor, ...]:
+                      *, window: int | None = None, softcap: float | None = None) -> tuple[torch.Tensor, ...]:
     """Forward and backward of a whole plan's SAP attention in this process, one thread per part.
 
     Args:
@@ -26,6 +26,8 @@ def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         q: ``[T, Hq, D]`` global queries (any device); k, v: ``[T, Hkv, D]``; dout: ``[T, Hq, D]``.
         kernel: default :func:`~hf_hsap.kernels.select_kernel` for q's device and dtype.
         softmax_scale: defaults to ``D ** -0.5``.
+        window: the layers' sliding window (the plan's schedule of that mask kind); ``None``: full attention.
+        softcap: logit soft-capping; ``None``: none.
 
     Returns:
         Global ``out [T, Hq, D]``, ``lse [T, Hq]``, ``dq``, ``dk``, ``dv`` (in global token order) and the
@@ -41,10 +43,10 @@ def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     def part_fn(p: int) -> tuple[torch.Tensor, ...]:
         idx = plan.local_token_indices(p).to(q.device)
         ql, kl, vl, dl = (x.index_select(0, idx) for x in (q, k, v, dout))
-        sched = plan.schedule(p, q.device)
+        sched = plan.schedule(p, q.device, window=window)
         ex = hub.executor(p, stats[p])
-        out, lse, recvs = sap_forward(ql, kl, vl, sched, ex, kernel, scale)
-        dq, dk, dv = sap_backward(dl, ql, kl, vl, out, lse, recvs, sched, ex, kernel, scale)
+        out, lse, recvs = sap_forward(ql, kl, vl, sched, ex, kernel, scale, softcap=softcap)
+        dq, dk, dv = sap_backward(dl, ql, kl, vl, out, lse, recvs, sched, ex, kernel, scale, softcap=softcap)
         return out, lse, dq, dk, dv
 
     res = hub.run(part_fn)

@@ -24,6 +24,7 @@ import torch
 
 from .comm.p2p import P2PExecutor
 from .kernels.base import AttentionKernel, lse_dtype, merge_partial
+from .kernels.sinks import apply_sinks
 from .plan.pipeline import (COLLECT, COMPUTE, LOCAL, POST, RETURN, WAIT, backward_steps, forward_steps,
                             run_steps)
 from .plan.schedule import Round, Runs, Schedule, WorkItem
@@ -107,21 +108,57 @@ def _start_fetch(executor: P2PExecutor, kv: torch.Tensor, rnd: Round, t: int):
     return executor.transfer(send, rnd.send_splits, rnd.recv_total, rnd.recv_splits, tag=fetch_tag(t))
 
 
+def _mask_kw(item: WorkItem, softcap: float | None) -> dict:
+    """Keyword arguments of an in-place kernel call beyond the unwindowed, uncapped contract (none when the
+    item has no window and there is no soft-capping, so that kernels of the older contract keep working)."""
+    kw = {} if softcap is None else {"softcap": softcap}
+    if item.spec.window_left is not None:
+        kw["window_left"] = item.spec.window_left
+    return kw
+
+
+def _cap_kw(softcap: float | None) -> dict:
+    """``softcap=`` for a varlen kernel call, when there is one."""
+    return {} if softcap is None else {"softcap": softcap}
+
+
+def _forward_items(items, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   kernel: AttentionKernel, scale: float, softcap: float | None) -> None:
+    """Merge the results of work items (keys in ``k``/``v``: a receive buffer or the part's own) into
+    ``out [T_part, Hq, D]`` / ``lse [T_part, Hq]`` by log-sum-exp, in place."""
+    for item in items:
+        if _in_place(kernel, item):
+            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, **_mask_kw(item, softcap))
+            continue
+        k_i, v_i = _take(k, item.kv_index, item.kv_runs), _take(v, item.kv_index, item.kv_runs)  # [n_k, Hkv, D]
+        q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (q, out, lse))
+        o, l = kernel.forward(q_i, k_i, v_i, item.spec, scale, **_cap_kw(softcap))
+        m_o, m_l = merge_partial(o_i, l_i, o, l)
+        _put_rows(out, item.q_index, item.q_runs, m_o)
+        _put_rows(lse, item.q_index, item.q_runs, m_l)
+
+
 def sap_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float, keep_recv: bool | None = None,
+    kernel: AttentionKernel, scale: float, keep_recv: bool | None = None, *, softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Forward of one part (the steps of :func:`~hf_hsap.plan.pipeline.forward_steps`).
 
     Args:
         q: ``[T_part, Hq, D]``; k, v: ``[T_part, Hkv, D]`` (the part's tokens in plan order).
-        sched: the part's compiled schedule. executor: its inter peers (None without rounds).
+        sched: the part's compiled schedule (of the layer's mask kind). executor: its inter peers (None
+            without rounds).
         keep_recv: return the receive buffers for the backward (default: ``sched.shape.keep_recv``;
             otherwise the backward fetches them again).
+        softcap: logit soft-capping of every kernel call (``None``: none).
+        sinks: ``[Hq]`` attention-sink logits, joined to every query's softmax denominator once, after all
+            partial results are merged (:func:`~hf_hsap.kernels.sinks.apply_sinks`); ``None``: none.
 
     Returns:
-        out ``[T_part, Hq, D]`` (q's dtype), lse ``[T_part, Hq]`` (fp32/fp64), receive buffers
-        ``[recv_total, 2*Hkv, D]`` per round (empty list unless kept).
+        out ``[T_part, Hq, D]`` (q's dtype), lse ``[T_part, Hq]`` (fp32/fp64; with sinks, the final
+        normaliser including them), receive buffers ``[recv_total, 2*Hkv, D]`` per round (empty list unless
+        kept).
     """
     hkv = k.shape[1]
     acc = lse_dtype(q.dtype)
@@ -138,10 +175,12 @@ def sap_forward(
         nonlocal out, lse
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
-            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, fresh=True)
+            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, fresh=True,
+                                **_mask_kw(item, softcap))
         elif item is not None:
-            o, l = kernel.forward(q, k, v, item.spec, scale)
+            o, l = kernel.forward(q, k, v, item.spec, scale, **_cap_kw(softcap))
             out, lse = o.to(acc), l.to(acc)
+        _forward_items(sched.extra_local, q, k, v, out, lse, kernel, scale, softcap)
 
     def post(t: int) -> None:
         pending[t] = _start_fetch(executor, kv, sched.rounds[t], t)
@@ -151,36 +190,50 @@ def sap_forward(
 
     def compute(t: int) -> None:
         recv = landed.pop(t)
-        for item in sched.rounds[t].items:
-            if _in_place(kernel, item):
-                kernel.forward_into(q, recv[:, :hkv], recv[:, hkv:], item.segments, item.spec.causal, scale, out, lse)
-                continue
-            kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
-            q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (q, out, lse))
-            o, l = kernel.forward(q_i, kvi[:, :hkv], kvi[:, hkv:], item.spec, scale)
-            m_o, m_l = merge_partial(o_i, l_i, o, l)
-            _put_rows(out, item.q_index, item.q_runs, m_o)
-            _put_rows(lse, item.q_index, item.q_runs, m_l)
+        _forward_items(sched.rounds[t].items, q, recv[:, :hkv], recv[:, hkv:], out, lse, kernel, scale, softcap)
         if keep:
             kept.append(recv)
 
     run_steps(forward_steps(shape), {POST: post, WAIT: wait, LOCAL: local, COMPUTE: compute})
+    if sinks is not None:
+        out, lse = apply_sinks(out, lse, sinks)
     return out.to(q.dtype), lse, kept
+
+
+def _backward_items(items, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                    kernel: AttentionKernel, scale: float, softcap: float | None) -> None:
+    """Add the gradients of work items (keys in ``k``/``v``) to ``dq`` and ``dk``/``dv`` (the keys' rows), in
+    place."""
+    for item in items:
+        if _in_place(kernel, item):
+            kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale, dq, dk, dv,
+                                 **_mask_kw(item, softcap))
+            continue
+        d_i, q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (dout, q, out, lse))
+        k_i, v_i = _take(k, item.kv_index, item.kv_runs), _take(v, item.kv_index, item.kv_runs)  # [n_k, Hkv, D]
+        gq, gk, gv = kernel.backward(d_i, q_i, k_i, v_i, o_i, l_i, item.spec, scale, **_cap_kw(softcap))
+        _add_rows(dq, item.q_index, item.q_runs, gq)
+        _add_rows(dk, item.kv_index, item.kv_runs, gk)
+        _add_rows(dv, item.kv_index, item.kv_runs, gv)
 
 
 def sap_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None,
+    kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None, *,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of one part (the steps of :func:`~hf_hsap.plan.pipeline.backward_steps`; shapes as
-    :func:`sap_forward`; ``out``/``lse`` are the final values).
+    :func:`sap_forward`; ``out``/``lse`` are the final values, after sinks when the layer has them: then
+    these gradients of q, k, v are exact with sinks too).
 
     Args:
         recvs: the forward's receive buffers, one per round; empty: the KV is fetched again.
         grad_dtype: dtype of the dK/dV partial sums sent back to their owners (default ``k.dtype``;
             ``torch.float32`` sends the fp32 accumulators: twice the bytes in bf16 training, one
             rounding fewer).
+        softcap: the forward's soft-capping.
 
     Returns:
         dq ``[T_part, Hq, D]``, dk, dv ``[T_part, Hkv, D]`` in the inputs' dtypes; partial sums are
@@ -205,12 +258,14 @@ def sap_backward(
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
             kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale,
-                                 dq, dkv[:, :hkv], dkv[:, hkv:])
+                                 dq, dkv[:, :hkv], dkv[:, hkv:], **_mask_kw(item, softcap))
         elif item is not None:
-            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, item.spec, scale)
+            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, item.spec, scale, **_cap_kw(softcap))
             dq.add_(gq.to(acc))
             dkv[:, :hkv].add_(gk.to(acc))
             dkv[:, hkv:].add_(gv.to(acc))
+        _backward_items(sched.extra_local, dout, q, k, v, out, lse, dq, dkv[:, :hkv], dkv[:, hkv:], kernel, scale,
+                        softcap)
 
     def post(t: int) -> None:
         fetching[t] = _start_fetch(executor, kv, rounds[t], t)
@@ -221,17 +276,8 @@ def sap_backward(
     def compute(t: int) -> None:
         recv, rnd = landed.pop(t), rounds[t]
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
-        for item in rnd.items:
-            if _in_place(kernel, item):
-                kernel.backward_into(dout, q, recv[:, :hkv], recv[:, hkv:], out, lse, item.segments,
-                                     item.spec.causal, scale, dq, d_recv[:, :hkv], d_recv[:, hkv:])
-                continue
-            d_i, q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (dout, q, out, lse))
-            kvi = _take(recv, item.kv_index, item.kv_runs)  # [n_k, 2*Hkv, D]
-            gq, gk, gv = kernel.backward(d_i, q_i, kvi[:, :hkv], kvi[:, hkv:], o_i, l_i, item.spec, scale)
-            _add_rows(dq, item.q_index, item.q_runs, gq)
-            _add_rows(d_recv[:, :hkv], item.kv_index, item.kv_runs, gk)
-            _add_rows(d_recv[:, hkv:], item.kv_index, item.kv_runs, gv)
+        _backward_items(rnd.items, dout, q, recv[:, :hkv], recv[:, hkv:], out, lse, dq, d_recv[:, :hkv],
+                        d_recv[:, hkv:], kernel, scale, softcap)
         d_recvs[t] = d_recv
 
     def send_return(t: int) -> None:  # reverse of the forward transfers: gradients go back to the rows' owners

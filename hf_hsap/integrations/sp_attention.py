@@ -1,9 +1,10 @@
 """The sequence-parallel branch of the ``"hsap"`` attention function (an ``hsap_plan`` of SP size > 1).
 
 The batch is one row of this rank's tokens in plan order (built by :func:`~.sharding.shard_batch`). The
-branch refuses what the plan cannot express (sliding windows shorter than a document, chunked layers with a
-document longer than a chunk, a model family hf_hsap cannot run under SP), records that the layer consumed the
-plan (:mod:`.plan_use`) and runs SAP attention (:func:`hf_hsap.hsap_attn_func`).
+branch refuses what the plan cannot express (chunked layers with a document longer than a chunk, a model family
+hf_hsap cannot run under SP), records that the layer consumed the plan (:mod:`.plan_use`) and runs SAP attention
+(:func:`hf_hsap.hsap_attn_func`) with the layer's sliding window (the plan's schedule of that mask kind: only the
+keys the window sees move), soft-capping and sinks.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
-from .attention_checks import check_chunked_sp, check_window
+from .attention_checks import check_chunked_sp
 from .model_check import check_config
 from .plan_use import PlanUse, plan_use_of
 
@@ -23,7 +24,8 @@ logger = get_logger(__name__)
 
 
 def sp_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, scaling: float | None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, scaling: float | None, *,
+    window: int | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sequence-parallel attention over this rank's tokens (``B == 1``, tokens in plan order).
 
@@ -31,6 +33,7 @@ def sp_attention(
         query, key, value: this rank's heads (see Shapes).
         plan: the :class:`~hf_hsap.Plan` of the global batch.
         scaling: softmax scale, default ``D ** -0.5``.
+        window, softcap, sinks: the layer's sliding window, soft-capping and ``[Hq]`` sink logits (or ``None``).
 
     Returns:
         The attention output of this rank's queries.
@@ -51,11 +54,13 @@ def sp_attention(
     q = query[0].transpose(0, 1)  # [1, Hq, T, D] -> [T, Hq, D]
     k = key[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
     v = value[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
-    return hsap_attn_func(q, k, v, plan, softmax_scale=scaling).unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
+    out = hsap_attn_func(q, k, v, plan, softmax_scale=scaling, window=window, softcap=softcap, sinks=sinks)
+    return out.unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
 
 
 def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan,
-               scaling: float | None, window: int | None, plan_use: PlanUse | None = None) -> torch.Tensor:
+               scaling: float | None, window: int | None, plan_use: PlanUse | None = None, *,
+               softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The SP branch of :func:`~.transformers.hsap_attention_forward`.
 
     Refuses what the plan cannot express, records that this layer consumed the plan, runs SAP.
@@ -68,6 +73,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         window: the layer's sliding window (from :func:`~.attention_checks.check_supported`), or ``None``.
         plan_use: the call's ``hsap_plan_use`` record, or ``None`` (then the SP group's pending record of the
             same plan, see :func:`~.plan_use.plan_use_of`).
+        softcap: the layer's logit soft-capping, or ``None``. sinks: its ``[Hq]`` sink logits, or ``None``.
 
     Returns:
         The attention output of this rank's queries.
@@ -78,9 +84,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     config = getattr(module, "config", None)
     if config is not None:
         check_config(config, packed=True, sp_size=plan.size)
-    longest = plan.layout.longest_doc
-    check_window(module, window, longest)
-    check_chunked_sp(module, longest)
+    check_chunked_sp(module, plan.layout.longest_doc)
     use = plan_use_of(plan, plan_use)
     if use is not None:
         use.record(module)
@@ -92,4 +96,4 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         log_once(logger, logging.DEBUG, ("sp", plan.size),
                  "hsap attention: sequence-parallel branch, SAP over sp_size=%d (%s)", plan.size,
                  type(module).__name__)
-    return sp_attention(query, key, value, plan, scaling)
+    return sp_attention(query, key, value, plan, scaling, window=window, softcap=softcap, sinks=sinks)

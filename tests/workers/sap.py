@@ -41,9 +41,12 @@ def _shard_err(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
 
 def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
                     dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None,
-                    grad_comm_dtype: str | None = None, rounds: str = "auto") -> dict:
+                    grad_comm_dtype: str | None = None, rounds: str = "auto", window: int | None = None,
+                    softcap: float | None = None, sinks: bool = False, plan_windows: bool = True) -> dict:
     """Run hsap_attn_func on the global batch drawn from ``seed`` and compare with the float64
-    reference: returns the max relative errors of out, lse, dq, dk, dv and the comm counters."""
+    reference: returns the max relative errors of out, lse, dq, dk, dv (and of the sinks' gradient, summed
+    over the SP group, with ``sinks``) and the comm counters. ``window`` / ``softcap``: the layer's sliding
+    window and soft-capping; ``plan_windows``: the plan is made for the window (else planned on demand)."""
     sp = get_sp(sp_size, ulysses)
     if layouts_per_dp is not None:
         cu = layouts_per_dp[sp.dp_rank]
@@ -55,11 +58,15 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     k = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
     v = torch.randn(T, hkv, d, generator=g, dtype=torch.float64)
     dout = torch.randn(T, hq, d, generator=g, dtype=torch.float64)
-    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget, rounds=rounds)
+    sink = torch.randn(hq, generator=g, dtype=torch.float64) if sinks else None
+    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget, rounds=rounds,
+                                 windows=[window] if plan_windows else None)
     ql, kl, vl = (plan.shard(x).to(dtype).requires_grad_(True) for x in (q, k, v))
+    sl = None if sink is None else sink.clone().to(dtype).requires_grad_(True)
     sp.comm_stats.reset()
     gdt = None if grad_comm_dtype is None else getattr(torch, grad_comm_dtype)
-    out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True, grad_comm_dtype=gdt)
+    out, lse = hf_hsap.hsap_attn_func(ql, kl, vl, plan, return_lse=True, grad_comm_dtype=gdt, window=window,
+                                      softcap=softcap, sinks=sl)
     fwd_rows, fwd_bytes, fwd_msgs = sp.comm_stats.rows_recv, sp.comm_stats.bytes_recv, sp.comm_stats.messages
     fwd_a2a = sp.comm_stats.a2a_bytes_sent
     U = ulysses
@@ -70,9 +77,15 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     out.backward(plan.shard(dout).to(dtype))
     bwd_bytes = sp.comm_stats.bytes_recv - fwd_bytes
     qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
-    ref, ref_lse = reference_attention(qr, kr, vr, cu)
+    sr = None if sink is None else sink.clone().requires_grad_(True)
+    ref, ref_lse = reference_attention(qr, kr, vr, cu, window=window, softcap=softcap, sinks=sr)
     ref.backward(dout)
-    st = plan.stats()
+    sink_err = 0.0
+    if sink is not None:
+        d_sink = sl.grad.detach().double().clone()
+        dist.all_reduce(d_sink, group=sp.group)  # each rank's gradient covers its queries (and heads)
+        sink_err = rel_err(d_sink, sr.grad)
+    st = plan.stats(window=window)
     digest = hashlib.sha256()
     for t in (out, lse, ql.grad, kl.grad, vl.grad):
         digest.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
@@ -87,7 +100,7 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
         "placement": plan.placement_name, "rank": dist.get_rank(), "round_order": plan.round_order,
         "bwd_rows": sp.comm_stats.rows_recv - fwd_rows,
         "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st.a2a_tokens[sp.rank],
-        "dp_rank": sp.dp_rank, "sp_rank": sp.rank,
+        "dp_rank": sp.dp_rank, "sp_rank": sp.rank, "dsinks": sink_err,
     }
 
 
