@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import report as rp
 from .analysis import analysis
+from .windows import render_windows
 
 
 def _join(vals) -> str:
@@ -214,8 +215,8 @@ def render(res: dict) -> str:
 
     Args:
         res: the results dict of :func:`benchmarks.run.main` (``meta``, ``traffic_rows``, ``traffic_goals``,
-            ``cost_rows``, ``cost_goals``, ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``,
-            ``memory``, ``plots``, ``seconds``).
+            ``windows`` (optional, :func:`benchmarks.windows.run_windows`), ``cost_rows``, ``cost_goals``,
+            ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``, ``memory``, ``plots``, ``seconds``).
 
     Returns:
         Markdown text.
@@ -242,6 +243,7 @@ def render(res: dict) -> str:
         rp.traffic_goal_table(res["traffic_goals"]),
         "### Every scheme",
         rp.traffic_tables(res["traffic_rows"]),
+        *([render_windows(res["windows"])] if res.get("windows") else []),
         "## Cost model: predicted tokens / s / GPU (fwd + bwd, 32 layers)",
         _assumptions(res),
         "Goals (medians over seeds):",

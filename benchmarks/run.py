@@ -1,9 +1,10 @@
 """One command for every benchmark: ``python -m benchmarks.run [--quick] [--skip-cpu]``.
 
 Writes ``BENCHMARKS.md`` (repository root), PNG plots in ``benchmarks/plots/`` and the raw numbers in
-``benchmarks/results/results.json``. Sections: exact traffic and balance (no clock), cost-model
-predictions, planning time, and (unless ``--skip-cpu``) the CPU measurements (4 spawned gloo ranks)
-and peak memory. ``--quick`` shrinks everything for development (one seed, a short CPU row).
+``benchmarks/results/results.json``. Sections: exact traffic and balance (no clock), sliding windows
+(:mod:`benchmarks.windows`, no clock), cost-model predictions, planning time, and (unless ``--skip-cpu``)
+the CPU measurements (4 spawned gloo ranks) and peak memory. ``--quick`` shrinks everything for development
+(one seed, a short CPU row).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .planning import PlanningConfig, run_planning
 from .predictions import CostConfig, cost_goals, run_predictions
 from .render import render
 from .traffic import TrafficConfig, run_traffic, summarize_traffic, traffic_goals
+from .windows import WindowConfig, run_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pcfg = PlanningConfig(cold_runs=3, cached_runs=200) if args.quick else PlanningConfig()
     print("traffic and cost model ...", flush=True)
     results = run_tables(tcfg, CostConfig(), progress=True)
+    print("sliding windows ...", flush=True)
+    results["windows"] = run_windows(WindowConfig(seeds=(0,)) if args.quick else WindowConfig(), progress=True)
+    results["seconds"]["windows"] = results["windows"]["seconds"]
     print("planning time ...", flush=True)
     t0 = time.perf_counter()
     results["planning"] = run_planning(pcfg)
