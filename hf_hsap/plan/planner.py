@@ -9,6 +9,7 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +26,7 @@ from .kinds import plan_kind
 from .plan import Plan
 from .rounds import ROUND_ORDERS
 from .transfers import Transfers
-from .windows import Window, mask_kinds, window_transfers
+from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
 
 __all__ = ["AUTO_TOKEN_SLACKS", "Plan", "offline_link", "plan_layout", "plan_sequence"]
 
@@ -62,6 +63,9 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
         token_cost = (cost or CostModel.default()).token_cost
         cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (token_cost, None), eps)]
         cands.append(contiguous(layout, n_parts))
+        if any(w is not None for w in layers):  # windowed layers: contiguous cuts at equal estimated cost
+            cap = int(math.ceil(layout.total_tokens / n_parts * (1 + token_slack)))
+            cands.append(weighted_contiguous(layout, n_parts, layers, token_cost, cap, min_tokens))
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [kinds_of(c) for c in cands]
         best = choose_placement(layout, cands, trs, cost, layers)

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .layout import Layout
-from .placement import Placement
+from .placement import Placement, _cut
 from .transfers import Transfers, compute_transfers
 
 Window = int | None  # None: full causal attention
@@ -292,3 +292,41 @@ def attention_windows(config) -> list[Window]:
     if getattr(config, "use_sliding_window", True) is False:
         window = None
     return [window] * (n_layers if isinstance(n_layers, int) and n_layers > 0 else 1)
+
+
+def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, int], token_cost: float,
+                        token_cap: int, min_tokens: int = 1) -> Placement:
+    """Contiguous ranges cut at equal estimated cost of a model's layers: a token at offset ``x`` of its
+    document costs ``sum over kinds of layers * (token_cost + keys it sees)`` (``min(x + 1, W)`` with a
+    window), so parts of short documents (fewer keys per token under a window) get more tokens, within
+    ``[min_tokens, token_cap]`` tokens each. A candidate of ``placement="auto"`` for windowed models (it
+    moves at most ``W - 1`` keys per cut and window).
+
+    Args:
+        layout: the documents. n_parts: R. layers: layers per mask kind. token_cost: the cost model's price
+            of a token in attention pairs. token_cap: the most tokens a part may hold. min_tokens: the least.
+
+    Returns:
+        The placement (named ``"contiguous"``: its shape is, only the cuts moved).
+    """
+    T = layout.total_tokens
+    cum = np.cumsum(_token_costs(layout, layers, token_cost))  # [T]
+    targets = cum[-1] * np.arange(1, n_parts, dtype=np.float64) / n_parts
+    bounds = [0]
+    for p, cut in enumerate(np.searchsorted(cum, targets, side="left").tolist(), start=1):
+        lo = max(bounds[-1] + min_tokens, T - (n_parts - p) * token_cap)  # the rest must still fit
+        hi = min(bounds[-1] + token_cap, T - (n_parts - p) * min_tokens)
+        bounds.append(int(min(max(cut + 1, lo), hi)))
+    bounds.append(T)
+    return _cut(layout, np.asarray(bounds, dtype=np.int64), np.arange(n_parts, dtype=np.int64), "contiguous", n_parts)
+
+
+def _token_costs(layout: Layout, layers: Mapping[Window, int], token_cost: float) -> np.ndarray:
+    """``[T]`` estimated cost of every token over a model's layers: ``sum over kinds of layers * (token_cost +
+    keys it sees)``, ``min(x + 1, W)`` keys at offset ``x`` of its document under a window, ``x + 1`` without."""
+    T = layout.total_tokens
+    offset = np.arange(T, dtype=np.int64) - np.repeat(layout.cu_seqlens[:-1], layout.doc_lengths)  # [T]
+    weight = np.zeros(T, dtype=np.float64)
+    for w, n in layers.items():
+        weight += n * (token_cost + (offset + 1 if w is None else np.minimum(offset + 1, w)))
+    return weight
