@@ -21,8 +21,16 @@ _NO_SOFTCAP = ("PyTorch's CUDA flash attention (torch-cuda-flash) has no logit s
 
 
 def _lse_rows(lse_hn: torch.Tensor) -> torch.Tensor:
-    """``[H, N] -> [N, H]`` float32 (the package's lse layout)."""
-    return lse_hn.transpose(0, 1).float()
+    """``[H, N] -> [N, H]`` float32 (the package's lse layout). The flash kernels give ``+inf`` to a row that sees
+    no key; the package's contract is ``-inf`` (what the merge and the sinks expect)."""
+    lse = lse_hn.transpose(0, 1).float()
+    return lse.masked_fill(lse == float("inf"), float("-inf"))
+
+
+def _lse_op(lse: torch.Tensor) -> torch.Tensor:
+    """``[N, H] -> [H, N]`` float32 contiguous, rows that see no key back at the kernels' ``+inf``."""
+    lse = lse.transpose(0, 1).float()
+    return lse.masked_fill(lse == float("-inf"), float("inf")).contiguous()
 
 
 def _windows(spec: VarlenSpec) -> tuple[int, int]:
@@ -84,7 +92,7 @@ class TorchCUDAFlashKernel:
                           device=q.device)
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(),
-            lse.transpose(0, 1).float().contiguous(), cu_q, cu_k, spec.max_q, spec.max_k, 0.0,
+            _lse_op(lse), cu_q, cu_k, spec.max_q, spec.max_k, 0.0,
             spec.causal, rng, empty, scale=scale, **self._window_kw(spec))
         return dq, dk, dv
 
@@ -127,7 +135,7 @@ class FlashAttnKernel:
         left, right = _windows(spec)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._bwd(dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(),
-                  lse.transpose(0, 1).float().contiguous(), dq, dk, dv, cu_q, cu_k, spec.max_q,
+                  _lse_op(lse), dq, dk, dv, cu_q, cu_k, spec.max_q,
                   spec.max_k, dropout_p=0.0, softmax_scale=scale, causal=spec.causal,
                   window_size_left=left, window_size_right=right, softcap=float(softcap or 0.0),
                   alibi_slopes=None, deterministic=torch.are_deterministic_algorithms_enabled(),

@@ -26,8 +26,9 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
 
     Returns:
         An :class:`~hf_hsap.kernels.base.AttentionKernel`. CPU: PyTorch's CPU flash attention
-        (float32/64, bf16), else math. CUDA: flash-attn when installed, else PyTorch's varlen flash
-        (fp16/bf16); other dtypes raise ``ValueError`` (ask for ``prefer="math"`` explicitly).
+        (float32/64, bf16; windows and soft-capping too), else math. CUDA: flash-attn when installed, else
+        PyTorch's varlen flash (fp16/bf16; windows, but it refuses a softcap); other dtypes raise
+        ``ValueError`` (ask for ``prefer="math"`` explicitly). Every kernel takes the spec's window.
     """
     device = torch.device(device)
     if prefer is not None:
