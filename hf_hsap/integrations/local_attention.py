@@ -11,6 +11,11 @@ Which documents the call has is decided here, first match wins (the rules themse
    padding mask;
 4. ``L_q != L_k`` (generation with a KV cache): one bottom-right causal segment per row.
 
+The layer's sliding window, soft-cap and sinks (:class:`~.attention_checks.AttentionVariant`) go to the kernel
+as they are: the window counts keys back from each query's own key inside its segment (bottom-right aligned),
+which is ``masking_utils``' window also over a sliding cache's keys (they are the most recent keys, in order,
+ending at the last query). A window at least as long as every segment's keys hides nothing and is dropped.
+
 Which branch ran is logged at DEBUG, once per distinct case (not per layer or step).
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 
 from ..kernels import varlen_attention
 from ..log import get_logger, log_once
-from .attention_checks import check_window
+from .attention_checks import AttentionVariant
 from .local_layout import LocalLayout, layout_cached, layout_from_cu, layout_same_length
 from .model_check import check_config
 
@@ -81,8 +86,22 @@ def _log_branch(module: torch.nn.Module, branch: str, layout: LocalLayout, batch
              type(module).__name__)
 
 
+def _effective_window(module: torch.nn.Module, window: int | None, layout: LocalLayout, branch: str) -> int | None:
+    """``window``, or ``None`` where it is at least every segment's key count (then it hides no key)."""
+    if window is None:
+        return None
+    longest = layout.max_k
+    if logger.isEnabledFor(logging.DEBUG):
+        log_once(logger, logging.DEBUG, ("window", branch, window < longest),
+                 "hsap attention: sliding window of %d tokens, longest segment %d keys (%s branch): %s (%s)", window,
+                 longest, branch, "applied in the kernel" if window < longest else "hides nothing, dropped",
+                 type(module).__name__)
+    return window if window < longest else None
+
+
 def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, scaling: float | None, window: int | None, *,
+                  attention_mask: torch.Tensor | None, scaling: float | None,
+                  variant: AttentionVariant | None = None, *,
                   plan: Any = None, ids_mask: bool = False, cu_seq_lens_q: torch.Tensor | None = None,
                   cu_seq_lens_k: torch.Tensor | None = None,
                   position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,7 +112,7 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
         query, key, value: the heads, values already padded to the query head size (see Shapes).
         attention_mask: ``None``, a ``[B, <= L_k]`` bool padding mask or the mask function's ``[B, L]`` ids.
         scaling: softmax scale, default ``D ** -0.5``.
-        window: the layer's sliding window, or ``None``.
+        variant: the layer's window, soft-cap and sinks (``None``: none of them).
         plan, ids_mask, cu_seq_lens_q, cu_seq_lens_k, position_ids: see :func:`choose_layout`.
 
     Returns:
@@ -103,7 +122,7 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
         query ``[B, Hq, Lq, D]``, key/value ``[B, Hkv, Lk, D]`` -> ``[B, Lq, Hq, D]``.
 
     Raises:
-        ValueError: a window shorter than a document, or what :func:`choose_layout` refuses.
+        ValueError: what :func:`choose_layout` refuses.
     """
     batch, lq, lk = query.shape[0], query.shape[2], key.shape[2]
     head_dim = query.shape[-1]
@@ -112,7 +131,8 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                                    position_ids=position_ids)
     if logger.isEnabledFor(logging.DEBUG):  # the cheap guard: nothing else runs when DEBUG is off
         _log_branch(module, branch, layout, batch, attention_mask, ids_mask, position_ids)
-    check_window(module, window, layout.max_k)
+    variant = variant or AttentionVariant()
+    window = _effective_window(module, variant.window, layout, branch)
     config = getattr(module, "config", None)
     if config is not None and len(layout.cu_q) - 1 > batch:  # packed rows (e.g. from cu_seq_lens_q alone)
         check_config(config, packed=True)
@@ -122,7 +142,8 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     if layout.k_index is not None:
         k, v = k.index_select(0, layout.k_index), v.index_select(0, layout.k_index)  # [N_k kept, Hkv, D]
     q_kept = q.index_select(0, layout.q_index) if layout.q_index is not None else q  # [N_q kept, Hq, D]
-    out = varlen_attention(q_kept, k, v, layout.cu_q, layout.cu_k, causal=True, softmax_scale=scaling)
+    out = varlen_attention(q_kept, k, v, layout.cu_q, layout.cu_k, causal=True, softmax_scale=scaling,
+                           window=window, softcap=variant.softcap, sinks=variant.sinks)
     if layout.q_index is not None:
         out = q.new_zeros(q.shape).index_copy(0, layout.q_index, out)  # [B*Lq, Hq, D], padding = 0
     return out.view(batch, lq, query.shape[1], head_dim)  # [B*Lq, Hq, D] -> [B, Lq, Hq, D]

@@ -5,6 +5,13 @@
 without a cache it probes the composed mask on its sub-diagonal only (O(L)) and returns per-token document ids;
 with a cache it returns the padding of the filled key slots. The attention function turns either into a
 :class:`~.local_layout.LocalLayout`.
+
+Sliding layers get their own mask call (``create_sliding_window_causal_mask``, ``local_size`` = the window). Their
+composed mask is ``causal AND kv_idx > q_idx - window AND same document``: with a window of at least 2 a token
+still sees its predecessor exactly when both are in one document, so the probe reads the same documents as the full
+layers' mask; the window itself is applied by the attention function (the layer passes it). With a window of 1 a
+token sees only itself, the probe cannot see documents and makes every token its own segment, which is what a
+window of 1 computes anyway (exact; only the DEBUG log and the packed-rows model check see "packed").
 """
 from __future__ import annotations
 
@@ -56,7 +63,8 @@ def hsap_mask_function(
         mask_function: the mask pattern Transformers composed (index-based).
         attention_mask: ``[B, seen + q_length]`` bool padding mask or ``None``.
         config: the model config (checked with :func:`~.model_check.check_config`), or ``None``.
-        local_size: the chunk size of a chunked layer (or a sliding layer's window), or ``None``.
+        local_size: the chunk size of a chunked layer (or a sliding layer's window, see the module docstring),
+            or ``None``.
         use_vmap: True for a custom mask overlay (refused).
         device: where the mask goes (without an ``attention_mask`` to take it from).
         kwargs: the rest of what the mask factories pass (``allow_is_causal_skip``, ``dtype``, ...), unused.
@@ -77,6 +85,10 @@ def hsap_mask_function(
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
     if q_offset == 0 and kv_offset == 0 and kv_length == q_length:
         ids, packed = _probe_documents(batch_size, q_length, mask_function, attention_mask, device)
+        if local_size == 1 and _chunk_size(config, local_size) is None and logger.isEnabledFor(logging.DEBUG):
+            log_once(logger, logging.DEBUG, "window of 1",
+                     "hsap mask: a sliding window of 1 token hides every predecessor, so every token is its own "
+                     "segment (exactly what a window of 1 computes)")
         if config is not None:
             check_config(config, packed=packed)
         if logger.isEnabledFor(logging.DEBUG):  # once per case, not per forward

@@ -32,7 +32,7 @@ from ..log import get_logger
 logger = get_logger(__name__)
 
 __all__ = ["ATTENTION_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
-           "chunked_attention_size",
+           "chunked_attention_size", "sliding_window_size",
            "check_model", "disable_attention_dropout", "layer_type", "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
@@ -102,6 +102,12 @@ def chunked_attention_size(config: Any) -> int | None:
     if "chunked_attention" not in {str(t) for t in (getattr(text, "layer_types", None) or [])}:
         return None
     return getattr(text, "attention_chunk_size", None)
+
+
+def sliding_window_size(config: Any) -> int | None:
+    """``sliding_window`` of the decoder's config: the window ``masking_utils`` builds the sliding layers' mask
+    with (``None``: no window)."""
+    return getattr(_text_config(config), "sliding_window", None)
 
 
 def attention_layer_count(config: Any) -> int | None:
@@ -254,7 +260,7 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
         with torch.no_grad(), torch.random.fork_rng(devices=devices), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
-    except ValueError:  # "hsap" refused a layer feature (sinks, soft-capping, ...): that is the answer
+    except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
         raise
     except TypeError as e:
         if _PROBE_KEY not in str(e):

@@ -70,7 +70,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         query, key, value: this rank's heads (see Shapes).
         plan: the :class:`~hf_hsap.Plan` (SP size > 1).
         scaling: softmax scale, default ``D ** -0.5``.
-        window: the layer's sliding window (from :func:`~.attention_checks.check_supported`), or ``None``.
+        window: the layer's sliding window (from :func:`~.attention_checks.attention_variant`), or ``None``.
         plan_use: the call's ``hsap_plan_use`` record, or ``None`` (then the SP group's pending record of the
             same plan, see :func:`~.plan_use.plan_use_of`).
         softcap: the layer's logit soft-capping, or ``None``. sinks: its ``[Hq]`` sink logits, or ``None``.

@@ -19,11 +19,15 @@ builds a dense 4D mask). Afterwards ``from_pretrained(..., attn_implementation="
    ``L_q != L_k`` (generation with a KV cache), one causal segment per row over its filled keys, bottom-right
    aligned (a static cache's unfilled slots are never seen; a 2D mask may pad on the left only).
 
+Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`): sliding windows (the call's
+``sliding_window``, else ``module.sliding_window``; Transformers' convention, a query sees the ``window`` keys
+ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
+attention sinks (``s_aux``, GPT-OSS; the sinks get their gradient).
+
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
-sliding-window layers whose window is shorter than a document's keys, chunked layers under SP or in generation
-past a chunk, non-causal modules or masks, attention sinks (``s_aux``), logit soft-capping, position biases,
-dense 4D masks and custom mask overlays, families with non-attention token mixers or attention outside the
-interface (:mod:`.model_check`).
+chunked layers under SP or in generation past a chunk, non-causal modules or masks, position biases, dense 4D
+masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
+(:mod:`.model_check`).
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from .attention_checks import check_mask_rank, check_plan_mask, check_supported, check_value_head_dim
+from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
+                               check_value_head_dim)
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
@@ -62,7 +67,7 @@ def hsap_attention_forward(
     cu_seq_lens_q: torch.Tensor | None = None,
     cu_seq_lens_k: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
-    sliding_window: int | None = None,
+    sliding_window: Any = NOT_PASSED,
     is_causal: bool | None = None,
     s_aux: Any = None,
     softcap: Any = None,
@@ -86,9 +91,12 @@ def hsap_attention_forward(
         cu_seq_lens_q, cu_seq_lens_k: ``[n + 1]`` document boundaries over the flattened ``B * Lq`` /
             ``B * Lk`` tokens, or ``None``.
         position_ids: ``[B, Lq]`` (or ``[1, Lq]``) positions; a new document starts where they do not continue.
-        sliding_window: the layer's window (default ``module.sliding_window``); must cover every document.
+        sliding_window: the layer's window in tokens, ``None`` (full attention) or not passed (then
+            ``module.sliding_window``).
         is_causal: overrides ``module.is_causal``; must not be False.
-        s_aux, softcap, position_bias: attention sinks, soft-capping, position biases; must be ``None``.
+        s_aux: ``[Hq]`` attention-sink logits (GPT-OSS), or ``None``.
+        softcap: logit soft-cap (Gemma 2), or ``None``.
+        position_bias: additive position biases; must be ``None``.
         kwargs: the rest of the model's keyword arguments (``use_cache``, ``max_length_q``, ...), unused.
 
     Returns:
@@ -97,8 +105,8 @@ def hsap_attention_forward(
     Raises:
         ValueError: for unsupported attention variants or inputs (see the module docstring).
     """
-    window = check_supported(module, dropout, is_causal=is_causal, s_aux=s_aux, softcap=softcap,
-                             position_bias=position_bias, sliding_window=sliding_window)
+    check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
+    variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16
     check_mask_rank(module, attention_mask)
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
@@ -112,9 +120,10 @@ def hsap_attention_forward(
     ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool  # the mask function's ids
     check_plan_mask(hsap_plan, attention_mask, ids_mask)
     if hsap_plan is not None and hsap_plan.size > 1:
-        out = sp_forward(module, query, key, value, hsap_plan, scaling, window, hsap_plan_use)  # [1, T, Hq, D]
+        out = sp_forward(module, query, key, value, hsap_plan, scaling, variant.window, hsap_plan_use,
+                         softcap=variant.softcap, sinks=variant.sinks)  # [1, T, Hq, D]
     else:
-        out = local_forward(module, query, key, value, attention_mask, scaling, window, plan=hsap_plan,
+        out = local_forward(module, query, key, value, attention_mask, scaling, variant, plan=hsap_plan,
                             ids_mask=ids_mask, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
                             position_ids=position_ids)  # [B, Lq, Hq, D]
     return out[..., :v_head_dim], None  # [B, Lq, Hq, D] -> [B, Lq, Hq, Dv]

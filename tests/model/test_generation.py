@@ -6,6 +6,11 @@ sliding window of a windowed model (Mistral), for batch 1 without a mask, batch 
 left-padded batch of 3. A prefill forward with an explicit cache object followed by one decode step is compared
 on logits directly. Finally a packed row (positions restarting at 0, no attention_mask) must equal its documents
 run alone, also for families whose decoder layers do not forward ``position_ids`` to the attention function.
+
+Windows shorter than the prompts (:data:`WINDOW_FAMILIES`: Mistral, Gemma 3 text, GPT-OSS with sinks, Gemma 2
+with soft-capping; their sliding layers get Transformers' sliding-window cache layers, dynamic and static) are
+compared the same way, against eager where the family has no SDPA (GPT-OSS, Gemma 2), in float32 and float64 (run
+inside the model zoo's ``full_precision_softmax``, so float64 eager is float64 throughout).
 """
 from __future__ import annotations
 
@@ -16,8 +21,11 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
+    Gemma2Config,
+    Gemma3TextConfig,
     GemmaConfig,
     GPTBigCodeConfig,
+    GptOssConfig,
     LlamaConfig,
     Llama4TextConfig,
     MistralConfig,
@@ -32,6 +40,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from hf_hsap.integrations import register
 from helpers import rel_err
+from workers.zoo import full_precision_softmax
 
 REGISTERED = register()
 VOCAB = 97
@@ -51,6 +60,10 @@ GEN_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma")
 CACHES = ("dynamic", "static", "static_long")
 BATCHES = ("one_nomask", "one_ones", "left_padded")
 PACKED_FAMILIES = ("llama", "llama4", "persimmon", "gpt_bigcode")
+SHORT_WINDOW = 4  # the windowed families': shorter than every prompt (9 tokens, 4 after the most left padding)
+WINDOW_FAMILIES = ("mistral_swa", "gemma3", "gpt_oss", "gemma2")
+WINDOW_REFERENCES = {"gpt_oss": ("eager",), "gemma2": ("eager",)}  # no SDPA (sinks, soft-capping); else sdpa, eager
+SLIDING_FULL = ["sliding_attention", "full_attention"]
 DOC_LENS = [5, 1, 9, 3, 6]
 
 
@@ -83,6 +96,19 @@ def _config(family: str) -> PretrainedConfig:
     if family == "gemma":  # scaled embeddings, tied head by default, head_dim != hidden / heads
         common["tie_word_embeddings"] = True
         return GemmaConfig(num_key_value_heads=2, head_dim=16, hidden_activation="gelu_pytorch_tanh", **common)
+    # windowed families (initializer 0.1: attention sharp enough that the window, cap and sinks matter)
+    window = dict(sliding_window=SHORT_WINDOW, initializer_range=0.1)
+    if family == "mistral_swa":  # every layer a sliding layer of SHORT_WINDOW
+        return MistralConfig(num_key_value_heads=2, **window, **common)
+    if family == "gemma3":  # one sliding, one full layer
+        return Gemma3TextConfig(num_key_value_heads=2, head_dim=16, layer_types=SLIDING_FULL, **window, **common)
+    if family == "gpt_oss":  # sinks on both layers, MoE
+        return GptOssConfig(num_key_value_heads=2, head_dim=16, layer_types=SLIDING_FULL, num_local_experts=4,
+                            num_experts_per_tok=2, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                            **window, **common)
+    if family == "gemma2":  # soft-capping on both layers
+        return Gemma2Config(num_key_value_heads=2, head_dim=16, layer_types=SLIDING_FULL, attn_logit_softcapping=1.0,
+                            query_pre_attn_scalar=16, **window, **common)
     if family == "llama4":  # decoder layer does not pass position_ids on; dense, RoPE on every layer, no chunking
         return Llama4TextConfig(num_key_value_heads=2, head_dim=8, intermediate_size_mlp=48, moe_layers=[],
                                 no_rope_layers=[1, 1], attention_chunk_size=None, attn_temperature_tuning=False,
@@ -100,7 +126,8 @@ def _config(family: str) -> PretrainedConfig:
 def _models(family: str, dtype: torch.dtype, impls: tuple[str, ...] | None = None) -> dict:
     """The same random weights (seed 0) once per attention implementation, in eval mode and ``dtype``."""
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager").to(dtype).eval()
+    base = AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager",
+                                            experts_implementation="eager").to(dtype).eval()  # MoE in float64
     out = {}
     for impl in impls or ("hsap", *REFERENCES[dtype]):
         model = copy.deepcopy(base)
@@ -151,14 +178,18 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"sequences differ at step {col - PROMPT_LEN} (rows {rows}): {a[:, col].tolist()} vs {b[:, col].tolist()}"
 
 
-@pytest.mark.parametrize("family, cache, batch", _cases())
-def test_generate_matches_sdpa_and_eager(family: str, cache: str, batch: str) -> None:
-    """Greedy tokens identical and per-step scores within round-off, float32 and float64."""
+def _check_generation(family: str, cache: str, batch: str, references: dict) -> None:
+    """Greedy tokens of "hsap" identical to each reference's and per-step scores within round-off.
+
+    Args:
+        family, cache, batch: see :func:`_config`, :func:`_generate`, :func:`_batch`.
+        references: dtype -> the attention implementations to compare with.
+    """
     ids, mask = _batch(batch)
     for dtype in (torch.float32, torch.float64):
-        models = _models(family, dtype)
+        models = _models(family, dtype, ("hsap", *references[dtype]))
         out = {impl: _generate(m, ids, mask, cache) for impl, m in models.items()}
-        for ref in REFERENCES[dtype]:
+        for ref in references[dtype]:
             a, b = out["hsap"], out[ref]
             assert a.sequences.shape == b.sequences.shape, (ref, dtype)
             where = "" if torch.equal(a.sequences, b.sequences) else _first_difference(a.sequences, b.sequences)
@@ -168,6 +199,12 @@ def test_generate_matches_sdpa_and_eager(family: str, cache: str, batch: str) ->
             worst = max(range(NEW_TOKENS), key=lambda s: errors[s])
             assert errors[worst] <= TOL[dtype], (
                 f"vs {ref}, {dtype}: scores differ at step {worst}, rel {errors[worst]:.2e}")
+
+
+@pytest.mark.parametrize("family, cache, batch", _cases())
+def test_generate_matches_sdpa_and_eager(family: str, cache: str, batch: str) -> None:
+    """Greedy tokens identical and per-step scores within round-off, float32 and float64."""
+    _check_generation(family, cache, batch, REFERENCES)
 
 
 def _positions(mask: torch.Tensor | None, length: int, batch: int) -> torch.Tensor:
@@ -184,9 +221,8 @@ def _make_cache(kind: str, model: torch.nn.Module) -> DynamicCache | StaticCache
     return StaticCache(config=model.config, max_cache_len=LONG_CACHE if kind == "static_long" else PROMPT_LEN + 4)
 
 
-@pytest.mark.parametrize("family, cache, batch", _cases())
-def test_prefill_and_decode_step_logits(family: str, cache: str, batch: str) -> None:
-    """``model(prompt, cache=...)`` then one decode step: logits of valid positions equal SDPA's and eager's."""
+def _check_prefill_and_decode(family: str, cache: str, batch: str, references: dict) -> None:
+    """``model(prompt, cache=...)`` then one decode step: logits of valid positions equal each reference's."""
     ids, mask = _batch(batch)
     nxt = torch.randint(1, VOCAB, (ids.shape[0], 1), generator=torch.Generator().manual_seed(4))
     pos = _positions(mask, PROMPT_LEN, ids.shape[0])
@@ -194,18 +230,54 @@ def test_prefill_and_decode_step_logits(family: str, cache: str, batch: str) -> 
     valid = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()  # [B, L]
     for dtype in (torch.float32, torch.float64):
         logits = {}
-        for impl, model in _models(family, dtype).items():
+        for impl, model in _models(family, dtype, ("hsap", *references[dtype])).items():
             kv = _make_cache(cache, model)
             with torch.no_grad():
                 prefill = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv, use_cache=True)
                 step = model(input_ids=nxt, attention_mask=mask2, position_ids=pos[:, -1:] + 1, cache=kv,
                              use_cache=True)
             logits[impl] = (prefill.logits[valid], step.logits[:, -1])  # [N_valid, V], [B, V]
-        for ref in REFERENCES[dtype]:
+        for ref in references[dtype]:
             pre = rel_err(logits["hsap"][0], logits[ref][0])
             dec = rel_err(logits["hsap"][1], logits[ref][1])
             assert pre <= TOL[dtype], f"vs {ref}, {dtype}: prefill logits differ, rel {pre:.2e}"
             assert dec <= TOL[dtype], f"vs {ref}, {dtype}: decode-step logits differ, rel {dec:.2e}"
+
+
+@pytest.mark.parametrize("family, cache, batch", _cases())
+def test_prefill_and_decode_step_logits(family: str, cache: str, batch: str) -> None:
+    """``model(prompt, cache=...)`` then one decode step: logits of valid positions equal SDPA's and eager's."""
+    _check_prefill_and_decode(family, cache, batch, REFERENCES)
+
+
+def _window_references(family: str) -> dict:
+    """dtype -> references of a windowed family (eager only where the family has no SDPA)."""
+    refs = WINDOW_REFERENCES.get(family, ("sdpa", "eager"))
+    return {torch.float32: refs, torch.float64: refs}
+
+
+WINDOW_CASES = [
+    pytest.param(f, c, b, id=f"{f}-{c}-{b}")
+    for f in WINDOW_FAMILIES
+    for c in CACHES
+    if c != "static_long" or f in ("mistral_swa", "gemma3")
+    for b in ("one_nomask", "left_padded")
+]
+
+
+@pytest.mark.parametrize("family, cache, batch", WINDOW_CASES)
+def test_windowed_generate_matches_references(family: str, cache: str, batch: str) -> None:
+    """Windows shorter than the prompts: greedy tokens identical and scores within round-off (the sliding layers'
+    caches keep ``SHORT_WINDOW - 1`` keys (dynamic) or ``SHORT_WINDOW`` rolled slots (static))."""
+    with full_precision_softmax():
+        _check_generation(family, cache, batch, _window_references(family))
+
+
+@pytest.mark.parametrize("family, cache", [(f, c) for f in WINDOW_FAMILIES for c in ("dynamic", "static")])
+def test_windowed_prefill_and_decode_step_logits(family: str, cache: str) -> None:
+    """A left-padded prefill longer than the window into an explicit cache, then one decode step."""
+    with full_precision_softmax():
+        _check_prefill_and_decode(family, cache, "left_padded", _window_references(family))
 
 
 # With a cache (use_cache left at its default: the model builds a DynamicCache) masking_utils does not look
@@ -238,26 +310,21 @@ def test_packed_row_matches_documents_alone(family: str, use_cache: bool | None)
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generation_past_the_sliding_window_matches_sdpa(cache: str) -> None:
-    """Mistral with a window of 10 generating 12 tokens after 9-token prompts: the window is exact in
-    generation (the sliding layers' caches keep the window; the mask function never takes it for a chunk)."""
+    """Mistral generating 12 tokens after left-padded 9-token prompts with a window of 10 (the window is crossed
+    while decoding) and of 8 (prompts longer than the window): the same tokens and scores as SDPA."""
     config = _config("mistral")
-    config.sliding_window = 10  # longer than the 9-token prompts (a prompt past the window is refused)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    hsap = copy.deepcopy(base)
-    hsap.set_attn_implementation("hsap")
     ids, mask = _batch("left_padded")
     kwargs: dict = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True,
                         pad_token_id=0, eos_token_id=None, attention_mask=mask)
     if cache == "static":
         kwargs["cache_implementation"] = "static"
-    with torch.no_grad():
-        a, b = hsap.generate(ids, **kwargs), base.generate(ids, **kwargs)
-    assert torch.equal(a.sequences, b.sequences)
-    assert max(rel_err(x, y) for x, y in zip(a.scores, b.scores)) <= TOL[torch.float32]
-    hsap.config.sliding_window = 8  # prompts longer than the window: refused at prefill, never a wrong token
-    for layer in hsap.model.layers:
-        layer.self_attn.config.sliding_window = 8
-    with pytest.raises(ValueError, match="window of 8 tokens while a document spans 9 keys"):
+    for window in (10, 8):
+        config.sliding_window = window
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        hsap = copy.deepcopy(base)
+        hsap.set_attn_implementation("hsap")
         with torch.no_grad():
-            hsap.generate(ids, **kwargs)
+            a, b = hsap.generate(ids, **kwargs), base.generate(ids, **kwargs)
+        assert torch.equal(a.sequences, b.sequences), f"window {window}"
+        assert max(rel_err(x, y) for x, y in zip(a.scores, b.scores)) <= TOL[torch.float32], f"window {window}"

@@ -41,6 +41,8 @@ def _config(kind: str, **extra) -> PretrainedConfig:
     if kind == "mistral":  # a sliding window longer than every document must not change anything
         common.setdefault("sliding_window", 64)
         return MistralConfig(num_key_value_heads=2, **common)
+    if kind == "mistral_swa":  # a window shorter than the 33- and 48-token documents: computed exactly
+        return MistralConfig(num_key_value_heads=2, sliding_window=16, **common)
     raise KeyError(kind)
 
 
@@ -127,7 +129,7 @@ def test_mask_interface_never_builds_a_dense_mask() -> None:
     assert torch.equal(mask[0, 2:], mask[0, 2:3].expand(5)) and bool((mask[1] == mask[1, 0]).all())
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "mistral_swa"])
 def test_packed_row_matches_documents_alone(kind: str, tmp_path) -> None:
     hsap, eager = _models(kind, tmp_path)
     hsap.train(), eager.train()  # dropout is 0 in these configs; train mode exercises the training path
@@ -179,18 +181,15 @@ def test_generate_matches_eager(kind: str, tmp_path) -> None:
 
 
 def test_refusals(tmp_path) -> None:
+    """What "hsap" still refuses (windows, soft-capping and sinks are exact: tests/model/test_windows_local.py)."""
     ids, pos, _ = _packed([30, 4])
-    windowed, _ = _models("mistral", tmp_path / "m", sliding_window=16)
-    with pytest.raises(ValueError, match="sliding_window"):
-        windowed(input_ids=ids, position_ids=pos)
-    short_ids, short_pos, _ = _packed([10, 12, 3])  # every document fits in the window: allowed
-    windowed(input_ids=short_ids, position_ids=short_pos)
-
     model, _ = _models("llama", tmp_path / "l")
     attn = model.model.layers[0].self_attn
     q = torch.randn(1, 4, 5, 8)
     k = v = torch.randn(1, 4, 5, 8)
-    for kwargs, what in (({"s_aux": torch.zeros(4)}, "sinks"), ({"softcap": 30.0}, "soft-capping"),
+    for kwargs, what in (({"position_bias": torch.zeros(1, 4, 5, 5)}, "position biases"),
+                         ({"s_aux": torch.zeros(3)}, "one logit per query head"), ({"softcap": 0.0}, "soft-cap"),
+                         ({"sliding_window": 0}, "at least 1 token"),
                          ({"dropout": 0.1}, "dropout"), ({"is_causal": False}, "not causal")):
         with pytest.raises(ValueError, match=what):
             hsap_attention_forward(attn, q, k, v, None, **kwargs)

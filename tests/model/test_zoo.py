@@ -21,7 +21,10 @@ SP1_ONLY = "exact at sp1, refused under SP"
 
 EXPECT = {
     "llama": SUPPORTED,  # plain multi-head attention
-    "mistral": SUPPORTED,  # GQA with the default (longer than any document) sliding window
+    "mistral": SUPPORTED,  # GQA, every layer a sliding window of 8 tokens (shorter than most documents)
+    "gemma2": SUPPORTED,  # logit soft-capping on every layer, a sliding window of 8 on the sliding layers
+    "gemma3_text": SUPPORTED,  # sliding layers (window 8) with their own RoPE beside a full layer, q/k norms
+    "gpt_oss": SUPPORTED,  # attention sinks on every layer, a sliding window of 8 on the sliding layers, MoE
     "qwen3": SUPPORTED,  # GQA with q/k norm
     "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout

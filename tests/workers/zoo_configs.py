@@ -75,6 +75,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
              "ffn_config": {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 2}},
     "dots3_note_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 32,
                         "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 16},
+    # sliding windows of 8 tokens, shorter than the 30-, 19- and 15-token documents (the defaults, 4096 / 128, hide
+    # them); Gemma 2 with a logit cap of 1 and initializer 0.1, where the cap bends the scores (the default cap of 50
+    # is linear at a tiny model's scores); GPT-OSS's sinks are on by construction
+    "gemma2": {"sliding_window": 8, "attn_logit_softcapping": 1.0, "initializer_range": 0.1},
+    "gemma3_text": {"sliding_window": 8},
+    "gpt_oss": {"sliding_window": 8},
+    "mistral": {"sliding_window": 8},
     "gemma3n_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "laurel_rank": 8,
                      "num_kv_shared_layers": 0},  # KV sharing needs both layer kinds among producers and users
     "gemma4_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "global_head_dim": 32},
