@@ -1,4 +1,5 @@
 """The ``hsap-plan`` inspector: printed numbers equal ``Plan.stats()``; the PNG is written."""
+import json
 import re
 
 import numpy as np
@@ -124,3 +125,21 @@ def test_bad_config_exits_2(capsys, tmp_path, content, msg):
         path.write_text(content)
     assert main(["--lengths", "100,200", "--P", "2", "--config", str(path)]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_windows_option_plans_every_kind(capsys, tmp_path):
+    """--windows lists the layers' masks: one line per kind with its own received KV (the window's is smaller),
+    and a config with layer_types gives the same kinds."""
+    assert main(["--lengths", "3000,200,5000", "--P", "4", "--placement", "zigzag", "--windows", "64:5,full:1"]) == 0
+    out = capsys.readouterr().out
+    plan = plan_sequence(np.array([0, 3000, 3200, 8200]), 4, "zigzag", windows={64: 5, None: 1})
+    st = plan.stats()
+    for name, k in st.kinds.items():
+        assert f"  {name}: {k.layers} layer(s)" in out and f"received KV max {max(k.recv_kv_tokens)} " in out
+    assert max(st.kinds["window=64"].recv_kv_tokens) < max(st.kinds["full"].recv_kv_tokens)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 6,
+                               "sliding_window": 64, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}))
+    assert main(["--lengths", "3000,200,5000", "--P", "4", "--placement", "zigzag", "--config", str(cfg)]) == 0
+    assert "  window=64: 5 layer(s)" in capsys.readouterr().out
+    assert main(["--lengths", "100", "--P", "2", "--windows", "x:2"]) == 2
