@@ -25,6 +25,7 @@ EXPECT = {
     "gemma2": SUPPORTED,  # logit soft-capping on every layer, a sliding window of 8 on the sliding layers
     "gemma3_text": SUPPORTED,  # sliding layers (window 8) with their own RoPE beside a full layer, q/k norms
     "gpt_oss": SUPPORTED,  # attention sinks on every layer, a sliding window of 8 on the sliding layers, MoE
+    "qwen2": SUPPORTED,  # a full layer, then a sliding-window layer of 8 (use_sliding_window, max_window_layers)
     "qwen3": SUPPORTED,  # GQA with q/k norm
     "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout

@@ -82,6 +82,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"sliding_window": 8},
     "gpt_oss": {"sliding_window": 8},
     "mistral": {"sliding_window": 8},
+    "qwen2": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},  # layer 1 windowed
     "gemma3n_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "laurel_rank": 8,
                      "num_kv_shared_layers": 0},  # KV sharing needs both layer kinds among producers and users
     "gemma4_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "global_head_dim": 32},
