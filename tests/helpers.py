@@ -5,15 +5,19 @@
   own :func:`~hf_hsap.testing.check_kernel_against_reference` uses it too.
 * :func:`cu_of`, :func:`assert_exact`, :data:`TOL`: the SAP attention checks (``workers/sap.py`` results).
 * :func:`hypothesis_profile`, :func:`ci_examples`: the Hypothesis profiles (registered in ``conftest.py``).
+* :func:`ring_step_matrix`: a benchmark scheme's ring work per (GPU, ring step) as a ``[P, P]`` matrix.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Iterable
 
+import numpy as np
+
 from hf_hsap.testing import rel_err
 
-__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_exact", "ci_examples", "cu_of", "hypothesis_profile", "rel_err"]
+__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_exact", "ci_examples", "cu_of", "hypothesis_profile", "rel_err",
+           "ring_step_matrix"]
 
 HYPOTHESIS_PROFILE_ENV = "HSAP_HYPOTHESIS_PROFILE"  # "ci" (default) or "long"
 
@@ -54,3 +58,13 @@ def ci_examples(n: int) -> int:
     from hypothesis import settings
 
     return n if hypothesis_profile() == "ci" else settings.default.max_examples
+
+
+def ring_step_matrix(s: Any) -> np.ndarray:
+    """``[P, P]`` pairs of GPU ``g``'s queries with its ring predecessors' shards, from a
+    ``benchmarks.schemes.SchemeStats``'s ring pipeline (U = 1): row ``g``, column ``(g - step) mod P``."""
+    P = s.P
+    w = np.zeros((P, P))
+    for step in range(P):
+        w[np.arange(P), (np.arange(P) - step) % P] = s.ring.step_work[:, step]
+    return w

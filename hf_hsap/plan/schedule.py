@@ -210,6 +210,43 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
     return tuple(items)
 
 
+@dataclass(frozen=True)
+class RoundIO:
+    """What one part receives and sends in one round, before its work items are known.
+
+    Attributes:
+        k_start / k_end: ``[n]`` global ranges of the received pieces; k_off: their first row in the receive
+        buffer. send_index: ``[n_send]`` local rows sent. send_splits / recv_splits / recv_total: as
+        :class:`Round`.
+    """
+
+    k_start: np.ndarray
+    k_end: np.ndarray
+    k_off: np.ndarray
+    send_index: np.ndarray
+    send_splits: tuple[tuple[int, int, int], ...]
+    recv_splits: tuple[tuple[int, int, int], ...]
+    recv_total: int
+
+    def round(self, items: tuple[WorkItem, ...]) -> Round:
+        """The :class:`Round` with these work items."""
+        return Round(torch.from_numpy(self.send_index), self.send_splits, self.recv_splits, self.recv_total, items,
+                     index_runs(self.send_index))
+
+
+def round_io(pieces: RoundPieces, part: int, t: int) -> RoundIO:
+    """The receives and sends of ``part`` in round ``t`` (pieces sorted by (round, dst, src, start): the receive
+    buffer is laid out in that order)."""
+    in_t = pieces.round == t
+    rm = in_t & (pieces.dst == part)
+    sm = in_t & (pieces.src == part)
+    r_len = pieces.end[rm] - pieces.start[rm]
+    s_len = pieces.end[sm] - pieces.start[sm]
+    return RoundIO(pieces.start[rm], pieces.end[rm], np.cumsum(r_len) - r_len,
+                   ranges_to_index(pieces.src_local[sm], s_len), _splits(pieces.dst[sm], s_len),
+                   _splits(pieces.src[rm], r_len), int(r_len.sum()))
+
+
 def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int,
                      keep_recv: bool = True) -> Schedule:
     """Compile the schedule of ``part`` from a placement and its (round-split) transfers of full attention
@@ -226,16 +263,9 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: i
         local_item = WorkItem(spec, "local", None, None, segments=tuple(spec.segments()))
     rounds = []
     for t in range(pieces.n_rounds):
-        in_t = pieces.round == t
-        rm = in_t & (pieces.dst == part)
-        sm = in_t & (pieces.src == part)
-        r_len = pieces.end[rm] - pieces.start[rm]
-        s_len = pieces.end[sm] - pieces.start[sm]
-        k_off = np.cumsum(r_len) - r_len
-        send_idx = ranges_to_index(pieces.src_local[sm], s_len)
-        items = _remote_items(layout, q_doc, q_start, q_end, q_local, pieces.start[rm], pieces.end[rm], k_off)
-        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces.dst[sm], s_len),
-                            _splits(pieces.src[rm], r_len), int(r_len.sum()), items, index_runs(send_idx)))
+        io = round_io(pieces, part, t)
+        items = _remote_items(layout, q_doc, q_start, q_end, q_local, io.k_start, io.k_end, io.k_off)
+        rounds.append(io.round(items))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)
 
 

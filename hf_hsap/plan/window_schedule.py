@@ -24,7 +24,7 @@ from ..kernels.base import VarlenSpec
 from .layout import Layout
 from .placement import Placement
 from .rounds import RoundPieces
-from .schedule import Round, Schedule, WorkItem, _index_or_none, _splits, index_runs, ranges_to_index
+from .schedule import Schedule, WorkItem, _index_or_none, index_runs, ranges_to_index, round_io
 from .windows import BLOCK_MASKS, band_blocks
 
 Block = tuple[str, int, int, int, int]  # (mask, first query row, query rows, first key row, key rows)
@@ -97,22 +97,12 @@ def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, 
                                      int(q_end[g]), int(q_local[g]), window)
     rounds = []
     for t in range(pieces.n_rounds):
-        in_t = pieces.round == t
-        rm = in_t & (pieces.dst == part)
-        sm = in_t & (pieces.src == part)
-        r_len = pieces.end[rm] - pieces.start[rm]
-        s_len = pieces.end[sm] - pieces.start[sm]
-        k_off = np.cumsum(r_len) - r_len
-        send_idx = ranges_to_index(pieces.src_local[sm], s_len)
-        k_start, k_end = pieces.start[rm], pieces.end[rm]
-        k_doc = layout.doc_of(k_start) if k_start.shape[0] else k_start
+        io = round_io(pieces, part, t)
+        k_doc = layout.doc_of(io.k_start) if io.k_start.shape[0] else io.k_start
         blocks: list[Block] = []
-        for ks, ke, ko, d in zip(k_start.tolist(), k_end.tolist(), k_off.tolist(), k_doc.tolist()):
+        for ks, ke, ko, d in zip(io.k_start.tolist(), io.k_end.tolist(), io.k_off.tolist(), k_doc.tolist()):
             for s in np.nonzero((q_doc == d) & (q_start >= ke) & (q_start < ke + window - 1))[0].tolist():
                 blocks += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), ks, ke, ko, window)
-        recv_total = int(r_len.sum())
-        rounds.append(Round(torch.from_numpy(send_idx), _splits(pieces.dst[sm], s_len),
-                            _splits(pieces.src[rm], r_len), recv_total, _items(blocks, "recv", recv_total),
-                            index_runs(send_idx)))
+        rounds.append(io.round(_items(blocks, "recv", io.recv_total)))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv,
                     extra_local=_items(extra, "local", n_local), window=window)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import ci_examples
+from helpers import ci_examples, ring_step_matrix
 
 from benchmarks import cost_model as cm
 from benchmarks import distributions as dist
@@ -46,15 +46,6 @@ def _row_owner(T: int, C: int, chunk_owner: np.ndarray) -> np.ndarray:
     """Owner of every token when the row is cut in ``C`` chunks ``[cT//C, (c+1)T//C)``."""
     bounds = np.arange(C + 1) * T // C
     return chunk_owner[np.searchsorted(bounds, np.arange(T), side="right") - 1]
-
-
-def _step_matrix(s: sc.SchemeStats) -> np.ndarray:
-    """``[P, P]`` pairs of GPU ``g``'s queries with ring-predecessor shards, from the ring pipeline (U=1)."""
-    P = s.P
-    w = np.zeros((P, P))
-    for step in range(P):
-        w[np.arange(P), (np.arange(P) - step) % P] = s.ring.step_work[:, step]
-    return w
 
 
 layouts = st.lists(st.integers(1, 40), min_size=1, max_size=8)
@@ -104,7 +95,7 @@ def test_row_placements_match_brute_force(lengths: list[int], P: int) -> None:
         tok, w = _brute(L, owner, P)
         assert np.array_equal(s.tokens, tok)
         assert np.array_equal(s.work, w.sum(1))
-        assert np.array_equal(_step_matrix(s), w)
+        assert np.array_equal(ring_step_matrix(s), w)
         assert np.array_equal(s.recv_kv, T - tok)
     ag = sc.allgather_kv(L, P, GQA)
     tok, w = _brute(L, _row_owner(T, 2 * P, dist.zigzag_owner(P)), P)
@@ -125,7 +116,7 @@ def test_te_p2p_matches_brute_force_on_padded_documents(lengths: list[int], P: i
     tok, w = _brute(padded, owner, P)
     s = sc.te_p2p(L, P, GQA)
     assert np.array_equal(s.tokens, tok) and np.array_equal(s.work, w.sum(1))
-    assert np.array_equal(_step_matrix(s), w)
+    assert np.array_equal(ring_step_matrix(s), w)
     assert s.T == L.sum() and s.useful_pairs == dist.useful_pairs(L)
 
 

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import distributions as dist
 from benchmarks import schemes as sc
 from benchmarks import windows as wn
+from helpers import ring_step_matrix
 
 GQA = sc.LLAMA3_8B_SHAPE
 
@@ -37,14 +38,6 @@ def _te_owner(padded: np.ndarray, P: int) -> np.ndarray:
     offset = np.concatenate([np.arange(n) for n in padded])
     size = np.repeat(padded // (2 * P), padded)
     return dist.zigzag_owner(P)[offset // size]
-
-
-def _step_matrix(s: sc.SchemeStats) -> np.ndarray:
-    P = s.P
-    w = np.zeros((P, P))
-    for step in range(P):
-        w[np.arange(P), (np.arange(P) - step) % P] = s.ring.step_work[:, step]
-    return w
 
 
 def _layouts(n: int, seed: int = 0):
@@ -100,7 +93,7 @@ def test_ring_schemes_windowed_work_match_brute_force() -> None:
             s, full = scheme(L, P, GQA, window=W), scheme(L, P, GQA)
             w = _brute(L, owner, P, W)
             assert np.array_equal(s.work, w.sum(1))
-            assert np.array_equal(_step_matrix(s), w)
+            assert np.array_equal(ring_step_matrix(s), w)
             assert s.useful_pairs == w.sum()
             # traffic does not change with a window
             assert np.array_equal(s.recv_kv, full.recv_kv) and np.array_equal(s.bytes_intra, full.bytes_intra)
@@ -117,7 +110,7 @@ def test_te_windowed_work_matches_brute_force_on_padded_documents() -> None:
         padded = -(-L // (2 * P)) * (2 * P)
         w = _brute(padded, _te_owner(padded, P), P, W)
         s = sc.te_p2p(L, P, GQA, window=W)
-        assert np.array_equal(s.work, w.sum(1)) and np.array_equal(_step_matrix(s), w)
+        assert np.array_equal(s.work, w.sum(1)) and np.array_equal(ring_step_matrix(s), w)
         assert s.useful_pairs == sc.window_useful_pairs(L, W) and s.T == L.sum()
         assert np.array_equal(s.bytes_intra + s.bytes_inter,
                               sc.te_p2p(L, P, GQA).bytes_intra + sc.te_p2p(L, P, GQA).bytes_inter)
