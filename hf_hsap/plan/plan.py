@@ -286,7 +286,8 @@ class Plan:
         def per_rank(x: np.ndarray) -> list:
             return [float(x[r // U]) / U if U > 1 else int(x[r]) for r in ranks]
 
-        return KindStats(window=w, layers=int(self.layer_counts.get(w, 0)), attn_work=per_rank(work),
+        return KindStats(window=w, layers=int(self.layer_counts.get(w, 0)),
+                         tokens=[self.num_local_tokens(r) for r in ranks], attn_work=per_rank(work),
                          local_attn_work=per_rank(local), recv_kv_tokens=[int(recv[r // U]) for r in ranks],
                          send_kv_tokens=[int(send[r // U]) for r in ranks], rounds=kind.pieces.n_rounds,
                          round_order=kind.round_order)

@@ -107,6 +107,7 @@ class KindStats:
 
     Attributes:
         window: the kind's sliding window (``None``: full attention). layers: the model's layers of it.
+        tokens: ``[P]`` tokens held (every kind shares the placement, so the same for all kinds).
         attn_work / local_attn_work: ``[P]`` pairs a layer computes, and those against the rank's own keys.
         recv_kv_tokens / send_kv_tokens: ``[P]`` KV tokens received / sent per layer (forward).
         rounds: communication rounds of a layer. round_order: ``"batched"`` or ``"by_peer"``.
@@ -114,6 +115,7 @@ class KindStats:
 
     window: int | None
     layers: int
+    tokens: list[int]
     attn_work: list[float]
     local_attn_work: list[float]
     recv_kv_tokens: list[int]
