@@ -14,7 +14,7 @@ import math
 import torch
 
 from .comm.all_to_all import all_to_all, head_to_seq
-from .kernels import AttentionKernel, select_kernel
+from .kernels import AttentionKernel, check_features, select_kernel, window_left
 from .kernels.dtypes import cast_qkv
 from .kernels.sinks import sinks_grad
 from .plan.plan import Plan
@@ -125,6 +125,7 @@ def hsap_attn_func(
     kernel = kernel or select_kernel(q.device, q.dtype)
     part = 0 if sp is None else sp.inter_rank
     sched = plan.schedule(part, q.device, window=window)
+    check_features(kernel, window_left(sched.window), softcap)  # an older kernel would drop them silently
     executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
     gdt = grad_comm_dtype or (sp.grad_comm_dtype if sp is not None else None)
     U = plan.ulysses_size

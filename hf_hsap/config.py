@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .plan.placement import DEFAULT_TOKEN_SLACK
-from .plan.windows import attention_windows
+from .plan.windows import attention_windows, layer_windows
 
 __all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "deprecated_property", "parse_dtype", "warn_deprecated"]
 
@@ -139,6 +139,12 @@ class HSAPConfig:
             raise bad("token_slack", "must lie in [0, 1]")
         if not float(self.timeout_s) > 0:
             raise bad("timeout_s", "must be > 0 seconds")
+        if self.windows is not None:
+            try:
+                object.__setattr__(self, "windows", layer_windows(self.windows))
+            except (TypeError, ValueError) as err:
+                raise bad("windows", f"{err} (a per-layer list of windows, None = full attention, or a mapping "
+                                     "window -> layers)") from None
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int)
                                                or self.gpus_per_node < 1):
             raise bad("gpus_per_node", "must be a positive int or None")
@@ -175,7 +181,7 @@ class HSAPConfig:
         if windows is None and self.model_config is not None:
             windows = attention_windows(self.model_config)
         if windows is not None:
-            options["windows"] = dict(windows) if isinstance(windows, dict) else list(windows)
+            options["windows"] = windows
         return options
 
     def with_plan_options(self, placement: str | None = None, options: dict[str, Any] | None = None) -> "HSAPConfig":

@@ -1,5 +1,6 @@
 """Varlen attention kernels behind one interface (see :mod:`hf_hsap.kernels.base`)."""
-from .base import AttentionKernel, InPlaceKernel, Segment, VarlenSpec, lse_dtype, merge_partial, window_left
+from .base import (AttentionKernel, InPlaceKernel, Segment, VarlenSpec, check_features, lse_dtype, merge_partial,
+                   window_left)
 from .cpu import TorchCPUFlashKernel
 from .math import MathKernel
 from .reference import reference_attention, reference_varlen_attention
@@ -15,6 +16,7 @@ __all__ = [
     "TorchCPUFlashKernel",
     "VarlenSpec",
     "apply_sinks",
+    "check_features",
     "lse_dtype",
     "merge_partial",
     "reference_attention",

@@ -116,6 +116,26 @@ class VarlenSpec:
         return VarlenSpec(tuple(cu_q), tuple(cu_k), causal, window_left)
 
 
+def check_features(kernel: AttentionKernel, window_left: int | None, softcap: float | None) -> None:
+    """Refuse a window or soft-capping on a kernel that does not declare them (``supports_window`` /
+    ``supports_softcap`` class attributes): a kernel written to the older contract would read only
+    ``spec.causal`` and compute another attention without an error.
+
+    Args:
+        kernel: the kernel. window_left: the call's window (``None``: none). softcap: its soft-cap.
+
+    Raises:
+        ValueError: naming the missing feature and a kernel that has it.
+    """
+    for what, used, flag in (("sliding windows", window_left is not None, "supports_window"),
+                             ("logit soft-capping", softcap is not None, "supports_softcap")):
+        if used and not getattr(kernel, flag, False):
+            raise ValueError(
+                f"kernel {getattr(kernel, 'name', type(kernel).__name__)!r} does not declare {what} ({flag} = True); "
+                "use one of hf_hsap's kernels that has it (select_kernel(...); on CUDA, soft-capping needs flash-attn >= "
+                "2.7), or implement the feature and set the flag")
+
+
 def window_left(window: int | None) -> int | None:
     """Transformers' ``sliding_window`` as flash-attn's left window (the one place this conversion lives).
 

@@ -75,6 +75,8 @@ class TorchCPUFlashKernel:
     """
 
     name = "torch-cpu-flash"
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, block: int = 128, min_heads: int = 4, few_heads_block: int = 256,
                  halve_forward: bool = False, small_window: int = 32, math_budget: int = 1 << 22) -> None:

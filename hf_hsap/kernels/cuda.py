@@ -16,8 +16,8 @@ from .base import VarlenSpec, check_shapes
 
 _NO_SOFTCAP = ("PyTorch's CUDA flash attention (torch-cuda-flash) has no logit soft-capping: install flash-attn "
                ">= 2.7 (pip install flash-attn), which hf_hsap then picks by itself, or run the math kernel on "
-               "purpose with kernel=select_kernel(device, dtype, prefer='math') (memory grows with the square "
-               "of the document length)")
+               "purpose with kernel=select_kernel(device, dtype, prefer='math') (blocks of dense scores: far "
+               "slower)")
 
 
 def _lse_rows(lse_hn: torch.Tensor) -> torch.Tensor:
@@ -50,6 +50,8 @@ class TorchCUDAFlashKernel:
     """``aten._flash_attention_forward`` / ``_flash_attention_backward`` with ``cum_seq_q/k``."""
 
     name = "torch-cuda-flash"
+    supports_window = True
+    supports_softcap = False  # the op has none: forward refuses it, naming flash-attn
 
     def _window_kw(self, spec: VarlenSpec) -> dict:
         """The ops' window keywords for ``spec`` (none without a window: the call of the older contract)."""
@@ -101,6 +103,8 @@ class FlashAttnKernel:
     """flash-attn (>= 2.7) ``_flash_attn_varlen_forward`` / ``_flash_attn_varlen_backward``."""
 
     name = "flash-attn"
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_interface as fai  # imported only when selected

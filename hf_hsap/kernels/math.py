@@ -1,6 +1,6 @@
 """Portable kernel in plain PyTorch ops: any device, any floating dtype, windows and soft-capping.
 
-Used where no flash kernel applies (CUDA float32, other devices) and, inside the CPU kernel, for what
+Used where no flash kernel applies (other devices; on CUDA only on request, ``prefer="math"``) and, inside the CPU kernel, for what
 PyTorch's CPU flash op cannot do (soft-capping, very narrow causal windows). A segment runs in blocks of
 query rows: each block materialises the scores ``[Hkv, g, rows, keys]`` of only the keys its rows can see
 (a window's band, not the whole segment), with at most about ``budget`` scores per block, so memory stays
@@ -176,6 +176,8 @@ class MathKernel:
     """
 
     name = "math"
+    supports_window = True
+    supports_softcap = True
 
     def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
         self.budget = budget

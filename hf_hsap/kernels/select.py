@@ -47,7 +47,7 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, prefer: str | 
         # the math kernel materialises every document's [L, L] scores: never chosen silently on a GPU
         raise ValueError(
             f"hf_hsap has no memory-efficient CUDA kernel for {dtype} (the flash kernels take fp16 / bf16; the "
-            "math kernel's memory grows with the square of the document length): train under bf16 autocast "
+            "math kernel materialises blocks of scores: many times slower, and its work is quadratic): train under bf16 autocast "
             "(TrainingArguments(bf16=True), Accelerator(mixed_precision='bf16')) or load the model in bf16; pass "
             "kernel=MathKernel() (select_kernel(..., prefer='math')) to hsap_attn_func / varlen_attention to "
             "run the math kernel on purpose (e.g. float64 checks)")

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-from .base import AttentionKernel, VarlenSpec, lse_dtype, window_left
+from .base import AttentionKernel, VarlenSpec, check_features, lse_dtype, window_left
 from .select import select_kernel
 from .sinks import apply_sinks, sinks_grad
 
@@ -77,6 +77,7 @@ def varlen_attention(
     spec = VarlenSpec(cu_q, cu_k, causal, window_left(window))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)
+    check_features(kernel, spec.window_left, softcap)
     if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
         raise ValueError(f"sinks must hold one logit per query head, shape ({q.shape[1]},), got "
                          f"{tuple(sinks.shape)}")

@@ -64,7 +64,7 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
         cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (token_cost, None), eps)]
         cands.append(contiguous(layout, n_parts))
         if any(w is not None for w in layers):  # windowed layers: contiguous cuts at equal estimated cost
-            cap = int(math.ceil(layout.total_tokens / n_parts * (1 + token_slack)))
+            cap = int(math.ceil(layout.total_tokens / n_parts * (1 + max(slacks))))  # auto's own cap
             cands.append(weighted_contiguous(layout, n_parts, layers, token_cost, cap, min_tokens))
         cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
         trs = [kinds_of(c) for c in cands]

@@ -71,7 +71,7 @@ class PlanStats:
     def get(self, key: str, default: Any = None) -> Any:
         """Deprecated ``stats.get(key)``; use ``getattr`` / the attribute."""
         _warn_dict("Plan.stats().get(...)", "the attribute")
-        return getattr(self, key, default) if key in _FIELDS else default
+        return self._get(key) if key in _FIELDS else default
 
     def __contains__(self, key: object) -> bool:
         """Deprecated ``key in stats`` (every field is always present)."""

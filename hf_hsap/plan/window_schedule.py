@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.base import VarlenSpec
+from ..kernels.base import VarlenSpec, window_left
 from .layout import Layout
 from .placement import Placement
 from .rounds import RoundPieces
@@ -88,13 +88,14 @@ def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, 
     extra: list[Block] = []
     if n_local:
         cu = tuple(np.concatenate([q_local, [n_local]]).tolist())
-        spec = VarlenSpec(cu, cu, True, window_left=window - 1)
+        spec = VarlenSpec(cu, cu, True, window_left=window_left(window))
         local_item = WorkItem(spec, "local", None, None, segments=tuple(spec.segments()))
-        for s in range(q_doc.shape[0]):  # earlier segments of the same document on this part
-            for g in range(s):
-                if q_doc[g] == q_doc[s] and q_end[g] + window - 1 > q_start[s]:
-                    extra += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), int(q_start[g]),
-                                     int(q_end[g]), int(q_local[g]), window)
+        for s in range(q_doc.shape[0]):  # earlier segments of the same document on this part, nearest first
+            g = s - 1  # a document's segments are consecutive here (sorted by start, documents contiguous)
+            while g >= 0 and q_doc[g] == q_doc[s] and q_end[g] + window - 1 > q_start[s]:
+                extra += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), int(q_start[g]),
+                                 int(q_end[g]), int(q_local[g]), window)
+                g -= 1
     rounds = []
     for t in range(pieces.n_rounds):
         io = round_io(pieces, part, t)

@@ -60,6 +60,33 @@ def kind_of(window: Window, layout: Layout) -> Window:
     return None if window is None or window >= layout.longest_doc else window
 
 
+def layer_windows(windows: Sequence[Window] | Mapping[Window, int]) -> dict[Window, int]:
+    """A model's layer masks, validated, as a mapping window -> layers (what :func:`mask_kinds` also accepts).
+
+    Args:
+        windows: every layer's window (``None``: full attention), or a mapping window -> layer count.
+
+    Returns:
+        Layers per window (windows checked by :func:`check_window`, counts ints >= 0).
+
+    Raises:
+        ValueError: a bad window or count. TypeError: neither a sequence nor a mapping.
+    """
+    if isinstance(windows, Mapping):
+        items = list(windows.items())
+    elif isinstance(windows, (str, bytes)) or not isinstance(windows, Sequence):
+        raise TypeError(f"windows must be a per-layer sequence or a mapping, got {type(windows).__name__}")
+    else:
+        items = [(w, 1) for w in windows]
+    out: dict[Window, int] = {}
+    for w, n in items:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"a layer count must be an int >= 0, got {n!r} for window {w!r}")
+        w = check_window(w)
+        out[w] = out.get(w, 0) + int(n)
+    return out
+
+
 def mask_kinds(windows: Sequence[Window] | Mapping[Window, int] | None,
                layout: Layout) -> tuple[tuple[Window, ...], dict[Window, int]]:
     """The distinct mask kinds of a model's layers on a layout, and how many layers each has.
@@ -77,14 +104,11 @@ def mask_kinds(windows: Sequence[Window] | Mapping[Window, int] | None,
     """
     if windows is None:
         return (None,), {None: 1}
-    items = windows.items() if isinstance(windows, Mapping) else ((w, 1) for w in windows)
     layers: dict[Window, int] = {}
-    for w, n in items:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"a layer count must be an int >= 0, got {n!r} for window {w!r}")
+    for w, n in layer_windows(windows).items():
         if n:
             kind = kind_of(w, layout)
-            layers[kind] = layers.get(kind, 0) + int(n)
+            layers[kind] = layers.get(kind, 0) + n
     if not layers:
         raise ValueError("windows lists no layer: pass every attention layer's sliding window (None for full "
                          "attention), e.g. hf_hsap.attention_windows(model.config)")
@@ -103,14 +127,15 @@ def _clipped_sum(x0: np.ndarray, x1: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.where(x1 >= x0, upto(x1) - upto(x0 - 1), 0)
 
 
-def _pairs_at_distance(qa, qb, ka, kb, c) -> np.ndarray:
+def _pairs_at_distance(qa: np.ndarray, qb: np.ndarray, ka: np.ndarray, kb: np.ndarray, c: int) -> np.ndarray:
     """Pairs ``(i, j)``, ``i in [qa, qb)``, ``j in [ka, kb)``, with ``i - j >= c`` (elementwise)."""
     n = np.maximum(kb - ka, 0)
     # query i counts clip(i - c + 1 - ka, 0, n) keys
     return _clipped_sum(qa - c + 1 - ka, qb - 1 - c + 1 - ka, n)
 
 
-def pairs(qa, qb, ka, kb, window: Window) -> np.ndarray:
+def pairs(qa: np.ndarray | int, qb: np.ndarray | int, ka: np.ndarray | int, kb: np.ndarray | int,
+          window: Window) -> np.ndarray:
     """(query, key) pairs of queries ``[qa, qb)`` and keys ``[ka, kb)`` (global positions, one document)
     with ``j <= i`` and, for a window, ``i - j < window``. Ints or int64 arrays, elementwise.
 
@@ -307,7 +332,7 @@ def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, in
             of a token in attention pairs. token_cap: the most tokens a part may hold. min_tokens: the least.
 
     Returns:
-        The placement (named ``"contiguous"``: its shape is, only the cuts moved).
+        The placement, named ``"contiguous-cost"`` (contiguous ranges, cuts moved off equal token counts).
     """
     T = layout.total_tokens
     cum = np.cumsum(_token_costs(layout, layers, token_cost))  # [T]
@@ -318,7 +343,8 @@ def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, in
         hi = min(bounds[-1] + token_cap, T - (n_parts - p) * min_tokens)
         bounds.append(int(min(max(cut + 1, lo), hi)))
     bounds.append(T)
-    return _cut(layout, np.asarray(bounds, dtype=np.int64), np.arange(n_parts, dtype=np.int64), "contiguous", n_parts)
+    owners = np.arange(n_parts, dtype=np.int64)
+    return _cut(layout, np.asarray(bounds, dtype=np.int64), owners, "contiguous-cost", n_parts)
 
 
 def _token_costs(layout: Layout, layers: Mapping[Window, int], token_cost: float) -> np.ndarray:

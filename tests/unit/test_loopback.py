@@ -133,3 +133,60 @@ def test_row_gathers_by_runs_and_by_index_agree(monkeypatch, max_runs: int) -> N
         assert rel_err(got, want) < 1e-10
     n_in_place = sum(it.segments is not None for it in items) + 4  # + the local items
     assert kernel.calls == {"in_place": n_in_place, "gathered": len(items) + 4 - n_in_place}
+
+
+class WindowGatheredKernel(GatheredKernel):
+    """:class:`GatheredKernel` declaring windows and soft-capping (the GPU path of a windowed schedule)."""
+
+    supports_window = True
+    supports_softcap = True
+
+    def forward(self, *args, **kw):
+        return self.inner.forward(*args, **kw)
+
+    def backward(self, *args, **kw):
+        return self.inner.backward(*args, **kw)
+
+
+@pytest.mark.parametrize("P,placement,window,softcap", [
+    (3, "zigzag", 5, 2.0), (3, "balanced", 13, None), (4, "contiguous", 1, 3.0), (4, "auto", 40, None),
+    (2, "zigzag", 2, None)])
+@pytest.mark.parametrize("kernel_name", ["gathered", "math", "in_place"])
+def test_windowed_loopback_matches_reference(P: int, placement: str, window: int, softcap: float | None,
+                                             kernel_name: str) -> None:
+    """A windowed plan's schedule (diagonal item, local cross-segment blocks, remote full / anti blocks) on the
+    gathered path a GPU takes, on the math kernel and in place, with soft-capping: out, lse, dq, dk, dv exact,
+    and the forward receiving exactly the kind's minimum."""
+    rng = np.random.default_rng(window)
+    lengths = np.concatenate([rng.integers(1, 30, size=6), rng.integers(60, 160, size=2)])
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    plan = hf_hsap.plan_sequence(cu, P, placement, windows=[window, None])
+    q, k, v, dout = _inputs(int(cu[-1]), 4, 2, 8, window)
+    qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+    ref_out, ref_lse = reference_attention(qr, kr, vr, torch.from_numpy(cu), window=window, softcap=softcap)
+    ref_grads = torch.autograd.grad(ref_out, (qr, kr, vr), dout)
+    kernel = {"gathered": WindowGatheredKernel, "math": MathKernel, "in_place": TorchCPUFlashKernel}[kernel_name]()
+    out, lse, dq, dk, dv, stats = run_plan_loopback(plan, q, k, v, dout, kernel=kernel, window=window,
+                                                    softcap=softcap)
+    for got, want in zip((out, lse, dq, dk, dv), (ref_out, ref_lse, *ref_grads)):
+        assert rel_err(got, want, floor=1e-3) < 1e-10  # window 1: dq = dk = 0 by mathematics (rounding noise)
+    recv = plan.stats(window=window).recv_kv_tokens
+    assert sum(recv) <= sum(plan.stats(window=None).recv_kv_tokens)
+    assert window > 5 or sum(recv) < sum(plan.stats(window=None).recv_kv_tokens)
+    for p, s in enumerate(stats):
+        sent_back = sum(int(r.send_index.shape[0]) for r in plan.schedule(p, window=window).rounds)
+        assert s.rows_recv == recv[p] + sent_back
+
+
+def test_a_kernel_without_window_support_is_refused() -> None:
+    """A kernel of the older contract (no supports_window) would compute full attention on a windowed item:
+    refused before anything runs."""
+    plan = hf_hsap.plan_sequence([0, 50, 90], 2, "zigzag", windows=[4])
+    q, k, v, dout = _inputs(90, 2, 1, 8, 0)
+    with pytest.raises(ValueError, match="does not declare sliding windows"):
+        hf_hsap.varlen_attention(q, k, v, [0, 50, 90], window=4, kernel=GatheredKernel())
+    sp = hf_hsap.init_sequence_parallel(1)
+    one = hf_hsap.plan_sequence([0, 50, 90], sp, windows=[4])
+    with pytest.raises(ValueError, match="does not declare sliding windows"):
+        hf_hsap.hsap_attn_func(q, k, v, one, window=4, kernel=GatheredKernel())
+    assert plan.windows == (4,)
