@@ -14,7 +14,7 @@ PLACEMENTS = ["contiguous", "zigzag", "balanced", "auto"]
 
 
 @pytest.mark.parametrize("world,ulysses", [(2, 1), (4, 1), (4, 2)])
-@settings(max_examples=ci_examples(8), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=ci_examples(5), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=6), placement=st.sampled_from(PLACEMENTS),
        window=st.one_of(st.integers(1, 5), st.integers(6, 70)), softcap=st.sampled_from([None, 2.0]),
        sinks=st.booleans(), dtype=st.sampled_from(["float64", "float32"]), seed=st.integers(0, 2**31 - 1))
