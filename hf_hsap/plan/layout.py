@@ -6,6 +6,7 @@ for the cross-rank consistency check.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -39,9 +40,10 @@ class Layout:
         """``[n_docs]`` tokens of each document."""
         return np.diff(self.cu_seqlens)
 
-    @property
+    @functools.cached_property
     def longest_doc(self) -> int:
-        """Tokens of the longest document (a layout has at least one)."""
+        """Tokens of the longest document (a layout has at least one; computed once: every layer asks for its
+        mask kind)."""
         return int(self.doc_lengths.max())
 
     @property

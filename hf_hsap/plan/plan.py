@@ -249,22 +249,21 @@ class Plan:
         pl, U = self.placement, self.ulysses_size
         ranks = range(self.size)
         tr, pc, R = kind.transfers, kind.pieces, pl.n_parts
-        lengths = tr.lengths
-        send = np.bincount(tr.src, weights=lengths, minlength=R).astype(np.int64)
         ptok = pl.tokens_per_part()
         tab = round_tables(pc, piece_remote_work(self.layout, pl, pc, kind.window), R)
         mat = np.zeros((pc.n_rounds, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
         np.add.at(mat, (pc.round, pc.dst, pc.src), pc.lengths)
         per_part = part_times(self.layout, pl, tr, self.cost, kind.window)  # [R]
-        top = self._kind_stats(kind)
+        kinds = {kind_name(w): self._kind_stats(self.kind(w)) for w in self.windows}
+        top = kinds.get(kind_name(kind.window)) or self._kind_stats(kind)
         return PlanStats(
             placement=pl.name,
             round_order=kind.round_order,
-            tokens=[self.num_local_tokens(r) for r in ranks],
+            tokens=top.tokens,
             attn_work=top.attn_work,
             local_attn_work=top.local_attn_work,
             recv_kv_tokens=top.recv_kv_tokens,
-            send_kv_tokens=[int(send[r // U]) for r in ranks],
+            send_kv_tokens=top.send_kv_tokens,
             a2a_tokens=[int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
             rounds=pc.n_rounds,
             send_kv_pairs=tr.pair_matrix(R).tolist(),
@@ -272,7 +271,7 @@ class Plan:
             round_remote_work=tab.remote_work.tolist(),
             round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
             est_time=[float(t) / U for t in np.repeat(per_part, U)],
-            kinds={kind_name(w): self._kind_stats(self.kind(w)) for w in self.windows},
+            kinds=kinds,
         )
 
     def _kind_stats(self, kind: KindPlan) -> KindStats:

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..kernels.base import window_left
 from .layout import Layout
 from .placement import Placement, _cut
 from .transfers import Transfers, compute_transfers
@@ -31,7 +32,8 @@ BLOCK_MASKS = {"full": (False, None), "anti": (False, 0)}
 
 
 def check_window(window: Window) -> Window:
-    """``window`` as an int >= 1 or ``None``; raise ``ValueError`` otherwise.
+    """``window`` as an int >= 1 or ``None``; raise ``ValueError`` otherwise (the rule of
+    :func:`hf_hsap.kernels.base.window_left`, the one conversion to the kernels' convention).
 
     Args:
         window: a sliding window in tokens (Transformers' ``sliding_window``) or ``None``.
@@ -39,12 +41,8 @@ def check_window(window: Window) -> Window:
     Returns:
         The window.
     """
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"a sliding window must be a positive number of tokens or None (full attention), got "
-                         f"{window!r}")
-    return int(window)
+    left = window_left(window)
+    return None if left is None else left + 1
 
 
 def kind_of(window: Window, layout: Layout) -> Window:
