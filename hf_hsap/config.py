@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 
-from .plan.placement import DEFAULT_TOKEN_SLACK
+from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import attention_windows, layer_windows
 
 __all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "deprecated_property", "parse_dtype", "warn_deprecated"]
 
-PLACEMENTS = ("auto", "balanced", "contiguous", "zigzag")
 ROUNDS = ("auto", "batched", "by_peer")
 DEFAULT_TIMEOUT_S = 600.0
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,

@@ -40,7 +40,7 @@ from ..hardware import cost_model_kinds, gpu_kind
 from .layout import Layout
 from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
 from .rounds import RoundPieces, piece_remote_work, round_tables, split_rounds
-from .placement import Placement
+from .placement import Placement, _zigzag_chunks, rows_work
 from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
 
@@ -149,6 +149,18 @@ class CostModel:
         """Llama-3-8B on A100, KV over NVLink (300 GB/s per GPU, 80% reached)."""
         return CostModel(token_cost=17930.0, kv_token_cost=102.0, round_cost=60000.0)
 
+    def time_of(self, tokens, work, local, recv):
+        """The step time of a part (the module docstring's formula; the one place it is written).
+
+        Args:
+            tokens: tokens held. work: pairs of its queries. local: pairs against its own keys (they run
+                while the KV is in flight). recv: KV tokens received. Scalars or ``[n_parts]`` arrays.
+
+        Returns:
+            ``token_cost * tokens + max(local, kv_token_cost * recv) + (work - local)``, elementwise.
+        """
+        return self.token_cost * tokens + np.maximum(local, self.kv_token_cost * recv) + (work - local)
+
     def for_ulysses(self, ulysses_size: int) -> "CostModel":
         """This model for plans with Ulysses size ``U``: every token also pays its share of the all-to-all,
         ``token_cost + a2a_token_cost * (U - 1) / U`` (the model itself for ``U == 1``)."""
@@ -186,8 +198,37 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, wi
     work = work_per_part(layout, pl, window)
     local = local_work_per_part(layout, pl, window)
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
-    tokens = pl.tokens_per_part().astype(np.float64)
-    return cost.token_cost * tokens + np.maximum(local, cost.kv_token_cost * recv) + (work - local)
+    return cost.time_of(pl.tokens_per_part().astype(np.float64), work, local, recv)
+
+
+def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
+    """A lower bound of ``zigzag_part_times(layout, n_parts, cost).max()`` in O(documents): the mean over
+    parts of ``token_cost * tokens + kv_token_cost * recv`` (a part's time is at least that), with every
+    chunk of a document of length ``L`` between ``b = L // 2P`` and ``b + 1`` tokens, so part ``i``
+    receives at least ``(2P - 2 - i) b - 1`` of its keys. What lets ``auto`` skip building zigzag's figures
+    on rows of many documents, where its traffic is hopeless."""
+    P = n_parts
+    b = layout.doc_lengths // (2 * P)
+    recv = np.maximum(0, b * (3 * P * P - 3 * P) // 2 - P).sum()  # sum over i of (2P - 2 - i) b - 1
+    return float(cost.token_cost * layout.total_tokens + cost.kv_token_cost * recv) / P
+
+
+def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarray:
+    """``[n_parts]`` :func:`part_times` of ``zigzag(layout, n_parts)`` for one full-attention layer, without
+    building it (its transfers grow as documents x parts squared: too many for a candidate that usually
+    loses). Part ``i`` holds chunks ``i`` and ``j = 2P-1-i`` of every document and receives every key
+    before the end of its last non-empty chunk but its own."""
+    sizes, _ = _zigzag_chunks(layout.doc_lengths, n_parts)  # [n_docs, 2P]
+    P = n_parts
+    ends = np.cumsum(sizes, axis=1)  # [n_docs, 2P]
+    starts = ends - sizes
+    i, j = np.arange(P), 2 * P - 1 - np.arange(P)
+    si, sj = sizes[:, i], sizes[:, j]  # [n_docs, P]
+    work = (rows_work(starts[:, i], ends[:, i]) + rows_work(starts[:, j], ends[:, j])).sum(0)
+    local = (si * (si + 1) // 2 + sj * (sj + 1) // 2 + si * sj).sum(0)
+    recv = np.where(sj > 0, starts[:, j] - si, np.where(si > 0, starts[:, i], 0)).sum(0)
+    return cost.time_of((si + sj).sum(0).astype(np.float64), work.astype(np.float64), local.astype(np.float64),
+                        recv.astype(np.float64))
 
 
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,

@@ -22,7 +22,7 @@ import numpy as np
 
 from .layout import Layout
 
-PLACEMENTS = ("contiguous", "zigzag", "balanced", "auto")
+PLACEMENTS = ("contiguous", "zigzag", "balanced", "density", "auto")
 DEFAULT_TOKEN_SLACK = 0.10
 DEFAULT_WORK_SLACK = 0.03
 

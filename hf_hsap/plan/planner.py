@@ -17,8 +17,9 @@ import torch
 
 from ..deprecation import moved_names
 from .balanced import balanced, balanced_variants
+from .density import density
 from .cache import PlanCache
-from .cost import CostModel, choose_placement
+from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -33,6 +34,8 @@ __all__ = ["AUTO_TOKEN_SLACKS", "Plan", "offline_link", "plan_layout", "plan_seq
 logger = logging.getLogger(__name__)
 
 AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" (capped by token_slack)
+DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
+ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: CostModel | None,
@@ -52,24 +55,10 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
         pl = zigzag(layout, n_parts)
     elif name == "balanced":
         pl = balanced(layout, n_parts, token_slack=token_slack)
+    elif name == "density":
+        pl = density(layout, n_parts, (cost or CostModel.default()).token_cost, token_slack)
     elif name == "auto":
-        # zigzag is not a candidate: balanced matches its balance with far less traffic (and equals it
-        # for one long document), and its transfers are costly to enumerate for many short documents
-        # small slacks: tokens cost every linear layer, so near-equal token counts pay even when a few
-        # more documents must be split (BENCHMARKS.md); ``token_slack`` stays the cap
-        slacks = sorted({min(AUTO_TOKEN_SLACKS[0], token_slack), min(AUTO_TOKEN_SLACKS[1], token_slack)})
-        # priced refinement: trade a little token balance for work balance where the cost model says so;
-        # the token-neutral one stays a candidate (its slides add no KV where parts wait for it)
-        token_cost = (cost or CostModel.default()).token_cost
-        cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (token_cost, None), eps)]
-        cands.append(contiguous(layout, n_parts))
-        if any(w is not None for w in layers):  # windowed layers: contiguous cuts at equal estimated cost
-            cap = int(math.ceil(layout.total_tokens / n_parts * (1 + max(slacks))))  # auto's own cap
-            cands.append(weighted_contiguous(layout, n_parts, layers, token_cost, cap, min_tokens))
-        cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
-        trs = [kinds_of(c) for c in cands]
-        best = choose_placement(layout, cands, trs, cost, layers)
-        return cands[best], trs[best]
+        return _auto(layout, n_parts, token_slack, cost or CostModel.default(), min_tokens, layers)
     else:
         raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
     if pl.tokens_per_part().min() < min_tokens:
@@ -77,6 +66,49 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
                     "using 'contiguous'", name, min_tokens, layout.total_tokens, n_parts)
         pl = contiguous(layout, n_parts)
     return pl, kinds_of(pl)
+
+
+def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
+          layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers]]:
+    """``placement="auto"``: every placement the planner can build, priced by ``cost`` over the layers of
+    every mask kind; the cheapest wins (the first of equals).
+
+    Candidates: ``balanced`` at token slacks 0.01 and 0.03 (at most ``token_slack``), each token-neutral
+    and priced (:func:`.balanced.balanced_variants`); ``density`` (:mod:`.density`: every document over as
+    many parts as its work needs, and the heavy ones over all parts); ``contiguous``; ``zigzag``; with
+    windowed layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer,
+    so near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md).
+    ``zigzag`` is priced without being built for full attention (its transfers grow as documents x parts
+    squared) and built only if it wins.
+    """
+    slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
+    tc = cost.token_cost
+    cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (tc, None), eps)]
+    cands += [density(layout, n_parts, tc, eps, spread=spread, work_share=share)
+              for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS]
+    cands.append(contiguous(layout, n_parts))
+    windowed = any(w is not None for w in layers)
+    if windowed:  # contiguous cuts at equal estimated cost
+        cap = int(math.ceil(layout.total_tokens / n_parts * (1 + slacks[-2 if len(slacks) > 1 else -1])))
+        cands.append(weighted_contiguous(layout, n_parts, layers, tc, cap, min_tokens))
+    cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
+    trs = [{w: window_transfers(c, layout, w) for w in layers} for c in cands]
+    times = [step_time(layout, c, t, layers, cost) for c, t in zip(cands, trs)]
+    best = int(np.argmin(times))
+    if zigzag_time_bound(layout, n_parts, cost) * sum(layers.values()) >= times[best]:
+        pass  # zigzag cannot win (a lower bound of its time already loses)
+    elif not windowed:
+        zz = layers[None] * float(zigzag_part_times(layout, n_parts, cost).max())
+        if zz < times[best]:
+            pl = zigzag(layout, n_parts)
+            if pl.tokens_per_part().min() >= min_tokens:
+                return pl, {None: window_transfers(pl, layout, None)}
+    elif 2 * n_parts * layout.n_docs <= ZIGZAG_WINDOWED_SEGMENTS:
+        pl = zigzag(layout, n_parts)
+        tr = {w: window_transfers(pl, layout, w) for w in layers}
+        if step_time(layout, pl, tr, layers, cost) < times[best] and pl.tokens_per_part().min() >= min_tokens:
+            return pl, tr
+    return cands[best], trs[best]
 
 
 def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) -> GroupSpec:

@@ -33,8 +33,11 @@ def test_traffic_rows_cover_every_scheme(tables):
 def test_hsap_row_equals_plan_stats(tables):
     from benchmarks.distributions import cu_seqlens, doc_lengths
 
+    from benchmarks.traffic import RECV_SHAPE, planner_cost
+
     row = next(r for r in tables["traffic_rows"] if r["scheme"] == "hsap" and r["dist"] == "longtail")
-    st = plan_sequence(cu_seqlens(doc_lengths("longtail", 131072, 0)), 8, "auto").stats()
+    cost = planner_cost(RECV_SHAPE, "nvlink", TCFG.planner_hardware[0])  # the traffic table's plan: P = 8, one node
+    st = plan_sequence(cu_seqlens(doc_lengths("longtail", 131072, 0)), 8, "auto", cost=cost).stats()
     w, t, rv = (np.array(getattr(st, k), dtype=float) for k in ("attn_work", "tokens", "recv_kv_tokens"))
     assert row["work_max_mean"] == pytest.approx(w.max() / w.mean())
     assert row["tok_max_mean"] == pytest.approx(t.max() / t.mean())

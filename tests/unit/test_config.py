@@ -288,7 +288,7 @@ def test_parallelism_config_from_the_environment(monkeypatch) -> None:
 
 
 def test_placements_and_rounds_lists() -> None:
-    assert set(PLACEMENTS) == {"auto", "balanced", "contiguous", "zigzag"}
+    assert set(PLACEMENTS) == {"auto", "balanced", "contiguous", "density", "zigzag"}
     assert set(ROUNDS) == {"auto", "batched", "by_peer"}
     for p in PLACEMENTS:
         assert HSAPConfig(placement=p).placement == p

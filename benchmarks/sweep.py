@@ -1,0 +1,236 @@
+"""The placement sweep: ``placement="auto"`` on layouts nobody tuned for, against every other placement,
+the compute lower bound and the offline optimiser (no clock but planning time).
+
+Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdown (the full run puts it in
+``BENCHMARKS.md``, :mod:`benchmarks.run`).
+
+* Layouts (:data:`SWEEP_DISTRIBUTIONS`, :func:`sweep_lengths`): log-normal lengths of four spreads,
+  Pareto tails, a two-mode mixture, rows where one or two documents hold most of the pairs, many tiny
+  documents, and the spec's ``sft``; seeds ``0..n-1``; ``T = tokens_per_rank * P`` (at most
+  :attr:`SweepConfig.max_T`).
+* Groups: ``P`` ∈ {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64} ranks (not only powers of two), ``U`` ∈ {1, 2, 4,
+  8} dividing ``P`` with at least two parts, priced for NVLink (every rank in one node) or for the
+  network (``U`` ranks per node, SAP between nodes): ``CostModel.for_link(link)`` as the planner's default.
+* Figures, one full-attention layer, by the planner's own cost model (:func:`hf_hsap.plan.cost.part_times`;
+  a rank's time is its part's divided by ``U``): *est max* of the slowest part; ``LB = (token_cost' * T +
+  sum_d L_d (L_d + 1) / 2) / parts`` (every part equally loaded, no communication; ``token_cost'`` is the
+  plan's, with the all-to-all's share when ``U > 1``); *losses*: layouts where ``auto``'s est max exceeds
+  another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
+  of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement, run where ``parts <= oracle_max_parts``;
+  recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); tokens and work
+  max/mean; planning time of ``auto`` (cold, no cache, wall clock).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hf_hsap.plan.cost import CostModel, part_times
+from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.oracle import optimise_placement
+from hf_hsap.plan.planner import plan_layout
+from hf_hsap.plan.transfers import compute_transfers
+
+from .distributions import doc_lengths
+
+SWEEP_DISTRIBUTIONS = ("lognormal-0.5", "lognormal-1.0", "lognormal-1.6", "lognormal-2.2", "pareto-1.1",
+                       "pareto-1.5", "bimodal", "one-dominant", "two-dominant", "tiny", "sft")
+OTHERS = ("contiguous", "zigzag", "balanced", "density")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Sizes of the sweep (module docstring)."""
+
+    Ps: Sequence[int] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    Us: Sequence[int] = (1, 2, 4, 8)
+    links: Sequence[str] = ("nvlink", "network")
+    distributions: Sequence[str] = SWEEP_DISTRIBUTIONS
+    seeds: int = 3
+    tokens_per_rank: int = 4096
+    max_T: int = 131072
+    oracle_max_parts: int = 16
+    oracle_moves: int = 400
+
+    @staticmethod
+    def quick() -> "SweepConfig":
+        return SweepConfig(Ps=(3, 8, 16), Us=(1, 2), seeds=1, tokens_per_rank=2048, oracle_max_parts=8,
+                           oracle_moves=100)
+
+
+def _fill(draw, T: int) -> np.ndarray:
+    """Lengths drawn by ``draw(n)`` (an array of ``n`` positive ints) until they reach ``T``; the last cut."""
+    out, acc = [], 0
+    while acc < T:
+        x = np.maximum(1, np.asarray(draw(256), dtype=np.int64))
+        out.append(x)
+        acc += int(x.sum())
+    lens = np.concatenate(out)
+    c = np.cumsum(lens)
+    n = int(np.searchsorted(c, T)) + 1
+    lens = lens[:n].copy()
+    lens[-1] = T - (int(c[n - 2]) if n > 1 else 0)
+    return lens
+
+
+def sweep_lengths(name: str, T: int, seed: int) -> np.ndarray:
+    """Document lengths of one row of the sweep.
+
+    Args:
+        name: one of :data:`SWEEP_DISTRIBUTIONS`. T: row length. seed: ``numpy.random.default_rng`` seed.
+
+    Returns:
+        ``[n_docs]`` int64 lengths summing to ``T``, each ``>= 1``.
+    """
+    rng = np.random.default_rng(seed)
+    if name.startswith("lognormal-"):
+        sigma = float(name.split("-")[1])
+        return _fill(lambda n: np.clip(rng.lognormal(np.log(1024.0), sigma, n), 16, T), T)
+    if name.startswith("pareto-"):
+        alpha = float(name.split("-")[1])
+        return _fill(lambda n: np.clip(16 + 128 * rng.pareto(alpha, n), 16, T), T)
+    if name == "bimodal":  # short chats and long documents of ~T/8
+        return _fill(lambda n: np.where(rng.random(n) < 0.9, rng.lognormal(np.log(300.0), 0.5, n),
+                                        rng.lognormal(np.log(T / 8), 0.3, n)).clip(16, T), T)
+    if name in ("one-dominant", "two-dominant"):  # one or two documents hold most of the pairs
+        k = 1 if name == "one-dominant" else 2
+        big = (T * rng.uniform(0.25, 0.45, k)).astype(np.int64)
+        rest = _fill(lambda n: np.clip(rng.lognormal(np.log(500.0), 1.0, n), 16, T), T - int(big.sum()))
+        return rng.permutation(np.concatenate([big, rest]))
+    if name == "tiny":
+        return _fill(lambda n: rng.integers(16, 65, n), T)
+    if name == "sft":
+        return doc_lengths("sft", T, seed)
+    raise ValueError(f"unknown sweep distribution {name!r}; choose one of {', '.join(SWEEP_DISTRIBUTIONS)}")
+
+
+def _groups(cfg: SweepConfig):
+    """Every (P, U, link) of the sweep with at least two parts."""
+    for P in cfg.Ps:
+        for U in cfg.Us:
+            if P % U or P // U < 2:
+                continue
+            for link in cfg.links:
+                yield P, U, link
+
+
+def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
+    """Every layout x group of the sweep (module docstring).
+
+    Returns:
+        ``{"rows": [...], "config": {...}, "seconds": float}``; a row per (distribution, seed, P, U, link).
+    """
+    t_start = time.perf_counter()
+    rows = []
+    for P, U, link in _groups(cfg):
+        T = min(cfg.max_T, cfg.tokens_per_rank * P)
+        gpn = P if link == "nvlink" else U
+        group = GroupSpec.offline(P, U, gpn)
+        plan_cost = CostModel.for_link(group.link)
+        cost = plan_cost.for_ulysses(U)  # what the planner prices a plan with (plan_layout applies U itself)
+        parts = P // U
+        for dist in cfg.distributions:
+            for seed in range(cfg.seeds):
+                L = sweep_lengths(dist, T, seed)
+                layout = make_layout(np.concatenate([[0], np.cumsum(L)]))
+                t0 = time.perf_counter()
+                auto = plan_layout(layout, group, "auto", cost=plan_cost)
+                plan_ms = (time.perf_counter() - t0) * 1e3
+                lb = (cost.token_cost * T + float((L * (L + 1) // 2).sum())) / parts
+                est = {"auto": float(part_times(layout, auto.placement, auto.transfers, cost).max())}
+                for name in OTHERS:
+                    pl = plan_layout(layout, group, name, cost=plan_cost).placement
+                    est[name] = float(part_times(layout, pl, compute_transfers(pl), cost).max())
+                row = {"dist": dist, "seed": seed, "P": P, "U": U, "link": link, "T": T, "n_docs": int(L.size),
+                       "chosen": auto.placement.name, "lb": lb, "est": est, "plan_ms": plan_ms,
+                       "tokens": _max_mean(auto.placement.tokens_per_part()),
+                       "work": _max_mean(auto.placement.work_per_part(layout)),
+                       "recv_ring": float(np.bincount(auto.transfers.dst, weights=auto.transfers.lengths,
+                                                      minlength=parts).max() / (T - T / parts))}
+                if parts <= cfg.oracle_max_parts:
+                    o = optimise_placement(layout, parts, cost, auto.placement, max_moves=cfg.oracle_moves)
+                    row["oracle"] = float(part_times(layout, o, compute_transfers(o), cost).max())
+                rows.append(row)
+        if progress:
+            print(f"  sweep P={P} U={U} {link}: {time.perf_counter() - t_start:.0f} s", flush=True)
+    return {"rows": rows, "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(cfg).items()},
+            "seconds": time.perf_counter() - t_start}
+
+
+def _max_mean(x: np.ndarray) -> float:
+    return float(np.max(x) / np.mean(x))
+
+
+def _q(xs: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")
+
+
+def render_sweep(res: dict) -> str:
+    """The sweep's section of ``BENCHMARKS.md`` (markdown)."""
+    rows = res["rows"]
+    cfg = res["config"]
+    out = ["## Placement sweep (no clock)",
+           f"`python -m benchmarks.sweep` ({len(rows)} layouts x groups in {res['seconds']:.0f} s; "
+           "`benchmarks/sweep.py` documents the layouts, groups and figures). Distributions: "
+           + ", ".join(f"`{d}`" for d in cfg["distributions"]) + f"; {cfg['seeds']} seeds; P ∈ {cfg['Ps']}, "
+           f"U ∈ {cfg['Us']}; T = {cfg['tokens_per_rank']} x P (at most {cfg['max_T']}). est = the planner's "
+           "cost model, slowest part, one full-attention layer; LB = no communication, every part equally "
+           "loaded; oracle = local search from auto's placement (parts ≤ "
+           f"{cfg['oracle_max_parts']}, {cfg['oracle_moves']} moves).",
+           "",
+           "| link | layouts | est/LB median | p95 | worst | share ≤ goal | losses to " + " / ".join(OTHERS)
+           + " | est/oracle median | worst | share ≤ 1.02 | recv max/ring median | worst | tokens max/mean worst "
+           "| work max/mean median | worst | plan ms median | max |",
+           "|" + "---|" * 17]
+    for link, goal in (("nvlink", 1.05), ("network", 1.10)):
+        rs = [r for r in rows if r["link"] == link]
+        if not rs:
+            continue
+        ratio = [r["est"]["auto"] / r["lb"] for r in rs]
+        losses = [sum(r["est"]["auto"] > r["est"][o] * (1 + 1e-9) for r in rs) for o in OTHERS]
+        orc = [r["est"]["auto"] / r["oracle"] for r in rs if "oracle" in r]
+        recv = [r["recv_ring"] for r in rs]
+        work = [r["work"] for r in rs]
+        ms = [r["plan_ms"] for r in rs]
+        out.append(f"| {link} | {len(rs)} | {_q(ratio, .5):.3f} | {_q(ratio, .95):.3f} | {max(ratio):.3f} | "
+                   f"{np.mean(np.asarray(ratio) <= goal) * 100:.0f}% (≤ {goal:.2f}) | "
+                   + " / ".join(str(x) for x in losses)
+                   + (f" | {_q(orc, .5):.3f} | {max(orc):.3f} | {np.mean(np.asarray(orc) <= 1.02) * 100:.0f}%"
+                      if orc else " | – | – | –")
+                   + f" | {_q(recv, .5):.3f} | {max(recv):.3f} | {max(r['tokens'] for r in rs):.3f} | "
+                   f"{_q(work, .5):.3f} | {max(work):.3f} | {_q(ms, .5):.1f} | {max(ms):.1f} |")
+    out += ["", "By distribution (est/LB of auto, median / worst over P, U and seeds; the placement auto chose "
+            "most often):", "", "| distribution | nvlink | network | chosen (nvlink) | chosen (network) |",
+            "|---|---|---|---|---|"]
+    for dist in cfg["distributions"]:
+        cells = []
+        chosen = []
+        for link in ("nvlink", "network"):
+            rs = [r for r in rows if r["dist"] == dist and r["link"] == link]
+            rt = [r["est"]["auto"] / r["lb"] for r in rs]
+            cells.append(f"{_q(rt, .5):.3f} / {max(rt):.3f}" if rt else "–")
+            names = [r["chosen"] for r in rs]
+            chosen.append(max(set(names), key=names.count) if names else "–")
+        out.append(f"| `{dist}` | {cells[0]} | {cells[1]} | {chosen[0]} | {chosen[1]} |")
+    worst = sorted(rows, key=lambda r: -r["est"]["auto"] / r["lb"])[:5]
+    out += ["", "Worst layouts by est/LB: " + "; ".join(
+        f"`{r['dist']}` seed {r['seed']} P={r['P']} U={r['U']} {r['link']}: {r['est']['auto'] / r['lb']:.3f}"
+        + (f" (oracle {r['oracle'] / r['lb']:.3f})" if "oracle" in r else "") for r in worst) + "."]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes")
+    args = ap.parse_args(argv)
+    print(render_sweep(run_sweep(SweepConfig.quick() if args.quick else SweepConfig(), progress=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""The ``density`` placement: every document split over as many parts as its *load* needs.
+
+:func:`.balanced.balanced` splits a document over as few parts as its tokens and a work cap allow and
+places documents first-fit; on rows where a few documents hold most of the attention pairs that leaves
+the parts of a work-dense document above the mean, or spills short documents over the caps. Here one
+number decides everything, a document's *load* in attention pairs::
+
+    load_d = L_d (L_d + 1) / 2 + token_cost * L_d        (its pairs, plus its tokens priced per layer)
+
+and the mean load of a part is ``m = sum(load) / P``.
+
+* A document heavier than ``m * (1 + headroom)`` or longer than the token cap is *heavy*: it is cut in
+  ``2k`` chunks over ``k`` parts (chunk ``i`` and ``2k-1-i`` on the i-th, which gives every one of them
+  the same pairs), ``k = max(ceil(L / cap_t), ceil(load / (m * (1 + headroom))))``; with
+  ``spread="all"`` every heavy document goes over all ``P`` parts (zigzag for the heavy, whole for the
+  rest). Heavy documents are placed heaviest first, each on the ``k`` least-loaded parts that still
+  have room for their share of its tokens.
+* The other documents stay whole: heaviest first onto the least-loaded part with room (LPT).
+* :func:`.refine.refine_work` then evens out ``work + token_cost * tokens`` by sliding the boundaries
+  of split documents, within the token cap.
+
+Which ``headroom`` / ``spread`` is cheapest (received KV against balance) is the cost model's choice:
+``placement="auto"`` prices several of them beside the other placements.
+
+Token bound: ``ceil(T / P) * (1 + token_slack)`` per part, never exceeded (a document that fits no
+equal shares is cut over the parts with the most free tokens, as in :mod:`.balanced`).
+
+Speed: plain Python scalars and a heap (one document at a time; it runs per batch, inside the
+planning budget).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+from .balanced import _chunk_sizes, _fill_by_headroom, _pair_recv, _pair_work
+from .layout import Layout
+from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
+from .refine import refine_work
+
+__all__ = ["density"]
+
+
+def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
+            split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Placement:
+    """Load-proportional placement (module docstring).
+
+    Args:
+        layout: the documents.
+        n_parts: number of parts P.
+        token_cost: price of a token in attention pairs (``CostModel.token_cost``).
+        token_slack: epsilon of the token cap ``ceil(T/P) * (1 + eps)``.
+        split_above: a document heavier than ``split_above`` mean part loads ``m`` (or longer than the
+            token cap) is split, over ``max(2, ceil(load / m), ceil(L / cap_t))`` parts.
+        spread: ``"fit"`` (as many parts as the load needs) or ``"all"`` (every heavy document over all
+            parts).
+
+    Returns:
+        The placement (name ``"density"``).
+    """
+    if spread not in ("fit", "all"):
+        raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
+    P = n_parts
+    cu = layout.cu_seqlens.tolist()
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    T = cu[-1]
+    cap_t = math.ceil(T / P) * (1.0 + token_slack)
+    loads = [L * (L + 1) / 2 + token_cost * L for L in lens]
+    mean = sum(loads) / P
+    limit = mean * split_above
+    mean_w = sum(L * (L + 1) / 2 for L in lens) / P
+    order = sorted(range(len(lens)), key=lambda d: -loads[d])
+    tok = [0.0] * P
+    wrk = [0.0] * P
+    recv = [0] * P
+    seg_doc: list[int] = []
+    seg_start: list[int] = []
+    seg_end: list[int] = []
+    seg_part: list[int] = []
+    rot = 0
+    def heavy(L: int, load: float) -> bool:  # "all" spreads only the work-dense (or too long) documents
+        dense = L * (L + 1) / 2 > mean_w * work_share
+        return L > cap_t or dense or (spread == "fit" and load > limit)
+
+    heavy_end = 0  # documents order[:heavy_end] are split (loads decrease along order, and so do lengths)
+    while heavy_end < len(order) and heavy(lens[order[heavy_end]], loads[order[heavy_end]]):
+        heavy_end += 1
+    for d in order[:heavy_end]:
+        L = lens[d]
+        k = P if spread == "all" else max(2, math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share)))
+        k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
+        by_load = sorted(range(P), key=lambda p: wrk[p] + token_cost * tok[p])
+        share = L / k
+        chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
+        if len(chosen) < k:
+            _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+            continue
+        rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+    heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
+    heapq.heapify(heap)
+    for d in order[heavy_end:]:
+        L = lens[d]
+        full = []
+        while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
+            full.append(heapq.heappop(heap))
+        if heap:
+            _, p = heap[0]
+            seg_doc.append(d), seg_start.append(cu[d]), seg_end.append(cu[d] + L), seg_part.append(p)
+            tok[p] += L
+            wrk[p] += L * (L + 1) / 2
+            heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
+        else:
+            _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+            full = [(wrk[p] + token_cost * tok[p], p) for _, p in full]
+        for item in full:
+            heapq.heappush(heap, item)
+    # "all" splits evenly already (and has many boundaries, each move costs more): fewer moves
+    refine_work(cu[:-1], seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=(4 if spread == "fit" else 1) * P, tok=tok,
+                token_cost=token_cost, cap_t=cap_t)
+    return _finish("density", P, seg_doc, seg_start, seg_end, seg_part)
+
+
+def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
+           recv: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+           seg_part: list[int]) -> int:
+    """Cut document ``d`` (global start ``s0``, length ``L``) in ``2k`` chunks over the parts ``chosen``
+    (``k`` of them): the chunk pair that needs the most KV goes to the part that receives the least so far.
+    Appends the segments, updates the per-part tokens, work and received KV; returns the next rotation."""
+    k = len(chosen)
+    sizes, rot = _chunk_sizes(L, k, rot)
+    need = _pair_recv(sizes)
+    chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
+    mapped = [0] * k  # pair index -> part
+    for pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
+        mapped[pair] = chosen[pos]
+    a = s0
+    for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
+        if s:
+            seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
+            seg_part.append(mapped[min(j, 2 * k - 1 - j)])
+        a += s
+    for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
+        recv[p] += need[i]
+        tok[p] += float(sizes[i] + sizes[-1 - i])
+        wrk[p] += float(w_add)
+    return rot
