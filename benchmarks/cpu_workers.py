@@ -40,9 +40,11 @@ class _Runner:
 # The cost model of the step these benchmarks time: one attention layer and nothing else, so a token
 # costs no linear layers (a full model's projections and MLP would price it at ~18,000 pairs), only its
 # communication: KV priced as on NVLink, as for an SP group inside one node (and the default all-to-all
-# share for hsap_U2).
+# share for hsap_U2). diag_block prices what a split costs in the CPU kernel: BENCHMARKS.md's "CPU kernel by
+# segment shape" table puts a causal square of n rows at n * b / 2 masked pairs with b = 220-330 (512 rows
+# reach 0.70 of a 4096-row square's throughput, 1024 rows 0.76, 2048 rows 0.88), so 256.
 ATTENTION_ONLY = hf_hsap.CostModel(token_cost=0.0, kv_token_cost=hf_hsap.CostModel.nvlink().kv_token_cost,
-                                   round_cost=hf_hsap.CostModel.nvlink().round_cost)
+                                   round_cost=hf_hsap.CostModel.nvlink().round_cost, diag_block=256)
 
 
 def _hsap_runner(cu: list[int], U: int, q, k, v, dout) -> tuple[_Runner, Any]:

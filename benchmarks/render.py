@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import report as rp
 from .analysis import analysis
+from .sweep import render_sweep
 from .windows import render_windows
 
 
@@ -215,7 +216,8 @@ def render(res: dict) -> str:
 
     Args:
         res: the results dict of :func:`benchmarks.run.main` (``meta``, ``traffic_rows``, ``traffic_goals``,
-            ``windows`` (optional, :func:`benchmarks.windows.run_windows`), ``cost_rows``, ``cost_goals``,
+            ``windows`` (optional, :func:`benchmarks.windows.run_windows`), ``sweep`` (optional,
+            :func:`benchmarks.sweep.run_sweep`), ``cost_rows``, ``cost_goals``,
             ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``, ``memory``, ``plots``, ``seconds``).
 
     Returns:
@@ -244,6 +246,7 @@ def render(res: dict) -> str:
         "### Every scheme",
         rp.traffic_tables(res["traffic_rows"]),
         *([render_windows(res["windows"])] if res.get("windows") else []),
+        *([render_sweep(res["sweep"])] if res.get("sweep") else []),
         "## Cost model: predicted tokens / s / GPU (fwd + bwd, 32 layers)",
         _assumptions(res),
         "Goals (medians over seeds):",

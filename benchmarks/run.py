@@ -2,7 +2,8 @@
 
 Writes ``BENCHMARKS.md`` (repository root), PNG plots in ``benchmarks/plots/`` and the raw numbers in
 ``benchmarks/results/results.json``. Sections: exact traffic and balance (no clock), sliding windows
-(:mod:`benchmarks.windows`, no clock), cost-model predictions, planning time, and (unless ``--skip-cpu``)
+(:mod:`benchmarks.windows`, no clock), the placement sweep (:mod:`benchmarks.sweep`, no clock), cost-model
+predictions, planning time, and (unless ``--skip-cpu``)
 the CPU measurements (4 spawned gloo ranks) and peak memory. ``--quick`` shrinks everything for development
 (one seed, a short CPU row).
 """
@@ -29,6 +30,7 @@ from .planning import PlanningConfig, run_planning
 from .predictions import CostConfig, cost_goals, run_predictions
 from .render import render
 from .traffic import TrafficConfig, run_traffic, summarize_traffic, traffic_goals
+from .sweep import SweepConfig, run_sweep
 from .windows import WindowConfig, run_windows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("sliding windows ...", flush=True)
     results["windows"] = run_windows(WindowConfig(seeds=(0,)) if args.quick else WindowConfig(), progress=True)
     results["seconds"]["windows"] = results["windows"]["seconds"]
+    print("placement sweep ...", flush=True)
+    results["sweep"] = run_sweep(SweepConfig.quick() if args.quick else SweepConfig(), progress=True)
+    results["seconds"]["sweep"] = results["sweep"]["seconds"]
     print("planning time ...", flush=True)
     t0 = time.perf_counter()
     results["planning"] = run_planning(pcfg)

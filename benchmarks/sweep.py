@@ -51,11 +51,11 @@ class SweepConfig:
     Us: Sequence[int] = (1, 2, 4, 8)
     links: Sequence[str] = ("nvlink", "network")
     distributions: Sequence[str] = SWEEP_DISTRIBUTIONS
-    seeds: int = 3
-    tokens_per_rank: int = 4096
-    max_T: int = 131072
-    oracle_max_parts: int = 16
-    oracle_moves: int = 400
+    seeds: int = 2
+    tokens_per_rank: int = 2048
+    max_T: int = 65536
+    oracle_max_parts: int = 8
+    oracle_moves: int = 150
 
     @staticmethod
     def quick() -> "SweepConfig":

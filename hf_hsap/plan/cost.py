@@ -62,15 +62,22 @@ class CostModel:
         round_cost: latency of one communication round (fwd + bwd), in pairs.
         a2a_token_cost: cost of one token's q, k, v and output and their gradients through a whole
             all-to-all (fwd + bwd, over NVLink); only plans with ``U > 1`` pay it (:meth:`for_ulysses`).
+        diag_block: the kernel's key block on a causal piece: a part's causal piece of ``n`` rows of one
+            document (its own tokens of it, one kernel call) also computes about ``n * min(n, diag_block) / 2``
+            masked pairs on its diagonal blocks (:meth:`masked_pairs`); what splitting a document costs in
+            the kernel. 0 (default): not priced. PyTorch's CPU flash attention walks keys in blocks of 512
+            (``benchmarks/measured.run_kernel_shapes`` measures it: one call on a 512-row causal square reaches
+            about half the throughput of a 4096-row one).
     """
 
     token_cost: float = 17930.0
     kv_token_cost: float = 1226.0
     round_cost: float = 120000.0
     a2a_token_cost: float = 511.0
+    diag_block: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost"):
+        for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
@@ -161,6 +168,11 @@ class CostModel:
         """
         return self.token_cost * tokens + np.maximum(local, self.kv_token_cost * recv) + (work - local)
 
+    def masked_pairs(self, rows):
+        """Masked pairs a causal piece of ``rows`` rows computes on its diagonal blocks (see ``diag_block``):
+        ``rows * min(rows, diag_block) / 2``, elementwise (scalars or arrays)."""
+        return rows * np.minimum(rows, self.diag_block) / 2
+
     def for_ulysses(self, ulysses_size: int) -> "CostModel":
         """This model for plans with Ulysses size ``U``: every token also pays its share of the all-to-all,
         ``token_cost + a2a_token_cost * (U - 1) / U`` (the model itself for ``U == 1``)."""
@@ -197,6 +209,12 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, wi
     window counts only the pairs it keeps)."""
     work = work_per_part(layout, pl, window)
     local = local_work_per_part(layout, pl, window)
+    if cost.diag_block:  # the masked pairs of every (part, document) causal piece run with the local work
+        key = pl.part * (layout.n_docs + 1) + pl.doc
+        uniq, inv = np.unique(key, return_inverse=True)
+        rows = np.bincount(inv.reshape(-1), weights=pl.end - pl.start)  # [pieces] own tokens of each
+        masked = np.bincount(uniq // (layout.n_docs + 1), weights=cost.masked_pairs(rows), minlength=pl.n_parts)
+        work, local = work + masked, local + masked
     recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
     return cost.time_of(pl.tokens_per_part().astype(np.float64), work, local, recv)
 
@@ -225,9 +243,10 @@ def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarr
     i, j = np.arange(P), 2 * P - 1 - np.arange(P)
     si, sj = sizes[:, i], sizes[:, j]  # [n_docs, P]
     work = (rows_work(starts[:, i], ends[:, i]) + rows_work(starts[:, j], ends[:, j])).sum(0)
-    local = (si * (si + 1) // 2 + sj * (sj + 1) // 2 + si * sj).sum(0)
+    local = (si * (si + 1) // 2 + sj * (sj + 1) // 2 + si * sj).sum(0).astype(np.float64)
+    masked = cost.masked_pairs((si + sj).astype(np.float64)).sum(0) if cost.diag_block else 0.0
     recv = np.where(sj > 0, starts[:, j] - si, np.where(si > 0, starts[:, i], 0)).sum(0)
-    return cost.time_of((si + sj).sum(0).astype(np.float64), work.astype(np.float64), local.astype(np.float64),
+    return cost.time_of((si + sj).sum(0).astype(np.float64), work.astype(np.float64) + masked, local + masked,
                         recv.astype(np.float64))
 
 

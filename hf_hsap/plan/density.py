@@ -9,17 +9,18 @@ number decides everything, a document's *load* in attention pairs::
 
 and the mean load of a part is ``m = sum(load) / P``.
 
-* A document heavier than ``m * (1 + headroom)`` or longer than the token cap is *heavy*: it is cut in
+* A document with more pairs than a part's mean share (``work_share`` of it), longer than the token cap or
+  (``spread="fit"``) with a load above ``split_above * m`` is *heavy*: it is cut in
   ``2k`` chunks over ``k`` parts (chunk ``i`` and ``2k-1-i`` on the i-th, which gives every one of them
-  the same pairs), ``k = max(ceil(L / cap_t), ceil(load / (m * (1 + headroom))))``; with
-  ``spread="all"`` every heavy document goes over all ``P`` parts (zigzag for the heavy, whole for the
+  the same pairs), ``k = max(2, ceil(L / cap_t), ceil(pairs / (mean pairs of a part * work_share)))``;
+  with ``spread="all"`` the 8 heaviest go over all ``P`` parts (zigzag for the heavy, whole for the
   rest). Heavy documents are placed heaviest first, each on the ``k`` least-loaded parts that still
   have room for their share of its tokens.
 * The other documents stay whole: heaviest first onto the least-loaded part with room (LPT).
 * :func:`.refine.refine_work` then evens out ``work + token_cost * tokens`` by sliding the boundaries
   of split documents, within the token cap.
 
-Which ``headroom`` / ``spread`` is cheapest (received KV against balance) is the cost model's choice:
+Which ``work_share`` / ``spread`` is cheapest (received KV against balance) is the cost model's choice:
 ``placement="auto"`` prices several of them beside the other placements.
 
 Token bound: ``ceil(T / P) * (1 + token_slack)`` per part, never exceeded (a document that fits no
@@ -39,6 +40,8 @@ from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 from .refine import refine_work
 
 __all__ = ["density"]
+
+SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) documents over every part
 
 
 def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
@@ -85,9 +88,10 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
     heavy_end = 0  # documents order[:heavy_end] are split (loads decrease along order, and so do lengths)
     while heavy_end < len(order) and heavy(lens[order[heavy_end]], loads[order[heavy_end]]):
         heavy_end += 1
-    for d in order[:heavy_end]:
+    for rank, d in enumerate(order[:heavy_end]):
         L = lens[d]
-        k = P if spread == "all" else max(2, math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share)))
+        fit = max(2, math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share)))
+        k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
         by_load = sorted(range(P), key=lambda p: wrk[p] + token_cost * tok[p])
         share = L / k

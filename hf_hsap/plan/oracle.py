@@ -53,6 +53,9 @@ def part_time(segs: list[Seg], doc_start: list[int], cost: CostModel) -> float:
             own += n
         tokens += own
         recv += rows[-1][1] - own  # keys up to the last query that the part does not hold
+        masked = float(cost.masked_pairs(own)) if cost.diag_block else 0  # its causal piece's diagonal
+        work += masked
+        local += masked
     return float(cost.time_of(tokens, work, local, recv))
 
 

@@ -142,7 +142,10 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
     ``(new peak, q, x, boundary, work moved)``, or None. ``p`` keeps at least one row of the segment
     and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
-    for a in mine:
+    nbr = sorted(((load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine))
+    for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2
+        if (load[p] + load_q) / 2 >= best_peak:
+            break
         left = seg_part[a] == p
         q = seg_part[a + 1] if left else seg_part[a]
         gap = load[p] - load[q]

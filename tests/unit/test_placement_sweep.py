@@ -19,6 +19,11 @@ from hf_hsap.plan.transfers import compute_transfers
 from hf_hsap.plan.windows import window_transfers
 
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
+CPU_KERNEL = CostModel(token_cost=0.0, kv_token_cost=102.0, diag_block=512)  # attention only, CPU's key blocks
+
+
+def cost_of(link: str) -> CostModel:
+    return CPU_KERNEL if link == "cpu" else CostModel.for_link(link)
 
 
 @st.composite
@@ -113,10 +118,10 @@ def test_density_splits_a_work_dense_document_over_the_parts_its_work_needs():
 
 
 @settings(max_examples=ci_examples(60))
-@given(lengths=layouts(), P=st.integers(1, 12), link=st.sampled_from(["nvlink", "network"]))
+@given(lengths=layouts(), P=st.integers(1, 12), link=st.sampled_from(["nvlink", "network", "cpu"]))
 def test_zigzag_closed_form_equals_its_built_figures(lengths, P, link):
     layout = make_layout(cu_of(lengths))
-    cost = CostModel.for_link(link)
+    cost = cost_of(link)
     pl = zigzag(layout, P)
     built = part_times(layout, pl, compute_transfers(pl), cost)
     assert np.allclose(zigzag_part_times(layout, P, cost), built, rtol=1e-12)
@@ -124,13 +129,13 @@ def test_zigzag_closed_form_equals_its_built_figures(lengths, P, link):
 
 
 @settings(max_examples=ci_examples(40))
-@given(lengths=layouts(max_docs=15), P=st.integers(2, 6), link=st.sampled_from(["nvlink", "network"]),
+@given(lengths=layouts(max_docs=15), P=st.integers(2, 6), link=st.sampled_from(["nvlink", "network", "cpu"]),
        placement=st.sampled_from(["contiguous", "zigzag", "balanced", "density"]))
 def test_oracle_prices_parts_as_the_plan_and_never_loses(lengths, P, link, placement):
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
-    cost = CostModel.for_link(link)
+    cost = cost_of(link)
     start = plan_layout(layout, GroupSpec.offline(P, 1, None), placement, cost=cost).placement
     starts = layout.cu_seqlens[:-1].tolist()
     want = part_times(layout, start, compute_transfers(start), cost)
@@ -174,3 +179,17 @@ def test_sweep_runs_and_auto_has_no_losses():
         assert r["oracle"] <= r["est"]["auto"] * (1 + 1e-12)
     md = render_sweep(res)
     assert "| nvlink | 9 |" in md and "0 / 0 / 0 / 0" in md
+
+
+def test_diagonal_blocks_price_a_split_document():
+    # a causal piece of n rows computes n * min(n, 512) / 2 masked pairs: a part holding one whole
+    # 512-token document pays 512 * 512 / 2 more, and splitting it in zigzag pays it per chunk pair
+    layout = make_layout([0, 512])
+    cost = CostModel(token_cost=0.0, kv_token_cost=0.0, diag_block=512)
+    plain = CostModel(token_cost=0.0, kv_token_cost=0.0)
+    whole = plan_layout(layout, GroupSpec.offline(1, 1, None), "contiguous", cost=cost).placement
+    assert part_times(layout, whole, compute_transfers(whole), cost)[0] == 512 * 513 / 2 + 512 * 512 / 2
+    zz = zigzag(layout, 2)
+    t = part_times(layout, zz, compute_transfers(zz), cost)
+    assert np.allclose(t - part_times(layout, zz, compute_transfers(zz), plain), [256 * 256 / 2] * 2)
+    assert cost.masked_pairs(np.array([10, 1000])).tolist() == [50.0, 256000.0]
