@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import report as rp
 from .analysis import analysis
+from .peers import peers_section
 from .sweep import render_sweep
 from .windows import render_windows
 
@@ -218,7 +219,8 @@ def render(res: dict) -> str:
         res: the results dict of :func:`benchmarks.run.main` (``meta``, ``traffic_rows``, ``traffic_goals``,
             ``windows`` (optional, :func:`benchmarks.windows.run_windows`), ``sweep`` (optional,
             :func:`benchmarks.sweep.run_sweep`), ``cost_rows``, ``cost_goals``,
-            ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``, ``memory``, ``plots``, ``seconds``).
+            ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``, ``memory``, ``plots``, ``seconds``;
+            optional ``peers``: :func:`benchmarks.peers.run_peers`'s results).
 
     Returns:
         Markdown text.
@@ -268,6 +270,8 @@ def render(res: dict) -> str:
         parts.append(_measured_section(res))
     else:
         parts.append("## Measured on CPU\n\nSkipped in this run (`--skip-cpu`).")
+    if res.get("peers"):  # benchmarks/results/peers.json of scripts/bench_peers.sh (DeepSpeed's environment)
+        parts.append(peers_section(res["peers"]))
     parts += ["## GPU calibration",
               "`benchmarks/gpu_calibrate.py` times one rank's work items against one varlen kernel over the same FLOPs "
               "on a lent GPU and writes `benchmarks/calibration.json`. "

@@ -34,6 +34,7 @@ from .sweep import SweepConfig, run_sweep
 from .windows import WindowConfig, run_windows
 
 ROOT = Path(__file__).resolve().parent.parent
+PEERS = ROOT / "benchmarks" / "results" / "peers.json"  # written by scripts/bench_peers.sh, in DeepSpeed's environment
 
 
 def machine_info() -> dict:
@@ -147,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.render_only:
         results = json.loads(Path(args.results).read_text())
+        results["peers"] = json.loads(PEERS.read_text()) if PEERS.exists() else None
         results["plots"] = make_plots(results, Path(args.plots))
         Path(args.out).write_text(render(results))
         print(f"wrote {args.out} and {len(results['plots'])} plots from {args.results}")
@@ -188,7 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["meta"] = meta
     results["calibrated"] = DEFAULT_CALIBRATION.exists()
     results["plots"] = make_plots(results, Path(args.plots))
+    results["peers"] = json.loads(PEERS.read_text()) if PEERS.exists() else None
     Path(args.out).write_text(render(results))
+    results.pop("peers")  # kept in its own file
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(compact(results), default=float) + "\n")
     print(f"wrote {args.out}, {len(results['plots'])} plots, {args.results} in {meta['seconds']:.0f}s")

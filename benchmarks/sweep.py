@@ -18,7 +18,9 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
   of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement, run where ``parts <= oracle_max_parts``;
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); tokens and work
-  max/mean; planning time of ``auto`` (cold, no cache, wall clock).
+  max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
+  Ulysses degree's estimate (:func:`hf_hsap.choose_ulysses_size`, Llama-3-8B's 32 query heads) against
+  Ulysses itself (``U = P``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from hf_hsap.plan.cost import CostModel, part_times
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.oracle import optimise_placement
-from hf_hsap.plan.planner import plan_layout
+from hf_hsap.plan.planner import choose_ulysses_size, plan_layout
 from hf_hsap.plan.transfers import compute_transfers
 
 from .distributions import doc_lengths
@@ -41,6 +43,7 @@ from .distributions import doc_lengths
 SWEEP_DISTRIBUTIONS = ("lognormal-0.5", "lognormal-1.0", "lognormal-1.6", "lognormal-2.2", "pareto-1.1",
                        "pareto-1.5", "bimodal", "one-dominant", "two-dominant", "tiny", "sft")
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
+MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,10 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                        "work": _max_mean(auto.placement.work_per_part(layout)),
                        "recv_ring": float(np.bincount(auto.transfers.dst, weights=auto.transfers.lengths,
                                                       minlength=parts).max() / (T - T / parts))}
+                if U == 1 and link == "nvlink":  # the hierarchy degree chosen for this layout, up to Ulysses
+                    best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=P)
+                    row["by_u"] = {str(u): t for u, t in by_u.items()}
+                    row["best_u"] = best_u
                 if parts <= cfg.oracle_max_parts:
                     o = optimise_placement(layout, parts, cost, auto.placement, max_moves=cfg.oracle_moves)
                     row["oracle"] = float(part_times(layout, o, compute_transfers(o), cost).max())
@@ -217,6 +224,18 @@ def render_sweep(res: dict) -> str:
             names = [r["chosen"] for r in rs]
             chosen.append(max(set(names), key=names.count) if names else "–")
         out.append(f"| `{dist}` | {cells[0]} | {cells[1]} | {chosen[0]} | {chosen[1]} |")
+    uly = [r for r in rows if "by_u" in r and str(r["P"]) in r["by_u"]]
+    if uly:
+        flat = [r["by_u"]["1"] / r["by_u"][str(r["P"])] for r in uly]
+        best = [r["by_u"][str(r["best_u"])] / r["by_u"][str(r["P"])] for r in uly]
+        chosen = [r["best_u"] for r in uly]
+        out += ["", f"Against Ulysses (U = P, one part; NVLink, {len(uly)} layouts with P dividing "
+                f"{MODEL_Q_HEADS} query heads; `hf_hsap.choose_ulysses_size`, the cost model): flat hf_hsap "
+                f"(U = 1) / Ulysses median {_q(flat, .5):.3f}, worst {max(flat):.3f}, ≤ 1 on "
+                f"{np.mean(np.asarray(flat) <= 1 + 1e-12) * 100:.0f}%; with U chosen per layout median "
+                f"{_q(best, .5):.3f}, worst {max(best):.3f} (U = 1 chosen on {chosen.count(1)}, U = P on "
+                f"{sum(c == r['P'] for c, r in zip(chosen, uly))}). The all-to-all is priced at NVLink speed "
+                "(`a2a_token_cost`); kv-head replication for U above the kv heads is not priced."]
     worst = sorted(rows, key=lambda r: -r["est"]["auto"] / r["lb"])[:5]
     out += ["", "Worst layouts by est/LB: " + "; ".join(
         f"`{r['dist']}` seed {r['seed']} P={r['P']} U={r['U']} {r['link']}: {r['est']['auto'] / r['lb']:.3f}"

@@ -18,6 +18,7 @@ from .plan.plan import Plan
 from .plan.stats import KindStats, PlanStats
 from .plan.windows import attention_windows
 from .sp_plan import SPPlan, plan_sequence
+from .plan.planner import choose_ulysses_size
 from .topology import SPGroup, init_sequence_parallel
 from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
@@ -39,6 +40,7 @@ __all__ = [
     "check_config",
     "check_model",
     "check_plan_used",
+    "choose_ulysses_size",
     "cu_seqlens_from_position_ids",
     "disable_attention_dropout",
     "hsap_attn_func",

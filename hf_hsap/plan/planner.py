@@ -29,7 +29,7 @@ from .rounds import ROUND_ORDERS
 from .transfers import Transfers
 from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
 
-__all__ = ["AUTO_TOKEN_SLACKS", "Plan", "offline_link", "plan_layout", "plan_sequence"]
+__all__ = ["AUTO_TOKEN_SLACKS", "Plan", "choose_ulysses_size", "offline_link", "plan_layout", "plan_sequence"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,11 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     trs = [{w: window_transfers(c, layout, w) for w in layers} for c in cands]
     times = [step_time(layout, c, t, layers, cost) for c, t in zip(cands, trs)]
     best = int(np.argmin(times))
-    if zigzag_time_bound(layout, n_parts, cost) * sum(layers.values()) >= times[best]:
-        pass  # zigzag cannot win (a lower bound of its time already loses)
+    # a lower bound of zigzag's time: the closed-form one on full layers, its tokens alone on windowed ones
+    bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None
+                     else cost.token_cost * math.floor(layout.total_tokens / n_parts)) for w, n in layers.items())
+    if bound >= times[best]:
+        pass  # zigzag cannot win
     elif not windowed:
         zz = layers[None] * float(zigzag_part_times(layout, n_parts, cost).max())
         if zz < times[best]:
@@ -230,6 +233,41 @@ def plan_sequence(
         return plan if bind is None else bind(plan)
 
     return build() if cache is None else cache.get_or_build(key, build)
+
+
+def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layout, sp_size: int, *, num_heads: int,
+                        gpus_per_node: int | None = None, cost: CostModel | None = None, placement: str = "auto",
+                        windows: Sequence[Window] | Mapping[Window, int] | None = None) -> tuple[int, dict[int, float]]:
+    """The Ulysses degree ``U`` whose plan of this layout the cost model prices fastest (pure, offline).
+
+    Every ``U`` that divides ``sp_size`` and ``num_heads`` and keeps the all-to-all inside a node (divides
+    ``gpus_per_node`` when it is given) is planned, up to ``U = sp_size`` (DeepSpeed Ulysses: one part, no
+    SAP). A rank's time is its part's step time divided by ``U`` (:func:`.cost.step_time`, with the
+    all-to-all's share of every token, :meth:`.cost.CostModel.for_ulysses`). What a per-batch choice of the
+    hierarchy would gain; the runtime's groups have one ``U`` (``init_sequence_parallel(ulysses_size=...)``).
+
+    Args:
+        cu_seqlens: the layout. sp_size: P. num_heads: query heads of the model.
+        gpus_per_node: ranks per node (None: unknown, no node limit; SAP's KV priced for the network unless
+            the group fits in one node). cost: the cost model (default: ``CostModel.for_link`` of the group).
+        placement, windows: as :func:`plan_sequence`.
+
+    Returns:
+        ``(best U, {U: estimated step time of the slowest rank, in pairs})``; ties go to the smaller U.
+    """
+    layout = make_layout(cu_seqlens)
+    times: dict[int, float] = {}
+    for U in range(1, sp_size + 1):
+        if sp_size % U or num_heads % U or (gpus_per_node and gpus_per_node % U) or layout.total_tokens < sp_size:
+            continue
+        group = GroupSpec.offline(sp_size, U, gpus_per_node)
+        plan = plan_layout(layout, group, placement, cost=cost or CostModel.for_link(group.link), windows=windows)
+        trs = {w: plan.kind(w).transfers for w in plan.windows}
+        times[U] = step_time(layout, plan.placement, trs, plan.layer_counts, plan.cost) / U
+    if not times:
+        raise ValueError(f"no Ulysses degree divides sp_size={sp_size} and num_heads={num_heads} (and fits a node of "
+                         f"{gpus_per_node} ranks) for {layout.total_tokens} tokens")
+    return min(times, key=lambda u: (times[u], u)), times
 
 
 __getattr__ = moved_names(__name__, {"check_same_layout": ("hf_hsap.sp_plan", "the planner runs no collective")})

@@ -193,3 +193,19 @@ def test_diagonal_blocks_price_a_split_document():
     t = part_times(layout, zz, compute_transfers(zz), cost)
     assert np.allclose(t - part_times(layout, zz, compute_transfers(zz), plain), [256 * 256 / 2] * 2)
     assert cost.masked_pairs(np.array([10, 1000])).tolist() == [50.0, 256000.0]
+
+
+def test_choose_ulysses_size_prices_every_degree_up_to_ulysses():
+    import hf_hsap
+
+    cu = cu_of([3000, 40, 900, 60, 4000])
+    best, times = hf_hsap.choose_ulysses_size(cu, 8, num_heads=8, gpus_per_node=8)
+    assert set(times) == {1, 2, 4, 8}  # every divisor of P and of the heads, up to one part (Ulysses)
+    assert best == min(times, key=lambda u: (times[u], u))
+    group = GroupSpec.offline(8, 4, 8)  # U = 4 as the plan prices it: its part's time over U
+    plan = plan_layout(make_layout(cu), group, "auto", cost=CostModel.for_link(group.link))
+    assert times[4] == pytest.approx(part_times(plan.layout, plan.placement, plan.transfers, plan.cost).max() / 4)
+    _, t6 = hf_hsap.choose_ulysses_size(cu, 8, num_heads=6, gpus_per_node=4)  # heads and node size limit U
+    assert set(t6) == {1, 2}
+    with pytest.raises(ValueError, match="no Ulysses degree"):
+        hf_hsap.choose_ulysses_size([0, 5], 8, num_heads=8)
