@@ -1,0 +1,323 @@
+"""hf_hsap beside DeepSpeed's own sequence parallelism on CPU (issue 19).
+
+World ``world`` on gloo (spawned processes, one thread each), one packed row of ``T`` tokens, float32,
+forward + backward of one attention layer, every scheme over hf_hsap's CPU kernel (so a ratio shows the
+schedule, not the kernel): ``hsap`` (:func:`hf_hsap.hsap_attn_func`, placement auto), ``hsap_ulysses``
+(hf_hsap's own Ulysses baseline, :class:`benchmarks.cpu_baselines.UlyssesAttention`), ``deepspeed_ulysses``
+(DeepSpeed's ``DistributedAttention``) and ``alst`` (DeepSpeed's ``UlyssesSPAttentionHF``); the schemes are
+described in :mod:`benchmarks.peer_workers`. Every scheme is checked against a float64 reference of the
+whole row (out, dq, dk, dv) before it is timed; then interleaved rounds; then the peak resident memory of
+one step per scheme.
+
+DeepSpeed is not an hf_hsap dependency: run this in the environment of ``scripts/bench_peers.sh``
+(``.venv-ds``). Without DeepSpeed only the hf_hsap schemes run.
+
+Usage: ``python -m benchmarks.peers [--quick] [--out benchmarks/results/peers.json] [--T N] [--reps N]``.
+
+Duration on the 2-core machine (4 ranks share the 2 cores; the single document dominates, quadratic in ``T``):
+``--T 8192`` took 11 minutes with other jobs on the machine (load 6 to 12); the default ``T = 16384`` is about 3.4
+times the work (estimated 25 minutes on an idle machine); ``--quick`` (``T = 1024``, 3 rounds) is mostly process
+start-up, 1 to 2 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from hf_hsap.testing import DistPool
+
+from . import peer_workers as pw
+from . import report as rp
+from .distributions import cu_seqlens, doc_lengths, useful_pairs
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "peers.json"
+ROW_LABELS = {"longtail": "long-tail", "single": "one long document", "sft": "SFT (many short documents)",
+              "mixed": "one long document among short"}
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    """What :func:`run_peers` measures.
+
+    Attributes:
+        world: ranks; T: row length (divisible by ``world``); hq, kv_heads, d: query heads, the key/value head
+            counts measured, head dim; rows: distributions of :mod:`benchmarks.distributions`; seed: of the rows
+            and the inputs; reps: timed interleaved rounds; tol: largest relative error (float32 against the
+            float64 reference); memory: also measure peak memory; schemes: the schemes wanted (the DeepSpeed
+            ones are dropped where DeepSpeed cannot run them, with the reason in the results).
+    """
+
+    world: int = 4
+    T: int = 16384
+    hq: int = 8
+    kv_heads: tuple[int, ...] = (8, 2)
+    d: int = 64
+    rows: tuple[str, ...] = ("longtail", "single", "sft")
+    seed: int = 0
+    reps: int = 7
+    tol: float = 1e-4
+    memory: bool = True
+    schemes: tuple[str, ...] = pw.SCHEMES
+
+
+QUICK = PeersConfig(T=1024, reps=3)  # a check that everything runs (about a minute), not a measurement
+
+
+def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    return float(q1), float(med), float(q3)
+
+
+def summarize(per_rank: list[dict], memory: list[dict] | None = None) -> dict:
+    """Per scheme: times over rounds (slowest rank per round), ratios to hf_hsap, errors, peak memory.
+
+    Args:
+        per_rank: :func:`benchmarks.peer_workers.peers_task` results, one per rank.
+        memory: :func:`benchmarks.peer_workers.peers_memory_task` results, one per rank (optional).
+
+    Returns:
+        ``{name: {"exact", "error": {tensor: err}, "info"} + (timed schemes) {"ms", "runs_ms", "noise", "ratio",
+        "ratio_q1", "ratio_q3", "ratio_noise", "ratio_of_medians", "cpu_ms", "cpu_ratio"} + (with memory)
+        {"peak_mib"}}``. ``ms``: median over rounds of the slowest rank; ``noise``: its IQR / median; ``ratio``:
+        the median over rounds of this scheme's time / hf_hsap's in the same round (> 1: hf_hsap faster; the
+        rounds are interleaved, so the two saw about the same load), ``ratio_q1`` / ``ratio_q3`` the quartiles of
+        those per-round ratios and ``ratio_noise`` their IQR / median; ``ratio_of_medians``: ``ms`` / hf_hsap's;
+        ``cpu_ms``: median over rounds of the CPU time summed over ranks, ``cpu_ratio`` against
+        hf_hsap's; ``peak_mib``: the largest rank's peak resident-set growth, MiB.
+    """
+    r0 = per_rank[0]
+    out: dict[str, dict] = {}
+    for n in r0["errors"]:
+        out[n] = {"exact": bool(r0["exact"][n]), "error": r0["errors"][n], "info": [r["info"][n] for r in per_rank]}
+    base = np.max(np.array([r["times"]["hsap"] for r in per_rank]), axis=0) if "hsap" in r0["times"] else None
+    base_cpu = np.sum(np.array([r["cpu"]["hsap"] for r in per_rank]), axis=0) if base is not None else None
+    for n in r0["times"]:
+        runs = np.max(np.array([r["times"][n] for r in per_rank]), axis=0)  # [reps]
+        cpu = np.sum(np.array([r["cpu"][n] for r in per_rank]), axis=0)  # [reps]
+        q1, med, q3 = _quartiles(runs)
+        s = {"ms": med * 1e3, "runs_ms": (runs * 1e3).round(1).tolist(), "noise": (q3 - q1) / med,
+             "cpu_ms": float(np.median(cpu)) * 1e3}
+        if base is not None:
+            paired = runs / base
+            p1, pm, p3 = _quartiles(paired)
+            s.update(ratio=pm, ratio_q1=p1, ratio_q3=p3, ratio_noise=(p3 - p1) / pm,
+                     ratio_of_medians=med / float(np.median(base)),
+                     cpu_ratio=float(np.median(cpu) / np.median(base_cpu)))
+        out[n].update(s)
+    for m in ([] if memory is None else [memory]):
+        for n in out:
+            if n in m[0]["peak_delta_bytes"]:
+                out[n]["peak_mib"] = max(r["peak_delta_bytes"][n] for r in m) / 2**20
+    return out
+
+
+def _machine() -> dict:
+    import torch
+
+    return {"cores": os.cpu_count(), "load": list(os.getloadavg()), "torch": torch.__version__,
+            "numpy": np.__version__, "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine()}
+
+
+def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: bool = False,
+              pool: DistPool | None = None) -> dict:
+    """Measure every scheme on every (row, key/value heads) of the configuration.
+
+    Args:
+        quick: the small configuration (:data:`QUICK`, T = 2048) when ``cfg`` is not given.
+        cfg: the configuration (default: :class:`PeersConfig` or :data:`QUICK`); progress: print a line per run.
+        pool: ranks to run on (``cfg.world`` of them, left open, their glibc settings put back after the memory
+            runs); default: a fresh :class:`~hf_hsap.testing.DistPool`, closed at the end.
+
+    Returns:
+        ``{"config", "probe", "deepspeed", "schemes", "configs": [{"dist", "label", "T", "hq", "hkv", "d",
+        "n_docs", "pairs", "check_s", "seconds", "results": summarize(...)}], "all_exact", "machine",
+        "machine_end", "seconds", "command"}``.
+    """
+    cfg = cfg or (QUICK if quick else PeersConfig())
+    t0 = time.perf_counter()
+    machine = _machine()
+    configs = []
+    rows = {name: cu_seqlens(doc_lengths(name, cfg.T, cfg.seed)) for name in cfg.rows}
+    own = pool is None
+    if own:
+        pool = DistPool(cfg.world, timeout_s=1800.0, pg_timeout_s=1800.0)
+    elif pool.world != cfg.world:
+        raise ValueError(f"the pool has {pool.world} ranks, the configuration {cfg.world}")
+    try:
+        wants_ds = any(n in pw.DEEPSPEED_SCHEMES for n in cfg.schemes)
+        probe = pool.run(pw.probe_peers)[0] if wants_ds else {"deepspeed": None}
+        names = tuple(n for n in cfg.schemes if n not in pw.DEEPSPEED_SCHEMES or probe.get(n) == "ok")
+        if names[0] != "hsap":
+            raise ValueError("the schemes must start with 'hsap' (the base of every ratio)")
+        if progress:
+            print(f"  peers: deepspeed {probe.get('deepspeed')}; schemes {', '.join(names)} "
+                  f"(ranks up in {time.perf_counter() - t0:.0f}s)", flush=True)
+        for dist_name, cu in rows.items():
+            for hkv in cfg.kv_heads:
+                t1 = time.perf_counter()
+                res = pool.run(pw.peers_task, cu.tolist(), cfg.hq, hkv, cfg.d, cfg.seed, cfg.reps, names, cfg.tol)
+                lengths = np.diff(cu)
+                configs.append({"dist": dist_name, "label": ROW_LABELS.get(dist_name, dist_name), "T": cfg.T,
+                                "hq": cfg.hq, "hkv": hkv, "d": cfg.d, "n_docs": int(len(lengths)),
+                                "pairs": useful_pairs(lengths), "check_s": max(r["check_s"] for r in res),
+                                "seconds": time.perf_counter() - t1, "per_rank": res})
+                if progress:
+                    s = summarize(res)
+                    line = " ".join(f"{n}={v['ms']:.0f}ms" if "ms" in v else f"{n}=NOT-EXACT" for n, v in s.items())
+                    print(f"  peers {dist_name:8s} hkv={hkv}: {line} ({configs[-1]['seconds']:.0f}s)", flush=True)
+        mem: list[list[dict] | None] = [None] * len(configs)
+        if cfg.memory:
+            tracked = all(pool.run(pw.track_malloc))
+            for i, c in enumerate(configs):
+                mem[i] = pool.run(pw.peers_memory_task, rows[c["dist"]].tolist(), cfg.hq, c["hkv"], cfg.d, cfg.seed,
+                                  names)
+            if not own:
+                pool.run(pw.track_malloc, False)
+            if progress:
+                print(f"  peers memory: {len(configs)} configurations (malloc tracking {tracked}; "
+                      f"{time.perf_counter() - t0:.0f}s so far)", flush=True)
+    finally:
+        if own:
+            pool.close()
+    for c, m in zip(configs, mem):
+        c["results"] = summarize(c.pop("per_rank"), m)
+        c["peak_reset"] = None if m is None else all(r["peak_reset"] for r in m)
+    return {"config": dataclasses.asdict(cfg), "quick": cfg == QUICK, "probe": probe, "deepspeed": probe.get("deepspeed"),
+            "schemes": list(names), "configs": configs,
+            "all_exact": all(v["exact"] for c in configs for v in c["results"].values()),
+            "machine": machine, "machine_end": _machine(), "seconds": time.perf_counter() - t0,
+            "command": "python -m benchmarks.peers" + (" --quick" if quick else "")}
+
+
+# ----------------------------------------------------------------------------- Markdown
+def _ratio(v: dict) -> str:
+    if "ratio" not in v:
+        return "–"
+    return f"{v['ratio']:.2f} ({v['ratio_q1']:.2f}–{v['ratio_q3']:.2f})"
+
+
+def _err(v: dict) -> str:
+    return f"{max(v['error'].values()):.1e}"
+
+
+def peers_section(results: dict) -> str:
+    """The Markdown section of :func:`run_peers`'s results for ``BENCHMARKS.md``.
+
+    Args:
+        results: what :func:`run_peers` returns (or ``benchmarks/results/peers.json``).
+
+    Returns:
+        Markdown: how it was measured, one table row per (row, kv heads, scheme) with time, noise, ratio to
+        hf_hsap with the quartiles of the per-round ratios, CPU-time ratio, error against float64 and peak memory.
+    """
+    cfg, m, me = results["config"], results["machine"], results.get("machine_end", results["machine"])
+    probe = results.get("probe", {})
+    ds = results.get("deepspeed")
+    busy = max(m["load"][0], me["load"][0]) > (m["cores"] or 1)
+    missing = [f"`{n}`: {probe[n]}" for n in pw.DEEPSPEED_SCHEMES if n in cfg["schemes"] and probe.get(n, "ok") != "ok"]
+    lines = [
+        "## hf_hsap beside DeepSpeed's sequence parallelism (CPU)",
+        "",
+        f"- **Command**: `{results['command']}` (equivalently `bash scripts/bench_peers.sh"
+        f"{results['command'][len('python -m benchmarks.peers'):]}`), "
+        f"{results['seconds']:.0f} s; raw numbers in `{results.get('out', 'benchmarks/results/peers.json')}`.",
+        f"- **Software**: DeepSpeed {ds or 'not installed'}, torch {m['torch']}, Python {m['python']}.",
+        f"- **Machine**: {m['cores']} cores; load average (1 min) {m['load'][0]:.1f} at the start, {me['load'][0]:.1f} "
+        "at the end" + (" — **other jobs shared the machine: wall times are noisy**" if busy else "") + ".",
+        f"- **Work**: world {cfg['world']} (spawned processes, gloo, one thread each), T = {cfg['T']}, "
+        f"{cfg['hq']} query heads, key/value heads {' and '.join(str(h) for h in cfg['kv_heads'])}, head dim "
+        f"{cfg['d']}, float32, forward + backward of one attention layer, seed {cfg['seed']}.",
+        "",
+        "Every scheme runs hf_hsap's CPU kernel (`TorchCPUFlashKernel`, varlen over the row's documents), so a ratio "
+        "shows the schedule, not the kernel: **hsap** (`hsap_attn_func`, placement auto), **hsap_ulysses** "
+        "(hf_hsap's own Ulysses baseline of the measured section), **deepspeed_ulysses** (DeepSpeed's "
+        "`deepspeed.sequence.layer.DistributedAttention` around a local module that runs the kernel over the whole "
+        "row with the document mask; it asserts key/value heads ≥ world size, so 2 key/value heads are repeated to "
+        "4 before the call, as hsap_ulysses does), **alst** (DeepSpeed's Arctic Long Sequence Training attention "
+        "`UlyssesSPAttentionHF`, called as Transformers calls an attention function, with `position_ids`; it "
+        "replicates key/value heads itself and the wrapped function reads the documents from the gathered position "
+        "ids). Each scheme is first checked against a float64 reference of the whole row without sequence "
+        f"parallelism (out, dq, dk, dv; max abs error / max abs reference, tolerance {cfg['tol']:g}; a scheme "
+        f"outside it is not timed); that run is the warm-up. Then {cfg['reps']} interleaved rounds, each timing "
+        "every scheme once in a rotated order, `dist.barrier()` before and after. Time = median over rounds of the "
+        "slowest rank; noise = IQR / median. Ratio = median over rounds of scheme / hsap in the same round (> 1: hsap "
+        "faster), with the quartiles of the per-round ratios in brackets. CPU = `time.process_time` summed over "
+        "ranks, scheme / hsap. Peak = the "
+        "largest rank's resident-set growth during one step (VmHWM reset before it; glibc returns freed blocks at "
+        "once), inputs and shards excluded.",
+    ]
+    if missing:
+        lines += ["", "Not run: " + "; ".join(missing) + "."]
+    if not results.get("all_exact", True):
+        lines += ["", "**Some schemes were not exact and were not timed (error column).**"]
+    body = []
+    for c in results["configs"]:
+        for n, v in c["results"].items():
+            body.append([c["label"], c["n_docs"], c["hkv"], n, f"{v['ms']:.0f}" if "ms" in v else "not timed",
+                         f"{v['noise']:.2f}" if "noise" in v else "–", "1 (base)" if n == "hsap" else _ratio(v),
+                         f"{v['cpu_ratio']:.2f}" if "cpu_ratio" in v else "–",
+                         _err(v) + ("" if v["exact"] else " **not exact**"),
+                         f"{v['peak_mib']:.0f}" if "peak_mib" in v else "–"])
+    lines += ["", rp.table(["row", "docs", "kv heads", "scheme", "ms", "noise", "scheme / hsap", "CPU scheme / hsap",
+                            "max rel. error", "peak MiB / rank"], body)]
+    peers = [v for c in results["configs"] for n, v in c["results"].items() if n in pw.DEEPSPEED_SCHEMES and "ratio" in v]
+    if peers:
+        r = [v["ratio"] for v in peers]
+        lines += ["", f"DeepSpeed's schemes / hsap over every row: {rp.span(r)} (wall), "
+                      f"{rp.span([v['cpu_ratio'] for v in peers])} (CPU); hsap faster in {sum(x > 1 for x in r)}/{len(r)}."]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"T = {QUICK.T}, {QUICK.reps} rounds (a check that "
+                   "everything runs, not a measurement)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (default benchmarks/results/peers.json)")
+    p.add_argument("--T", type=int, default=None, help=f"row length (default {PeersConfig.T}, --quick {QUICK.T})")
+    p.add_argument("--reps", type=int, default=None, help=f"timed interleaved rounds (default {PeersConfig.reps}, "
+                   f"--quick {QUICK.reps})")
+    p.add_argument("--rows", default=None, help="comma-separated distributions (default longtail,single,sft)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    p.add_argument("--markdown", default=None, help="also write the Markdown section here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run, write the JSON (and optionally the Markdown), print the section. Returns 1 if a scheme was not exact."""
+    args = build_parser().parse_args(argv)
+    cfg = QUICK if args.quick else PeersConfig()
+    over = {k: v for k, v in (("T", args.T), ("reps", args.reps)) if v is not None}
+    if args.rows:
+        over["rows"] = tuple(args.rows.split(","))
+    if args.no_memory:
+        over["memory"] = False
+    cfg = dataclasses.replace(cfg, **over)
+    res = run_peers(args.quick, cfg, progress=True)
+    res["command"] = "python -m benchmarks.peers" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    out = Path(args.out).resolve()
+    res["out"] = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1, default=float) + "\n")
+    text = peers_section(res)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    print(text)
+    print(f"wrote {args.out} in {res['seconds']:.0f} s")
+    return 0 if res["all_exact"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# hf_hsap beside DeepSpeed's own sequence parallelism (DistributedAttention and ALST's UlyssesSPAttentionHF) on
+# CPU: world 4 on gloo, one attention layer fwd + bwd, every scheme over hf_hsap's CPU kernel, checked against a
+# float64 reference, then timed interleaved and its peak memory measured (benchmarks/peers.py). Writes
+# benchmarks/results/peers.json; arguments go to `python -m benchmarks.peers` (e.g. --quick, --T 8192).
+# DeepSpeed is not an hf_hsap dependency, so this uses its own virtual environment (HSAP_DS_VENV, default
+# .venv-ds, shared with scripts/deepspeed_cpu_check.sh): the CPU torch wheel, hf_hsap (editable), then deepspeed
+# with DS_BUILD_OPS=0 (nothing compiled at install). deepspeed.init_distributed still JIT-compiles DeepSpeed's
+# CPU shared-memory communication op on the first run in a fresh environment (g++ and ninja, about 2 minutes on
+# 2 cores; cached in ~/.cache/torch_extensions afterwards); the all-to-alls measured here go through gloo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${HSAP_DS_VENV:-.venv-ds}
+export DS_BUILD_OPS=0
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+have() {  # the modules are installed (found, not imported: importing deepspeed takes seconds)
+  "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))" "$@"
+}
+if ! have torch; then
+  wheel=$(ls /opt/wheels/torch-2.13.0*cpu*.whl 2>/dev/null | head -n 1 || true)
+  "$VENV/bin/pip" install -q "${HSAP_TORCH_SPEC:-${wheel:-torch==2.13.0}}"
+fi
+if ! have deepspeed hf_hsap transformers; then
+  "$VENV/bin/pip" install -q -e . deepspeed
+fi
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec "$VENV/bin/python" -m benchmarks.peers "$@"
