@@ -73,7 +73,7 @@ def test_pretrain_survives_sigterm_kills_and_a_full_disk(pretrain_sp1: tuple[Pat
     failed(run_with_fault(out, "kill_in_save:1:4", *latest), killed=1)
     assert checkpoints(out) == ([2, 3], [4]) and logged_steps(out) == [1, 2, 3, 4]
     assert latest_complete(out) == out / "checkpoint-3"
-    with pytest.raises(ValueError, match=r"checkpoint-4 is partial.*newest complete checkpoint there is .*checkpoint-3"):
+    with pytest.raises(ValueError, match=r"checkpoint-4 is partial.*newest complete checkpoint .*checkpoint-3"):
         check_complete(out / "checkpoint-4")
 
     # a full disk on rank 0 while it writes checkpoint-6 (resumed from 3; checkpoint-4 saved again, 2 rotated out)
