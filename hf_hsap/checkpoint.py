@@ -3,8 +3,8 @@ needs, and a SIGTERM / SIGUSR1 handler on which all ranks agree once per step.
 
 The protocol (one rule, used by ``recipes/pretrain.py``, ``recipes/sft_trl.py`` and the HSAP trainers):
 
-1. :func:`atomic_save` on every rank: a partial ``checkpoint-<step>`` left by a killed run is removed first;
-   every rank writes its files; a barrier; the main process flushes the files (``fsync``) and writes
+1. :func:`atomic_save` on every rank: a ``checkpoint-<step>`` already there (a killed run's partial one) is
+   removed first; every rank writes its files; a barrier; the main process flushes the files (``fsync``) and writes
    ``hsap_complete.json`` (to a temporary name, then ``os.replace``: the marker is there whole or not at all);
    a last barrier. A directory without the marker is *partial*: a save that was killed, that failed (a full
    disk), or that is still being written.
@@ -155,8 +155,9 @@ def atomic_save(path: str | os.PathLike[str], step: int, *, is_main: bool, group
     """Write a checkpoint so that it is complete (marked) only when every rank has finished its files.
 
     Collective over ``group``: every rank enters, writes inside the ``with`` block, and leaves after the
-    marker exists. A partial directory of the same name (a killed run's) is removed first. An exception inside
-    the block leaves the directory partial (never resumed from) and is raised with a note naming it.
+    marker exists. A directory of the same name is removed first (a killed run's partial one, or an older
+    run's: never write into a marked directory). An exception inside the block leaves the directory partial
+    (never resumed from) and is raised with a note naming it.
 
     Args:
         path: the ``checkpoint-<step>`` directory.
@@ -169,8 +170,9 @@ def atomic_save(path: str | os.PathLike[str], step: int, *, is_main: bool, group
         ``path``.
     """
     path = Path(path)
-    if is_main and path.exists() and not is_complete(path):
-        logger.warning("hf_hsap: removing partial checkpoint %s before saving step %d again", path, step)
+    if is_main and path.exists():  # never write into a marked directory: a kill would leave it marked and mixed
+        logger.warning("hf_hsap: removing %s checkpoint %s before saving step %d into it",
+                       "complete" if is_complete(path) else "partial", path, step)
         shutil.rmtree(path)
     _barrier(group)
     try:

@@ -21,7 +21,7 @@ import pytest
 from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, check_complete, is_complete, latest_complete
 from hf_hsap.testing import RankResult, launch_env, run_ranks
 
-from recipe_runs import PRETRAIN_ARGS, PRETRAIN_STEPS, ROOT, assert_same_losses
+from recipe_runs import PRETRAIN_ARGS, PRETRAIN_STEPS, ROOT, SFT_ARGS, SFT_STEPS, assert_same_losses
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -29,10 +29,11 @@ DEADLINE_S = 150  # per run of 2 ranks (about 10-20 s on 2 cores); a hang fails 
 SAVE = ["--sp_size", "2", "--save_every", "2", "--save_total_limit", "2"]
 
 
-def run_with_fault(out: Path, fault: str, *extra: str) -> list[RankResult]:
-    """The pretraining recipe on 2 ranks with ``fault`` (``kind:rank:step``, see recipe_faults.py)."""
-    cmd = [sys.executable, str(ROOT / "tests" / "workers" / "recipe_faults.py"), str(ROOT / "recipes" / "pretrain.py"),
-           "--output_dir", str(out), *SAVE, *PRETRAIN_ARGS, *extra]
+def run_with_fault(out: Path, fault: str, *extra: str, recipe: str = "pretrain.py") -> list[RankResult]:
+    """A recipe on 2 ranks with ``fault`` (``kind:rank:step``, see recipe_faults.py)."""
+    args = [*SAVE, *PRETRAIN_ARGS] if recipe == "pretrain.py" else ["--sp_size", "2", *SFT_ARGS]
+    cmd = [sys.executable, str(ROOT / "tests" / "workers" / "recipe_faults.py"), str(ROOT / "recipes" / recipe),
+           "--output_dir", str(out), *args, *extra]
     res = run_ranks(cmd, 2, DEADLINE_S, cwd=ROOT, env=dict(launch_env(), HSAP_TEST_FAULT=fault))
     assert all(r.returncode is not None for r in res), "a rank hung:\n" + "\n".join(r.output[-3000:] for r in res)
     return res
@@ -92,3 +93,21 @@ def test_pretrain_survives_sigterm_kills_and_a_full_disk(pretrain_sp1: tuple[Pat
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert_same_losses(records, ref, list(range(1, PRETRAIN_STEPS + 1)))
     assert checkpoints(out) == ([PRETRAIN_STEPS - 2, PRETRAIN_STEPS], [])  # rotation removed the partial 6
+
+
+def test_sft_recipe_preempted_by_sigterm_resumes_with_the_uninterrupted_losses(
+        sft_sp1: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """The TRL recipe (HSAPSFTTrainer): SIGTERM on rank 1 in step 4 -> checkpoint-4, status 75 on both ranks, the
+    finished steps in metrics.jsonl, no final model; resumed with latest (checkpoint-2 was rotated out), it
+    logs the uninterrupted single-process losses."""
+    _, ref = sft_sp1
+    res = run_with_fault(tmp_path, "sigterm_in_trainer_step:1:4", "--save_every", "2", "--save_total_limit", "1",
+                         recipe="sft_trl.py")
+    assert [r.returncode for r in res] == [PREEMPTED_EXIT_CODE] * 2, [r.output[-3000:] for r in res]
+    assert checkpoints(tmp_path) == ([4], []) and logged_steps(tmp_path) == [1, 2, 3, 4]
+    assert not (tmp_path / "model.safetensors").exists()  # TRL's final save_model is skipped: not finished
+    res = run_with_fault(tmp_path, "none:0:0", "--save_every", "2", "--save_total_limit", "1",
+                         "--resume_from_checkpoint", "latest", recipe="sft_trl.py")
+    assert [r.returncode for r in res] == [0, 0], [r.output[-3000:] for r in res]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert_same_losses(records, ref, list(range(1, SFT_STEPS + 1)))

@@ -58,6 +58,10 @@ def test_atomic_save_marks_only_a_finished_save_and_replaces_a_partial_one(tmp_p
         path.mkdir(parents=True, exist_ok=True)
         (path / "state.bin").write_bytes(b"new")
     assert is_complete(stale) and sorted(p.name for p in stale.iterdir()) == [COMPLETE_MARKER, "state.bin"]
+    with atomic_save(stale, 3, is_main=True) as path:  # into a complete one: unmarked while it is rewritten
+        assert not is_complete(path)
+        path.mkdir()
+    assert is_complete(stale) and [p.name for p in stale.iterdir()] == [COMPLETE_MARKER]
     with pytest.raises(OSError) as err:
         with atomic_save(tmp_path / "checkpoint-5", 5, is_main=True) as path:
             path.mkdir()

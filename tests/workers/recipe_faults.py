@@ -6,6 +6,8 @@ runs the recipe's ``main`` with, on rank ``<rank>`` only, at optimizer step ``<s
 
 * ``sigterm_in_step`` / ``kill_in_step``: SIGTERM / SIGKILL to itself when the step's batches are drawn (its
   forward and backward still to run);
+* ``sigterm_in_trainer_step``: SIGTERM to itself in the first ``Trainer.training_step`` of that step (the
+  SFT recipe);
 * ``kill_in_save``: SIGKILL to itself right after its own files of ``checkpoint-<step>`` are written (before
   every rank has finished: the checkpoint must stay partial);
 * ``enospc_in_save``: ``OSError(ENOSPC)`` from ``torch.save`` while writing the optimizer of
@@ -31,6 +33,19 @@ def install(kind: str, rank: int, step: int, recipes: Path) -> None:
     if kind == "none" or int(os.environ.get("RANK", "0")) != rank:
         return
     sys.path.insert(0, str(recipes))
+    if kind == "sigterm_in_trainer_step":
+        from transformers import Trainer
+
+        training_step = Trainer.training_step
+
+        def patched_training_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.state.global_step + 1 == step and not getattr(self, "_fault_sent", False):
+                self._fault_sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            return training_step(self, *args, **kwargs)
+
+        Trainer.training_step = patched_training_step
+        return
     if kind in ("sigterm_in_step", "kill_in_step"):
         import pretrain_data
 
