@@ -177,7 +177,7 @@ def soak_section(path: Path = RESULTS) -> str:
         f"| `log_once` cases added after the warm-up | {s['logged_growth']} | 0 |",
         f"| steps / s, 2nd quarter -> last quarter | {s['steps_per_s_q2']:.1f} -> {s['steps_per_s_q4']:.1f} "
         f"({s['drift'] * 100:+.1f}%) | within ±{DRIFT_TOL * 100:.0f}% |",
-    ]) + "\n"
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:

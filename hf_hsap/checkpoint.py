@@ -110,8 +110,11 @@ def check_complete(path: str | os.PathLike[str]) -> Path:
     newest = latest_complete(path.parent)
     hint = (f"the newest complete checkpoint there is {newest} (or pass --resume_from_checkpoint latest)"
             if newest is not None else f"{path.parent} holds no complete checkpoint")
-    what = "does not exist" if not path.exists() else f"is partial (no {COMPLETE_MARKER}: its save did not finish)"
-    raise ValueError(f"checkpoint {path} {what}; {hint}")
+    if not path.exists():
+        raise ValueError(f"checkpoint {path} does not exist; {hint}")
+    raise ValueError(f"checkpoint {path} is partial (no {COMPLETE_MARKER}: its save did not finish); {hint}. A "
+                     "checkpoint written before hf_hsap marked them and known to be whole can be marked with "
+                     "hf_hsap.checkpoint.mark_complete(path, step)")
 
 
 def resolve_checkpoint(output_dir: str | os.PathLike[str], spec: str | os.PathLike[str] | bool | None) -> Path | None:
