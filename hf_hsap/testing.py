@@ -1,6 +1,7 @@
 """Test utilities: a pool of spawned gloo ranks that runs functions collectively (:class:`DistPool`, and
 :class:`DistPools`, one pool per world size), the tests' relative error (:func:`rel_err`) and a kernel check
-against the float64 reference (:func:`check_kernel_against_reference`).
+against the float64 reference (:func:`check_kernel_against_reference`), and :func:`run_ranks`, one subprocess per
+rank of a command (the fault tests: each rank's pid and exit status, a deadline instead of a hang).
 
 Spawning a process and importing torch costs seconds, so tests start a pool of ``world`` ranks
 once and send it many tasks. Every task runs ``fn(*args)`` on every rank; results come back in
@@ -14,11 +15,16 @@ import math
 import os
 import queue
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
+import time
 import traceback
 import weakref
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -76,6 +82,63 @@ def launch_env() -> dict[str, str]:
                TOKENIZERS_PARALLELISM="false")
     env.pop("ACCELERATE_CONFIG_FILE", None)
     return env
+
+
+@dataclass
+class RankResult:
+    """One rank of :func:`run_ranks`: its exit status (negative: killed by that signal; ``None``: still running
+    at the deadline, then killed) and its output (stdout and stderr)."""
+
+    rank: int
+    returncode: int | None
+    output: str
+
+
+def run_ranks(cmd: list[str], world: int, timeout_s: float, cwd: str | os.PathLike[str] | None = None,
+              env: dict[str, str] | None = None) -> list[RankResult]:
+    """Run ``cmd`` as ``world`` ranks of one job on this machine, without a launcher: each rank is its own
+    subprocess with ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` (what
+    ``torchrun`` sets; Accelerate and ``torch.distributed`` read them). Unlike ``accelerate launch``, a rank that
+    dies does not take the others down: the test sees what each survivor does by itself.
+
+    Args:
+        cmd: the command of every rank. world: ranks. timeout_s: the deadline for all of them; a rank still
+            running then is killed (SIGKILL) and reported with ``returncode`` None.
+        cwd, env: of the subprocesses (default: this process's working directory and :func:`launch_env`).
+
+    Returns:
+        One :class:`RankResult` per rank, in rank order.
+    """
+    port = free_port()
+    logs = Path(tempfile.mkdtemp(prefix="hsap-ranks-"))
+    procs: list[subprocess.Popen] = []
+    files: list[Any] = []
+    codes: list[int | None] = []
+    try:
+        for r in range(world):
+            renv = dict(env if env is not None else launch_env(), RANK=str(r), LOCAL_RANK=str(r),
+                        WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port))
+            files.append((logs / f"rank{r}.log").open("w"))
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env=renv, stdout=files[-1], stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for f in files:
+            f.close()
+    out = [RankResult(r, codes[r] if r < len(codes) else None, (logs / f"rank{r}.log").read_text(errors="replace"))
+           for r in range(world)]
+    shutil.rmtree(logs, ignore_errors=True)
+    return out
 
 
 def _worker(rank: int, world: int, init_method: str, tasks, results, pg_timeout_s: float) -> None:

@@ -70,7 +70,10 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--max_steps", type=int, default=30, help="optimizer steps")
     g.add_argument("--learning_rate", type=float, default=default_lr)
     g.add_argument("--warmup_steps", type=int, default=None, help="linear warm-up steps (default: 10%% of max_steps)")
-    g.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
+    g.add_argument("--resume_from_checkpoint", default=None,
+                   help="a checkpoint-<step> directory, or 'latest' (the newest complete one; none: start at 0)")
+    g.add_argument("--save_total_limit", type=positive_int, default=None,
+                   help="keep only the newest N complete checkpoints (default: all; the newest is never deleted)")
     g.add_argument("--no_final_model", action="store_true", help="do not save the final model")
     g.add_argument("--weight_decay", type=float, default=0.1)
     g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 = off)")
@@ -84,6 +87,17 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
                    help="Accelerate trackers, comma-separated (tensorboard, wandb, ...); default none")
     g.add_argument("--peak_tflops", type=float, default=None,
                    help="peak TFLOP/s of one device for the MFU estimate (default: a table of GPUs; n/a on CPU)")
+
+
+def positive_int(value: str) -> int:
+    """A positive int (``--save_total_limit``)."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
 
 
 def _ulysses_size(value: str) -> int | str:
@@ -229,16 +243,11 @@ class MetricsWriter:
 
 
 def resolve_checkpoint(output_dir: str, spec: str | None) -> Path | None:
-    """The checkpoint to resume from: ``spec`` itself, Transformers' ``get_last_checkpoint`` for 'latest', or
-    None."""
-    if not spec:
-        return None
-    if spec != "latest":
-        return Path(spec)
-    from transformers.trainer_utils import get_last_checkpoint
+    """The checkpoint to resume from: None, the newest *complete* one for 'latest' (None on a first run), or
+    ``spec`` itself, refused when partial (:func:`hf_hsap.checkpoint.resolve_checkpoint`)."""
+    from hf_hsap.checkpoint import resolve_checkpoint as resolve
 
-    found = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-    return Path(found) if found else None
+    return resolve(output_dir, spec)
 
 
 def parse_common_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -11,6 +11,11 @@ is the exact global mean: every rank scales ``sum(local CE) / N_step`` by the wo
 average the gradients over W. Writes ``<output_dir>/metrics.jsonl`` (one record per step: loss, lr,
 grad_norm, TGS, MFU, peak memory, and eval_loss on evaluation steps) and ``checkpoint-<step>/`` (model,
 optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
+
+Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so
+``--resume_from_checkpoint latest`` never picks a save that a kill or a full disk cut short. SIGTERM or SIGUSR1
+on any rank makes every rank finish the step, save ``checkpoint-<step>`` and exit with status 75
+(``PREEMPTED_EXIT_CODE``); resuming from it logs the losses of the uninterrupted run.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
+from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, PreemptionHandler, atomic_save, rotate  # noqa: E402
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
@@ -79,16 +85,21 @@ def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[An
     return optimizer, scheduler
 
 
-def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> None:
-    """Model, optimizer, scheduler and RNG states (Accelerate) plus the data position (collective)."""
+def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> Path:
+    """Model, optimizer, scheduler and RNG states (Accelerate) plus the data position, complete only once every
+    rank has written its files (:func:`hf_hsap.checkpoint.atomic_save`); then ``--save_total_limit``
+    (collective)."""
     path = Path(args.output_dir) / f"checkpoint-{step}"
-    accelerator.save_state(str(path))
+    with atomic_save(path, step, is_main=accelerator.is_main_process):
+        accelerator.save_state(str(path))
+        if accelerator.is_main_process:
+            state = {"step": step, "docs_consumed": step * args.docs_per_step, "seed": args.seed,
+                     "docs_per_step": args.docs_per_step, "max_length": args.max_length,
+                     "dataset": args.dataset, "max_samples": args.max_samples, "eval_docs": args.eval_docs}
+            (path / STATE_FILE).write_text(json.dumps(state, indent=1))
     if accelerator.is_main_process:
-        state = {"step": step, "docs_consumed": step * args.docs_per_step, "seed": args.seed,
-                 "docs_per_step": args.docs_per_step, "max_length": args.max_length,
-                 "dataset": args.dataset, "max_samples": args.max_samples, "eval_docs": args.eval_docs}
-        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
-    accelerator.wait_for_everyone()
+        rotate(args.output_dir, args.save_total_limit)
+    return path
 
 
 def load_checkpoint(accelerator: Any, args: argparse.Namespace, path: Path) -> int:
@@ -172,8 +183,12 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
             "tokens": int(counts[1]), "sum_sq": int(counts[2])}
 
 
-def run(args: argparse.Namespace) -> None:
-    """Train (see the module docstring); the model is freed when it returns, the process groups are not."""
+def run(args: argparse.Namespace) -> int:
+    """Train (see the module docstring); the model is freed when it returns, the process groups are not.
+
+    Returns:
+        The exit status: 0, or ``PREEMPTED_EXIT_CODE`` when a signal stopped the run after a checkpoint.
+    """
     accelerator = make_accelerator(args)
     sp = init_sp(args)
     world = accelerator.num_processes
@@ -219,47 +234,57 @@ def run(args: argparse.Namespace) -> None:
 
     bar = tqdm(total=args.max_steps, initial=start_step, desc="pretrain", dynamic_ncols=True,
                disable=None if main_proc else True)  # None: a bar on a terminal, plain log lines otherwise
-    first_loss, tgs_seen = None, []
-    for step in range(start_step, args.max_steps):
-        t0 = time.perf_counter()
-        micro = data.micro_batches(step, sp.dp_size, sp.dp_rank, args.grad_accum)
-        out = train_step(model, micro, sp, accelerator, args, verify=step == start_step)
-        grad_norm = None
-        if args.max_grad_norm > 0:
-            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        flops = 6.0 * n_matmul * out["tokens"] + attention_flops(config, out["sum_sq"])
-        tgs = out["tokens"] / dt / world
-        record: dict[str, Any] = {
-            "step": step + 1, "loss": out["loss"], "lr": lr, "grad_norm": grad_norm,
-            "epoch": round(data.epoch_of(step), 4), "tokens": out["tokens"], "targets": out["targets"],
-            "step_time_s": dt, "tgs": tgs, "mfu": flops / dt / (world * peak) if peak else None,
-            "peak_mem_gb": peak_memory_gb(accelerator.device),
-        }
-        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
-            record["eval_loss"] = evaluate(model, evals, sp, accelerator, args)
-        first_loss = out["loss"] if first_loss is None else first_loss
-        tgs_seen.append(tgs)
-        metrics.write(record)
-        if args.report_to:
-            accelerator.log({k: v for k, v in record.items() if v is not None and k != "step"}, step=step + 1)
-        bar.update(1)
-        bar.set_postfix(loss=f"{out['loss']:.4f}", tgs=f"{tgs:.0f}")
-        if main_proc and ((step + 1) % args.log_every == 0 or step + 1 == args.max_steps):
-            mfu = f"{record['mfu'] * 100:.2f}%" if record["mfu"] is not None else "n/a"
-            ev = f" | eval {record['eval_loss']:.4f}" if "eval_loss" in record else ""
-            bar.write(f"step {step + 1:>5}/{args.max_steps} | loss {out['loss']:.4f}{ev} | lr {lr:.2e} | "
-                      f"grad_norm {grad_norm if grad_norm is None else round(grad_norm, 3)} | TGS {tgs:,.0f} "
-                      f"tok/s/device | MFU {mfu} | peak mem {record['peak_mem_gb']:.2f} GiB")
-        if args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(accelerator, args, step + 1)
+    first_loss, tgs_seen, preempted = None, [], False
+    with PreemptionHandler() as preemption:  # SIGTERM / SIGUSR1: finish the step, save, exit 75
+        for step in range(start_step, args.max_steps):
+            t0 = time.perf_counter()
+            micro = data.micro_batches(step, sp.dp_size, sp.dp_rank, args.grad_accum)
+            out = train_step(model, micro, sp, accelerator, args, verify=step == start_step)
+            grad_norm = None
+            if args.max_grad_norm > 0:
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            flops = 6.0 * n_matmul * out["tokens"] + attention_flops(config, out["sum_sq"])
+            tgs = out["tokens"] / dt / world
+            record: dict[str, Any] = {
+                "step": step + 1, "loss": out["loss"], "lr": lr, "grad_norm": grad_norm,
+                "epoch": round(data.epoch_of(step), 4), "tokens": out["tokens"], "targets": out["targets"],
+                "step_time_s": dt, "tgs": tgs, "mfu": flops / dt / (world * peak) if peak else None,
+                "peak_mem_gb": peak_memory_gb(accelerator.device),
+            }
+            if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
+                record["eval_loss"] = evaluate(model, evals, sp, accelerator, args)
+            first_loss = out["loss"] if first_loss is None else first_loss
+            tgs_seen.append(tgs)
+            metrics.write(record)
+            if args.report_to:
+                accelerator.log({k: v for k, v in record.items() if v is not None and k != "step"}, step=step + 1)
+            bar.update(1)
+            bar.set_postfix(loss=f"{out['loss']:.4f}", tgs=f"{tgs:.0f}")
+            if main_proc and ((step + 1) % args.log_every == 0 or step + 1 == args.max_steps):
+                mfu = f"{record['mfu'] * 100:.2f}%" if record["mfu"] is not None else "n/a"
+                ev = f" | eval {record['eval_loss']:.4f}" if "eval_loss" in record else ""
+                bar.write(f"step {step + 1:>5}/{args.max_steps} | loss {out['loss']:.4f}{ev} | lr {lr:.2e} | "
+                          f"grad_norm {grad_norm if grad_norm is None else round(grad_norm, 3)} | TGS {tgs:,.0f} "
+                          f"tok/s/device | MFU {mfu} | peak mem {record['peak_mem_gb']:.2f} GiB")
+            saved = args.save_every and (step + 1) % args.save_every == 0
+            if saved:
+                save_checkpoint(accelerator, args, step + 1)
+            if preemption.should_stop(device=accelerator.device):  # every rank, every step: they stop together
+                if not saved:
+                    save_checkpoint(accelerator, args, step + 1)
+                preempted = step + 1 < args.max_steps
+                if main_proc and preempted:
+                    bar.write(f"[hf_hsap] preempted: saved checkpoint-{step + 1}; exiting with status "
+                              f"{PREEMPTED_EXIT_CODE} (resume with --resume_from_checkpoint latest)")
+                break
     bar.close()
 
-    if not args.no_final_model:
+    if not args.no_final_model and not preempted:
         accelerator.wait_for_everyone()
         final = Path(args.output_dir) / "final_model"
         accelerator.unwrap_model(model).save_pretrained(
@@ -267,19 +292,23 @@ def run(args: argparse.Namespace) -> None:
             state_dict=accelerator.get_state_dict(model))
         if main_proc:
             tokenizer.save_pretrained(final)
-    if main_proc and tgs_seen:
+    if main_proc and tgs_seen and not preempted:
         steady = tgs_seen[1:] or tgs_seen
         print(f"[hf_hsap] done: loss {first_loss:.4f} (first step of this run) -> {out['loss']:.4f} (step "
               f"{args.max_steps}); mean TGS {sum(steady) / len(steady):,.0f} tokens/s/device; metrics in "
               f"{metrics.path}", flush=True)
     for tracker in accelerator.trackers:  # not accelerator.end_training(): see common.finish_distributed
         tracker.finish()
+    return PREEMPTED_EXIT_CODE if preempted else 0
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the recipe, then destroy the process groups (see ``common.finish_distributed``)."""
-    run(parse_args(argv))
+    """Run the recipe, then destroy the process groups (see ``common.finish_distributed``); exit with
+    ``PREEMPTED_EXIT_CODE`` (75) after a preemption."""
+    status = run(parse_args(argv))
     finish_distributed()
+    if status:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ field, ``--hsap_*``, ``--config file.yaml``):
   written as ``<output_dir>/data/{train,test}.jsonl`` with a seeded held-out split;
 * ``--rows_per_step`` / ``--micro_batch_rows``: packed rows per optimizer step whatever the number of
   processes (gradient accumulation makes up the rest); ``--sp_size`` / ``--ulysses_size`` alias ``--hsap_*``;
-* ``--eval_every`` / ``--save_every``, ``--resume_from_checkpoint latest``;
+* ``--eval_every`` / ``--save_every`` / ``--save_total_limit``, ``--resume_from_checkpoint latest`` (the newest
+  complete checkpoint); SIGTERM / SIGUSR1 on any rank: every rank finishes the step, saves, exits with 75;
 * ``<output_dir>/metrics.jsonl`` (one record per optimizer step: loss, lr, TGS, MFU, peak memory).
 
 TRL packs the examples into rows of ``--max_length`` tokens (best-fit decreasing, padding-free); the loss covers
@@ -35,6 +36,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers when launched as a script
 
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
+from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE  # noqa: E402
 from hf_hsap.cli.sft import make_parser, run as run_sft  # noqa: E402
 from hf_hsap.data import load_sft_dataset  # noqa: E402
 from hf_hsap.examples import BUILTIN_MODELS, save_tiny_model, write_splits  # noqa: E402
@@ -42,7 +44,7 @@ from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from common import (MetricsWriter, attention_flops, finish_distributed, guess_peak_flops,  # noqa: E402
-                    matmul_params, peak_memory_gb, resolve_checkpoint)
+                    matmul_params, peak_memory_gb, positive_int, resolve_checkpoint)
 from pretrain_data import split_train_eval  # noqa: E402
 
 
@@ -60,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--ulysses_size", default="auto", help="alias of --hsap_ulysses_size")
     p.add_argument("--eval_every", type=int, default=0, help="evaluate every N steps (0 = never)")
     p.add_argument("--save_every", type=int, default=0, help="save a checkpoint every N steps (0 = never)")
-    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint-<step> directory, or 'latest'")
+    p.add_argument("--resume_from_checkpoint", default=None,
+                   help="a checkpoint-<step> directory, or 'latest' (the newest complete one; none: start at 0)")
+    p.add_argument("--save_total_limit", type=positive_int, default=None,
+                   help="keep only the newest N complete checkpoints (default: all; the newest is never deleted)")
     p.add_argument("--output_dir", default="runs/sft")
     p.add_argument("--max_length", type=int, default=512)
     p.add_argument("--max_steps", type=int, default=30)
@@ -91,7 +96,8 @@ class RecipeSFTTrainer(HSAPSFTTrainer):  # type: ignore[misc,valid-type]
 
 class MetricsCallback(TrainerCallback):
     """Writes one ``metrics.jsonl`` record per optimizer step: loss, lr, grad_norm, TGS, MFU, peak memory
-    (and eval_loss on evaluation steps). Every process runs it (it all-reduces the DP groups' counts)."""
+    (and eval_loss on evaluation steps), as soon as the step's last log arrived. Every process runs it (it
+    all-reduces the DP groups' counts)."""
 
     def __init__(self, trainer: RecipeSFTTrainer, writer: MetricsWriter, peak_flops: float | None) -> None:
         self.trainer, self.writer, self.peak = trainer, writer, peak_flops
@@ -121,15 +127,18 @@ class MetricsCallback(TrainerCallback):
         logs = logs or {}
         if "loss" in logs:
             self.flush()
-            self.pending = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
-                            "grad_norm": logs.get("grad_norm"), "epoch": logs.get("epoch"), **self.step_numbers}
+            n = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
+                 "grad_norm": logs.get("grad_norm"), "epoch": logs.get("epoch"), **self.step_numbers}
+            self.pending = n
+            if not control.should_evaluate:  # nothing more comes for this step: on disk now (a crash keeps it)
+                self.flush()
             if state.is_world_process_zero:
-                n = self.pending
                 mfu = f"{n['mfu'] * 100:.2f}%" if n.get("mfu") is not None else "n/a"
                 print(f"step {n['step']:>5}/{state.max_steps} | loss {n['loss']:.4f} | TGS {n.get('tgs', 0):,.0f} "
                       f"tok/s/device | MFU {mfu} | peak mem {n.get('peak_mem_gb', 0):.2f} GiB", flush=True)
         if "eval_loss" in logs and self.pending is not None:
             self.pending["eval_loss"] = logs["eval_loss"]
+            self.flush()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.flush()
@@ -169,6 +178,7 @@ def hsap_sft_argv(args: argparse.Namespace, rest: list[str], model: str, data: s
         *(["--eval_strategy", "steps", "--eval_steps", str(args.eval_every)] if args.eval_every else []),
         *(["--save_strategy", "steps", "--save_steps", str(args.save_every)] if args.save_every
           else ["--save_strategy", "no"]),
+        *(["--save_total_limit", str(args.save_total_limit)] if args.save_total_limit else []),
     ]
     ckpt = resolve_checkpoint(args.output_dir, args.resume_from_checkpoint)
     if ckpt is not None:
@@ -212,8 +222,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[hf_hsap] SFT: world {state.num_processes}, sp {args.sp_size} | {args.data_format} | "
               f"{args.rows_per_step} packed rows of {args.max_length} tokens per step"
               + (f" | resuming from {ckpt}" if ckpt else ""), flush=True)
-    run_sft(*parsed, callbacks=[metrics], trainer_class=RecipeSFTTrainer)
+    trainer = run_sft(*parsed, callbacks=[metrics], trainer_class=RecipeSFTTrainer)
     finish_distributed()
+    if trainer.hsap_preempted:
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

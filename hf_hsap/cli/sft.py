@@ -11,6 +11,9 @@ and runs TRL's own script (``trl.scripts.sft.main``: dataset mixtures, PEFT, qua
 ``HSAPSFTTrainer`` in place of ``SFTTrainer``. That substitution is scoped to the call and checked: re-writing
 TRL's script here would be a twin that drifts from it. Before anything is built, an ALST / context-parallel
 ``parallelism_config`` (in the YAML, the arguments or the Accelerate config) is refused with the fix.
+
+Checkpoints are atomic and ``--resume_from_checkpoint latest`` takes the newest complete one; SIGTERM / SIGUSR1
+on any rank saves a checkpoint after the current step and exits with status 75 (:mod:`hf_hsap.checkpoint`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from ..checkpoint import PREEMPTED_EXIT_CODE
 
 __all__ = ["main", "make_parser", "run"]
 
@@ -68,7 +73,8 @@ def run(script_args: Any, training_args: Any, model_args: Any, dataset_args: Any
         trainer_class: a subclass of ``HSAPSFTTrainer`` to run (default ``HSAPSFTTrainer``).
 
     Returns:
-        The trainer (after ``train``, ``save_model`` and ``end``).
+        The trainer (after ``train``, ``save_model`` and ``end``); after a preemption
+        (``trainer.hsap_preempted``) the final ``save_model`` is skipped: the checkpoint holds the state.
     """
     import trl
     from trl.scripts import sft as trl_sft
@@ -87,6 +93,11 @@ def run(script_args: Any, training_args: Any, model_args: Any, dataset_args: Any
             for make in callbacks:
                 self.add_callback(make(self))
             made.append(self)
+
+        def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+            if self.hsap_preempted and not _internal_call:  # TRL's final save: the run is not finished
+                return
+            super().save_model(output_dir, _internal_call=_internal_call)
 
     _Trainer.__name__ = base.__name__
     original = trl.SFTTrainer
@@ -110,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
         args=argv, fail_with_unknown_args=True)
-    run(script_args, training_args, model_args, dataset_args)
+    trainer = run(script_args, training_args, model_args, dataset_args)
+    if trainer.hsap_preempted:
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

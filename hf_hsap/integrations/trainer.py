@@ -17,15 +17,23 @@ Resuming (``train(resume_from_checkpoint=...)``) skips the trained batches insid
 resumed run logs the losses of the uninterrupted one. What the trainers refuse at construction (label
 smoothing, ``compute_loss_func``, unpacked data, conflicting Accelerate parallelism) is in
 :mod:`.trainer_checks`.
+
+Preemption (:mod:`hf_hsap.checkpoint`): checkpoints are complete only once every rank has written them (a
+marker; ``save_total_limit`` rotates after it and never deletes the newest complete one);
+``resume_from_checkpoint=True`` / ``"latest"`` takes the newest complete one, a partial one named explicitly is
+refused. During ``train`` SIGTERM / SIGUSR1 on any rank makes every rank finish the step, save a checkpoint and
+return from ``train`` with ``trainer.hsap_preempted`` True (``hsap-sft`` and the recipes then exit with
+status 75).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
+from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, resolve_checkpoint, rotate
 from ..config import deprecated_property
 from ..log import get_logger
 from .dataloader import SPDataLoader
@@ -51,6 +59,8 @@ class HSAPTrainerMixin:
         sp: an :class:`~hf_hsap.SPGroup`, an int SP size, or ``None`` (from ``args`` / ``hsap_config``).
         hsap_config: an :class:`~hf_hsap.HSAPConfig` (its ``model_config`` defaults to the model's).
         sp_placement, sp_plan_options: deprecated (one release): use ``hsap_config`` or the ``hsap_*`` args.
+        preemption_signals: signals that stop ``train`` after the current step with a checkpoint (default
+            SIGTERM and SIGUSR1; ``()``: none, the process keeps its own handlers).
         *args, **kwargs: the Trainer's own arguments.
 
     Raises:
@@ -59,11 +69,15 @@ class HSAPTrainerMixin:
     """
 
     def __init__(self, *args: Any, sp: Any = None, hsap_config: Any = None, sp_placement: str | None = None,
-                 sp_plan_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 sp_plan_options: dict[str, Any] | None = None,
+                 preemption_signals: Iterable[int] = PREEMPTION_SIGNALS, **kwargs: Any) -> None:
         from ..config import warn_deprecated
 
         register()
         super().__init__(*args, **kwargs)
+        self.hsap_preempted = False  # set when a signal stopped the last train() call
+        self._hsap_preemption = PreemptionHandler(preemption_signals)
+        self.add_callback(_PreemptionCallback(self))
         model = self.accelerator.unwrap_model(self.model)
         config = model.config
         if sp_placement is not None or sp_plan_options:
@@ -148,31 +162,53 @@ class HSAPTrainerMixin:
         return SPDataLoader(loader, self.sp, keep_num_items=False, config=self.hsap_config, check_previous=False)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's ``train`` with an SP-aware resume: the first pass of the training loader leaves out
+        """Trainer's ``train`` with an SP-aware resume and preemption.
+
+        The checkpoint: ``True`` or ``"latest"``, the newest complete one in ``output_dir`` (``True`` with none
+        raises, as in Trainer; ``"latest"`` with none starts at step 0); a directory, refused when partial
+        (:func:`hf_hsap.checkpoint.resolve_checkpoint`). The first pass of the training loader leaves out
         the batches the checkpoint's steps trained on (:meth:`SPDataLoader.skip_first_batches`), and
         Trainer's own batch skipping (which would rebuild an unsharded per-rank loader) is turned off.
-        With ``ignore_data_skip=True`` set by the caller nothing is skipped, as in Trainer."""
-        self._hsap_resume_step = 0
-        if resume_from_checkpoint and not self.args.ignore_data_skip:
-            ckpt = resume_from_checkpoint
-            if ckpt is True:
-                from transformers.trainer_utils import get_last_checkpoint
+        With ``ignore_data_skip=True`` set by the caller nothing is skipped, as in Trainer.
 
-                ckpt = get_last_checkpoint(self.args.output_dir)
-                if ckpt is None:
-                    raise ValueError(f"resume_from_checkpoint=True but no checkpoint in {self.args.output_dir}")
+        While it runs, the preemption signals stop training after the current step on every rank, with a
+        checkpoint; ``hsap_preempted`` tells the caller (then exit with ``PREEMPTED_EXIT_CODE``)."""
+        self._hsap_resume_step = 0
+        self.hsap_preempted = False
+        ckpt = resolve_checkpoint(self.args.output_dir, resume_from_checkpoint)
+        if ckpt is None and resume_from_checkpoint is True:
+            raise ValueError(f"resume_from_checkpoint=True but no complete checkpoint in {self.args.output_dir}")
+        ckpt = None if ckpt is None else str(ckpt)
+        with self._hsap_preemption:
+            if ckpt is None or self.args.ignore_data_skip:
+                return super().train(ckpt, *args, **kwargs)
             state = Path(ckpt) / "trainer_state.json"
             if not state.exists():
                 raise ValueError(f"{ckpt} is not a Trainer checkpoint (no trainer_state.json)")
             self._hsap_resume_step = int(json.loads(state.read_text())["global_step"])
             logger.warning("hf_hsap: resuming at step %d; the SP loader skips the trained batches itself, so Trainer's "
-                        "own data skip (ignore_data_skip) is off for this train() call", self._hsap_resume_step)
+                           "own data skip (ignore_data_skip) is off for this train() call", self._hsap_resume_step)
             self.args.ignore_data_skip = True  # the SP loader skips itself (get_train_dataloader)
             try:
-                return super().train(resume_from_checkpoint, *args, **kwargs)
+                return super().train(ckpt, *args, **kwargs)
             finally:
                 self.args.ignore_data_skip = False
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Trainer's save inside :func:`hf_hsap.checkpoint.atomic_save` (complete once every rank has written
+        it), then ``save_total_limit`` by :func:`hf_hsap.checkpoint.rotate` (Trainer's best checkpoint kept)."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        path = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        limit, self.args.save_total_limit = self.args.save_total_limit, None  # no Trainer rotation before the marker
+        try:
+            with atomic_save(path, self.state.global_step, is_main=self.args.should_save):
+                super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        if self.args.should_save and limit:
+            best = self.state.best_model_checkpoint
+            rotate(path.parent, limit, keep=[best] if best else [])
 
     def get_train_dataloader(self) -> Any:
         """The Trainer's loader, wrapped so that SP groups share global batches (length x SP size); when
@@ -208,6 +244,28 @@ class HSAPTrainerMixin:
                                       num_items_in_batch=num_items_in_batch)
         check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
         return result
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _PreemptionCallback(_callback_base()):  # type: ignore[misc]
+    """After every optimizer step, all ranks agree whether a preemption signal arrived anywhere
+    (:meth:`~hf_hsap.checkpoint.PreemptionHandler.should_stop`, one all-reduce); if so they save and stop."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        trainer = self.trainer
+        if trainer._hsap_preemption.should_stop(device=trainer.accelerator.device):
+            trainer.hsap_preempted = state.global_step < state.max_steps
+            control.should_save = True  # _maybe_log_save_evaluate saves right after this callback
+            control.should_training_stop = True
+        return control
 
 
 def _trainer_class() -> type:
