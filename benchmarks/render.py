@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import report as rp
 from .analysis import analysis
 from .peers import peers_section
+from .soak import soak_section
 from .sweep import render_sweep
 from .windows import render_windows
 
@@ -272,6 +273,7 @@ def render(res: dict) -> str:
         parts.append("## Measured on CPU\n\nSkipped in this run (`--skip-cpu`).")
     if res.get("peers"):  # benchmarks/results/peers.json of scripts/bench_peers.sh (DeepSpeed's environment)
         parts.append(peers_section(res["peers"]))
+    parts += [s for s in [soak_section()] if s]  # benchmarks/results/soak.json of python -m benchmarks.soak
     parts += ["## GPU calibration",
               "`benchmarks/gpu_calibrate.py` times one rank's work items against one varlen kernel over the same FLOPs "
               "on a lent GPU and writes `benchmarks/calibration.json`. "
