@@ -71,7 +71,7 @@ class HSAPConfig:
         sp_size: P, ranks sharing one packed batch (divides the world).
         ulysses_size: U, the all-to-all degree inside the SP group (divides P and the query heads), or
             ``"auto"`` (:func:`~hf_hsap.topology.auto_ulysses_size`).
-        placement: token placement of the planner (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
+        placement: token placement of the planner (``auto``, ``balanced``, ``contiguous``, ``density``, ``zigzag``).
         rounds: how SAP's transfers are grouped in time (``auto``, ``batched``, ``by_peer``).
         recv_budget_tokens: at most this many KV tokens in one receive buffer (None: no bound).
         token_slack: epsilon of the balanced token cap ``ceil(T/P) * (1 + eps)``.

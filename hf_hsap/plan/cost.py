@@ -9,6 +9,9 @@ attention work::
 * ``local_work_r``: pairs of queries against the part's own keys: run while the needed KV is in
   flight. ``remote_work_r``: pairs against received keys: wait for them.
 * ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
+* ``diag_block`` (optional, 0 by default): a causal piece of ``n`` rows also computes ``n * min(n, b) / 2``
+  masked pairs on its diagonal blocks; added to ``local_work_r`` and the work, it prices what splitting a
+  document costs in the kernel (more, shorter causal pieces).
 * With Ulysses inside the SP group (``U > 1``) every token's q, k, v and output (and their gradients)
   also cross the intra all-to-all, which nothing overlaps: :meth:`CostModel.for_ulysses` adds
   ``a2a_token_cost * (U - 1) / U`` to ``token_cost`` (a rank computes ``1 / U`` of its part's heads,

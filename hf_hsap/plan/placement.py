@@ -10,9 +10,12 @@ Placements (``P`` parts, document of length ``L``)::
     zigzag       |0|1|2|3|3|2|1|0| per document                  2P chunks, chunk i and 2P-1-i on part i
     balanced     short documents whole on one part; a long document cut in 2k chunks over the k parts
                  (k as small as memory and work balance allow), chunk i and 2k-1-i on part i
+    density      a document with more pairs than a part's mean share cut the same way over as many parts
+                 as its pairs need (:mod:`.density`); the rest whole, least-loaded part first
 
 Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens; ``contiguous`` and
-``zigzag`` hold at most ``ceil(T / P)`` (slack 0), ``balanced`` uses ``token_slack`` (default 0.10).
+``zigzag`` hold at most ``ceil(T / P)`` (slack 0), ``balanced`` and ``density`` use ``token_slack`` (default
+0.10).
 """
 from __future__ import annotations
 

@@ -177,8 +177,8 @@ def plan_sequence(
             tensor, numpy array or list; or a :class:`~hf_hsap.plan.layout.Layout`); ``0 < ... < T``.
         sp: a :class:`~hf_hsap.plan.group.GroupSpec`, or an int group size for offline planning
             (inspection, benchmarks). ``hf_hsap.plan_sequence`` also takes an SPGroup.
-        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"`` or ``"auto"``: the cheapest by ``cost``
-            of ``balanced`` with token slack 0.01 and 0.03 (at most ``token_slack``), and ``contiguous``.
+        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"``, ``"density"`` or ``"auto"``: the cheapest
+            by ``cost`` of every placement the planner builds (:func:`_auto`), never worse than any of them.
         ulysses_size: U for an int ``sp`` (a GroupSpec carries its own).
         recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round);
             more is moved in further rounds, and the backward fetches the KV again instead of keeping
