@@ -75,7 +75,8 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
 
     Candidates: ``balanced`` at token slacks 0.01 and 0.03 (at most ``token_slack``), each token-neutral
     and priced (:func:`.balanced.balanced_variants`); ``density`` (:mod:`.density`: every document over as
-    many parts as its work needs, and the heavy ones over all parts); ``contiguous``; ``zigzag``; with
+    many parts as its work needs, or 0.6 of a share, at the two largest slacks; the heavy ones over all parts
+    at ``token_slack``); ``contiguous``; ``zigzag``; with
     windowed layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer,
     so near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md).
     ``zigzag`` is priced without being built for full attention (its transfers grow as documents x parts
@@ -85,7 +86,7 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     tc = cost.token_cost
     cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (tc, None), eps)]
     cands += [density(layout, n_parts, tc, eps, spread=spread, work_share=share)
-              for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS]
+              for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
     cands.append(contiguous(layout, n_parts))
     windowed = any(w is not None for w in layers)
     if windowed:  # contiguous cuts at equal estimated cost
