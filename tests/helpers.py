@@ -16,12 +16,21 @@ import numpy as np
 
 from hf_hsap.testing import rel_err
 
-__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_exact", "ci_examples", "cu_of", "hypothesis_profile", "rel_err",
-           "ring_step_matrix"]
+__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_covers_once", "assert_exact", "ci_examples", "cu_of",
+           "hypothesis_profile", "rel_err", "ring_step_matrix"]
 
 HYPOTHESIS_PROFILE_ENV = "HSAP_HYPOTHESIS_PROFILE"  # "ci" (default) or "long"
 
 TOL = {"float64": 1e-9, "float32": 2e-5}  # largest relative error of the SAP attention checks, per dtype
+
+
+def assert_covers_once(layout, pl) -> None:
+    """A placement holds every token of ``layout`` exactly once, each segment inside its document."""
+    cover = np.zeros(layout.total_tokens, dtype=np.int64)
+    for s, e, d in zip(pl.start, pl.end, pl.doc):
+        assert layout.cu_seqlens[d] <= s < e <= layout.cu_seqlens[d + 1]
+        cover[s:e] += 1
+    assert (cover == 1).all()
 
 
 def cu_of(lengths: Iterable[int]) -> list[int]:

@@ -154,23 +154,7 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
             tok[p] += L
             wrk[p] += w
         else:
-            k = len(chosen)
-            sizes, rot = _chunk_sizes(L, k, rot)
-            # the pair that needs the most KV goes to the part that receives the least so far
-            need = _pair_recv(sizes)
-            chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
-            mapped = [0] * k  # pair index -> part
-            for part_pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
-                mapped[pair] = chosen[part_pos]
-            a = s0
-            for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
-                seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
-                seg_part.append(mapped[min(j, 2 * k - 1 - j)])
-                a += s
-            for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
-                recv[p] += need[i]
-                tok[p] += float(sizes[i] + sizes[-1 - i])
-                wrk[p] += float(w_add)
+            rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
     doc_first = layout.cu_seqlens[:-1].tolist()
@@ -181,6 +165,32 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
                     tok=None if token_cost is None else list(tok), token_cost=token_cost or 0.0, cap_t=cap_t)
         out.append(_finish("balanced", P, seg_doc, starts_, ends_, parts_))
     return out
+
+
+def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
+           recv: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+           seg_part: list[int]) -> int:
+    """Cut document ``d`` (global start ``s0``, length ``L``) in ``2k`` chunks over the parts ``chosen``
+    (``k`` of them): the chunk pair that needs the most KV goes to the part that receives the least so far.
+    Appends the segments, updates the per-part tokens, work and received KV; returns the next rotation."""
+    k = len(chosen)
+    sizes, rot = _chunk_sizes(L, k, rot)
+    need = _pair_recv(sizes)
+    chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
+    mapped = [0] * k  # pair index -> part
+    for pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
+        mapped[pair] = chosen[pos]
+    a = s0
+    for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
+        if s:
+            seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
+            seg_part.append(mapped[min(j, 2 * k - 1 - j)])
+        a += s
+    for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
+        recv[p] += need[i]
+        tok[p] += float(sizes[i] + sizes[-1 - i])
+        wrk[p] += float(w_add)
+    return rot
 
 
 def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:

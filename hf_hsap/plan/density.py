@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from .balanced import _chunk_sizes, _fill_by_headroom, _pair_recv, _pair_work
+from .balanced import _fill_by_headroom, _split
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 from .refine import refine_work
@@ -123,28 +123,3 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
                 token_cost=token_cost, cap_t=cap_t)
     return _finish("density", P, seg_doc, seg_start, seg_end, seg_part)
 
-
-def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
-           recv: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-           seg_part: list[int]) -> int:
-    """Cut document ``d`` (global start ``s0``, length ``L``) in ``2k`` chunks over the parts ``chosen``
-    (``k`` of them): the chunk pair that needs the most KV goes to the part that receives the least so far.
-    Appends the segments, updates the per-part tokens, work and received KV; returns the next rotation."""
-    k = len(chosen)
-    sizes, rot = _chunk_sizes(L, k, rot)
-    need = _pair_recv(sizes)
-    chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
-    mapped = [0] * k  # pair index -> part
-    for pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
-        mapped[pair] = chosen[pos]
-    a = s0
-    for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
-        if s:
-            seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
-            seg_part.append(mapped[min(j, 2 * k - 1 - j)])
-        a += s
-    for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
-        recv[p] += need[i]
-        tok[p] += float(sizes[i] + sizes[-1 - i])
-        wrk[p] += float(w_add)
-    return rot

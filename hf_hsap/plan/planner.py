@@ -73,14 +73,15 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     """``placement="auto"``: every placement the planner can build, priced by ``cost`` over the layers of
     every mask kind; the cheapest wins (the first of equals).
 
-    Candidates: ``balanced`` at token slacks 0.01 and 0.03 (at most ``token_slack``), each token-neutral
-    and priced (:func:`.balanced.balanced_variants`); ``density`` (:mod:`.density`: every document over as
-    many parts as its work needs, or 0.6 of a share, at the two largest slacks; the heavy ones over all parts
-    at ``token_slack``); ``contiguous``; ``zigzag``; with
-    windowed layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer,
-    so near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md).
-    ``zigzag`` is priced without being built for full attention (its transfers grow as documents x parts
-    squared) and built only if it wins.
+    Candidates: ``balanced`` at token slacks 0.01, 0.03 (each at most ``token_slack``) and ``token_slack``,
+    each token-neutral and priced (:func:`.balanced.balanced_variants`); ``density`` (:mod:`.density`: every
+    document over as many parts as its pairs need, or 0.6 of a share, at the two largest slacks; its heaviest
+    over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
+    equal estimated cost. Small slacks: tokens cost every linear layer, so near-equal token counts pay even
+    when a few more documents must be split (BENCHMARKS.md). ``zigzag`` is priced in closed form on full
+    attention (its transfers grow as documents x parts squared) and built only if it wins; with windowed
+    layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS` segments (beyond, it is not a
+    candidate).
     """
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
@@ -89,30 +90,40 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
               for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
     cands.append(contiguous(layout, n_parts))
     windowed = any(w is not None for w in layers)
-    if windowed:  # contiguous cuts at equal estimated cost
-        cap = int(math.ceil(layout.total_tokens / n_parts * (1 + slacks[-2 if len(slacks) > 1 else -1])))
+    if windowed:  # contiguous cuts at equal estimated cost, within the small slacks' cap
+        eps = min(AUTO_TOKEN_SLACKS[-1], token_slack)
+        cap = int(math.ceil(layout.total_tokens / n_parts * (1 + eps)))
         cands.append(weighted_contiguous(layout, n_parts, layers, tc, cap, min_tokens))
     cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
     trs = [{w: window_transfers(c, layout, w) for w in layers} for c in cands]
     times = [step_time(layout, c, t, layers, cost) for c, t in zip(cands, trs)]
     best = int(np.argmin(times))
-    # a lower bound of zigzag's time: the closed-form one on full layers, its tokens alone on windowed ones
+    zz = _zigzag_if_cheaper(layout, n_parts, cost, layers, times[best], min_tokens)
+    return zz if zz is not None else (cands[best], trs[best])
+
+
+def _zigzag_if_cheaper(layout: Layout, n_parts: int, cost: CostModel, layers: Mapping[Window, int], best: float,
+                       min_tokens: int) -> tuple[Placement, dict[Window, Transfers]] | None:
+    """``zigzag`` and its transfers if its step time is below ``best``, else None; built only when it wins
+    (full attention) or when it is small enough to price by building (windowed layers)."""
+    # a lower bound of its time: the closed-form one on full layers, its tokens alone on windowed ones
     bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None
                      else cost.token_cost * math.floor(layout.total_tokens / n_parts)) for w, n in layers.items())
-    if bound >= times[best]:
-        pass  # zigzag cannot win
-    elif not windowed:
-        zz = layers[None] * float(zigzag_part_times(layout, n_parts, cost).max())
-        if zz < times[best]:
-            pl = zigzag(layout, n_parts)
-            if pl.tokens_per_part().min() >= min_tokens:
-                return pl, {None: window_transfers(pl, layout, None)}
+    if bound >= best:
+        return None
+    if all(w is None for w in layers):
+        if layers[None] * float(zigzag_part_times(layout, n_parts, cost).max()) >= best:
+            return None
+        pl = zigzag(layout, n_parts)
+        tr = {None: window_transfers(pl, layout, None)}
     elif 2 * n_parts * layout.n_docs <= ZIGZAG_WINDOWED_SEGMENTS:
         pl = zigzag(layout, n_parts)
         tr = {w: window_transfers(pl, layout, w) for w in layers}
-        if step_time(layout, pl, tr, layers, cost) < times[best] and pl.tokens_per_part().min() >= min_tokens:
-            return pl, tr
-    return cands[best], trs[best]
+        if step_time(layout, pl, tr, layers, cost) >= best:
+            return None
+    else:
+        return None
+    return (pl, tr) if pl.tokens_per_part().min() >= min_tokens else None
 
 
 def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) -> GroupSpec:

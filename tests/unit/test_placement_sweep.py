@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import ci_examples, cu_of
+from helpers import assert_covers_once, ci_examples, cu_of
 from hf_hsap.plan.cost import CostModel, part_times, step_time, zigzag_part_times, zigzag_time_bound
 from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
@@ -39,15 +39,6 @@ def layouts(draw, max_docs: int = 40):
     if kind == "mixed":
         return draw(st.lists(st.one_of(st.integers(1, 200), st.integers(1000, 3000)), min_size=1, max_size=max_docs))
     return draw(st.lists(st.integers(1, 2000), min_size=1, max_size=max_docs))
-
-
-def _valid(pl, layout) -> None:
-    """Every token held once, segments inside their document."""
-    cover = np.zeros(layout.total_tokens, dtype=np.int64)
-    for d, a, b in zip(pl.doc, pl.start, pl.end):
-        assert layout.cu_seqlens[d] <= a < b <= layout.cu_seqlens[d + 1]
-        cover[a:b] += 1
-    assert (cover == 1).all()
 
 
 @settings(max_examples=ci_examples(60))
@@ -95,7 +86,7 @@ def test_density_is_a_placement_within_the_token_cap(lengths, P, spread, share, 
     if layout.total_tokens < P:
         return
     pl = density(layout, P, CostModel.nvlink().token_cost, slack, spread=spread, work_share=share)
-    _valid(pl, layout)
+    assert_covers_once(layout, pl)
     assert pl.tokens_per_part().max() <= math.ceil(layout.total_tokens / P) * (1 + slack)
 
 
@@ -143,7 +134,7 @@ def test_oracle_prices_parts_as_the_plan_and_never_loses(lengths, P, link, place
                       if p == q], starts, cost) for q in range(P)]
     assert np.allclose(got, want, rtol=1e-12)
     best = optimise_placement(layout, P, cost, start, max_moves=50)
-    _valid(best, layout)
+    assert_covers_once(layout, best)
     assert best.tokens_per_part().max() <= max(math.ceil(layout.total_tokens / P) * 1.10, start.tokens_per_part().max())
     assert part_times(layout, best, compute_transfers(best), cost).max() <= want.max() * (1 + 1e-12)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap.plan.balanced as balanced_mod
-from helpers import ci_examples
+from helpers import assert_covers_once, ci_examples
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_work
 
@@ -72,21 +72,13 @@ def test_refinement_balances_the_cpu_benchmark_layout() -> None:
     assert w_on.max() / w_on.mean() < 1.005
 
 
-def _covers_once(layout, pl) -> None:
-    cover = np.zeros(layout.total_tokens, dtype=np.int64)
-    for s, e, d in zip(pl.start, pl.end, pl.doc):
-        assert layout.cu_seqlens[d] <= s < e <= layout.cu_seqlens[d + 1]
-        cover[s:e] += 1
-    assert (cover == 1).all()
-
-
 @settings(max_examples=ci_examples(60))
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=40), st.integers(2, 12), st.sampled_from([0.0, 0.01, 0.03]),
        st.sampled_from([0.0, 50.0, 2000.0]))
 def test_priced_refinement_lowers_the_load_within_the_token_cap(lengths: list[int], P: int, slack: float,
                                                                  token_cost: float) -> None:
     layout, on, off = _placements(lengths, P, slack, token_cost)
-    _covers_once(layout, on)
+    assert_covers_once(layout, on)
     cap = np.ceil(layout.total_tokens / P) * (1 + slack)
     t_on, t_off = on.tokens_per_part(), off.tokens_per_part()
     assert (t_on <= np.maximum(cap, t_off)).all()  # a slide never takes a part above the cap
