@@ -16,7 +16,7 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   sum_d L_d (L_d + 1) / 2) / parts`` (every part equally loaded, no communication; ``token_cost'`` is the
   plan's, with the all-to-all's share when ``U > 1``); *losses*: layouts where ``auto``'s est max exceeds
   another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
-  of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement, run where ``parts <= oracle_max_parts``;
+  of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement and every simpler one, run where ``parts <= oracle_max_parts``;
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); tokens and work
   max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
   Ulysses degree's estimate (:func:`hf_hsap.choose_ulysses_size`, Llama-3-8B's 32 query heads) against
@@ -187,7 +187,7 @@ def render_sweep(res: dict) -> str:
            + ", ".join(f"`{d}`" for d in cfg["distributions"]) + f"; {cfg['seeds']} seeds; P ∈ {cfg['Ps']}, "
            f"U ∈ {cfg['Us']}; T = {cfg['tokens_per_rank']} x P (at most {cfg['max_T']}). est = the planner's "
            "cost model, slowest part, one full-attention layer; LB = no communication, every part equally "
-           "loaded; oracle = local search from auto's placement (parts ≤ "
+           "loaded; oracle = local search from auto's and every simpler placement (parts ≤ "
            f"{cfg['oracle_max_parts']}, {cfg['oracle_moves']} moves).",
            "",
            "| link | layouts | est/LB median | p95 | worst | share ≤ goal | losses to " + " / ".join(OTHERS)
