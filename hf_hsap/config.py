@@ -21,9 +21,10 @@ import torch
 from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import attention_windows, layer_windows
 
-__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "deprecated_property", "parse_dtype", "warn_deprecated"]
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "deprecated_property", "parse_dtype", "warn_deprecated"]
 
 ROUNDS = ("auto", "batched", "by_peer")
+ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
 DEFAULT_TIMEOUT_S = 600.0
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -69,8 +70,10 @@ class HSAPConfig:
 
     Args:
         sp_size: P, ranks sharing one packed batch (divides the world).
-        ulysses_size: U, the all-to-all degree inside the SP group (divides P and the query heads), or
-            ``"auto"`` (:func:`~hf_hsap.topology.auto_ulysses_size`).
+        ulysses_size: U, the all-to-all degree inside the SP group (divides P and the query heads),
+            ``"auto"`` (one degree by the node rule, :func:`~hf_hsap.topology.auto_ulysses_size`) or
+            ``"per_batch"`` (groups for every degree that divides P, the heads and a node; every batch runs
+            the degree whose plan the cost model prices fastest, :func:`hf_hsap.sp_plan.plan_per_batch`).
         placement: token placement of the planner (``auto``, ``balanced``, ``contiguous``, ``density``, ``zigzag``).
         rounds: how SAP's transfers are grouped in time (``auto``, ``batched``, ``by_peer``).
         recv_budget_tokens: at most this many KV tokens in one receive buffer (None: no bound).
@@ -122,8 +125,8 @@ class HSAPConfig:
         if isinstance(self.sp_size, bool) or not isinstance(self.sp_size, int) or self.sp_size < 1:
             raise bad("sp_size", "must be a positive int")
         u = self.ulysses_size
-        if u != "auto" and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
-            raise bad("ulysses_size", "must be a positive int or 'auto'")
+        if u not in ULYSSES_MODES and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
+            raise bad("ulysses_size", f"must be a positive int or one of {ULYSSES_MODES}")
         if isinstance(u, int) and self.sp_size % u:
             raise bad("ulysses_size", f"does not divide sp_size={self.sp_size}; pick a divisor (e.g. the GPUs per node)")
         if self.placement not in PLACEMENTS:
@@ -154,7 +157,7 @@ class HSAPConfig:
 
     @property
     def num_heads(self) -> int | None:
-        """Query heads of ``model_config`` (what ``ulysses_size="auto"`` must divide), or None."""
+        """Query heads of ``model_config`` (what ``ulysses_size="auto"`` / ``"per_batch"`` degrees divide), or None."""
         return getattr(self.model_config, "num_attention_heads", None)
 
     def cost_for(self, sap_link: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,13 @@ from .plan.cost import CostModel
 from .plan.group import GroupSpec
 from .plan.layout import Layout, make_layout
 from .plan.plan import Plan
+from .plan.windows import mask_kinds
 from .plan import planner
 from .topology import SPGroup
 
-__all__ = ["SPPlan", "check_same_layout", "plan_sequence"]
+__all__ = ["SPPlan", "check_same_layout", "plan_per_batch", "plan_sequence"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -126,9 +130,44 @@ def plan_sequence(
             _exchange_layout_keys((-1, -1), sp)  # the peers learn that this rank has no layout
             raise
         check_same_layout(layout, sp)
-    return planner.plan_sequence(layout, sp.spec, cost=cost or sp.cost_model,
-                                 cache=cache if cache is not None else sp.plan_cache,
+    cache = cache if cache is not None else sp.plan_cache
+    if len(sp.degrees) > 1:
+        return plan_per_batch(layout, sp, cost or sp.cost_model, cache, opts)
+    return planner.plan_sequence(layout, sp.spec, cost=cost or sp.cost_model, cache=cache,
                                  bind=lambda p: SPPlan.bind(p, sp), **opts)
+
+
+def plan_per_batch(layout: Layout, sp: SPGroup, cost: CostModel | None, cache: PlanCache,
+                   options: dict[str, Any]) -> SPPlan:
+    """The plan of ``layout`` at the Ulysses degree the cost model prices fastest, bound to that degree's group
+    (``ulysses_size="per_batch"``: ``sp.degrees``).
+
+    Every degree's plan is made (and cached) as for a group of that degree; :func:`~hf_hsap.plan.planner.fastest_degree`
+    picks one (a rank's step time, ties to the smaller degree), the same on every rank since it depends only on
+    the layout and the options. The choice is cached too, so a repeated layout costs one lookup.
+
+    Args:
+        layout: the checked layout. sp: a group with ``degrees``. cost: the cost model (``None``: each degree's
+            link default). cache: where plans and the choice are kept. options: the planner's options.
+
+    Returns:
+        The :class:`SPPlan`, bound to ``sp.degrees[U]``.
+    """
+    kinds, layers = mask_kinds(options.get("windows"), layout)  # the windows as the planner keys them
+    rest = tuple(sorted((k, v) for k, v in options.items() if k != "windows"))
+    key = ("per_batch", layout.digest, cost, rest, tuple((w, layers[w]) for w in kinds))
+
+    def choose() -> SPPlan:
+        plans = {u: planner.plan_sequence(layout, g.spec, cost=cost, cache=cache,
+                                          bind=lambda p, g=g: SPPlan.bind(p, g), **options)
+                 for u, g in sorted(sp.degrees.items())}
+        best, times = planner.fastest_degree(plans)
+        logger.debug("per-batch Ulysses degree %d for %d tokens, %d documents (estimated step time per degree: %s)",
+                     best, layout.total_tokens, layout.n_docs,
+                     ", ".join(f"U={u}: {t:.4g}" for u, t in sorted(times.items())))
+        return plans[best]
+
+    return cache.get_or_build(key, choose)
 
 
 # the planner's own options (its keyword-only parameters but the ones this function sets itself)

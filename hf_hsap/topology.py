@@ -16,12 +16,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import logging
+
 import torch.distributed as dist
 
 from .comm.p2p import CommStats, P2PExecutor
-from .config import DEFAULT_TIMEOUT_S, HSAPConfig
+from .config import DEFAULT_TIMEOUT_S, ULYSSES_MODES, HSAPConfig
+from .launch_checks import check_accelerate_world, check_parallelism_config
 from .plan.cache import PlanCache
 from .plan.group import GroupSpec
+
+__all__ = ["SPGroup", "auto_ulysses_size", "check_parallelism_config", "finish_distributed", "init_sequence_parallel",
+           "ulysses_degrees"]
+
+logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class SPGroup:
@@ -49,6 +57,11 @@ class SPGroup:
         config: the :class:`~hf_hsap.HSAPConfig` the group was made from (``ulysses_size`` resolved):
             ``shard_batch`` and the SP loader plan with its placement, rounds and budget.
         device_mesh: the ``DeviceMesh`` (dims ``dp, sp_inter, sp_intra``) the groups come from.
+        degrees: with ``ulysses_size="per_batch"``, this group at every Ulysses degree it can run
+            (``{U: SPGroup}``, this one included; the same ranks, SP process group, plan cache and counters,
+            each degree with its own intra and inter groups): :func:`hf_hsap.plan_sequence` plans every batch
+            for the degree the cost model prices fastest and binds the plan to that group
+            (:func:`hf_hsap.sp_plan.plan_per_batch`). Empty: one degree, ``ulysses_size``.
     """
 
     size: int
@@ -70,6 +83,7 @@ class SPGroup:
     cost_model: Any = None
     pending_plan_use: Any = None
     config: HSAPConfig = field(default_factory=HSAPConfig)
+    degrees: dict[int, "SPGroup"] = field(default_factory=dict)
 
     @property
     def sap_link(self) -> str:
@@ -151,6 +165,27 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
     return best
 
 
+def ulysses_degrees(sp_size: int, gpus_per_node: int, num_heads: int | None) -> list[int]:
+    """The Ulysses degrees ``ulysses_size="per_batch"`` builds groups for: every ``U`` that divides ``sp_size``
+    and the query heads and keeps the all-to-all inside a node (divides ``gpus_per_node``), up to
+    ``U = sp_size`` (DeepSpeed Ulysses) when the group fits in one node.
+
+    Args:
+        sp_size: P. gpus_per_node: ranks that share the fast links. num_heads: query heads of the model.
+
+    Returns:
+        The degrees, ascending (1 always among them).
+
+    Raises:
+        ValueError: ``num_heads`` unknown (a degree must divide the heads).
+    """
+    if not num_heads:
+        raise ValueError("ulysses_size='per_batch' needs the model's query heads: pass num_heads=... to "
+                         "init_sequence_parallel or HSAPConfig(model_config=model.config), or pick one degree "
+                         "(ulysses_size='auto' or an int)")
+    return [u for u in range(1, sp_size + 1) if sp_size % u == 0 and num_heads % u == 0 and gpus_per_node % u == 0]
+
+
 def _gpus_per_node(world: int) -> int:
     """Ranks per node: LOCAL_WORLD_SIZE (set by torchrun / accelerate launch), else visible GPUs, else the
     whole world (CPU runs are one node)."""
@@ -178,13 +213,17 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
     Args:
         sp_size: P, ranks sharing one packed batch, or an :class:`~hf_hsap.HSAPConfig` (then the other
             arguments are taken from it and must be left at their defaults).
-        ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``), or
+        ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``),
             ``"auto"`` (default): :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``
-            (1 when the SP group fits in one node, else Ulysses inside each node and SAP between).
+            (1 when the SP group fits in one node, else Ulysses inside each node and SAP between), or
+            ``"per_batch"``: groups for every degree of :func:`ulysses_degrees` (``num_heads`` needed), each
+            batch planned for the fastest by the cost model (``SPGroup.degrees``, :func:`hf_hsap.sp_plan.plan_per_batch`); the
+            returned group is the ``"auto"`` degree's.
         group: must be ``None`` or span the whole world (the mesh is built over the world).
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.
-        num_heads: query heads of the model, for ``ulysses_size="auto"``.
+        num_heads: query heads of the model, for ``ulysses_size="auto"`` / ``"per_batch"`` (default: the
+            config's ``model_config``).
         gpus_per_node: ranks per node, for ``"auto"`` and the planner's link costs (default:
             LOCAL_WORLD_SIZE, else GPUs, else world).
         grad_comm_dtype: dtype of the dK/dV partial sums SAP returns to their owners (``None``: the
@@ -216,7 +255,10 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
     world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     gpus_per_node = config.gpus_per_node or _gpus_per_node(world_now)
     ulysses_size = config.ulysses_size
-    if ulysses_size == "auto":
+    per_batch = ulysses_size == "per_batch"
+    if per_batch:
+        degrees = ulysses_degrees(sp_size, gpus_per_node, num_heads) if sp_size > 1 else [1]
+    if ulysses_size in ULYSSES_MODES:
         ulysses_size = auto_ulysses_size(sp_size, gpus_per_node, num_heads)
     if not dist.is_available() or not dist.is_initialized():
         if sp_size == 1 and ulysses_size == 1:
@@ -230,107 +272,63 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
             "(on CPU: --config_file accelerate_configs/cpu_4proc.yaml) or `torchrun --nproc_per_node "
             f"{sp_size} ...`, and create the Accelerator (or call dist.init_process_group) before this call"
         )
-    _check_accelerate_world(dist.get_world_size())
+    check_accelerate_world(dist.get_world_size())
     check_parallelism_config()
     world = dist.get_world_size()
     if group is not None and dist.get_process_group_ranks(group) != list(range(world)):
         raise ValueError("init_sequence_parallel builds its groups from a DeviceMesh over the whole world; pass "
                          "group=None (SP groups are consecutive ranks, data parallelism runs across them)")
     _validate(world, sp_size, ulysses_size)
-    me = dist.get_rank()
-    U, R, n_sp = ulysses_size, sp_size // ulysses_size, world // sp_size
-    mesh = _device_mesh(n_sp, R, U, timeout_s)
+    shared = {"timeout_s": timeout_s, "gpus_per_node": gpus_per_node, "grad_comm_dtype": config.grad_comm_dtype,
+              "config": config.replace(ulysses_size=ulysses_size if not per_batch else "per_batch")}
+    sp = _build_group(sp_size, ulysses_size, None, shared)
+    sp.cost_model = config.cost_for(sp.sap_link)
+    if per_batch:  # one set of groups per degree (same SP group, plan cache and counters): hf_hsap.degrees
+        sp.degrees[ulysses_size] = sp
+        for u in degrees:
+            if u != ulysses_size:
+                sp.degrees[u] = _build_group(sp_size, u, sp.group, dict(shared, plan_cache=sp.plan_cache,
+                                                                         comm_stats=sp.comm_stats))
+        logger.info("hf_hsap: ulysses_size='per_batch': groups for degrees %s (default %d)", sorted(sp.degrees),
+                    ulysses_size)
+    return sp
+
+
+def _build_group(sp_size: int, U: int, sp_group: Any, shared: dict[str, Any]) -> SPGroup:
+    """This rank's :class:`SPGroup` of Ulysses degree ``U`` (collective: every rank, same order).
+
+    Args:
+        sp_size: P. U: the degree (divides P). sp_group: the SP process group to reuse (its ranks are the same
+            for every degree), or None to take it from the new mesh. shared: further :class:`SPGroup` fields.
+
+    Returns:
+        The group; its ``device_mesh`` has dims ``dp, sp_inter, sp_intra`` = ``[world / P, P / U, U]``.
+    """
+    world, me = dist.get_world_size(), dist.get_rank()
+    R, n_sp = sp_size // U, world // sp_size
+    mesh = _device_mesh(n_sp, R, U, float(shared["timeout_s"]))
 
     def dim_group(name: str) -> Any:
         return mesh.get_group(name) if mesh[name].size() > 1 else None
 
     intra, inter = dim_group("sp_intra"), dim_group("sp_inter")
-    if U == 1 or R == 1:
+    if sp_group is not None:
+        pass
+    elif U == 1 or R == 1:
         sp_group = inter if U == 1 else intra
     else:  # both dims > 1: one more communicator over the U x R ranks of the group
-        sp_group = mesh["sp_inter", "sp_intra"]._flatten("sp", backend_override=_group_options(timeout_s)).get_group()
+        sp_group = mesh["sp_inter", "sp_intra"]._flatten("sp", backend_override=_group_options(
+            float(shared["timeout_s"]))).get_group()
     # One barrier per group, in the same order on every rank: each communicator is created with all of its
     # ranks before the runtime's first batched P2P, which may involve only some of them (NCCL requires the
     # first operation on a group to involve every rank; gloo runs the same path here)
     for g in dict.fromkeys(x for x in (sp_group, intra, inter, dim_group("dp")) if x is not None):
         dist.barrier(group=g)
     s_me = me // sp_size
-    sp = SPGroup(
-        size=sp_size, ulysses_size=U, rank=me % sp_size, group=sp_group,
-        global_ranks=tuple(s_me * sp_size + j for j in range(sp_size)),
-        intra_group=intra, inter_group=inter, dp_size=n_sp, dp_rank=s_me,
-        dp_group=dim_group("dp"), timeout_s=timeout_s, gpus_per_node=gpus_per_node,
-        grad_comm_dtype=config.grad_comm_dtype, device_mesh=mesh, config=config.replace(ulysses_size=U),
-    )
-    sp.cost_model = config.cost_for(sp.sap_link)
-    return sp
-
-
-def check_parallelism_config(pc: Any = None) -> None:
-    """Refuse an Accelerate ``ParallelismConfig`` that would split the sequence (or the heads) a second time.
-
-    Args:
-        pc: an ``accelerate.ParallelismConfig`` (e.g. ``accelerator.parallelism_config``); ``None`` reads
-            what ``accelerate launch`` exported from a config file (``PARALLELISM_CONFIG_*``).
-
-    Raises:
-        ValueError: ``cp_size > 1`` (PyTorch context parallelism drops the document mask), ``sp_size > 1``
-            (ALST / DeepSpeed Ulysses, whose sharding HSAP replaces) or ``tp_size > 1`` (not composed).
-    """
-    import os
-
-    if pc is None:
-        if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "").lower() not in ("1", "true"):
-            return
-        sizes = {k: int(os.environ.get(f"PARALLELISM_CONFIG_{k.upper()}", "1")) for k in ("cp_size", "sp_size", "tp_size")}
-        backend = os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
-    else:
-        sizes = {k: int(getattr(pc, k, 1) or 1) for k in ("cp_size", "sp_size", "tp_size")}
-        backend = getattr(pc, "sp_backend", "deepspeed")
-    where = ("remove the parallelism_config block's {key} from the Accelerate config (or ParallelismConfig) and "
-             "pass the size to HSAP instead: --hsap_sp_size {n} (HSAPTrainingArguments / HSAPSFTConfig), "
-             "HSAPConfig(sp_size={n}) or the recipes' --sp_size {n}")
-    if sizes["cp_size"] > 1:
-        raise ValueError("Accelerate's context parallelism (cp_size=%d) replaces the document mask of packed rows by "
-                         "plain causal attention; " % sizes["cp_size"]
-                         + where.format(key="parallelism_config_cp_size", n=sizes["cp_size"]))
-    if sizes["sp_size"] > 1:
-        raise ValueError(f"an ALST-style parallelism_config (sp_size={sizes['sp_size']}, sp_backend={backend}) would "
-                         "shard every sequence a second time under HSAP's own sequence parallelism; "
-                         + where.format(key="parallelism_config_sp_size / sp_backend", n=sizes["sp_size"]))
-    if sizes["tp_size"] > 1:
-        raise ValueError(f"tensor parallelism (tp_size={sizes['tp_size']}) is not composed with HSAP; remove "
-                         "parallelism_config_tp_size (HSAP's SP groups with data parallelism or FSDP2 across them)")
-
-
-def _check_accelerate_world(world: int) -> None:
-    """Refuse an Accelerate state that counts other processes than torch.distributed has.
-
-    A bare ``Accelerator()`` on a CPU machine under ``accelerate launch`` with a multi-process config
-    initialises the process group but reports one process (``DistributedType.NO``): ``prepare()`` then
-    returns the model without DDP and the ranks train apart, silently.
-    """
-    try:
-        from accelerate.state import PartialState
-    except ImportError:  # pragma: no cover - accelerate is a dependency
-        return
-    import os
-
-    shared = getattr(PartialState, "_shared_state", {})
-    n = shared.get("num_processes")
-    if n is None or int(n) == world:
-        return
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        raise ValueError(
-            f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: under DeepSpeed on a machine "
-            "without GPUs, Accelerate (1.15) picks no backend and reports one process, so the ranks would train apart. "
-            "Run DeepSpeed on GPUs; on CPU see scripts/deepspeed_cpu_check.sh (it makes Accelerate use gloo)")
-    raise ValueError(
-        f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "
-        "the model for data parallelism and the ranks would train apart. On CPU create the Accelerator with "
-        "Accelerator(cpu=True) (or PartialState(cpu=True)) before init_sequence_parallel; on GPUs launch with "
-        "a config whose distributed_type matches (accelerate_configs/)"
-    )
+    return SPGroup(size=sp_size, ulysses_size=U, rank=me % sp_size, group=sp_group,
+                   global_ranks=tuple(s_me * sp_size + j for j in range(sp_size)), intra_group=intra,
+                   inter_group=inter, dp_size=n_sp, dp_rank=s_me, dp_group=dim_group("dp"), device_mesh=mesh,
+                   **shared)
 
 
 def _group_options(timeout_s: float) -> tuple[str, Any]:

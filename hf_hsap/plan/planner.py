@@ -29,7 +29,8 @@ from .rounds import ROUND_ORDERS
 from .transfers import Transfers
 from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
 
-__all__ = ["AUTO_TOKEN_SLACKS", "Plan", "choose_ulysses_size", "offline_link", "plan_layout", "plan_sequence"]
+__all__ = ["AUTO_TOKEN_SLACKS", "Plan", "choose_ulysses_size", "fastest_degree", "offline_link", "plan_layout",
+           "plan_sequence", "rank_step_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,18 +269,37 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
         ``(best U, {U: estimated step time of the slowest rank, in pairs})``; ties go to the smaller U.
     """
     layout = make_layout(cu_seqlens)
-    times: dict[int, float] = {}
+    plans = {}
     for U in range(1, sp_size + 1):
         if sp_size % U or num_heads % U or (gpus_per_node and gpus_per_node % U) or layout.total_tokens < sp_size:
             continue
         group = GroupSpec.offline(sp_size, U, gpus_per_node)
-        plan = plan_layout(layout, group, placement, cost=cost or CostModel.for_link(group.link), windows=windows)
-        trs = {w: plan.kind(w).transfers for w in plan.windows}
-        times[U] = step_time(layout, plan.placement, trs, plan.layer_counts, plan.cost) / U
-    if not times:
+        plans[U] = plan_layout(layout, group, placement, cost=cost or CostModel.for_link(group.link), windows=windows)
+    if not plans:
         raise ValueError(f"no Ulysses degree divides sp_size={sp_size} and num_heads={num_heads} (and fits a node of "
                          f"{gpus_per_node} ranks) for {layout.total_tokens} tokens")
-    return min(times, key=lambda u: (times[u], u)), times
+    return fastest_degree(plans)
 
+
+def rank_step_time(plan: Plan) -> float:
+    """Estimated step time of a rank under ``plan``, in pairs: its slowest part's step time over every mask kind
+    (:func:`.cost.step_time`, with the all-to-all's share of every token when ``U > 1``) divided by ``U`` (a rank
+    computes ``1 / U`` of its part's heads). What compares plans of one layout at different Ulysses degrees."""
+    trs = {w: plan.kind(w).transfers for w in plan.windows}
+    return step_time(plan.layout, plan.placement, trs, plan.layer_counts, plan.cost) / plan.ulysses_size
+
+
+def fastest_degree(plans: Mapping[int, Plan]) -> tuple[int, dict[int, float]]:
+    """The Ulysses degree whose plan :func:`rank_step_time` prices fastest (the one rule of the per-batch choice:
+    :func:`choose_ulysses_size` and ``ulysses_size="per_batch"`` groups use it).
+
+    Args:
+        plans: one plan of the same layout per degree ``U``.
+
+    Returns:
+        ``(best U, {U: estimated step time})``; ties go to the smaller U.
+    """
+    times = {U: rank_step_time(p) for U, p in plans.items()}
+    return min(times, key=lambda u: (times[u], u)), times
 
 __getattr__ = moved_names(__name__, {"check_same_layout": ("hf_hsap.sp_plan", "the planner runs no collective")})

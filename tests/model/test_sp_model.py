@@ -72,6 +72,17 @@ def test_sp4_matches_documents_alone(kind: str, ulysses: int, placement: str, po
     _check(kind, pools(4, TIMEOUT_S).run(W.sp_forward_backward, kind, 4, ulysses, placement), 4)
 
 
+@pytest.mark.parametrize("kv_token_cost,a2a_token_cost,degree", [(3.0, 20.0, 1), (30.0, 20.0, 2), (1000.0, 0.1, 4)])
+def test_sp4_per_batch_degree_matches_documents_alone(kv_token_cost: float, a2a_token_cost: float, degree: int,
+                                                      pools) -> None:
+    """``ulysses_size="per_batch"``: the batch runs at the degree the group's cost model prices fastest (each
+    case meets another one), and logits, loss and every gradient still equal the documents run alone."""
+    cost = {"token_cost": 0.0, "kv_token_cost": kv_token_cost, "round_cost": 50.0, "a2a_token_cost": a2a_token_cost}
+    res = pools(4, TIMEOUT_S).run(W.sp_forward_backward, "qwen2", 4, "per_batch", "auto", cost)
+    assert {r["ulysses"] for r in res} == {degree}
+    _check("qwen2", res, 4)
+
+
 def test_sp2_with_two_dp_groups(pools) -> None:
     _check("qwen2", pools(4, TIMEOUT_S).run(W.sp_forward_backward, "qwen2", 2), 2)
 

@@ -43,6 +43,22 @@ def test_bad_field_raises_naming_it(field: str, value, extra: dict) -> None:
         HSAPConfig(**{field: value, **extra})
 
 
+def test_ulysses_size_names_its_modes() -> None:
+    with pytest.raises(ValueError, match="one of \\('auto', 'per_batch'\\)"):
+        HSAPConfig(sp_size=4, ulysses_size="perbatch")
+
+
+def test_per_batch_degrees_divide_p_the_heads_and_the_node() -> None:
+    from hf_hsap.topology import ulysses_degrees
+
+    assert ulysses_degrees(8, 8, 32) == [1, 2, 4, 8]
+    assert ulysses_degrees(8, 8, 12) == [1, 2, 4]
+    assert ulysses_degrees(16, 8, 32) == [1, 2, 4, 8]  # the all-to-all stays inside a node
+    assert ulysses_degrees(6, 6, 4) == [1, 2]
+    with pytest.raises(ValueError, match="num_heads=.*model_config"):
+        ulysses_degrees(4, 4, None)
+
+
 def test_ulysses_that_does_not_divide_names_sp_size() -> None:
     with pytest.raises(ValueError, match="does not divide sp_size=6"):
         HSAPConfig(sp_size=6, ulysses_size=4)
@@ -57,6 +73,7 @@ def test_ulysses_digit_string_becomes_int() -> None:
     cfg = HSAPConfig(sp_size=4, ulysses_size="2")
     assert cfg.ulysses_size == 2 and type(cfg.ulysses_size) is int
     assert HSAPConfig(sp_size=4, ulysses_size="auto").ulysses_size == "auto"
+    assert HSAPConfig(sp_size=4, ulysses_size="per_batch").ulysses_size == "per_batch"
     assert type(HSAPConfig(sp_size=4, ulysses_size=4).ulysses_size) is int
 
 

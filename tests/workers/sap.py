@@ -14,10 +14,14 @@ from hf_hsap.testing import rel_err
 _GROUPS: dict = {}  # per-process cache of SP groups (worker processes only; keyed by shape)
 
 
-def get_sp(sp_size: int, ulysses: int) -> hf_hsap.SPGroup:
+PER_BATCH_HEADS = 8  # the heads a "per_batch" group's degrees divide (every test's hq is a multiple of them)
+
+
+def get_sp(sp_size: int, ulysses: int | str) -> hf_hsap.SPGroup:
     key = (sp_size, ulysses)
     if key not in _GROUPS:
-        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
+        heads = {"num_heads": PER_BATCH_HEADS} if ulysses == "per_batch" else {}
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses, **heads)
     return _GROUPS[key]
 
 
@@ -42,11 +46,13 @@ def _shard_err(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> float:
 def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, hq: int, hkv: int, d: int,
                     dtype_name: str, seed: int, budget: int | None = None, layouts_per_dp: list | None = None,
                     grad_comm_dtype: str | None = None, rounds: str = "auto", window: int | None = None,
-                    softcap: float | None = None, sinks: bool = False, plan_windows: bool = True) -> dict:
+                    softcap: float | None = None, sinks: bool = False, plan_windows: bool = True,
+                    cost: dict | None = None) -> dict:
     """Run hsap_attn_func on the global batch drawn from ``seed`` and compare with the float64
     reference: returns the max relative errors of out, lse, dq, dk, dv (and of the sinks' gradient, summed
     over the SP group, with ``sinks``) and the comm counters. ``window`` / ``softcap``: the layer's sliding
-    window and soft-capping; ``plan_windows``: the plan is made for the window (else planned on demand)."""
+    window and soft-capping; ``plan_windows``: the plan is made for the window (else planned on demand); ``cost``:
+    the fields of the :class:`~hf_hsap.CostModel` to plan with (default: the group's)."""
     sp = get_sp(sp_size, ulysses)
     if layouts_per_dp is not None:
         cu = layouts_per_dp[sp.dp_rank]
@@ -60,7 +66,8 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
     dout = torch.randn(T, hq, d, generator=g, dtype=torch.float64)
     sink = torch.randn(hq, generator=g, dtype=torch.float64) if sinks else None
     plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, placement, recv_budget_tokens=budget, rounds=rounds,
-                                 windows=[window] if plan_windows else None)
+                                 windows=[window] if plan_windows else None,
+                                 cost=None if cost is None else hf_hsap.CostModel(**cost))
     ql, kl, vl = (plan.shard(x).to(dtype).requires_grad_(True) for x in (q, k, v))
     sl = None if sink is None else sink.clone().to(dtype).requires_grad_(True)
     sp.comm_stats.reset()
@@ -69,10 +76,10 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
                                       softcap=softcap, sinks=sl)
     fwd_rows, fwd_bytes, fwd_msgs = sp.comm_stats.rows_recv, sp.comm_stats.bytes_recv, sp.comm_stats.messages
     fwd_a2a = sp.comm_stats.a2a_bytes_sent
-    U = ulysses
+    U = plan.ulysses_size  # the group's degree, or the one a "per_batch" group chose for this batch
     hkv_eff = math.lcm(hkv, U) if hkv % U else hkv
     t_u = plan.num_local_tokens()
-    t_part = sum(plan.num_local_tokens(sp.inter_rank * U + u) for u in range(U))
+    t_part = sum(plan.num_local_tokens(plan.sp.inter_rank * U + u) for u in range(U))
     a2a_expected = (t_u * (U - 1) * (hq + 2 * hkv_eff) // U * d + (t_part - t_u) * hq // U * d) * ql.element_size()
     out.backward(plan.shard(dout).to(dtype))
     bwd_bytes = sp.comm_stats.bytes_recv - fwd_bytes
@@ -96,7 +103,7 @@ def check_attention(cu: list[int], sp_size: int, ulysses: int, placement: str, h
            for name, leaf, full in (("dq", ql, qr), ("dk", kl, kr), ("dv", vl, vr))},
         "fwd_rows": fwd_rows, "fwd_bytes": fwd_bytes, "fwd_msgs": fwd_msgs, "bwd_bytes": bwd_bytes,
         "plan_recv": st.recv_kv_tokens[sp.rank], "plan_send": st.send_kv_tokens[sp.rank], "rounds": st.rounds,
-        "row_bytes": 2 * (math.lcm(hkv, ulysses) if hkv % ulysses else hkv) // ulysses * d * kl.element_size(),
+        "row_bytes": 2 * hkv_eff // U * d * kl.element_size(), "ulysses": U,
         "placement": plan.placement_name, "rank": dist.get_rank(), "round_order": plan.round_order,
         "bwd_rows": sp.comm_stats.rows_recv - fwd_rows,
         "a2a_bytes": fwd_a2a, "a2a_expected": a2a_expected, "a2a_tokens": st.a2a_tokens[sp.rank],
@@ -153,6 +160,26 @@ def heads_not_divisible() -> str:
     n = plan.num_local_tokens()
     try:
         hf_hsap.hsap_attn_func(torch.randn(n, 3, 8), torch.randn(n, 1, 8), torch.randn(n, 1, 8), plan)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def describe_degrees(sp_size: int) -> dict:
+    """The groups of every degree of a ``ulysses_size="per_batch"`` group on this rank."""
+    sp = get_sp(sp_size, "per_batch")
+    ranks = lambda g: None if g is None else dist.get_process_group_ranks(g)  # noqa: E731
+    degrees = {u: {"intra": ranks(g.intra_group), "inter": ranks(g.inter_group), "sp": ranks(g.group)}
+               for u, g in sp.degrees.items()}
+    shared = all(g.group is sp.group and g.plan_cache is sp.plan_cache and g.comm_stats is sp.comm_stats
+                 and g.rank == sp.rank and g.ulysses_size == u for u, g in sp.degrees.items())
+    return {"rank": dist.get_rank(), "degrees": degrees, "default": sp.ulysses_size, "shared": shared}
+
+
+def per_batch_without_heads() -> str:
+    """``ulysses_size="per_batch"`` without the model's heads must be refused on every rank."""
+    try:
+        hf_hsap.init_sequence_parallel(dist.get_world_size(), ulysses_size="per_batch")
     except ValueError as e:
         return str(e)
     return "no error"

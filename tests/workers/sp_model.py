@@ -17,10 +17,14 @@ DOC_LENS = [1, 3, 40, 2, 17, 1, 9, 24, 5, 1, 41]
 _GROUPS: dict = {}  # per-process cache of SP groups (worker processes only)
 
 
-def get_sp(sp_size: int, ulysses: int = 1) -> hf_hsap.SPGroup:
-    key = (sp_size, ulysses)
+def get_sp(sp_size: int, ulysses: int | str = 1, cost: dict | None = None) -> hf_hsap.SPGroup:
+    """This process's SP group of that shape; ``ulysses="per_batch"`` groups plan with ``cost`` (CostModel fields)
+    and the tiny models' 4 heads."""
+    key = (sp_size, ulysses, None if cost is None else tuple(sorted(cost.items())))
     if key not in _GROUPS:
-        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
+            sp_size=sp_size, ulysses_size=ulysses, cost_model=None if cost is None else hf_hsap.CostModel(**cost)),
+            num_heads=4 if ulysses == "per_batch" else None)
     return _GROUPS[key]
 
 
@@ -51,10 +55,12 @@ def loss_weights(total: int) -> torch.Tensor:
     return torch.randn(total, VOCAB, generator=torch.Generator().manual_seed(2))
 
 
-def sp_forward_backward(kind: str, sp_size: int, ulysses: int = 1, placement: str = "auto") -> dict[str, Any]:
+def sp_forward_backward(kind: str, sp_size: int, ulysses: int | str = 1, placement: str = "auto",
+                        cost: dict | None = None) -> dict[str, Any]:
     """Run the packed row under SP: local logits with their global indices, the model's loss, and every
-    parameter's gradient summed over the SP group (of ``model.loss + sum(w * logits)``)."""
-    sp = get_sp(sp_size, ulysses) if sp_size > 1 else sp_size
+    parameter's gradient summed over the SP group (of ``model.loss + sum(w * logits)``); ``ulysses="per_batch"``
+    with ``cost``: the group's cost model, and the degree the batch ran at is in the result."""
+    sp = get_sp(sp_size, ulysses, cost) if sp_size > 1 else sp_size
     model = make_model(kind)
     batch = global_batch()
     local = shard_batch(batch, sp, placement=placement)
@@ -73,7 +79,8 @@ def sp_forward_backward(kind: str, sp_size: int, ulysses: int = 1, placement: st
     if sp_size > 1:
         dist.all_reduce(loss, group=sp.group)
     return {"index": idx, "logits": out.logits.detach()[0], "loss": float(loss), "grads": grads,
-            "num_items": int(local["num_items_in_batch"]), "rank": getattr(sp, "rank", 0)}
+            "num_items": int(local["num_items_in_batch"]), "rank": getattr(sp, "rank", 0),
+            "ulysses": plan.ulysses_size}
 
 
 def all_ignored_and_refusals(sp_size: int) -> dict[str, Any]:
