@@ -47,14 +47,18 @@ ATTENTION_ONLY = hf_hsap.CostModel(token_cost=0.0, kv_token_cost=hf_hsap.CostMod
                                    round_cost=hf_hsap.CostModel.nvlink().round_cost, diag_block=256)
 
 
-def _hsap_runner(cu: list[int], U: int, q, k, v, dout) -> tuple[_Runner, Any]:
-    sp = hf_hsap.init_sequence_parallel(dist.get_world_size(), ulysses_size=U)
-    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, "auto", cost=ATTENTION_ONLY)
+def _hsap_runner(cu: list[int], U: int | str, q, k, v, dout, cost: hf_hsap.CostModel = ATTENTION_ONLY
+                 ) -> tuple[_Runner, Any]:
+    """hf_hsap on this rank: a group of Ulysses degree ``U`` (``"per_batch"``: the degree ``cost`` prices fastest
+    for this row, up to ``U = world``), placement auto under ``cost``."""
+    sp = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(sp_size=dist.get_world_size(), ulysses_size=U,
+                                                           cost_model=cost), num_heads=q.shape[1])
+    plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, "auto")
     idx = plan.local_token_indices()
     ql, kl, vl, dl = (x.index_select(0, idx) for x in (q, k, v, dout))
 
     def fn() -> Result:
-        sp.comm_stats.reset()
+        plan.sp.comm_stats.reset()
         a, b, c = (x.detach().requires_grad_(True) for x in (ql, kl, vl))
         out = hf_hsap.hsap_attn_func(a, b, c, plan)
         out.backward(dl)
@@ -62,7 +66,7 @@ def _hsap_runner(cu: list[int], U: int, q, k, v, dout) -> tuple[_Runner, Any]:
 
     st = plan.stats()
     info = {"placement": plan.placement_name, "recv_kv_tokens": st.recv_kv_tokens[sp.rank],
-            "tokens": st.tokens[sp.rank], "attn_work": st.attn_work[sp.rank]}
+            "tokens": st.tokens[sp.rank], "attn_work": st.attn_work[sp.rank], "ulysses": plan.ulysses_size}
     return _Runner(idx, fn, lambda: sp.comm_stats.bytes_recv + sp.comm_stats.a2a_bytes_sent, info), plan
 
 

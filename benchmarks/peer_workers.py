@@ -4,7 +4,10 @@ The schemes put beside hf_hsap, every one over hf_hsap's CPU kernel (:class:`~hf
 varlen calls with a :class:`~hf_hsap.kernels.VarlenSpec`, through the differentiable
 :func:`hf_hsap.varlen_attention`), so a ratio shows the schedule, not the kernel:
 
-* ``hsap``: :func:`hf_hsap.hsap_attn_func`, placement auto (:func:`benchmarks.cpu_workers._hsap_runner`).
+* ``hsap``: :func:`hf_hsap.hsap_attn_func` with ``ulysses_size="per_batch"`` (the row runs at the Ulysses degree,
+  1 to ``P``, that the cost model prices fastest), placement auto, the cost model measured on these ranks
+  (:func:`benchmarks.cpu_calibration.cpu_cost_model`; :func:`benchmarks.cpu_workers._hsap_runner`).
+* ``hsap_flat``: the same at ``U = 1`` (flat SAP, what ``hsap`` ran before the per-batch degree).
 * ``hsap_ulysses``: hf_hsap's own Ulysses baseline (:class:`benchmarks.cpu_baselines.UlyssesAttention`,
   explicit forward / backward calls).
 * ``deepspeed_ulysses``: DeepSpeed's ``deepspeed.sequence.layer.DistributedAttention`` (its all-to-alls,
@@ -37,10 +40,11 @@ import hf_hsap
 from hf_hsap.kernels import TorchCPUFlashKernel
 from hf_hsap.testing import rel_err
 
+from .cpu_calibration import cpu_cost_model, measure_cpu_figures
 from .cpu_workers import _baseline_runner, _hsap_runner, _reset_peak, _Runner, _status_kb
 
 DEEPSPEED_SCHEMES = ("deepspeed_ulysses", "alst")
-SCHEMES = ("hsap", "hsap_ulysses") + DEEPSPEED_SCHEMES
+SCHEMES = ("hsap", "hsap_flat", "hsap_ulysses") + DEEPSPEED_SCHEMES
 TENSORS = ("out", "dq", "dk", "dv")
 
 
@@ -202,10 +206,12 @@ def _group_max(errs: dict[str, float]) -> dict[str, float]:
     return {n: float(x) for n, x in zip(TENSORS, t)}
 
 
-def _runners(cu: list[int], names: tuple[str, ...], q, k, v, dout) -> dict[str, _Runner]:
+def _runners(cu: list[int], names: tuple[str, ...], q, k, v, dout, figures: dict[str, float]) -> dict[str, _Runner]:
     kernel, scale = TorchCPUFlashKernel(), q.shape[2] ** -0.5
+    cost = cpu_cost_model(q.shape[1], k.shape[1], q.shape[2], figures)
     makers: dict[str, Callable[[], _Runner]] = {
-        "hsap": lambda: _hsap_runner(cu, 1, q, k, v, dout)[0],
+        "hsap": lambda: _hsap_runner(cu, "per_batch", q, k, v, dout, cost)[0],
+        "hsap_flat": lambda: _hsap_runner(cu, 1, q, k, v, dout, cost)[0],
         "hsap_ulysses": lambda: _baseline_runner("ulysses", np.asarray(cu), q, k, v, dout, kernel, scale),
         "deepspeed_ulysses": lambda: _ds_ulysses_runner(cu, q, k, v, dout, kernel, scale),
         "alst": lambda: _alst_runner(cu, q, k, v, dout, kernel, scale),
@@ -221,8 +227,15 @@ def _inputs(cu: list[int], hq: int, hkv: int, d: int, seed: int):
 
 
 # ----------------------------------------------------------------------------- tasks
+def calibration_task(hq: int, hkv: int, d: int) -> dict[str, float]:
+    """The CPU figures of the cost model hf_hsap plans with (:func:`benchmarks.cpu_calibration.measure_cpu_figures`;
+    the same on every rank)."""
+    torch.set_num_threads(1)
+    return measure_cpu_figures(hq, hkv, d)
+
+
 def peers_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: int, names: tuple[str, ...],
-               tol: float) -> dict:
+               tol: float, figures: dict[str, float]) -> dict:
     """Check every scheme against the float64 reference, then time ``reps`` interleaved rounds.
 
     The check run is the warm-up. A scheme whose group-wide largest error (any of out, dq, dk, dv) is not
@@ -232,7 +245,8 @@ def peers_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: int, n
 
     Args:
         cu: ``[n_docs + 1]`` document boundaries; hq, hkv, d: heads, head dim; seed: of the float32 inputs
-        (identical on every rank); reps: timed rounds; names: schemes (:data:`SCHEMES`); tol: largest error.
+        (identical on every rank); reps: timed rounds; names: schemes (:data:`SCHEMES`); tol: largest error;
+        figures: :func:`calibration_task`'s (hf_hsap's cost model).
 
     Returns:
         ``{"rank", "times": {name: [s, ...]}, "cpu": {name: [s, ...]}, "errors": {name: {tensor: err}},
@@ -240,7 +254,7 @@ def peers_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: int, n
     """
     torch.set_num_threads(1)
     q, k, v, dout = _inputs(cu, hq, hkv, d, seed)
-    runners = _runners(cu, names, q, k, v, dout)
+    runners = _runners(cu, names, q, k, v, dout, figures)
     t0 = time.perf_counter()
     ref = reference_row(cu, q, k, v, dout)
     errors, exact = {}, {}
@@ -286,7 +300,8 @@ def track_malloc(on: bool = True) -> bool:
     return ok
 
 
-def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names: tuple[str, ...]) -> dict:
+def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names: tuple[str, ...],
+                      figures: dict[str, float]) -> dict:
     """Peak resident memory of one forward + backward of every scheme on this rank (run after
     :func:`track_malloc`). Inputs and each scheme's own shards exist before; per scheme the peak RSS
     (``VmHWM``) is reset, the step runs, and the result is the peak minus the RSS just before.
@@ -296,7 +311,7 @@ def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names
     """
     torch.set_num_threads(1)
     q, k, v, dout = _inputs(cu, hq, hkv, d, seed)
-    runners = _runners(cu, names, q, k, v, dout)
+    runners = _runners(cu, names, q, k, v, dout, figures)
     peaks, reset = {}, True
     libc = ctypes.CDLL("libc.so.6")
     for name, r in runners.items():

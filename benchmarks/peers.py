@@ -164,10 +164,15 @@ def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: boo
         if progress:
             print(f"  peers: deepspeed {probe.get('deepspeed')}; schemes {', '.join(names)} "
                   f"(ranks up in {time.perf_counter() - t0:.0f}s)", flush=True)
+        calibration = {hkv: pool.run(pw.calibration_task, cfg.hq, hkv, cfg.d)[0] for hkv in cfg.kv_heads}
+        if progress:
+            print("  peers: CPU cost figures " + "; ".join(f"hkv={h}: " + ", ".join(f"{k} {v:.3g}" for k, v in f.items())
+                                                          for h, f in calibration.items()), flush=True)
         for dist_name, cu in rows.items():
             for hkv in cfg.kv_heads:
                 t1 = time.perf_counter()
-                res = pool.run(pw.peers_task, cu.tolist(), cfg.hq, hkv, cfg.d, cfg.seed, cfg.reps, names, cfg.tol)
+                res = pool.run(pw.peers_task, cu.tolist(), cfg.hq, hkv, cfg.d, cfg.seed, cfg.reps, names, cfg.tol,
+                               calibration[hkv])
                 lengths = np.diff(cu)
                 configs.append({"dist": dist_name, "label": ROW_LABELS.get(dist_name, dist_name), "T": cfg.T,
                                 "hq": cfg.hq, "hkv": hkv, "d": cfg.d, "n_docs": int(len(lengths)),
@@ -182,7 +187,7 @@ def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: boo
             tracked = all(pool.run(pw.track_malloc))
             for i, c in enumerate(configs):
                 mem[i] = pool.run(pw.peers_memory_task, rows[c["dist"]].tolist(), cfg.hq, c["hkv"], cfg.d, cfg.seed,
-                                  names)
+                                  names, calibration[c["hkv"]])
             if not own:
                 pool.run(pw.track_malloc, False)
             if progress:
@@ -195,6 +200,7 @@ def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: boo
         c["results"] = summarize(c.pop("per_rank"), m)
         c["peak_reset"] = None if m is None else all(r["peak_reset"] for r in m)
     return {"config": dataclasses.asdict(cfg), "quick": cfg == QUICK, "probe": probe, "deepspeed": probe.get("deepspeed"),
+            "calibration": {str(h): f for h, f in calibration.items()},
             "schemes": list(names), "configs": configs,
             "all_exact": all(v["exact"] for c in configs for v in c["results"].values()),
             "machine": machine, "machine_end": _machine(), "seconds": time.perf_counter() - t0,

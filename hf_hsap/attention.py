@@ -141,18 +141,19 @@ def hsap_attn_func(
         hkv = hkv * rep
     slices = plan.intra_sizes(part)  # [U] tokens of each intra rank
     t = q.shape[0]
-    # one all-to-all for q, k, v: [T_local, U, (Hq + 2*Hkv)/U * D]
-    packed = torch.cat([q.reshape(t, U, -1), k.reshape(t, U, -1), v.reshape(t, U, -1)], dim=2)
-    heads = all_to_all(packed.reshape(t, -1), "seq_to_head", sp.intra_group, slices, sp.intra_rank,
-                       sp.comm_stats)  # [T_local, U*F] -> [T_part, F]
-    fq, fk = hq // U * d, hkv // U * d
-    t_part = heads.shape[0]
-    qh = heads[:, :fq].reshape(t_part, hq // U, d)  # [T_part, Hq/U, D]
-    kh = heads[:, fq:fq + fk].reshape(t_part, hkv // U, d)  # [T_part, Hkv/U, D]
-    vh = heads[:, fq + fk:].reshape(t_part, hkv // U, d)
+
+    def to_heads(x: torch.Tensor) -> torch.Tensor:
+        """One all-to-all per tensor (as DeepSpeed's): its output is the kernel's contiguous input, with no
+        packed copy of q, k, v and no slicing copies (activation memory is what bounds the sequence)."""
+        h = x.shape[1]
+        y = all_to_all(x.reshape(t, -1), "seq_to_head", sp.intra_group, slices, sp.intra_rank,
+                       sp.comm_stats)  # [T_local, H*D] -> [T_part, H/U*D]
+        return y.view(y.shape[0], h // U, d)  # [T_part, H/U, D]
+
+    qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
+    t_part = qh.shape[0]
     heads_u = None if sinks is None else sinks[sp.intra_rank * (hq // U):(sp.intra_rank + 1) * (hq // U)]  # [Hq/U]
-    out_h, lse_h = _SAPAttention.apply(qh.contiguous(), kh.contiguous(), vh.contiguous(), heads_u, sched, executor,
-                                       kernel, scale, gdt, softcap)
+    out_h, lse_h = _SAPAttention.apply(qh, kh, vh, heads_u, sched, executor, kernel, scale, gdt, softcap)
     out = all_to_all(out_h.reshape(t_part, -1), "head_to_seq", sp.intra_group, slices, sp.intra_rank,
                      sp.comm_stats)  # [T_part, Hq/U*D] -> [T_local, Hq*D]
     out = out.reshape(t, hq, d)

@@ -9,6 +9,8 @@ attention work::
 * ``local_work_r``: pairs of queries against the part's own keys: run while the needed KV is in
   flight. ``remote_work_r``: pairs against received keys: wait for them.
 * ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
+* ``overlap`` (1 by default): the share of the transfer the local work hides; below 1 the middle term
+  becomes ``local + kv - overlap * min(local, kv)`` (CPU ranks sharing cores: 0, nothing hidden).
 * ``diag_block`` (optional, 0 by default): a causal piece of ``n`` rows also computes ``n * min(n, b) / 2``
   masked pairs on its diagonal blocks; added to ``local_work_r`` and the work, it prices what splitting a
   document costs in the kernel (more, shorter causal pieces).
@@ -71,6 +73,9 @@ class CostModel:
             the kernel. 0 (default): not priced. PyTorch's CPU flash attention walks keys in blocks of 512
             (``benchmarks/measured.run_kernel_shapes`` measures it: one call on a 512-row causal square reaches
             about half the throughput of a 4096-row one).
+        overlap: the share of the KV transfer that the part's local work hides (1, default: a GPU's copy engines
+            and links move KV while its SMs compute, ``max(local, kv)``; 0: every transferred byte costs the
+            same processors the attention needs, ``local + kv``, as with gloo ranks sharing CPU cores).
     """
 
     token_cost: float = 17930.0
@@ -78,8 +83,12 @@ class CostModel:
     round_cost: float = 120000.0
     a2a_token_cost: float = 511.0
     diag_block: float = 0.0
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.overlap, numbers.Real) or isinstance(self.overlap, bool) or not 0 <= self.overlap <= 1:
+            raise ValueError(f"CostModel.overlap must lie in [0, 1] (the share of a transfer that local work can hide), "
+                             f"got {self.overlap!r}")
         for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
@@ -167,9 +176,16 @@ class CostModel:
                 while the KV is in flight). recv: KV tokens received. Scalars or ``[n_parts]`` arrays.
 
         Returns:
-            ``token_cost * tokens + max(local, kv_token_cost * recv) + (work - local)``, elementwise.
+            ``token_cost * tokens + max(local, kv_token_cost * recv) + (work - local)``, elementwise; with
+            ``overlap < 1`` the middle term is ``local + kv - overlap * min(local, kv)`` (``kv = kv_token_cost *
+            recv``; at ``overlap = 1`` that is the max).
         """
-        return self.token_cost * tokens + np.maximum(local, self.kv_token_cost * recv) + (work - local)
+        kv = self.kv_token_cost * recv
+        if self.overlap == 1:
+            exposed = np.maximum(local, kv)
+        else:
+            exposed = local + kv - self.overlap * np.minimum(local, kv)
+        return self.token_cost * tokens + exposed + (work - local)
 
     def masked_pairs(self, rows):
         """Masked pairs a causal piece of ``rows`` rows computes on its diagonal blocks (see ``diag_block``):

@@ -200,3 +200,32 @@ def test_choose_ulysses_size_prices_every_degree_up_to_ulysses():
     assert set(t6) == {1, 2}
     with pytest.raises(ValueError, match="no Ulysses degree"):
         hf_hsap.choose_ulysses_size([0, 5], 8, num_heads=8)
+
+
+def test_overlap_prices_what_local_work_cannot_hide():
+    # overlap 1 (GPU): max(local, kv); 0 (CPU ranks sharing cores): local + kv; between: the share hidden
+    tokens, work, local, recv = np.array([10.0, 10.0]), np.array([500.0, 500.0]), np.array([300.0, 50.0]), np.array([2, 2])
+    kw = dict(token_cost=1.0, kv_token_cost=100.0)
+    gpu, cpu, half = CostModel(**kw), CostModel(**kw, overlap=0.0), CostModel(**kw, overlap=0.5)
+    assert gpu.time_of(tokens, work, local, recv).tolist() == [10 + 300 + 200, 10 + 200 + 450]
+    assert cpu.time_of(tokens, work, local, recv).tolist() == [10 + 500 + 200, 10 + 500 + 200]
+    assert half.time_of(tokens, work, local, recv).tolist() == [10 + 500 + 100, 10 + 500 + 175]
+    for bad in (-0.1, 1.5, True, float("nan")):
+        with pytest.raises(ValueError, match="overlap"):
+            CostModel(overlap=bad)
+
+
+@settings(max_examples=ci_examples(25), deadline=None)
+@given(layouts(), st.integers(2, 8))
+def test_auto_never_worse_without_overlap(lengths, P):
+    """With nothing hidden (overlap 0) `auto` still beats every simpler placement by its own model."""
+    cost = CostModel(token_cost=0.0, kv_token_cost=30.0, overlap=0.0, diag_block=256)
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    group = GroupSpec.offline(P, 1, P)
+    best = plan_layout(layout, group, "auto", cost=cost)
+    t_auto = step_time(layout, best.placement, {None: best.transfers}, {None: 1}, cost)
+    for name in OTHERS:
+        other = plan_layout(layout, group, name, cost=cost)
+        assert t_auto <= step_time(layout, other.placement, {None: other.transfers}, {None: 1}, cost) * (1 + 1e-12), name
