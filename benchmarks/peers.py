@@ -247,7 +247,9 @@ def peers_section(results: dict) -> str:
         f"{cfg['d']}, float32, forward + backward of one attention layer, seed {cfg['seed']}.",
         "",
         "Every scheme runs hf_hsap's CPU kernel (`TorchCPUFlashKernel`, varlen over the row's documents), so a ratio "
-        "shows the schedule, not the kernel: **hsap** (`hsap_attn_func`, placement auto), **hsap_ulysses** "
+        "shows the schedule, not the kernel: **hsap** (`hsap_attn_func`, `ulysses_size=\"per_batch\"`: the row runs at "
+        "the Ulysses degree, 1 to the world size, whose plan the cost model prices fastest; placement auto; the U "
+        "column), **hsap_flat** (the same at U = 1, flat SAP), **hsap_ulysses** "
         "(hf_hsap's own Ulysses baseline of the measured section), **deepspeed_ulysses** (DeepSpeed's "
         "`deepspeed.sequence.layer.DistributedAttention` around a local module that runs the kernel over the whole "
         "row with the document mask; it asserts key/value heads ≥ world size, so 2 key/value heads are repeated to "
@@ -264,6 +266,14 @@ def peers_section(results: dict) -> str:
         "largest rank's resident-set growth during one step (VmHWM reset before it; glibc returns freed blocks at "
         "once), inputs and shards excluded.",
     ]
+    cal = results.get("calibration")
+    if cal:
+        lines += ["", "hf_hsap's cost model was measured on the ranks before the rows (`benchmarks/cpu_calibration.py`, "
+                      "every rank at once, averaged over ranks): " + "; ".join(
+                          f"{h} kv heads: {f['pair_s'] * 1e9:.0f} ns per attention pair (fwd + bwd), point-to-point "
+                          f"{f['p2p_bytes_per_s'] / 1e6:.0f} MB/s, all-to-all {f['a2a_bytes_per_s'] / 1e6:.0f} MB/s, "
+                          f"round latency {f['latency_s'] * 1e3:.2f} ms" for h, f in cal.items())
+                  + "; nothing of a transfer is hidden behind attention (`overlap=0`: four ranks share two cores)."]
     if missing:
         lines += ["", "Not run: " + "; ".join(missing) + "."]
     if not results.get("all_exact", True):
@@ -271,12 +281,14 @@ def peers_section(results: dict) -> str:
     body = []
     for c in results["configs"]:
         for n, v in c["results"].items():
-            body.append([c["label"], c["n_docs"], c["hkv"], n, f"{v['ms']:.0f}" if "ms" in v else "not timed",
+            us = sorted({i.get("ulysses") for i in v.get("info", []) if isinstance(i, dict) and i.get("ulysses")})
+            body.append([c["label"], c["n_docs"], c["hkv"], n, ", ".join(map(str, us)) or "–",
+                         f"{v['ms']:.0f}" if "ms" in v else "not timed",
                          f"{v['noise']:.2f}" if "noise" in v else "–", "1 (base)" if n == "hsap" else _ratio(v),
                          f"{v['cpu_ratio']:.2f}" if "cpu_ratio" in v else "–",
                          _err(v) + ("" if v["exact"] else " **not exact**"),
                          f"{v['peak_mib']:.0f}" if "peak_mib" in v else "–"])
-    lines += ["", rp.table(["row", "docs", "kv heads", "scheme", "ms", "noise", "scheme / hsap", "CPU scheme / hsap",
+    lines += ["", rp.table(["row", "docs", "kv heads", "scheme", "U", "ms", "noise", "scheme / hsap", "CPU scheme / hsap",
                             "max rel. error", "peak MiB / rank"], body)]
     peers = [v for c in results["configs"] for n, v in c["results"].items() if n in pw.DEEPSPEED_SCHEMES and "ratio" in v]
     if peers:

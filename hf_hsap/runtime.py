@@ -247,7 +247,10 @@ def sap_backward(
         raise ValueError(f"sap_backward got {len(recvs)} receive buffers for {len(rounds)} rounds")
     shape = dataclasses.replace(sched.shape, refetch=bool(rounds) and not recvs)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dkv = torch.zeros((k.shape[0], 2 * hkv, k.shape[2]), dtype=acc, device=k.device)  # [T_part, 2*Hkv, D]
+    # dk and dv apart (not one [T_part, 2*Hkv, D] buffer): each is returned contiguous, so the Ulysses
+    # all-to-all after it needs no copy of either
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)  # [T_part, Hkv, D]
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
     kv = torch.cat([k, v], dim=1) if shape.refetch else None  # [T_part, 2*Hkv, D]
     fetching: dict = {}
     landed: dict[int, torch.Tensor] = dict(enumerate(recvs))
@@ -258,14 +261,13 @@ def sap_backward(
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
             kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale,
-                                 dq, dkv[:, :hkv], dkv[:, hkv:], **_mask_kw(item, softcap))
+                                 dq, dk, dv, **_mask_kw(item, softcap))
         elif item is not None:
             gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, item.spec, scale, **_cap_kw(softcap))
             dq.add_(gq.to(acc))
-            dkv[:, :hkv].add_(gk.to(acc))
-            dkv[:, hkv:].add_(gv.to(acc))
-        _backward_items(sched.extra_local, dout, q, k, v, out, lse, dq, dkv[:, :hkv], dkv[:, hkv:], kernel, scale,
-                        softcap)
+            dk.add_(gk.to(acc))
+            dv.add_(gv.to(acc))
+        _backward_items(sched.extra_local, dout, q, k, v, out, lse, dq, dk, dv, kernel, scale, softcap)
 
     def post(t: int) -> None:
         fetching[t] = _start_fetch(executor, kv, rounds[t], t)
@@ -287,8 +289,10 @@ def sap_backward(
 
     def collect(t: int) -> None:
         rnd = rounds[t]
-        _add_rows(dkv, rnd.send_index, rnd.send_runs, returning.pop(t).wait())
+        back = returning.pop(t).wait()  # [rows, 2*Hkv, D]: dK | dV of the rows this part sent
+        _add_rows(dk, rnd.send_index, rnd.send_runs, back[:, :hkv])
+        _add_rows(dv, rnd.send_index, rnd.send_runs, back[:, hkv:])
 
     run_steps(backward_steps(shape), {POST: post, WAIT: wait, LOCAL: local, COMPUTE: compute,
                                       RETURN: send_return, COLLECT: collect})
-    return dq.to(q.dtype), dkv[:, :hkv].to(k.dtype), dkv[:, hkv:].to(v.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

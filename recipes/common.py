@@ -61,7 +61,8 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--ulysses_size", type=_ulysses_size, default="auto",
                    help="U: all-to-all degree inside the SP group (divides P), or 'auto' (default: 1 when the "
                         "SP group fits in one node, else the largest divisor of P that fits in a node and "
-                        "divides the model's heads)")
+                        "divides the model's heads), or 'per_batch' (every batch at the degree the cost model "
+                        "prices fastest)")
     g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
     g.add_argument("--rounds", default="auto", choices=["auto", "batched", "by_peer"],
                    help="how SAP's transfers are grouped in time (hf_hsap.plan_sequence rounds=)")
@@ -101,13 +102,13 @@ def positive_int(value: str) -> int:
 
 
 def _ulysses_size(value: str) -> int | str:
-    """``--ulysses_size``: a positive int or ``auto``."""
-    if value == "auto":
+    """``--ulysses_size``: a positive int, ``auto`` or ``per_batch``."""
+    if value in ("auto", "per_batch"):
         return value
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'auto' or 'per_batch', got {value!r}") from None
 
 
 def init_sp(args: argparse.Namespace) -> Any:

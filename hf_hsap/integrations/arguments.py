@@ -34,8 +34,9 @@ class HSAPArguments:
     hsap_sp_size: int = field(default=1, metadata={
         "help": "HSAP: ranks sharing one packed batch (sequence parallel size; divides the number of processes)"})
     hsap_ulysses_size: str = field(default="auto", metadata={
-        "help": "HSAP: Ulysses all-to-all degree inside the SP group (divides hsap_sp_size and the heads), or "
-                "'auto' (1 inside one node, else Ulysses inside each node)"})
+        "help": "HSAP: Ulysses all-to-all degree inside the SP group (divides hsap_sp_size and the heads), "
+                "'auto' (1 inside one node, else Ulysses inside each node) or 'per_batch' (every batch at the degree "
+                "the cost model prices fastest)"})
     hsap_placement: str = field(default="auto", metadata={"help": f"HSAP: token placement, one of {PLACEMENTS}"})
     hsap_rounds: str = field(default="auto", metadata={"help": f"HSAP: SAP round order, one of {ROUNDS}"})
     hsap_recv_budget_tokens: int | None = field(default=None, metadata={

@@ -63,16 +63,17 @@ def test_peers_section_renders_the_table():
                           exact={"hsap": True, "hsap_ulysses": True, "deepspeed_ulysses": True, "alst": False})]
     mem = [{"peak_delta_bytes": {"hsap": 10 * 2**20, "hsap_ulysses": 20 * 2**20, "deepspeed_ulysses": 30 * 2**20,
                                  "alst": 40 * 2**20}, "peak_reset": True}]
+    per_rank[0]["info"]["hsap"] = {"ulysses": 2}  # the degree the row ran at: the U column
     c = {"dist": "sft", "label": peers.ROW_LABELS["sft"], "T": 128, "hq": 8, "hkv": 2, "d": 64, "n_docs": 5,
          "pairs": 100, "results": peers.summarize(per_rank, mem)}
     text = peers.peers_section(_results([c], {"deepspeed": "0.19.8", "deepspeed_ulysses": "ok", "alst": "ok"}, load=5.0))
     assert text.startswith("## hf_hsap beside DeepSpeed")
     assert "DeepSpeed 0.19.8" in text and "`python -m benchmarks.peers --quick`" in text
     assert "wall times are noisy" in text  # load 5 on 2 cores
-    assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 | " \
+    assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | – | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 | " \
            "3.0e-07 | 30 |" in text
-    assert "| SFT (many short documents) | 5 | 2 | hsap | 1000 | 0.00 | 1 (base) | 1.00 | 1.0e-07 | 10 |" in text
-    assert "| alst | not timed |" in text and "**not exact**" in text
+    assert "| SFT (many short documents) | 5 | 2 | hsap | 2 | 1000 | 0.00 | 1 (base) | 1.00 | 1.0e-07 | 10 |" in text
+    assert "| alst | – | not timed |" in text and "**not exact**" in text
     assert "Some schemes were not exact" in text
     assert "hsap faster in 1/1" in text  # alst is not timed, so only deepspeed_ulysses counts
     quiet = peers.peers_section(_results([c], {"deepspeed": None, "deepspeed_ulysses": "DeepSpeed is not installed",
@@ -109,15 +110,31 @@ def test_reference_row_matches_dense_float64(pools):
             assert torch.allclose(a, b, rtol=0, atol=1e-10), name
 
 
+FIGURES = {"pair_s": 1e-7, "p2p_bytes_per_s": 5e8, "a2a_bytes_per_s": 5e8, "latency_s": 1e-4}  # made up
+
+
+def test_cpu_cost_model_from_figures():
+    from benchmarks.cpu_calibration import DIAG_BLOCK, cpu_cost_model
+
+    cost = cpu_cost_model(8, 2, 64, FIGURES)
+    # a KV token: K and V of 2 heads x 64 in float32, forward and their gradients back = 2048 bytes over 5e8 B/s,
+    # in pairs of 1e-7 s; the all-to-all: q, k, v, out and their gradients (2 x (2*8 + 2*2) x 64 x 4 bytes)
+    assert cost.kv_token_cost == pytest.approx(2048 / 5e8 / 1e-7)
+    assert cost.a2a_token_cost == pytest.approx(2 * 20 * 64 * 4 / 5e8 / 1e-7)
+    assert cost.round_cost == pytest.approx(2 * 1e-4 / 1e-7)
+    assert cost.token_cost == 0 and cost.overlap == 0 and cost.diag_block == DIAG_BLOCK
+
+
 def test_hsap_schemes_exact_and_timed(pools):
-    res = pools(2).run(pw.peers_task, CU, 4, 1, 8, 0, 3, ("hsap", "hsap_ulysses"), 1e-5)
+    res = pools(2).run(pw.peers_task, CU, 4, 1, 8, 0, 3, ("hsap", "hsap_flat", "hsap_ulysses"), 1e-5, FIGURES)
     for r in res:
-        assert r["exact"] == {"hsap": True, "hsap_ulysses": True}
+        assert r["exact"] == {"hsap": True, "hsap_flat": True, "hsap_ulysses": True}
+        assert r["info"]["hsap_flat"]["ulysses"] == 1 and r["info"]["hsap"]["ulysses"] in (1, 2)
         assert all(len(t) == 3 and min(t) > 0 for t in r["times"].values())
         assert max(max(e.values()) for e in r["errors"].values()) < 1e-5
     assert res[0]["errors"] == res[1]["errors"]  # group-wide maxima
     assert res[0]["info"]["hsap"]["placement"]
-    strict = pools(2).run(pw.peers_task, CU, 4, 1, 8, 0, 1, ("hsap",), 0.0)  # nothing is below 0: nothing timed
+    strict = pools(2).run(pw.peers_task, CU, 4, 1, 8, 0, 1, ("hsap",), 0.0, FIGURES)  # nothing is below 0: nothing timed
     assert strict[0]["exact"] == {"hsap": False} and strict[0]["times"] == {}
 
 
@@ -125,7 +142,9 @@ def test_run_peers_without_deepspeed(pools):
     cfg = peers.PeersConfig(world=2, T=2048, hq=4, kv_heads=(2,), d=32, rows=("sft",), reps=2)
     res = peers.run_peers(cfg=cfg, pool=pools(2))
     have_ds = res["deepspeed"] is not None
-    assert res["schemes"][:2] == ["hsap", "hsap_ulysses"] and (have_ds or res["schemes"] == ["hsap", "hsap_ulysses"])
+    assert res["schemes"][:3] == ["hsap", "hsap_flat", "hsap_ulysses"]
+    assert have_ds or res["schemes"] == ["hsap", "hsap_flat", "hsap_ulysses"]
+    assert set(res["calibration"]) == {"2"} and res["calibration"]["2"]["pair_s"] > 0
     assert res["all_exact"]
     (c,) = res["configs"]
     assert c["n_docs"] == len(doc_lengths("sft", 2048, 0)) and c["hkv"] == 2
