@@ -24,7 +24,7 @@ from .cost import CostModel
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 
-__all__ = ["optimise_placement", "part_time"]
+__all__ = ["optimise_placement", "part_time", "polish"]
 
 Seg = tuple[int, int, int]  # (document, start, end) in global positions
 SEGMENTS_TRIED = 16  # per move, the slowest part's segments with the latest rows are tried
@@ -87,9 +87,29 @@ def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Pla
     return min(found, key=lambda f: f[0])[1]
 
 
+def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float = DEFAULT_TOKEN_SLACK,
+           max_moves: int = 30, max_rows: int = 40000) -> tuple[float, Placement]:
+    """A bounded local search from one placement (the same moves as :func:`optimise_placement`): what
+    ``placement="auto"`` runs on its winner for small groups, inside the planning budget.
+
+    Deterministic (every rank must find the same plan): it stops after ``max_moves`` moves or once its
+    re-pricings have read ``max_rows`` segments in all, never by a clock.
+
+    Args:
+        layout, n_parts, cost, token_slack: as :func:`optimise_placement`. start: the placement to improve.
+        max_moves: the most moves. max_rows: the most segments read by :func:`part_time` in all.
+
+    Returns:
+        ``(time of the slowest part, placement)``; the placement is ``start``'s segments moved (name
+        ``"oracle"``), never slower than ``start`` by the cost model.
+    """
+    return _descend(layout, n_parts, cost, start, token_slack, max_moves, max_rows)
+
+
 def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float,
-             max_moves: int) -> tuple[float, Placement]:
-    """The local search from one start: (time of the slowest part, placement)."""
+             max_moves: int, max_rows: float = math.inf) -> tuple[float, Placement]:
+    """The local search from one start: (time of the slowest part, placement); it stops at a local optimum,
+    after ``max_moves`` moves or once the re-pricings have read ``max_rows`` segments."""
     P = n_parts
     doc_start = layout.cu_seqlens[:-1].tolist()
     cap = math.ceil(layout.total_tokens / P) * (1.0 + token_slack)
@@ -98,30 +118,29 @@ def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, to
         parts[p].append((d, a, b))
     times = [part_time(s, doc_start, cost) for s in parts]
     tokens = [sum(b - a for _, a, b in s) for s in parts]
+    read = 0  # segments re-priced so far (the deterministic work bound)
     for _ in range(max_moves):
+        if read >= max_rows:
+            break
         p = max(range(P), key=times.__getitem__)
-        best = None  # (new max of the two, q, new segments of p, new segments of q)
-        mine = parts[p]
-        tries = sorted(range(len(mine)), key=lambda i: -(mine[i][2] - doc_start[mine[i][0]]))[:SEGMENTS_TRIED]
-        for i in tries:  # the segments with the latest rows (the most work per row) first
-            d, a, b = mine[i]
-            n = b - a
-            for x in sorted({n, n // 2, n // 4, n // 8, n // 16, n // 32, n // 64} - {0}, reverse=True):
-                for moved, kept in (((d, a, a + x), (d, a + x, b)), ((d, b - x, b), (d, a, b - x))):
-                    new_p = parts[p][:i] + parts[p][i + 1:] + ([kept] if x < n else [])
-                    t_p = part_time(new_p, doc_start, cost)
-                    if t_p >= times[p]:
-                        continue
-                    for q in range(P):
-                        if q == p or tokens[q] + x > cap:
-                            continue
-                        new_q = parts[q] + [moved]
-                        t_q = part_time(new_q, doc_start, cost)
-                        peak = max(t_p, t_q)
-                        if peak < times[p] and (best is None or peak < best[0]):
-                            best = (peak, q, new_p, new_q, t_p, t_q, x)
-                    if x == n:
-                        break  # moving the whole segment: head and tail are the same move
+        best = None  # (new max of the two, q, new segments of p, new segments of q, their times, tokens moved)
+        for i, moved, kept, x in _moves(parts[p], doc_start):
+            if read >= max_rows:
+                break
+            new_p = parts[p][:i] + parts[p][i + 1:] + ([kept] if kept is not None else [])
+            t_p = part_time(new_p, doc_start, cost)
+            read += len(new_p)
+            if t_p >= times[p]:
+                continue
+            for q in range(P):
+                if q == p or tokens[q] + x > cap:
+                    continue
+                new_q = parts[q] + [moved]
+                t_q = part_time(new_q, doc_start, cost)
+                read += len(new_q)
+                peak = max(t_p, t_q)
+                if peak < times[p] and (best is None or peak < best[0]):
+                    best = (peak, q, new_p, new_q, t_p, t_q, x)
         if best is None:
             break
         _, q, new_p, new_q, t_p, t_q, x = best
@@ -131,6 +150,22 @@ def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, to
         tokens[q] += x
     seg = [(d, a, b, p) for p, s in enumerate(parts) for d, a, b in s]
     return max(times), _finish("oracle", P, *zip(*seg))
+
+
+def _moves(mine: list[Seg], doc_start: list[int]):
+    """The moves tried from a part: ``(index, moved segment, kept segment or None, tokens moved)`` for its
+    :data:`SEGMENTS_TRIED` segments with the latest rows (the most work per row) first, each whole or a head /
+    tail of 1/2 ... 1/64 of it."""
+    tries = sorted(range(len(mine)), key=lambda i: -(mine[i][2] - doc_start[mine[i][0]]))[:SEGMENTS_TRIED]
+    for i in tries:
+        d, a, b = mine[i]
+        n = b - a
+        for x in sorted({n, n // 2, n // 4, n // 8, n // 16, n // 32, n // 64} - {0}, reverse=True):
+            if x == n:  # moving the whole segment: head and tail are the same move
+                yield i, (d, a, b), None, n
+                continue
+            yield i, (d, a, a + x), (d, a + x, b), x
+            yield i, (d, b - x, b), (d, a, b - x), x
 
 
 def _merge(segs: list[Seg]) -> list[Seg]:

@@ -229,3 +229,25 @@ def test_auto_never_worse_without_overlap(lengths, P):
     for name in OTHERS:
         other = plan_layout(layout, group, name, cost=cost)
         assert t_auto <= step_time(layout, other.placement, {None: other.transfers}, {None: 1}, cost) * (1 + 1e-12), name
+
+
+@settings(max_examples=ci_examples(20), deadline=None)
+@given(layouts(max_docs=25), st.integers(2, 8), st.sampled_from(["nvlink", "network", "cpu"]))
+def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
+    from hf_hsap.plan.oracle import polish
+
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    cost = cost_of(link)
+    start = plan_layout(layout, GroupSpec.offline(P, 1, P), "balanced", cost=cost).placement
+    t_start = float(part_times(layout, start, compute_transfers(start), cost).max())
+    t, pl = polish(layout, P, cost, start, 0.10)
+    assert_covers_once(layout, pl)
+    assert pl.tokens_per_part().max() <= math.ceil(layout.total_tokens / P) * 1.10
+    assert t == pytest.approx(float(part_times(layout, pl, compute_transfers(pl), cost).max()))
+    assert t <= t_start * (1 + 1e-12)
+    again = polish(layout, P, cost, start, 0.10)[1]  # deterministic: every rank finds the same plan
+    assert np.array_equal(again.start, pl.start) and np.array_equal(again.part, pl.part)
+    t0, _ = polish(layout, P, cost, start, 0.10, max_rows=0)  # no budget: nothing moves
+    assert t0 == pytest.approx(t_start)
