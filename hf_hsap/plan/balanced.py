@@ -6,7 +6,7 @@ parts the same attention work), with ``k`` as small as keeps every part within i
 (activation memory) and its work cap (time). Documents are placed longest first onto the parts with
 the lowest load, like LPT scheduling for two resources.
 
-Last, :func:`.refine.refine_work` evens out the work left unequal by sliding boundaries of split
+Last, :func:`.refine.refine_work` (:meth:`.greedy.Greedy.placement`) evens out the work left unequal by sliding boundaries of split
 documents between parts: at unchanged token counts, or, given the cost model's price of a token,
 evening out ``work + token_cost * tokens`` within the token cap.
 
@@ -27,9 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish, rows_work
-from .refine import refine_work
+from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -99,6 +99,20 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
     Returns:
         One placement per entry of ``token_costs``.
     """
+    g = balanced_greedy(layout, n_parts, token_slack, work_slack)
+    return [g.placement(token_cost) for token_cost in token_costs]
+
+
+def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
+                    work_slack: float = DEFAULT_WORK_SLACK) -> Greedy:
+    """The greedy pass of :func:`balanced`, before its refinement.
+
+    Args:
+        layout, n_parts, token_slack, work_slack: as for :func:`balanced`.
+
+    Returns:
+        The pass (:class:`.greedy.Greedy`, name ``"balanced"``); ``.placement(token_cost)`` refines it.
+    """
     lengths = layout.doc_lengths
     T = layout.total_tokens
     P = n_parts
@@ -157,14 +171,8 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
             rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
-    doc_first = layout.cu_seqlens[:-1].tolist()
-    out = []
-    for token_cost in token_costs:
-        starts_, ends_, parts_ = list(seg_start), list(seg_end), list(seg_part)
-        refine_work(doc_first, seg_doc, starts_, ends_, parts_, list(wrk), max_moves=4 * P,
-                    tok=None if token_cost is None else list(tok), token_cost=token_cost or 0.0, cap_t=cap_t)
-        out.append(_finish("balanced", P, seg_doc, starts_, ends_, parts_))
-    return out
+    return Greedy("balanced", P, layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, tok, wrk,
+                  cap_t, max_moves=4 * P)
 
 
 def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],

@@ -35,18 +35,33 @@ import heapq
 import math
 
 from .balanced import _fill_by_headroom, _split
+from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
-from .refine import refine_work
+from .placement import DEFAULT_TOKEN_SLACK, Placement
 
-__all__ = ["density"]
+__all__ = ["density", "density_greedy"]
 
 SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) documents over every part
 
 
 def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
             split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Placement:
-    """Load-proportional placement (module docstring).
+    """Load-proportional placement (module docstring): :func:`density_greedy`, refined.
+
+    Args:
+        layout, n_parts, token_cost, token_slack, split_above, spread, work_share: as
+            :func:`density_greedy`.
+
+    Returns:
+        The placement (name ``"density"``).
+    """
+    return density_greedy(layout, n_parts, token_cost, token_slack, split_above, spread, work_share).placement(
+        token_cost)
+
+
+def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
+                   split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Greedy:
+    """The greedy pass of :func:`density` (module docstring), before its refinement.
 
     Args:
         layout: the documents.
@@ -57,9 +72,11 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
             token cap) is split, over ``max(2, ceil(load / m), ceil(L / cap_t))`` parts.
         spread: ``"fit"`` (as many parts as the load needs) or ``"all"`` (every heavy document over all
             parts).
+        work_share: a document with more pairs than this share of a part's mean pairs is heavy, and split
+            over at least ``pairs / (mean pairs * work_share)`` parts.
 
     Returns:
-        The placement (name ``"density"``).
+        The pass (:class:`.greedy.Greedy`, name ``"density"``): ``.placement(token_cost)`` refines it.
     """
     if spread not in ("fit", "all"):
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
@@ -118,8 +135,7 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
             full = [(wrk[p] + token_cost * tok[p], p) for _, p in full]
         for item in full:
             heapq.heappush(heap, item)
-    # "all" splits evenly already (and has many boundaries, each move costs more): fewer moves
-    refine_work(cu[:-1], seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=(4 if spread == "fit" else 1) * P, tok=tok,
-                token_cost=token_cost, cap_t=cap_t)
-    return _finish("density", P, seg_doc, seg_start, seg_end, seg_part)
+    # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
+    return Greedy("density", P, cu[:-1], seg_doc, seg_start, seg_end, seg_part, tok, wrk, cap_t,
+                  max_moves=(4 if spread == "fit" else 1) * P)
 

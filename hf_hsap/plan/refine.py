@@ -45,13 +45,10 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
     Returns:
         The number of moves made.
     """
-    # a boundary is named by its left segment ``a``: segments ``a`` and ``a + 1`` are adjacent rows of
-    # one document on different parts (the greedy appends a document's segments together and in order)
     by_part: dict[int, list[int]] = {}
-    for a in range(len(seg_doc) - 1):
-        if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]:
-            by_part.setdefault(seg_part[a], []).append(a)
-            by_part.setdefault(seg_part[a + 1], []).append(a)
+    for a in boundaries(seg_doc, seg_start, seg_end, seg_part):
+        by_part.setdefault(seg_part[a], []).append(a)
+        by_part.setdefault(seg_part[a + 1], []).append(a)
     if not by_part:
         return 0
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
@@ -80,6 +77,53 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
     return moves
+
+
+def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
+    """The boundaries a refinement may move, each named by its left segment ``a``: segments ``a`` and
+    ``a + 1`` are adjacent rows of one document on different parts (the greedy appends a document's
+    segments together and in order).
+
+    Args:
+        seg_doc, seg_start, seg_end, seg_part: the segments, as :func:`refine_work` takes them.
+
+    Returns:
+        The ``a`` of every boundary, ascending.
+    """
+    return [a for a in range(len(seg_doc) - 1)
+            if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
+
+
+def refine_floor(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
+                 load: list[float]) -> float:
+    """A lower bound of the largest load any refinement of these segments can reach: every move hands load
+    between two parts that share a boundary and keeps their sum, so the parts joined by boundaries (a
+    connected group) keep their total, and the busiest part of a group holds at least its mean.
+
+    Args:
+        seg_doc, seg_start, seg_end, seg_part: the segments, as :func:`refine_work` takes them.
+        load: ``work + token_cost * tokens`` of every part (any ``token_cost``: moves keep the sum of either).
+
+    Returns:
+        The largest mean load of a connected group of parts (a part without boundaries is one alone).
+    """
+    root = list(range(len(load)))  # union-find over the parts, joined at every boundary
+
+    def find(p: int) -> int:
+        while root[p] != p:
+            root[p] = root[root[p]]
+            p = root[p]
+        return p
+
+    for a in boundaries(seg_doc, seg_start, seg_end, seg_part):
+        root[find(seg_part[a])] = find(seg_part[a + 1])
+    total: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for p, x in enumerate(load):
+        r = find(p)
+        total[r] = total.get(r, 0.0) + x
+        count[r] = count.get(r, 0) + 1
+    return max(total[r] / count[r] for r in total)
 
 
 def _shift(a: int, left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:

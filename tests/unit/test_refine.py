@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap.plan.balanced as balanced_mod
+import hf_hsap.plan.greedy as greedy_mod
 from helpers import assert_covers_once, ci_examples
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_work
@@ -16,12 +17,12 @@ def _placements(lengths: list[int], P: int, slack: float, token_cost: float | No
     """The balanced placement with and without the refinement."""
     layout = make_layout(np.concatenate([[0], np.cumsum(lengths)]))
     on = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
-    real = balanced_mod.refine_work
-    balanced_mod.refine_work = lambda *a, **k: 0
+    real = greedy_mod.refine_work  # what refines every greedy pass (Greedy.placement)
+    greedy_mod.refine_work = lambda *a, **k: 0
     try:
         off = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
     finally:
-        balanced_mod.refine_work = real
+        greedy_mod.refine_work = real
     return layout, on, off
 
 
