@@ -121,9 +121,12 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     cap_w = float(work.sum()) / P * (1.0 + work_slack)
     order = np.argsort(-lengths, kind="stable")
     # per document, longest first: remaining tokens / work once it is placed (exact integers)
-    rem_t = (T - np.cumsum(lengths[order])).tolist()
-    rem_w = (int(work.sum()) - np.cumsum(work[order])).tolist()
-    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].tolist()
+    rem_t = T - np.cumsum(lengths[order])
+    rem_w = int(work.sum()) - np.cumsum(work[order])
+    # the remaining documents' average work per token (numpy rounds 0.5 * rw / rt as Python does)
+    rhos = np.divide(0.5 * rem_w, rem_t, out=np.zeros(len(order)), where=rem_t > 0).tolist()
+    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].astype(np.float64).tolist()
+    whole_part = [-1] * len(docs)  # the part of every document kept whole (in `docs` order)
     starts = layout.cu_seqlens[:-1][order].tolist()
     tok = [0.0] * P  # python lists: P <= a few hundred, faster than numpy for scalar updates
     wrk = [0.0] * P
@@ -143,16 +146,16 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
             return False
         return wrk[p] + w + rho * max(0.0, mean_t - tok[p] - t) <= cap_w
 
-    for d, L, wi, s0, rt, rw in zip(docs, lens, works, starts, rem_t, rem_w):
-        w = float(wi)
-        rho = 0.5 * rw / rt if rt > 0 else 0.0
+    replace = heapq.heapreplace
+    for i, (d, L, w, s0, rho) in enumerate(zip(docs, lens, works, starts, rhos)):
         if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
             best = heap[0][1]
-            t_b, w_b = tok[best] + L, wrk[best] + w  # fits(best, L, w, rho), inlined
-            if t_b <= cap_t and w_b <= cap_w and w_b + rho * max(0.0, mean_t - tok[best] - L) <= cap_w:
-                seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(best)
-                tok[best], wrk[best] = t_b, w_b
-                heapq.heapreplace(heap, (max(t_b / cap_t, w_b / cap_w), best))
+            t_b, w_b = tok[best] + L, wrk[best] + w  # fits(best, L, w, rho), inlined (max() as conditionals)
+            free = mean_t - tok[best] - L
+            if t_b <= cap_t and w_b <= cap_w and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
+                tok[best], wrk[best], whole_part[i] = t_b, w_b, best
+                s_t, s_w = t_b / cap_t, w_b / cap_w
+                replace(heap, (s_t if s_t >= s_w else s_w, best))
                 continue
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         scores = [max(tok[p] / cap_t, wrk[p] / cap_w) for p in range(P)]
@@ -163,15 +166,14 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
         if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
         elif len(chosen) == 1:
-            p = chosen[0]
-            seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(p)
+            p = whole_part[i] = chosen[0]
             tok[p] += L
             wrk[p] += w
         else:
             rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
         heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
         heapq.heapify(heap)
-    return Greedy("balanced", P, layout.cu_seqlens[:-1].tolist(), seg_doc, seg_start, seg_end, seg_part, tok, wrk,
+    return Greedy("balanced", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, docs, whole_part, tok, wrk,
                   cap_t, max_moves=4 * P)
 
 

@@ -27,12 +27,15 @@ Token bound: ``ceil(T / P) * (1 + token_slack)`` per part, never exceeded (a doc
 equal shares is cut over the parts with the most free tokens, as in :mod:`.balanced`).
 
 Speed: plain Python scalars and a heap (one document at a time; it runs per batch, inside the
-planning budget).
+planning budget); the per-document figures and the order come from numpy, whole documents are kept apart
+from the split segments (only those are refined).
 """
 from __future__ import annotations
 
 import heapq
 import math
+
+import numpy as np
 
 from .balanced import _fill_by_headroom, _split
 from .greedy import Greedy
@@ -82,14 +85,17 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack:
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
     P = n_parts
     cu = layout.cu_seqlens.tolist()
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    lengths = layout.doc_lengths
     T = cu[-1]
     cap_t = math.ceil(T / P) * (1.0 + token_slack)
-    loads = [L * (L + 1) / 2 + token_cost * L for L in lens]
-    mean = sum(loads) / P
+    # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
+    pairs_a = lengths * (lengths + 1) / 2
+    loads_a = pairs_a + token_cost * lengths
+    order = np.argsort(-loads_a, kind="stable").tolist()  # heaviest first, ties by index
+    lens, pairs, loads = lengths.tolist(), pairs_a.tolist(), loads_a.tolist()
+    mean = sum(loads) / P  # the builtin sum: left to right, as the figures were first written
     limit = mean * split_above
-    mean_w = sum(L * (L + 1) / 2 for L in lens) / P
-    order = sorted(range(len(lens)), key=lambda d: -loads[d])
+    mean_w = sum(pairs) / P
     tok = [0.0] * P
     wrk = [0.0] * P
     recv = [0] * P
@@ -117,25 +123,65 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack:
             _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
             continue
         rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+    light = order[heavy_end:]
+    whole_part = _least_loaded(light, lens, pairs, cu, P, token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end,
+                               seg_part)
+    # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
+    return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
+                  cap_t, max_moves=(4 if spread == "fit" else 1) * P)
+
+
+def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
+                  cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
+                  seg_end: list[int], seg_part: list[int]) -> list[int]:
+    """Place ``docs`` whole, in order, each on the least-loaded part (``work + token_cost * tokens``, ties by
+    index) with room for it under ``cap_t`` (LPT); one that fits no part is cut over the parts with the most
+    free tokens (appended to the segments). Updates ``tok`` and ``wrk``.
+
+    Args:
+        docs: the documents, heaviest first. lens, pairs: tokens and pairs of every document. cu: the
+            document boundaries. P: parts. token_cost: a token's price in pairs. cap_t: the token cap.
+        tok, wrk, seg_doc, seg_start, seg_end, seg_part: the pass's figures and split segments (updated).
+
+    Returns:
+        The part of every document of ``docs`` (-1 for one cut over several parts).
+    """
     heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
     heapq.heapify(heap)
-    for d in order[heavy_end:]:
+    out = [-1] * len(docs)
+    replace = heapq.heapreplace
+    for i, d in enumerate(docs):
         L = lens[d]
-        full = []
-        while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
-            full.append(heapq.heappop(heap))
-        if heap:
-            _, p = heap[0]
-            seg_doc.append(d), seg_start.append(cu[d]), seg_end.append(cu[d] + L), seg_part.append(p)
-            tok[p] += L
-            wrk[p] += L * (L + 1) / 2
-            heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
-        else:
-            _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
-            full = [(wrk[p] + token_cost * tok[p], p) for _, p in full]
-        for item in full:
-            heapq.heappush(heap, item)
-    # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
-    return Greedy("density", P, cu[:-1], seg_doc, seg_start, seg_end, seg_part, tok, wrk, cap_t,
-                  max_moves=(4 if spread == "fit" else 1) * P)
+        p = heap[0][1]
+        t = tok[p] + L
+        if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
+            out[i] = _no_room(d, L, pairs[d], cu[d], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start, seg_end,
+                              seg_part)
+            continue
+        w = wrk[p] + pairs[d]
+        tok[p], wrk[p], out[i] = t, w, p
+        replace(heap, (w + token_cost * t, p))
+    return out
+
+
+def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],
+             wrk: list[float], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+             seg_part: list[int]) -> int:
+    """:func:`_least_loaded` for a document the least-loaded part has no room for: the least-loaded part with
+    room (its part returned), or cut over the parts with the most free tokens (-1). Keeps ``heap`` whole."""
+    full = []
+    while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
+        full.append(heapq.heappop(heap))
+    p = -1
+    if heap:
+        p = heap[0][1]
+        tok[p] += L
+        wrk[p] += pair
+        heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
+    else:
+        _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+        full = [(wrk[q] + token_cost * tok[q], q) for _, q in full]
+    for item in full:
+        heapq.heappush(heap, item)
+    return p
 

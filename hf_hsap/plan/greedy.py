@@ -7,7 +7,10 @@ bound a candidate's step time from below before paying for its refinement, finis
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 from .placement import Placement, _finish
 from .refine import refine_floor, refine_work
@@ -20,19 +23,24 @@ class Greedy:
 
     Attributes:
         name: the placement's name. n_parts: P.
-        doc_first: every document's first global position (``cu_seqlens[:-1]``).
-        seg_doc, seg_start, seg_end, seg_part: the segments, each document's consecutive and in order.
+        cu: the document boundaries (``cu_seqlens``).
+        seg_doc, seg_start, seg_end, seg_part: the segments of the documents cut over several parts, each
+            document's consecutive and in order (what the refinement moves).
+        whole_doc, whole_part: the documents kept whole and their parts (a part of -1: the document is
+            among the segments after all; its entry is ignored).
         tok, wrk: tokens and (query, key) pairs of every part.
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
     """
 
     name: str
     n_parts: int
-    doc_first: list[int]
+    cu: np.ndarray
     seg_doc: list[int]
     seg_start: list[int]
     seg_end: list[int]
     seg_part: list[int]
+    whole_doc: list[int]
+    whole_part: list[int]
     tok: list[float]
     wrk: list[float]
     cap_t: float
@@ -62,7 +70,19 @@ class Greedy:
             The placement (named :attr:`name`).
         """
         starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
-        refine_work(self.doc_first, self.seg_doc, starts, ends, parts, list(self.wrk), max_moves=self.max_moves,
-                    tok=None if token_cost is None else list(self.tok), token_cost=token_cost or 0.0,
-                    cap_t=self.cap_t)
-        return _finish(self.name, self.n_parts, self.seg_doc, starts, ends, parts)
+        refine_work(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
+                    max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
+                    token_cost=token_cost or 0.0, cap_t=self.cap_t)
+        doc, start, end, part = self._whole
+        return _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
+                       np.concatenate([np.asarray(starts, dtype=np.int64), start]),
+                       np.concatenate([np.asarray(ends, dtype=np.int64), end]),
+                       np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+
+    @functools.cached_property
+    def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(doc, start, end, part)`` int64 arrays of the whole documents' segments (every refinement's)."""
+        doc = np.asarray(self.whole_doc, dtype=np.int64)
+        part = np.asarray(self.whole_part, dtype=np.int64)
+        doc, part = doc[part >= 0], part[part >= 0]
+        return doc, self.cu[doc], self.cu[doc + 1], part
