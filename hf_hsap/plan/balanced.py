@@ -29,7 +29,7 @@ import numpy as np
 
 from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work
+from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -116,7 +116,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     lengths = layout.doc_lengths
     T = layout.total_tokens
     P = n_parts
-    cap_t = math.ceil(T / P) * (1.0 + token_slack)
+    cap_t = token_cap(T, P, token_slack)
     work = lengths * (lengths + 1) // 2
     cap_w = float(work.sum()) / P * (1.0 + work_slack)
     order = np.argsort(-lengths, kind="stable")

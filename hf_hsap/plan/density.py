@@ -32,17 +32,19 @@ from the split segments (only those are refined).
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+from typing import Sequence
 
 import numpy as np
 
 from .balanced import _fill_by_headroom, _split
 from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, Placement
+from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
 
-__all__ = ["density", "density_greedy"]
+__all__ = ["density", "density_greedies", "density_greedy"]
 
 SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) documents over every part
 
@@ -81,13 +83,44 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack:
     Returns:
         The pass (:class:`.greedy.Greedy`, name ``"density"``): ``.placement(token_cost)`` refines it.
     """
+    return _density_pass(layout, n_parts, token_cost, token_slack, split_above, spread, work_share)[0]
+
+
+def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slacks: Sequence[float],
+                     spread: str = "fit", work_share: float = 1.0) -> list[Greedy]:
+    """:func:`density_greedy` at several token slacks, one pass for as many of them as it can: a pass in
+    which no token cap decided anything (every part it tried had room, no document longer than the cap) is
+    the same pass at any larger cap; only the cap its refinement slides within differs.
+
+    Args:
+        layout, n_parts, token_cost, spread, work_share: as :func:`density_greedy`.
+        token_slacks: the slacks, ascending.
+
+    Returns:
+        One pass per slack (equal to ``density_greedy`` at that slack).
+    """
+    out: list[Greedy] = []
+    capped = True
+    for eps in token_slacks:
+        if capped:
+            g, capped = _density_pass(layout, n_parts, token_cost, eps, 1.0, spread, work_share)
+        else:
+            g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps))
+        out.append(g)
+    return out
+
+
+def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: float, split_above: float,
+                  spread: str, work_share: float) -> tuple[Greedy, bool]:
+    """:func:`density_greedy`, and whether its token cap decided anything (a part skipped for want of room,
+    a document longer than the cap); when not, the pass is the same at any larger cap."""
     if spread not in ("fit", "all"):
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
     P = n_parts
     cu = layout.cu_seqlens.tolist()
     lengths = layout.doc_lengths
     T = cu[-1]
-    cap_t = math.ceil(T / P) * (1.0 + token_slack)
+    cap_t = token_cap(T, P, token_slack)
     # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
     pairs_a = lengths * (lengths + 1) / 2
     loads_a = pairs_a + token_cost * lengths
@@ -104,36 +137,40 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack:
     seg_end: list[int] = []
     seg_part: list[int] = []
     rot = 0
-    def heavy(L: int, load: float) -> bool:  # "all" spreads only the work-dense (or too long) documents
-        dense = L * (L + 1) / 2 > mean_w * work_share
-        return L > cap_t or dense or (spread == "fit" and load > limit)
+    def dense(L: int, load: float) -> bool:  # "all" spreads only the work-dense (or too long) documents
+        return L * (L + 1) / 2 > mean_w * work_share or (spread == "fit" and load > limit)
 
     heavy_end = 0  # documents order[:heavy_end] are split (loads decrease along order, and so do lengths)
-    while heavy_end < len(order) and heavy(lens[order[heavy_end]], loads[order[heavy_end]]):
+    while heavy_end < len(order) and (lens[order[heavy_end]] > cap_t or dense(lens[order[heavy_end]],
+                                                                               loads[order[heavy_end]])):
         heavy_end += 1
+    capped = False  # whether the cap decided anything (a document heavy or cut in more parts for its length alone)
     for rank, d in enumerate(order[:heavy_end]):
         L = lens[d]
-        fit = max(2, math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share)))
+        by_tokens, by_pairs = math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share))
+        fit = max(2, by_tokens, by_pairs)
+        capped = capped or by_tokens > max(2, by_pairs) or not dense(L, loads[d])
         k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
         by_load = sorted(range(P), key=lambda p: wrk[p] + token_cost * tok[p])
         share = L / k
         chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
+        capped = capped or chosen != by_load[:k]
         if len(chosen) < k:
             _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
             continue
         rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
     light = order[heavy_end:]
-    whole_part = _least_loaded(light, lens, pairs, cu, P, token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end,
-                               seg_part)
+    whole_part, no_room = _least_loaded(light, lens, pairs, cu, P, token_cost, cap_t, tok, wrk, seg_doc, seg_start,
+                                        seg_end, seg_part)
     # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
     return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
-                  cap_t, max_moves=(4 if spread == "fit" else 1) * P)
+                  cap_t, max_moves=(4 if spread == "fit" else 1) * P), capped or no_room
 
 
 def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
                   cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
-                  seg_end: list[int], seg_part: list[int]) -> list[int]:
+                  seg_end: list[int], seg_part: list[int]) -> tuple[list[int], bool]:
     """Place ``docs`` whole, in order, each on the least-loaded part (``work + token_cost * tokens``, ties by
     index) with room for it under ``cap_t`` (LPT); one that fits no part is cut over the parts with the most
     free tokens (appended to the segments). Updates ``tok`` and ``wrk``.
@@ -144,24 +181,27 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
         tok, wrk, seg_doc, seg_start, seg_end, seg_part: the pass's figures and split segments (updated).
 
     Returns:
-        The part of every document of ``docs`` (-1 for one cut over several parts).
+        The part of every document of ``docs`` (-1 for one cut over several parts), and whether the least
+        loaded part ever lacked room.
     """
     heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
     heapq.heapify(heap)
     out = [-1] * len(docs)
+    no_room = False
     replace = heapq.heapreplace
     for i, d in enumerate(docs):
         L = lens[d]
         p = heap[0][1]
         t = tok[p] + L
         if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
+            no_room = True
             out[i] = _no_room(d, L, pairs[d], cu[d], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start, seg_end,
                               seg_part)
             continue
         w = wrk[p] + pairs[d]
         tok[p], wrk[p], out[i] = t, w, p
         replace(heap, (w + token_cost * t, p))
-    return out
+    return out, no_room
 
 
 def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],

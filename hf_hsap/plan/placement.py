@@ -19,6 +19,7 @@ Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens;
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,18 @@ class Placement:
         a = self.start - doc_start
         b = self.end - doc_start
         return np.bincount(self.part, weights=rows_work(a, b), minlength=self.n_parts).astype(np.int64)
+
+
+def token_cap(total_tokens: int, n_parts: int, token_slack: float) -> float:
+    """The most tokens a part of ``balanced`` or ``density`` holds: ``ceil(T / P) * (1 + token_slack)``.
+
+    Args:
+        total_tokens: T. n_parts: P. token_slack: epsilon.
+
+    Returns:
+        The cap (a float; parts hold whole tokens up to it).
+    """
+    return math.ceil(total_tokens / n_parts) * (1.0 + token_slack)
 
 
 def rows_work(u, v):

@@ -18,7 +18,8 @@ import torch
 
 from ..deprecation import moved_names
 from .balanced import balanced, balanced_greedy
-from .density import density, density_greedy
+from .density import density, density_greedies
+from .greedy import Greedy
 from .cache import PlanCache
 from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
@@ -90,7 +91,9 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
     greedy = [(g, c) for eps in slacks for g in [balanced_greedy(layout, n_parts, eps)] for c in (tc, None)]
-    greedy += [(density_greedy(layout, n_parts, tc, eps, spread=spread, work_share=share), tc)
+    dense = {(eps, spread, share): g for spread, share in DENSITY_VARIANTS
+             for eps, g in zip(*_density_slacks(layout, n_parts, tc, slacks, spread, share))}
+    greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
                for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
     cands: list[Candidate] = [(g.floor(tc), functools.partial(g.placement, c)) for g, c in greedy]
     cands.append((0.0, functools.partial(contiguous, layout, n_parts)))
@@ -104,13 +107,22 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     return zz if zz is not None else (pl, tr)
 
 
+def _density_slacks(layout: Layout, n_parts: int, token_cost: float, slacks: Sequence[float], spread: str,
+                    share: float) -> tuple[list[float], list[Greedy]]:
+    """The slacks ``auto`` builds one density variant at (the two largest for ``"fit"``, the largest for
+    ``"all"``) and its greedy passes there (:func:`.density.density_greedies`)."""
+    eps = slacks[-2:] if spread == "fit" else slacks[-1:]
+    return eps, density_greedies(layout, n_parts, token_cost, eps, spread=spread, work_share=share)
+
+
 def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_tokens: int,
               layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers], float]:
     """The cheapest candidate by :func:`.cost.step_time` (the first of equals), its transfers and time.
 
     Candidates are built and priced in the order of their bounds; on full-attention layers one whose bound
-    is above the best time so far is never built (its time is at least its bound; the margin covers the
-    rounding of the bound). A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
+    is above the best time so far is never built, and one built whose busiest part's load (``token_cost *
+    tokens + work``) is above it is not priced (a part's time is at least its load; the margin covers the
+    rounding of the bounds). A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
 
     Args:
         layout: the documents. cands: ``(bound, build)`` of every candidate. cost: the cost model.
@@ -128,7 +140,11 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
         if full and n_full * bound > best[0] * (1 + FLOOR_MARGIN):
             break  # so are the bounds of the rest
         pl = build()
-        if pl.tokens_per_part().min() < min_tokens:
+        tokens = pl.tokens_per_part()
+        if tokens.min() < min_tokens:
+            continue
+        if full and n_full * float((cost.token_cost * tokens + pl.work_per_part(layout)).max()) > \
+                best[0] * (1 + FLOOR_MARGIN):  # its time is at least any part's load: no need for its transfers
             continue
         tr = {w: window_transfers(pl, layout, w) for w in layers}
         t = step_time(layout, pl, tr, layers, cost)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from helpers import ci_examples, cu_of
 from hf_hsap.plan.balanced import balanced_greedy, balanced_variants
 from hf_hsap.plan.cost import CostModel, step_time
-from hf_hsap.plan.density import density, density_greedy
+from hf_hsap.plan.density import density, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import contiguous
 from hf_hsap.plan.planner import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, _auto
@@ -64,3 +64,16 @@ def test_skipping_by_the_floor_never_changes_the_choice(lengths, P, link, token_
     assert pl.name == ref.name
     for a, b in ((pl.doc, ref.doc), (pl.start, ref.start), (pl.end, ref.end), (pl.part, ref.part)):
         assert np.array_equal(a, b)
+
+
+@settings(max_examples=ci_examples(40))
+@given(lengths=LENGTHS, P=st.integers(2, 12), spread=st.sampled_from(["fit", "all"]),
+       share=st.sampled_from([0.6, 1.0]), slacks=st.sampled_from([(0.0, 0.03), (0.01, 0.03, 0.1), (0.03, 0.1)]))
+def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, spread, share, slacks):
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    tc = CostModel.default().token_cost
+    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, spread=spread, work_share=share)):
+        alone = density_greedy(layout, P, tc, eps, spread=spread, work_share=share)
+        assert shared == alone  # every field: segments, whole documents, figures, cap
