@@ -139,18 +139,12 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     mean_t = T / P
     recv = [0] * P  # KV tokens each part will receive (from split documents)
 
-    def fits(p: int, t: float, w: float, rho: float) -> bool:
-        """Within both caps, and (rho > 0) still within the work cap once the part is filled up to the
-        mean token count with the remaining documents' average work per token ``rho``."""
-        if tok[p] + t > cap_t or wrk[p] + w > cap_w:
-            return False
-        return wrk[p] + w + rho * max(0.0, mean_t - tok[p] - t) <= cap_w
-
+    caps = (cap_t, cap_w, mean_t)
     replace = heapq.heapreplace
     for i, (d, L, w, s0, rho) in enumerate(zip(docs, lens, works, starts, rhos)):
         if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
             best = heap[0][1]
-            t_b, w_b = tok[best] + L, wrk[best] + w  # fits(best, L, w, rho), inlined (max() as conditionals)
+            t_b, w_b = tok[best] + L, wrk[best] + w  # _choose_parts' test at k = 1 for the first part, inlined
             free = mean_t - tok[best] - L
             if t_b <= cap_t and w_b <= cap_w and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
                 tok[best], wrk[best], whole_part[i] = t_b, w_b, best
@@ -160,9 +154,9 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         scores = [max(tok[p] / cap_t, wrk[p] / cap_w) for p in range(P)]
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
-        chosen = _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
-            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0)) or \
-            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: tok[p] + t <= cap_t)  # equal work shares
+        chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \
+            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, 0.0) or \
+            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, None)  # equal work shares
         if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
         elif len(chosen) == 1:
@@ -203,18 +197,38 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     return rot
 
 
-def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:
+def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
+                  caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
     """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
-    A document that needs most parts anyway goes to all of them (no idle part, best balance)."""
+    A document that needs most parts anyway goes to all of them (no idle part, best balance).
+
+    Args:
+        by_load: the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest parts.
+        P: parts. tok, wrk: every part's tokens and pairs. caps: ``(cap_t, cap_w, mean_t)``.
+        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
+            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
+            per token ``rho`` (0: the work cap alone).
+
+    Returns:
+        The parts, or None.
+    """
+    cap_t, cap_w, mean_t = caps
     k_first = P if 2 * k0 > P else k0
     for k in range(k_first, min(P, L) + 1):
         t, x = L / k, w / k
         chosen = []
-        for p in by_load:
-            if fits(p, t, x):
-                chosen.append(p)
-                if len(chosen) == k:
-                    return chosen
+        for p in by_load:  # the tests written out: they run for every part and every k (a hot loop)
+            tp = tok[p]
+            if tp + t > cap_t:
+                continue
+            if rho is not None:
+                wp = wrk[p] + x
+                free = mean_t - tp - t
+                if wp > cap_w or wp + rho * (free if free > 0.0 else 0.0) > cap_w:
+                    continue
+            chosen.append(p)
+            if len(chosen) == k:
+                return chosen
     return None
 
 

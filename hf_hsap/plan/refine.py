@@ -202,13 +202,51 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
         def delta(x: int) -> float:  # load moved by sliding x rows (increases with x)
             return _moved(a, left, x, doc_first, seg_doc, seg_start, seg_end)[0] + token_cost * x
 
-        lo, hi = 1, x_max  # the largest x moving at most half the gap (the rows' work is quadratic in x)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if delta(mid) <= gap / 2 else (lo, mid - 1)
+        pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
+        lo = _largest_within(delta, x_max, gap / 2, _slide_estimate(pos, left, token_cost, gap / 2))
         for x in {lo, min(x_max, lo + 1)}:
             d = delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
     return best
+
+
+def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:
+    """Where the load moved by sliding ``x`` rows across a boundary at document position ``pos`` reaches
+    ``limit``, by the quadratic formula: ``pos x - x (x - 1) / 2`` pairs (rows below ``pos`` given) or
+    ``pos x + x (x + 1) / 2`` (rows from ``pos`` on), plus ``token_cost x``. A starting point only: the
+    rounding of floats makes it off by a row or so (:func:`_largest_within` settles it)."""
+    c = pos + 0.5 + token_cost
+    disc = c * c - 2 * limit if left_gives else c * c + 2 * limit
+    if disc < 0:  # the left rows never move that much (x <= pos < c: the quadratic grows all the way)
+        return math.inf
+    return 2 * limit / (c + math.sqrt(disc))  # the smaller root, written so that it keeps its digits
+
+
+def _largest_within(delta, x_max: int, limit: float, estimate: float) -> int:
+    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit``, or 1 when there is none, for a
+    ``delta`` that never decreases: what a binary search over ``[1, x_max]`` returns, found by stepping a few
+    rows from ``estimate`` (two or three calls of ``delta`` instead of ``log2(x_max)``), by the binary search
+    when the estimate is further off.
+
+    Args:
+        delta: the non-decreasing function of ``x``. x_max: the largest ``x``. limit: the bound.
+        estimate: a guess of the answer (any float; clamped to ``[1, x_max]``).
+
+    Returns:
+        The ``x``.
+    """
+    x = int(min(max(estimate, 1.0), float(x_max)))
+    for _ in range(4):
+        if x < x_max and delta(x + 1) <= limit:
+            x += 1
+        elif x > 1 and delta(x) > limit:
+            x -= 1
+        else:
+            return x
+    lo, hi = 1, x_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if delta(mid) <= limit else (lo, mid - 1)
+    return lo
