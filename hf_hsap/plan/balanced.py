@@ -136,6 +136,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     seg_part: list[int] = []
     rot = 0
     heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
+    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w), kept current
     mean_t = T / P
     recv = [0] * P  # KV tokens each part will receive (from split documents)
 
@@ -149,10 +150,10 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
             if t_b <= cap_t and w_b <= cap_w and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
                 tok[best], wrk[best], whole_part[i] = t_b, w_b, best
                 s_t, s_w = t_b / cap_t, w_b / cap_w
-                replace(heap, (s_t if s_t >= s_w else s_w, best))
+                scores[best] = score = s_t if s_t >= s_w else s_w
+                replace(heap, (score, best))
                 continue
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
-        scores = [max(tok[p] / cap_t, wrk[p] / cap_w) for p in range(P)]
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \
             _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, 0.0) or \
@@ -165,7 +166,9 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
             wrk[p] += w
         else:
             rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
-        heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
+        for p in range(P) if chosen is None else chosen:  # the parts this document changed
+            scores[p] = max(tok[p] / cap_t, wrk[p] / cap_w)
+        heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
     return Greedy("balanced", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, docs, whole_part, tok, wrk,
                   cap_t, max_moves=4 * P)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .placement import Placement, _finish
-from .refine import refine_floor, refine_work
+from .refine import boundaries, refine_floor, refine_work
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Greedy:
             The bound, in pairs.
         """
         load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
-        return refine_floor(self.seg_doc, self.seg_start, self.seg_end, self.seg_part, load)
+        return refine_floor(self.seg_part, self._boundaries, load)
 
     def placement(self, token_cost: float | None) -> Placement:
         """The refined placement.
@@ -72,12 +72,17 @@ class Greedy:
         starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
         refine_work(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
                     max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
-                    token_cost=token_cost or 0.0, cap_t=self.cap_t)
+                    token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
         doc, start, end, part = self._whole
         return _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
                        np.concatenate([np.asarray(starts, dtype=np.int64), start]),
                        np.concatenate([np.asarray(ends, dtype=np.int64), end]),
                        np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+
+    @functools.cached_property
+    def _boundaries(self) -> list[int]:
+        """:func:`.refine.boundaries` of the segments (the greedy's: every refinement starts from them)."""
+        return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
 
     @functools.cached_property
     def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

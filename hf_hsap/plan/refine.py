@@ -27,7 +27,7 @@ from .placement import rows_work
 
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
-                token_cost: float = 0.0, cap_t: float = math.inf) -> int:
+                token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None) -> int:
     """Lower the largest per-part load by boundary exchanges and slides (module docstring).
 
     Args:
@@ -41,12 +41,13 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             the work.
         token_cost: price of one token in pairs (the load is ``work + token_cost * tokens``).
         cap_t: no slide takes a part above this many tokens.
+        bounds: :func:`boundaries` of the segments as given, if known (moves never add or remove one).
 
     Returns:
         The number of moves made.
     """
     by_part: dict[int, list[int]] = {}
-    for a in boundaries(seg_doc, seg_start, seg_end, seg_part):
+    for a in boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds:
         by_part.setdefault(seg_part[a], []).append(a)
         by_part.setdefault(seg_part[a + 1], []).append(a)
     if not by_part:
@@ -94,14 +95,13 @@ def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
 
 
-def refine_floor(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
-                 load: list[float]) -> float:
+def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> float:
     """A lower bound of the largest load any refinement of these segments can reach: every move hands load
     between two parts that share a boundary and keeps their sum, so the parts joined by boundaries (a
     connected group) keep their total, and the busiest part of a group holds at least its mean.
 
     Args:
-        seg_doc, seg_start, seg_end, seg_part: the segments, as :func:`refine_work` takes them.
+        seg_part: the segments' parts. bounds: their :func:`boundaries`.
         load: ``work + token_cost * tokens`` of every part (any ``token_cost``: moves keep the sum of either).
 
     Returns:
@@ -115,7 +115,7 @@ def refine_floor(seg_doc: list[int], seg_start: list[int], seg_end: list[int], s
             p = root[p]
         return p
 
-    for a in boundaries(seg_doc, seg_start, seg_end, seg_part):
+    for a in bounds:
         root[find(seg_part[a])] = find(seg_part[a + 1])
     total: dict[int, float] = {}
     count: dict[int, int] = {}
