@@ -222,6 +222,23 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, wi
     return cost.time_of(pl.tokens_per_part().astype(np.float64), work, local, recv)
 
 
+def part_time_bounds(layout: Layout, pl: Placement, cost: CostModel) -> np.ndarray:
+    """``[n_parts]`` lower bounds of :func:`part_times` of one full-attention layer without building the
+    transfers: ``token_cost * tokens + max(work, kv_token_cost * recv)`` (a part's time is at least that,
+    masked pairs or not), with ``recv`` exact: in every document a part holds, every key before the end of its
+    last segment there but its own (:mod:`.transfers`' rule). What lets ``auto`` drop a candidate before
+    paying for its transfers."""
+    doc, part = pl.doc, pl.part  # sorted by (part, start): a part's segments of one document are consecutive
+    n = doc.shape[0]
+    first = np.flatnonzero(np.concatenate([[True], (doc[1:] != doc[:-1]) | (part[1:] != part[:-1])]))  # [runs]
+    last = np.concatenate([first[1:], [n]]) - 1
+    own = np.add.reduceat(pl.end - pl.start, first)  # tokens of the run's document the part holds
+    recv = pl.end[last] - layout.cu_seqlens[doc[first]] - own  # every key before its last one, but its own
+    recv = np.bincount(part[first], weights=recv, minlength=pl.n_parts)
+    tokens = np.bincount(part, weights=pl.end - pl.start, minlength=pl.n_parts)
+    return cost.token_cost * tokens + np.maximum(pl.work_per_part(layout), cost.kv_token_cost * recv)
+
+
 def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
     """A lower bound of ``zigzag_part_times(layout, n_parts, cost).max()`` in O(documents): the mean over
     parts of ``token_cost * tokens + kv_token_cost * recv`` (a part's time is at least that), with every

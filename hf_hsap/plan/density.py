@@ -105,7 +105,7 @@ def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slac
         if capped:
             g, capped = _density_pass(layout, n_parts, token_cost, eps, 1.0, spread, work_share)
         else:
-            g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps))
+            g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps), same_as=g)
         out.append(g)
     return out
 

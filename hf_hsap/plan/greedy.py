@@ -8,12 +8,12 @@ bound a candidate's step time from below before paying for its refinement, finis
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .placement import Placement, _finish
-from .refine import boundaries, refine_floor, refine_work
+from .refine import boundaries, refine_floor, refine_moves
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class Greedy:
             among the segments after all; its entry is ignored).
         tok, wrk: tokens and (query, key) pairs of every part.
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
+        same_as: the same pass at a smaller cap, if it is one (:func:`.density.density_greedies`): a
+            refinement of it that no cap shortened is this one's too.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Greedy:
     wrk: list[float]
     cap_t: float
     max_moves: int
+    same_as: Greedy | None = field(default=None, compare=False, repr=False)  # this pass at a smaller cap
 
     def floor(self, token_cost: float) -> float:
         """A lower bound of the largest ``work + token_cost * tokens`` of a part after any refinement
@@ -60,24 +63,53 @@ class Greedy:
         return refine_floor(self.seg_part, self._boundaries, load)
 
     def placement(self, token_cost: float | None) -> Placement:
-        """The refined placement.
+        """The refined placement (:meth:`refined`).
+
+        Args:
+            token_cost: as :meth:`refined`.
+
+        Returns:
+            The placement (named :attr:`name`).
+        """
+        return self.refined(token_cost)[0]
+
+    def refined(self, token_cost: float | None) -> tuple[Placement, bool]:
+        """The refined placement, and whether the cap shortened a slide of the refinement (built once per
+        ``token_cost``; the one of :attr:`same_as` when it was built and no cap shortened a slide of it).
 
         Args:
             token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within
                 ``cap_t``; ``None``: it evens out the work at unchanged token counts.
 
         Returns:
-            The placement (named :attr:`name`).
+            ``(placement, capped)``: the same placement object for a pass and its :attr:`same_as` when not capped.
         """
+        memo = self._memo
+        if token_cost not in memo and self.same_as is not None and token_cost in self.same_as._memo:
+            pl, capped = self.same_as._memo[token_cost]
+            if not capped:
+                memo[token_cost] = pl, capped
+        if token_cost not in memo:
+            memo[token_cost] = self._refine(token_cost)
+        return memo[token_cost]
+
+    def _refine(self, token_cost: float | None) -> tuple[Placement, bool]:
+        """:meth:`refined`, built."""
         starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
-        refine_work(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
-                    max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
-                    token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
+        _, capped = refine_moves(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
+                                 max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
+                                 token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
         doc, start, end, part = self._whole
-        return _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
-                       np.concatenate([np.asarray(starts, dtype=np.int64), start]),
-                       np.concatenate([np.asarray(ends, dtype=np.int64), end]),
-                       np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+        pl = _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
+                     np.concatenate([np.asarray(starts, dtype=np.int64), start]),
+                     np.concatenate([np.asarray(ends, dtype=np.int64), end]),
+                     np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+        return pl, capped
+
+    @functools.cached_property
+    def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
+        """The refinements built so far, by token cost."""
+        return {}
 
     @functools.cached_property
     def _boundaries(self) -> list[int]:

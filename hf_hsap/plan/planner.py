@@ -21,7 +21,7 @@ from .balanced import balanced, balanced_greedy
 from .density import density, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
-from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
+from .cost import CostModel, part_time_bounds, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -120,9 +120,9 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
     """The cheapest candidate by :func:`.cost.step_time` (the first of equals), its transfers and time.
 
     Candidates are built and priced in the order of their bounds; on full-attention layers one whose bound
-    is above the best time so far is never built, and one built whose busiest part's load (``token_cost *
-    tokens + work``) is above it is not priced (a part's time is at least its load; the margin covers the
-    rounding of the bounds). A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
+    is above the best time so far is never built, and one built whose parts' bounds
+    (:func:`.cost.part_time_bounds`: tokens, work and received KV, without the transfers) are above it is not
+    priced (the margin covers the rounding of the bounds). A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
 
     Args:
         layout: the documents. cands: ``(bound, build)`` of every candidate. cost: the cost model.
@@ -135,17 +135,20 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
     n_full = sum(layers.values())
     best: tuple[float, int] = (math.inf, len(cands))
     out: tuple[Placement, dict[Window, Transfers]] | None = None
+    built: list[Placement] = []
     for i in sorted(range(len(cands)), key=lambda j: cands[j][0]):
         bound, build = cands[i]
         if full and n_full * bound > best[0] * (1 + FLOOR_MARGIN):
             break  # so are the bounds of the rest
         pl = build()
+        if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
+            continue
+        built.append(pl)
         tokens = pl.tokens_per_part()
         if tokens.min() < min_tokens:
             continue
-        if full and n_full * float((cost.token_cost * tokens + pl.work_per_part(layout)).max()) > \
-                best[0] * (1 + FLOOR_MARGIN):  # its time is at least any part's load: no need for its transfers
-            continue
+        if full and n_full * float(part_time_bounds(layout, pl, cost).max()) > best[0] * (1 + FLOOR_MARGIN):
+            continue  # it loses whatever its transfers: no need to build them
         tr = {w: window_transfers(pl, layout, w) for w in layers}
         t = step_time(layout, pl, tr, layers, cost)
         if (t, i) < best:

@@ -46,12 +46,30 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
     Returns:
         The number of moves made.
     """
+    return refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, max_moves, tok, token_cost, cap_t,
+                        bounds)[0]
+
+
+def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
+                 token_cost: float = 0.0, cap_t: float = math.inf,
+                 bounds: list[int] | None = None) -> tuple[int, bool]:
+    """:func:`refine_work`, and whether ``cap_t`` shortened a slide it weighed; when not, the same refinement
+    at any larger cap makes the same moves.
+
+    Args:
+        As :func:`refine_work`.
+
+    Returns:
+        ``(moves made, whether the cap shortened a slide)``.
+    """
     by_part: dict[int, list[int]] = {}
     for a in boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds:
         by_part.setdefault(seg_part[a], []).append(a)
         by_part.setdefault(seg_part[a + 1], []).append(a)
     if not by_part:
-        return 0
+        return 0, False
+    capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
@@ -59,8 +77,11 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
         p = max(range(len(load)), key=load.__getitem__)
         mine = by_part.get(p, [])
         exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
-        slide = None if tok is None else _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part,
-                                                     load, tok, token_cost, cap_t)
+        slide = None
+        if tok is not None:
+            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load, tok,
+                                       token_cost, cap_t)
+            capped = capped or short
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
             _shift(a, seg_part[a] == p, x, seg_start, seg_end)
@@ -71,13 +92,13 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             _shift(give, seg_part[give] == p, x, seg_start, seg_end)
             _shift(take, seg_part[take] == q, x, seg_start, seg_end)
         else:
-            return moves
+            return moves, capped
         wrk[p] -= work
         wrk[q] += work
         for i in (p, q):
             load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
-    return moves
+    return moves, capped
 
 
 def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
@@ -181,11 +202,12 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
 
 def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int], seg_start: list[int],
                 seg_end: list[int], seg_part: list[int], load: list[float], tok: list[float],
-                token_cost: float, cap_t: float) -> tuple[float, int, int, int, float] | None:
+                token_cost: float, cap_t: float) -> tuple[tuple[float, int, int, int, float] | None, bool]:
     """The slide of one of ``p``'s boundaries that lowers ``max(load[p], load[q])`` the most:
-    ``(new peak, q, x, boundary, work moved)``, or None. ``p`` keeps at least one row of the segment
-    and ``q`` stays within ``cap_t`` tokens."""
+    ``(new peak, q, x, boundary, work moved)``, or None; and whether ``cap_t`` shortened one it weighed.
+    ``p`` keeps at least one row of the segment and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
+    capped = False
     nbr = sorted(((load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine))
     for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2
         if (load[p] + load_q) / 2 >= best_peak:
@@ -194,8 +216,8 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
         q = seg_part[a + 1] if left else seg_part[a]
         gap = load[p] - load[q]
         x_max = (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1
-        if math.isfinite(cap_t):
-            x_max = min(x_max, int(cap_t - tok[q]))
+        if math.isfinite(cap_t) and int(cap_t - tok[q]) < x_max:
+            x_max, capped = int(cap_t - tok[q]), True
         if gap <= 0 or x_max < 1:
             continue
 
@@ -209,7 +231,7 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
-    return best
+    return best, capped
 
 
 def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:

@@ -1,5 +1,6 @@
 """``placement="auto"`` skips refining and pricing a candidate whose greedy pass bounds its time above the best
-so far: the bound holds for every refinement, and the skipping never changes the placement ``auto`` picks."""
+so far, and shares density passes over slacks: the bound holds for every refinement, the shared passes are the
+separate ones, and the skipping never changes the placement ``auto`` picks."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,3 +78,7 @@ def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths,
     for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, spread=spread, work_share=share)):
         alone = density_greedy(layout, P, tc, eps, spread=spread, work_share=share)
         assert shared == alone  # every field: segments, whole documents, figures, cap
+        # refined in slack order, as auto does: a larger cap's refinement may be the smaller one's, reused
+        a, b = shared.placement(tc), alone.placement(tc)
+        for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
+            assert np.array_equal(x, y)

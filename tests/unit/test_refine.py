@@ -17,12 +17,12 @@ def _placements(lengths: list[int], P: int, slack: float, token_cost: float | No
     """The balanced placement with and without the refinement."""
     layout = make_layout(np.concatenate([[0], np.cumsum(lengths)]))
     on = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
-    real = greedy_mod.refine_work  # what refines every greedy pass (Greedy.placement)
-    greedy_mod.refine_work = lambda *a, **k: 0
+    real = greedy_mod.refine_moves  # what refines every greedy pass (Greedy.placement)
+    greedy_mod.refine_moves = lambda *a, **k: (0, False)
     try:
         off = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
     finally:
-        greedy_mod.refine_work = real
+        greedy_mod.refine_moves = real
     return layout, on, off
 
 
