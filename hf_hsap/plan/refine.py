@@ -128,23 +128,18 @@ def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> f
     Returns:
         The largest mean load of a connected group of parts (a part without boundaries is one alone).
     """
-    root = list(range(len(load)))  # union-find over the parts, joined at every boundary
-
-    def find(p: int) -> int:
-        while root[p] != p:
-            root[p] = root[root[p]]
-            p = root[p]
-        return p
-
+    comp = list(range(len(load)))  # every part's group; a merge relabels the smaller group (at most P - 1 merges)
+    members = [[p] for p in range(len(load))]
     for a in bounds:
-        root[find(seg_part[a])] = find(seg_part[a + 1])
-    total: dict[int, float] = {}
-    count: dict[int, int] = {}
-    for p, x in enumerate(load):
-        r = find(p)
-        total[r] = total.get(r, 0.0) + x
-        count[r] = count.get(r, 0) + 1
-    return max(total[r] / count[r] for r in total)
+        x, y = comp[seg_part[a]], comp[seg_part[a + 1]]
+        if x != y:
+            if len(members[x]) < len(members[y]):
+                x, y = y, x
+            for p in members[y]:
+                comp[p] = x
+            members[x] += members[y]
+            members[y] = []
+    return max(sum([load[p] for p in m]) / len(m) for m in members if m)
 
 
 def _shift(a: int, left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:
