@@ -142,7 +142,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
 
     caps = (cap_t, cap_w, mean_t)
     replace = heapq.heapreplace
-    for i, (d, L, w, s0, rho) in enumerate(zip(docs, lens, works, starts, rhos)):
+    for i, (L, w, rho) in enumerate(zip(lens, works, rhos)):
         if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
             best = heap[0][1]
             t_b, w_b = tok[best] + L, wrk[best] + w  # _choose_parts' test at k = 1 for the first part, inlined
@@ -153,6 +153,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
                 scores[best] = score = s_t if s_t >= s_w else s_w
                 replace(heap, (score, best))
                 continue
+        d, s0 = docs[i], starts[i]  # the general path: split, or whole where the least loaded part has no room
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \

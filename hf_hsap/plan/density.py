@@ -124,7 +124,8 @@ def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: 
     # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
     pairs_a = lengths * (lengths + 1) / 2
     loads_a = pairs_a + token_cost * lengths
-    order = np.argsort(-loads_a, kind="stable").tolist()  # heaviest first, ties by index
+    order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
+    order = order_a.tolist()
     lens, pairs, loads = lengths.tolist(), pairs_a.tolist(), loads_a.tolist()
     mean = sum(loads) / P  # the builtin sum: left to right, as the figures were first written
     limit = mean * split_above
@@ -161,8 +162,9 @@ def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: 
             continue
         rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
     light = order[heavy_end:]
-    whole_part, no_room = _least_loaded(light, lens, pairs, cu, P, token_cost, cap_t, tok, wrk, seg_doc, seg_start,
-                                        seg_end, seg_part)
+    light_a = order_a[heavy_end:]
+    whole_part, no_room = _least_loaded(light, lengths[light_a].tolist(), pairs_a[light_a].tolist(), cu, P,
+                                        token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
     # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
     return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
                   cap_t, max_moves=(4 if spread == "fit" else 1) * P), capped or no_room
@@ -176,7 +178,7 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
     free tokens (appended to the segments). Updates ``tok`` and ``wrk``.
 
     Args:
-        docs: the documents, heaviest first. lens, pairs: tokens and pairs of every document. cu: the
+        docs: the documents, heaviest first. lens, pairs: their tokens and pairs (in ``docs`` order). cu: the
             document boundaries. P: parts. token_cost: a token's price in pairs. cap_t: the token cap.
         tok, wrk, seg_doc, seg_start, seg_end, seg_part: the pass's figures and split segments (updated).
 
@@ -189,16 +191,15 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
     out = [-1] * len(docs)
     no_room = False
     replace = heapq.heapreplace
-    for i, d in enumerate(docs):
-        L = lens[d]
+    for i, (L, pair) in enumerate(zip(lens, pairs)):
         p = heap[0][1]
         t = tok[p] + L
         if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
             no_room = True
-            out[i] = _no_room(d, L, pairs[d], cu[d], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start, seg_end,
-                              seg_part)
+            out[i] = _no_room(docs[i], L, pair, cu[docs[i]], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start,
+                              seg_end, seg_part)
             continue
-        w = wrk[p] + pairs[d]
+        w = wrk[p] + pair
         tok[p], wrk[p], out[i] = t, w, p
         replace(heap, (w + token_cost * t, p))
     return out, no_room

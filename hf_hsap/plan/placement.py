@@ -86,8 +86,10 @@ def rows_work(u, v):
 def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
     doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))
     keep = end > start
-    doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
-    order = np.lexsort((start, part))
+    if not keep.all():
+        doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
+    # by (part, start): one key (starts are distinct once empty segments are gone), one argsort
+    order = np.argsort(part * (int(end.max(initial=0)) + 1) + start)
     doc, start, end, part = doc[order], start[order], end[order], part[order]
     counts = np.bincount(part, minlength=n_parts)
     part_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
