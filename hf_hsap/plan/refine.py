@@ -139,6 +139,8 @@ def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> f
                 comp[p] = x
             members[x] += members[y]
             members[y] = []
+            if len(members[x]) == len(load):  # one group holds every part: the rest joins nothing new
+                break
     return max(sum([load[p] for p in m]) / len(m) for m in members if m)
 
 
@@ -173,6 +175,8 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
         gap = load[p] - load[q]
         if gap <= 0 or len(js) < 2:
             continue
+        if (load[p] + load[q]) / 2 > best_peak * (1 + 1e-12):  # no exchange with q ends below the pair's mean
+            continue  # (the margin: a peak rounded below the mean by an ulp still never beats best_peak)
         js.sort()
         for pos_g, g in js[-2:]:
             g_left = seg_part[g] == p
