@@ -21,7 +21,7 @@ from .balanced import balanced, balanced_greedy
 from .density import density, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
-from .cost import CostModel, part_time_bounds, step_time, zigzag_part_times, zigzag_time_bound
+from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -120,9 +120,9 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
     """The cheapest candidate by :func:`.cost.step_time` (the first of equals), its transfers and time.
 
     Candidates are built and priced in the order of their bounds; on full-attention layers one whose bound
-    is above the best time so far is never built, and one built whose parts' bounds
-    (:func:`.cost.part_time_bounds`: tokens, work and received KV, without the transfers) are above it is not
-    priced (the margin covers the rounding of the bounds). A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
+    is above the best time so far is never built (the margin covers the rounding of the bound). Full layers
+    are priced without transfers (:func:`.cost.part_times` reads the received KV from the segments); only the
+    winner's are built. A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
 
     Args:
         layout: the documents. cands: ``(bound, build)`` of every candidate. cost: the cost model.
@@ -134,7 +134,7 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
     full = all(w is None for w in layers)
     n_full = sum(layers.values())
     best: tuple[float, int] = (math.inf, len(cands))
-    out: tuple[Placement, dict[Window, Transfers]] | None = None
+    out: tuple[Placement, dict[Window, Transfers | None]] | None = None
     built: list[Placement] = []
     for i in sorted(range(len(cands)), key=lambda j: cands[j][0]):
         bound, build = cands[i]
@@ -144,17 +144,16 @@ def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_t
         if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
             continue
         built.append(pl)
-        tokens = pl.tokens_per_part()
-        if tokens.min() < min_tokens:
+        if pl.tokens_per_part().min() < min_tokens:
             continue
-        if full and n_full * float(part_time_bounds(layout, pl, cost).max()) > best[0] * (1 + FLOOR_MARGIN):
-            continue  # it loses whatever its transfers: no need to build them
-        tr = {w: window_transfers(pl, layout, w) for w in layers}
+        # full layers are priced from the segments (cost.part_recv); only the winner's transfers are built
+        tr = {w: None if w is None else window_transfers(pl, layout, w) for w in layers}
         t = step_time(layout, pl, tr, layers, cost)
         if (t, i) < best:
             best, out = (t, i), (pl, tr)
     assert out is not None, "contiguous leaves every part a token when T >= P"
-    return out[0], out[1], best[0]
+    pl, tr = out
+    return pl, {w: window_transfers(pl, layout, w) if x is None else x for w, x in tr.items()}, best[0]
 
 
 def _zigzag_if_cheaper(layout: Layout, n_parts: int, cost: CostModel, layers: Mapping[Window, int], best: float,

@@ -82,3 +82,22 @@ def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths,
         a, b = shared.placement(tc), alone.placement(tc)
         for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
             assert np.array_equal(x, y)
+
+
+@settings(max_examples=ci_examples(40))
+@given(lengths=LENGTHS, P=st.integers(2, 12), name=st.sampled_from(["contiguous", "zigzag", "balanced", "density"]))
+def test_received_kv_from_the_segments_is_the_transfers(lengths, P, name):
+    """auto prices full layers without building transfers: the received KV read from the segments is theirs."""
+    from hf_hsap.plan.cost import part_recv, part_times
+    from hf_hsap.plan.group import GroupSpec
+    from hf_hsap.plan.planner import plan_layout
+    from hf_hsap.plan.transfers import compute_transfers
+
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    pl = plan_layout(layout, GroupSpec.offline(P), name).placement
+    tr = compute_transfers(pl)
+    assert np.array_equal(part_recv(layout, pl), np.bincount(tr.dst, weights=tr.lengths, minlength=P))
+    cost = CostModel.default()
+    assert np.array_equal(part_times(layout, pl, None, cost), part_times(layout, pl, tr, cost))
