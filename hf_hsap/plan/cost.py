@@ -186,12 +186,15 @@ class CostModel:
 
     @staticmethod
     def for_link(link: str) -> "CostModel":
-        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"``."""
-        if link == "nvlink":
-            return CostModel.nvlink()
-        if link == "network":
-            return CostModel.default()
-        raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"`` (one shared,
+        frozen instance per link: a cached plan call builds none)."""
+        if link not in _LINK_MODELS:
+            raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+        return _LINK_MODELS[link]
+
+
+# CostModel.for_link's models, built once at import (read-only)
+_LINK_MODELS: Mapping[str, CostModel] = MappingProxyType({"nvlink": CostModel.nvlink(), "network": CostModel.default()})
 
 
 def _deprecated_auto_hardware() -> str:
