@@ -6,9 +6,9 @@ parts the same attention work), with ``k`` as small as keeps every part within i
 (activation memory) and its work cap (time). Documents are placed longest first onto the parts with
 the lowest load, like LPT scheduling for two resources.
 
-Last, :func:`.refine.refine_work` (:meth:`.greedy.Greedy.placement`) evens out the work left unequal by sliding boundaries of split
-documents between parts: at unchanged token counts, or, given the cost model's price of a token,
-evening out ``work + token_cost * tokens`` within the token cap.
+Last, :func:`.refine.refine_work` (:meth:`.greedy.Greedy.placement`) evens out the work left unequal by
+sliding boundaries of split documents between parts: at unchanged token counts, or, given the cost
+model's price of a token, evening out ``work + token_cost * tokens`` within the token cap.
 
 Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
 fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
