@@ -143,16 +143,18 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     caps = (cap_t, cap_w, mean_t)
     replace = heapq.heapreplace
     for i, (L, w, rho) in enumerate(zip(lens, works, rhos)):
-        if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
-            best = heap[0][1]
-            t_b, w_b = tok[best] + L, wrk[best] + w  # _choose_parts' test at k = 1 for the first part, inlined
-            free = mean_t - tok[best] - L
-            if t_b <= cap_t and w_b <= cap_w and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
-                tok[best], wrk[best], whole_part[i] = t_b, w_b, best
-                s_t, s_w = t_b / cap_t, w_b / cap_w
-                scores[best] = score = s_t if s_t >= s_w else s_w
-                replace(heap, (score, best))
-                continue
+        # the fast path: the least loaded part takes the document whole (_choose_parts' test at k = 1 for the
+        # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
+        # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
+        best = heap[0][1]
+        t_b, w_b = tok[best] + L, wrk[best] + w
+        free = mean_t - tok[best] - L
+        if t_b <= cap_t and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
+            tok[best], wrk[best], whole_part[i] = t_b, w_b, best
+            s_t, s_w = t_b / cap_t, w_b / cap_w
+            scores[best] = score = s_t if s_t >= s_w else s_w
+            replace(heap, (score, best))
+            continue
         d, s0 = docs[i], starts[i]  # the general path: split, or whole where the least loaded part has no room
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index

@@ -153,7 +153,8 @@ def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: 
         capped = capped or by_tokens > max(2, by_pairs) or not dense(L, loads[d])
         k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
-        by_load = sorted(range(P), key=lambda p: wrk[p] + token_cost * tok[p])
+        part_load = [w + token_cost * t for w, t in zip(wrk, tok)]
+        by_load = sorted(range(P), key=part_load.__getitem__)
         share = L / k
         chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
         capped = capped or chosen != by_load[:k]
