@@ -6,9 +6,9 @@ parts the same attention work), with ``k`` as small as keeps every part within i
 (activation memory) and its work cap (time). Documents are placed longest first onto the parts with
 the lowest load, like LPT scheduling for two resources.
 
-Last, :func:`.refine.refine_work` evens out the work left unequal by sliding boundaries of split
-documents between parts: at unchanged token counts, or, given the cost model's price of a token,
-evening out ``work + token_cost * tokens`` within the token cap.
+Last, :func:`.refine.refine_work` (:meth:`.greedy.Greedy.placement`) evens out the work left unequal by
+sliding boundaries of split documents between parts: at unchanged token counts, or, given the cost
+model's price of a token, evening out ``work + token_cost * tokens`` within the token cap.
 
 Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
 fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
@@ -27,9 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, _finish, rows_work
-from .refine import refine_work
+from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -99,17 +99,34 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
     Returns:
         One placement per entry of ``token_costs``.
     """
+    g = balanced_greedy(layout, n_parts, token_slack, work_slack)
+    return [g.placement(token_cost) for token_cost in token_costs]
+
+
+def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
+                    work_slack: float = DEFAULT_WORK_SLACK) -> Greedy:
+    """The greedy pass of :func:`balanced`, before its refinement.
+
+    Args:
+        layout, n_parts, token_slack, work_slack: as for :func:`balanced`.
+
+    Returns:
+        The pass (:class:`.greedy.Greedy`, name ``"balanced"``); ``.placement(token_cost)`` refines it.
+    """
     lengths = layout.doc_lengths
     T = layout.total_tokens
     P = n_parts
-    cap_t = math.ceil(T / P) * (1.0 + token_slack)
+    cap_t = token_cap(T, P, token_slack)
     work = lengths * (lengths + 1) // 2
     cap_w = float(work.sum()) / P * (1.0 + work_slack)
     order = np.argsort(-lengths, kind="stable")
     # per document, longest first: remaining tokens / work once it is placed (exact integers)
-    rem_t = (T - np.cumsum(lengths[order])).tolist()
-    rem_w = (int(work.sum()) - np.cumsum(work[order])).tolist()
-    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].tolist()
+    rem_t = T - np.cumsum(lengths[order])
+    rem_w = int(work.sum()) - np.cumsum(work[order])
+    # the remaining documents' average work per token (numpy rounds 0.5 * rw / rt as Python does)
+    rhos = np.divide(0.5 * rem_w, rem_t, out=np.zeros(len(order)), where=rem_t > 0).tolist()
+    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].astype(np.float64).tolist()
+    whole_part = [-1] * len(docs)  # the part of every document kept whole (in `docs` order)
     starts = layout.cu_seqlens[:-1][order].tolist()
     tok = [0.0] * P  # python lists: P <= a few hundred, faster than numpy for scalar updates
     wrk = [0.0] * P
@@ -119,52 +136,45 @@ def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float 
     seg_part: list[int] = []
     rot = 0
     heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
+    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w), kept current
     mean_t = T / P
     recv = [0] * P  # KV tokens each part will receive (from split documents)
 
-    def fits(p: int, t: float, w: float, rho: float) -> bool:
-        """Within both caps, and (rho > 0) still within the work cap once the part is filled up to the
-        mean token count with the remaining documents' average work per token ``rho``."""
-        if tok[p] + t > cap_t or wrk[p] + w > cap_w:
-            return False
-        return wrk[p] + w + rho * max(0.0, mean_t - tok[p] - t) <= cap_w
-
-    for d, L, wi, s0, rt, rw in zip(docs, lens, works, starts, rem_t, rem_w):
-        w = float(wi)
-        rho = 0.5 * rw / rt if rt > 0 else 0.0
-        if L <= cap_t and w <= cap_w:  # k0 == 1: try the least loaded part whole (the fast path)
-            best = heap[0][1]
-            t_b, w_b = tok[best] + L, wrk[best] + w  # fits(best, L, w, rho), inlined
-            if t_b <= cap_t and w_b <= cap_w and w_b + rho * max(0.0, mean_t - tok[best] - L) <= cap_w:
-                seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(best)
-                tok[best], wrk[best] = t_b, w_b
-                heapq.heapreplace(heap, (max(t_b / cap_t, w_b / cap_w), best))
-                continue
+    caps = (cap_t, cap_w, mean_t)
+    replace = heapq.heapreplace
+    for i, (L, w, rho) in enumerate(zip(lens, works, rhos)):
+        # the fast path: the least loaded part takes the document whole (_choose_parts' test at k = 1 for the
+        # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
+        # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
+        best = heap[0][1]
+        t_b, w_b = tok[best] + L, wrk[best] + w
+        free = mean_t - tok[best] - L
+        if t_b <= cap_t and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
+            tok[best], wrk[best], whole_part[i] = t_b, w_b, best
+            s_t, s_w = t_b / cap_t, w_b / cap_w
+            scores[best] = score = s_t if s_t >= s_w else s_w
+            replace(heap, (score, best))
+            continue
+        d, s0 = docs[i], starts[i]  # the general path: split, or whole where the least loaded part has no room
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
-        scores = [max(tok[p] / cap_t, wrk[p] / cap_w) for p in range(P)]
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
-        chosen = _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, rho)) or \
-            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: fits(p, t, x, 0.0)) or \
-            _choose_parts(by_load, L, w, k0, P, lambda p, t, x: tok[p] + t <= cap_t)  # equal work shares
+        chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \
+            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, 0.0) or \
+            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, None)  # equal work shares
         if chosen is None:
             _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
         elif len(chosen) == 1:
-            p = chosen[0]
-            seg_doc.append(d), seg_start.append(s0), seg_end.append(s0 + L), seg_part.append(p)
+            p = whole_part[i] = chosen[0]
             tok[p] += L
             wrk[p] += w
         else:
             rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
-        heap = [(max(tok[p] / cap_t, wrk[p] / cap_w), p) for p in range(P)]
+        for p in range(P) if chosen is None else chosen:  # the parts this document changed
+            scores[p] = max(tok[p] / cap_t, wrk[p] / cap_w)
+        heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
-    doc_first = layout.cu_seqlens[:-1].tolist()
-    out = []
-    for token_cost in token_costs:
-        starts_, ends_, parts_ = list(seg_start), list(seg_end), list(seg_part)
-        refine_work(doc_first, seg_doc, starts_, ends_, parts_, list(wrk), max_moves=4 * P,
-                    tok=None if token_cost is None else list(tok), token_cost=token_cost or 0.0, cap_t=cap_t)
-        out.append(_finish("balanced", P, seg_doc, starts_, ends_, parts_))
-    return out
+    return Greedy("balanced", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, docs, whole_part, tok, wrk,
+                  cap_t, max_moves=4 * P)
 
 
 def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
@@ -193,18 +203,38 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     return rot
 
 
-def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, fits) -> list[int] | None:
+def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
+                  caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
     """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
-    A document that needs most parts anyway goes to all of them (no idle part, best balance)."""
+    A document that needs most parts anyway goes to all of them (no idle part, best balance).
+
+    Args:
+        by_load: the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest parts.
+        P: parts. tok, wrk: every part's tokens and pairs. caps: ``(cap_t, cap_w, mean_t)``.
+        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
+            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
+            per token ``rho`` (0: the work cap alone).
+
+    Returns:
+        The parts, or None.
+    """
+    cap_t, cap_w, mean_t = caps
     k_first = P if 2 * k0 > P else k0
     for k in range(k_first, min(P, L) + 1):
         t, x = L / k, w / k
         chosen = []
-        for p in by_load:
-            if fits(p, t, x):
-                chosen.append(p)
-                if len(chosen) == k:
-                    return chosen
+        for p in by_load:  # the tests written out: they run for every part and every k (a hot loop)
+            tp = tok[p]
+            if tp + t > cap_t:
+                continue
+            if rho is not None:
+                wp = wrk[p] + x
+                free = mean_t - tp - t
+                if wp > cap_w or wp + rho * (free if free > 0.0 else 0.0) > cap_w:
+                    continue
+            chosen.append(p)
+            if len(chosen) == k:
+                return chosen
     return None
 
 

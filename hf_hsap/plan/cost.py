@@ -202,12 +202,15 @@ class CostModel:
 
     @staticmethod
     def for_link(link: str) -> "CostModel":
-        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"``."""
-        if link == "nvlink":
-            return CostModel.nvlink()
-        if link == "network":
-            return CostModel.default()
-        raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"`` (one shared,
+        frozen instance per link: a cached plan call builds none)."""
+        if link not in _LINK_MODELS:
+            raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
+        return _LINK_MODELS[link]
+
+
+# CostModel.for_link's models, built once at import (read-only)
+_LINK_MODELS: Mapping[str, CostModel] = MappingProxyType({"nvlink": CostModel.nvlink(), "network": CostModel.default()})
 
 
 def _deprecated_auto_hardware() -> str:
@@ -223,9 +226,11 @@ def _deprecated_auto_hardware() -> str:
     return importlib.import_module("hf_hsap.devices").detect_hardware()
 
 
-def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, window: Window = None) -> np.ndarray:
+def part_times(layout: Layout, pl: Placement, tr: Transfers | None, cost: CostModel,
+               window: Window = None) -> np.ndarray:
     """``[n_parts]`` estimated step time of every part for one layer of a mask kind (module docstring; a
-    window counts only the pairs it keeps)."""
+    window counts only the pairs it keeps). ``tr``: the transfers of that kind; None on a full layer: the
+    received KV read from the segments (:func:`part_recv`, the same figures without building transfers)."""
     work = work_per_part(layout, pl, window)
     local = local_work_per_part(layout, pl, window)
     if cost.diag_block:  # the masked pairs of every (part, document) causal piece run with the local work
@@ -234,8 +239,26 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, wi
         rows = np.bincount(inv.reshape(-1), weights=pl.end - pl.start)  # [pieces] own tokens of each
         masked = np.bincount(uniq // (layout.n_docs + 1), weights=cost.masked_pairs(rows), minlength=pl.n_parts)
         work, local = work + masked, local + masked
-    recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
+    if tr is None:
+        if window is not None:
+            raise ValueError("a windowed layer is priced from its transfers (window_transfers)")
+        recv = part_recv(layout, pl)
+    else:
+        recv = np.bincount(tr.dst, weights=tr.lengths, minlength=pl.n_parts)
     return cost.time_of(pl.tokens_per_part().astype(np.float64), work, local, recv)
+
+
+def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
+    """``[n_parts]`` KV tokens every part receives on a full-attention layer, from the segments alone: in every
+    document it holds, every key before the end of its last segment there but its own (:mod:`.transfers`'
+    rule; equal to the received lengths of :func:`.transfers.compute_transfers`, as float64 sums of integers)."""
+    doc, part = pl.doc, pl.part  # sorted by (part, start): a part's segments of one document are consecutive
+    n = doc.shape[0]
+    first = np.flatnonzero(np.concatenate([[True], (doc[1:] != doc[:-1]) | (part[1:] != part[:-1])]))  # [runs]
+    last = np.concatenate([first[1:], [n]]) - 1
+    own = np.add.reduceat(pl.end - pl.start, first)  # tokens of the run's document the part holds
+    recv = pl.end[last] - layout.cu_seqlens[doc[first]] - own  # every key before its last one, but its own
+    return np.bincount(part[first], weights=recv, minlength=pl.n_parts)
 
 
 def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
@@ -299,14 +322,15 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     return out
 
 
-def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers], layers: Mapping[Window, int],
-              cost: CostModel) -> float:
+def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],
+              layers: Mapping[Window, int], cost: CostModel) -> float:
     """Estimated time of one step of a model's attention layers: for every mask kind, its layers times the
     slowest part's time of one such layer (each layer waits for its slowest part).
 
     Args:
-        layout, pl: the documents and placement. transfers: the placement's transfers of every kind.
-        layers: layers per kind. cost: the cost model.
+        layout, pl: the documents and placement. transfers: the placement's transfers of every kind (None for
+            the full kind: read from the segments, :func:`part_times`). layers: layers per kind. cost: the
+            cost model.
     """
     return float(sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items()))
 

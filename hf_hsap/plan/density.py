@@ -27,26 +27,46 @@ Token bound: ``ceil(T / P) * (1 + token_slack)`` per part, never exceeded (a doc
 equal shares is cut over the parts with the most free tokens, as in :mod:`.balanced`).
 
 Speed: plain Python scalars and a heap (one document at a time; it runs per batch, inside the
-planning budget).
+planning budget); the per-document figures and the order come from numpy, whole documents are kept apart
+from the split segments (only those are refined).
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
+from typing import Sequence
+
+import numpy as np
 
 from .balanced import _fill_by_headroom, _split
+from .greedy import Greedy
 from .layout import Layout
-from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
-from .refine import refine_work
+from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
 
-__all__ = ["density"]
+__all__ = ["density", "density_greedies", "density_greedy"]
 
 SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) documents over every part
 
 
 def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
             split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Placement:
-    """Load-proportional placement (module docstring).
+    """Load-proportional placement (module docstring): :func:`density_greedy`, refined.
+
+    Args:
+        layout, n_parts, token_cost, token_slack, split_above, spread, work_share: as
+            :func:`density_greedy`.
+
+    Returns:
+        The placement (name ``"density"``).
+    """
+    return density_greedy(layout, n_parts, token_cost, token_slack, split_above, spread, work_share).placement(
+        token_cost)
+
+
+def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
+                   split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Greedy:
+    """The greedy pass of :func:`density` (module docstring), before its refinement.
 
     Args:
         layout: the documents.
@@ -57,22 +77,59 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
             token cap) is split, over ``max(2, ceil(load / m), ceil(L / cap_t))`` parts.
         spread: ``"fit"`` (as many parts as the load needs) or ``"all"`` (every heavy document over all
             parts).
+        work_share: a document with more pairs than this share of a part's mean pairs is heavy, and split
+            over at least ``pairs / (mean pairs * work_share)`` parts.
 
     Returns:
-        The placement (name ``"density"``).
+        The pass (:class:`.greedy.Greedy`, name ``"density"``): ``.placement(token_cost)`` refines it.
     """
+    return _density_pass(layout, n_parts, token_cost, token_slack, split_above, spread, work_share)[0]
+
+
+def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slacks: Sequence[float],
+                     spread: str = "fit", work_share: float = 1.0) -> list[Greedy]:
+    """:func:`density_greedy` at several token slacks, one pass for as many of them as it can: a pass in
+    which no token cap decided anything (every part it tried had room, no document longer than the cap) is
+    the same pass at any larger cap; only the cap its refinement slides within differs.
+
+    Args:
+        layout, n_parts, token_cost, spread, work_share: as :func:`density_greedy`.
+        token_slacks: the slacks, ascending.
+
+    Returns:
+        One pass per slack (equal to ``density_greedy`` at that slack).
+    """
+    out: list[Greedy] = []
+    capped = True
+    for eps in token_slacks:
+        if capped:
+            g, capped = _density_pass(layout, n_parts, token_cost, eps, 1.0, spread, work_share)
+        else:
+            g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps), same_as=g)
+        out.append(g)
+    return out
+
+
+def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: float, split_above: float,
+                  spread: str, work_share: float) -> tuple[Greedy, bool]:
+    """:func:`density_greedy`, and whether its token cap decided anything (a part skipped for want of room,
+    a document longer than the cap); when not, the pass is the same at any larger cap."""
     if spread not in ("fit", "all"):
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
     P = n_parts
     cu = layout.cu_seqlens.tolist()
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    lengths = layout.doc_lengths
     T = cu[-1]
-    cap_t = math.ceil(T / P) * (1.0 + token_slack)
-    loads = [L * (L + 1) / 2 + token_cost * L for L in lens]
-    mean = sum(loads) / P
+    cap_t = token_cap(T, P, token_slack)
+    # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
+    pairs_a = lengths * (lengths + 1) / 2
+    loads_a = pairs_a + token_cost * lengths
+    order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
+    order = order_a.tolist()
+    lens, pairs, loads = lengths.tolist(), pairs_a.tolist(), loads_a.tolist()
+    mean = sum(loads) / P  # the builtin sum: left to right, as the figures were first written
     limit = mean * split_above
-    mean_w = sum(L * (L + 1) / 2 for L in lens) / P
-    order = sorted(range(len(lens)), key=lambda d: -loads[d])
+    mean_w = sum(pairs) / P
     tok = [0.0] * P
     wrk = [0.0] * P
     recv = [0] * P
@@ -81,45 +138,92 @@ def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float 
     seg_end: list[int] = []
     seg_part: list[int] = []
     rot = 0
-    def heavy(L: int, load: float) -> bool:  # "all" spreads only the work-dense (or too long) documents
-        dense = L * (L + 1) / 2 > mean_w * work_share
-        return L > cap_t or dense or (spread == "fit" and load > limit)
+    def dense(L: int, load: float) -> bool:  # "all" spreads only the work-dense (or too long) documents
+        return L * (L + 1) / 2 > mean_w * work_share or (spread == "fit" and load > limit)
 
     heavy_end = 0  # documents order[:heavy_end] are split (loads decrease along order, and so do lengths)
-    while heavy_end < len(order) and heavy(lens[order[heavy_end]], loads[order[heavy_end]]):
+    while heavy_end < len(order) and (lens[order[heavy_end]] > cap_t or dense(lens[order[heavy_end]],
+                                                                               loads[order[heavy_end]])):
         heavy_end += 1
+    capped = False  # whether the cap decided anything (a document heavy or cut in more parts for its length alone)
     for rank, d in enumerate(order[:heavy_end]):
         L = lens[d]
-        fit = max(2, math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share)))
+        by_tokens, by_pairs = math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share))
+        fit = max(2, by_tokens, by_pairs)
+        capped = capped or by_tokens > max(2, by_pairs) or not dense(L, loads[d])
         k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
-        by_load = sorted(range(P), key=lambda p: wrk[p] + token_cost * tok[p])
+        part_load = [w + token_cost * t for w, t in zip(wrk, tok)]
+        by_load = sorted(range(P), key=part_load.__getitem__)
         share = L / k
         chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
+        capped = capped or chosen != by_load[:k]
         if len(chosen) < k:
             _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
             continue
         rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+    light = order[heavy_end:]
+    light_a = order_a[heavy_end:]
+    whole_part, no_room = _least_loaded(light, lengths[light_a].tolist(), pairs_a[light_a].tolist(), cu, P,
+                                        token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+    # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
+    return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
+                  cap_t, max_moves=(4 if spread == "fit" else 1) * P), capped or no_room
+
+
+def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
+                  cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
+                  seg_end: list[int], seg_part: list[int]) -> tuple[list[int], bool]:
+    """Place ``docs`` whole, in order, each on the least-loaded part (``work + token_cost * tokens``, ties by
+    index) with room for it under ``cap_t`` (LPT); one that fits no part is cut over the parts with the most
+    free tokens (appended to the segments). Updates ``tok`` and ``wrk``.
+
+    Args:
+        docs: the documents, heaviest first. lens, pairs: their tokens and pairs (in ``docs`` order). cu: the
+            document boundaries. P: parts. token_cost: a token's price in pairs. cap_t: the token cap.
+        tok, wrk, seg_doc, seg_start, seg_end, seg_part: the pass's figures and split segments (updated).
+
+    Returns:
+        The part of every document of ``docs`` (-1 for one cut over several parts), and whether the least
+        loaded part ever lacked room.
+    """
     heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
     heapq.heapify(heap)
-    for d in order[heavy_end:]:
-        L = lens[d]
-        full = []
-        while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
-            full.append(heapq.heappop(heap))
-        if heap:
-            _, p = heap[0]
-            seg_doc.append(d), seg_start.append(cu[d]), seg_end.append(cu[d] + L), seg_part.append(p)
-            tok[p] += L
-            wrk[p] += L * (L + 1) / 2
-            heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
-        else:
-            _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
-            full = [(wrk[p] + token_cost * tok[p], p) for _, p in full]
-        for item in full:
-            heapq.heappush(heap, item)
-    # "all" splits evenly already (and has many boundaries, each move costs more): fewer moves
-    refine_work(cu[:-1], seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=(4 if spread == "fit" else 1) * P, tok=tok,
-                token_cost=token_cost, cap_t=cap_t)
-    return _finish("density", P, seg_doc, seg_start, seg_end, seg_part)
+    out = [-1] * len(docs)
+    no_room = False
+    replace = heapq.heapreplace
+    for i, (L, pair) in enumerate(zip(lens, pairs)):
+        p = heap[0][1]
+        t = tok[p] + L
+        if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
+            no_room = True
+            out[i] = _no_room(docs[i], L, pair, cu[docs[i]], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start,
+                              seg_end, seg_part)
+            continue
+        w = wrk[p] + pair
+        tok[p], wrk[p], out[i] = t, w, p
+        replace(heap, (w + token_cost * t, p))
+    return out, no_room
+
+
+def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],
+             wrk: list[float], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+             seg_part: list[int]) -> int:
+    """:func:`_least_loaded` for a document the least-loaded part has no room for: the least-loaded part with
+    room (its part returned), or cut over the parts with the most free tokens (-1). Keeps ``heap`` whole."""
+    full = []
+    while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
+        full.append(heapq.heappop(heap))
+    p = -1
+    if heap:
+        p = heap[0][1]
+        tok[p] += L
+        wrk[p] += pair
+        heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
+    else:
+        _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+        full = [(wrk[q] + token_cost * tok[q], q) for _, q in full]
+    for item in full:
+        heapq.heappush(heap, item)
+    return p
 

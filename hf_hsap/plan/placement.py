@@ -19,6 +19,7 @@ Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens;
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,18 @@ class Placement:
         return np.bincount(self.part, weights=rows_work(a, b), minlength=self.n_parts).astype(np.int64)
 
 
+def token_cap(total_tokens: int, n_parts: int, token_slack: float) -> float:
+    """The most tokens a part of ``balanced`` or ``density`` holds: ``ceil(T / P) * (1 + token_slack)``.
+
+    Args:
+        total_tokens: T. n_parts: P. token_slack: epsilon.
+
+    Returns:
+        The cap (a float; parts hold whole tokens up to it).
+    """
+    return math.ceil(total_tokens / n_parts) * (1.0 + token_slack)
+
+
 def rows_work(u, v):
     """(query, key) pairs of the rows at document offsets ``[u, v)`` (a row at offset ``x`` attends
     ``x + 1`` keys): ints or integer arrays, elementwise."""
@@ -73,8 +86,10 @@ def rows_work(u, v):
 def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
     doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))
     keep = end > start
-    doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
-    order = np.lexsort((start, part))
+    if not keep.all():
+        doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
+    # by (part, start): one key (starts are distinct once empty segments are gone), one argsort
+    order = np.argsort(part * (int(end.max(initial=0)) + 1) + start)
     doc, start, end, part = doc[order], start[order], end[order], part[order]
     counts = np.bincount(part, minlength=n_parts)
     part_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

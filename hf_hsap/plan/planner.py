@@ -8,6 +8,7 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Callable, Mapping, Sequence
@@ -16,8 +17,9 @@ import numpy as np
 import torch
 
 from ..deprecation import moved_names
-from .balanced import balanced, balanced_variants
-from .density import density
+from .balanced import balanced, balanced_greedy
+from .density import density, density_greedies
+from .greedy import Greedy
 from .cache import PlanCache
 from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" (capped by token_slack)
 DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
+Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
+FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: CostModel | None,
@@ -75,32 +79,83 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     every mask kind; the cheapest wins (the first of equals).
 
     Candidates: ``balanced`` at token slacks 0.01, 0.03 (each at most ``token_slack``) and ``token_slack``,
-    each token-neutral and priced (:func:`.balanced.balanced_variants`); ``density`` (:mod:`.density`: every
-    document over as many parts as its pairs need, or 0.6 of a share, at the two largest slacks; its heaviest
-    over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
-    equal estimated cost. Small slacks: tokens cost every linear layer, so near-equal token counts pay even
-    when a few more documents must be split (BENCHMARKS.md). ``zigzag`` is priced in closed form on full
-    attention (its transfers grow as documents x parts squared) and built only if it wins; with windowed
-    layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS` segments (beyond, it is not a
-    candidate).
+    each token-neutral and priced (one greedy pass, :func:`.balanced.balanced_greedy`); ``density``
+    (:mod:`.density`: every document over as many parts as its pairs need, or 0.6 of a share, at the two
+    largest slacks; its heaviest over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed
+    layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer, so
+    near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md). ``zigzag`` is
+    priced in closed form on full attention (its transfers grow as documents x parts squared) and built only
+    if it wins; with windowed layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS` segments
+    (beyond, it is not a candidate). A greedy pass bounds its candidates' time from below
+    (:meth:`.greedy.Greedy.floor`): one that cannot beat the best so far is neither refined nor priced
+    (:func:`_cheapest`).
     """
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
-    cands = [c for eps in slacks for c in balanced_variants(layout, n_parts, (tc, None), eps)]
-    cands += [density(layout, n_parts, tc, eps, spread=spread, work_share=share)
-              for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
-    cands.append(contiguous(layout, n_parts))
+    greedy = [(g, c) for eps in slacks for g in [balanced_greedy(layout, n_parts, eps)] for c in (tc, None)]
+    dense = {(eps, spread, share): g for spread, share in DENSITY_VARIANTS
+             for eps, g in zip(*_density_slacks(layout, n_parts, tc, slacks, spread, share))}
+    greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
+               for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
+    cands: list[Candidate] = [(g.floor(tc), functools.partial(g.placement, c)) for g, c in greedy]
+    cands.append((0.0, functools.partial(contiguous, layout, n_parts)))
     windowed = any(w is not None for w in layers)
     if windowed:  # contiguous cuts at equal estimated cost, within the small slacks' cap
         eps = min(AUTO_TOKEN_SLACKS[-1], token_slack)
         cap = int(math.ceil(layout.total_tokens / n_parts * (1 + eps)))
-        cands.append(weighted_contiguous(layout, n_parts, layers, tc, cap, min_tokens))
-    cands = [c for c in cands if c.tokens_per_part().min() >= min_tokens]
-    trs = [{w: window_transfers(c, layout, w) for w in layers} for c in cands]
-    times = [step_time(layout, c, t, layers, cost) for c, t in zip(cands, trs)]
-    best = int(np.argmin(times))
-    zz = _zigzag_if_cheaper(layout, n_parts, cost, layers, times[best], min_tokens)
-    return zz if zz is not None else (cands[best], trs[best])
+        cands.append((0.0, functools.partial(weighted_contiguous, layout, n_parts, layers, tc, cap, min_tokens)))
+    pl, tr, best = _cheapest(layout, cands, cost, min_tokens, layers)
+    zz = _zigzag_if_cheaper(layout, n_parts, cost, layers, best, min_tokens)
+    return zz if zz is not None else (pl, tr)
+
+
+def _density_slacks(layout: Layout, n_parts: int, token_cost: float, slacks: Sequence[float], spread: str,
+                    share: float) -> tuple[list[float], list[Greedy]]:
+    """The slacks ``auto`` builds one density variant at (the two largest for ``"fit"``, the largest for
+    ``"all"``) and its greedy passes there (:func:`.density.density_greedies`)."""
+    eps = slacks[-2:] if spread == "fit" else slacks[-1:]
+    return eps, density_greedies(layout, n_parts, token_cost, eps, spread=spread, work_share=share)
+
+
+def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_tokens: int,
+              layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers], float]:
+    """The cheapest candidate by :func:`.cost.step_time` (the first of equals), its transfers and time.
+
+    Candidates are built and priced in the order of their bounds; on full-attention layers one whose bound
+    is above the best time so far is never built (the margin covers the rounding of the bound). Full layers
+    are priced without transfers (:func:`.cost.part_times` reads the received KV from the segments); only the
+    winner's are built. A candidate that leaves a part with fewer than ``min_tokens`` tokens is dropped.
+
+    Args:
+        layout: the documents. cands: ``(bound, build)`` of every candidate. cost: the cost model.
+        min_tokens: the fewest tokens a part may hold. layers: layers per mask kind.
+
+    Returns:
+        ``(placement, transfers of every kind, step time)``.
+    """
+    full = all(w is None for w in layers)
+    n_full = sum(layers.values())
+    best: tuple[float, int] = (math.inf, len(cands))
+    out: tuple[Placement, dict[Window, Transfers | None]] | None = None
+    built: list[Placement] = []
+    for i in sorted(range(len(cands)), key=lambda j: cands[j][0]):
+        bound, build = cands[i]
+        if full and n_full * bound > best[0] * (1 + FLOOR_MARGIN):
+            break  # so are the bounds of the rest
+        pl = build()
+        if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
+            continue
+        built.append(pl)
+        if pl.tokens_per_part().min() < min_tokens:
+            continue
+        # full layers are priced from the segments (cost.part_recv); only the winner's transfers are built
+        tr = {w: None if w is None else window_transfers(pl, layout, w) for w in layers}
+        t = step_time(layout, pl, tr, layers, cost)
+        if (t, i) < best:
+            best, out = (t, i), (pl, tr)
+    assert out is not None, "contiguous leaves every part a token when T >= P"
+    pl, tr = out
+    return pl, {w: window_transfers(pl, layout, w) if x is None else x for w, x in tr.items()}, best[0]
 
 
 def _zigzag_if_cheaper(layout: Layout, n_parts: int, cost: CostModel, layers: Mapping[Window, int], best: float,

@@ -27,7 +27,7 @@ from .placement import rows_work
 
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
-                token_cost: float = 0.0, cap_t: float = math.inf) -> int:
+                token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None) -> int:
     """Lower the largest per-part load by boundary exchanges and slides (module docstring).
 
     Args:
@@ -41,19 +41,35 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             the work.
         token_cost: price of one token in pairs (the load is ``work + token_cost * tokens``).
         cap_t: no slide takes a part above this many tokens.
+        bounds: :func:`boundaries` of the segments as given, if known (moves never add or remove one).
 
     Returns:
         The number of moves made.
     """
-    # a boundary is named by its left segment ``a``: segments ``a`` and ``a + 1`` are adjacent rows of
-    # one document on different parts (the greedy appends a document's segments together and in order)
+    return refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, max_moves, tok, token_cost, cap_t,
+                        bounds)[0]
+
+
+def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
+                 token_cost: float = 0.0, cap_t: float = math.inf,
+                 bounds: list[int] | None = None) -> tuple[int, bool]:
+    """:func:`refine_work`, and whether ``cap_t`` shortened a slide it weighed; when not, the same refinement
+    at any larger cap makes the same moves.
+
+    Args:
+        As :func:`refine_work`.
+
+    Returns:
+        ``(moves made, whether the cap shortened a slide)``.
+    """
     by_part: dict[int, list[int]] = {}
-    for a in range(len(seg_doc) - 1):
-        if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]:
-            by_part.setdefault(seg_part[a], []).append(a)
-            by_part.setdefault(seg_part[a + 1], []).append(a)
+    for a in boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds:
+        by_part.setdefault(seg_part[a], []).append(a)
+        by_part.setdefault(seg_part[a + 1], []).append(a)
     if not by_part:
-        return 0
+        return 0, False
+    capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
@@ -61,8 +77,11 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
         p = max(range(len(load)), key=load.__getitem__)
         mine = by_part.get(p, [])
         exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
-        slide = None if tok is None else _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part,
-                                                     load, tok, token_cost, cap_t)
+        slide = None
+        if tok is not None:
+            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load, tok,
+                                       token_cost, cap_t)
+            capped = capped or short
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
             _shift(a, seg_part[a] == p, x, seg_start, seg_end)
@@ -73,13 +92,56 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             _shift(give, seg_part[give] == p, x, seg_start, seg_end)
             _shift(take, seg_part[take] == q, x, seg_start, seg_end)
         else:
-            return moves
+            return moves, capped
         wrk[p] -= work
         wrk[q] += work
         for i in (p, q):
             load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
-    return moves
+    return moves, capped
+
+
+def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
+    """The boundaries a refinement may move, each named by its left segment ``a``: segments ``a`` and
+    ``a + 1`` are adjacent rows of one document on different parts (the greedy appends a document's
+    segments together and in order).
+
+    Args:
+        seg_doc, seg_start, seg_end, seg_part: the segments, as :func:`refine_work` takes them.
+
+    Returns:
+        The ``a`` of every boundary, ascending.
+    """
+    return [a for a in range(len(seg_doc) - 1)
+            if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
+
+
+def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> float:
+    """A lower bound of the largest load any refinement of these segments can reach: every move hands load
+    between two parts that share a boundary and keeps their sum, so the parts joined by boundaries (a
+    connected group) keep their total, and the busiest part of a group holds at least its mean.
+
+    Args:
+        seg_part: the segments' parts. bounds: their :func:`boundaries`.
+        load: ``work + token_cost * tokens`` of every part (any ``token_cost``: moves keep the sum of either).
+
+    Returns:
+        The largest mean load of a connected group of parts (a part without boundaries is one alone).
+    """
+    comp = list(range(len(load)))  # every part's group; a merge relabels the smaller group (at most P - 1 merges)
+    members = [[p] for p in range(len(load))]
+    for a in bounds:
+        x, y = comp[seg_part[a]], comp[seg_part[a + 1]]
+        if x != y:
+            if len(members[x]) < len(members[y]):
+                x, y = y, x
+            for p in members[y]:
+                comp[p] = x
+            members[x] += members[y]
+            members[y] = []
+            if len(members[x]) == len(load):  # one group holds every part: the rest joins nothing new
+                break
+    return max(sum([load[p] for p in m]) / len(m) for m in members if m)
 
 
 def _shift(a: int, left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:
@@ -113,6 +175,8 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
         gap = load[p] - load[q]
         if gap <= 0 or len(js) < 2:
             continue
+        if (load[p] + load[q]) / 2 > best_peak * (1 + 1e-12):  # no exchange with q ends below the pair's mean
+            continue  # (the margin: a peak rounded below the mean by an ulp still never beats best_peak)
         js.sort()
         for pos_g, g in js[-2:]:
             g_left = seg_part[g] == p
@@ -137,11 +201,12 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
 
 def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int], seg_start: list[int],
                 seg_end: list[int], seg_part: list[int], load: list[float], tok: list[float],
-                token_cost: float, cap_t: float) -> tuple[float, int, int, int, float] | None:
+                token_cost: float, cap_t: float) -> tuple[tuple[float, int, int, int, float] | None, bool]:
     """The slide of one of ``p``'s boundaries that lowers ``max(load[p], load[q])`` the most:
-    ``(new peak, q, x, boundary, work moved)``, or None. ``p`` keeps at least one row of the segment
-    and ``q`` stays within ``cap_t`` tokens."""
+    ``(new peak, q, x, boundary, work moved)``, or None; and whether ``cap_t`` shortened one it weighed.
+    ``p`` keeps at least one row of the segment and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
+    capped = False
     nbr = sorted(((load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine))
     for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2
         if (load[p] + load_q) / 2 >= best_peak:
@@ -150,21 +215,59 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
         q = seg_part[a + 1] if left else seg_part[a]
         gap = load[p] - load[q]
         x_max = (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1
-        if math.isfinite(cap_t):
-            x_max = min(x_max, int(cap_t - tok[q]))
+        if math.isfinite(cap_t) and int(cap_t - tok[q]) < x_max:
+            x_max, capped = int(cap_t - tok[q]), True
         if gap <= 0 or x_max < 1:
             continue
 
         def delta(x: int) -> float:  # load moved by sliding x rows (increases with x)
             return _moved(a, left, x, doc_first, seg_doc, seg_start, seg_end)[0] + token_cost * x
 
-        lo, hi = 1, x_max  # the largest x moving at most half the gap (the rows' work is quadratic in x)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if delta(mid) <= gap / 2 else (lo, mid - 1)
+        pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
+        lo = _largest_within(delta, x_max, gap / 2, _slide_estimate(pos, left, token_cost, gap / 2))
         for x in {lo, min(x_max, lo + 1)}:
             d = delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
-    return best
+    return best, capped
+
+
+def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:
+    """Where the load moved by sliding ``x`` rows across a boundary at document position ``pos`` reaches
+    ``limit``, by the quadratic formula: ``pos x - x (x - 1) / 2`` pairs (rows below ``pos`` given) or
+    ``pos x + x (x + 1) / 2`` (rows from ``pos`` on), plus ``token_cost x``. A starting point only: the
+    rounding of floats makes it off by a row or so (:func:`_largest_within` settles it)."""
+    c = pos + 0.5 + token_cost
+    disc = c * c - 2 * limit if left_gives else c * c + 2 * limit
+    if disc < 0:  # the left rows never move that much (x <= pos < c: the quadratic grows all the way)
+        return math.inf
+    return 2 * limit / (c + math.sqrt(disc))  # the smaller root, written so that it keeps its digits
+
+
+def _largest_within(delta, x_max: int, limit: float, estimate: float) -> int:
+    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit``, or 1 when there is none, for a
+    ``delta`` that never decreases: what a binary search over ``[1, x_max]`` returns, found by stepping a few
+    rows from ``estimate`` (two or three calls of ``delta`` instead of ``log2(x_max)``), by the binary search
+    when the estimate is further off.
+
+    Args:
+        delta: the non-decreasing function of ``x``. x_max: the largest ``x``. limit: the bound.
+        estimate: a guess of the answer (any float; clamped to ``[1, x_max]``).
+
+    Returns:
+        The ``x``.
+    """
+    x = int(min(max(estimate, 1.0), float(x_max)))
+    for _ in range(4):
+        if x < x_max and delta(x + 1) <= limit:
+            x += 1
+        elif x > 1 and delta(x) > limit:
+            x -= 1
+        else:
+            return x
+    lo, hi = 1, x_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if delta(mid) <= limit else (lo, mid - 1)
+    return lo

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_hsap.plan.balanced as balanced_mod
+import hf_hsap.plan.greedy as greedy_mod
 from helpers import assert_covers_once, ci_examples
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_work
@@ -16,12 +17,12 @@ def _placements(lengths: list[int], P: int, slack: float, token_cost: float | No
     """The balanced placement with and without the refinement."""
     layout = make_layout(np.concatenate([[0], np.cumsum(lengths)]))
     on = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
-    real = balanced_mod.refine_work
-    balanced_mod.refine_work = lambda *a, **k: 0
+    real = greedy_mod.refine_moves  # what refines every greedy pass (Greedy.placement)
+    greedy_mod.refine_moves = lambda *a, **k: (0, False)
     try:
         off = balanced_mod.balanced(layout, P, token_slack=slack, token_cost=token_cost)
     finally:
-        balanced_mod.refine_work = real
+        greedy_mod.refine_moves = real
     return layout, on, off
 
 
@@ -133,3 +134,22 @@ def test_a_slide_far_from_the_document_start_is_sized_exactly() -> None:
     assert refine_work(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, 10, tok=tok, token_cost=0.0) >= 1
     assert max(wrk) < 0.65 * before and abs(wrk[0] - wrk[1]) < 2500  # even within about one row (~1224 pairs)
     assert tok == [2000.0 - seg_end[0], seg_end[0] + 1000.0]
+
+
+@settings(max_examples=ci_examples(200))
+@given(st.integers(1, 10**6), st.booleans(), st.sampled_from([0.0, 102.0, 17930.0]), st.integers(1, 10**5),
+       st.floats(0.0, 1e13))
+def test_the_slide_length_is_the_binary_search_one(pos: int, left: bool, token_cost: float, x_max: int,
+                                                    limit: float) -> None:
+    """_best_slide's largest x within half the gap: found from the quadratic's estimate, as bisection finds it."""
+    from hf_hsap.plan.placement import rows_work
+    from hf_hsap.plan.refine import _largest_within, _slide_estimate
+
+    x_max = min(x_max, pos) if left else x_max  # a slide never gives more rows than lie below the boundary
+    delta = (lambda x: rows_work(pos - x, pos) + token_cost * x) if left else \
+        (lambda x: rows_work(pos, pos + x) + token_cost * x)
+    lo, hi = 1, x_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if delta(mid) <= limit else (lo, mid - 1)
+    assert _largest_within(delta, x_max, limit, _slide_estimate(pos, left, token_cost, limit)) == lo

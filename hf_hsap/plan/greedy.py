@@ -1,0 +1,125 @@
+"""What a greedy placement (:mod:`.balanced`, :mod:`.density`) hands over before its refinement.
+
+A greedy pass places every document; :func:`.refine.refine_work` then slides boundaries of split
+documents. ``placement="auto"`` refines and prices several greedy passes; the state in between lets it
+bound a candidate's step time from below before paying for its refinement, finish and transfers
+(:meth:`Greedy.floor`), and refine one pass several ways (:meth:`Greedy.placement`).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .placement import Placement, _finish
+from .refine import boundaries, refine_floor, refine_moves
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """The segments and per-part figures of one greedy pass (lists, as the greedy appends them; never
+    changed here: every refinement works on copies).
+
+    Attributes:
+        name: the placement's name. n_parts: P.
+        cu: the document boundaries (``cu_seqlens``).
+        seg_doc, seg_start, seg_end, seg_part: the segments of the documents cut over several parts, each
+            document's consecutive and in order (what the refinement moves).
+        whole_doc, whole_part: the documents kept whole and their parts (a part of -1: the document is
+            among the segments after all; its entry is ignored).
+        tok, wrk: tokens and (query, key) pairs of every part.
+        cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
+        same_as: the same pass at a smaller cap, if it is one (:func:`.density.density_greedies`): a
+            refinement of it that no cap shortened is this one's too.
+    """
+
+    name: str
+    n_parts: int
+    cu: np.ndarray
+    seg_doc: list[int]
+    seg_start: list[int]
+    seg_end: list[int]
+    seg_part: list[int]
+    whole_doc: list[int]
+    whole_part: list[int]
+    tok: list[float]
+    wrk: list[float]
+    cap_t: float
+    max_moves: int
+    same_as: Greedy | None = field(default=None, compare=False, repr=False)  # this pass at a smaller cap
+
+    def floor(self, token_cost: float) -> float:
+        """A lower bound of the largest ``work + token_cost * tokens`` of a part after any refinement
+        (:func:`.refine.refine_floor`); a part's step time is at least that (:mod:`.cost`).
+
+        Args:
+            token_cost: the price of a token in pairs.
+
+        Returns:
+            The bound, in pairs.
+        """
+        load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
+        return refine_floor(self.seg_part, self._boundaries, load)
+
+    def placement(self, token_cost: float | None) -> Placement:
+        """The refined placement (:meth:`refined`).
+
+        Args:
+            token_cost: as :meth:`refined`.
+
+        Returns:
+            The placement (named :attr:`name`).
+        """
+        return self.refined(token_cost)[0]
+
+    def refined(self, token_cost: float | None) -> tuple[Placement, bool]:
+        """The refined placement, and whether the cap shortened a slide of the refinement (built once per
+        ``token_cost``; the one of :attr:`same_as` when it was built and no cap shortened a slide of it).
+
+        Args:
+            token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within
+                ``cap_t``; ``None``: it evens out the work at unchanged token counts.
+
+        Returns:
+            ``(placement, capped)``: the same placement object for a pass and its :attr:`same_as` when not capped.
+        """
+        memo = self._memo
+        if token_cost not in memo and self.same_as is not None and token_cost in self.same_as._memo:
+            pl, capped = self.same_as._memo[token_cost]
+            if not capped:
+                memo[token_cost] = pl, capped
+        if token_cost not in memo:
+            memo[token_cost] = self._refine(token_cost)
+        return memo[token_cost]
+
+    def _refine(self, token_cost: float | None) -> tuple[Placement, bool]:
+        """:meth:`refined`, built."""
+        starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
+        _, capped = refine_moves(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
+                                 max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
+                                 token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
+        doc, start, end, part = self._whole
+        pl = _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
+                     np.concatenate([np.asarray(starts, dtype=np.int64), start]),
+                     np.concatenate([np.asarray(ends, dtype=np.int64), end]),
+                     np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+        return pl, capped
+
+    @functools.cached_property
+    def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
+        """The refinements built so far, by token cost."""
+        return {}
+
+    @functools.cached_property
+    def _boundaries(self) -> list[int]:
+        """:func:`.refine.boundaries` of the segments (the greedy's: every refinement starts from them)."""
+        return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
+
+    @functools.cached_property
+    def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(doc, start, end, part)`` int64 arrays of the whole documents' segments (every refinement's)."""
+        doc = np.asarray(self.whole_doc, dtype=np.int64)
+        part = np.asarray(self.whole_part, dtype=np.int64)
+        doc, part = doc[part >= 0], part[part >= 0]
+        return doc, self.cu[doc], self.cu[doc + 1], part
