@@ -8,6 +8,7 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -26,6 +27,7 @@ from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .kinds import plan_kind
+from .oracle import polish
 from .plan import Plan
 from .rounds import ROUND_ORDERS
 from .transfers import Transfers
@@ -40,6 +42,8 @@ AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" 
 DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
+POLISH_MAX_PARTS = 16  # auto polishes its winner (oracle.polish) for groups of at most this many parts
+POLISH_MAX_SEGMENTS = 512  # ... whose winner has at most this many segments (the search reads each part's)
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 
@@ -75,8 +79,16 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
           layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers]]:
-    """``placement="auto"``: every placement the planner can build, priced by ``cost`` over the layers of
-    every mask kind; the cheapest wins (the first of equals).
+    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), then polished when small
+    (:func:`_polished`). Returns the placement and its transfers of every kind."""
+    pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
+    return _polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
+
+
+def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
+                    layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers], float]:
+    """Every placement the planner can build, priced by ``cost`` over the layers of every mask kind; the
+    cheapest wins (the first of equals): ``(placement, transfers of every kind, step time)``.
 
     Candidates: ``balanced`` at token slacks 0.01, 0.03 (each at most ``token_slack``) and ``token_slack``,
     each token-neutral and priced (one greedy pass, :func:`.balanced.balanced_greedy`); ``density``
@@ -106,7 +118,28 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
         cands.append((0.0, functools.partial(weighted_contiguous, layout, n_parts, layers, tc, cap, min_tokens)))
     pl, tr, best = _cheapest(layout, cands, cost, min_tokens, layers)
     zz = _zigzag_if_cheaper(layout, n_parts, cost, layers, best, min_tokens)
-    return zz if zz is not None else (pl, tr)
+    if zz is not None:
+        pl, tr = zz
+        best = step_time(layout, pl, tr, layers, cost)
+    return pl, tr, best
+
+
+def _polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+              layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
+              best: float) -> tuple[Placement, dict[Window, Transfers]]:
+    """``auto``'s winner after a bounded local search (:func:`.oracle.polish`: the offline optimiser's moves,
+    deterministic) when it is small enough to search within the planning budget: full attention only, at most
+    :data:`POLISH_MAX_PARTS` parts and :data:`POLISH_MAX_SEGMENTS` segments. Kept only when the cost model
+    prices it faster (name ``"<winner>+polish"``); never slower than the winner, so never slower than any
+    candidate."""
+    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
+        return pl, tr
+    t, moved = polish(layout, n_parts, cost, pl, token_slack)
+    if sum(layers.values()) * t >= best * (1 - FLOOR_MARGIN) or moved.tokens_per_part().min() < min_tokens:
+        return pl, tr
+    moved = dataclasses.replace(moved, name=f"{pl.name}+polish")
+    logger.debug("auto: polished %r from %.6g to %.6g (estimated step time)", pl.name, best, sum(layers.values()) * t)
+    return moved, {None: window_transfers(moved, layout, None)}
 
 
 def _density_slacks(layout: Layout, n_parts: int, token_cost: float, slacks: Sequence[float], spread: str,

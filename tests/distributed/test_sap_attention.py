@@ -4,14 +4,17 @@ Every case draws fresh random q, k, v, dout, runs hf_hsap.hsap_attn_func forward
 rank, and compares out, lse, dq, dk, dv of the rank's tokens with the reference. It also checks that
 the bytes the executor really received in the forward pass equal the planner's minimum.
 """
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hf_hsap import CostModel
 from helpers import assert_exact, ci_examples, cu_of, rel_err
 from workers.sap import check_attention, check_mismatched_layouts, check_one_rank_with_a_bad_layout
 
-PLACEMENTS = ["contiguous", "zigzag", "balanced", "auto"]
+PLACEMENTS = ["contiguous", "zigzag", "balanced", "density", "auto"]
 
 
 lengths_st = st.lists(st.integers(1, 40), min_size=1, max_size=10)
@@ -41,6 +44,19 @@ def test_every_placement_long_and_short_docs(pools, placement):
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, placement, 4, 2, 16, "float64", 11)
     assert_exact(res, "float64")
     assert any(r["fwd_rows"] > 0 for r in res), "a layout with long documents must move some KV"
+
+
+NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the network-priced model
+
+
+@pytest.mark.parametrize("lengths,polished", [([366, 129, 110], "balanced+polish"),
+                                              ([337, 77, 81, 180, 41, 100, 53, 4], "contiguous+polish")])
+def test_polished_auto_placement_is_exact(pools, lengths, polished):
+    """auto's polished winner (oracle.polish moves pieces of segments between parts) stays exact."""
+    res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,
+                       "auto", None, None, False, True, NETWORK)
+    assert_exact(res, "float64")
+    assert all(r["placement"] == polished for r in res)
 
 
 @pytest.mark.parametrize("budget", [1, 7, 40])

@@ -251,3 +251,23 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
     assert np.array_equal(again.start, pl.start) and np.array_equal(again.part, pl.part)
     t0, _ = polish(layout, P, cost, start, 0.10, max_rows=0)  # no budget: nothing moves
     assert t0 == pytest.approx(t_start)
+
+
+def test_auto_polishes_its_winner_on_small_groups():
+    """The winner of a small network-priced group is polished (oracle.polish) when that is faster; a big
+    group or a windowed plan is not searched (the planning budget)."""
+    from benchmarks.sweep import sweep_lengths
+    from hf_hsap.plan.planner import POLISH_MAX_PARTS, _best_candidate
+
+    layout = make_layout(cu_of(sweep_lengths("one-dominant", 6 * 2048, 0)))
+    group = GroupSpec.offline(6, 1, 1)  # one rank per node: SAP's KV over the network
+    cost = CostModel.for_link(group.link)
+    plan = plan_layout(layout, group, "auto", cost=cost)
+    winner, _, t_winner = _best_candidate(layout, 6, 0.10, cost, 1, {None: 1})
+    t_auto = float(part_times(layout, plan.placement, plan.transfers, cost).max())
+    assert plan.placement_name == f"{winner.name}+polish" and t_auto < t_winner * 0.99
+    assert_covers_once(layout, plan.placement)
+    big = plan_layout(layout, GroupSpec.offline(POLISH_MAX_PARTS + 2, 1, 1), "auto", cost=cost)
+    assert not big.placement_name.endswith("+polish")
+    windowed = plan_layout(layout, group, "auto", cost=cost, windows=[None, 512])
+    assert not windowed.placement_name.endswith("+polish")
