@@ -1,7 +1,9 @@
 """An offline optimiser of placements under the cost model: what the fast planner is measured against.
 
 Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
-``placement="auto"`` is from the best placement the cost model can express; the runtime never calls it.
+``placement="auto"`` is from the best placement the cost model can express. :func:`polish` is the same
+search from one placement, bounded by a count of moves and of re-priced segments (deterministic, inside the
+planning budget): ``auto`` runs it on its winner for small groups.
 
 The objective is :func:`.cost.part_times`' step time of the slowest part (one full-attention layer).
 A part's time depends only on its own segments (its tokens, its pairs, the pairs against its own keys
@@ -88,7 +90,7 @@ def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Pla
 
 
 def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float = DEFAULT_TOKEN_SLACK,
-           max_moves: int = 30, max_rows: int = 40000) -> tuple[float, Placement]:
+           max_moves: int = 30, max_rows: int = 20000) -> tuple[float, Placement]:
     """A bounded local search from one placement (the same moves as :func:`optimise_placement`): what
     ``placement="auto"`` runs on its winner for small groups, inside the planning budget.
 

@@ -197,6 +197,19 @@ def test_training_arguments_from_the_command_line(tmp_path) -> None:
     assert cfg.cost_for("network") == CostModel.from_config(MODEL_CONFIG, "network", detect_hardware())
     (plain,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(_common(tmp_path))
     assert plain.hsap_config().sp_size == 1 and plain.hsap_config().ulysses_size == "auto"
+    (per_batch,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(
+        _common(tmp_path) + ["--hsap_sp_size", "4", "--hsap_ulysses_size", "per_batch"])
+    assert per_batch.hsap_config(MODEL_CONFIG).ulysses_size == "per_batch"
+
+
+def test_recipe_ulysses_size_flag() -> None:
+    import argparse
+    import importlib
+
+    _ulysses_size = importlib.import_module("recipes.common")._ulysses_size  # a namespace package at the root
+    assert _ulysses_size("per_batch") == "per_batch" and _ulysses_size("auto") == "auto" and _ulysses_size("4") == 4
+    with pytest.raises(argparse.ArgumentTypeError, match="'auto' or 'per_batch'"):
+        _ulysses_size("many")
 
 
 def test_sft_config_from_the_command_line_with_trl_parser(tmp_path) -> None:
