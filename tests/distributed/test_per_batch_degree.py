@@ -18,7 +18,8 @@ CASES = [  # (document lengths, cost fields, expected degree)
     ([8] * 20, KV_DEAR, 1),
     ([100, 60], KV_CHEAP, 2),
     ([160], KV_DEAR, 4),
-    ([1, 45, 3, 1, 30, 2, 60, 9], KV_DEAR, 4),
+    ([100] + [4] * 15, KV_DEAR, 4),
+    ([1, 45, 3, 1, 30, 2, 60, 9], KV_DEAR, 2),
 ]
 
 
@@ -34,7 +35,8 @@ def test_groups_of_every_degree(pools):
         assert r["shared"], "the degrees share the SP group, the plan cache and the counters"
 
 
-@pytest.mark.parametrize("lengths,cost,expected", CASES, ids=["sft-U1", "long-U2", "single-U4", "mixed-U4"])
+@pytest.mark.parametrize("lengths,cost,expected", CASES, ids=["sft-U1", "long-U2", "single-U4", "mixed-U4",
+                                                                      "longtail-U2"])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)])
 def test_per_batch_degree_is_the_fastest_and_exact(pools, lengths, cost, expected, heads):
     cu = cu_of(lengths)
