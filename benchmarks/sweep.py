@@ -20,7 +20,8 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); tokens and work
   max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
   Ulysses degree's estimate (:func:`hf_hsap.choose_ulysses_size`, Llama-3-8B's 32 query heads) against
-  Ulysses itself (``U = P``).
+  Ulysses itself (``U = P``); on groups of several 8-GPU nodes, the degree ``ulysses_size="per_batch"`` picks per
+  layout against a rank's share of the bound (:func:`_per_batch_rows`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ SWEEP_DISTRIBUTIONS = ("lognormal-0.5", "lognormal-1.0", "lognormal-1.6", "logno
                        "pareto-1.5", "bimodal", "one-dominant", "two-dominant", "tiny", "sft")
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
 MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
+NODE_GPUS = 8  # the per-batch degree rows: groups of 8-GPU nodes spanning several nodes
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,48 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                 rows.append(row)
         if progress:
             print(f"  sweep P={P} U={U} {link}: {time.perf_counter() - t_start:.0f} s", flush=True)
-    return {"rows": rows, "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(cfg).items()},
+    return {"rows": rows, "per_batch": _per_batch_rows(cfg), "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(cfg).items()},
             "seconds": time.perf_counter() - t_start}
+
+
+def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
+    """What ``ulysses_size="per_batch"`` runs on groups of several :data:`NODE_GPUS`-GPU nodes: per layout, every
+    degree dividing P and a node (Ulysses inside nodes, SAP between them over the network) priced by
+    :func:`hf_hsap.choose_ulysses_size`; a rank's estimate against the rank's share of the compute lower bound
+    ``(token_cost * T + pairs) / P`` (no communication, no all-to-all)."""
+    out = []
+    for P in cfg.Ps:
+        if P % NODE_GPUS or P == NODE_GPUS:
+            continue
+        T = min(cfg.max_T, cfg.tokens_per_rank * P)
+        tc = CostModel.for_link("network").token_cost
+        for dist in cfg.distributions:
+            for seed in range(cfg.seeds):
+                L = sweep_lengths(dist, T, seed)
+                layout = make_layout(np.concatenate([[0], np.cumsum(L)]))
+                best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=NODE_GPUS)
+                lb = (tc * T + float((L * (L + 1) // 2).sum())) / P
+                out.append({"dist": dist, "seed": seed, "P": P, "best_u": best_u,
+                            "by_u": {str(u): t / lb for u, t in by_u.items()}})
+    return out
+
+
+def _per_batch_lines(rows: list[dict]) -> list[str]:
+    """The per-batch degree paragraph of the sweep's section."""
+    if not rows:
+        return []
+    best = [r["by_u"][str(r["best_u"])] for r in rows]
+    flat = [r["by_u"]["1"] for r in rows]
+    fixed = {u: [r["by_u"][str(u)] for r in rows if str(u) in r["by_u"]] for u in (2, 4, 8)}
+    chosen = [r["best_u"] for r in rows]
+    return ["", f"Per-batch Ulysses degree (`ulysses_size=\"per_batch\"`) on groups of {NODE_GPUS}-GPU nodes spanning "
+            f"several nodes ({len(rows)} layouts, P ∈ {sorted({r['P'] for r in rows})}; Ulysses inside nodes, SAP "
+            "between them priced for the network; a rank's estimate / its share of LB): the degree chosen per layout "
+            f"median {_q(best, .5):.3f}, p95 {_q(best, .95):.3f}, worst {max(best):.3f}, ≤ 1.10 on "
+            f"{np.mean(np.asarray(best) <= 1.10) * 100:.0f}%; flat U = 1 median {_q(flat, .5):.3f}, worst "
+            f"{max(flat):.3f}; fixed " + ", ".join(f"U = {u} median {_q(v, .5):.3f}, worst {max(v):.3f}"
+                                                   for u, v in fixed.items() if v)
+            + f" (chosen: " + ", ".join(f"U = {u} on {chosen.count(u)}" for u in sorted(set(chosen))) + ")."]
 
 
 def _max_mean(x: np.ndarray) -> float:
@@ -236,6 +278,7 @@ def render_sweep(res: dict) -> str:
                 f"{_q(best, .5):.3f}, worst {max(best):.3f} (U = 1 chosen on {chosen.count(1)}, U = P on "
                 f"{sum(c == r['P'] for c, r in zip(chosen, uly))}). The all-to-all is priced at NVLink speed "
                 "(`a2a_token_cost`); kv-head replication for U above the kv heads is not priced."]
+    out += _per_batch_lines(res.get("per_batch", []))
     worst = sorted(rows, key=lambda r: -r["est"]["auto"] / r["lb"])[:5]
     out += ["", "Worst layouts by est/LB: " + "; ".join(
         f"`{r['dist']}` seed {r['seed']} P={r['P']} U={r['U']} {r['link']}: {r['est']['auto'] / r['lb']:.3f}"

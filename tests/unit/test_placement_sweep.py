@@ -170,6 +170,14 @@ def test_sweep_runs_and_auto_has_no_losses():
         assert r["oracle"] <= r["est"]["auto"] * (1 + 1e-12)
     md = render_sweep(res)
     assert "| nvlink | 9 |" in md and "0 / 0 / 0 / 0" in md
+    assert res["per_batch"] == [] and "Per-batch Ulysses degree" not in md  # no group spans two 8-GPU nodes
+    from benchmarks.sweep import _per_batch_lines, _per_batch_rows
+
+    pb = _per_batch_rows(SweepConfig(Ps=(16,), distributions=("one-dominant",), seeds=1, tokens_per_rank=256))
+    (r,) = pb
+    assert set(r["by_u"]) == {"1", "2", "4", "8"} and r["by_u"][str(r["best_u"])] == min(r["by_u"].values())
+    assert min(r["by_u"].values()) >= 1 - 1e-12  # a rank's estimate is never below its share of the bound
+    assert "Per-batch Ulysses degree" in _per_batch_lines(pb)[1]
 
 
 def test_diagonal_blocks_price_a_split_document():
