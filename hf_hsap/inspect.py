@@ -30,7 +30,7 @@ from .data.lengths import DISTRIBUTIONS, doc_lengths
 from .hardware import MODEL_SHAPES
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
-from .plan.planner import Plan, offline_link, plan_sequence
+from .plan.planner import Plan, choose_ulysses_size, offline_link, plan_sequence
 from .plan.windows import attention_windows
 
 DISTS = DISTRIBUTIONS
@@ -169,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--T", type=int, default=None,
                    help="row length: the sum of --lengths (checked) or the length to draw (default 131072)")
     p.add_argument("--P", type=int, default=8, help="SP size (default 8)")
-    p.add_argument("--U", type=int, default=1, help="Ulysses (all-to-all) size inside the SP group (default 1)")
+    p.add_argument("--U", type=_degree, default=1,
+                   help="Ulysses (all-to-all) size inside the SP group (default 1), or per_batch: the degree "
+                        "ulysses_size='per_batch' would run this row at (every one dividing --P, the heads of "
+                        "--config, default Llama-3-8B's 32, and --gpus_per_node), with every degree's estimate")
     p.add_argument("--placement", choices=PLACEMENTS, default="auto")
     p.add_argument("--budget", type=int, default=None, help="recv_budget_tokens (default: none)")
     p.add_argument("--rounds", choices=["auto", "batched", "by_peer"], default="auto",
@@ -189,6 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: read from --config, else full attention")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
     return p
+
+
+def _degree(value: str) -> int | str:
+    """``--U``: a positive int or ``per_batch``."""
+    if value == "per_batch":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'per_batch', got {value!r}") from None
 
 
 def _load_config(path: str) -> SimpleNamespace:
@@ -242,19 +255,41 @@ def make_cost(args: argparse.Namespace) -> CostModel | None:
     return cost
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """The offline plan the arguments describe (raises ``ValueError`` on inconsistent arguments)."""
+def _row(args: argparse.Namespace) -> np.ndarray:
+    """``cu_seqlens`` of the row the arguments describe (raises ``ValueError`` on inconsistent arguments)."""
     if args.lengths:
         lengths = _parse_lengths(args.lengths)
         if args.T is not None and int(lengths.sum()) != args.T:
             raise ValueError(f"--lengths sum to {int(lengths.sum())} but --T is {args.T}")
     else:
         lengths = sample_lengths(args.dist or "longtail", args.T or 131072, args.seed)
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def choose_degree(args: argparse.Namespace, cu: np.ndarray, windows) -> tuple[int, dict[int, float] | None]:
+    """``--U``: the degree to plan with, and with ``per_batch`` every degree's estimated step time of a rank
+    (:func:`~hf_hsap.plan.planner.choose_ulysses_size`, what a ``"per_batch"`` group decides per batch)."""
+    if args.U != "per_batch":
+        return args.U, None
+    heads = int((_load_config(args.config) if args.config else LLAMA3_8B).num_attention_heads)
+    return choose_ulysses_size(cu, args.P, num_heads=heads, gpus_per_node=args.gpus_per_node, cost=make_cost(args),
+                               placement=args.placement, windows=windows)
+
+
+def _windows(args: argparse.Namespace):
     windows = parse_windows(args.windows) if args.windows else None
     if windows is None and args.config:
         windows = attention_windows(_load_config(args.config))
-    config = HSAPConfig(sp_size=args.P, ulysses_size=args.U, placement=args.placement, rounds=args.rounds,
+    return windows
+
+
+def make_plan(args: argparse.Namespace, cu: np.ndarray | None = None, U: int | None = None) -> Plan:
+    """The offline plan the arguments describe (raises ``ValueError`` on inconsistent arguments); ``cu`` / ``U``:
+    the row and degree when already resolved (:func:`_row`, :func:`choose_degree`)."""
+    cu = _row(args) if cu is None else cu
+    windows = _windows(args)
+    U = choose_degree(args, cu, windows)[0] if U is None else U
+    config = HSAPConfig(sp_size=args.P, ulysses_size=U, placement=args.placement, rounds=args.rounds,
                         recv_budget_tokens=args.budget, gpus_per_node=args.gpus_per_node, cost_model=make_cost(args),
                         windows=windows)
     return plan_sequence(cu, config.sp_size, config.placement, ulysses_size=config.ulysses_size,
@@ -266,10 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        plan = make_plan(args)
+        cu = _row(args)
+        U, times = choose_degree(args, cu, _windows(args))
+        plan = make_plan(args, cu, U)
     except ValueError as e:
         print(f"hsap-plan: error: {e}", file=sys.stderr)
         return 2
+    if times is not None:
+        print(f"per-batch Ulysses degree: U = {U} (estimated step time of a rank, pairs: "
+              + ", ".join(f"U={u}: {t:.4g}" for u, t in sorted(times.items())) + ")")
     print("\n".join(summary_lines(plan)))
     if args.png:
         write_png(plan, args.png)

@@ -84,6 +84,20 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
     assert msg in capsys.readouterr().err
 
 
+def test_per_batch_degree_option(capsys):
+    from hf_hsap import choose_ulysses_size
+
+    lengths = [3000, 40, 900, 60, 4000]
+    assert main(["--lengths", ",".join(map(str, lengths)), "--P", "8", "--U", "per_batch", "--gpus_per_node", "8"]) == 0
+    out = capsys.readouterr().out
+    best, times = choose_ulysses_size(np.concatenate([[0], np.cumsum(lengths)]), 8, num_heads=32, gpus_per_node=8)
+    assert f"per-batch Ulysses degree: U = {best} " in out and all(f"U={u}: " in out for u in times)
+    assert f"U {best} (all-to-all) x R {8 // best}" in out  # the plan printed is that degree's
+    with pytest.raises(SystemExit):  # argparse refuses a degree that is neither an int nor per_batch
+        main(["--lengths", "100", "--U", "some"])
+    assert "expected a positive integer or 'per_batch'" in capsys.readouterr().err
+
+
 def test_rounds_option(capsys):
     assert main(["--lengths", "65536", "--P", "8", "--rounds", "by_peer"]) == 0
     assert "rounds 7 (by_peer)" in capsys.readouterr().out
