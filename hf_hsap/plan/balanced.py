@@ -135,7 +135,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     seg_part: list[int] = []
     rot = 0
     heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
-    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w), kept current
+    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w) (current in the heap)
     mean_t = T / P
     recv = [0] * P  # KV tokens each part will receive (from split documents)
 
@@ -146,15 +146,17 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
         # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
         # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
         best = heap[0][1]
-        t_b, w_b = tok[best] + L, wrk[best] + w
-        free = mean_t - tok[best] - L
+        t_0 = tok[best]
+        t_b, w_b = t_0 + L, wrk[best] + w
+        free = mean_t - t_0 - L
         if t_b <= cap_t and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
             tok[best], wrk[best], whole_part[i] = t_b, w_b, best
             s_t, s_w = t_b / cap_t, w_b / cap_w
-            scores[best] = score = s_t if s_t >= s_w else s_w
-            replace(heap, (score, best))
+            replace(heap, (s_t if s_t >= s_w else s_w, best))
             continue
-        d, s0 = docs[i], starts[i]  # the general path: split, or whole where the least loaded part has no room
+        for score, p in heap:  # the general path (split, or whole where the least loaded part has no room)
+            scores[p] = score  # reads the scores the fast path kept in the heap alone
+        d, s0 = docs[i], starts[i]
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \

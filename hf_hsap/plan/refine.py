@@ -208,7 +208,10 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
     ``p`` keeps at least one row of the segment and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
     capped = False
-    nbr = sorted(((load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine))
+    nbr = [(load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine]
+    if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour
+        return None, False
+    nbr.sort()
     for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2, nor
         if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:  # below q's load plus a row's
             break  # (a row costs its token and >= 0 pairs; neither test depends on cap_t: capped keeps its meaning)
