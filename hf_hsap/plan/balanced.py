@@ -38,22 +38,21 @@ def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
     two_k = 2 * k
     base, rem = divmod(L, two_k)
     sizes = [base] * two_k
-    first = rot % two_k
-    for j in range(two_k):  # order slot j hands its extra token to chunk j (j < k) or 3k-1-j
-        if (j - first) % two_k < rem:
-            sizes[j if j < k else 3 * k - 1 - j] += 1
+    for j in range(rot, rot + rem):  # order slots rot, rot + 1, ... (cyclic) hand their extra token to chunk j
+        j %= two_k  # (j < k) or 3k-1-j (a bijection of the slots onto the chunks)
+        sizes[j if j < k else 3 * k - 1 - j] += 1
     return sizes, (rot + rem) % two_k
 
 
 def _pair_work(sizes: list[int]) -> list[int]:
     """Work of each chunk pair of one dual-chunk split. ``sizes [2k] -> [k]``."""
-    w, a = [], 0
+    tri, a = [0], 0  # pairs of the rows before each chunk boundary: rows_work(a, b) = tri(b) - tri(a), exactly
     for s in sizes:
-        b = a + s
-        w.append(rows_work(a, b))
-        a = b
+        a += s
+        tri.append(a * (a + 1) // 2)
     k = len(sizes) // 2
-    return [w[i] + w[-1 - i] for i in range(k)]
+    n = 2 * k
+    return [tri[i + 1] - tri[i] + tri[n - i] - tri[n - 1 - i] for i in range(k)]
 
 
 def _pair_recv(sizes: list[int]) -> list[int]:
@@ -136,7 +135,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     seg_part: list[int] = []
     rot = 0
     heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
-    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w), kept current
+    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w) (current in the heap)
     mean_t = T / P
     recv = [0] * P  # KV tokens each part will receive (from split documents)
 
@@ -147,15 +146,17 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
         # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
         # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
         best = heap[0][1]
-        t_b, w_b = tok[best] + L, wrk[best] + w
-        free = mean_t - tok[best] - L
+        t_0 = tok[best]
+        t_b, w_b = t_0 + L, wrk[best] + w
+        free = mean_t - t_0 - L
         if t_b <= cap_t and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
             tok[best], wrk[best], whole_part[i] = t_b, w_b, best
             s_t, s_w = t_b / cap_t, w_b / cap_w
-            scores[best] = score = s_t if s_t >= s_w else s_w
-            replace(heap, (score, best))
+            replace(heap, (s_t if s_t >= s_w else s_w, best))
             continue
-        d, s0 = docs[i], starts[i]  # the general path: split, or whole where the least loaded part has no room
+        for score, p in heap:  # the general path (split, or whole where the least loaded part has no room)
+            scores[p] = score  # reads the scores the fast path kept in the heap alone
+        d, s0 = docs[i], starts[i]
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \
@@ -187,15 +188,18 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     sizes, rot = _chunk_sizes(L, k, rot)
     need = _pair_recv(sizes)
     chosen = [p for _, p in sorted(zip([recv[p] for p in chosen], chosen))]
-    mapped = [0] * k  # pair index -> part
-    for pos, pair in enumerate(sorted(range(k), key=lambda i: -need[i])):
-        mapped[pair] = chosen[pos]
-    a = s0
-    for j, s in enumerate(sizes):  # chunk j belongs to pair min(j, 2k-1-j)
+    mapped = [0] * k  # pair index -> part: the pairs by need, largest first (stable, as a sort by -need)
+    for p, pair in zip(chosen, sorted(range(k), key=need.__getitem__, reverse=True)):
+        mapped[pair] = p
+    chunk_part = mapped + mapped[::-1]  # chunk j belongs to pair min(j, 2k-1-j)
+    a, n0 = s0, len(seg_part)
+    for s, p in zip(sizes, chunk_part):
         if s:
-            seg_doc.append(d), seg_start.append(a), seg_end.append(a + s)
-            seg_part.append(mapped[min(j, 2 * k - 1 - j)])
-        a += s
+            seg_start.append(a)
+            a += s
+            seg_end.append(a)
+            seg_part.append(p)
+    seg_doc.extend([d] * (len(seg_part) - n0))
     for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
         recv[p] += need[i]
         tok[p] += float(sizes[i] + sizes[-1 - i])

@@ -21,6 +21,7 @@ dominates the step (long rows). The set of (part, document) pairs still never ch
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .placement import rows_work
 
@@ -207,10 +208,13 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
     ``p`` keeps at least one row of the segment and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
     capped = False
-    nbr = sorted(((load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine))
-    for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2
-        if (load[p] + load_q) / 2 >= best_peak:
-            break
+    nbr = [(load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine]
+    if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour
+        return None, False
+    nbr.sort()
+    for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2, nor
+        if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:  # below q's load plus a row's
+            break  # (a row costs its token and >= 0 pairs; neither test depends on cap_t: capped keeps its meaning)
         left = seg_part[a] == p
         q = seg_part[a + 1] if left else seg_part[a]
         gap = load[p] - load[q]
@@ -220,17 +224,40 @@ def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int
         if gap <= 0 or x_max < 1:
             continue
 
-        def delta(x: int) -> float:  # load moved by sliding x rows (increases with x)
-            return _moved(a, left, x, doc_first, seg_doc, seg_start, seg_end)[0] + token_cost * x
-
         pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
-        lo = _largest_within(delta, x_max, gap / 2, _slide_estimate(pos, left, token_cost, gap / 2))
-        for x in {lo, min(x_max, lo + 1)}:
-            d = delta(x)
+        delta = _slide_delta(pos, left, token_cost)
+        d_max = delta(x_max)  # the longest slide (delta increases with x: no other moves more)
+        if load[p] - d_max >= best_peak:
+            continue  # no slide over a ends below the best peak
+        if d_max <= gap / 2:  # the longest slide stays within half the gap: _largest_within would return x_max
+            xs = (x_max,)
+        else:
+            lo = _largest_within(delta, x_max, gap / 2, _slide_estimate(pos, left, token_cost, gap / 2))
+            xs = {lo, min(x_max, lo + 1)}
+        for x in xs:
+            d = d_max if x == x_max else delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
     return best, capped
+
+
+def _slide_delta(pos: int, left_gives: bool, token_cost: float) -> Callable[[int], float]:
+    """The load moved by sliding ``x`` rows across a boundary at document position ``pos`` (increases with
+    ``x``): the rows' pairs (:func:`_moved`'s ``rows_work``, written out: it runs a few times per neighbour
+    of every move) plus ``token_cost * x``.
+
+    Args:
+        pos: the boundary, in document coordinates. left_gives: the rows below ``pos`` move (else those from
+            ``pos`` on). token_cost: a token's price in pairs.
+
+    Returns:
+        ``x -> load moved``.
+    """
+    tri = pos * (pos + 1)
+    if left_gives:
+        return lambda x: (tri - (pos - x) * (pos - x + 1)) // 2 + token_cost * x
+    return lambda x: ((pos + x) * (pos + x + 1) - tri) // 2 + token_cost * x
 
 
 def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:
