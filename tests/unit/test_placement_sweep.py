@@ -252,7 +252,8 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
     t_start = float(part_times(layout, start, compute_transfers(start), cost).max())
     t, pl = polish(layout, P, cost, start, 0.10)
     assert_covers_once(layout, pl)
-    assert pl.tokens_per_part().max() <= math.ceil(layout.total_tokens / P) * 1.10
+    cap = math.ceil(layout.total_tokens / P) * 1.10  # no move fills a part past it (the start may be, on tiny rows)
+    assert pl.tokens_per_part().max() <= max(cap, start.tokens_per_part().max())
     assert t == pytest.approx(float(part_times(layout, pl, compute_transfers(pl), cost).max()))
     assert t <= t_start * (1 + 1e-12)
     again = polish(layout, P, cost, start, 0.10)[1]  # deterministic: every rank finds the same plan
