@@ -276,7 +276,8 @@ def choose_degree(args: argparse.Namespace, cu: np.ndarray, windows) -> tuple[in
                                placement=args.placement, windows=windows)
 
 
-def _windows(args: argparse.Namespace):
+def _windows(args: argparse.Namespace) -> dict[int | None, int] | list | None:
+    """The layers' masks the arguments ask for: ``--windows``, else ``--config``'s, else None (full attention)."""
     windows = parse_windows(args.windows) if args.windows else None
     if windows is None and args.config:
         windows = attention_windows(_load_config(args.config))

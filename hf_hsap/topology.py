@@ -12,11 +12,10 @@ never at import, and live on the returned object (no module globals)::
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-
-import logging
 
 import torch.distributed as dist
 
@@ -280,10 +279,10 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
                          "group=None (SP groups are consecutive ranks, data parallelism runs across them)")
     _validate(world, sp_size, ulysses_size)
     shared = {"timeout_s": timeout_s, "gpus_per_node": gpus_per_node, "grad_comm_dtype": config.grad_comm_dtype,
-              "config": config.replace(ulysses_size=ulysses_size if not per_batch else "per_batch")}
+              "config": config.replace(ulysses_size="per_batch" if per_batch else ulysses_size)}
     sp = _build_group(sp_size, ulysses_size, None, shared)
     sp.cost_model = config.cost_for(sp.sap_link)
-    if per_batch:  # one set of groups per degree (same SP group, plan cache and counters): hf_hsap.degrees
+    if per_batch:  # one set of groups per degree (same SP group, plan cache and counters): sp_plan.plan_per_batch
         sp.degrees[ulysses_size] = sp
         for u in degrees:
             if u != ulysses_size:
@@ -305,20 +304,17 @@ def _build_group(sp_size: int, U: int, sp_group: Any, shared: dict[str, Any]) ->
         The group; its ``device_mesh`` has dims ``dp, sp_inter, sp_intra`` = ``[world / P, P / U, U]``.
     """
     world, me = dist.get_world_size(), dist.get_rank()
-    R, n_sp = sp_size // U, world // sp_size
-    mesh = _device_mesh(n_sp, R, U, float(shared["timeout_s"]))
+    R, n_sp, timeout_s = sp_size // U, world // sp_size, float(shared["timeout_s"])
+    mesh = _device_mesh(n_sp, R, U, timeout_s)
 
     def dim_group(name: str) -> Any:
         return mesh.get_group(name) if mesh[name].size() > 1 else None
 
     intra, inter = dim_group("sp_intra"), dim_group("sp_inter")
-    if sp_group is not None:
-        pass
-    elif U == 1 or R == 1:
+    if sp_group is None and (U == 1 or R == 1):
         sp_group = inter if U == 1 else intra
-    else:  # both dims > 1: one more communicator over the U x R ranks of the group
-        sp_group = mesh["sp_inter", "sp_intra"]._flatten("sp", backend_override=_group_options(
-            float(shared["timeout_s"]))).get_group()
+    elif sp_group is None:  # both dims > 1: one more communicator over the U x R ranks of the group
+        sp_group = mesh["sp_inter", "sp_intra"]._flatten("sp", backend_override=_group_options(timeout_s)).get_group()
     # One barrier per group, in the same order on every rank: each communicator is created with all of its
     # ranks before the runtime's first batched P2P, which may involve only some of them (NCCL requires the
     # first operation on a group to involve every rank; gloo runs the same path here)

@@ -102,8 +102,10 @@ def positive_int(value: str) -> int:
 
 
 def _ulysses_size(value: str) -> int | str:
-    """``--ulysses_size``: a positive int, ``auto`` or ``per_batch``."""
-    if value in ("auto", "per_batch"):
+    """``--ulysses_size``: a positive int, ``auto`` or ``per_batch`` (``HSAPConfig``'s modes)."""
+    from hf_hsap.config import ULYSSES_MODES
+
+    if value in ULYSSES_MODES:
         return value
     try:
         return int(value)
