@@ -181,10 +181,12 @@ class CostModel:
             recv``; at ``overlap = 1`` that is the max).
         """
         kv = self.kv_token_cost * recv
+        scalar = isinstance(kv, (int, float)) and isinstance(local, (int, float))  # Python's max: 20x numpy's here
+        hi, lo = (max, min) if scalar else (np.maximum, np.minimum)
         if self.overlap == 1:
-            exposed = np.maximum(local, kv)
+            exposed = hi(local, kv)
         else:
-            exposed = local + kv - self.overlap * np.minimum(local, kv)
+            exposed = local + kv - self.overlap * lo(local, kv)
         return self.token_cost * tokens + exposed + (work - local)
 
     def masked_pairs(self, rows):

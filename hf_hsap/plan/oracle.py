@@ -3,13 +3,13 @@
 Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
 ``placement="auto"`` is from the best placement the cost model can express. :func:`polish` is the same
 search from one placement, bounded by a count of moves and of re-priced segments (deterministic, inside the
-planning budget): ``auto`` runs it on its winner for small groups.
+planning budget): ``auto`` runs it on its winner, ``contiguous`` and ``density`` for small groups.
 
 The objective is :func:`.cost.part_times`' step time of the slowest part (one full-attention layer).
 A part's time depends only on its own segments (its tokens, its pairs, the pairs against its own keys
-and the keys before its last query of every document it holds that it does not own), so a move that
-touches two parts is re-priced on those two alone (:func:`part_time`, checked against
-:func:`.cost.part_times` by the tests).
+and the keys before its last query of every document it holds that it does not own), summed over its
+documents, so a move re-prices the one document it touches on the two parts it touches (:class:`_Part`;
+:func:`part_time`, the same sum from scratch, is checked against :func:`.cost.part_times` by the tests).
 
 Search: from each start (every simpler placement, and the caller's), repeatedly take the slowest part
 and try every move of one of its segments (the 16 with the latest rows), whole or a head / tail of 1/2,
@@ -22,15 +22,41 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import numpy as np
+
 from .cost import CostModel
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 
-__all__ = ["optimise_placement", "part_time", "polish"]
+__all__ = ["optimise_placement", "part_time", "polish", "polish_from"]
 
 Seg = tuple[int, int, int]  # (document, start, end) in global positions
 SEGMENTS_TRIED = 16  # per move, the slowest part's segments with the latest rows are tried
+# auto's polish also starts from these (polish_from): a local optimum is often reached from the placement that
+# moves the least KV (priced for the network) or from the one that splits by work, not from auto's winner
+POLISH_STARTS = ("contiguous", "density")
 ZIGZAG_START_SEGMENTS = 4096  # zigzag is a start only up to this many segments (each move scans a part's)
+
+
+def _doc_terms(rows: list[tuple[int, int]], cost: CostModel) -> tuple[float, float, float, float]:
+    """One document's share of a part's time: ``(tokens, work, local, recv)`` of the part's rows of it
+    (document-relative ``[a, b)``, any order). Every term is an integer or a half (exact in float64), so a
+    part's sums are the same in any order (what lets :func:`_descend` re-price one document at a time)."""
+    tokens = work = local = 0
+    last = 0
+    for a, b in sorted(rows):
+        n = b - a
+        work += (b * (b + 1) - a * (a + 1)) // 2
+        local += n * (n + 1) // 2 + n * tokens  # own keys: this segment causally, earlier ones in full
+        tokens += n
+        last = b
+    masked = float(cost.masked_pairs(tokens)) if cost.diag_block else 0.0  # its causal piece's diagonal
+    return tokens, work + masked, local + masked, last - tokens  # recv: keys up to the last query it does not hold
+
+
+def _time(terms: list[float], cost: CostModel) -> float:
+    """A part's time from its summed ``(tokens, work, local, recv)``."""
+    return float(cost.time_of(*terms))
 
 
 def part_time(segs: list[Seg], doc_start: list[int], cost: CostModel) -> float:
@@ -44,21 +70,33 @@ def part_time(segs: list[Seg], doc_start: list[int], cost: CostModel) -> float:
     by_doc: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for d, a, b in segs:
         by_doc[d].append((a - doc_start[d], b - doc_start[d]))
-    tokens = work = local = recv = 0
+    total = [0.0] * 4
     for rows in by_doc.values():
-        rows.sort()
-        own = 0
-        for a, b in rows:
-            n = b - a
-            work += (b * (b + 1) - a * (a + 1)) // 2
-            local += n * (n + 1) // 2 + n * own  # own keys: this segment causally, earlier ones in full
-            own += n
-        tokens += own
-        recv += rows[-1][1] - own  # keys up to the last query that the part does not hold
-        masked = float(cost.masked_pairs(own)) if cost.diag_block else 0  # its causal piece's diagonal
-        work += masked
-        local += masked
-    return float(cost.time_of(tokens, work, local, recv))
+        for j, x in enumerate(_doc_terms(rows, cost)):
+            total[j] += x
+    return _time(total, cost)
+
+
+class _Part:
+    """One part of the search: its segments, each document's rows and terms (:func:`_doc_terms`) and their
+    sums, so that a move re-prices only the document it touches."""
+
+    def __init__(self, segs: list[Seg], doc_start: list[int], cost: CostModel) -> None:
+        self.segs = segs
+        self.rows: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for d, a, b in segs:
+            self.rows[d].append((a - doc_start[d], b - doc_start[d]))
+        self.terms = {d: _doc_terms(r, cost) for d, r in self.rows.items()}
+        self.total = [sum(t[j] for t in self.terms.values()) for j in range(4)]
+        self.tokens = int(self.total[0])
+        self.time = _time(self.total, cost)
+
+    def time_with(self, d: int, drop: tuple[int, int] | None, add: tuple[int, int] | None, cost: CostModel) -> float:
+        """The part's time with document ``d``'s rows ``drop`` removed and ``add`` added (relative ``[a, b)``)."""
+        rows = [r for r in self.rows.get(d, ()) if r != drop] + ([add] if add is not None else [])
+        new = _doc_terms(rows, cost) if rows else (0, 0.0, 0.0, 0)
+        old = self.terms.get(d, (0, 0.0, 0.0, 0))
+        return _time([t - o + n for t, o, n in zip(self.total, old, new)], cost)
 
 
 def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Placement | None = None,
@@ -108,50 +146,84 @@ def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, toke
     return _descend(layout, n_parts, cost, start, token_slack, max_moves, max_rows)
 
 
+def polish_from(layout: Layout, n_parts: int, cost: CostModel, winner: Placement, token_slack: float,
+                max_segments: int) -> tuple[float, str, Placement]:
+    """:func:`polish` from ``winner`` and from :data:`POLISH_STARTS` (those that differ from it and have at most
+    ``max_segments`` segments): the best local optimum, the first of equals (the winner first).
+
+    Args:
+        layout, n_parts, cost, token_slack: as :func:`polish`. winner: the placement to improve.
+        max_segments: the most segments a start may have (each move reads a part's).
+
+    Returns:
+        ``(time of the slowest part, name of the start it came from, placement)``.
+    """
+    from .density import density
+    from .placement import contiguous
+
+    build = {"contiguous": lambda: contiguous(layout, n_parts),
+             "density": lambda: density(layout, n_parts, cost.token_cost, token_slack)}
+    starts = [winner] + [s for s in (build[name]() for name in POLISH_STARTS)
+                         if s.doc.size <= max_segments and not _same(s, winner)]
+    found = [(t, i, s.name, moved) for i, s in enumerate(starts) for t, moved in [polish(layout, n_parts, cost, s,
+                                                                                        token_slack)]]
+    t, _, name, moved = min(found, key=lambda f: f[:2])
+    return t, name, moved
+
+
+def _same(a: Placement, b: Placement) -> bool:
+    """Whether two placements hold the same segments on the same parts."""
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("doc", "start", "end", "part"))
+
+
 def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float,
              max_moves: int, max_rows: float = math.inf) -> tuple[float, Placement]:
     """The local search from one start: (time of the slowest part, placement); it stops at a local optimum,
-    after ``max_moves`` moves or once the re-pricings have read ``max_rows`` segments."""
+    after ``max_moves`` moves or once the re-pricings have read ``max_rows`` segments (counted as a whole
+    part's segments per re-pricing, whatever the incremental pricing reads). Moves that cannot bring the
+    peak below the best found so far are not priced (the same moves are made, with less of the bound)."""
     P = n_parts
     doc_start = layout.cu_seqlens[:-1].tolist()
     cap = math.ceil(layout.total_tokens / P) * (1.0 + token_slack)
-    parts: list[list[Seg]] = [[] for _ in range(P)]
+    segs: list[list[Seg]] = [[] for _ in range(P)]
     for d, a, b, p in zip(start.doc.tolist(), start.start.tolist(), start.end.tolist(), start.part.tolist()):
-        parts[p].append((d, a, b))
-    times = [part_time(s, doc_start, cost) for s in parts]
-    tokens = [sum(b - a for _, a, b in s) for s in parts]
+        segs[p].append((d, a, b))
+    parts = [_Part(s, doc_start, cost) for s in segs]
     read = 0  # segments re-priced so far (the deterministic work bound)
     for _ in range(max_moves):
         if read >= max_rows:
             break
-        p = max(range(P), key=times.__getitem__)
-        best = None  # (new max of the two, q, new segments of p, new segments of q, their times, tokens moved)
-        for i, moved, kept, x in _moves(parts[p], doc_start):
+        p = max(range(P), key=lambda i: parts[i].time)
+        mine = parts[p]
+        best = None  # (new max of the two, q, index of the moved segment, moved, kept, tokens moved)
+        for i, moved, kept, x in _moves(mine.segs, doc_start):
             if read >= max_rows:
                 break
-            new_p = parts[p][:i] + parts[p][i + 1:] + ([kept] if kept is not None else [])
-            t_p = part_time(new_p, doc_start, cost)
-            read += len(new_p)
-            if t_p >= times[p]:
+            d, o = moved[0], doc_start[moved[0]]
+            _, a, b = mine.segs[i]
+            t_p = mine.time_with(d, (a - o, b - o), None if kept is None else (kept[1] - o, kept[2] - o), cost)
+            read += len(mine.segs) - (kept is None)
+            bar = mine.time if best is None else min(mine.time, best[0])  # a move must bring the peak below
+            if t_p >= bar:
                 continue
             for q in range(P):
-                if q == p or tokens[q] + x > cap:
+                if q == p or parts[q].tokens + x > cap:
                     continue
-                new_q = parts[q] + [moved]
-                t_q = part_time(new_q, doc_start, cost)
-                read += len(new_q)
+                if parts[q].time >= bar and d not in parts[q].rows:
+                    continue  # rows of a document it does not hold add to all four terms: t_q >= its time now
+                t_q = parts[q].time_with(d, None, (moved[1] - o, moved[2] - o), cost)
+                read += len(parts[q].segs) + 1
                 peak = max(t_p, t_q)
-                if peak < times[p] and (best is None or peak < best[0]):
-                    best = (peak, q, new_p, new_q, t_p, t_q, x)
+                if peak < mine.time and (best is None or peak < best[0]):
+                    best = (peak, q, i, moved, kept)
         if best is None:
             break
-        _, q, new_p, new_q, t_p, t_q, x = best
-        parts[p], parts[q] = _merge(new_p), _merge(new_q)
-        times[p], times[q] = t_p, t_q
-        tokens[p] -= x
-        tokens[q] += x
-    seg = [(d, a, b, p) for p, s in enumerate(parts) for d, a, b in s]
-    return max(times), _finish("oracle", P, *zip(*seg))
+        _, q, i, moved, kept = best
+        new_p = mine.segs[:i] + mine.segs[i + 1:] + ([kept] if kept is not None else [])
+        parts[p] = _Part(_merge(new_p), doc_start, cost)
+        parts[q] = _Part(_merge(parts[q].segs + [moved]), doc_start, cost)
+    seg = [(d, a, b, p) for p, part in enumerate(parts) for d, a, b in part.segs]
+    return max(part.time for part in parts), _finish("oracle", P, *zip(*seg))
 
 
 def _moves(mine: list[Seg], doc_start: list[int]):
