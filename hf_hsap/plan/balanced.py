@@ -44,6 +44,20 @@ def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
     return sizes, (rot + rem) % two_k
 
 
+def split_share_max(L: int, k: int) -> int:
+    """The most tokens one part holds of a ``k``-way dual-chunk split of ``L`` tokens (:func:`_chunk_sizes`:
+    a pair's two chunks take ``2 * (L // 2k)`` tokens and at most ``ceil(rem / k)`` of the ``rem`` left over, so
+    ``ceil(L / k)``): what the token cap is tested against, not the mean share ``L / k``.
+
+    Args:
+        L: the document's tokens. k: parts.
+
+    Returns:
+        ``ceil(L / k)``.
+    """
+    return -(-L // k)
+
+
 def _pair_work(sizes: list[int]) -> list[int]:
     """Work of each chunk pair of one dual-chunk split. ``sizes [2k] -> [k]``."""
     tri, a = [0], 0  # pairs of the rows before each chunk boundary: rows_work(a, b) = tri(b) - tri(a), exactly
@@ -226,10 +240,11 @@ def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, tok: li
     k_first = P if 2 * k0 > P else k0
     for k in range(k_first, min(P, L) + 1):
         t, x = L / k, w / k
+        room = cap_t - split_share_max(L, k)  # a part's share may be a token or two above the mean L / k
         chosen = []
         for p in by_load:  # the tests written out: they run for every part and every k (a hot loop)
             tp = tok[p]
-            if tp + t > cap_t:
+            if tp > room:
                 continue
             if rho is not None:
                 wp = wrk[p] + x

@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .balanced import _fill_by_headroom, _split
+from .balanced import _fill_by_headroom, _split, split_share_max
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
@@ -155,7 +155,7 @@ def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: 
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
         part_load = [w + token_cost * t for w, t in zip(wrk, tok)]
         by_load = sorted(range(P), key=part_load.__getitem__)
-        share = L / k
+        share = split_share_max(L, k)  # the most a part of the split holds
         chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
         capped = capped or chosen != by_load[:k]
         if len(chosen) < k:
