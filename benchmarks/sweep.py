@@ -219,6 +219,12 @@ def _q(xs: Sequence[float], q: float) -> float:
     return float(np.quantile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")
 
 
+def _share(rows: list[dict], link: str, U: int, goal: float) -> str:
+    """The share of ``link``'s rows at Ulysses degree ``U`` whose est/LB is at most ``goal`` ("–" without rows)."""
+    x = [r["est"]["auto"] / r["lb"] for r in rows if r["link"] == link and r["U"] == U]
+    return f"{np.mean(np.asarray(x) <= goal) * 100:.1f}%" if x else "–"
+
+
 def render_sweep(res: dict) -> str:
     """The sweep's section of ``BENCHMARKS.md`` (markdown)."""
     rows = res["rows"]
@@ -247,12 +253,16 @@ def render_sweep(res: dict) -> str:
         work = [r["work"] for r in rs]
         ms = [r["plan_ms"] for r in rs]
         out.append(f"| {link} | {len(rs)} | {_q(ratio, .5):.3f} | {_q(ratio, .95):.3f} | {max(ratio):.3f} | "
-                   f"{np.mean(np.asarray(ratio) <= goal) * 100:.0f}% (≤ {goal:.2f}) | "
+                   f"{np.mean(np.asarray(ratio) <= goal) * 100:.1f}% (≤ {goal:.2f}) | "
                    + " / ".join(str(x) for x in losses)
-                   + (f" | {_q(orc, .5):.3f} | {max(orc):.3f} | {np.mean(np.asarray(orc) <= 1.02) * 100:.0f}%"
+                   + (f" | {_q(orc, .5):.3f} | {max(orc):.3f} | {np.mean(np.asarray(orc) <= 1.02) * 100:.1f}%"
                       if orc else " | – | – | –")
                    + f" | {_q(recv, .5):.3f} | {max(recv):.3f} | {max(r['tokens'] for r in rs):.3f} | "
                    f"{_q(work, .5):.3f} | {max(work):.3f} | {_q(ms, .5):.1f} | {max(ms):.1f} |")
+    out += ["", "By Ulysses degree (share of layouts with est/LB ≤ 1.05 / ≤ 1.10; network groups put U GPUs in a "
+            "node, so U = 1 is one GPU per node): " + "; ".join(
+                f"{link} U = {u}: {_share(rows, link, u, 1.05)} / {_share(rows, link, u, 1.10)}"
+                for link in ("nvlink", "network") for u in cfg["Us"]) + "."]
     out += ["", "By distribution (est/LB of auto, median / worst over P, U and seeds; the placement auto chose "
             "most often):", "", "| distribution | nvlink | network | chosen (nvlink) | chosen (network) |",
             "|---|---|---|---|---|"]
