@@ -15,14 +15,16 @@ fits nowhere within both caps it is cut contiguously over the parts with the mos
 (the token cap is never exceeded; only the work cap may be).
 
 Speed: this greedy runs on every batch (the planning budget is 20 ms for 2,000 documents and P = 64,
-with two slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
-per-call overhead would dominate. The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
+with three slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
+per-call overhead would dominate; the slacks share one pass while their decisions agree
+(:func:`balanced_greedies`). The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
 ``_zigzag_segments`` for one document (tests check they agree).
 """
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -126,36 +128,117 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     Returns:
         The pass (:class:`.greedy.Greedy`, name ``"balanced"``); ``.placement(token_cost)`` refines it.
     """
-    lengths = layout.doc_lengths
-    T = layout.total_tokens
-    P = n_parts
-    cap_t = token_cap(T, P, token_slack)
-    work = lengths * (lengths + 1) // 2
-    cap_w = float(work.sum()) / P * (1.0 + work_slack)
-    order = np.argsort(-lengths, kind="stable")
-    # per document, longest first: remaining tokens / work once it is placed (exact integers)
-    rem_t = T - np.cumsum(lengths[order])
-    rem_w = int(work.sum()) - np.cumsum(work[order])
-    # the remaining documents' average work per token (numpy rounds 0.5 * rw / rt as Python does)
-    rhos = np.divide(0.5 * rem_w, rem_t, out=np.zeros(len(order)), where=rem_t > 0).tolist()
-    docs, lens, works = order.tolist(), lengths[order].tolist(), work[order].astype(np.float64).tolist()
-    whole_part = [-1] * len(docs)  # the part of every document kept whole (in `docs` order)
-    starts = layout.cu_seqlens[:-1][order].tolist()
-    tok = [0.0] * P  # python lists: P <= a few hundred, faster than numpy for scalar updates
-    wrk = [0.0] * P
-    seg_doc: list[int] = []
-    seg_start: list[int] = []
-    seg_end: list[int] = []
-    seg_part: list[int] = []
-    rot = 0
-    heap = [(0.0, p) for p in range(P)]  # (score, part): least loaded part first, ties by index
-    scores = [0.0] * P  # every part's score, max(tok / cap_t, wrk / cap_w) (current in the heap)
-    mean_t = T / P
-    recv = [0] * P  # KV tokens each part will receive (from split documents)
+    return balanced_greedies(layout, n_parts, (token_slack,), work_slack)[0]
 
-    caps = (cap_t, cap_w, mean_t)
+
+def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float],
+                      work_slack: float = DEFAULT_WORK_SLACK) -> list[Greedy]:
+    """:func:`balanced_greedy` at several token slacks, sharing the pass while the slacks' decisions agree.
+
+    The token cap enters a decision only where a part's token count nears it: the fast path's room test,
+    the split's part count and room tests, and a part's score ``max(tok / cap_t, wrk / cap_w)`` once its
+    token term leads. While every step's outcome is the same at every cap of a group (:func:`_run` checks
+    the smallest and the largest; the tests are monotone in the cap, so the ones between agree), the group
+    runs one pass; where they part, the smallest cap goes on alone and the rest stay a group. Every part's
+    score is a function of its figures alone, so a pass resumes from the figures (``_State``).
+
+    Args:
+        layout, n_parts, work_slack: as for :func:`balanced`. token_slacks: the slacks (any order).
+
+    Returns:
+        One pass per slack, equal to ``balanced_greedy`` at it; a pass equal to one at a smaller slack is
+        marked so (``Greedy.same_as``), so that a refinement the cap did not shorten is built once.
+    """
+    fig = _Figures(layout, n_parts, work_slack)
+    caps = [token_cap(layout.total_tokens, n_parts, eps) for eps in token_slacks]
+    out: dict[int, Greedy] = {}
+
+    def go(st: _State, i: int, group: list[int]) -> None:  # group: indices into caps, ascending cap
+        i = _run(st, fig, i, caps[group[0]], caps[group[-1]])
+        if i < len(fig.docs):  # the group's caps part at document i: the smallest goes on alone
+            go(st.copy(), i, group[:1])
+            go(st, i, group[1:])
+            return
+        prev = None
+        for g in group:
+            out[g] = prev = Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end,
+                                   st.seg_part, fig.docs, st.whole_part, st.tok, st.wrk, caps[g],
+                                   max_moves=4 * n_parts, same_as=prev)
+
+    go(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))
+    return [out[g] for g in range(len(caps))]
+
+
+class _Figures:
+    """The per-document figures of a balanced pass, the same at every token cap (plain Python lists, in
+    placing order: longest first)."""
+
+    def __init__(self, layout: Layout, n_parts: int, work_slack: float) -> None:
+        lengths = layout.doc_lengths
+        T = layout.total_tokens
+        work = lengths * (lengths + 1) // 2
+        order = np.argsort(-lengths, kind="stable")
+        # per document, longest first: remaining tokens / work once it is placed (exact integers)
+        rem_t = T - np.cumsum(lengths[order])
+        rem_w = int(work.sum()) - np.cumsum(work[order])
+        self.n_parts = n_parts
+        self.cap_w = float(work.sum()) / n_parts * (1.0 + work_slack)
+        self.mean_t = T / n_parts
+        # the remaining documents' average work per token (numpy rounds 0.5 * rw / rt as Python does)
+        self.rhos = np.divide(0.5 * rem_w, rem_t, out=np.zeros(len(order)), where=rem_t > 0).tolist()
+        self.docs, self.lens = order.tolist(), lengths[order].tolist()
+        self.works = work[order].astype(np.float64).tolist()
+        self.starts = layout.cu_seqlens[:-1][order].tolist()
+
+
+@dataclass
+class _State:
+    """A balanced pass so far: every part's tokens, work and received KV, the whole documents' parts (in
+    placing order, -1: not whole), the split segments and the split rotation."""
+
+    tok: list[float]
+    wrk: list[float]
+    recv: list[int]
+    whole_part: list[int]
+    seg_doc: list[int]
+    seg_start: list[int]
+    seg_end: list[int]
+    seg_part: list[int]
+    rot: int = 0
+
+    @staticmethod
+    def empty(n_parts: int, n_docs: int) -> "_State":
+        """Nothing placed yet."""
+        return _State([0.0] * n_parts, [0.0] * n_parts, [0] * n_parts, [-1] * n_docs, [], [], [], [])
+
+    def copy(self) -> "_State":
+        """A copy to go on from (every list copied)."""
+        return _State(*(list(x) for x in (self.tok, self.wrk, self.recv, self.whole_part, self.seg_doc,
+                                          self.seg_start, self.seg_end, self.seg_part)), rot=self.rot)
+
+
+def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> int:
+    """Place the documents ``i0, ...`` (placing order) alike at every token cap in ``[cap_lo, cap_hi]``,
+    updating ``st``; stop at the first step whose outcome may depend on the cap (with one cap: never).
+
+    Returns:
+        The index of the next document to place: ``len(fig.docs)`` when done; else the caps part there (the
+        document before it placed, possibly leaving a part whose score differs between the caps).
+    """
+    P, cap_w, mean_t = fig.n_parts, fig.cap_w, fig.mean_t
+    tok, wrk, whole_part = st.tok, st.wrk, st.whole_part
+    shared = cap_hi > cap_lo
+    # every part's score, max(tok / cap_t, wrk / cap_w): least loaded first, ties by index (rebuilt from the
+    # figures: only the heap's entries decide, not its layout)
+    heap = [(max(t / cap_lo, w / cap_w), p) for p, (t, w) in enumerate(zip(tok, wrk))]
+    if shared and any(t / cap_lo > w / cap_w for t, w in zip(tok, wrk)):  # a token term leads: scores differ
+        return i0
+    heapq.heapify(heap)
+    scores = [0.0] * P  # every part's score (current in the heap)
+    caps = (cap_lo, cap_w, mean_t)
     replace = heapq.heapreplace
-    for i, (L, w, rho) in enumerate(zip(lens, works, rhos)):
+    n = len(fig.docs)
+    for i, L, w, rho in zip(range(i0, n), fig.lens[i0:], fig.works[i0:], fig.rhos[i0:]):
         # the fast path: the least loaded part takes the document whole (_choose_parts' test at k = 1 for the
         # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
         # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
@@ -163,33 +246,53 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
         t_0 = tok[best]
         t_b, w_b = t_0 + L, wrk[best] + w
         free = mean_t - t_0 - L
-        if t_b <= cap_t and w_b + rho * (free if free > 0.0 else 0.0) <= cap_w:
+        fits = w_b + rho * (free if free > 0.0 else 0.0) <= cap_w
+        if fits and t_b <= cap_lo:
             tok[best], wrk[best], whole_part[i] = t_b, w_b, best
-            s_t, s_w = t_b / cap_t, w_b / cap_w
+            s_t, s_w = t_b / cap_lo, w_b / cap_w
+            if s_t > s_w and shared:  # its token term leads: its score differs between the caps
+                return i + 1
             replace(heap, (s_t if s_t >= s_w else s_w, best))
             continue
+        if shared and fits and t_b <= cap_hi:  # a larger cap takes the document whole here
+            return i
         for score, p in heap:  # the general path (split, or whole where the least loaded part has no room)
             scores[p] = score  # reads the scores the fast path kept in the heap alone
-        d, s0 = docs[i], starts[i]
-        k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
+        k0 = max(1, math.ceil(L / cap_lo), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
-        chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, rho) or \
-            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, 0.0) or \
-            _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, None)  # equal work shares
+        chosen = _choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
+        if shared and (chosen is None or k0 != max(1, math.ceil(L / cap_hi), math.ceil(w / cap_w))
+                       or chosen != _choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
+            return i  # (the headroom fill reads the cap; so may the part count and the parts chosen)
         if chosen is None:
-            _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
-        elif len(chosen) == 1:
-            p = whole_part[i] = chosen[0]
+            _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_lo, tok, wrk, st.seg_doc, st.seg_start,
+                              st.seg_end, st.seg_part)
+        elif len(chosen[1]) == 1:
+            p = whole_part[i] = chosen[1][0]
             tok[p] += L
             wrk[p] += w
         else:
-            rot = _split(d, s0, L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
-        for p in range(P) if chosen is None else chosen:  # the parts this document changed
-            scores[p] = max(tok[p] / cap_t, wrk[p] / cap_w)
+            st.rot = _split(fig.docs[i], fig.starts[i], L, chosen[1], st.rot, tok, wrk, st.recv, st.seg_doc,
+                            st.seg_start, st.seg_end, st.seg_part)
+        for p in range(P) if chosen is None else chosen[1]:  # the parts this document changed
+            s_t, s_w = tok[p] / cap_lo, wrk[p] / cap_w
+            if s_t > s_w and shared:
+                return i + 1
+            scores[p] = max(s_t, s_w)
         heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
-    return Greedy("balanced", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, docs, whole_part, tok, wrk,
-                  cap_t, max_moves=4 * P)
+    return n
+
+
+def _choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
+            caps: tuple[float, float, float], rho: float) -> tuple[int, list[int]] | None:
+    """:func:`_choose_parts` within the work cap and the remaining documents' work (``rho``), else within
+    the work cap alone, else at equal work shares: ``(which of the three, the parts)``, or None."""
+    for j, r in enumerate((rho, 0.0, None)):
+        chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, r)
+        if chosen is not None:
+            return j, chosen
+    return None
 
 
 def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..deprecation import moved_names
-from .balanced import balanced, balanced_greedy
+from .balanced import balanced, balanced_greedies
 from .density import density, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
@@ -91,7 +91,8 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     cheapest wins (the first of equals): ``(placement, transfers of every kind, step time)``.
 
     Candidates: ``balanced`` at token slacks 0.01, 0.03 (each at most ``token_slack``) and ``token_slack``,
-    each token-neutral and priced (one greedy pass, :func:`.balanced.balanced_greedy`); ``density``
+    each token-neutral and priced (one greedy pass, shared while the slacks agree:
+    :func:`.balanced.balanced_greedies`); ``density``
     (:mod:`.density`: every document over as many parts as its pairs need, or 0.6 of a share, at the two
     largest slacks; its heaviest over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed
     layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer, so
@@ -104,7 +105,7 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     """
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
-    greedy = [(g, c) for eps in slacks for g in [balanced_greedy(layout, n_parts, eps)] for c in (tc, None)]
+    greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
     dense = {(eps, spread, share): g for spread, share in DENSITY_VARIANTS
              for eps, g in zip(*_density_slacks(layout, n_parts, tc, slacks, spread, share))}
     greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)

@@ -1,6 +1,6 @@
 """``placement="auto"`` skips refining and pricing a candidate whose greedy pass bounds its time above the best
-so far, and shares density passes over slacks: the bound holds for every refinement, the shared passes are the
-separate ones, and the skipping never changes the placement ``auto`` picks."""
+so far, and shares balanced and density passes over slacks: the bound holds for every refinement, the shared
+passes are the separate ones, and the skipping never changes the placement ``auto`` picks."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import ci_examples, cu_of
-from hf_hsap.plan.balanced import balanced_greedy, balanced_variants
+from hf_hsap.plan.balanced import balanced_greedies, balanced_greedy, balanced_variants
 from hf_hsap.plan.cost import CostModel, step_time
 from hf_hsap.plan.density import density, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
@@ -82,6 +82,23 @@ def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths,
         a, b = shared.placement(tc), alone.placement(tc)
         for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
             assert np.array_equal(x, y)
+
+
+@settings(max_examples=ci_examples(40))
+@given(lengths=LENGTHS, P=st.integers(2, 12),
+       slacks=st.sampled_from([(0.01, 0.03, 0.1), (0.1, 0.0, 0.03), (0.0, 0.2), (0.05,)]))
+def test_balanced_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, slacks):
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    tc = CostModel.default().token_cost
+    for eps, shared in zip(slacks, balanced_greedies(layout, P, slacks)):
+        alone = balanced_greedies(layout, P, (eps,))[0]  # one cap: never shared
+        assert shared == alone  # every field: segments, whole documents, figures, cap
+        for c in (tc, None):  # a larger cap's refinement may be a smaller one's, reused
+            a, b = shared.placement(c), alone.placement(c)
+            for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
+                assert np.array_equal(x, y)
 
 
 @settings(max_examples=ci_examples(40))
