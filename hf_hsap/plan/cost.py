@@ -263,6 +263,21 @@ def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
     return np.bincount(part[first], weights=recv, minlength=pl.n_parts)
 
 
+def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
+    """A lower bound of ``part_times(layout, contiguous(layout, n_parts), None, cost).max()`` without building it:
+    the largest ``token_cost * tokens + work`` of a part (its time is at least that: the transfer term is at
+    least the local work). Part ``p`` holds ``[p T // P, (p + 1) T // P)``; its pairs are the difference of the
+    pairs of every row before its two ends (exact integers, as :meth:`.placement.Placement.work_per_part`)."""
+    cu = layout.cu_seqlens
+    ends = np.arange(n_parts + 1, dtype=np.int64) * layout.total_tokens // n_parts
+    d = np.minimum(np.searchsorted(cu, ends, side="right") - 1, layout.n_docs - 1)  # the document of each end
+    lengths = np.diff(cu)
+    before = np.concatenate([[0], np.cumsum(lengths * (lengths + 1) // 2)])  # pairs of the documents before d
+    x = ends - cu[d]  # rows of document d before the end (its length at T)
+    pairs = before[d] + x * (x + 1) // 2
+    return float((cost.token_cost * np.diff(ends) + np.diff(pairs)).max())
+
+
 def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
     """A lower bound of ``zigzag_part_times(layout, n_parts, cost).max()`` in O(documents): the mean over
     parts of ``token_cost * tokens + kv_token_cost * recv`` (a part's time is at least that), with every

@@ -22,7 +22,7 @@ from .balanced import balanced, balanced_greedies
 from .density import density, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
-from .cost import CostModel, step_time, zigzag_part_times, zigzag_time_bound
+from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -100,8 +100,8 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     priced in closed form on full attention (its transfers grow as documents x parts squared) and built only
     if it wins; with windowed layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS` segments
     (beyond, it is not a candidate). A greedy pass bounds its candidates' time from below
-    (:meth:`.greedy.Greedy.floor`): one that cannot beat the best so far is neither refined nor priced
-    (:func:`_cheapest`).
+    (:meth:`.greedy.Greedy.floor`), and so does a closed form ``contiguous``'s (:func:`.cost.contiguous_time_bound`):
+    one that cannot beat the best so far is neither refined (built) nor priced (:func:`_cheapest`).
     """
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
@@ -111,8 +111,10 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
                for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
     cands: list[Candidate] = [(g.floor(tc), functools.partial(g.placement, c)) for g, c in greedy]
-    cands.append((0.0, functools.partial(contiguous, layout, n_parts)))
     windowed = any(w is not None for w in layers)
+    # contiguous's bound in closed form (on full layers: elsewhere every candidate is built anyway)
+    cands.append((0.0 if windowed else contiguous_time_bound(layout, n_parts, cost),
+                  functools.partial(contiguous, layout, n_parts)))
     if windowed:  # contiguous cuts at equal estimated cost, within the small slacks' cap
         eps = min(AUTO_TOKEN_SLACKS[-1], token_slack)
         cap = int(math.ceil(layout.total_tokens / n_parts * (1 + eps)))

@@ -37,6 +37,21 @@ def test_the_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack,
             assert load.max() >= floor * (1 - 1e-12), (g.name, c, load.max(), floor)
 
 
+@settings(max_examples=ci_examples(40))
+@given(lengths=LENGTHS, P=st.integers(2, 12), diag=st.sampled_from([0.0, 64.0]), overlap=st.sampled_from([0.0, 1.0]))
+def test_the_closed_form_bound_of_contiguous_is_its_largest_load(lengths, P, diag, overlap):
+    from hf_hsap.plan.cost import contiguous_time_bound, part_times
+
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    cost = CostModel(diag_block=diag, overlap=overlap)
+    pl = contiguous(layout, P)
+    bound = contiguous_time_bound(layout, P, cost)
+    assert bound == float((cost.token_cost * pl.tokens_per_part() + pl.work_per_part(layout)).max())
+    assert bound <= float(part_times(layout, pl, None, cost).max()) * (1 + 1e-12)
+
+
 def _auto_by_pricing_everything(layout, P, token_slack, cost):
     """``auto`` as it was written first: build and price every candidate, the first cheapest wins."""
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
