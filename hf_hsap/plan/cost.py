@@ -236,10 +236,9 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers | None, cost: CostMo
     work = work_per_part(layout, pl, window)
     local = local_work_per_part(layout, pl, window)
     if cost.diag_block:  # the masked pairs of every (part, document) causal piece run with the local work
-        key = pl.part * (layout.n_docs + 1) + pl.doc
-        uniq, inv = np.unique(key, return_inverse=True)
-        rows = np.bincount(inv.reshape(-1), weights=pl.end - pl.start)  # [pieces] own tokens of each
-        masked = np.bincount(uniq // (layout.n_docs + 1), weights=cost.masked_pairs(rows), minlength=pl.n_parts)
+        first, rows = pl.runs  # [pieces] own tokens of each
+        masked = np.bincount(pl.part[first], weights=cost.masked_pairs(rows.astype(np.float64)),
+                             minlength=pl.n_parts)
         work, local = work + masked, local + masked
     if tr is None:
         if window is not None:
@@ -254,13 +253,10 @@ def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
     """``[n_parts]`` KV tokens every part receives on a full-attention layer, from the segments alone: in every
     document it holds, every key before the end of its last segment there but its own (:mod:`.transfers`'
     rule; equal to the received lengths of :func:`.transfers.compute_transfers`, as float64 sums of integers)."""
-    doc, part = pl.doc, pl.part  # sorted by (part, start): a part's segments of one document are consecutive
-    n = doc.shape[0]
-    first = np.flatnonzero(np.concatenate([[True], (doc[1:] != doc[:-1]) | (part[1:] != part[:-1])]))  # [runs]
-    last = np.concatenate([first[1:], [n]]) - 1
-    own = np.add.reduceat(pl.end - pl.start, first)  # tokens of the run's document the part holds
-    recv = pl.end[last] - layout.cu_seqlens[doc[first]] - own  # every key before its last one, but its own
-    return np.bincount(part[first], weights=recv, minlength=pl.n_parts)
+    first, own = pl.runs  # [runs] first segment; tokens of the run's document the part holds
+    last = np.concatenate([first[1:], [pl.doc.shape[0]]]) - 1
+    recv = pl.end[last] - layout.cu_seqlens[pl.doc[first]] - own  # every key before its last one, but its own
+    return np.bincount(pl.part[first], weights=recv, minlength=pl.n_parts)
 
 
 def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:

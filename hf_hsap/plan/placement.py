@@ -19,6 +19,7 @@ Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens;
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -51,6 +52,21 @@ class Placement:
     part: np.ndarray
     part_ptr: np.ndarray
     local_start: np.ndarray
+
+    @functools.cached_property
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (part, document) runs: segments are sorted by (part, start), so a part's segments of one
+        document are consecutive, and its runs come in document order (computed once: pricing a placement
+        and planning its rounds read them).
+
+        Returns:
+            ``(first, own)``: ``[n_runs]`` index of every run's first segment, and the tokens the run holds.
+        """
+        doc, part = self.doc, self.part
+        first = np.flatnonzero(np.concatenate([[True], (doc[1:] != doc[:-1]) | (part[1:] != part[:-1])]))
+        if doc.shape[0] == 0:
+            first = first[:0]
+        return first, np.add.reduceat(self.end - self.start, first) if first.shape[0] else first.copy()
 
     def tokens_per_part(self) -> np.ndarray:
         """``[n_parts]`` tokens held by each part."""

@@ -223,10 +223,9 @@ def local_work_per_part(layout: Layout, pl: Placement, window: Window = None) ->
     overlaps the KV transfers. Full kind: per (part, document), causal over the part's ``n`` tokens of it,
     ``n (n + 1) / 2``."""
     if window is None:
-        key = pl.part * (layout.n_docs + 1) + pl.doc
-        uniq, inv = np.unique(key, return_inverse=True)
-        n = np.bincount(inv, weights=pl.end - pl.start)
-        return np.bincount(uniq // (layout.n_docs + 1), weights=n * (n + 1) / 2, minlength=pl.n_parts)
+        first, own = pl.runs  # one per (part, document), in (part, document) order
+        n = own.astype(np.float64)
+        return np.bincount(pl.part[first], weights=n * (n + 1) / 2, minlength=pl.n_parts)
     s, g = _window_pairs_of_segments(pl, layout, int(window), same_part=True)
     w = pairs(pl.start[s], pl.end[s], pl.start[g], pl.end[g], window)
     return np.bincount(pl.part[s], weights=w, minlength=pl.n_parts)
