@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -62,24 +63,17 @@ def split_share_max(L: int, k: int) -> int:
 
 def _pair_work(sizes: list[int]) -> list[int]:
     """Work of each chunk pair of one dual-chunk split. ``sizes [2k] -> [k]``."""
-    tri, a = [0], 0  # pairs of the rows before each chunk boundary: rows_work(a, b) = tri(b) - tri(a), exactly
-    for s in sizes:
-        a += s
-        tri.append(a * (a + 1) // 2)
-    k = len(sizes) // 2
-    n = 2 * k
-    return [tri[i + 1] - tri[i] + tri[n - i] - tri[n - 1 - i] for i in range(k)]
+    # pairs of the rows before each chunk boundary: rows_work(a, b) = tri(b) - tri(a), exactly
+    tri = [a * (a + 1) // 2 for a in accumulate(sizes, initial=0)]
+    n = len(sizes)
+    return [tri[i + 1] - tri[i] + tri[n - i] - tri[n - 1 - i] for i in range(n // 2)]
 
 
 def _pair_recv(sizes: list[int]) -> list[int]:
     """KV tokens the holder of each chunk pair needs. ``sizes [2k] -> [k]``: everything before the end of
     its second chunk except its own two chunks."""
-    k = len(sizes) // 2
-    end, ends = 0, []
-    for s in sizes:
-        end += s
-        ends.append(end)
-    return [ends[-1 - i] - sizes[i] - sizes[-1 - i] for i in range(k)]
+    ends = list(accumulate(sizes))
+    return [ends[-1 - i] - sizes[i] - sizes[-1 - i] for i in range(len(sizes) // 2)]
 
 
 def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
@@ -163,7 +157,7 @@ def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float
         for g in group:
             out[g] = prev = Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end,
                                    st.seg_part, fig.docs, st.whole_part, st.tok, st.wrk, caps[g],
-                                   max_moves=4 * n_parts, same_as=prev)
+                                   max_moves=4 * n_parts, same_as=prev, whole_doc_ids=fig.order)
 
     go(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))
     return [out[g] for g in range(len(caps))]
@@ -186,6 +180,7 @@ class _Figures:
         self.mean_t = T / n_parts
         # the remaining documents' average work per token (numpy rounds 0.5 * rw / rt as Python does)
         self.rhos = np.divide(0.5 * rem_w, rem_t, out=np.zeros(len(order)), where=rem_t > 0).tolist()
+        self.order = order  # int64
         self.docs, self.lens = order.tolist(), lengths[order].tolist()
         self.works = work[order].astype(np.float64).tolist()
         self.starts = layout.cu_seqlens[:-1][order].tolist()
@@ -309,14 +304,17 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     for p, pair in zip(chosen, sorted(range(k), key=need.__getitem__, reverse=True)):
         mapped[pair] = p
     chunk_part = mapped + mapped[::-1]  # chunk j belongs to pair min(j, 2k-1-j)
-    a, n0 = s0, len(seg_part)
-    for s, p in zip(sizes, chunk_part):
-        if s:
-            seg_start.append(a)
-            a += s
-            seg_end.append(a)
-            seg_part.append(p)
-    seg_doc.extend([d] * (len(seg_part) - n0))
+    bounds = list(accumulate(sizes, initial=s0))  # global start of every chunk, and the document's end
+    if L >= 2 * k:  # no empty chunk
+        seg_start.extend(bounds[:-1])
+        seg_end.extend(bounds[1:])
+        seg_part.extend(chunk_part)
+    else:
+        kept = [j for j, s in enumerate(sizes) if s]
+        seg_start.extend([bounds[j] for j in kept])
+        seg_end.extend([bounds[j + 1] for j in kept])
+        seg_part.extend([chunk_part[j] for j in kept])
+    seg_doc.extend([d] * (2 * k if L >= 2 * k else len(kept)))
     for i, (p, w_add) in enumerate(zip(mapped, _pair_work(sizes))):
         recv[p] += need[i]
         tok[p] += float(sizes[i] + sizes[-1 - i])

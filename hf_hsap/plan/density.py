@@ -44,7 +44,7 @@ from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
 
-__all__ = ["density", "density_greedies", "density_greedy"]
+__all__ = ["DensityFigures", "density", "density_figures", "density_greedies", "density_greedy"]
 
 SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) documents over every part
 
@@ -83,11 +83,44 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack:
     Returns:
         The pass (:class:`.greedy.Greedy`, name ``"density"``): ``.placement(token_cost)`` refines it.
     """
-    return _density_pass(layout, n_parts, token_cost, token_slack, split_above, spread, work_share)[0]
+    return _density_pass(density_figures(layout, token_cost), n_parts, token_slack, split_above, spread, work_share)[0]
+
+
+class DensityFigures:
+    """The per-document figures every density pass of one layout and token cost reads (plain Python lists
+    and numpy arrays; built once when ``auto`` runs several variants: :func:`density_figures`)."""
+
+    def __init__(self, layout: Layout, token_cost: float) -> None:
+        self.layout, self.token_cost = layout, token_cost
+        lengths = layout.doc_lengths
+        self.cu = layout.cu_seqlens.tolist()
+        # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
+        self.pairs_a = lengths * (lengths + 1) / 2
+        loads_a = self.pairs_a + token_cost * lengths
+        self.order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
+        self.order = self.order_a.tolist()
+        self.lens, self.pairs, self.loads = lengths.tolist(), self.pairs_a.tolist(), loads_a.tolist()
+        self.lens_by_order = lengths[self.order_a].tolist()  # in `order`
+        self.pairs_by_order = self.pairs_a[self.order_a].tolist()
+        # the builtin sum: left to right, as the figures were first written
+        self.sum_loads, self.sum_pairs = sum(self.loads), sum(self.pairs)
+
+
+def density_figures(layout: Layout, token_cost: float) -> DensityFigures:
+    """The figures of :func:`density_greedies` for one layout and token cost, to share between its calls.
+
+    Args:
+        layout: the documents. token_cost: price of a token in attention pairs.
+
+    Returns:
+        The :class:`DensityFigures`.
+    """
+    return DensityFigures(layout, token_cost)
 
 
 def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slacks: Sequence[float],
-                     spread: str = "fit", work_share: float = 1.0) -> list[Greedy]:
+                     spread: str = "fit", work_share: float = 1.0,
+                     figures: DensityFigures | None = None) -> list[Greedy]:
     """:func:`density_greedy` at several token slacks, one pass for as many of them as it can: a pass in
     which no token cap decided anything (every part it tried had room, no document longer than the cap) is
     the same pass at any larger cap; only the cap its refinement slides within differs.
@@ -95,41 +128,39 @@ def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slac
     Args:
         layout, n_parts, token_cost, spread, work_share: as :func:`density_greedy`.
         token_slacks: the slacks, ascending.
+        figures: :func:`density_figures` of ``layout`` and ``token_cost``, if built already (several variants).
 
     Returns:
         One pass per slack (equal to ``density_greedy`` at that slack).
     """
+    if figures is None or figures.layout is not layout or figures.token_cost != token_cost:
+        figures = density_figures(layout, token_cost)
     out: list[Greedy] = []
     capped = True
     for eps in token_slacks:
         if capped:
-            g, capped = _density_pass(layout, n_parts, token_cost, eps, 1.0, spread, work_share)
+            g, capped = _density_pass(figures, n_parts, eps, 1.0, spread, work_share)
         else:
             g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps), same_as=g)
         out.append(g)
     return out
 
 
-def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: float, split_above: float,
+def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_above: float,
                   spread: str, work_share: float) -> tuple[Greedy, bool]:
-    """:func:`density_greedy`, and whether its token cap decided anything (a part skipped for want of room,
-    a document longer than the cap); when not, the pass is the same at any larger cap."""
+    """:func:`density_greedy` (of ``fig``'s layout and token cost), and whether its token cap decided anything
+    (a part skipped for want of room, a document longer than the cap); when not, the pass is the same at any
+    larger cap."""
     if spread not in ("fit", "all"):
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
     P = n_parts
-    cu = layout.cu_seqlens.tolist()
-    lengths = layout.doc_lengths
+    layout, token_cost, cu = fig.layout, fig.token_cost, fig.cu
     T = cu[-1]
     cap_t = token_cap(T, P, token_slack)
-    # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
-    pairs_a = lengths * (lengths + 1) / 2
-    loads_a = pairs_a + token_cost * lengths
-    order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
-    order = order_a.tolist()
-    lens, pairs, loads = lengths.tolist(), pairs_a.tolist(), loads_a.tolist()
-    mean = sum(loads) / P  # the builtin sum: left to right, as the figures were first written
+    order, lens, loads = fig.order, fig.lens, fig.loads
+    mean = fig.sum_loads / P
     limit = mean * split_above
-    mean_w = sum(pairs) / P
+    mean_w = fig.sum_pairs / P
     tok = [0.0] * P
     wrk = [0.0] * P
     recv = [0] * P
@@ -163,12 +194,12 @@ def _density_pass(layout: Layout, n_parts: int, token_cost: float, token_slack: 
             continue
         rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
     light = order[heavy_end:]
-    light_a = order_a[heavy_end:]
-    whole_part, no_room = _least_loaded(light, lengths[light_a].tolist(), pairs_a[light_a].tolist(), cu, P,
+    whole_part, no_room = _least_loaded(light, fig.lens_by_order[heavy_end:], fig.pairs_by_order[heavy_end:], cu, P,
                                         token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
     # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
-    return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
-                  cap_t, max_moves=(4 if spread == "fit" else 1) * P), capped or no_room
+    g = Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
+               cap_t, max_moves=(4 if spread == "fit" else 1) * P, whole_doc_ids=fig.order_a[heavy_end:])
+    return g, capped or no_room
 
 
 def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,

@@ -32,6 +32,8 @@ class Greedy:
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
         same_as: the same pass at a smaller cap, if it is one (:func:`.density.density_greedies`): a
             refinement of it that no cap shortened is this one's too.
+        whole_doc_ids: :attr:`whole_doc` as an int64 array, when the pass has one (a list of thousands of
+            documents converts slowly; passes at several slacks share the array).
     """
 
     name: str
@@ -48,6 +50,7 @@ class Greedy:
     cap_t: float
     max_moves: int
     same_as: Greedy | None = field(default=None, compare=False, repr=False)  # this pass at a smaller cap
+    whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)  # whole_doc, int64, if at hand
 
     def floor(self, token_cost: float) -> float:
         """A lower bound of the largest ``work + token_cost * tokens`` of a part after any refinement
@@ -100,10 +103,9 @@ class Greedy:
                                  max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
                                  token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
         doc, start, end, part = self._whole
-        pl = _finish(self.name, self.n_parts, np.concatenate([np.asarray(self.seg_doc, dtype=np.int64), doc]),
-                     np.concatenate([np.asarray(starts, dtype=np.int64), start]),
-                     np.concatenate([np.asarray(ends, dtype=np.int64), end]),
-                     np.concatenate([np.asarray(parts, dtype=np.int64), part]))
+        pl = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
+                     np.concatenate([_int64(starts), start]), np.concatenate([_int64(ends), end]),
+                     np.concatenate([_int64(parts), part]))
         return pl, capped
 
     @functools.cached_property
@@ -119,7 +121,13 @@ class Greedy:
     @functools.cached_property
     def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(doc, start, end, part)`` int64 arrays of the whole documents' segments (every refinement's)."""
-        doc = np.asarray(self.whole_doc, dtype=np.int64)
-        part = np.asarray(self.whole_part, dtype=np.int64)
-        doc, part = doc[part >= 0], part[part >= 0]
+        doc = _int64(self.whole_doc) if self.whole_doc_ids is None else self.whole_doc_ids
+        part = _int64(self.whole_part)
+        keep = part >= 0
+        doc, part = doc[keep], part[keep]
         return doc, self.cu[doc], self.cu[doc + 1], part
+
+
+def _int64(values: list[int]) -> np.ndarray:
+    """``values`` as an int64 array (``np.fromiter``: faster than ``np.asarray`` on a list of ints)."""
+    return np.fromiter(values, dtype=np.int64, count=len(values))

@@ -19,7 +19,7 @@ import torch
 
 from ..deprecation import moved_names
 from .balanced import balanced, balanced_greedies
-from .density import density, density_greedies
+from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
@@ -106,8 +106,9 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
     greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
+    fig = density_figures(layout, tc)  # shared by the variants
     dense = {(eps, spread, share): g for spread, share in DENSITY_VARIANTS
-             for eps, g in zip(*_density_slacks(layout, n_parts, tc, slacks, spread, share))}
+             for eps, g in zip(*_density_slacks(fig, n_parts, slacks, spread, share))}
     greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
                for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
     cands: list[Candidate] = [(g.floor(tc), functools.partial(g.placement, c)) for g, c in greedy]
@@ -145,12 +146,14 @@ def _polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float,
     return moved, {None: window_transfers(moved, layout, None)}
 
 
-def _density_slacks(layout: Layout, n_parts: int, token_cost: float, slacks: Sequence[float], spread: str,
+def _density_slacks(fig: DensityFigures, n_parts: int, slacks: Sequence[float], spread: str,
                     share: float) -> tuple[list[float], list[Greedy]]:
     """The slacks ``auto`` builds one density variant at (the two largest for ``"fit"``, the largest for
-    ``"all"``) and its greedy passes there (:func:`.density.density_greedies`)."""
+    ``"all"``) and its greedy passes there (:func:`.density.density_greedies`, of ``fig``'s layout and token
+    cost)."""
     eps = slacks[-2:] if spread == "fit" else slacks[-1:]
-    return eps, density_greedies(layout, n_parts, token_cost, eps, spread=spread, work_share=share)
+    return eps, density_greedies(fig.layout, n_parts, fig.token_cost, eps, spread=spread, work_share=share,
+                                 figures=fig)
 
 
 def _cheapest(layout: Layout, cands: Sequence[Candidate], cost: CostModel, min_tokens: int,

@@ -64,19 +64,20 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     Returns:
         ``(moves made, whether the cap shortened a slide)``.
     """
-    by_part: dict[int, list[int]] = {}
-    for a in boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds:
-        by_part.setdefault(seg_part[a], []).append(a)
-        by_part.setdefault(seg_part[a + 1], []).append(a)
-    if not by_part:
+    bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
+    if not bounds:
         return 0, False
+    by_part: list[list[int]] = [[] for _ in wrk]  # every part's boundaries, ascending
+    for a in bounds:
+        by_part[seg_part[a]].append(a)
+        by_part[seg_part[a + 1]].append(a)
     capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
     while moves < max_moves:
         p = max(range(len(load)), key=load.__getitem__)
-        mine = by_part.get(p, [])
+        mine = by_part[p]
         exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
         slide = None
         if tok is not None:
