@@ -157,7 +157,8 @@ def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float
         for g in group:
             out[g] = prev = Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end,
                                    st.seg_part, fig.docs, st.whole_part, st.tok, st.wrk, caps[g],
-                                   max_moves=4 * n_parts, same_as=prev, whole_doc_ids=fig.order)
+                                   max_moves=4 * n_parts, same_as=prev, whole_doc_ids=fig.order,
+                                   cu_list=fig.cu)
 
     go(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))
     return [out[g] for g in range(len(caps))]
@@ -184,6 +185,7 @@ class _Figures:
         self.docs, self.lens = order.tolist(), lengths[order].tolist()
         self.works = work[order].astype(np.float64).tolist()
         self.starts = layout.cu_seqlens[:-1][order].tolist()
+        self.cu = layout.cu_seqlens.tolist()
 
 
 @dataclass

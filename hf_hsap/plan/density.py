@@ -198,7 +198,7 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
                                         token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
     # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
     g = Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
-               cap_t, max_moves=(4 if spread == "fit" else 1) * P, whole_doc_ids=fig.order_a[heavy_end:])
+               cap_t, max_moves=(4 if spread == "fit" else 1) * P, whole_doc_ids=fig.order_a[heavy_end:], cu_list=cu)
     return g, capped or no_room
 
 

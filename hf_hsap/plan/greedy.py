@@ -34,6 +34,7 @@ class Greedy:
             refinement of it that no cap shortened is this one's too.
         whole_doc_ids: :attr:`whole_doc` as an int64 array, when the pass has one (a list of thousands of
             documents converts slowly; passes at several slacks share the array).
+        cu_list: :attr:`cu` as a list, when the pass has one (every refinement reads the documents' starts).
     """
 
     name: str
@@ -51,6 +52,7 @@ class Greedy:
     max_moves: int
     same_as: Greedy | None = field(default=None, compare=False, repr=False)  # this pass at a smaller cap
     whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)  # whole_doc, int64, if at hand
+    cu_list: list[int] | None = field(default=None, compare=False, repr=False)  # cu as a list, if at hand
 
     def floor(self, token_cost: float) -> float:
         """A lower bound of the largest ``work + token_cost * tokens`` of a part after any refinement
@@ -62,6 +64,8 @@ class Greedy:
         Returns:
             The bound, in pairs.
         """
+        if self.same_as is not None:  # the same segments and figures: the same bound
+            return self.same_as.floor(token_cost)
         load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
         return refine_floor(self.seg_part, self._boundaries, load)
 
@@ -99,7 +103,8 @@ class Greedy:
     def _refine(self, token_cost: float | None) -> tuple[Placement, bool]:
         """:meth:`refined`, built."""
         starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
-        _, capped = refine_moves(self.cu[:-1].tolist(), self.seg_doc, starts, ends, parts, list(self.wrk),
+        doc_first = self.cu[:-1].tolist() if self.cu_list is None else self.cu_list  # (its last entry unread)
+        _, capped = refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk),
                                  max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
                                  token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
         doc, start, end, part = self._whole
@@ -116,6 +121,8 @@ class Greedy:
     @functools.cached_property
     def _boundaries(self) -> list[int]:
         """:func:`.refine.boundaries` of the segments (the greedy's: every refinement starts from them)."""
+        if self.same_as is not None:  # the same segments
+            return self.same_as._boundaries
         return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
 
     @functools.cached_property

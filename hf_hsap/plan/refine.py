@@ -76,7 +76,7 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
     while moves < max_moves:
-        p = max(range(len(load)), key=load.__getitem__)
+        p = load.index(max(load))  # the busiest part (the first of equals)
         mine = by_part[p]
         exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
         slide = None
