@@ -67,10 +67,14 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
     if not bounds:
         return 0, False
-    by_part: list[list[int]] = [[] for _ in wrk]  # every part's boundaries, ascending
+    # every part's boundaries, ascending, with the neighbour across each and whether the part holds its left
+    # segment: moves never change a segment's part, so neither changes
+    by_part: list[list[tuple[int, int, bool]]] = [[] for _ in wrk]
     for a in bounds:
-        by_part[seg_part[a]].append(a)
-        by_part[seg_part[a + 1]].append(a)
+        left, right = seg_part[a], seg_part[a + 1]
+        by_part[left].append((a, right, True))
+        by_part[right].append((a, left, False))
+    by_nbr: dict[int, dict[int, list[int]]] = {}  # a part's boundaries by neighbour (built when first busiest)
     capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
@@ -78,11 +82,15 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     while moves < max_moves:
         p = load.index(max(load))  # the busiest part (the first of equals)
         mine = by_part[p]
-        exchange = _best_exchange(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load)
+        if p not in by_nbr:
+            by_nbr[p] = {}
+            for a, q, _ in mine:  # neighbours in the order of their first boundary
+                by_nbr[p].setdefault(q, []).append(a)
+        exchange = _best_exchange(p, by_nbr[p], doc_first, seg_doc, seg_start, seg_end, seg_part, load)
         slide = None
         if tok is not None:
-            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, seg_part, load, tok,
-                                       token_cost, cap_t)
+            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost,
+                                       cap_t)
             capped = capped or short
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
@@ -162,24 +170,21 @@ def _moved(a: int, left_gives: bool, x: int, doc_first: list[int], seg_doc: list
     return rows_work(pos, pos + x), seg_end[a + 1] - seg_start[a + 1] - x
 
 
-def _best_exchange(p: int, mine: list[int], doc_first: list[int],
+def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
                    seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
                    load: list[float]) -> tuple[float, int, int, int, int, float] | None:
     """The exchange of ``p`` with one neighbour that lowers ``max(load[p], load[q])`` the most:
-    ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. Per neighbour only the two
+    ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. ``shared``: ``p``'s boundaries by
+    neighbour (neighbours in the order of their first boundary, each's ascending). Per neighbour only the two
     latest boundaries are tried for giving and the two earliest for taking (the most work per row moved)."""
-    shared: dict[int, list[tuple[int, int]]] = {}  # neighbour -> [(boundary position in its document, a)]
-    for a in mine:
-        q = seg_part[a + 1] if seg_part[a] == p else seg_part[a]
-        shared.setdefault(q, []).append((seg_end[a] - doc_first[seg_doc[a]], a))
     best, best_peak = None, load[p]
-    for q, js in shared.items():
+    for q, bs in shared.items():
         gap = load[p] - load[q]
-        if gap <= 0 or len(js) < 2:
+        if gap <= 0 or len(bs) < 2:
             continue
         if (load[p] + load[q]) / 2 > best_peak * (1 + 1e-12):  # no exchange with q ends below the pair's mean
             continue  # (the margin: a peak rounded below the mean by an ulp still never beats best_peak)
-        js.sort()
+        js = sorted([(seg_end[a] - doc_first[seg_doc[a]], a) for a in bs])  # (position in its document, a)
         for pos_g, g in js[-2:]:
             g_left = seg_part[g] == p
             for pos_t, t in js[:2]:
@@ -201,23 +206,24 @@ def _best_exchange(p: int, mine: list[int], doc_first: list[int],
     return best
 
 
-def _best_slide(p: int, mine: list[int], doc_first: list[int], seg_doc: list[int], seg_start: list[int],
-                seg_end: list[int], seg_part: list[int], load: list[float], tok: list[float],
+def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int], seg_doc: list[int],
+                seg_start: list[int], seg_end: list[int], load: list[float], tok: list[float],
                 token_cost: float, cap_t: float) -> tuple[tuple[float, int, int, int, float] | None, bool]:
     """The slide of one of ``p``'s boundaries that lowers ``max(load[p], load[q])`` the most:
     ``(new peak, q, x, boundary, work moved)``, or None; and whether ``cap_t`` shortened one it weighed.
-    ``p`` keeps at least one row of the segment and ``q`` stays within ``cap_t`` tokens."""
+    ``mine``: ``p``'s boundaries ``(a, neighbour, whether p holds the left segment)``. ``p`` keeps at least one
+    row of the segment and ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
     capped = False
-    nbr = [(load[seg_part[a + 1] if seg_part[a] == p else seg_part[a]], a) for a in mine]
+    nbr = [(load[q], a, q, left) for a, q, left in mine]  # (load, a) sort them: a is unique
     if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour
         return None, False
     nbr.sort()
-    for load_q, a in nbr:  # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2, nor
-        if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:  # below q's load plus a row's
-            break  # (a row costs its token and >= 0 pairs; neither test depends on cap_t: capped keeps its meaning)
-        left = seg_part[a] == p
-        q = seg_part[a + 1] if left else seg_part[a]
+    # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2, nor below q's load plus a row's
+    # (a row costs its token and >= 0 pairs; neither test depends on cap_t: capped keeps its meaning)
+    for load_q, a, q, left in nbr:
+        if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:
+            break
         gap = load[p] - load[q]
         x_max = (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1
         if math.isfinite(cap_t) and int(cap_t - tok[q]) < x_max:
