@@ -92,16 +92,17 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
 
     Candidates: ``balanced`` at token slacks 0.01, 0.03 (each at most ``token_slack``) and ``token_slack``,
     each token-neutral and priced (one greedy pass, shared while the slacks agree:
-    :func:`.balanced.balanced_greedies`); ``density``
-    (:mod:`.density`: every document over as many parts as its pairs need, or 0.6 of a share, at the two
-    largest slacks; its heaviest over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed
-    layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every linear layer, so
-    near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md). ``zigzag`` is
-    priced in closed form on full attention (its transfers grow as documents x parts squared) and built only
-    if it wins; with windowed layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS` segments
-    (beyond, it is not a candidate). A greedy pass bounds its candidates' time from below
-    (:meth:`.greedy.Greedy.floor`), and so does a closed form ``contiguous``'s (:func:`.cost.contiguous_time_bound`):
-    one that cannot beat the best so far is neither refined (built) nor priced (:func:`_cheapest`).
+    :func:`.balanced.balanced_greedies`); ``density`` (:mod:`.density`: every document over as many parts as
+    its pairs need, or 0.6 of a share, at the two largest slacks; its heaviest over all parts at
+    ``token_slack``; the variants share their figures, :func:`.density.density_figures`); ``contiguous``;
+    ``zigzag``; with windowed layers, contiguous cuts at equal estimated cost. Small slacks: tokens cost every
+    linear layer, so near-equal token counts pay even when a few more documents must be split (BENCHMARKS.md).
+    ``zigzag`` is priced in closed form on full attention (its transfers grow as documents x parts squared) and
+    built only if it wins; with windowed layers it is built and priced up to :data:`ZIGZAG_WINDOWED_SEGMENTS`
+    segments (beyond, it is not a candidate). A greedy pass bounds its candidates' time from below
+    (:meth:`.greedy.Greedy.floor`), and so does a closed form ``contiguous``'s
+    (:func:`.cost.contiguous_time_bound`): one that cannot beat the best so far is neither refined (built) nor
+    priced (:func:`_cheapest`).
     """
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from helpers import ci_examples, cu_of
 from hf_hsap.plan.balanced import balanced_greedies, balanced_greedy, balanced_variants
 from hf_hsap.plan.cost import CostModel, step_time
-from hf_hsap.plan.density import density, density_greedies, density_greedy
+from hf_hsap.plan.density import density, density_figures, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import contiguous
 from hf_hsap.plan.planner import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, _best_candidate
@@ -90,7 +90,9 @@ def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths,
     if layout.total_tokens < P:
         return
     tc = CostModel.default().token_cost
-    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, spread=spread, work_share=share)):
+    figures = density_figures(layout, tc)  # as auto shares them between its variants
+    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, spread=spread, work_share=share,
+                                                    figures=figures)):
         alone = density_greedy(layout, P, tc, eps, spread=spread, work_share=share)
         assert shared == alone  # every field: segments, whole documents, figures, cap
         # refined in slack order, as auto does: a larger cap's refinement may be the smaller one's, reused
@@ -133,3 +135,9 @@ def test_received_kv_from_the_segments_is_the_transfers(lengths, P, name):
     assert np.array_equal(part_recv(layout, pl), np.bincount(tr.dst, weights=tr.lengths, minlength=P))
     cost = CostModel.default()
     assert np.array_equal(part_times(layout, pl, None, cost), part_times(layout, pl, tr, cost))
+    # the (part, document) runs: one per pair, in (part, document) order, with the tokens the part holds of it
+    first, own = pl.runs
+    key = pl.part * (layout.n_docs + 1) + pl.doc
+    uniq, inv = np.unique(key, return_inverse=True)
+    assert np.array_equal(key[first], uniq)
+    assert np.array_equal(own, np.bincount(inv.reshape(-1), weights=pl.end - pl.start).astype(np.int64))
