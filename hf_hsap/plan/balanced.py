@@ -218,6 +218,10 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
     """Place the documents ``i0, ...`` (placing order) alike at every token cap in ``[cap_lo, cap_hi]``,
     updating ``st``; stop at the first step whose outcome may depend on the cap (with one cap: never).
 
+    Args:
+        st: the pass so far (updated). fig: the documents' figures. i0: the first document to place.
+        cap_lo, cap_hi: the smallest and largest token cap of the group (equal: one pass).
+
     Returns:
         The index of the next document to place: ``len(fig.docs)`` when done; else the caps part there (the
         document before it placed, possibly leaving a part whose score differs between the caps).
@@ -284,7 +288,14 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
 def _choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
             caps: tuple[float, float, float], rho: float) -> tuple[int, list[int]] | None:
     """:func:`_choose_parts` within the work cap and the remaining documents' work (``rho``), else within
-    the work cap alone, else at equal work shares: ``(which of the three, the parts)``, or None."""
+    the work cap alone, else at equal work shares.
+
+    Args:
+        As :func:`_choose_parts`, ``rho`` the remaining documents' work per token.
+
+    Returns:
+        ``(which of the three, the parts)``, or None.
+    """
     for j, r in enumerate((rho, 0.0, None)):
         chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, r)
         if chosen is not None:
