@@ -300,28 +300,51 @@ def track_malloc(on: bool = True) -> bool:
     return ok
 
 
+MEMORY_ROUNDS = 3  # measured steps per scheme (the median is reported; one step alone varies by a few MiB)
+
+
+def _step_peak(r: _Runner, libc) -> tuple[int, bool]:
+    """Resident-set growth (bytes) of one step of ``r`` over the RSS just before it (``VmHWM`` reset after a
+    collection and a trim, the ranks in step), and whether the reset took."""
+    gc.collect()
+    libc.malloc_trim(0)
+    dist.barrier()
+    rss0 = _status_kb("VmRSS")
+    reset = _reset_peak()
+    res = r.run()
+    peak = (_status_kb("VmHWM") - rss0) * 1024
+    del res
+    dist.barrier()
+    return peak, reset
+
+
 def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names: tuple[str, ...],
-                      figures: dict[str, float]) -> dict:
+                      figures: dict[str, float], rounds: int = MEMORY_ROUNDS) -> dict:
     """Peak resident memory of one forward + backward of every scheme on this rank (run after
-    :func:`track_malloc`). Inputs and each scheme's own shards exist before; per scheme the peak RSS
-    (``VmHWM``) is reset, the step runs, and the result is the peak minus the RSS just before.
+    :func:`track_malloc`). Inputs and each scheme's own shards exist before. Every scheme first runs one
+    unmeasured step (what a first call does once, a plan's schedule or a library's lazy set-up, is no step's
+    memory), then ``rounds`` measured steps in interleaved rounds (rotated order, as :func:`peers_task` times);
+    a step's figure is its peak minus the RSS just before (``VmHWM`` reset), the result the median over rounds.
+    One step alone moves by a few MiB with the heap's state (the order of the schemes, what the process ran
+    before), about the gap between two schemes that hold the same tensors.
 
     Returns:
-        ``{"rank", "peak_delta_bytes": {name: int}, "peak_reset": bool}``.
+        ``{"rank", "peak_delta_bytes": {name: int} (median over rounds), "peak_rounds_bytes": {name: [int]},
+        "peak_reset": bool}``.
     """
     torch.set_num_threads(1)
     q, k, v, dout = _inputs(cu, hq, hkv, d, seed)
     runners = _runners(cu, names, q, k, v, dout, figures)
-    peaks, reset = {}, True
     libc = ctypes.CDLL("libc.so.6")
-    for name, r in runners.items():
-        gc.collect()
-        libc.malloc_trim(0)
-        dist.barrier()
-        rss0 = _status_kb("VmRSS")
-        reset = _reset_peak() and reset
-        res = r.run()
-        peaks[name] = (_status_kb("VmHWM") - rss0) * 1024
-        del res
-        dist.barrier()
-    return {"rank": dist.get_rank(), "peak_delta_bytes": peaks, "peak_reset": reset}
+    for r in runners.values():
+        r.run()  # the warm-up step (its result is dropped at once)
+    order = list(runners)
+    peaks: dict[str, list[int]] = {n: [] for n in order}
+    reset = True
+    for i in range(rounds):
+        for name in order[i % len(order):] + order[:i % len(order)]:
+            peak, ok = _step_peak(runners[name], libc)
+            peaks[name].append(peak)
+            reset = reset and ok
+    return {"rank": dist.get_rank(), "peak_delta_bytes": {n: int(np.median(p)) for n, p in peaks.items()},
+            "peak_rounds_bytes": peaks, "peak_reset": reset}

@@ -7,7 +7,7 @@ schedule, not the kernel): ``hsap`` (:func:`hf_hsap.hsap_attn_func`, placement a
 (DeepSpeed's ``DistributedAttention``) and ``alst`` (DeepSpeed's ``UlyssesSPAttentionHF``); the schemes are
 described in :mod:`benchmarks.peer_workers`. Every scheme is checked against a float64 reference of the
 whole row (out, dq, dk, dv) before it is timed; then interleaved rounds; then the peak resident memory of
-one step per scheme.
+a step per scheme (after a warm-up step, the median of three interleaved rounds).
 
 DeepSpeed is not an hf_hsap dependency: run this in the environment of ``scripts/bench_peers.sh``
 (``.venv-ds``). Without DeepSpeed only the hf_hsap schemes run.
@@ -264,7 +264,8 @@ def peers_section(results: dict) -> str:
         "faster), with the quartiles of the per-round ratios in brackets. CPU = `time.process_time` summed over "
         "ranks, scheme / hsap. Peak = the "
         "largest rank's resident-set growth during one step (VmHWM reset before it; glibc returns freed blocks at "
-        "once), inputs and shards excluded.",
+        "once), inputs and shards excluded; per rank the median over three interleaved rounds after one unmeasured "
+        "warm-up step per scheme (one step alone moves by a few MiB with the heap's history).",
     ]
     cal = results.get("calibration")
     if cal:

@@ -33,10 +33,15 @@ class _SAPAttention(torch.autograd.Function):
         ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype
         ctx.softcap = softcap
         ctx.mark_non_differentiable(lse)
+        # the lse has no gradient: without this autograd would fill a zero [T_part, Hq] tensor for it, live through
+        # the whole backward (an fp32 copy of the lse at the memory peak; the varlen path has no second output)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:  # not materialised (see forward): out got no gradient, so neither do the inputs
+            return (None,) * 10
         q, k, v, out, lse, sinks, *recvs = ctx.saved_tensors
         dq, dk, dv = sap_backward(dout, q, k, v, out, lse, list(recvs), ctx.sched, ctx.executor,
                                   ctx.kernel, ctx.scale, ctx.grad_dtype, softcap=ctx.softcap)

@@ -109,6 +109,26 @@ def test_world_one_in_process():
     assert max(res.values()) <= 1e-9
 
 
+
+def test_lse_output_gets_no_zero_gradient(monkeypatch):
+    """The lse output is not differentiable: the backward gets None for it (autograd fills no zero [T, Hq] tensor,
+    live through the backward at its memory peak) and stays exact; with no output gradient at all it returns
+    none."""
+    from hf_hsap import attention
+
+    seen = []
+    backward = attention._SAPAttention.backward
+
+    def spy(ctx, dout, dlse):
+        seen.append(dlse)
+        return backward(ctx, dout, dlse)
+
+    monkeypatch.setattr(attention._SAPAttention, "backward", staticmethod(spy))
+    res = check_attention_local(cu_of([5, 1, 17, 9]), "float64")
+    assert seen == [None]
+    assert max(res.values()) <= 1e-9
+    assert backward(None, None, None) == (None,) * 10
+
 def check_attention_local(cu, dtype):
     import torch
 
