@@ -172,7 +172,7 @@ def test_sweep_runs_and_auto_has_no_losses():
     assert "| nvlink | 9 |" in md and "0 / 0 / 0 / 0" in md
     shares = [np.mean([r["est"]["auto"] / r["lb"] <= 1.10 for r in res["rows"] if r["link"] == "network" and r["U"] == u])
               for u in (1, 2)]
-    assert f"network U = 1: " in md and f"network U = 2: " in md
+    assert "network U = 1: " in md and "network U = 2: " in md
     assert all(f"{s * 100:.1f}%" in md.split("By Ulysses degree")[1].split("By distribution")[0] for s in shares)
     assert res["per_batch"] == [] and "Per-batch Ulysses degree" not in md  # no group spans two 8-GPU nodes
     from benchmarks.sweep import _per_batch_lines, _per_batch_rows
