@@ -3,7 +3,7 @@
 Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
 ``placement="auto"`` is from the best placement the cost model can express. :func:`polish` is the same
 search from one placement, bounded by a count of moves and of re-priced segments (deterministic, inside the
-planning budget): ``auto`` runs it on its winner, ``contiguous`` and ``density`` for small groups.
+planning budget): ``auto`` runs it on its winner for small groups.
 
 The objective is :func:`.cost.part_times`' step time of the slowest part (one full-attention layer).
 A part's time depends only on its own segments (its tokens, its pairs, the pairs against its own keys
@@ -22,19 +22,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-import numpy as np
-
 from .cost import CostModel
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 
-__all__ = ["optimise_placement", "part_time", "polish", "polish_from"]
+__all__ = ["optimise_placement", "part_time", "polish"]
 
 Seg = tuple[int, int, int]  # (document, start, end) in global positions
 SEGMENTS_TRIED = 16  # per move, the slowest part's segments with the latest rows are tried
-# auto's polish also starts from these (polish_from): a local optimum is often reached from the placement that
-# moves the least KV (priced for the network) or from the one that splits by work, not from auto's winner
-POLISH_STARTS = ("contiguous", "density")
 ZIGZAG_START_SEGMENTS = 4096  # zigzag is a start only up to this many segments (each move scans a part's)
 
 
@@ -144,36 +139,6 @@ def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, toke
         ``"oracle"``), never slower than ``start`` by the cost model.
     """
     return _descend(layout, n_parts, cost, start, token_slack, max_moves, max_rows)
-
-
-def polish_from(layout: Layout, n_parts: int, cost: CostModel, winner: Placement, token_slack: float,
-                max_segments: int) -> tuple[float, str, Placement]:
-    """:func:`polish` from ``winner`` and from :data:`POLISH_STARTS` (those that differ from it and have at most
-    ``max_segments`` segments): the best local optimum, the first of equals (the winner first).
-
-    Args:
-        layout, n_parts, cost, token_slack: as :func:`polish`. winner: the placement to improve.
-        max_segments: the most segments a start may have (each move reads a part's).
-
-    Returns:
-        ``(time of the slowest part, name of the start it came from, placement)``.
-    """
-    from .density import density
-    from .placement import contiguous
-
-    build = {"contiguous": lambda: contiguous(layout, n_parts),
-             "density": lambda: density(layout, n_parts, cost.token_cost, token_slack)}
-    starts = [winner] + [s for s in (build[name]() for name in POLISH_STARTS)
-                         if s.doc.size <= max_segments and not _same(s, winner)]
-    found = [(t, i, s.name, moved) for i, s in enumerate(starts) for t, moved in [polish(layout, n_parts, cost, s,
-                                                                                        token_slack)]]
-    t, _, name, moved = min(found, key=lambda f: f[:2])
-    return t, name, moved
-
-
-def _same(a: Placement, b: Placement) -> bool:
-    """Whether two placements hold the same segments on the same parts."""
-    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("doc", "start", "end", "part"))
 
 
 def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float,
