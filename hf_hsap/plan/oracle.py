@@ -62,14 +62,7 @@ def part_time(segs: list[Seg], doc_start: list[int], cost: CostModel) -> float:
         segs: the part's segments (any order). doc_start: first global position of every document.
         cost: the cost model.
     """
-    by_doc: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for d, a, b in segs:
-        by_doc[d].append((a - doc_start[d], b - doc_start[d]))
-    total = [0.0] * 4
-    for rows in by_doc.values():
-        for j, x in enumerate(_doc_terms(rows, cost)):
-            total[j] += x
-    return _time(total, cost)
+    return _Part(segs, doc_start, cost).time
 
 
 class _Part:
@@ -160,7 +153,7 @@ def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, to
             break
         p = max(range(P), key=lambda i: parts[i].time)
         mine = parts[p]
-        best = None  # (new max of the two, q, index of the moved segment, moved, kept, tokens moved)
+        best = None  # (new max of the two, q, index of the moved segment, moved segment, kept segment)
         for i, moved, kept, x in _moves(mine.segs, doc_start):
             if read >= max_rows:
                 break
