@@ -306,23 +306,27 @@ def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarr
 
 
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
-                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces]]:
-    """Estimated attention time (forward + backward, pairs) of the slowest part, and the pieces, for
-    each round order.
+                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces, np.ndarray]]:
+    """Estimated attention time (forward + backward, pairs) of the slowest part, the pieces, and every
+    part's time, for each round order.
 
     Simulates the runtime's own steps (:mod:`hf_hsap.plan.pipeline`: :func:`pipeline_shape`,
     :func:`forward_steps`, :func:`backward_steps`, :func:`simulate_steps`): work split 1 : 2.5 between
     forward and backward, each transfer half of ``kv_token_cost`` per token (KV forward, dK/dV back)
-    plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``) when ``batched``
-    already hides its transfers within 0.5%. ``window``: the mask kind the transfers are of.
+    plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``, and the batched parts'
+    times) when ``batched`` already hides its transfers within 0.5%. ``window``: the mask kind the transfers
+    are of.
+
+    Returns:
+        ``{order: (slowest part's time, pieces, [n_parts] every part's time)}`` for ``"batched"`` and ``"by_peer"``.
     """
     local = local_work_per_part(layout, pl, window)
     f, b = 1 / 3.5, 2.5 / 3.5
     bound = float(work_per_part(layout, pl, window).max())  # no exposed transfer at all: nothing to pipeline
-    out: dict[str, tuple[float, RoundPieces]] = {}
+    out: dict[str, tuple[float, RoundPieces, np.ndarray]] = {}
     for order in ("batched", "by_peer"):
         if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
-            out[order] = (float("inf"), out["batched"][1])
+            out[order] = (float("inf"), out["batched"][1], out["batched"][2])
             continue
         pieces = split_rounds(tr, pl.n_parts, budget, order)
         tab = round_tables(pieces, piece_remote_work(layout, pl, pieces, window), pl.n_parts)
@@ -331,8 +335,18 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
         shape = pipeline_shape(pieces.n_rounds, budget is not None)
         t = (simulate_steps(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers)
              + simulate_steps(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret))
-        out[order] = (float(t.max()), pieces)
+        out[order] = (float(t.max()), pieces, t)
     return out
+
+
+def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> float:
+    """The slowest part's step time of one full-attention layer with its rounds simulated (forward and
+    backward, :func:`round_order_times`, in the faster order, no receive budget) and its tokens priced:
+    ``max_p token_cost * tokens_p + attention_p``. The fuller model ``benchmarks/cost_model.py`` predicts
+    throughput with; what ``auto`` checks a step that :func:`part_times` alone would take against."""
+    tok = cost.token_cost * pl.tokens_per_part().astype(np.float64)
+    return min(float((tok + t).max()) for t_max, _, t in round_order_times(layout, pl, tr, cost, None).values()
+               if math.isfinite(t_max))
 
 
 def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],

@@ -25,8 +25,9 @@ from .cache import PlanCache
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
-from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
+from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, token_cap, zigzag
 from .kinds import plan_kind
+from .exposure import evened_winner
 from .oracle import polish
 from .plan import Plan
 from .rounds import ROUND_ORDERS
@@ -79,9 +80,11 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
           layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers]]:
-    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), then polished when small
-    (:func:`_polished`). Returns the placement and its transfers of every kind."""
+    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), its transfers evened out
+    (:func:`_exposure_evened`), then polished when small (:func:`_polished`). Returns the placement and its
+    transfers of every kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
+    pl, tr, best = _exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
     return _polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
 
 
@@ -129,6 +132,22 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     return pl, tr, best
 
 
+def _exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+                     layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
+                     best: float) -> tuple[Placement, dict[Window, Transfers], float]:
+    """``auto``'s winner with its exposed transfers evened out (:func:`.exposure.evened_winner`: within the
+    ``token_slack`` cap, every group size, full attention only; kept only where the one-layer model and the
+    simulated rounds agree), named ``"<winner>+polish"``; else the winner. Returns ``(placement, transfers,
+    step time)``."""
+    if any(w is not None for w in layers):
+        return pl, tr, best
+    found = evened_winner(layout, pl, tr[None], cost, token_cap(layout.total_tokens, n_parts, token_slack), min_tokens)
+    if found is None:
+        return pl, tr, best
+    t, moved, moved_tr = found
+    return dataclasses.replace(moved, name=f"{pl.name}+polish"), {None: moved_tr}, sum(layers.values()) * t
+
+
 def _polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
               layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
               best: float) -> tuple[Placement, dict[Window, Transfers]]:
@@ -145,7 +164,7 @@ def _polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float,
     t, moved = polish(layout, n_parts, cost, pl, token_slack)
     if sum(layers.values()) * t >= best * (1 - FLOOR_MARGIN) or moved.tokens_per_part().min() < min_tokens:
         return pl, tr
-    moved = dataclasses.replace(moved, name=f"{pl.name}+polish")
+    moved = dataclasses.replace(moved, name=pl.name if pl.name.endswith("+polish") else f"{pl.name}+polish")
     logger.debug("auto: polished %r from %.6g to %.6g (estimated step time)", pl.name, best, sum(layers.values()) * t)
     return moved, {None: window_transfers(moved, layout, None)}
 

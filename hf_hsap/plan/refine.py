@@ -54,7 +54,7 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
 def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                  seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
                  token_cost: float = 0.0, cap_t: float = math.inf,
-                 bounds: list[int] | None = None) -> tuple[int, bool]:
+                 bounds: list[int] | None = None, extra: list[float] | None = None) -> tuple[int, bool]:
     """:func:`refine_work`, and whether ``cap_t`` shortened a slide it weighed; when not, the same refinement
     at any larger cap makes the same moves.
 
@@ -77,7 +77,8 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     by_nbr: dict[int, dict[int, list[int]]] = {}  # a part's boundaries by neighbour (built when first busiest)
     capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
-    load = [w + token_cost * t for w, t in zip(wrk, tokens)]
+    extra = extra if extra is not None else [0.0] * len(wrk)
+    load = [w + token_cost * t + e for w, t, e in zip(wrk, tokens, extra)]
     moves = 0
     while moves < max_moves:
         p = load.index(max(load))  # the busiest part (the first of equals)
@@ -106,7 +107,7 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
         wrk[p] -= work
         wrk[q] += work
         for i in (p, q):
-            load[i] = wrk[i] + token_cost * tokens[i]
+            load[i] = wrk[i] + token_cost * tokens[i] + extra[i]
         moves += 1
     return moves, capped
 

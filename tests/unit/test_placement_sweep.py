@@ -267,23 +267,29 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
 
 
 def test_auto_polishes_its_winner_on_small_groups():
-    """The winner of a small network-priced group is polished (oracle.polish) when that is faster; a big
-    group or a windowed plan is not searched (the planning budget)."""
+    """The winner of a small network-priced group is polished when that is faster: its exposed transfers evened
+    out where both cost models agree (planner._exposure_evened), then searched (oracle.polish); a big group
+    gets the first step only, a windowed plan neither (the planning budget)."""
     from benchmarks.sweep import sweep_lengths
     from hf_hsap.plan.oracle import polish
-    from hf_hsap.plan.planner import POLISH_MAX_PARTS, _best_candidate
+    from hf_hsap.plan.planner import POLISH_MAX_PARTS, _best_candidate, _exposure_evened
 
     layout = make_layout(cu_of(sweep_lengths("one-dominant", 6 * 2048, 0)))
     group = GroupSpec.offline(6, 1, 1)  # one rank per node: SAP's KV over the network
     cost = CostModel.for_link(group.link)
     plan = plan_layout(layout, group, "auto", cost=cost)
-    winner, _, t_winner = _best_candidate(layout, 6, 0.10, cost, 1, {None: 1})
+    winner, tr, t_winner = _best_candidate(layout, 6, 0.10, cost, 1, {None: 1})
     t_auto = float(part_times(layout, plan.placement, plan.transfers, cost).max())
     assert plan.placement_name == f"{winner.name}+polish" and t_auto < t_winner * 0.99
-    assert t_auto == pytest.approx(polish(layout, 6, cost, winner, 0.10)[0])
+    evened = _exposure_evened(layout, 6, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)[0]
+    assert t_auto == pytest.approx(polish(layout, 6, cost, evened, 0.10)[0])
     assert_covers_once(layout, plan.placement)
-    big = plan_layout(layout, GroupSpec.offline(POLISH_MAX_PARTS + 2, 1, 1), "auto", cost=cost)
-    assert not big.placement_name.endswith("+polish")
+    P = POLISH_MAX_PARTS + 2
+    big = plan_layout(layout, GroupSpec.offline(P, 1, 1), "auto", cost=cost)
+    winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
+    evened, _, t = _exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
+    assert np.array_equal(big.placement.start, evened.start) and np.array_equal(big.placement.part, evened.part)
+    assert float(part_times(layout, big.placement, big.transfers, cost).max()) == t  # not searched further
     windowed = plan_layout(layout, group, "auto", cost=cost, windows=[None, 512])
     assert not windowed.placement_name.endswith("+polish")
 

@@ -1,0 +1,101 @@
+"""Exposure-aware refinement: even out the parts' whole step time, transfers included.
+
+Every greedy placement is refined (:mod:`.refine`) to even out ``work + token_cost * tokens``: the load a
+part carries with no communication. The cost model adds each part's *exposed transfer*, the KV it waits for
+beyond what its own keys' work hides (``max(local, kv_token_cost * recv) - local``, :mod:`.cost`). Where
+documents are split over many parts priced over fast links (large groups, one dominant document), that term
+differs by part: the holders of a document's last rows receive nearly all of it, the holders of its first
+rows nearly nothing. The refinement then leaves the parts with the most exposed transfer the slowest.
+
+:func:`refine_exposure` takes the exposed transfer of every part as a fixed offset of its load and runs
+the same boundary moves again (:func:`.refine.refine_moves`: exchanges at equal token counts and slides
+within the token cap), so that a part that waits more holds less of the rest. A move changes a part's
+received KV and own keys by at most the rows it moves, so the offsets are nearly constant (re-reading them
+and refining again changed 1 of the 1,408 sweep layouts); the result is kept when the exact cost model
+prices it faster. Plain Python scalars and the numpy of :func:`.cost.part_times`: it runs on every
+batch, on ``auto``'s winner only.
+
+:func:`evened_winner` is what ``auto`` keeps of it: a step of at least :data:`EXPOSURE_MIN_GAIN` that the
+rounds simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
+``benchmarks/cost_model.py``) do not price slower. The one-layer model counts a part's whole transfer as
+waited for at once; the simulation overlaps it round by round with the forward and backward work, and on
+large NVLink groups it often prices the evened placement slower (the sweep's NVLink rows where the one-layer
+model gains most): there the step is not taken.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .cost import CostModel, part_times, simulated_time
+from .layout import Layout
+from .placement import Placement, _finish
+from .refine import refine_moves
+from .transfers import Transfers
+from .windows import window_transfers
+
+logger = logging.getLogger(__name__)
+
+EXPOSURE_SPREAD = 1e-3  # skipped when the offsets differ by less than this share of the slowest part's time
+EXPOSURE_MIN_GAIN = 0.005  # evened_winner keeps the step only when it gains at least this share
+
+
+def refine_exposure(layout: Layout, pl: Placement, cost: CostModel, token_cap: float) -> tuple[float, Placement]:
+    """``pl`` with its split documents' boundaries moved so that the parts' estimated step times (one
+    full-attention layer, :func:`.cost.part_times`) are even, transfers included (module docstring).
+
+    Deterministic (every rank finds the same plan): at most ``4 P`` moves, never a clock.
+
+    Args:
+        layout: the documents. pl: the placement (any: its boundaries between parts inside a document move).
+        cost: the cost model it is priced with. token_cap: no slide takes a part above this many tokens.
+
+    Returns:
+        ``(time of the slowest part, placement)``: the refined placement (named as ``pl``) when it is faster
+        by the cost model, else ``pl`` itself and its time. Every part keeps at least one row of every
+        segment it held, so a part never ends empty.
+    """
+    t = part_times(layout, pl, None, cost)  # [P]
+    wrk = pl.work_per_part(layout).astype(np.float64)
+    tok = pl.tokens_per_part().astype(np.float64)
+    extra = t - (wrk + cost.token_cost * tok)  # [P] exposed transfer (and masked pairs): each part's offset
+    if float(extra.max() - extra.min()) <= EXPOSURE_SPREAD * float(t.max()):
+        return float(t.max()), pl  # even offsets: the candidate's own refinement evened out the same loads
+    order = np.argsort(pl.start, kind="stable")  # every document's segments consecutive and in order
+    doc, start, end, part = (x[order].tolist() for x in (pl.doc, pl.start, pl.end, pl.part))
+    moves, _ = refine_moves(layout.cu_seqlens[:-1].tolist(), doc, start, end, part, wrk.tolist(), 4 * pl.n_parts,
+                            tok.tolist(), cost.token_cost, token_cap, extra=extra.tolist())
+    if not moves:
+        return float(t.max()), pl
+    moved = _finish(pl.name, pl.n_parts, doc, start, end, part)  # the refinement moved start / end in place
+    t_moved = float(part_times(layout, moved, None, cost).max())
+    return (t_moved, moved) if t_moved < float(t.max()) else (float(t.max()), pl)
+
+
+def evened_winner(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, token_cap: float,
+                  min_tokens: int) -> tuple[float, Placement, Transfers] | None:
+    """:func:`refine_exposure` of ``auto``'s winner where it is worth taking (module docstring): at least
+    :data:`EXPOSURE_MIN_GAIN` faster by :func:`.cost.part_times`, no slower by :func:`.cost.simulated_time`,
+    and every part keeps ``min_tokens``.
+
+    Args:
+        layout: the documents. pl: the winner. tr: its full-attention transfers. cost: the plan's cost model.
+        token_cap: as :func:`refine_exposure`. min_tokens: the fewest tokens a part may hold.
+
+    Returns:
+        ``(time of the slowest part, placement, its transfers)``, or None to keep the winner.
+    """
+    t, moved = refine_exposure(layout, pl, cost, token_cap)
+    if moved is pl or moved.tokens_per_part().min() < min_tokens:
+        return None
+    t_pl = float(part_times(layout, pl, tr, cost).max())
+    if t > t_pl * (1 - EXPOSURE_MIN_GAIN):
+        return None
+    moved_tr = window_transfers(moved, layout, None)
+    if simulated_time(layout, moved, moved_tr, cost) > simulated_time(layout, pl, tr, cost):
+        logger.debug("auto: kept %r: evening out its exposed transfers (%.6g -> %.6g) is slower with the rounds "
+                     "simulated", pl.name, t_pl, t)
+        return None
+    logger.debug("auto: evened out %r's exposed transfers from %.6g to %.6g (estimated step time)", pl.name, t_pl, t)
+    return t, moved, moved_tr

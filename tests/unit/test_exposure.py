@@ -1,0 +1,115 @@
+"""The exposure-aware refinement of ``auto``'s winner (:mod:`hf_hsap.plan.exposure`): never slower by the cost
+model, within the token cap, deterministic, the same (part, document) pairs; ``auto`` keeps it only where it
+gains and the rounds simulated forward and backward agree."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import assert_covers_once, ci_examples, cu_of
+from hf_hsap.plan.cost import CostModel, part_times, simulated_time
+from hf_hsap.plan.exposure import EXPOSURE_MIN_GAIN, refine_exposure
+from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.placement import token_cap
+from hf_hsap.plan.planner import _best_candidate, _exposure_evened, plan_layout
+from hf_hsap.plan.refine import refine_moves
+from hf_hsap.plan.windows import window_transfers
+
+PLACED = ("contiguous", "zigzag", "balanced", "density")
+
+
+def pairs_of(pl) -> set[tuple[int, int]]:
+    """The (part, document) pairs a placement holds."""
+    return set(zip(pl.part.tolist(), pl.doc.tolist()))
+
+
+@settings(max_examples=ci_examples(40), deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(1, 200), st.integers(500, 4000)), min_size=1, max_size=30),
+       P=st.integers(2, 24), name=st.sampled_from(PLACED), link=st.sampled_from(["nvlink", "network"]))
+def test_never_slower_within_the_cap_and_deterministic(lengths, P, name, link):
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    cost = CostModel.for_link(link)
+    start = plan_layout(layout, GroupSpec.offline(P, 1, P), name, cost=cost).placement
+    cap = token_cap(layout.total_tokens, P, 0.10)
+    t0 = float(part_times(layout, start, None, cost).max())
+    t, pl = refine_exposure(layout, start, cost, cap)
+    assert t <= t0 and t == float(part_times(layout, pl, None, cost).max())
+    assert_covers_once(layout, pl)
+    assert pl.tokens_per_part().max() <= max(cap, start.tokens_per_part().max())  # slides stay within the cap
+    assert pl.tokens_per_part().min() >= 1
+    assert pairs_of(pl) == pairs_of(start)  # boundaries move; no part gains or loses a document
+    again = refine_exposure(layout, start, cost, cap)[1]  # every rank must find the same plan
+    assert np.array_equal(again.start, pl.start) and np.array_equal(again.part, pl.part)
+
+
+def test_offsets_steer_the_refinement():
+    """``refine_moves``' per-part offsets count in a part's load: one document split over two parts at equal
+    work is left alone without them, and moved off the part with the larger offset with it."""
+    L = 1000
+    # rows [0, 707) and [707, 1000) of one document hold nearly equal pairs (707^2 / 2 against the rest)
+    args = lambda: ([0], [0, 0], [0, 707], [707, L], [0, 1])  # noqa: E731
+    tri = lambda n: n * (n + 1) // 2  # noqa: E731
+    wrk = [float(tri(707)), float(tri(L) - tri(707))]
+    tok = [707.0, 293.0]
+    doc_first, doc, start, end, part = args()
+    moves, _ = refine_moves(doc_first, doc, start, end, part, list(wrk), 8, list(tok), 0.0, math.inf)
+    assert moves == 0 and end[0] == 707
+    doc_first, doc, start, end, part = args()
+    extra = [0.0, 0.2 * wrk[1]]  # part 1 waits for its KV: it should hold fewer late rows
+    moves, _ = refine_moves(doc_first, doc, start, end, part, list(wrk), 8, list(tok), 0.0, math.inf, extra=extra)
+    assert moves > 0 and end[0] > 707 and start[1] == end[0]
+
+
+def sweep_row(dist: str, seed: int, P: int, U: int, link: str):
+    """A layout and group of the sweep (``benchmarks/sweep.py``) and the cost the planner prices it with."""
+    from benchmarks.sweep import sweep_lengths
+
+    layout = make_layout(cu_of(sweep_lengths(dist, min(65536, 2048 * P), seed).tolist()))
+    group = GroupSpec.offline(P, U, P if link == "nvlink" else U)
+    return layout, group, CostModel.for_link(group.link).for_ulysses(U)
+
+
+def test_auto_keeps_the_step_when_both_models_agree():
+    """A network-priced sweep row (P = 32 > POLISH_MAX_PARTS: nothing is searched after it): evening out the
+    exposed transfers makes the slowest part 6 % faster by the one-layer model and no slower with the rounds
+    simulated; auto's plan is that placement."""
+    layout, group, cost = sweep_row("two-dominant", 0, 32, 1, "network")
+    winner, tr, t_winner = _best_candidate(layout, 32, 0.10, cost, 1, {None: 1})
+    t, evened = refine_exposure(layout, winner, cost, token_cap(layout.total_tokens, 32, 0.10))
+    assert t < 0.95 * t_winner
+    assert simulated_time(layout, evened, window_transfers(evened, layout, None), cost) <= \
+        simulated_time(layout, winner, tr[None], cost)
+    plan = plan_layout(layout, group, "auto")
+    assert plan.placement_name == f"{winner.name}+polish"
+    assert float(part_times(layout, plan.placement, plan.transfers, cost).max()) == t
+    assert np.array_equal(plan.placement.start, evened.start) and np.array_equal(plan.placement.part, evened.part)
+
+
+def test_auto_drops_the_step_when_the_simulation_disagrees():
+    """An NVLink sweep row where the one-layer model prices the evened placement 1.4 % faster but the rounds
+    simulated forward and backward price it slower (the one-layer model waits for all of a part's KV at once):
+    auto keeps the winner as it was."""
+    layout, group, cost = sweep_row("lognormal-1.6", 0, 64, 1, "nvlink")
+    winner, tr, t_winner = _best_candidate(layout, 64, 0.10, cost, 1, {None: 1})
+    t, evened = refine_exposure(layout, winner, cost, token_cap(layout.total_tokens, 64, 0.10))
+    assert t < (1 - EXPOSURE_MIN_GAIN) * t_winner
+    assert simulated_time(layout, evened, window_transfers(evened, layout, None), cost) > \
+        simulated_time(layout, winner, tr[None], cost)
+    plan = plan_layout(layout, group, "auto")
+    assert plan.placement_name == winner.name
+    assert float(part_times(layout, plan.placement, plan.transfers, cost).max()) == t_winner
+
+
+def test_the_distributed_exactness_row_is_evened_out():
+    """``tests/distributed/test_sap_attention.py::test_polished_auto_placement_is_exact`` runs the row below to
+    check that a placement moved by this step stays exact: auto must keep the step there (4 % faster)."""
+    layout = make_layout(cu_of([490, 277, 83]))
+    cost = CostModel.for_link("network")
+    winner, tr, t_winner = _best_candidate(layout, 4, 0.10, cost, 1, {None: 1})
+    evened, _, t = _exposure_evened(layout, 4, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
+    assert evened.name == f"{winner.name}+polish" and t < 0.97 * t_winner
