@@ -168,7 +168,10 @@ def test_sweep_runs_and_auto_has_no_losses():
         assert all(r["est"]["auto"] <= r["est"][o] * (1 + 1e-12) for o in SWEEP_OTHERS)
         assert r["est"]["auto"] >= r["lb"] * (1 - 1e-12)
         assert r["oracle"] <= r["est"]["auto"] * (1 + 1e-12)
+        assert r["sim"] >= r["lb"] * (1 - 1e-12)  # every part computes all its pairs and tokens, and may wait
     md = render_sweep(res)
+    sim_nv = np.mean([r["sim"] / r["lb"] <= 1.05 for r in res["rows"] if r["link"] == "nvlink"])
+    assert f"≤ 1.05 on {sim_nv * 100:.1f}%" in md.split("With the rounds simulated")[1].split("By distribution")[0]
     assert "| nvlink | 9 |" in md and "0 / 0 / 0 / 0" in md
     shares = [np.mean([r["est"]["auto"] / r["lb"] <= 1.10 for r in res["rows"] if r["link"] == "network" and r["U"] == u])
               for u in (1, 2)]
