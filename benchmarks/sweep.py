@@ -275,8 +275,9 @@ def render_sweep(res: dict) -> str:
         out += ["", "With the rounds simulated (`hf_hsap.plan.cost.simulated_time`: the runtime's forward and backward "
                 "steps timed by dataflow, as `benchmarks/cost_model.py` predicts throughput; a part also waits for "
                 "the dK/dV its keys get back), auto's slowest part / LB: " + "; ".join(sim_cells) + ". The one-layer "
-                "est above charges a part's whole KV wait at once and never to the parts that send it; where the two "
-                "disagree `auto` keeps a step only if both agree (`hf_hsap.plan.exposure`)."]
+                "est above charges a transfer to the part that receives it, never to the part that sent the keys and "
+                "waits for their dK/dV; `auto` evens out its winner's exposed transfers only where both models agree "
+                "(`hf_hsap.plan.exposure`)."]
     out += ["", "By distribution (est/LB of auto, median / worst over P, U and seeds; the placement auto chose "
             "most often):", "", "| distribution | nvlink | network | chosen (nvlink) | chosen (network) |",
             "|---|---|---|---|---|"]

@@ -10,17 +10,21 @@ rows nearly nothing. The refinement then leaves the parts with the most exposed 
 :func:`refine_exposure` takes the exposed transfer of every part as a fixed offset of its load and runs
 the same boundary moves again (:func:`.refine.refine_moves`: exchanges at equal token counts and slides
 within the token cap), so that a part that waits more holds less of the rest. A move changes a part's
-received KV and own keys by at most the rows it moves, so the offsets are nearly constant (re-reading them
-and refining again changed 1 of the 1,408 sweep layouts); the result is kept when the exact cost model
-prices it faster. Plain Python scalars and the numpy of :func:`.cost.part_times`: it runs on every
+received KV and own keys by at most the rows it moves, so the offsets are nearly constant (a second round
+with the offsets re-read brought one more of the 1,408 sweep layouts within its goal, none on NVLink); the
+result is kept when the exact cost model prices it faster. Plain Python scalars and the numpy of :func:`.cost.part_times`: it runs on every
 batch, on ``auto``'s winner only.
 
 :func:`evened_winner` is what ``auto`` keeps of it: a step of at least :data:`EXPOSURE_MIN_GAIN` that the
 rounds simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
-``benchmarks/cost_model.py``) do not price slower. The one-layer model counts a part's whole transfer as
-waited for at once; the simulation overlaps it round by round with the forward and backward work, and on
-large NVLink groups it often prices the evened placement slower (the sweep's NVLink rows where the one-layer
-model gains most): there the step is not taken.
+``benchmarks/cost_model.py``) do not price slower. The one-layer model charges a transfer to the part that
+receives it; the simulation also makes the part that *sent* keys wait in the backward until their dK/dV come
+back. Holders of a long document's middle rows both receive and send much: the refinement unloads them by
+their received KV, and the simulation finds them waiting for returns instead (on the sweep's row
+``lognormal-1.6``, seed 0, P = 64 over NVLink the evened placement's slowest part in the simulation sends
+11,476 KV tokens and holds 3 % less than the mean load; the gap between the two models correlates 0.59 with
+the tokens a part sends). On large NVLink groups, where the one-layer model gains most, the step is then
+mostly not taken.
 """
 from __future__ import annotations
 

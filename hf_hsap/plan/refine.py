@@ -59,7 +59,8 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     at any larger cap makes the same moves.
 
     Args:
-        As :func:`refine_work`.
+        As :func:`refine_work`, and ``extra``: a fixed offset of every part's load (pairs; None: 0), what a
+            move does not change (:mod:`.exposure`: each part's exposed transfer).
 
     Returns:
         ``(moves made, whether the cap shortened a slide)``.
