@@ -339,14 +339,39 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     return out
 
 
-def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel) -> float:
-    """The slowest part's step time of one full-attention layer with its rounds simulated (forward and
-    backward, :func:`round_order_times`, in the faster order, no receive budget) and its tokens priced:
-    ``max_p token_cost * tokens_p + attention_p``. The fuller model ``benchmarks/cost_model.py`` predicts
-    throughput with; what ``auto`` checks a step that :func:`part_times` alone would take against."""
-    tok = cost.token_cost * pl.tokens_per_part().astype(np.float64)
-    return min(float((tok + t).max()) for t_max, _, t in round_order_times(layout, pl, tr, cost, None).values()
-               if math.isfinite(t_max))
+def round_order(times: Mapping[str, tuple[float, RoundPieces, np.ndarray]], rounds: str = "auto") -> str:
+    """The round order a plan runs (the one rule): ``rounds`` itself unless ``"auto"``, which takes ``by_peer``
+    when :func:`round_order_times` prices its slowest part at least 1 % faster than ``batched``'s.
+
+    Args:
+        times: :func:`round_order_times`' result. rounds: ``"auto"``, ``"batched"`` or ``"by_peer"``.
+
+    Returns:
+        ``"batched"`` or ``"by_peer"``.
+    """
+    if rounds != "auto":
+        return rounds
+    return "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
+
+
+def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None = None,
+                   rounds: str = "auto") -> float:
+    """The slowest part's step time of one full-attention layer with the rounds the plan would run simulated
+    forward and backward (:func:`round_order_times`, the order :func:`round_order` picks) and its tokens priced:
+    ``max_p token_cost * tokens_p + attention_p``; what ``benchmarks/cost_model.py`` predicts throughput from,
+    and what ``auto`` checks a step of its one-layer model (:func:`part_times`) against. Like the pipeline's
+    simulation it counts neither ``diag_block``'s masked pairs nor ``overlap`` below 1 (its transfers overlap the
+    work they can).
+
+    Args:
+        layout, pl, tr: the documents, the placement and its full-attention transfers. cost: the cost model.
+        budget: the receive budget (None: none). rounds: the plan's ``rounds`` option.
+
+    Returns:
+        The time, in attention pairs.
+    """
+    times = round_order_times(layout, pl, tr, cost, budget)
+    return float((cost.token_cost * pl.tokens_per_part() + times[round_order(times, rounds)][2]).max())
 
 
 def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],

@@ -1,7 +1,7 @@
 """Exposure-aware refinement: even out the parts' whole step time, transfers included.
 
-Every greedy placement is refined (:mod:`.refine`) to even out ``work + token_cost * tokens``: the load a
-part carries with no communication. The cost model adds each part's *exposed transfer*, the KV it waits for
+Every greedy placement is refined (:mod:`.refine`) to even out ``work + token_cost * tokens`` (or the work
+alone, for the token-neutral candidates): the load a part carries with no communication. The cost model adds each part's *exposed transfer*, the KV it waits for
 beyond what its own keys' work hides (``max(local, kv_token_cost * recv) - local``, :mod:`.cost`). Where
 documents are split over many parts priced over fast links (large groups, one dominant document), that term
 differs by part: the holders of a document's last rows receive nearly all of it, the holders of its first
@@ -15,14 +15,15 @@ with the offsets re-read brought one more of the 1,408 sweep layouts within its 
 result is kept when the exact cost model prices it faster. Plain Python scalars and the numpy of :func:`.cost.part_times`: it runs on every
 batch, on ``auto``'s winner only.
 
-:func:`evened_winner` is what ``auto`` keeps of it: a step of at least :data:`EXPOSURE_MIN_GAIN` that the
-rounds simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
-``benchmarks/cost_model.py``) do not price slower. The one-layer model charges a transfer to the part that
+:func:`evened_winner` is what ``auto`` weighs of it: a step of at least :data:`EXPOSURE_MIN_GAIN`; ``auto``
+keeps it (after its search on small groups, against the winner's search) only where the rounds the plan
+would run, simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
+``benchmarks/cost_model.py``), do not price it slower (:func:`simulation_agrees`). The one-layer model charges a transfer to the part that
 receives it; the simulation also makes the part that *sent* keys wait in the backward until their dK/dV come
 back. Holders of a long document's middle rows both receive and send much: the refinement unloads them by
 their received KV, and the simulation finds them waiting for returns instead (on the sweep's row
 ``lognormal-1.6``, seed 0, P = 64 over NVLink the evened placement's slowest part in the simulation sends
-11,476 KV tokens and holds 3 % less than the mean load; the gap between the two models correlates 0.59 with
+11,476 KV tokens and holds 1.4 % less than the mean ``work + token_cost * tokens``; the gap between the two models correlates 0.59 with
 the tokens a part sends). On large NVLink groups, where the one-layer model gains most, the step is then
 mostly not taken.
 """
@@ -37,12 +38,11 @@ from .layout import Layout
 from .placement import Placement, _finish
 from .refine import refine_moves
 from .transfers import Transfers
-from .windows import window_transfers
 
 logger = logging.getLogger(__name__)
 
 EXPOSURE_SPREAD = 1e-3  # skipped when the offsets differ by less than this share of the slowest part's time
-EXPOSURE_MIN_GAIN = 0.005  # evened_winner keeps the step only when it gains at least this share
+EXPOSURE_MIN_GAIN = 0.005  # evened_winner weighs the step only when it gains at least this share
 
 
 def refine_exposure(layout: Layout, pl: Placement, cost: CostModel, token_cap: float) -> tuple[float, Placement]:
@@ -77,29 +77,42 @@ def refine_exposure(layout: Layout, pl: Placement, cost: CostModel, token_cap: f
     return (t_moved, moved) if t_moved < float(t.max()) else (float(t.max()), pl)
 
 
-def evened_winner(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, token_cap: float,
-                  min_tokens: int) -> tuple[float, Placement, Transfers] | None:
-    """:func:`refine_exposure` of ``auto``'s winner where it is worth taking (module docstring): at least
-    :data:`EXPOSURE_MIN_GAIN` faster by :func:`.cost.part_times`, no slower by :func:`.cost.simulated_time`,
-    and every part keeps ``min_tokens``.
+def evened_winner(layout: Layout, pl: Placement, t_pl: float, cost: CostModel, token_cap: float,
+                  min_tokens: int) -> tuple[float, Placement] | None:
+    """:func:`refine_exposure` of ``auto``'s winner where it is worth weighing: at least
+    :data:`EXPOSURE_MIN_GAIN` faster by :func:`.cost.part_times` and every part keeps ``min_tokens`` (what
+    ``auto`` then asks of the simulation: :func:`simulation_agrees`).
 
     Args:
-        layout: the documents. pl: the winner. tr: its full-attention transfers. cost: the plan's cost model.
-        token_cap: as :func:`refine_exposure`. min_tokens: the fewest tokens a part may hold.
+        layout: the documents. pl: the winner. t_pl: its slowest part's time (one full-attention layer).
+        cost: the plan's cost model. token_cap: as :func:`refine_exposure`. min_tokens: the fewest tokens a
+            part may hold.
 
     Returns:
-        ``(time of the slowest part, placement, its transfers)``, or None to keep the winner.
+        ``(time of the slowest part, placement)``, or None to keep the winner.
     """
     t, moved = refine_exposure(layout, pl, cost, token_cap)
-    if moved is pl or moved.tokens_per_part().min() < min_tokens:
+    if moved is pl or moved.tokens_per_part().min() < min_tokens or t > t_pl * (1 - EXPOSURE_MIN_GAIN):
         return None
-    t_pl = float(part_times(layout, pl, tr, cost).max())
-    if t > t_pl * (1 - EXPOSURE_MIN_GAIN):
-        return None
-    moved_tr = window_transfers(moved, layout, None)
-    if simulated_time(layout, moved, moved_tr, cost) > simulated_time(layout, pl, tr, cost):
-        logger.debug("auto: kept %r: evening out its exposed transfers (%.6g -> %.6g) is slower with the rounds "
-                     "simulated", pl.name, t_pl, t)
-        return None
-    logger.debug("auto: evened out %r's exposed transfers from %.6g to %.6g (estimated step time)", pl.name, t_pl, t)
-    return t, moved, moved_tr
+    return t, moved
+
+
+def simulation_agrees(layout: Layout, first: tuple[Placement, Transfers], second: tuple[Placement, Transfers],
+                      cost: CostModel, budget: int | None, rounds: str) -> bool:
+    """Whether the rounds the plan would run, simulated forward and backward (:func:`.cost.simulated_time`),
+    price ``second`` no slower than ``first`` (module docstring: the one-layer model alone does not decide a
+    step taken for its exposed-transfer term).
+
+    Args:
+        layout: the documents. first, second: ``(placement, full-attention transfers)`` each. cost: the plan's
+            cost model. budget, rounds: the plan's receive budget and ``rounds`` option.
+
+    Returns:
+        True when ``second`` is no slower.
+    """
+    t_first = simulated_time(layout, first[0], first[1], cost, budget, rounds)
+    t_second = simulated_time(layout, second[0], second[1], cost, budget, rounds)
+    if t_second > t_first:
+        logger.debug("auto: kept %r: %r is faster by the one-layer model but slower with the rounds simulated "
+                     "(%.6g against %.6g)", first[0].name, second[0].name, t_second, t_first)
+    return t_second <= t_first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import CostModel, round_order_times
+from .cost import CostModel, round_order, round_order_times
 from .layout import Layout
 from .placement import Placement
 from .rounds import RoundPieces, split_rounds
@@ -48,7 +48,7 @@ def plan_kind(layout: Layout, pl: Placement, window: Window, cost: CostModel, bu
     tr = transfers if transfers is not None else window_transfers(pl, layout, window)
     if rounds == "auto":
         times = round_order_times(layout, pl, tr, cost, budget, window)
-        order = "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
+        order = round_order(times)
         pieces = times[order][1]
     else:
         order, pieces = rounds, split_rounds(tr, pl.n_parts, budget, rounds)

@@ -8,7 +8,6 @@ side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -25,11 +24,10 @@ from .cache import PlanCache
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
-from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, token_cap, zigzag
+from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .kinds import plan_kind
-from .exposure import evened_winner
-from .oracle import polish
 from .plan import Plan
+from .polishing import exposure_evened, polished
 from .rounds import ROUND_ORDERS
 from .transfers import Transfers
 from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
@@ -43,15 +41,15 @@ AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" 
 DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
-POLISH_MAX_PARTS = 16  # auto polishes its winner (oracle.polish) for groups of at most this many parts
-POLISH_MAX_SEGMENTS = 512  # ... whose winner has at most this many segments (the search reads each part's)
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: CostModel | None,
-           min_tokens: int = 1, layers: Mapping[Window, int] | None = None) -> tuple[Placement, dict[Window, Transfers]]:
+           min_tokens: int = 1, layers: Mapping[Window, int] | None = None, budget: int | None = None,
+           rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
     """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`, weighing the layers of
-    every mask kind) and its transfers of every kind in ``layers`` (default: the full kind). A
+    every mask kind; ``budget`` and ``rounds``, the plan's receive budget and rounds option, are what its
+    simulated rounds run) and its transfers of every kind in ``layers`` (default: the full kind). A
     document-aware placement that would leave a part with fewer than ``min_tokens`` tokens (every rank must
     hold one) is replaced by ``contiguous``, which never does when ``T >= P``."""
     layers = layers or {None: 1}
@@ -68,7 +66,7 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
     elif name == "density":
         pl = density(layout, n_parts, (cost or CostModel.default()).token_cost, token_slack)
     elif name == "auto":
-        return _auto(layout, n_parts, token_slack, cost or CostModel.default(), min_tokens, layers)
+        return _auto(layout, n_parts, token_slack, cost or CostModel.default(), min_tokens, layers, budget, rounds)
     else:
         raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
     if pl.tokens_per_part().min() < min_tokens:
@@ -79,13 +77,15 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 
 
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
-          layers: Mapping[Window, int]) -> tuple[Placement, dict[Window, Transfers]]:
-    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), its transfers evened out
-    (:func:`_exposure_evened`), then polished when small (:func:`_polished`). Returns the placement and its
-    transfers of every kind."""
+          layers: Mapping[Window, int], budget: int | None = None,
+          rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
+    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), polished (:mod:`.polishing`):
+    searched when small (:func:`.polishing.polished`), and with its exposed transfers evened out first where
+    that is worth it (:func:`.polishing.exposure_evened`). Returns the placement and its transfers of every
+    kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
-    pl, tr, best = _exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
-    return _polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
+    plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
+    return exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)[:2]
 
 
 def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
@@ -130,43 +130,6 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
         pl, tr = zz
         best = step_time(layout, pl, tr, layers, cost)
     return pl, tr, best
-
-
-def _exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
-                     layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
-                     best: float) -> tuple[Placement, dict[Window, Transfers], float]:
-    """``auto``'s winner with its exposed transfers evened out (:func:`.exposure.evened_winner`: within the
-    ``token_slack`` cap, every group size, full attention only; kept only where the one-layer model and the
-    simulated rounds agree), named ``"<winner>+polish"``; else the winner. Returns ``(placement, transfers,
-    step time)``."""
-    if any(w is not None for w in layers):
-        return pl, tr, best
-    found = evened_winner(layout, pl, tr[None], cost, token_cap(layout.total_tokens, n_parts, token_slack), min_tokens)
-    if found is None:
-        return pl, tr, best
-    t, moved, moved_tr = found
-    return dataclasses.replace(moved, name=f"{pl.name}+polish"), {None: moved_tr}, sum(layers.values()) * t
-
-
-def _polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
-              layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
-              best: float) -> tuple[Placement, dict[Window, Transfers]]:
-    """``auto``'s winner after a bounded local search (:func:`.oracle.polish`: the offline optimiser's moves,
-    deterministic) when it is small enough to search within the planning budget: full attention only, at most
-    :data:`POLISH_MAX_PARTS` parts and :data:`POLISH_MAX_SEGMENTS` segments. Kept only when the cost model
-    prices it faster (name ``"<winner>+polish"``); never slower than the winner, so never slower than any
-    candidate. Only the winner is searched: searching from ``contiguous`` and ``density`` as well reached the
-    oracle on every sweep layout, but by trading work balance for KV that the fuller model of
-    ``benchmarks/cost_model.py`` (forward and backward rounds simulated) prices up to 20 % slower on the
-    GPU predictions, so the one-layer objective is not trusted that far from the candidates."""
-    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
-        return pl, tr
-    t, moved = polish(layout, n_parts, cost, pl, token_slack)
-    if sum(layers.values()) * t >= best * (1 - FLOOR_MARGIN) or moved.tokens_per_part().min() < min_tokens:
-        return pl, tr
-    moved = dataclasses.replace(moved, name=pl.name if pl.name.endswith("+polish") else f"{pl.name}+polish")
-    logger.debug("auto: polished %r from %.6g to %.6g (estimated step time)", pl.name, best, sum(layers.values()) * t)
-    return moved, {None: window_transfers(moved, layout, None)}
 
 
 def _density_slacks(fig: DensityFigures, n_parts: int, slacks: Sequence[float], spread: str,
@@ -270,7 +233,8 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     U = group.ulysses_size
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
-    pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers)
+    pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
+                     budget=recv_budget_tokens, rounds=rounds)
     per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w]) for w in kinds}
     for w, k in per_kind.items():
         logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "

@@ -52,7 +52,7 @@ NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the
 @pytest.mark.parametrize("lengths,polished", [([366, 129, 110], "balanced+polish"),
                                               ([498, 402, 490, 190, 343], "density+polish"),
                                               ([337, 77, 81, 180, 41, 100, 53, 4], "contiguous+polish"),
-                                              ([490, 277, 83], "contiguous+polish")])
+                                              ([276, 535, 272], "contiguous+polish")])
 def test_polished_auto_placement_is_exact(pools, lengths, polished):
     """auto's polished winner (exposure.refine_exposure slides boundaries of split documents, oracle.polish moves
     pieces of segments between parts) stays exact; the last row is one where the first step moves boundaries

@@ -1,0 +1,93 @@
+"""``placement="auto"``'s polish of its winner: what runs after the cheapest candidate is known.
+
+Two steps, each kept only when it makes the plan faster (the name becomes ``"<winner>+polish"``):
+
+* :func:`polished`: a bounded local search (:func:`.oracle.polish`) on groups small enough to search within
+  the planning budget;
+* :func:`exposure_evened`: the winner's exposed transfers evened out first (:mod:`.exposure`), then searched
+  alike; kept against :func:`polished`'s result only where the one-layer model prices it faster *and* the
+  plan's rounds, simulated forward and backward, do not price it slower.
+
+Full attention only (a windowed plan is priced per kind; neither step runs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping
+
+from .cost import CostModel
+from .exposure import evened_winner, simulation_agrees
+from .layout import Layout
+from .oracle import polish
+from .placement import Placement, token_cap
+from .transfers import Transfers
+from .windows import Window, window_transfers
+
+__all__ = ["POLISH_MAX_PARTS", "POLISH_MAX_SEGMENTS", "exposure_evened", "polished"]
+
+logger = logging.getLogger(__name__)
+
+POLISH_MAX_PARTS = 16  # auto polishes its winner (oracle.polish) for groups of at most this many parts
+POLISH_MAX_SEGMENTS = 512  # ... whose winner has at most this many segments (the search reads each part's)
+FASTER_MARGIN = 1e-9  # a polished placement replaces the one it came from only when faster by more than this share
+
+
+def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+              layers: Mapping[Window, int], pl: Placement, tr: dict[Window, Transfers],
+              best: float) -> tuple[Placement, dict[Window, Transfers], float]:
+    """``auto``'s winner after a bounded local search (:func:`.oracle.polish`: the offline optimiser's moves,
+    deterministic) when it is small enough to search within the planning budget: full attention only, at most
+    :data:`POLISH_MAX_PARTS` parts and :data:`POLISH_MAX_SEGMENTS` segments. Kept only when the cost model
+    prices it faster (name ``"<winner>+polish"``); never slower than the winner, so never slower than any
+    candidate. Only the winner is searched: searching from ``contiguous`` and ``density`` as well reached the
+    oracle on every sweep layout, but by trading work balance for KV that the fuller model of
+    ``benchmarks/cost_model.py`` (forward and backward rounds simulated) prices up to 20 % slower on the
+    GPU predictions, so the one-layer objective is not trusted that far from the candidates. Returns
+    ``(placement, transfers of every kind, step time)``."""
+    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
+        return pl, tr, best
+    t, moved = polish(layout, n_parts, cost, pl, token_slack)
+    t *= sum(layers.values())
+    if t >= best * (1 - FASTER_MARGIN) or moved.tokens_per_part().min() < min_tokens:
+        return pl, tr, best
+    moved = dataclasses.replace(moved, name=pl.name if pl.name.endswith("+polish") else f"{pl.name}+polish")
+    logger.debug("auto: polished %r from %.6g to %.6g (estimated step time)", pl.name, best, t)
+    return moved, {None: window_transfers(moved, layout, None)}, t
+
+
+def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+                    layers: Mapping[Window, int], pl: Placement, best: float,
+                    plain: tuple[Placement, dict[Window, Transfers], float], budget: int | None,
+                    rounds: str) -> tuple[Placement, dict[Window, Transfers], float]:
+    """``plain`` (the winner ``pl`` as :func:`polished` left it), or the winner with its exposed transfers evened
+    out first (:func:`.exposure.evened_winner`, within the ``token_slack`` cap, named ``"<winner>+polish"``) and
+    then polished alike, when that ends faster by the one-layer model and the plan's rounds simulated
+    (:func:`.exposure.simulation_agrees`) do not price it slower: never slower than ``plain`` by either. Full
+    attention only.
+
+    Args:
+        layout, n_parts, cost, token_slack, min_tokens, layers: as ``planner._auto``. pl: the winner. best: its
+            step time. plain: ``(placement, transfers, step time)`` of the winner polished. budget, rounds: the
+            plan's receive budget and rounds option.
+
+    Returns:
+        ``(placement, transfers of every kind, step time)``.
+    """
+    if any(w is not None for w in layers):
+        return plain
+    n = sum(layers.values())
+    found = evened_winner(layout, pl, best / n, cost, token_cap(layout.total_tokens, n_parts, token_slack), min_tokens)
+    if found is None:
+        return plain
+    t, moved = found
+    moved = dataclasses.replace(moved, name=f"{pl.name}+polish")
+    evened = polished(layout, n_parts, cost, token_slack, min_tokens, layers, moved,
+                      {None: window_transfers(moved, layout, None)}, n * t)
+    if evened[2] >= plain[2] * (1 - FASTER_MARGIN):
+        return plain
+    if not simulation_agrees(layout, (plain[0], plain[1][None]), (evened[0], evened[1][None]), cost, budget, rounds):
+        return plain
+    logger.debug("auto: evened out %r's exposed transfers: %.6g against %.6g (estimated step time)", pl.name,
+                 evened[2], plain[2])
+    return evened
