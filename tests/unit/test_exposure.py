@@ -12,7 +12,7 @@ from helpers import assert_covers_once, ci_examples, cu_of
 from hf_hsap.plan.cost import CostModel, part_times, simulated_time
 from hf_hsap.plan.exposure import EXPOSURE_MIN_GAIN, refine_exposure
 from hf_hsap.plan.group import GroupSpec
-from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.layout import Layout, make_layout
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.planner import _best_candidate, plan_layout
 from hf_hsap.plan.polishing import exposure_evened, polished
@@ -49,8 +49,9 @@ def test_never_slower_within_the_cap_and_deterministic(lengths, P, name, link):
 
 
 def test_offsets_steer_the_refinement():
-    """``refine_moves``' per-part offsets count in a part's load: one document split over two parts at equal
-    work is left alone without them, and moved off the part with the larger offset with it."""
+    """``refine_moves``' per-part offsets count in a part's load: one document split over two parts at nearly
+    equal work (250,278 and 250,222 pairs) is left alone without them, and moved off the part with the larger
+    offset with it."""
     L = 1000
     # rows [0, 707) and [707, 1000) of one document hold nearly equal pairs (707^2 / 2 against the rest)
     args = lambda: ([0], [0, 0], [0, 707], [707, L], [0, 1])  # noqa: E731
@@ -66,7 +67,7 @@ def test_offsets_steer_the_refinement():
     assert moves > 0 and end[0] > 707 and start[1] == end[0]
 
 
-def sweep_row(dist: str, seed: int, P: int, U: int, link: str):
+def sweep_row(dist: str, seed: int, P: int, U: int, link: str) -> tuple[Layout, GroupSpec, CostModel]:
     """A layout and group of the sweep (``benchmarks/sweep.py``) and the cost the planner prices it with."""
     from benchmarks.sweep import sweep_lengths
 
