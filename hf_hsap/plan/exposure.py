@@ -1,31 +1,32 @@
 """Exposure-aware refinement: even out the parts' whole step time, transfers included.
 
 Every greedy placement is refined (:mod:`.refine`) to even out ``work + token_cost * tokens`` (or the work
-alone, for the token-neutral candidates): the load a part carries with no communication. The cost model adds each part's *exposed transfer*, the KV it waits for
-beyond what its own keys' work hides (``max(local, kv_token_cost * recv) - local``, :mod:`.cost`). Where
-documents are split over many parts priced over fast links (large groups, one dominant document), that term
-differs by part: the holders of a document's last rows receive nearly all of it, the holders of its first
-rows nearly nothing. The refinement then leaves the parts with the most exposed transfer the slowest.
+alone, for the token-neutral candidates): the load a part carries with no communication. The cost model adds
+each part's *exposed transfer*, the KV it waits for beyond what its own keys' work hides
+(``max(local, kv_token_cost * recv) - local``, :mod:`.cost`). Where documents are split over many parts
+priced over fast links (large groups, one dominant document), that term differs by part: the holders of a
+document's last rows receive nearly all of it, the holders of its first rows nearly nothing. The refinement
+then leaves the parts with the most exposed transfer the slowest.
 
 :func:`refine_exposure` takes the exposed transfer of every part as a fixed offset of its load and runs
 the same boundary moves again (:func:`.refine.refine_moves`: exchanges at equal token counts and slides
 within the token cap), so that a part that waits more holds less of the rest. A move changes a part's
 received KV and own keys by at most the rows it moves, so the offsets are nearly constant (a second round
 with the offsets re-read brought one more of the 1,408 sweep layouts within its goal, none on NVLink); the
-result is kept when the exact cost model prices it faster. Plain Python scalars and the numpy of :func:`.cost.part_times`: it runs on every
-batch, on ``auto``'s winner only.
+result is kept when the one-layer cost model (:func:`.cost.part_times`) prices it faster. Plain Python
+scalars and the numpy of :func:`.cost.part_times`: it runs on every batch, on ``auto``'s winner only.
 
 :func:`evened_winner` is what ``auto`` weighs of it: a step of at least :data:`EXPOSURE_MIN_GAIN`; ``auto``
 keeps it (after its search on small groups, against the winner's search) only where the rounds the plan
 would run, simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
-``benchmarks/cost_model.py``), do not price it slower (:func:`simulation_agrees`). The one-layer model charges a transfer to the part that
-receives it; the simulation also makes the part that *sent* keys wait in the backward until their dK/dV come
-back. Holders of a long document's middle rows both receive and send much: the refinement unloads them by
-their received KV, and the simulation finds them waiting for returns instead (on the sweep's row
-``lognormal-1.6``, seed 0, P = 64 over NVLink the evened placement's slowest part in the simulation sends
-11,476 KV tokens and holds 1.4 % less than the mean ``work + token_cost * tokens``; the gap between the two models correlates 0.59 with
-the tokens a part sends). On large NVLink groups, where the one-layer model gains most, the step is then
-mostly not taken.
+``benchmarks/cost_model.py``), do not price it slower (:func:`simulation_agrees`). The one-layer model
+charges a transfer to the part that receives it; the simulation also makes the part that *sent* keys wait
+in the backward until their dK/dV come back. Holders of a long document's middle rows both receive and send
+much: the refinement unloads them by their received KV, and the simulation finds them waiting for returns
+instead (on the sweep's row ``lognormal-1.6``, seed 0, P = 64 over NVLink the evened placement's slowest part
+in the simulation sends 11,476 KV tokens and holds 1.4 % less than the mean ``work + token_cost * tokens``;
+the gap between the two models correlates 0.59 with the tokens a part sends). On large NVLink groups, where
+the one-layer model gains most, the step is then mostly not taken.
 """
 from __future__ import annotations
 

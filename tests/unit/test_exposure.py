@@ -117,7 +117,8 @@ def test_the_distributed_exactness_row_is_evened_out():
     plain = polished(layout, 4, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
     evened, evened_tr, t = exposure_evened(layout, 4, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
     assert evened is not plain[0] and t < 0.97 * plain[2]
-    assert simulated_time(layout, evened, evened_tr[None], cost) <= simulated_time(layout, plain[0], plain[1][None], cost)
+    assert simulated_time(layout, evened, evened_tr[None], cost) <= \
+        simulated_time(layout, plain[0], plain[1][None], cost)
     plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto", cost=cost)
     assert plan.placement_name == "contiguous+polish"
     assert np.array_equal(plan.placement.start, evened.start) and np.array_equal(plan.placement.part, evened.part)
