@@ -263,7 +263,8 @@ def render(res: dict) -> str:
         "## Planning time",
         "`plan_sequence` on the host (one process, numpy), T = 524288 with 2,000 documents (longtail-shaped "
         "lengths scaled to the row, see `benchmarks/planning.py`), median of several runs, by wall clock and by "
-        "the planning thread's CPU time (`time.thread_time`; the goal is judged on CPU time: other jobs on the machine inflate wall time); "
+        "the planning thread's CPU time (`time.thread_time`; the goal is judged on CPU time: other jobs on the "
+        "machine inflate wall time); "
         "cached = a warm `PlanCache` hit (validation + hashing + lookup).",
         rp.planning_table(res["planning"]),
     ]
