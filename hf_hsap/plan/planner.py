@@ -27,7 +27,7 @@ from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .kinds import plan_kind
 from .plan import Plan
-from .polishing import exposure_evened, polished
+from .polishing import exposure_evened, polished, searched_from_others
 from .rounds import ROUND_ORDERS
 from .transfers import Transfers
 from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
@@ -81,11 +81,14 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
           rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
     """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), polished (:mod:`.polishing`):
     searched when small (:func:`.polishing.polished`), and with its exposed transfers evened out first where
-    that is worth it (:func:`.polishing.exposure_evened`). Returns the placement and its transfers of every
+    that is worth it (:func:`.polishing.exposure_evened`), and searched from other starts as well
+    (:func:`.polishing.searched_from_others`). Returns the placement and its transfers of every
     kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
-    return exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)[:2]
+    current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)
+    return searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget,
+                                rounds)[:2]
 
 
 def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,

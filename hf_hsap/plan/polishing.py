@@ -1,14 +1,16 @@
 """``placement="auto"``'s polish of its winner: what runs after the cheapest candidate is known.
 
-Two steps, each kept only when it makes the plan faster (the name becomes ``"<winner>+polish"``):
+Three steps, each kept only when it makes the plan faster (the name becomes ``"<start>+polish"``):
 
 * :func:`polished`: a bounded local search (:func:`.oracle.polish`) on groups small enough to search within
   the planning budget;
 * :func:`exposure_evened`: the winner's exposed transfers evened out first (:mod:`.exposure`), then searched
   alike; kept against :func:`polished`'s result only where the one-layer model prices it faster *and* the
-  plan's rounds, simulated forward and backward, do not price it slower.
+  plan's rounds, simulated forward and backward, do not price it slower;
+* :func:`searched_from_others`: the same search from :data:`OTHER_STARTS` (``density``, ``contiguous``) on the
+  same small groups, each result kept under the same two conditions against the plan so far.
 
-Full attention only (a windowed plan is priced per kind; neither step runs).
+Full attention only (a windowed plan is priced per kind; no step runs).
 """
 from __future__ import annotations
 
@@ -16,21 +18,29 @@ import dataclasses
 import logging
 from typing import Mapping
 
+import numpy as np
+
 from .cost import CostModel
+from .density import density
 from .exposure import evened_winner, simulation_agrees
 from .layout import Layout
 from .oracle import polish
-from .placement import Placement, token_cap
+from .placement import Placement, contiguous, token_cap
 from .transfers import Transfers
 from .windows import Window, window_transfers
 
-__all__ = ["POLISH_MAX_PARTS", "POLISH_MAX_SEGMENTS", "exposure_evened", "polished"]
+__all__ = ["OTHER_STARTS", "POLISH_MAX_PARTS", "POLISH_MAX_SEGMENTS", "exposure_evened", "polished",
+           "searched_from_others"]
 
 logger = logging.getLogger(__name__)
 
 POLISH_MAX_PARTS = 16  # auto polishes its winner (oracle.polish) for groups of at most this many parts
 POLISH_MAX_SEGMENTS = 512  # ... whose winner has at most this many segments (the search reads each part's)
 FASTER_MARGIN = 1e-9  # a polished placement replaces the one it came from only when faster by more than this share
+# searched_from_others' starts, in order: on the sweep's network rows of at most 8 parts these two brought auto
+# within 2 % of the offline optimiser on 95.0 % of them (92.5 % without); adding balanced reached 95.2 % at
+# 1.8x the search time (BENCHMARKS.md, the placement sweep)
+OTHER_STARTS = ("density", "contiguous")
 
 
 def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
@@ -91,3 +101,47 @@ def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: 
     logger.debug("auto: evened out %r's exposed transfers: %.6g against %.6g (estimated step time)", pl.name,
                  evened[2], plain[2])
     return evened
+
+
+def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+                         layers: Mapping[Window, int], winner: Placement,
+                         current: tuple[Placement, dict[Window, Transfers], float], budget: int | None,
+                         rounds: str) -> tuple[Placement, dict[Window, Transfers], float]:
+    """``current`` (the plan so far), or the bounded search (:func:`.oracle.polish`) from another start of
+    :data:`OTHER_STARTS` when that ends faster by the one-layer model and the plan's rounds simulated
+    (:func:`.exposure.simulation_agrees`) do not price it slower; the starts in turn, each against the plan so
+    far: never slower than ``current`` by either model. The search from the winner alone stops in the winner's
+    basin; on small groups the offline optimiser's better optima come from these starts (module docstring).
+    The same bounds as :func:`polished`: full attention, at most :data:`POLISH_MAX_PARTS` parts, a start of at
+    most :data:`POLISH_MAX_SEGMENTS` segments; a start equal to the winner is not searched again.
+
+    Args:
+        layout, n_parts, cost, token_slack, min_tokens, layers: as ``planner._auto``. winner: the cheapest
+            candidate before any polish. current: ``(placement, transfers of every kind, step time)`` so far.
+        budget, rounds: the plan's receive budget and rounds option.
+
+    Returns:
+        ``(placement, transfers of every kind, step time)``; a start's result is named ``"<start>+polish"``.
+    """
+    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS:
+        return current
+    n = sum(layers.values())
+    for name in OTHER_STARTS:
+        start = (density(layout, n_parts, cost.token_cost, token_slack) if name == "density"
+                 else contiguous(layout, n_parts))
+        if start.doc.size > POLISH_MAX_SEGMENTS or _same_segments(start, winner):
+            continue
+        t, moved = polish(layout, n_parts, cost, start, token_slack)
+        if n * t >= current[2] * (1 - FASTER_MARGIN) or moved.tokens_per_part().min() < min_tokens:
+            continue
+        moved = dataclasses.replace(moved, name=f"{name}+polish")
+        tr = window_transfers(moved, layout, None)
+        if simulation_agrees(layout, (current[0], current[1][None]), (moved, tr), cost, budget, rounds):
+            logger.debug("auto: searched from %r: %.6g against %.6g (estimated step time)", name, n * t, current[2])
+            current = (moved, {None: tr}, n * t)
+    return current
+
+
+def _same_segments(a: Placement, b: Placement) -> bool:
+    """Whether two placements hold the same segments on the same parts (in the same order)."""
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("doc", "start", "end", "part"))

@@ -49,14 +49,16 @@ def test_every_placement_long_and_short_docs(pools, placement):
 NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the network-priced model
 
 
-@pytest.mark.parametrize("lengths,polished", [([366, 129, 110], "balanced+polish"),
-                                              ([498, 402, 490, 190, 343], "density+polish"),
+@pytest.mark.parametrize("lengths,polished", [([470, 127], "balanced+polish"),
+                                              ([442, 28], "density+polish"),
                                               ([337, 77, 81, 180, 41, 100, 53, 4], "contiguous+polish"),
-                                              ([276, 535, 272], "contiguous+polish")])
+                                              ([276, 535, 272], "contiguous+polish"),
+                                              ([31, 455, 55], "contiguous+polish")])
 def test_polished_auto_placement_is_exact(pools, lengths, polished):
     """auto's polished winner (exposure.refine_exposure slides boundaries of split documents, oracle.polish moves
-    pieces of segments between parts) stays exact; the last row is one where the first step moves boundaries
-    (tests/unit/test_exposure.py checks that it does)."""
+    pieces of segments between parts) stays exact; on [276, 535, 272] the first step moves boundaries
+    (tests/unit/test_exposure.py checks that it does), on [31, 455, 55] the plan is searched from another start
+    than the winner (polishing.searched_from_others, tests/unit/test_other_starts.py)."""
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,
                        "auto", None, None, False, True, NETWORK)
     assert_exact(res, "float64")

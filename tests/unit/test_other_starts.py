@@ -1,0 +1,104 @@
+"""``auto``'s search from other starts on small groups (:func:`hf_hsap.plan.polishing.searched_from_others`): kept
+only where the one-layer model prices it faster and the plan's rounds simulated do not price it slower; never
+slower than the plan without it by either model; every token once, within the token cap, deterministic."""
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import assert_covers_once, ci_examples, cu_of
+from hf_hsap.plan import polishing
+from hf_hsap.plan.cost import CostModel, part_times, simulated_time
+from hf_hsap.plan.density import density
+from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.oracle import polish
+from hf_hsap.plan.placement import contiguous
+from hf_hsap.plan.planner import _best_candidate, plan_layout
+from hf_hsap.plan.polishing import exposure_evened, polished, searched_from_others
+from hf_hsap.plan.windows import window_transfers
+
+NETWORK = CostModel.for_link("network")
+
+
+def before_the_step(layout, P, cost):
+    """``(winner, the plan as exposure_evened leaves it)``: auto's path without the search from other starts."""
+    winner, tr, t = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
+    plain = polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t)
+    return winner, exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t, plain, None, "auto")
+
+
+def sim(layout, pl, cost) -> float:
+    return simulated_time(layout, pl, window_transfers(pl, layout, None), cost)
+
+
+def test_kept_when_both_models_agree():
+    """A network-priced row of 4 parts (the distributed exactness row of this step): the search from
+    ``contiguous`` ends 4 % faster by the one-layer model than the winner's path, and faster with the rounds
+    simulated; auto's plan is that placement."""
+    layout = make_layout(cu_of([31, 455, 55]))
+    winner, before = before_the_step(layout, 4, NETWORK)
+    t, searched = polish(layout, 4, NETWORK, contiguous(layout, 4), 0.10)
+    assert t < 0.97 * before[2]
+    assert sim(layout, searched, NETWORK) <= sim(layout, before[0], NETWORK)
+    plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto", cost=NETWORK)
+    assert plan.placement_name == "contiguous+polish" and winner.name == "balanced"
+    assert float(part_times(layout, plan.placement, plan.transfers, NETWORK).max()) == t
+    assert np.array_equal(plan.placement.start, searched.start) and np.array_equal(plan.placement.part, searched.part)
+    assert_covers_once(layout, plan.placement)
+
+
+def test_refused_when_the_simulation_disagrees():
+    """A row where the search from ``contiguous`` is 3 % faster by the one-layer model but more than 1 % slower
+    with the rounds simulated: auto's plan is the winner's path, unchanged."""
+    layout = make_layout(cu_of([540, 169]))
+    _, before = before_the_step(layout, 4, NETWORK)
+    t, searched = polish(layout, 4, NETWORK, contiguous(layout, 4), 0.10)
+    assert t < 0.98 * before[2]
+    assert sim(layout, searched, NETWORK) > 1.01 * sim(layout, before[0], NETWORK)
+    plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto", cost=NETWORK)
+    assert plan.placement_name == before[0].name
+    assert np.array_equal(plan.placement.start, before[0].start) and np.array_equal(plan.placement.part, before[0].part)
+
+
+def test_a_start_equal_to_the_winner_is_not_searched_again(monkeypatch):
+    """Where the winner holds the segments of the ``density`` start only ``contiguous`` is searched (the winner's
+    own search already ran from it); groups above POLISH_MAX_PARTS parts and windowed plans are not searched."""
+    layout = make_layout(cu_of([17, 33, 21, 40] * 8))
+    winner, before = before_the_step(layout, 4, NETWORK)
+    starts = []
+    monkeypatch.setattr(polishing, "polish", lambda layout, P, cost, start, slack: (starts.append(start),
+                                                                                  (math.inf, start))[1])
+    assert polishing._same_segments(winner, density(layout, 4, NETWORK.token_cost, 0.10))
+    searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto")
+    assert [s.name for s in starts] == ["contiguous"]
+    P = polishing.POLISH_MAX_PARTS + 1
+    big = _best_candidate(layout, P, 0.10, NETWORK, 1, {None: 1})
+    assert searched_from_others(layout, P, NETWORK, 0.10, 1, {None: 1}, big[0], big, None, "auto") is big
+    assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1, 64: 1}, winner, before, None, "auto") \
+        is before
+    assert [s.name for s in starts] == ["contiguous"]
+
+
+@settings(max_examples=ci_examples(30), deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(1, 200), st.integers(300, 3000)), min_size=1, max_size=20),
+       P=st.integers(2, 12), link=st.sampled_from(["nvlink", "network"]))
+def test_never_slower_than_the_plan_without_it(lengths, P, link):
+    """auto's plan is no slower than the winner's path without this step (searched, exposure evened) by the
+    one-layer model nor with the rounds simulated; it covers every token once, keeps the token cap and is the
+    same plan on every call."""
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    cost = CostModel.for_link(link)
+    _, before = before_the_step(layout, P, cost)
+    group = GroupSpec.offline(P, 1, P if link == "nvlink" else 1)
+    plan = plan_layout(layout, group, "auto", cost=cost)
+    assert float(part_times(layout, plan.placement, plan.transfers, cost).max()) <= before[2] * (1 + 1e-12)
+    assert sim(layout, plan.placement, cost) <= sim(layout, before[0], cost) * (1 + 1e-12)
+    assert_covers_once(layout, plan.placement)
+    assert plan.placement.tokens_per_part().max() <= math.ceil(layout.total_tokens / P) * 1.10 + 1e-9
+    assert plan.placement.tokens_per_part().min() >= 1
+    again = plan_layout(layout, group, "auto", cost=cost).placement
+    assert all(np.array_equal(getattr(again, f), getattr(plan.placement, f)) for f in ("doc", "start", "end", "part"))
