@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hf_hsap.plan.cost import CostModel, part_times, simulated_time
+from hf_hsap.plan.cost import CostModel, balance_bound, part_times, simulated_time
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.oracle import optimise_placement
@@ -147,7 +147,7 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                 t0 = time.perf_counter()
                 auto = plan_layout(layout, group, "auto", cost=plan_cost)
                 plan_ms = (time.perf_counter() - t0) * 1e3
-                lb = (cost.token_cost * T + float((L * (L + 1) // 2).sum())) / parts
+                lb = balance_bound(layout, parts, cost)
                 est = {"auto": float(part_times(layout, auto.placement, auto.transfers, cost).max())}
                 sim = simulated_time(layout, auto.placement, auto.transfers, cost)  # rounds simulated, fwd + bwd
                 for name in OTHERS:
@@ -183,13 +183,13 @@ def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
         if P % NODE_GPUS or P == NODE_GPUS:
             continue
         T = min(cfg.max_T, cfg.tokens_per_rank * P)
-        tc = CostModel.for_link("network").token_cost
+        network = CostModel.for_link("network")
         for dist in cfg.distributions:
             for seed in range(cfg.seeds):
                 L = sweep_lengths(dist, T, seed)
                 layout = make_layout(np.concatenate([[0], np.cumsum(L)]))
                 best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=NODE_GPUS)
-                lb = (tc * T + float((L * (L + 1) // 2).sum())) / P
+                lb = balance_bound(layout, P, network)  # a rank's share: no communication, no all-to-all
                 out.append({"dist": dist, "seed": seed, "P": P, "best_u": best_u,
                             "by_u": {str(u): t / lb for u, t in by_u.items()}})
     return out

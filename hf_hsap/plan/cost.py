@@ -259,6 +259,14 @@ def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
     return np.bincount(pl.part[first], weights=recv, minlength=pl.n_parts)
 
 
+def balance_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
+    """The compute lower bound of :func:`part_times`' slowest part over every placement: ``(token_cost * T +
+    sum_d L_d (L_d + 1) / 2) / n_parts``, every part equally loaded and no communication (a part's time is at least
+    ``token_cost * tokens + work``, and the slowest at least the mean); what the placement sweep calls ``LB``."""
+    lengths = layout.doc_lengths
+    return float(cost.token_cost * layout.total_tokens + (lengths * (lengths + 1) // 2).sum()) / n_parts
+
+
 def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
     """A lower bound of ``part_times(layout, contiguous(layout, n_parts), None, cost).max()`` without building it:
     the largest ``token_cost * tokens + work`` of a part (its time is at least that: the transfer term is at

@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModel, balance_bound
 from .density import density
 from .exposure import evened_winner, simulation_agrees
 from .layout import Layout
@@ -41,6 +41,7 @@ FASTER_MARGIN = 1e-9  # a polished placement replaces the one it came from only 
 # within 2 % of the offline optimiser on 95.0 % of them (92.5 % without); adding balanced reached 95.2 % at
 # 1.8x the search time (BENCHMARKS.md, the placement sweep)
 OTHER_STARTS = ("density", "contiguous")
+OTHER_STARTS_MIN_GAP = 0.01  # ... searched only when the plan is above the compute bound by more than this share
 
 
 def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
@@ -113,7 +114,9 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
     far: never slower than ``current`` by either model. The search from the winner alone stops in the winner's
     basin; on small groups the offline optimiser's better optima come from these starts (module docstring).
     The same bounds as :func:`polished`: full attention, at most :data:`POLISH_MAX_PARTS` parts, a start of at
-    most :data:`POLISH_MAX_SEGMENTS` segments; a start equal to the winner is not searched again.
+    most :data:`POLISH_MAX_SEGMENTS` segments; a start equal to the winner is not searched again, and none is
+    searched where the plan is within :data:`OTHER_STARTS_MIN_GAP` of the compute bound
+    (:func:`.cost.balance_bound`: no placement is faster than it).
 
     Args:
         layout, n_parts, cost, token_slack, min_tokens, layers: as ``planner._auto``. winner: the cheapest
@@ -123,9 +126,11 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
     Returns:
         ``(placement, transfers of every kind, step time)``; a start's result is named ``"<start>+polish"``.
     """
-    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS:
-        return current
+    if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or layout.n_docs > POLISH_MAX_SEGMENTS:
+        return current  # every placement holds a segment of every document: no start is small enough to build
     n = sum(layers.values())
+    if current[2] <= n * balance_bound(layout, n_parts, cost) * (1 + OTHER_STARTS_MIN_GAP):
+        return current  # no placement is that much faster
     for name in OTHER_STARTS:
         start = (density(layout, n_parts, cost.token_cost, token_slack) if name == "density"
                  else contiguous(layout, n_parts))

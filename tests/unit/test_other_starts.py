@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from helpers import assert_covers_once, ci_examples, cu_of
 from hf_hsap.plan import polishing
-from hf_hsap.plan.cost import CostModel, part_times, simulated_time
+from hf_hsap.plan.cost import CostModel, balance_bound, part_times, simulated_time
 from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
@@ -62,15 +62,18 @@ def test_refused_when_the_simulation_disagrees():
     assert np.array_equal(plan.placement.start, before[0].start) and np.array_equal(plan.placement.part, before[0].part)
 
 
-def test_a_start_equal_to_the_winner_is_not_searched_again(monkeypatch):
+def test_what_is_not_searched(monkeypatch):
     """Where the winner holds the segments of the ``density`` start only ``contiguous`` is searched (the winner's
-    own search already ran from it); groups above POLISH_MAX_PARTS parts and windowed plans are not searched."""
-    layout = make_layout(cu_of([17, 33, 21, 40] * 8))
+    own search already ran from it); nothing is searched on groups above POLISH_MAX_PARTS parts, on rows of more
+    than POLISH_MAX_SEGMENTS documents (no start is that small), on windowed plans, or where the plan is within
+    OTHER_STARTS_MIN_GAP of the compute bound."""
+    layout = make_layout(cu_of([670, 532, 231, 615, 272]))
     winner, before = before_the_step(layout, 4, NETWORK)
+    assert polishing._same_segments(winner, density(layout, 4, NETWORK.token_cost, 0.10))
+    assert before[2] > 1.02 * balance_bound(layout, 4, NETWORK)
     starts = []
     monkeypatch.setattr(polishing, "polish", lambda layout, P, cost, start, slack: (starts.append(start),
                                                                                   (math.inf, start))[1])
-    assert polishing._same_segments(winner, density(layout, 4, NETWORK.token_cost, 0.10))
     searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto")
     assert [s.name for s in starts] == ["contiguous"]
     P = polishing.POLISH_MAX_PARTS + 1
@@ -78,7 +81,28 @@ def test_a_start_equal_to_the_winner_is_not_searched_again(monkeypatch):
     assert searched_from_others(layout, P, NETWORK, 0.10, 1, {None: 1}, big[0], big, None, "auto") is big
     assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1, 64: 1}, winner, before, None, "auto") \
         is before
+    near = (before[0], before[1], balance_bound(layout, 4, NETWORK) * (1 + polishing.OTHER_STARTS_MIN_GAP))
+    assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, near, None, "auto") is near
+    many = make_layout(cu_of([30] * (polishing.POLISH_MAX_SEGMENTS + 1)))
+    w_many, before_many = before_the_step(many, 4, NETWORK)
+    assert searched_from_others(many, 4, NETWORK, 0.10, 1, {None: 1}, w_many, before_many, None, "auto") \
+        is before_many
     assert [s.name for s in starts] == ["contiguous"]
+
+
+@settings(max_examples=ci_examples(40), deadline=None)
+@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=20), P=st.integers(2, 16),
+       name=st.sampled_from(["contiguous", "zigzag", "balanced", "density", "auto"]),
+       link=st.sampled_from(["nvlink", "network"]), U=st.sampled_from([1, 2]))
+def test_the_compute_bound_is_below_every_placement(lengths, P, name, link, U):
+    """cost.balance_bound is a lower bound of the slowest part's one-layer time of every placement (the gate
+    above skips only rows where no placement could gain OTHER_STARTS_MIN_GAP)."""
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    cost = CostModel.for_link(link).for_ulysses(U)
+    plan = plan_layout(layout, GroupSpec.offline(P, 1, P), name, cost=cost)
+    assert balance_bound(layout, P, cost) <= float(part_times(layout, plan.placement, None, cost).max()) * (1 + 1e-12)
 
 
 @settings(max_examples=ci_examples(30), deadline=None)
