@@ -169,6 +169,7 @@ def test_sweep_runs_and_auto_has_no_losses():
         assert r["est"]["auto"] >= r["lb"] * (1 - 1e-12)
         assert r["oracle"] <= r["est"]["auto"] * (1 + 1e-12)
         assert r["sim"] >= r["lb"] * (1 - 1e-12)  # every part computes all its pairs and tokens, and may wait
+        assert r["oracle_sim"] >= r["lb"] * (1 - 1e-12)
     md = render_sweep(res)
     sim_nv = np.mean([r["sim"] / r["lb"] <= 1.05 for r in res["rows"] if r["link"] == "nvlink"])
     assert f"≤ 1.05 on {sim_nv * 100:.1f}%" in md.split("With the rounds simulated")[1].split("By distribution")[0]
@@ -185,6 +186,23 @@ def test_sweep_runs_and_auto_has_no_losses():
     assert set(r["by_u"]) == {"1", "2", "4", "8"} and r["by_u"][str(r["best_u"])] == min(r["by_u"].values())
     assert min(r["by_u"].values()) >= 1 - 1e-12  # a rank's estimate is never below its share of the bound
     assert "Per-batch Ulysses degree" in _per_batch_lines(pb)[1]
+
+
+def test_the_oracle_gap_line_counts_what_the_simulation_refutes():
+    """benchmarks.sweep._oracle_gap_lines: of the rows where auto is > 2 % above the oracle, how many have the
+    oracle's placement slower with the rounds simulated, by how much (rows without the oracle are not counted)."""
+    from benchmarks.sweep import _oracle_gap_lines
+
+    def row(link, auto, oracle, sim, oracle_sim):
+        return {"link": link, "est": {"auto": auto}, "oracle": oracle, "sim": sim, "oracle_sim": oracle_sim}
+
+    rows = [row("network", 1.05, 1.0, 10.0, 11.0), row("network", 1.03, 1.0, 10.0, 10.2),
+            row("nvlink", 1.10, 1.0, 10.0, 9.0), row("nvlink", 1.01, 1.0, 10.0, 20.0),
+            {"link": "network", "est": {"auto": 2.0}, "sim": 1.0}]
+    (_, line) = _oracle_gap_lines(rows)
+    assert "(3 layouts: nvlink 1, network 2)" in line and "on 2 of them" in line
+    assert "by a median 6.0 %, at most 10.0 %" in line
+    assert _oracle_gap_lines(rows[3:]) == []
 
 
 def test_diagonal_blocks_price_a_split_document():
