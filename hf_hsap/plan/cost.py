@@ -260,9 +260,11 @@ def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
 
 
 def balance_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
-    """The compute lower bound of :func:`part_times`' slowest part over every placement: ``(token_cost * T +
-    sum_d L_d (L_d + 1) / 2) / n_parts``, every part equally loaded and no communication (a part's time is at least
-    ``token_cost * tokens + work``, and the slowest at least the mean); what the placement sweep calls ``LB``."""
+    """The compute lower bound of :func:`part_times`' slowest part on one *full-attention* layer over every
+    placement: ``(token_cost * T + sum_d L_d (L_d + 1) / 2) / n_parts``, every part equally loaded and no
+    communication (a part's time is at least ``token_cost * tokens + work``, and the slowest at least the mean;
+    ``diag_block``'s masked pairs and ``overlap`` below 1 only add); what the placement sweep calls ``LB``. Not a
+    bound of a windowed layer, which computes fewer pairs."""
     lengths = layout.doc_lengths
     return float(cost.token_cost * layout.total_tokens + (lengths * (lengths + 1) // 2).sum()) / n_parts
 

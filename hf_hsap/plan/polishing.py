@@ -34,8 +34,8 @@ __all__ = ["OTHER_STARTS", "POLISH_MAX_PARTS", "POLISH_MAX_SEGMENTS", "exposure_
 
 logger = logging.getLogger(__name__)
 
-POLISH_MAX_PARTS = 16  # auto polishes its winner (oracle.polish) for groups of at most this many parts
-POLISH_MAX_SEGMENTS = 512  # ... whose winner has at most this many segments (the search reads each part's)
+POLISH_MAX_PARTS = 16  # auto searches (oracle.polish) on groups of at most this many parts
+POLISH_MAX_SEGMENTS = 512  # ... from a placement of at most this many segments (the search reads each part's)
 FASTER_MARGIN = 1e-9  # a polished placement replaces the one it came from only when faster by more than this share
 # searched_from_others' starts, in order: on the sweep's network rows of at most 8 parts these two brought auto
 # within 2 % of the offline optimiser on 95.0 % of them (92.5 % without); adding balanced reached 95.2 % at
@@ -51,11 +51,11 @@ def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, 
     deterministic) when it is small enough to search within the planning budget: full attention only, at most
     :data:`POLISH_MAX_PARTS` parts and :data:`POLISH_MAX_SEGMENTS` segments. Kept only when the cost model
     prices it faster (name ``"<winner>+polish"``); never slower than the winner, so never slower than any
-    candidate. Only the winner is searched: searching from ``contiguous`` and ``density`` as well reached the
-    oracle on every sweep layout, but by trading work balance for KV that the fuller model of
-    ``benchmarks/cost_model.py`` (forward and backward rounds simulated) prices up to 20 % slower on the
-    GPU predictions, so the one-layer objective is not trusted that far from the candidates. Returns
-    ``(placement, transfers of every kind, step time)``."""
+    candidate. The searches from ``contiguous`` and ``density`` (:func:`searched_from_others`) are kept only where
+    the rounds simulated agree: on every sweep layout they reached the oracle, but partly by trading work balance
+    for KV that the fuller model of ``benchmarks/cost_model.py`` (forward and backward rounds simulated) prices up
+    to 20 % slower on the GPU predictions, so far from the candidates the one-layer objective alone is not
+    trusted. Returns ``(placement, transfers of every kind, step time)``."""
     if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
         return pl, tr, best
     t, moved = polish(layout, n_parts, cost, pl, token_slack)

@@ -12,9 +12,9 @@ from hf_hsap.plan import polishing
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times, simulated_time
 from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
-from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.layout import Layout, make_layout
 from hf_hsap.plan.oracle import polish
-from hf_hsap.plan.placement import contiguous
+from hf_hsap.plan.placement import Placement, contiguous
 from hf_hsap.plan.planner import _best_candidate, plan_layout
 from hf_hsap.plan.polishing import exposure_evened, polished, searched_from_others
 from hf_hsap.plan.windows import window_transfers
@@ -22,14 +22,15 @@ from hf_hsap.plan.windows import window_transfers
 NETWORK = CostModel.for_link("network")
 
 
-def before_the_step(layout, P, cost):
+def before_the_step(layout: Layout, P: int, cost: CostModel) -> tuple[Placement, tuple]:
     """``(winner, the plan as exposure_evened leaves it)``: auto's path without the search from other starts."""
     winner, tr, t = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
     plain = polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t)
     return winner, exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t, plain, None, "auto")
 
 
-def sim(layout, pl, cost) -> float:
+def sim(layout: Layout, pl: Placement, cost: CostModel) -> float:
+    """The slowest part's time with the rounds simulated (cost.simulated_time)."""
     return simulated_time(layout, pl, window_transfers(pl, layout, None), cost)
 
 
@@ -64,30 +65,55 @@ def test_refused_when_the_simulation_disagrees():
 
 def test_what_is_not_searched(monkeypatch):
     """Where the winner holds the segments of the ``density`` start only ``contiguous`` is searched (the winner's
-    own search already ran from it); nothing is searched on groups above POLISH_MAX_PARTS parts, on rows of more
-    than POLISH_MAX_SEGMENTS documents (no start is that small), on windowed plans, or where the plan is within
-    OTHER_STARTS_MIN_GAP of the compute bound."""
+    own search already ran from it); nothing is searched on groups above POLISH_MAX_PARTS parts, on windowed
+    plans, where the plan is within OTHER_STARTS_MIN_GAP of the compute bound, on rows of more than
+    POLISH_MAX_SEGMENTS documents (no start is built), or from a start of more segments than that. Every case
+    but the one it tests passes the other gates (the plan is > 2 % above the bound)."""
     layout = make_layout(cu_of([670, 532, 231, 615, 272]))
     winner, before = before_the_step(layout, 4, NETWORK)
     assert polishing._same_segments(winner, density(layout, 4, NETWORK.token_cost, 0.10))
     assert before[2] > 1.02 * balance_bound(layout, 4, NETWORK)
-    starts = []
+    starts, built = [], []
     monkeypatch.setattr(polishing, "polish", lambda layout, P, cost, start, slack: (starts.append(start),
                                                                                   (math.inf, start))[1])
     searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto")
     assert [s.name for s in starts] == ["contiguous"]
     P = polishing.POLISH_MAX_PARTS + 1
     big = _best_candidate(layout, P, 0.10, NETWORK, 1, {None: 1})
+    assert big[2] > 1.02 * balance_bound(layout, P, NETWORK)
     assert searched_from_others(layout, P, NETWORK, 0.10, 1, {None: 1}, big[0], big, None, "auto") is big
-    assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1, 64: 1}, winner, before, None, "auto") \
-        is before
+    assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {64: 1}, winner, before, None, "auto") is before
     near = (before[0], before[1], balance_bound(layout, 4, NETWORK) * (1 + polishing.OTHER_STARTS_MIN_GAP))
     assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, near, None, "auto") is near
-    many = make_layout(cu_of([30] * (polishing.POLISH_MAX_SEGMENTS + 1)))
-    w_many, before_many = before_the_step(many, 4, NETWORK)
-    assert searched_from_others(many, 4, NETWORK, 0.10, 1, {None: 1}, w_many, before_many, None, "auto") \
-        is before_many
     assert [s.name for s in starts] == ["contiguous"]
+    monkeypatch.setattr(polishing, "density", lambda *a: (built.append(a), density(*a))[1])
+    for lengths in ([6000] + [2] * polishing.POLISH_MAX_SEGMENTS, [2] * (polishing.POLISH_MAX_SEGMENTS - 3) + [6000]):
+        row = make_layout(cu_of(lengths))
+        w_row, before_row = before_the_step(row, 4, NETWORK)
+        assert before_row[2] > 1.02 * balance_bound(row, 4, NETWORK)
+        assert searched_from_others(row, 4, NETWORK, 0.10, 1, {None: 1}, w_row, before_row, None, "auto") is before_row
+    assert len(built) == 1  # the first row (513 documents) builds no start; the second builds both, of > 512 segments
+    assert [s.name for s in starts] == ["contiguous"]
+
+
+def test_a_result_must_keep_min_tokens_and_beat_the_plan_so_far(monkeypatch):
+    """A search result that leaves a part below ``min_tokens`` is dropped; each start's result must beat the plan
+    so far (here the second start, faster than the plan before the step but slower than the first start's
+    result, is not kept)."""
+    layout = make_layout(cu_of([31, 455, 55]))
+    winner, before = before_the_step(layout, 4, NETWORK)
+    kept = searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto")
+    fewest = int(kept[0].tokens_per_part().min())
+    assert kept is not before
+    assert searched_from_others(layout, 4, NETWORK, 0.10, fewest + 1, {None: 1}, winner, before, None,
+                                "auto") is before
+    monkeypatch.setattr(polishing, "simulation_agrees", lambda *a: True)
+    assert not any(polishing._same_segments(winner, s) for s in (density(layout, 4, NETWORK.token_cost, 0.10),
+                                                                 contiguous(layout, 4)))  # both are searched
+    times = {"density": 0.95 * before[2], "contiguous": 0.97 * before[2]}  # each start's result
+    monkeypatch.setattr(polishing, "polish", lambda layout, P, cost, start, slack: (times[start.name], start))
+    found = searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto")
+    assert found[0].name == "density+polish" and found[2] == times["density"]
 
 
 @settings(max_examples=ci_examples(40), deadline=None)
