@@ -95,9 +95,7 @@ def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: 
     moved = dataclasses.replace(moved, name=f"{pl.name}+polish")
     evened = polished(layout, n_parts, cost, token_slack, min_tokens, layers, moved,
                       {None: window_transfers(moved, layout, None)}, n * t)
-    if evened[2] >= plain[2] * (1 - FASTER_MARGIN):
-        return plain
-    if not simulation_agrees(layout, (plain[0], plain[1][None]), (evened[0], evened[1][None]), cost, budget, rounds):
+    if not _replaces(layout, plain, evened, cost, budget, rounds):
         return plain
     logger.debug("auto: evened out %r's exposed transfers: %.6g against %.6g (estimated step time)", pl.name,
                  evened[2], plain[2])
@@ -137,14 +135,25 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
         if start.doc.size > POLISH_MAX_SEGMENTS or _same_segments(start, winner):
             continue
         t, moved = polish(layout, n_parts, cost, start, token_slack)
-        if n * t >= current[2] * (1 - FASTER_MARGIN) or moved.tokens_per_part().min() < min_tokens:
+        if moved.tokens_per_part().min() < min_tokens:
             continue
         moved = dataclasses.replace(moved, name=f"{name}+polish")
-        tr = window_transfers(moved, layout, None)
-        if simulation_agrees(layout, (current[0], current[1][None]), (moved, tr), cost, budget, rounds):
+        found = (moved, {None: window_transfers(moved, layout, None)}, n * t)
+        if _replaces(layout, current, found, cost, budget, rounds):
             logger.debug("auto: searched from %r: %.6g against %.6g (estimated step time)", name, n * t, current[2])
-            current = (moved, {None: tr}, n * t)
+            current = found
     return current
+
+
+def _replaces(layout: Layout, current: tuple[Placement, dict[Window, Transfers], float],
+              found: tuple[Placement, dict[Window, Transfers], float], cost: CostModel, budget: int | None,
+              rounds: str) -> bool:
+    """The one rule by which a searched plan replaces the plan so far (:func:`exposure_evened`,
+    :func:`searched_from_others`): faster by the one-layer model (step times, by more than :data:`FASTER_MARGIN`)
+    and no slower with the plan's rounds simulated (:func:`.exposure.simulation_agrees`, run only when the first
+    holds). ``current``, ``found``: ``(placement, transfers of every kind, step time)`` of full-attention plans."""
+    return found[2] < current[2] * (1 - FASTER_MARGIN) and simulation_agrees(
+        layout, (current[0], current[1][None]), (found[0], found[1][None]), cost, budget, rounds)
 
 
 def _same_segments(a: Placement, b: Placement) -> bool:
