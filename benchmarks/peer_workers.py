@@ -42,6 +42,7 @@ from hf_hsap.testing import rel_err
 
 from .cpu_calibration import cpu_cost_model, measure_cpu_figures
 from .cpu_workers import _baseline_runner, _hsap_runner, _reset_peak, _Runner, _status_kb
+from .tensor_memory import TensorPeak
 
 DEEPSPEED_SCHEMES = ("deepspeed_ulysses", "alst")
 SCHEMES = ("hsap", "hsap_flat", "hsap_ulysses") + DEEPSPEED_SCHEMES
@@ -326,11 +327,13 @@ def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names
     memory), then ``rounds`` measured steps in interleaved rounds (rotated order, as :func:`peers_task` times);
     a step's figure is its peak minus the RSS just before (``VmHWM`` reset), the result the median over rounds.
     One step alone moves by a few MiB with the heap's state (the order of the schemes, what the process ran
-    before), about the gap between two schemes that hold the same tensors.
+    before), about the gap between two schemes that hold the same tensors. Then one more step per scheme under
+    :class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the tensors the step allocates (inputs and
+    shards excluded), free of the heap's noise.
 
     Returns:
         ``{"rank", "peak_delta_bytes": {name: int} (median over rounds), "peak_rounds_bytes": {name: [int]},
-        "peak_reset": bool}``.
+        "peak_reset": bool, "tensor_peak_bytes": {name: int}}``.
     """
     torch.set_num_threads(1)
     q, k, v, dout = _inputs(cu, hq, hkv, d, seed)
@@ -346,5 +349,12 @@ def peers_memory_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, names
             peak, ok = _step_peak(runners[name], libc)
             peaks[name].append(peak)
             reset = reset and ok
+    tensors = {}
+    for name in order:  # exact and deterministic: one step each, after the resident-set rounds (it is slow)
+        dist.barrier()
+        with TensorPeak() as m:
+            res = runners[name].run()
+        del res
+        tensors[name] = m.peak_bytes
     return {"rank": dist.get_rank(), "peak_delta_bytes": {n: int(np.median(p)) for n, p in peaks.items()},
-            "peak_rounds_bytes": peaks, "peak_reset": reset}
+            "peak_rounds_bytes": peaks, "peak_reset": reset, "tensor_peak_bytes": tensors}

@@ -35,8 +35,10 @@ def test_summarize_ratios_noise_and_memory():
                    {"hsap": [1.0, 1.0, 1.0], "deepspeed_ulysses": [3.0, 3.0, 3.0]})
     r1 = _per_rank({"hsap": [1.5, 1.0, 3.0], "deepspeed_ulysses": [1.0, 5.0, 1.0]},
                    {"hsap": [1.0, 1.0, 1.0], "deepspeed_ulysses": [1.0, 1.0, 1.0]})
-    mem = [{"peak_delta_bytes": {"hsap": 2**20, "deepspeed_ulysses": 3 * 2**20}, "peak_reset": True},
-           {"peak_delta_bytes": {"hsap": 5 * 2**20, "deepspeed_ulysses": 2**20}, "peak_reset": True}]
+    mem = [{"peak_delta_bytes": {"hsap": 2**20, "deepspeed_ulysses": 3 * 2**20}, "peak_reset": True,
+            "tensor_peak_bytes": {"hsap": 2**20, "deepspeed_ulysses": 2 * 2**20}},
+           {"peak_delta_bytes": {"hsap": 5 * 2**20, "deepspeed_ulysses": 2**20}, "peak_reset": True,
+            "tensor_peak_bytes": {"hsap": 4 * 2**20, "deepspeed_ulysses": 2**19}}]
     s = peers.summarize([r0, r1], mem)
     # slowest rank per round: hsap [1.5, 2, 4], peer [2, 5, 9]
     assert s["hsap"]["ms"] == pytest.approx(2000.0)
@@ -51,6 +53,7 @@ def test_summarize_ratios_noise_and_memory():
     assert s["hsap"]["noise"] == pytest.approx((3.0 - 1.75) / 2.0)  # IQR of [1.5, 2, 4] / median
     assert s["deepspeed_ulysses"]["cpu_ratio"] == pytest.approx(2.0)  # summed over ranks: 4 / 2
     assert s["hsap"]["peak_mib"] == pytest.approx(5.0) and s["deepspeed_ulysses"]["peak_mib"] == pytest.approx(3.0)
+    assert s["hsap"]["tensor_mib"] == pytest.approx(4.0) and s["deepspeed_ulysses"]["tensor_mib"] == pytest.approx(2.0)
 
 
 def test_peers_section_renders_the_table():
@@ -62,7 +65,8 @@ def test_peers_section_renders_the_table():
                                                                              ("alst", 0.5))},
                           exact={"hsap": True, "hsap_ulysses": True, "deepspeed_ulysses": True, "alst": False})]
     mem = [{"peak_delta_bytes": {"hsap": 10 * 2**20, "hsap_ulysses": 20 * 2**20, "deepspeed_ulysses": 30 * 2**20,
-                                 "alst": 40 * 2**20}, "peak_reset": True}]
+                                 "alst": 40 * 2**20}, "peak_reset": True,
+            "tensor_peak_bytes": {"hsap": 5 * 2**20, "hsap_ulysses": 2**19}}]
     per_rank[0]["info"]["hsap"] = {"ulysses": 2}  # the degree the row ran at: the U column
     c = {"dist": "sft", "label": peers.ROW_LABELS["sft"], "T": 128, "hq": 8, "hkv": 2, "d": 64, "n_docs": 5,
          "pairs": 100, "results": peers.summarize(per_rank, mem)}
@@ -71,8 +75,9 @@ def test_peers_section_renders_the_table():
     assert "DeepSpeed 0.19.8" in text and "`python -m benchmarks.peers --quick`" in text
     assert "wall times are noisy" in text  # load 5 on 2 cores
     assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | – | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 | " \
-           "3.0e-07 | 30 |" in text
-    assert "| SFT (many short documents) | 5 | 2 | hsap | 2 | 1000 | 0.00 | 1 (base) | 1.00 | 1.0e-07 | 10 |" in text
+           "3.0e-07 | 30 | – |" in text  # no tensor peak for this scheme
+    assert "| SFT (many short documents) | 5 | 2 | hsap | 2 | 1000 | 0.00 | 1 (base) | 1.00 | 1.0e-07 | 10 | 5.0 |" in text
+    assert "| hsap_ulysses | – | 1200 |" in text and "| 20 | 0.5 |" in text
     assert "| alst | – | not timed |" in text and "**not exact**" in text
     assert "Some schemes were not exact" in text
     assert "hsap faster in 1/1" in text  # alst is not timed, so only deepspeed_ulysses counts
@@ -153,6 +158,7 @@ def test_run_peers_without_deepspeed(pools):
         assert v["exact"] and len(v["runs_ms"]) == 2
         # out, dq (4 heads) and dk, dv (2 heads) of 1024 local rows, float32: 1.5 MiB the step must add
         assert v["peak_mib"] >= 1.5, v["peak_mib"]
+        assert v["tensor_mib"] >= 1.5, v["tensor_mib"]  # the exact figure holds the same tensors
     assert c["results"]["hsap"]["ratio"] == pytest.approx(1.0)
     assert c["peak_reset"] is True
     text = peers.peers_section(res)
