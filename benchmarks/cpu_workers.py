@@ -50,9 +50,10 @@ ATTENTION_ONLY = hf_hsap.CostModel(token_cost=0.0, kv_token_cost=hf_hsap.CostMod
 def _hsap_runner(cu: list[int], U: int | str, q, k, v, dout, cost: hf_hsap.CostModel = ATTENTION_ONLY
                  ) -> tuple[_Runner, Any]:
     """hf_hsap on this rank: a group of Ulysses degree ``U`` (``"per_batch"``: the degree ``cost`` prices fastest
-    for this row, up to ``U = world``), placement auto under ``cost``."""
-    sp = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(sp_size=dist.get_world_size(), ulysses_size=U,
-                                                           cost_model=cost), num_heads=q.shape[1])
+    for this row, up to ``U = world``, among those whose modelled activation memory is at most ``U = world``'s),
+    placement auto under ``cost``."""
+    config = hf_hsap.HSAPConfig(sp_size=dist.get_world_size(), ulysses_size=U, cost_model=cost)
+    sp = hf_hsap.init_sequence_parallel(config, num_heads=q.shape[1], num_kv_heads=k.shape[1])
     plan = hf_hsap.plan_sequence(torch.tensor(cu), sp, "auto")
     idx = plan.local_token_indices()
     ql, kl, vl, dl = (x.index_select(0, idx) for x in (q, k, v, dout))

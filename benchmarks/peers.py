@@ -251,8 +251,9 @@ def peers_section(results: dict) -> str:
         "",
         "Every scheme runs hf_hsap's CPU kernel (`TorchCPUFlashKernel`, varlen over the row's documents), so a ratio "
         "shows the schedule, not the kernel: **hsap** (`hsap_attn_func`, `ulysses_size=\"per_batch\"`: the row runs at "
-        "the Ulysses degree, 1 to the world size, whose plan the cost model prices fastest; placement auto; the U "
-        "column), **hsap_flat** (the same at U = 1, flat SAP), **hsap_ulysses** "
+        "the Ulysses degree, 1 to the world size, whose plan the cost model prices fastest among those whose modelled "
+        "activation memory is at most the world size's (`hf_hsap.plan.degree`); placement auto; the U column), "
+        "**hsap_flat** (the same at U = 1, flat SAP), **hsap_ulysses** "
         "(hf_hsap's own Ulysses baseline of the measured section), **deepspeed_ulysses** (DeepSpeed's "
         "`deepspeed.sequence.layer.DistributedAttention` around a local module that runs the kernel over the whole "
         "row with the document mask; it asserts key/value heads ≥ world size, so 2 key/value heads are repeated to "

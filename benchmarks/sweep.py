@@ -47,6 +47,7 @@ SWEEP_DISTRIBUTIONS = ("lognormal-0.5", "lognormal-1.0", "lognormal-1.6", "logno
                        "pareto-1.5", "bimodal", "one-dominant", "two-dominant", "tiny", "sft")
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
 MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
+MODEL_KV_HEADS = 8  # and its key/value heads: what the per-batch degree's memory cap weighs
 NODE_GPUS = 8  # the per-batch degree rows: groups of 8-GPU nodes spanning several nodes
 
 
@@ -161,7 +162,8 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                        "recv_ring": float(np.bincount(auto.transfers.dst, weights=auto.transfers.lengths,
                                                       minlength=parts).max() / (T - T / parts))}
                 if U == 1 and link == "nvlink":  # the hierarchy degree chosen for this layout, up to Ulysses
-                    best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=P)
+                    best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=P,
+                                                       num_kv_heads=MODEL_KV_HEADS)
                     row["by_u"] = {str(u): t for u, t in by_u.items()}
                     row["best_u"] = best_u
                 if parts <= cfg.oracle_max_parts:
@@ -191,7 +193,8 @@ def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
             for seed in range(cfg.seeds):
                 L = sweep_lengths(dist, T, seed)
                 layout = make_layout(np.concatenate([[0], np.cumsum(L)]))
-                best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=NODE_GPUS)
+                best_u, by_u = choose_ulysses_size(layout, P, num_heads=MODEL_Q_HEADS, gpus_per_node=NODE_GPUS,
+                                                   num_kv_heads=MODEL_KV_HEADS)
                 lb = balance_bound(layout, P, network)  # a rank's share: no communication, no all-to-all
                 out.append({"dist": dist, "seed": seed, "P": P, "best_u": best_u,
                             "by_u": {str(u): t / lb for u, t in by_u.items()}})
@@ -301,7 +304,9 @@ def render_sweep(res: dict) -> str:
         best = [r["by_u"][str(r["best_u"])] / r["by_u"][str(r["P"])] for r in uly]
         chosen = [r["best_u"] for r in uly]
         out += ["", f"Against Ulysses (U = P, one part; NVLink, {len(uly)} layouts with P dividing "
-                f"{MODEL_Q_HEADS} query heads; `hf_hsap.choose_ulysses_size`, the cost model): flat hf_hsap "
+                f"{MODEL_Q_HEADS} query heads; `hf_hsap.choose_ulysses_size`, the cost model, among the degrees "
+                f"whose modelled activation memory is at most the highest degree's, {MODEL_KV_HEADS} key/value "
+                "heads): flat hf_hsap "
                 f"(U = 1) / Ulysses median {_q(flat, .5):.3f}, worst {max(flat):.3f}, ≤ 1 on "
                 f"{np.mean(np.asarray(flat) <= 1 + 1e-12) * 100:.0f}%; with U chosen per layout median "
                 f"{_q(best, .5):.3f}, worst {max(best):.3f} (U = 1 chosen on {chosen.count(1)}, U = P on "

@@ -74,6 +74,9 @@ class HSAPConfig:
             ``"auto"`` (one degree by the node rule, :func:`~hf_hsap.topology.auto_ulysses_size`) or
             ``"per_batch"`` (groups for every degree that divides P, the heads and a node; every batch runs
             the degree whose plan the cost model prices fastest, :func:`hf_hsap.sp_plan.plan_per_batch`).
+        per_batch_memory_cap: with ``"per_batch"``, a batch runs only at a degree whose modelled activation memory
+            per rank is at most the highest degree's (:func:`hf_hsap.plan.degree.fastest_degree`; flat SAP keeps its
+            received keys for the backward); ``False``: the fastest degree, whatever it holds.
         placement: token placement of the planner (``auto``, ``balanced``, ``contiguous``, ``density``, ``zigzag``).
         rounds: how SAP's transfers are grouped in time (``auto``, ``batched``, ``by_peer``).
         recv_budget_tokens: at most this many KV tokens in one receive buffer (None: no bound).
@@ -106,6 +109,7 @@ class HSAPConfig:
     cost_model: Any = None
     model_config: Any = field(default=None, repr=False)
     windows: Any = None
+    per_batch_memory_cap: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> ValueError:
@@ -147,6 +151,8 @@ class HSAPConfig:
             except (TypeError, ValueError) as err:
                 raise bad("windows", f"{err} (a per-layer list of windows, None = full attention, or a mapping "
                                      "window -> layers)") from None
+        if not isinstance(self.per_batch_memory_cap, bool):
+            raise bad("per_batch_memory_cap", "must be True or False")
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int)
                                                or self.gpus_per_node < 1):
             raise bad("gpus_per_node", "must be a positive int or None")
@@ -159,6 +165,11 @@ class HSAPConfig:
     def num_heads(self) -> int | None:
         """Query heads of ``model_config`` (what ``ulysses_size="auto"`` / ``"per_batch"`` degrees divide), or None."""
         return getattr(self.model_config, "num_attention_heads", None)
+
+    @property
+    def num_kv_heads(self) -> int | None:
+        """Key/value heads of ``model_config`` (``num_key_value_heads``, else its query heads), or None."""
+        return getattr(self.model_config, "num_key_value_heads", None) or self.num_heads
 
     def cost_for(self, sap_link: str) -> Any:
         """The cost model of a group whose SAP links are ``sap_link``: ``cost_model``, else one built from

@@ -142,9 +142,11 @@ def plan_per_batch(layout: Layout, sp: SPGroup, cost: CostModel | None, cache: P
     """The plan of ``layout`` at the Ulysses degree the cost model prices fastest, bound to that degree's group
     (``ulysses_size="per_batch"``: ``sp.degrees``).
 
-    Every degree's plan is made (and cached) as for a group of that degree; :func:`~hf_hsap.plan.planner.fastest_degree`
-    picks one (a rank's step time, ties to the smaller degree), the same on every rank since it depends only on
-    the layout and the options. The choice is cached too, so a repeated layout costs one lookup.
+    Every degree's plan is made (and cached) as for a group of that degree; :func:`~hf_hsap.plan.degree.fastest_degree`
+    picks one (a rank's step time, ties to the smaller degree; with ``per_batch_memory_cap``, the default, among
+    the degrees whose modelled activation memory is at most the highest degree's, weighed with ``sp.heads``), the
+    same on every rank since it depends only on the layout and the options. The choice is cached too, so a
+    repeated layout costs one lookup.
 
     Args:
         layout: the checked layout. sp: a group with ``degrees``. cost: the cost model (``None``: each degree's
@@ -155,13 +157,14 @@ def plan_per_batch(layout: Layout, sp: SPGroup, cost: CostModel | None, cache: P
     """
     kinds, layers = mask_kinds(options.get("windows"), layout)  # the windows as the planner keys them
     rest = tuple(sorted((k, v) for k, v in options.items() if k != "windows"))
-    key = ("per_batch", layout.digest, cost, rest, tuple((w, layers[w]) for w in kinds))
+    heads = sp.heads if sp.config.per_batch_memory_cap else None
+    key = ("per_batch", layout.digest, cost, rest, tuple((w, layers[w]) for w in kinds), heads)
 
     def choose() -> SPPlan:
         plans = {u: planner.plan_sequence(layout, g.spec, cost=cost, cache=cache,
                                           bind=lambda p, g=g: SPPlan.bind(p, g), **options)
                  for u, g in sorted(sp.degrees.items())}
-        best, times = planner.fastest_degree(plans)
+        best, times = planner.fastest_degree(plans, heads)
         logger.debug("per-batch Ulysses degree %d for %d tokens, %d documents (estimated step time per degree: %s)",
                      best, layout.total_tokens, layout.n_docs,
                      ", ".join(f"U={u}: {t:.4g}" for u, t in sorted(times.items())))

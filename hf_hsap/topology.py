@@ -61,6 +61,8 @@ class SPGroup:
             each degree with its own intra and inter groups): :func:`hf_hsap.plan_sequence` plans every batch
             for the degree the cost model prices fastest and binds the plan to that group
             (:func:`hf_hsap.sp_plan.plan_per_batch`). Empty: one degree, ``ulysses_size``.
+        heads: ``(query heads, key/value heads)`` of the model when known (what the per-batch choice weighs the
+            degrees' activation memory with), else ``None``.
     """
 
     size: int
@@ -83,6 +85,7 @@ class SPGroup:
     pending_plan_use: Any = None
     config: HSAPConfig = field(default_factory=HSAPConfig)
     degrees: dict[int, "SPGroup"] = field(default_factory=dict)
+    heads: tuple[int, int] | None = None
 
     @property
     def sap_link(self) -> str:
@@ -200,7 +203,8 @@ def _gpus_per_node(world: int) -> int:
 
 def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str = "auto", group: Any = None,
                            timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
-                           gpus_per_node: int | None = None, grad_comm_dtype: Any = None) -> SPGroup:
+                           gpus_per_node: int | None = None, grad_comm_dtype: Any = None,
+                           num_kv_heads: int | None = None) -> SPGroup:
     """Split the initialised world into consecutive SP groups of ``sp_size`` ranks, taken from one
     ``DeviceMesh`` with dims ``(dp, sp_inter, sp_intra)``.
 
@@ -227,6 +231,8 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
             LOCAL_WORLD_SIZE, else GPUs, else world).
         grad_comm_dtype: dtype of the dK/dV partial sums SAP returns to their owners (``None``: the
             inputs' dtype; ``torch.float32``: the fp32 accumulators, 2x the bytes in bf16).
+        num_kv_heads: key/value heads of the model, for the per-batch degree's memory cap (default: the config's
+            ``model_config``, else ``num_heads``).
 
     Returns:
         This rank's :class:`SPGroup` (its ``config`` holds the options, ``device_mesh`` the mesh).
@@ -251,6 +257,8 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
                             gpus_per_node=gpus_per_node, grad_comm_dtype=grad_comm_dtype)
     sp_size, timeout_s = config.sp_size, float(config.timeout_s)
     num_heads = num_heads or config.num_heads
+    num_kv_heads = num_kv_heads or (config.num_kv_heads if config.num_heads == num_heads else None) or num_heads
+    heads = (num_heads, num_kv_heads) if num_heads else None
     world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     gpus_per_node = config.gpus_per_node or _gpus_per_node(world_now)
     ulysses_size = config.ulysses_size
@@ -279,7 +287,7 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
                          "group=None (SP groups are consecutive ranks, data parallelism runs across them)")
     _validate(world, sp_size, ulysses_size)
     shared = {"timeout_s": timeout_s, "gpus_per_node": gpus_per_node, "grad_comm_dtype": config.grad_comm_dtype,
-              "config": config.replace(ulysses_size="per_batch" if per_batch else ulysses_size)}
+              "heads": heads, "config": config.replace(ulysses_size="per_batch" if per_batch else ulysses_size)}
     sp = _build_group(sp_size, ulysses_size, None, shared)
     sp.cost_model = config.cost_for(sp.sap_link)
     if per_batch:  # one set of groups per degree (same SP group, plan cache and counters): sp_plan.plan_per_batch

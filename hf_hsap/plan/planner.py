@@ -22,6 +22,7 @@ from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
+from .degree import fastest_degree, rank_step_time
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -334,8 +335,10 @@ def plan_sequence(
 
 def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layout, sp_size: int, *, num_heads: int,
                         gpus_per_node: int | None = None, cost: CostModel | None = None, placement: str = "auto",
-                        windows: Sequence[Window] | Mapping[Window, int] | None = None) -> tuple[int, dict[int, float]]:
-    """The Ulysses degree ``U`` whose plan of this layout the cost model prices fastest (pure, offline).
+                        windows: Sequence[Window] | Mapping[Window, int] | None = None, num_kv_heads: int | None = None,
+                        memory_cap: bool = True) -> tuple[int, dict[int, float]]:
+    """The Ulysses degree ``U`` whose plan of this layout the cost model prices fastest (pure, offline), among
+    those whose activation memory stays within the highest degree's (:func:`.degree.fastest_degree`).
 
     Every ``U`` that divides ``sp_size`` and ``num_heads`` and keeps the all-to-all inside a node (divides
     ``gpus_per_node`` when it is given) is planned, up to ``U = sp_size`` (DeepSpeed Ulysses: one part, no
@@ -348,6 +351,8 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
         gpus_per_node: ranks per node (None: unknown, no node limit; SAP's KV priced for the network unless
             the group fits in one node). cost: the cost model (default: ``CostModel.for_link`` of the group).
         placement, windows: as :func:`plan_sequence`.
+        num_kv_heads: key/value heads of the model (default ``num_heads``: no grouped-query sharing, the most KV
+            memory a received key can cost). memory_cap: ``False``: time alone.
 
     Returns:
         ``(best U, {U: estimated step time of the slowest rank, in pairs})``; ties go to the smaller U.
@@ -362,28 +367,7 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
     if not plans:
         raise ValueError(f"no Ulysses degree divides sp_size={sp_size} and num_heads={num_heads} (and fits a node of "
                          f"{gpus_per_node} ranks) for {layout.total_tokens} tokens")
-    return fastest_degree(plans)
+    return fastest_degree(plans, (num_heads, num_kv_heads or num_heads) if memory_cap else None)
 
-
-def rank_step_time(plan: Plan) -> float:
-    """Estimated step time of a rank under ``plan``, in pairs: its slowest part's step time over every mask kind
-    (:func:`.cost.step_time`, with the all-to-all's share of every token when ``U > 1``) divided by ``U`` (a rank
-    computes ``1 / U`` of its part's heads). What compares plans of one layout at different Ulysses degrees."""
-    trs = {w: plan.kind(w).transfers for w in plan.windows}
-    return step_time(plan.layout, plan.placement, trs, plan.layer_counts, plan.cost) / plan.ulysses_size
-
-
-def fastest_degree(plans: Mapping[int, Plan]) -> tuple[int, dict[int, float]]:
-    """The Ulysses degree whose plan :func:`rank_step_time` prices fastest (the one rule of the per-batch choice:
-    :func:`choose_ulysses_size` and ``ulysses_size="per_batch"`` groups use it).
-
-    Args:
-        plans: one plan of the same layout per degree ``U``.
-
-    Returns:
-        ``(best U, {U: estimated step time})``; ties go to the smaller U.
-    """
-    times = {U: rank_step_time(p) for U, p in plans.items()}
-    return min(times, key=lambda u: (times[u], u)), times
 
 __getattr__ = moved_names(__name__, {"check_same_layout": ("hf_hsap.sp_plan", "the planner runs no collective")})

@@ -1,5 +1,7 @@
 """``ulysses_size="per_batch"``: one set of groups per Ulysses degree, each batch run at the degree the cost model
-prices fastest (issue 19), exact against the float64 reference at every degree it picks.
+prices fastest (issue 19), exact against the float64 reference at every degree it picks. The groups here
+choose by time alone (``per_batch_memory_cap=False``); the memory cap has its own test
+(test_degree_memory_measured.py).
 
 The cost models below are chosen so that one group meets all three degrees of world 4 (the choice is the pure
 planner's :func:`hf_hsap.choose_ulysses_size`, asserted per case): many short documents stay flat SAP (U = 1,
@@ -41,7 +43,7 @@ def test_groups_of_every_degree(pools):
 def test_per_batch_degree_is_the_fastest_and_exact(pools, lengths, cost, expected, heads):
     cu = cu_of(lengths)
     U, times = hf_hsap.choose_ulysses_size(np.asarray(cu), 4, num_heads=8, gpus_per_node=4,
-                                           cost=hf_hsap.CostModel(**cost))
+                                           cost=hf_hsap.CostModel(**cost), memory_cap=False)
     assert U == expected, times  # the case still meets the degree it is meant to
     hq, hkv = heads
     res = pools(4).run(check_attention, cu, 4, "per_batch", "auto", hq, hkv, 8, "float64", 5, None, None, None,

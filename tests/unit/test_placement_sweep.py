@@ -222,9 +222,11 @@ def test_choose_ulysses_size_prices_every_degree_up_to_ulysses():
     import hf_hsap
 
     cu = cu_of([3000, 40, 900, 60, 4000])
-    best, times = hf_hsap.choose_ulysses_size(cu, 8, num_heads=8, gpus_per_node=8)
+    best, times = hf_hsap.choose_ulysses_size(cu, 8, num_heads=8, gpus_per_node=8, memory_cap=False)
     assert set(times) == {1, 2, 4, 8}  # every divisor of P and of the heads, up to one part (Ulysses)
     assert best == min(times, key=lambda u: (times[u], u))
+    capped, same = hf_hsap.choose_ulysses_size(cu, 8, num_heads=8, gpus_per_node=8)  # memory cap: 8 kv heads
+    assert same == times and times[capped] >= times[best]
     group = GroupSpec.offline(8, 4, 8)  # U = 4 as the plan prices it: its part's time over U
     plan = plan_layout(make_layout(cu), group, "auto", cost=CostModel.for_link(group.link))
     assert times[4] == pytest.approx(part_times(plan.layout, plan.placement, plan.transfers, plan.cost).max() / 4)

@@ -20,8 +20,11 @@ PER_BATCH_HEADS = 8  # the heads a "per_batch" group's degrees divide (every tes
 def get_sp(sp_size: int, ulysses: int | str) -> hf_hsap.SPGroup:
     key = (sp_size, ulysses)
     if key not in _GROUPS:
-        heads = {"num_heads": PER_BATCH_HEADS} if ulysses == "per_batch" else {}
-        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses, **heads)
+        if ulysses == "per_batch":  # the fastest degree by time alone (the cap: test_degree_memory_measured.py)
+            config = hf_hsap.HSAPConfig(sp_size=sp_size, ulysses_size=ulysses, per_batch_memory_cap=False)
+            _GROUPS[key] = hf_hsap.init_sequence_parallel(config, num_heads=PER_BATCH_HEADS)
+        else:
+            _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses)
     return _GROUPS[key]
 
 

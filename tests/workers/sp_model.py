@@ -19,12 +19,13 @@ _GROUPS: dict = {}  # per-process cache of SP groups (worker processes only)
 
 def get_sp(sp_size: int, ulysses: int | str = 1, cost: dict | None = None) -> hf_hsap.SPGroup:
     """This process's SP group of that shape; ``ulysses="per_batch"`` groups plan with ``cost`` (CostModel fields)
-    and the tiny models' 4 heads."""
+    and the tiny models' 4 heads, the fastest degree by time alone (the memory cap off: its own test is
+    tests/distributed/test_degree_memory_measured.py)."""
     key = (sp_size, ulysses, None if cost is None else tuple(sorted(cost.items())))
     if key not in _GROUPS:
         _GROUPS[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
-            sp_size=sp_size, ulysses_size=ulysses, cost_model=None if cost is None else hf_hsap.CostModel(**cost)),
-            num_heads=4 if ulysses == "per_batch" else None)
+            sp_size=sp_size, ulysses_size=ulysses, cost_model=None if cost is None else hf_hsap.CostModel(**cost),
+            per_batch_memory_cap=False), num_heads=4 if ulysses == "per_batch" else None)
     return _GROUPS[key]
 
 
