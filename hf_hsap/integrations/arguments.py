@@ -24,7 +24,7 @@ from ..plan.placement import DEFAULT_TOKEN_SLACK
 __all__ = ["HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments", "HSAP_FIELDS"]
 
 HSAP_FIELDS = ("sp_size", "ulysses_size", "placement", "rounds", "recv_budget_tokens", "token_slack",
-               "grad_comm_dtype", "timeout_s", "gpus_per_node")
+               "grad_comm_dtype", "timeout_s", "gpus_per_node", "per_batch_memory_cap")
 
 
 @dataclass
@@ -36,7 +36,7 @@ class HSAPArguments:
     hsap_ulysses_size: str = field(default="auto", metadata={
         "help": "HSAP: Ulysses all-to-all degree inside the SP group (divides hsap_sp_size and the heads), "
                 "'auto' (1 inside one node, else Ulysses inside each node) or 'per_batch' (every batch at the degree "
-                "the cost model prices fastest)"})
+                "the cost model prices fastest within hsap_per_batch_memory_cap)"})
     hsap_placement: str = field(default="auto", metadata={"help": f"HSAP: token placement, one of {PLACEMENTS}"})
     hsap_rounds: str = field(default="auto", metadata={"help": f"HSAP: SAP round order, one of {ROUNDS}"})
     hsap_recv_budget_tokens: int | None = field(default=None, metadata={
@@ -49,6 +49,9 @@ class HSAPArguments:
         "help": "HSAP: seconds before a silent peer makes the SP group raise"})
     hsap_gpus_per_node: int | None = field(default=None, metadata={
         "help": "HSAP: ranks per node (default LOCAL_WORLD_SIZE)"})
+    hsap_per_batch_memory_cap: bool = field(default=True, metadata={
+        "help": "HSAP: with hsap_ulysses_size per_batch, no batch at a degree whose modelled activation memory "
+                "exceeds the highest degree's (False: the fastest degree by time alone)"})
 
     def hsap_config(self, model_config: Any = None) -> HSAPConfig:
         """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).

@@ -37,6 +37,7 @@ def test_defaults() -> None:
     ("token_slack", -0.01, {}), ("token_slack", 1.5, {}), ("token_slack", float("nan"), {}),
     ("timeout_s", 0, {}), ("timeout_s", -1.0, {}), ("timeout_s", float("nan"), {}),
     ("gpus_per_node", 0, {}), ("gpus_per_node", 2.0, {}), ("gpus_per_node", "8", {}),
+    ("per_batch_memory_cap", 1, {}), ("per_batch_memory_cap", "no", {}),
 ])
 def test_bad_field_raises_naming_it(field: str, value, extra: dict) -> None:
     with pytest.raises(ValueError, match=rf"HSAPConfig\.{field}="):
@@ -164,9 +165,10 @@ def test_repr_leaves_the_model_config_out() -> None:
 # ------------------------------------------------------------------------------------------- arguments
 CLI = ["--hsap_sp_size", "4", "--hsap_ulysses_size", "2", "--hsap_placement", "zigzag", "--hsap_rounds",
        "by_peer", "--hsap_recv_budget_tokens", "8192", "--hsap_token_slack", "0.2", "--hsap_grad_comm_dtype",
-       "float32", "--hsap_timeout_s", "30", "--hsap_gpus_per_node", "8"]
+       "float32", "--hsap_timeout_s", "30", "--hsap_gpus_per_node", "8", "--hsap_per_batch_memory_cap", "False"]
 EXPECTED = {"sp_size": 4, "ulysses_size": 2, "placement": "zigzag", "rounds": "by_peer", "recv_budget_tokens": 8192,
-            "token_slack": 0.2, "grad_comm_dtype": torch.float32, "timeout_s": 30.0, "gpus_per_node": 8}
+            "token_slack": 0.2, "grad_comm_dtype": torch.float32, "timeout_s": 30.0, "gpus_per_node": 8,
+            "per_batch_memory_cap": False}
 
 
 def _common(tmp_path) -> list[str]:
@@ -230,7 +232,8 @@ def test_sft_config_from_a_yaml_file(tmp_path) -> None:
     path = tmp_path / "hsap.yaml"
     path.write_text("hsap_sp_size: 4\nhsap_ulysses_size: 2\nhsap_placement: zigzag\nhsap_rounds: by_peer\n"
                     "hsap_recv_budget_tokens: 8192\nhsap_token_slack: 0.2\nhsap_grad_comm_dtype: float32\n"
-                    "hsap_timeout_s: 30\nhsap_gpus_per_node: 8\nuse_cpu: true\nreport_to: none\npacking: true\n")
+                    "hsap_timeout_s: 30\nhsap_gpus_per_node: 8\nhsap_per_batch_memory_cap: false\nuse_cpu: true\n"
+                    "report_to: none\npacking: true\n")
     (args,) = TrlParser(HSAPSFTConfig).parse_args_and_config(args=["--config", str(path), "--output_dir",
                                                                     str(tmp_path / "out")])
     assert args.packing and args.use_cpu
@@ -264,7 +267,8 @@ def test_arguments_in_python_match_their_config(tmp_path) -> None:
     for cls in (HSAPTrainingArguments, HSAPSFTConfig):
         args = cls(output_dir=str(tmp_path), use_cpu=True, report_to="none", hsap_sp_size=4, hsap_ulysses_size="2",
                    hsap_placement="zigzag", hsap_rounds="by_peer", hsap_recv_budget_tokens=8192, hsap_token_slack=0.2,
-                   hsap_grad_comm_dtype="float32", hsap_timeout_s=30.0, hsap_gpus_per_node=8)
+                   hsap_grad_comm_dtype="float32", hsap_timeout_s=30.0, hsap_gpus_per_node=8,
+                   hsap_per_batch_memory_cap=False)
         cfg = _check_hsap(args, MODEL_CONFIG)
         assert cfg.model_config is MODEL_CONFIG
 
