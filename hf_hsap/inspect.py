@@ -268,12 +268,15 @@ def _row(args: argparse.Namespace) -> np.ndarray:
 
 def choose_degree(args: argparse.Namespace, cu: np.ndarray, windows) -> tuple[int, dict[int, float] | None]:
     """``--U``: the degree to plan with, and with ``per_batch`` every degree's estimated step time of a rank
-    (:func:`~hf_hsap.plan.planner.choose_ulysses_size`, what a ``"per_batch"`` group decides per batch)."""
+    (:func:`~hf_hsap.plan.planner.choose_ulysses_size`, what a ``"per_batch"`` group decides per batch, within its
+    memory cap)."""
     if args.U != "per_batch":
         return args.U, None
-    heads = int((_load_config(args.config) if args.config else LLAMA3_8B).num_attention_heads)
+    model = _load_config(args.config) if args.config else LLAMA3_8B
+    heads = int(model.num_attention_heads)
+    kv_heads = int(getattr(model, "num_key_value_heads", None) or heads)  # the memory cap weighs received keys
     return choose_ulysses_size(cu, args.P, num_heads=heads, gpus_per_node=args.gpus_per_node, cost=make_cost(args),
-                               placement=args.placement, windows=windows)
+                               placement=args.placement, windows=windows, num_kv_heads=kv_heads)
 
 
 def _windows(args: argparse.Namespace) -> dict[int | None, int] | list | None:
