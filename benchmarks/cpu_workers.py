@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import hf_hsap
 from hf_hsap.kernels import TorchCPUFlashKernel
+from hf_hsap.plan.memory import memory_terms
 from hf_hsap.testing import rel_err
 
 from .cpu_baselines import AllGatherKV, RingAttention, UlyssesAttention
@@ -212,7 +213,8 @@ def memory_task(cu: list[int], hq: int, hkv: int, d: int, budget: int | None) ->
 
     Returns:
         ``{"rank", "n_local", "recv_tokens", "rounds", "max_round_recv", "peak_delta_bytes",
-        "peak_reset", "own_bytes", "recv_buffer_bytes"}`` (the last two: the model of the report).
+        "peak_reset", "own_bytes", "recv_buffer_bytes"}`` (the last two: the planner's memory model,
+        :func:`hf_hsap.plan.memory.memory_terms`: own tokens, and the receive side).
     """
     torch.set_num_threads(1)
     sp = hf_hsap.init_sequence_parallel(dist.get_world_size())
@@ -231,18 +233,11 @@ def memory_task(cu: list[int], hq: int, hkv: int, d: int, budget: int | None) ->
     peak = _status_kb("VmHWM")
     dist.barrier()
     max_round = max((r.recv_total for r in sched.rounds), default=0)
-    max_send = max((int(r.send_index.shape[0]) for r in sched.rounds), default=0)
-    kv_row = 2 * hkv * d * 4  # bytes of one K|V row, float32
+    # the planner's own memory model (hf_hsap.plan.memory), in tokens x heads of d float32 elements
+    own, _, kv = memory_terms(plan.placement.tokens_per_part(), plan.pieces, budget is not None, 1, hq, hkv)
     return {
         "rank": sp.rank, "n_local": n, "recv_tokens": sched.recv_tokens, "rounds": len(sched.rounds),
         "max_round_recv": max_round, "peak_delta_bytes": (peak - rss0) * 1024, "peak_reset": reset,
-        # what the call adds per own token: out and lse (fp32), the dQ and dK|dV accumulators, the K|V
-        # concatenation that feeds the sends
-        "own_bytes": n * ((2 * hq + 4 * hkv) * d + hq) * 4,
-        # receive side: one round = its buffer (kept for the backward) + its gradient + the gradients
-        # returning for the rows this rank sent; several rounds are double-buffered: two buffers in flight,
-        # one gradient, two returning gradient messages
-        "recv_buffer_bytes": ((2 * max_round + max_send) if len(sched.rounds) <= 1
-                              else (3 * max_round + 2 * max_send)) * kv_row,
+        "own_bytes": int(own[sp.rank] * d * 4), "recv_buffer_bytes": int(kv[sp.rank] * d * 4),
         "finite": bool(torch.isfinite(out.detach()).all()),
     }

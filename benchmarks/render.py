@@ -204,10 +204,12 @@ def _measured_section(res: dict) -> str:
             f"One hf_hsap attention forward + backward, T = {mem['T']}, world {cfg.get('world', 4)}, {mem['hq']} q heads, "
             f"{mem['hkv']} kv heads, head dim {mem['d']}, float32, placement auto, each case in fresh processes (glibc "
             "returns freed memory at once). Peak Δ = peak resident set (VmHWM, reset just before the call) minus the "
-            "resident set before it; q, k, v and dout exist before. Model = what the call must add: own-token tensors "
-            "(output and log-sum-exp, dQ and dK|dV accumulators, the K|V send concatenation) + the largest round's "
-            "receive buffer(s) — one round: the buffer and its gradient; several rounds (double-buffered): two buffers "
-            "and one gradient — + the gradients returning for the rows this rank sent.",
+            "resident set before it; q, k, v and dout exist before. Model = the planner's own "
+            "(`hf_hsap.plan.memory`, what a `per_batch` group weighs its degrees with): own-token tensors (output "
+            "and dQ per query head; dK|dV accumulators and the K|V send rows per kv head) + the receive side — "
+            "without a budget every round's buffer is kept for the backward with its gradient; with one the rounds "
+            "are double-buffered (two buffers and one gradient of the largest round) — + the gradients returning "
+            "for the rows this rank sent.",
             "", rp.memory_table(res["memory"]),
         ]
     return "\n".join(lines)

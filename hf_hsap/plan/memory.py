@@ -44,16 +44,16 @@ def kv_heads_held(kv_heads: int, U: int) -> int:
     return kv_heads if kv_heads % U == 0 else math.lcm(kv_heads, U)
 
 
-def attention_memory(part_tokens: np.ndarray, pieces: RoundPieces, budgeted: bool, U: int, q_heads: int,
-                     kv_heads: int) -> np.ndarray:
-    """Modelled peak activation memory of one attention layer's forward + backward, per part (module docstring).
+def memory_terms(part_tokens: np.ndarray, pieces: RoundPieces, budgeted: bool, U: int, q_heads: int,
+                 kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three terms of :func:`attention_memory` per part (module docstring), in tokens x heads per rank.
 
     Args:
         part_tokens: ``[R]`` tokens of each part. pieces: the plan's round pieces. budgeted: the plan has a receive
         budget (double-buffered rounds). U: the Ulysses degree. q_heads, kv_heads: the model's heads.
 
     Returns:
-        ``[R]`` per rank of each part, in tokens x heads (``head_dim`` elements each).
+        ``(own, all_to_all, receive_side)``, each ``[R]``.
     """
     R = len(part_tokens)
     hkv = kv_heads_held(kv_heads, U)
@@ -68,8 +68,20 @@ def attention_memory(part_tokens: np.ndarray, pieces: RoundPieces, budgeted: boo
         kv = RECV * recv.sum(axis=1) + SEND * sent.sum(axis=1)
     t = np.asarray(part_tokens, dtype=np.float64) / U  # [R] a rank's share of its part
     own = t * (OWN_Q * q_heads + OWN_KV * hkv)
-    a2a = t * (A2A_Q * q_heads + A2A_KV * hkv) if U > 1 else 0.0
-    return own + a2a + kv * hkv / U
+    a2a = t * (A2A_Q * q_heads + A2A_KV * hkv) if U > 1 else np.zeros(R)
+    return own, a2a, kv * hkv / U
+
+
+def attention_memory(part_tokens: np.ndarray, pieces: RoundPieces, budgeted: bool, U: int, q_heads: int,
+                     kv_heads: int) -> np.ndarray:
+    """Modelled peak activation memory of one attention layer's forward + backward, per part (module docstring):
+    the sum of :func:`memory_terms`.
+
+    Returns:
+        ``[R]`` per rank of each part, in tokens x heads (``head_dim`` elements each).
+    """
+    own, a2a, kv = memory_terms(part_tokens, pieces, budgeted, U, q_heads, kv_heads)
+    return own + a2a + kv
 
 
 def plan_memory(plan: "Plan", q_heads: int, kv_heads: int) -> float:
