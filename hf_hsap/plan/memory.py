@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .rounds import RoundPieces
+from .rounds import RoundPieces, round_tables
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -58,11 +58,8 @@ def memory_terms(part_tokens: np.ndarray, pieces: RoundPieces, budgeted: bool, U
     """
     R = len(part_tokens)
     hkv = kv_heads_held(kv_heads, U)
-    recv = np.zeros((R, max(pieces.n_rounds, 1)))  # [R, rounds] KV tokens received
-    sent = np.zeros_like(recv)  # [R, rounds] KV tokens sent
-    if pieces.n_rounds:
-        np.add.at(recv, (pieces.dst, pieces.round), pieces.lengths)
-        np.add.at(sent, (pieces.src, pieces.round), pieces.lengths)
+    tab = round_tables(pieces, np.zeros(len(pieces)), R)  # only its [R, rounds] KV tokens received and sent
+    recv, sent = tab.recv, tab.sent
     if budgeted and pieces.n_rounds > 1:  # two buffers and one gradient in flight, two returning messages
         kv = 1.5 * RECV * recv.max(axis=1) + 2 * SEND * sent.max(axis=1)
     else:  # every buffer kept for the backward
