@@ -272,11 +272,10 @@ def choose_degree(args: argparse.Namespace, cu: np.ndarray, windows) -> tuple[in
     memory cap)."""
     if args.U != "per_batch":
         return args.U, None
-    model = _load_config(args.config) if args.config else LLAMA3_8B
-    heads = int(model.num_attention_heads)
-    kv_heads = int(getattr(model, "num_key_value_heads", None) or heads)  # the memory cap weighs received keys
-    return choose_ulysses_size(cu, args.P, num_heads=heads, gpus_per_node=args.gpus_per_node, cost=make_cost(args),
-                               placement=args.placement, windows=windows, num_kv_heads=kv_heads)
+    model = HSAPConfig(model_config=_load_config(args.config) if args.config else LLAMA3_8B)
+    return choose_ulysses_size(cu, args.P, num_heads=int(model.num_heads), gpus_per_node=args.gpus_per_node,
+                               cost=make_cost(args), placement=args.placement, windows=windows,
+                               num_kv_heads=int(model.num_kv_heads))  # the memory cap weighs received keys
 
 
 def _windows(args: argparse.Namespace) -> dict[int | None, int] | list | None:
