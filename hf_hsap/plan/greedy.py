@@ -89,7 +89,8 @@ class Greedy:
                 ``cap_t``; ``None``: it evens out the work at unchanged token counts.
 
         Returns:
-            ``(placement, capped)``: the same placement object for a pass and its :attr:`same_as` when not capped.
+            ``(placement, capped)``: the same placement object for a pass and its :attr:`same_as` when not capped,
+            and for two token costs whose refinements end alike.
         """
         memo = self._memo
         if token_cost not in memo and self.same_as is not None and token_cost in self.same_as._memo:
@@ -107,6 +108,11 @@ class Greedy:
         _, capped = refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk),
                                  max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
                                  token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
+        for c, (pl, _) in self._memo.items():  # moves never change a segment's part: equal bounds, equal placement
+            if self._moved[c] == (starts, ends):
+                self._moved[token_cost] = (starts, ends)
+                return pl, capped
+        self._moved[token_cost] = (starts, ends)
         doc, start, end, part = self._whole
         pl = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
                      np.concatenate([_int64(starts), start]), np.concatenate([_int64(ends), end]),
@@ -116,6 +122,12 @@ class Greedy:
     @functools.cached_property
     def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
         """The refinements built so far, by token cost."""
+        return {}
+
+    @functools.cached_property
+    def _moved(self) -> dict[float | None, tuple[list[int], list[int]]]:
+        """The refined segments' starts and ends, by token cost (two refinements that end alike share their
+        placement: :func:`._cheapest` prices it once)."""
         return {}
 
     @functools.cached_property

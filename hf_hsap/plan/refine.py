@@ -228,27 +228,52 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
             break
         gap = load[p] - load[q]
         x_max = (seg_end[a] - seg_start[a] if left else seg_end[a + 1] - seg_start[a + 1]) - 1
-        if math.isfinite(cap_t) and int(cap_t - tok[q]) < x_max:
-            x_max, capped = int(cap_t - tok[q]), True
         if gap <= 0 or x_max < 1:
             continue
-
         pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
         delta = _slide_delta(pos, left, token_cost)
-        d_max = delta(x_max)  # the longest slide (delta increases with x: no other moves more)
-        if load[p] - d_max >= best_peak:
-            continue  # no slide over a ends below the best peak
-        if d_max <= gap / 2:  # the longest slide stays within half the gap: _largest_within would return x_max
-            xs = (x_max,)
-        else:
-            lo = _largest_within(delta, x_max, gap / 2, _slide_estimate(pos, left, token_cost, gap / 2))
-            xs = {lo, min(x_max, lo + 1)}
+        x_cap = int(cap_t - tok[q]) if math.isfinite(cap_t) else x_max
+        def estimate() -> float:
+            return _slide_estimate(pos, left, token_cost, gap / 2)
+
+        xs = _slide_rows(delta, min(x_max, x_cap), load[p], best_peak, gap, estimate)
+        if x_cap < x_max:  # the cap shortened the slide: did it change what is weighed?
+            capped = capped or _slide_rows(delta, x_max, load[p], best_peak, gap, estimate) != xs
+        if not xs:
+            continue
         for x in xs:
-            d = d_max if x == x_max else delta(x)
+            d = delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
     return best, capped
+
+
+def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_peak: float, gap: float,
+                estimate: Callable[[], float]) -> tuple[int, ...]:
+    """The slide lengths :func:`_best_slide` weighs over one boundary: none when no slide of at most ``x_max``
+    rows takes ``load_p`` below ``best_peak``, the longest when it stays within half the ``gap``
+    (what :func:`_largest_within` would return), else the longest within half the gap and one row more.
+    What decides whether a token cap changed the outcome: a refinement whose weighed slides are the same
+    below and above the cap makes the same moves at any larger cap.
+
+    Args:
+        delta: the load moved by ``x`` rows (non-decreasing). x_max: the most rows (< 1: none). load_p: the
+            busiest part's load. best_peak: the best peak so far. gap: the two parts' load difference.
+        estimate: a guess of the longest slide within half the gap (called only when needed).
+
+    Returns:
+        The lengths, ascending, without repeats.
+    """
+    if x_max < 1:
+        return ()
+    d_max = delta(x_max)  # the longest slide (delta increases with x: no other moves more)
+    if load_p - d_max >= best_peak:  # no slide ends below the best peak
+        return ()
+    if d_max <= gap / 2:
+        return (x_max,)
+    lo = _largest_within(delta, x_max, gap / 2, estimate())
+    return (lo,) if lo >= x_max else (lo, lo + 1)
 
 
 def _slide_delta(pos: int, left_gives: bool, token_cost: float) -> Callable[[int], float]:
