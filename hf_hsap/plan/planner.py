@@ -21,11 +21,12 @@ from .balanced import balanced, balanced_greedies
 from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
+from .cutting import priced_cuts
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .degree import fastest_degree, rank_step_time
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
-from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
+from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, token_cap, zigzag
 from .kinds import plan_kind
 from .plan import Plan
 from .polishing import exposure_evened, polished, searched_from_others
@@ -42,6 +43,8 @@ AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" 
 DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
+CUT_MIN_PARTS = 9  # contiguous-priced is a candidate from this many parts (smaller groups are searched from
+# contiguous and other starts instead: polishing.searched_from_others)
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 
@@ -133,6 +136,15 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     if zz is not None:
         pl, tr = zz
         best = step_time(layout, pl, tr, layers, cost)
+    if not windowed and n_parts >= CUT_MIN_PARTS:  # contiguous cuts priced with their transfers (.cutting)
+        n_full = layers[None]
+        cut = priced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
+                          best / n_full, min_tokens)
+        if cut is not None:
+            tr_cut = {None: window_transfers(cut, layout, None)}
+            t_cut = step_time(layout, cut, tr_cut, layers, cost)
+            if t_cut < best:
+                pl, tr, best = cut, tr_cut, t_cut
     return pl, tr, best
 
 

@@ -90,7 +90,8 @@ def test_per_batch_degree_option(capsys):
     lengths = [3000, 40, 900, 60, 4000]
     assert main(["--lengths", ",".join(map(str, lengths)), "--P", "8", "--U", "per_batch", "--gpus_per_node", "8"]) == 0
     out = capsys.readouterr().out
-    best, times = choose_ulysses_size(np.concatenate([[0], np.cumsum(lengths)]), 8, num_heads=32, gpus_per_node=8)
+    best, times = choose_ulysses_size(np.concatenate([[0], np.cumsum(lengths)]), 8, num_heads=32, gpus_per_node=8,
+                                      num_kv_heads=8)  # the CLI plans for Llama-3-8B: 32 query, 8 kv heads
     assert f"per-batch Ulysses degree: U = {best} " in out and all(f"U={u}: " in out for u in times)
     assert f"U {best} (all-to-all) x R {8 // best}" in out  # the plan printed is that degree's
     with pytest.raises(SystemExit):  # argparse refuses a degree that is neither an int nor per_batch
