@@ -15,6 +15,14 @@ token cap allows (bisection over the target; per part, bisection over its end: i
 it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start later in its
 document and receive more), so ``auto`` prices its result like every other candidate. Plain Python
 scalars: a few thousand closed-form evaluations per plan.
+
+:func:`with_priced_cuts` is the step ``auto`` takes on groups of at least ``CUT_MIN_PARTS`` parts (smaller ones
+are searched from ``contiguous`` and other starts instead, :mod:`.polishing`): the cuts replace the cheapest
+candidate where the one-layer model prices them faster *and* the plan's rounds simulated forward and backward do
+not price them slower (:func:`.exposure.simulation_agrees`). The cuts win by their transfer term, which is where
+the two models part: a part deep inside a long document receives many keys from many senders, and with NVLink
+pricing the one-layer model often prefers cuts whose senders then wait for their dK/dV in the simulation (on the
+sweep, taking them by the one-layer model alone took NVLink's simulated p95 from 1.05 to 1.15 of the bound).
 """
 from __future__ import annotations
 
@@ -23,9 +31,14 @@ import math
 
 import numpy as np
 
-from .cost import CostModel, balance_bound
+from typing import Mapping
+
+from .cost import CostModel, balance_bound, step_time
+from .exposure import simulation_agrees
 from .layout import Layout
-from .placement import Placement, _cut
+from .placement import Placement, _cut, token_cap
+from .transfers import Transfers
+from .windows import Window, window_transfers
 
 PRICED_TOLERANCE = 5e-4  # the bisection stops when the target is known to this share
 PRICED_MAX_STEPS = 16  # and after at most this many fills
@@ -209,3 +222,31 @@ def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
             hi, best = mid, cuts
     return _cut(layout, np.asarray(best, dtype=np.int64), np.arange(n_parts, dtype=np.int64), "contiguous-priced",
                 n_parts)
+
+
+def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
+                     layers: Mapping[Window, int], pl: Placement, tr: Mapping[Window, Transfers], best: float,
+                     budget: int | None, rounds: str) -> tuple[Placement, Mapping[Window, Transfers], float]:
+    """``auto``'s winner, or the contiguous cuts priced with their transfers where both models price them faster
+    (module docstring). Full-attention plans only (a windowed one is returned as it is).
+
+    Args:
+        layout: the documents. n_parts: parts. cost: the plan's cost model. token_slack: the token cap's slack.
+        min_tokens: the fewest tokens a part holds. layers: layers per mask kind. pl, tr, best: the winner, its
+            transfers of every kind and its step time. budget, rounds: the plan's receive budget and rounds
+            option (what its simulation runs).
+
+    Returns:
+        ``(placement, transfers of every kind, step time)``.
+    """
+    if any(w is not None for w in layers):
+        return pl, tr, best
+    cut = priced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
+                      best / layers[None], min_tokens)
+    if cut is None:
+        return pl, tr, best
+    tr_cut = {None: window_transfers(cut, layout, None)}
+    t_cut = step_time(layout, cut, tr_cut, layers, cost)
+    if t_cut < best and simulation_agrees(layout, (pl, tr[None]), (cut, tr_cut[None]), cost, budget, rounds):
+        return cut, tr_cut, t_cut
+    return pl, tr, best

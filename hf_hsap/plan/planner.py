@@ -21,12 +21,12 @@ from .balanced import balanced, balanced_greedies
 from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
-from .cutting import priced_cuts
+from .cutting import with_priced_cuts
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .degree import fastest_degree, rank_step_time
 from .group import GroupSpec, offline_link
 from .layout import Layout, make_layout
-from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, token_cap, zigzag
+from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .kinds import plan_kind
 from .plan import Plan
 from .polishing import exposure_evened, polished, searched_from_others
@@ -83,12 +83,17 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
           layers: Mapping[Window, int], budget: int | None = None,
           rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
-    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), polished (:mod:`.polishing`):
+    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), on groups of at least
+    :data:`CUT_MIN_PARTS` parts replaced by contiguous cuts priced with their transfers where both cost models
+    agree (:func:`.cutting.with_priced_cuts`), polished (:mod:`.polishing`):
     searched when small (:func:`.polishing.polished`), and with its exposed transfers evened out first where
     that is worth it (:func:`.polishing.exposure_evened`), and searched from other starts as well
     (:func:`.polishing.searched_from_others`). Returns the placement and its transfers of every
     kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
+    if n_parts >= CUT_MIN_PARTS:
+        pl, tr, best = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best, budget,
+                                        rounds)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
     current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)
     return searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget,
@@ -136,15 +141,6 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
     if zz is not None:
         pl, tr = zz
         best = step_time(layout, pl, tr, layers, cost)
-    if not windowed and n_parts >= CUT_MIN_PARTS:  # contiguous cuts priced with their transfers (.cutting)
-        n_full = layers[None]
-        cut = priced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
-                          best / n_full, min_tokens)
-        if cut is not None:
-            tr_cut = {None: window_transfers(cut, layout, None)}
-            t_cut = step_time(layout, cut, tr_cut, layers, cost)
-            if t_cut < best:
-                pl, tr, best = cut, tr_cut, t_cut
     return pl, tr, best
 
 

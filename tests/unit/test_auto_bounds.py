@@ -12,9 +12,8 @@ from hf_hsap.plan.balanced import balanced_greedies, balanced_greedy, balanced_v
 from hf_hsap.plan.cost import CostModel, step_time
 from hf_hsap.plan.density import density, density_figures, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.cutting import priced_cuts
-from hf_hsap.plan.placement import contiguous, token_cap
-from hf_hsap.plan.planner import AUTO_TOKEN_SLACKS, CUT_MIN_PARTS, DENSITY_VARIANTS, _best_candidate
+from hf_hsap.plan.placement import contiguous
+from hf_hsap.plan.planner import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, _best_candidate
 from hf_hsap.plan.windows import window_transfers
 
 LENGTHS = st.lists(st.one_of(st.integers(1, 200), st.integers(500, 4000)), min_size=1, max_size=40)
@@ -63,13 +62,7 @@ def _auto_by_pricing_everything(layout, P, token_slack, cost):
     cands.append(contiguous(layout, P))
     cands = [c for c in cands if c.tokens_per_part().min() >= 1]  # every part holds a token
     times = [step_time(layout, c, {None: window_transfers(c, layout, None)}, {None: 1}, cost) for c in cands]
-    best = cands[int(np.argmin(times))]
-    # then contiguous cuts priced with their transfers, where strictly faster (hf_hsap.plan.cutting), from
-    # CUT_MIN_PARTS parts
-    cut = priced_cuts(layout, P, cost, token_cap(layout.total_tokens, P, token_slack), min(times))
-    if P >= CUT_MIN_PARTS and cut is not None and step_time(layout, cut, {None: None}, {None: 1}, cost) < min(times):
-        return cut
-    return best
+    return cands[int(np.argmin(times))]
 
 
 @settings(max_examples=ci_examples(40))

@@ -14,7 +14,8 @@ from hf_hsap.plan.exposure import EXPOSURE_MIN_GAIN, refine_exposure
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import Layout, make_layout
 from hf_hsap.plan.placement import token_cap
-from hf_hsap.plan.planner import _best_candidate, plan_layout
+from hf_hsap.plan.cutting import with_priced_cuts
+from hf_hsap.plan.planner import CUT_MIN_PARTS, _best_candidate, plan_layout
 from hf_hsap.plan.polishing import exposure_evened, polished
 from hf_hsap.plan.refine import refine_moves
 from hf_hsap.plan.windows import window_transfers
@@ -94,12 +95,12 @@ def test_auto_keeps_the_step_when_both_models_agree():
 
 
 def test_auto_drops_the_step_when_the_simulation_disagrees():
-    """An NVLink sweep row where the one-layer model prices the evened placement 2.4 % faster but the rounds
+    """An NVLink sweep row where the one-layer model prices the evened placement 1.4 % faster but the rounds
     simulated forward and backward price it slower (the one-layer model waits for all of a part's KV at once):
     auto keeps the winner as it was."""
-    layout, group, cost = sweep_row("two-dominant", 0, 48, 1, "nvlink")
-    winner, tr, t_winner = _best_candidate(layout, 48, 0.10, cost, 1, {None: 1})
-    t, evened = refine_exposure(layout, winner, cost, token_cap(layout.total_tokens, 48, 0.10))
+    layout, group, cost = sweep_row("lognormal-1.6", 0, 64, 1, "nvlink")
+    winner, tr, t_winner = _best_candidate(layout, 64, 0.10, cost, 1, {None: 1})
+    t, evened = refine_exposure(layout, winner, cost, token_cap(layout.total_tokens, 64, 0.10))
     assert t < (1 - EXPOSURE_MIN_GAIN) * t_winner
     assert simulated_time(layout, evened, window_transfers(evened, layout, None), cost) > \
         simulated_time(layout, winner, tr[None], cost)
@@ -130,12 +131,16 @@ def test_the_distributed_exactness_row_is_evened_out():
        P=st.integers(2, 12), link=st.sampled_from(["nvlink", "network"]))
 def test_auto_is_never_slower_than_its_winner_searched_alone(lengths, P, link):
     """Whatever the step does, auto's plan is no slower than the winner searched alone (the path without it) by
-    the one-layer model, nor with the plan's rounds simulated."""
+    the one-layer model, nor with the plan's rounds simulated (the winner: the cheapest candidate, or the priced
+    contiguous cuts where auto takes them before this step)."""
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
     cost = CostModel.for_link(link)
     winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
+    if P >= CUT_MIN_PARTS:
+        winner, tr, t_winner = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner, None,
+                                                "auto")
     plain = polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
     plan = plan_layout(layout, GroupSpec.offline(P, 1, P if link == "nvlink" else 1), "auto", cost=cost)
     t = float(part_times(layout, plan.placement, plan.transfers, cost).max())

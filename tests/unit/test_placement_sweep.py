@@ -295,6 +295,7 @@ def test_auto_polishes_its_winner_on_small_groups():
     agree: on this row it ends 0.4 % faster than the second step); a big group gets the second step only, a
     windowed plan none (the planning budget)."""
     from benchmarks.sweep import sweep_lengths
+    from hf_hsap.plan.cutting import with_priced_cuts
     from hf_hsap.plan.oracle import polish
     from hf_hsap.plan.planner import _best_candidate
     from hf_hsap.plan.polishing import POLISH_MAX_PARTS, exposure_evened, polished, searched_from_others
@@ -317,6 +318,8 @@ def test_auto_polishes_its_winner_on_small_groups():
     P = POLISH_MAX_PARTS + 2
     big = plan_layout(layout, GroupSpec.offline(P, 1, 1), "auto", cost=cost)
     winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
+    # from CUT_MIN_PARTS parts auto's winner may be contiguous cuts priced with their transfers (plan.cutting)
+    winner, tr, t_winner = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner, None, "auto")
     plain = (winner, tr, t_winner)
     assert polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)[0] is winner  # not searched
     evened, _, t = exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
