@@ -64,8 +64,8 @@ class _Row:
         self.doc_prefix: list[float] | None = None  # token_cost * cu[d] + pairs before d (built when first read)
 
     def longest(self, s: int, lo: int, hi: int, target: float) -> int:
-        """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target`` (``lo`` qualifies; the
-        time never decreases with ``e``). With ``overlap == 1`` and no masked pairs the time is
+        """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target``, or ``lo - 1`` when there
+        is none (the time never decreases with ``e``). With ``overlap == 1`` and no masked pairs the time is
         ``max(token_cost n + pairs, token_cost n + a m + kv_token_cost a)`` (``n`` rows, ``a`` keys received,
         ``m`` rows in the first document): each term is solved for ``e`` in closed form (the first over the
         documents' prefix sums, then a quadratic inside one document), then checked by :meth:`time`;
@@ -88,8 +88,8 @@ class _Row:
         # the second: token_cost * n + a * min(n, m0) + kv * a <= target
         m0 = cu[d0 + 1] - s
         room = target - kv * a
-        if room < 0:
-            return lo
+        if room < 0:  # the received keys alone take longer than the target
+            return lo - 1
         n = room / (tc + a) if tc + a > 0 else math.inf
         if n > m0:
             n = (room - a * m0) / tc if tc > 0 else math.inf
@@ -99,7 +99,7 @@ class _Row:
             e += 1
         while e > lo and self.time(s, e) > target:
             e -= 1
-        return e
+        return e if e > lo or self.time(s, lo) <= target else lo - 1
 
     def _prefix(self, e: int) -> float:
         """``token_cost * e`` plus the pairs of every row before global position ``e`` (within its document)."""
@@ -168,9 +168,12 @@ def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: 
     for p in range(n_parts - 1):
         left = n_parts - p - 1  # parts after this one
         lo, hi = max(s + min_tokens, T - left * cap), min(s + cap, T - left * min_tokens)
-        if lo > hi or row.time(s, lo) > target:
+        if lo > hi:
             return None
-        s = row.longest(s, lo, hi, target)
+        e = row.longest(s, lo, hi, target)
+        if e < lo:  # not even its fewest tokens keep within the target
+            return None
+        s = e
         cuts.append(s)
     if T - s > cap or T - s < min_tokens or row.time(s, T) > target:
         return None
@@ -180,6 +183,8 @@ def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: 
 
 def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> int:
     """:meth:`_Row.longest` by bisection (any cost model)."""
+    if row.time(s, lo) > target:
+        return lo - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if row.time(s, mid) <= target:

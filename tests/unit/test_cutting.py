@@ -41,10 +41,13 @@ def test_the_longest_part_is_the_bisections(lengths, cost, data):
     s = data.draw(st.integers(0, T - 1))
     lo = data.draw(st.integers(s + 1, T))
     hi = data.draw(st.integers(lo, T))
-    target = row.time(s, data.draw(st.integers(lo, hi))) * data.draw(st.sampled_from([1.0, 1.003, 0.9999999]))
-    if row.time(s, lo) > target:
-        return
-    assert row.longest(s, lo, hi, target) == _bisect_end(row, s, lo, hi, target)
+    target = row.time(s, data.draw(st.integers(lo, hi))) * data.draw(st.sampled_from([1.0, 1.003, 0.9999999, 0.5]))
+    e = row.longest(s, lo, hi, target)
+    assert e == _bisect_end(row, s, lo, hi, target)
+    if e >= lo:  # the largest end within the target
+        assert row.time(s, e) <= target and (e == hi or row.time(s, e + 1) > target)
+    else:  # none: not even the shortest part
+        assert e == lo - 1 and row.time(s, lo) > target
 
 
 @settings(max_examples=ci_examples(60))
