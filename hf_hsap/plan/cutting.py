@@ -11,8 +11,8 @@ the parts deep inside a long document hold fewer rows, the parts of short docume
 :func:`priced_cuts` finds such cuts: the smallest target time for which a left-to-right fill reaches the
 end of the row, every part taking as many tokens as its estimated time (:meth:`.cost.CostModel.time_of`,
 one full-attention layer, the formula :func:`.cost.part_times` prices) keeps within the target and the
-token cap allows (bisection over the target; per part, bisection over its end: its time never decreases as
-it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start later in its
+token cap allows (bisection over the target; per part, its end solved in closed form and checked: its time
+never decreases as it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start later in its
 document and receive more), so ``auto`` prices its result like every other candidate. Plain Python
 scalars: a few thousand closed-form evaluations per plan.
 
@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Mapping
 
 import numpy as np
-
-from typing import Mapping
 
 from .cost import CostModel, balance_bound, step_time
 from .exposure import simulation_agrees
@@ -151,8 +150,7 @@ class _Row:
         return self.cost.time_of(e - s, work + masked, local + masked, a)
 
 
-def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: int,
-          ) -> list[int] | None:
+def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: int) -> list[int] | None:
     """Cut the row left to right, every part as long as its time stays within ``target`` (and the parts after
     it can still hold the rest within ``[min_tokens, cap]`` tokens each).
 

@@ -233,6 +233,7 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
         pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
         delta = _slide_delta(pos, left, token_cost)
         x_cap = int(cap_t - tok[q]) if math.isfinite(cap_t) else x_max
+
         def estimate() -> float:
             return _slide_estimate(pos, left, token_cost, gap / 2)
 
