@@ -16,10 +16,11 @@ never decreases as it grows). The fill is a heuristic, not an optimum (a longer 
 document and receive more), so ``auto`` prices its result like every other candidate. Plain Python
 scalars: a few thousand closed-form evaluations per plan.
 
-:func:`with_priced_cuts` is the step ``auto`` takes on groups of at least ``CUT_MIN_PARTS`` parts (smaller ones
-are searched from ``contiguous`` and other starts instead, :mod:`.polishing`): the cuts replace the cheapest
-candidate where the one-layer model prices them faster *and* the plan's rounds simulated forward and backward do
-not price them slower (:func:`.exposure.simulation_agrees`). The cuts win by their transfer term, which is where
+:func:`with_priced_cuts` is the last step ``auto`` takes on groups of at least ``CUT_MIN_PARTS`` parts (smaller
+ones are searched from ``contiguous`` and other starts instead, :mod:`.polishing`): the cuts replace the plan
+(the winner, polished) where the one-layer model prices them faster *and* the plan's rounds simulated forward
+and backward do not price them slower (:func:`.exposure.simulation_agrees`), so it never makes a plan slower by
+either model. The cuts win by their transfer term, which is where
 the two models part: a part deep inside a long document receives many keys from many senders, and with NVLink
 pricing the one-layer model often prefers cuts whose senders then wait for their dK/dV in the simulation (on the
 sweep, taking them by the one-layer model alone took NVLink's simulated p95 from 1.05 to 1.15 of the bound).
@@ -230,14 +231,14 @@ def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
 def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
                      layers: Mapping[Window, int], pl: Placement, tr: Mapping[Window, Transfers], best: float,
                      budget: int | None, rounds: str) -> tuple[Placement, Mapping[Window, Transfers], float]:
-    """``auto``'s winner, or the contiguous cuts priced with their transfers where both models price them faster
+    """``auto``'s plan, or the contiguous cuts priced with their transfers where both models price them faster
     (module docstring). Full-attention plans only (a windowed one is returned as it is).
 
     Args:
         layout: the documents. n_parts: parts. cost: the plan's cost model. token_slack: the token cap's slack.
-        min_tokens: the fewest tokens a part holds. layers: layers per mask kind. pl, tr, best: the winner, its
-            transfers of every kind and its step time. budget, rounds: the plan's receive budget and rounds
-            option (what its simulation runs).
+        min_tokens: the fewest tokens a part holds. layers: layers per mask kind. pl, tr, best: the plan so far
+            (the winner, polished), its transfers of every kind and its step time. budget, rounds: the plan's
+            receive budget and rounds option (what its simulation runs).
 
     Returns:
         ``(placement, transfers of every kind, step time)``.

@@ -83,21 +83,20 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
           layers: Mapping[Window, int], budget: int | None = None,
           rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
-    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), on groups of at least
-    :data:`CUT_MIN_PARTS` parts replaced by contiguous cuts priced with their transfers where both cost models
-    agree (:func:`.cutting.with_priced_cuts`), polished (:mod:`.polishing`):
+    """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), polished (:mod:`.polishing`):
     searched when small (:func:`.polishing.polished`), and with its exposed transfers evened out first where
     that is worth it (:func:`.polishing.exposure_evened`), and searched from other starts as well
-    (:func:`.polishing.searched_from_others`). Returns the placement and its transfers of every
-    kind."""
+    (:func:`.polishing.searched_from_others`); on groups of at least :data:`CUT_MIN_PARTS` parts, that plan is
+    replaced by contiguous cuts priced with their transfers where both cost models price them faster
+    (:func:`.cutting.with_priced_cuts`), so the step never makes a plan slower by either. Returns the placement
+    and its transfers of every kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
-    if n_parts >= CUT_MIN_PARTS:
-        pl, tr, best = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best, budget,
-                                        rounds)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
     current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)
-    return searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget,
-                                rounds)[:2]
+    current = searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget, rounds)
+    if n_parts >= CUT_MIN_PARTS:
+        current = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds)
+    return current[:2]
 
 
 def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,

@@ -14,8 +14,7 @@ from hf_hsap.plan.exposure import EXPOSURE_MIN_GAIN, refine_exposure
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import Layout, make_layout
 from hf_hsap.plan.placement import token_cap
-from hf_hsap.plan.cutting import with_priced_cuts
-from hf_hsap.plan.planner import CUT_MIN_PARTS, _best_candidate, plan_layout
+from hf_hsap.plan.planner import _best_candidate, plan_layout
 from hf_hsap.plan.polishing import exposure_evened, polished
 from hf_hsap.plan.refine import refine_moves
 from hf_hsap.plan.windows import window_transfers
@@ -131,16 +130,12 @@ def test_the_distributed_exactness_row_is_evened_out():
        P=st.integers(2, 12), link=st.sampled_from(["nvlink", "network"]))
 def test_auto_is_never_slower_than_its_winner_searched_alone(lengths, P, link):
     """Whatever the step does, auto's plan is no slower than the winner searched alone (the path without it) by
-    the one-layer model, nor with the plan's rounds simulated (the winner: the cheapest candidate, or the priced
-    contiguous cuts where auto takes them before this step)."""
+    the one-layer model, nor with the plan's rounds simulated."""
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
     cost = CostModel.for_link(link)
     winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
-    if P >= CUT_MIN_PARTS:
-        winner, tr, t_winner = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner, None,
-                                                "auto")
     plain = polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
     plan = plan_layout(layout, GroupSpec.offline(P, 1, P if link == "nvlink" else 1), "auto", cost=cost)
     t = float(part_times(layout, plan.placement, plan.transfers, cost).max())

@@ -15,8 +15,7 @@ from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import Layout, make_layout
 from hf_hsap.plan.oracle import polish
 from hf_hsap.plan.placement import Placement, contiguous
-from hf_hsap.plan.cutting import with_priced_cuts
-from hf_hsap.plan.planner import CUT_MIN_PARTS, _best_candidate, plan_layout
+from hf_hsap.plan.planner import _best_candidate, plan_layout
 from hf_hsap.plan.polishing import exposure_evened, polished, searched_from_others
 from hf_hsap.plan.windows import window_transfers
 
@@ -26,8 +25,6 @@ NETWORK = CostModel.for_link("network")
 def before_the_step(layout: Layout, P: int, cost: CostModel) -> tuple[Placement, tuple]:
     """``(winner, the plan as exposure_evened leaves it)``: auto's path without the search from other starts."""
     winner, tr, t = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
-    if P >= CUT_MIN_PARTS:  # auto's step before the polish (plan.cutting)
-        winner, tr, t = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t, None, "auto")
     plain = polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t)
     return winner, exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t, plain, None, "auto")
 

@@ -318,12 +318,12 @@ def test_auto_polishes_its_winner_on_small_groups():
     P = POLISH_MAX_PARTS + 2
     big = plan_layout(layout, GroupSpec.offline(P, 1, 1), "auto", cost=cost)
     winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
-    # from CUT_MIN_PARTS parts auto's winner may be contiguous cuts priced with their transfers (plan.cutting)
-    winner, tr, t_winner = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner, None, "auto")
     plain = (winner, tr, t_winner)
     assert polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)[0] is winner  # not searched
-    evened, _, t = exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
-    assert np.array_equal(big.placement.start, evened.start) and np.array_equal(big.placement.part, evened.part)
+    evened = exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
+    # then, from CUT_MIN_PARTS parts, the priced contiguous cuts where both models price them faster (plan.cutting)
+    final, _, t = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, *evened, None, "auto")
+    assert np.array_equal(big.placement.start, final.start) and np.array_equal(big.placement.part, final.part)
     assert float(part_times(layout, big.placement, big.transfers, cost).max()) == t
     windowed = plan_layout(layout, group, "auto", cost=cost, windows=[None, 512])
     assert not windowed.placement_name.endswith("+polish")
