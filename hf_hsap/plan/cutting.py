@@ -12,9 +12,9 @@ the parts deep inside a long document hold fewer rows, the parts of short docume
 end of the row, every part taking as many tokens as its estimated time (:meth:`.cost.CostModel.time_of`,
 one full-attention layer, the formula :func:`.cost.part_times` prices) keeps within the target and the
 token cap allows (bisection over the target; per part, its end solved in closed form and checked: its time
-never decreases as it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start later in its
-document and receive more), so ``auto`` prices its result like every other candidate. Plain Python
-scalars: a few thousand closed-form evaluations per plan.
+never decreases as it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start
+later in its document and receive more), so ``auto`` prices its result like every other candidate. Plain
+Python scalars: a few thousand closed-form evaluations per plan.
 
 :func:`with_priced_cuts` is the last step ``auto`` takes on groups of at least ``CUT_MIN_PARTS`` parts (smaller
 ones are searched from ``contiguous`` and other starts instead, :mod:`.polishing`): the cuts replace the plan
