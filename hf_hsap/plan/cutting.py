@@ -36,7 +36,7 @@ import numpy as np
 from .cost import CostModel, balance_bound, step_time
 from .exposure import simulation_agrees
 from .layout import Layout
-from .placement import Placement, _cut, token_cap
+from .placement import Placement, _cut, rows_work, token_cap
 from .transfers import Transfers
 from .windows import Window, window_transfers
 
@@ -61,7 +61,8 @@ class _Row:
         self.work_before = np.concatenate([[0], np.cumsum(work)]).tolist()  # [n_docs + 1]
         masked = cost.masked_pairs(lengths.astype(np.float64)) if diag else np.zeros(len(lengths))
         self.masked_before = np.concatenate([[0.0], np.cumsum(masked)]).tolist()
-        self.doc_prefix: list[float] | None = None  # token_cost * cu[d] + pairs before d (built when first read)
+        # token_cost * cu[d] + the pairs of every document before d: the row's prefix at each document start
+        self.doc_prefix = [cost.token_cost * c + w for c, w in zip(self.cu, self.work_before)]
 
     def longest(self, s: int, lo: int, hi: int, target: float) -> int:
         """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target``, or ``lo - 1`` when there
@@ -105,13 +106,11 @@ class _Row:
         """``token_cost * e`` plus the pairs of every row before global position ``e`` (within its document)."""
         d = bisect.bisect_right(self.cu, e) - 1
         x = e - self.cu[d]
-        return self.cost.token_cost * e + self.work_before[d] + x * (x + 1) // 2
+        return self.cost.token_cost * e + self.work_before[d] + rows_work(0, x)
 
     def _prefix_end(self, t: float) -> int:
         """The largest global position ``e`` with :meth:`_prefix` ``(e) <= t`` (one bisection over the
         documents' prefix, then the quadratic ``token_cost x + x (x + 1) / 2`` inside one)."""
-        if self.doc_prefix is None:
-            self.doc_prefix = [self.cost.token_cost * c + w for c, w in zip(self.cu, self.work_before)]
         d = bisect.bisect_right(self.doc_prefix, t) - 1
         if d >= len(self.cu) - 1:
             return self.cu[-1]
@@ -140,12 +139,12 @@ class _Row:
         d1 = bisect.bisect_right(cu, e - 1) - 1
         a = s - cu[d0]  # rows of its first document before it: received
         n = (e if d0 == d1 else cu[d0 + 1]) - s  # its rows of the first document
-        work = (a + n) * (a + n + 1) // 2 - a * (a + 1) // 2
-        local = n * (n + 1) // 2
+        work = rows_work(a, a + n)
+        local = rows_work(0, n)
         masked = self._masked(n)
         if d1 > d0:  # whole documents between, and the first rows of the last
             x = e - cu[d1]
-            whole = self.work_before[d1] - self.work_before[d0 + 1] + x * (x + 1) // 2
+            whole = self.work_before[d1] - self.work_before[d0 + 1] + rows_work(0, x)
             work, local = work + whole, local + whole
             masked += self.masked_before[d1] - self.masked_before[d0 + 1] + self._masked(x)
         return self.cost.time_of(e - s, work + masked, local + masked, a)

@@ -108,16 +108,13 @@ class Greedy:
         _, capped = refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk),
                                  max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
                                  token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
-        for c, (pl, _) in self._memo.items():  # moves never change a segment's part: equal bounds, equal placement
-            if self._moved[c] == (starts, ends):
-                self._moved[token_cost] = (starts, ends)
-                return pl, capped
-        self._moved[token_cost] = (starts, ends)
-        doc, start, end, part = self._whole
-        pl = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
-                     np.concatenate([_int64(starts), start]), np.concatenate([_int64(ends), end]),
-                     np.concatenate([_int64(parts), part]))
-        return pl, capped
+        key = (tuple(starts), tuple(ends))  # moves never change a segment's part: equal bounds, equal placement
+        if key not in self._by_segments:
+            doc, start, end, part = self._whole
+            self._by_segments[key] = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
+                                             np.concatenate([_int64(starts), start]),
+                                             np.concatenate([_int64(ends), end]), np.concatenate([_int64(parts), part]))
+        return self._by_segments[key], capped
 
     @functools.cached_property
     def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
@@ -125,9 +122,9 @@ class Greedy:
         return {}
 
     @functools.cached_property
-    def _moved(self) -> dict[float | None, tuple[list[int], list[int]]]:
-        """The refined segments' starts and ends, by token cost (two refinements that end alike share their
-        placement: :func:`._cheapest` prices it once)."""
+    def _by_segments(self) -> dict[tuple[tuple[int, ...], tuple[int, ...]], Placement]:
+        """The refined placements by their segments' starts and ends (two refinements that end alike share
+        one placement: :func:`._cheapest` prices it once)."""
         return {}
 
     @functools.cached_property
