@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
 from .cost import CostModel, balance_bound, step_time
 from .exposure import simulation_agrees
 from .layout import Layout
-from .placement import Placement, _cut, rows_work, token_cap
+from .placement import Placement, _cut, token_cap
 from .transfers import Transfers
 from .windows import Window, window_transfers
 
@@ -56,7 +56,7 @@ class _Row:
         lengths = layout.doc_lengths
         self.cu = layout.cu_seqlens.tolist()
         self.cost = cost
-        diag = cost.diag_block
+        self.diag = diag = cost.diag_block
         work = lengths * (lengths + 1) // 2  # pairs of every whole document
         self.work_before = np.concatenate([[0], np.cumsum(work)]).tolist()  # [n_docs + 1]
         masked = cost.masked_pairs(lengths.astype(np.float64)) if diag else np.zeros(len(lengths))
@@ -64,19 +64,19 @@ class _Row:
         # token_cost * cu[d] + the pairs of every document before d: the row's prefix at each document start
         self.doc_prefix = [cost.token_cost * c + w for c, w in zip(self.cu, self.work_before)]
 
-    def longest(self, s: int, lo: int, hi: int, target: float) -> int:
-        """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target``, or ``lo - 1`` when there
-        is none (the time never decreases with ``e``). With ``overlap == 1`` and no masked pairs the time is
-        ``max(token_cost n + pairs, token_cost n + a m + kv_token_cost a)`` (``n`` rows, ``a`` keys received,
-        ``m`` rows in the first document): each term is solved for ``e`` in closed form (the first over the
-        documents' prefix sums, then a quadratic inside one document), then checked by :meth:`time`;
-        otherwise a bisection.
+    def longest(self, s: int, lo: int, hi: int, target: float) -> tuple[int, float]:
+        """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target`` and that time, or
+        ``(lo - 1, inf)`` when there is none (the time never decreases with ``e``). With ``overlap == 1`` and no
+        masked pairs the time is ``max(token_cost n + pairs, token_cost n + a m + kv_token_cost a)`` (``n`` rows,
+        ``a`` keys received, ``m`` rows in the first document): each term is solved for ``e`` in closed form (the
+        first over the documents' prefix sums, then a quadratic inside one document), then checked by
+        :meth:`time`; otherwise a bisection.
 
         Args:
             s: the part's start. lo, hi: the range of its end. target: the time it may take.
 
         Returns:
-            The end.
+            ``(end, its time)``.
         """
         cost = self.cost
         if cost.overlap != 1 or cost.diag_block:
@@ -84,32 +84,35 @@ class _Row:
         cu, tc, kv = self.cu, cost.token_cost, cost.kv_token_cost
         d0 = bisect.bisect_right(cu, s) - 1
         a = s - cu[d0]
-        # the first term: token_cost * (e - s) + the pairs of rows s..e-1 = _prefix(e) - _prefix(s)
-        e1 = self._prefix_end(target + self._prefix(s))
+        # the first term: token_cost * (e - s) + the pairs of rows s..e-1 = prefix(e) - prefix(s)
+        e1 = self._prefix_end(target + tc * s + self.work_before[d0] + a * (a + 1) // 2)  # prefix(s)
         # the second: token_cost * n + a * min(n, m0) + kv * a <= target
         m0 = cu[d0 + 1] - s
         room = target - kv * a
         if room < 0:  # the received keys alone take longer than the target
-            return lo - 1
+            return lo - 1, math.inf
         n = room / (tc + a) if tc + a > 0 else math.inf
         if n > m0:
             n = (room - a * m0) / tc if tc > 0 else math.inf
-        e = min(e1, s + int(n) if n < hi - s else hi, hi)
-        e = max(e, lo)
-        while e < hi and self.time(s, e + 1) <= target:  # rounding: settle it exactly
-            e += 1
-        while e > lo and self.time(s, e) > target:
+        e = max(min(e1, s + int(n) if n < hi - s else hi, hi), lo)
+        t = self._time(s, d0, e)  # rounding: settle it exactly
+        if t <= target:
+            while e < hi:
+                t_next = self._time(s, d0, e + 1)
+                if t_next > target:
+                    break
+                e, t = e + 1, t_next
+            return e, t
+        while e > lo:
             e -= 1
-        return e if e > lo or self.time(s, lo) <= target else lo - 1
-
-    def _prefix(self, e: int) -> float:
-        """``token_cost * e`` plus the pairs of every row before global position ``e`` (within its document)."""
-        d = bisect.bisect_right(self.cu, e) - 1
-        x = e - self.cu[d]
-        return self.cost.token_cost * e + self.work_before[d] + rows_work(0, x)
+            t = self._time(s, d0, e)
+            if t <= target:
+                return e, t
+        return lo - 1, math.inf
 
     def _prefix_end(self, t: float) -> int:
-        """The largest global position ``e`` with :meth:`_prefix` ``(e) <= t`` (one bisection over the
+        """The largest global position ``e`` with ``prefix(e) <= t``, ``prefix(e)`` being ``token_cost * e`` plus
+        the pairs of every row before ``e`` (within its document) (one bisection over the
         documents' prefix, then the quadratic ``token_cost x + x (x + 1) / 2`` inside one)."""
         d = bisect.bisect_right(self.doc_prefix, t) - 1
         if d >= len(self.cu) - 1:
@@ -134,62 +137,139 @@ class _Row:
         Returns:
             The time, in pairs (:meth:`.cost.CostModel.time_of`).
         """
+        return self._time(s, bisect.bisect_right(self.cu, s) - 1, e)
+
+    def _time(self, s: int, d0: int, e: int) -> float:
+        """:meth:`time`, the document ``d0`` that holds ``s`` known (the pairs of rows ``u..v-1`` of a document
+        are :func:`.placement.rows_work`, written out: this is the fill's inner loop)."""
         cu = self.cu
-        d0 = bisect.bisect_right(cu, s) - 1
-        d1 = bisect.bisect_right(cu, e - 1) - 1
         a = s - cu[d0]  # rows of its first document before it: received
-        n = (e if d0 == d1 else cu[d0 + 1]) - s  # its rows of the first document
-        work = rows_work(a, a + n)
-        local = rows_work(0, n)
-        masked = self._masked(n)
-        if d1 > d0:  # whole documents between, and the first rows of the last
+        end0 = cu[d0 + 1]
+        if e <= end0:  # within one document
+            n = e - s
+            b = a + n
+            work, local = (b * (b + 1) - a * (a + 1)) // 2, n * (n + 1) // 2
+            masked = self._masked(n) if self.diag else 0.0
+        else:  # its first document's last rows, whole documents between, and the first rows of the last
+            n = end0 - s
+            b = end0 - cu[d0]
+            d1 = bisect.bisect_right(cu, e - 1, d0 + 1) - 1
             x = e - cu[d1]
-            whole = self.work_before[d1] - self.work_before[d0 + 1] + rows_work(0, x)
-            work, local = work + whole, local + whole
-            masked += self.masked_before[d1] - self.masked_before[d0 + 1] + self._masked(x)
+            whole = self.work_before[d1] - self.work_before[d0 + 1] + x * (x + 1) // 2
+            work, local = (b * (b + 1) - a * (a + 1)) // 2 + whole, n * (n + 1) // 2 + whole
+            masked = (self._masked(n) + self.masked_before[d1] - self.masked_before[d0 + 1] + self._masked(x)
+                      if self.diag else 0.0)
         return self.cost.time_of(e - s, work + masked, local + masked, a)
 
 
-def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: int) -> list[int] | None:
+
+class _Filled(NamedTuple):
+    """What one fill (:func:`_fill`) found.
+
+    Attributes:
+        cuts: ``[n_parts + 1]`` cut positions from 0 to ``T``, or None when the fill did not reach the end.
+        slowest: the slowest part's time (inf when ``cuts`` is None).
+        excess: the last part's time minus the slowest other part's (``cuts``), or minus the target (None
+            ``cuts``; nan where the fill stopped before the last part): the search's measure of how far the
+            target is from the lowest one that reaches the end.
+    """
+
+    cuts: list[int] | None
+    slowest: float
+    excess: float
+
+
+def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: int) -> _Filled:
     """Cut the row left to right, every part as long as its time stays within ``target`` (and the parts after
     it can still hold the rest within ``[min_tokens, cap]`` tokens each).
+
+    The same fill at any target from the slowest part's time up to ``target`` makes the same cuts (every
+    part's end is the longest within the target, and each kept within the lower one).
 
     Args:
         row: the closed form. T: tokens. n_parts: parts. target: the time no part may exceed.
         cap, min_tokens: the most and fewest tokens of a part.
 
     Returns:
-        ``[n_parts + 1]`` cut positions from 0 to ``T``, or None when the fill does not reach the end.
+        The :class:`_Filled`.
     """
     cuts = [0]
     s = 0
+    slowest = 0.0
+    stopped = _Filled(None, math.inf, math.nan)
     for p in range(n_parts - 1):
         left = n_parts - p - 1  # parts after this one
         lo, hi = max(s + min_tokens, T - left * cap), min(s + cap, T - left * min_tokens)
         if lo > hi:
-            return None
-        e = row.longest(s, lo, hi, target)
+            return stopped
+        e, t = row.longest(s, lo, hi, target)
         if e < lo:  # not even its fewest tokens keep within the target
-            return None
-        s = e
+            return stopped
+        s, slowest = e, max(slowest, t)
         cuts.append(s)
-    if T - s > cap or T - s < min_tokens or row.time(s, T) > target:
-        return None
+    if T - s < min_tokens:
+        return stopped
+    t = row.time(s, T)
+    if t > target or T - s > cap:
+        return _Filled(None, math.inf, t - target if T - s <= cap else math.nan)
     cuts.append(T)
-    return cuts
+    return _Filled(cuts, max(slowest, t), t - slowest)
 
 
-def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> int:
+def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> tuple[int, float]:
     """:meth:`_Row.longest` by bisection (any cost model)."""
-    if row.time(s, lo) > target:
-        return lo - 1
+    t = row.time(s, lo)
+    if t > target:
+        return lo - 1, math.inf
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if row.time(s, mid) <= target:
-            lo = mid
+        t_mid = row.time(s, mid)
+        if t_mid <= target:
+            lo, t = mid, t_mid
         else:
             hi = mid - 1
-    return lo
+    return lo, t
+
+
+def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: float, found: _Filled) -> list[int]:
+    """The cuts of the lowest target a fill reaches the end at, known to :data:`PRICED_TOLERANCE`: a search over
+    the target between ``lo`` (below which none does) and a fill that did (``found``), by false position on the
+    fills' excess (the Illinois rule; a bisection step where a fill stopped early).
+
+    A fill that reaches the end lowers the bracket to its slowest part's time (the fill there makes the same
+    cuts, :func:`_fill`).
+
+    Args:
+        row, T, n_parts, cap, min_tokens: as :func:`_fill`. lo: a target no fill reaches the end at (or the
+            compute bound, none below it can). found: a fill that reached the end.
+
+    Returns:
+        The cut positions.
+    """
+    best, hi, g_hi = found.cuts, found.slowest, found.excess
+    g_lo = math.nan  # the excess at lo, once a fill there is known
+    side = 0  # which end the last fill moved (-1: lo, 1: hi)
+    for _ in range(PRICED_MAX_STEPS):
+        width = hi - lo
+        if width <= PRICED_TOLERANCE * hi:
+            break
+        if g_lo > 0 and g_hi <= 0:  # false position, kept off the ends
+            mid = hi - g_hi * width / (g_hi - g_lo)
+            mid = min(max(mid, lo + width / 16), hi - width / 16)
+        else:
+            mid = lo + width / 2
+        f = _fill(row, T, n_parts, mid, cap, min_tokens)
+        if f.cuts is None:
+            lo, g_lo = mid, f.excess
+            if side < 0:  # the same end kept twice: halve its excess (Illinois)
+                g_hi /= 2
+            side = -1
+        else:
+            best, hi, g_hi = f.cuts, f.slowest, f.excess
+            if side > 0:
+                g_lo /= 2
+            side = 1
+    return best
 
 
 def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float, beat: float,
@@ -210,19 +290,10 @@ def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
     if n_parts < 2 or cap * n_parts < T or min_tokens * n_parts > T:
         return None
     row = _Row(layout, cost)
-    lo, hi = balance_bound(layout, n_parts, cost), beat * (1 - PRICED_TOLERANCE)
-    best = _fill(row, T, n_parts, hi, cap, min_tokens)
-    if best is None:
+    found = _fill(row, T, n_parts, beat * (1 - PRICED_TOLERANCE), cap, min_tokens)
+    if found.cuts is None:
         return None
-    for _ in range(PRICED_MAX_STEPS):
-        if hi - lo <= PRICED_TOLERANCE * hi:
-            break
-        mid = (lo + hi) / 2
-        cuts = _fill(row, T, n_parts, mid, cap, min_tokens)
-        if cuts is None:
-            lo = mid
-        else:
-            hi, best = mid, cuts
+    best = _search(row, T, n_parts, cap, min_tokens, balance_bound(layout, n_parts, cost), found)
     return _cut(layout, np.asarray(best, dtype=np.int64), np.arange(n_parts, dtype=np.int64), "contiguous-priced",
                 n_parts)
 

@@ -3,6 +3,8 @@ time of a contiguous range, the fill's search is exact, and the cuts are a valid
 that beats the time it was asked to beat."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,12 +44,12 @@ def test_the_longest_part_is_the_bisections(lengths, cost, data):
     lo = data.draw(st.integers(s + 1, T))
     hi = data.draw(st.integers(lo, T))
     target = row.time(s, data.draw(st.integers(lo, hi))) * data.draw(st.sampled_from([1.0, 1.003, 0.9999999, 0.5]))
-    e = row.longest(s, lo, hi, target)
-    assert e == _bisect_end(row, s, lo, hi, target)
-    if e >= lo:  # the largest end within the target
-        assert row.time(s, e) <= target and (e == hi or row.time(s, e + 1) > target)
+    e, t = row.longest(s, lo, hi, target)
+    assert (e, t) == _bisect_end(row, s, lo, hi, target)
+    if e >= lo:  # the largest end within the target, and its time
+        assert t == row.time(s, e) <= target and (e == hi or row.time(s, e + 1) > target)
     else:  # none: not even the shortest part
-        assert e == lo - 1 and row.time(s, lo) > target
+        assert e == lo - 1 and t == math.inf and row.time(s, lo) > target
 
 
 @settings(max_examples=ci_examples(60))
