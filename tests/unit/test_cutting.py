@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from helpers import assert_covers_once, ci_examples, cu_of
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
-from hf_hsap.plan.cutting import _bisect_end, _Row, priced_cuts
+from hf_hsap.plan.cutting import _bisect_end, _fill, _Row, priced_cuts
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import _cut, contiguous, token_cap
 
@@ -73,6 +73,30 @@ def test_the_cuts_are_valid_within_the_cap_and_beat_what_they_were_asked_to(leng
     assert tokens.min() >= 1 and tokens.max() <= cap
     assert float(part_times(layout, pl, None, cost).max()) < beat
     assert priced_cuts(layout, P, cost, cap, balance_bound(layout, P, cost)) is None  # nothing beats the bound
+
+
+@settings(max_examples=ci_examples(60))
+@given(lengths=LENGTHS, P=st.integers(2, 24), cost=COSTS, rise=st.floats(0.0, 0.5))
+def test_a_fill_makes_the_same_cuts_at_its_slowest_parts_time(lengths, P, cost, rise):
+    """What the search relies on to lower its bracket: a fill that reaches the end makes the same cuts at any
+    target down to its slowest part's time, and none below it (the slowest part no longer fits); the cuts
+    are the part times they report; a fill that falls short reports how far its last part is over."""
+    layout = make_layout(cu_of(lengths))
+    T = layout.total_tokens
+    if T < P:
+        return
+    row = _Row(layout, cost)
+    cap = int(token_cap(T, P, 0.1))
+    target = balance_bound(layout, P, cost) * (1 + rise)
+    f = _fill(row, T, P, target, cap, 1)
+    if f.cuts is None:
+        assert f.slowest == math.inf and (math.isnan(f.excess) or f.excess > 0)
+        return
+    times = [row.time(s, e) for s, e in zip(f.cuts[:-1], f.cuts[1:])]
+    assert f.slowest == max(times) <= target and f.excess == times[-1] - max(times[:-1], default=0.0)
+    assert _fill(row, T, P, f.slowest, cap, 1) == f
+    below = _fill(row, T, P, f.slowest * (1 - 1e-9), cap, 1)
+    assert below.cuts != f.cuts
 
 
 def test_auto_takes_the_cuts_on_a_heavy_tailed_network_row():
