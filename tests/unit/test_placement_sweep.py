@@ -167,6 +167,7 @@ def test_sweep_runs_and_auto_has_no_losses():
         assert all(r["est"]["auto"] <= r["est"][o] * (1 + 1e-12) for o in SWEEP_OTHERS)
         assert r["est"]["auto"] >= r["lb"] * (1 - 1e-12)
         assert r["oracle"] <= r["est"]["auto"] * (1 + 1e-12)
+        assert r["lb"] <= r["bound"] <= min(r["oracle"], r["est"]["auto"]) * (1 + 1e-12)  # a lower bound
         assert r["sim"] >= r["lb"] * (1 - 1e-12)  # every part computes all its pairs and tokens, and may wait
         assert r["oracle_sim"] >= r["lb"] * (1 - 1e-12)
     md = render_sweep(res)
@@ -185,6 +186,26 @@ def test_sweep_runs_and_auto_has_no_losses():
     assert set(r["by_u"]) == {"1", "2", "4", "8"} and r["by_u"][str(r["best_u"])] == min(r["by_u"].values())
     assert min(r["by_u"].values()) >= 1 - 1e-12  # a rank's estimate is never below its share of the bound
     assert "Per-batch Ulysses degree" in _per_batch_lines(pb)[1]
+
+
+def test_the_bound_line_counts_the_layouts_out_of_reach():
+    """benchmarks.sweep._bound_lines: auto against the transfer-counting bound, the layouts whose bound is above
+    the goal (none can meet it) and the share auto meets among the rest."""
+    from benchmarks.sweep import _bound_lines
+
+    def row(link, lb, bound, auto):
+        return {"link": link, "lb": lb, "bound": bound, "est": {"auto": auto}}
+
+    rows = [row("network", 1.0, 1.2, 1.3), row("network", 1.0, 1.0, 1.05), row("network", 1.0, 1.05, 1.2),
+            row("nvlink", 1.0, 1.0, 1.0)]
+    (blank, line) = _bound_lines(rows)
+    assert blank == ""
+    network = line.split("network: ")[1]
+    assert "median 1.083" in network and "worst 1.143" in network
+    assert "above 1.10 · LB on 1 of 3 layouts" in network and "at most 66.7% can" in network
+    assert "auto meets it on 50.0% of the other 2" in network
+    assert "above 1.05 · LB on 0 of 1 layouts" in line.split("nvlink: ")[1]
+    assert _bound_lines([{"link": "nvlink", "lb": 1.0, "est": {"auto": 1.0}}]) == []
 
 
 def test_the_oracle_gap_line_counts_what_the_simulation_refutes():
