@@ -11,8 +11,9 @@ the parts deep inside a long document hold fewer rows, the parts of short docume
 :func:`priced_cuts` finds such cuts: the smallest target time for which a left-to-right fill reaches the
 end of the row, every part taking as many tokens as its estimated time (:meth:`.cost.CostModel.time_of`,
 one full-attention layer, the formula :func:`.cost.part_times` prices) keeps within the target and the
-token cap allows (bisection over the target; per part, its end solved in closed form and checked: its time
-never decreases as it grows). The fill is a heuristic, not an optimum (a longer part makes the next one start
+token cap allows (a search over the target: false position on how far the last part is over, a bisection step
+where a fill stops early; per part, its end solved in closed form and checked: its time never decreases as it
+grows). The fill is a heuristic, not an optimum (a longer part makes the next one start
 later in its document and receive more), so ``auto`` prices its result like every other candidate. Plain
 Python scalars: a few thousand closed-form evaluations per plan.
 
