@@ -145,12 +145,13 @@ def run_steps(steps: Sequence[Step], handlers: Mapping[str, Callable[[int], None
 
 
 def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
-                   peers: np.ndarray, ret: np.ndarray | None = None) -> np.ndarray:
+                   peers: np.ndarray, ret: np.ndarray | None = None, start: np.ndarray | None = None) -> np.ndarray:
     """``[R]`` finish time of every part running ``steps`` (all parts run the same steps).
 
     Times: ``local`` ``[R]`` the local item; ``xfer`` ``[R, n]`` the transfer of round ``t`` into each
     part (0: nothing received); ``work`` ``[R, n]`` the remote items; ``ret`` ``[R, n]`` the dK/dV
-    returning to each part in round ``t`` (backward). ``peers`` ``[n, R, R]`` (dst, src).
+    returning to each part in round ``t`` (backward). ``peers`` ``[n, R, R]`` (dst, src). ``start`` ``[R]``:
+    when each part reaches its first step (default: every part at 0).
 
     A transfer starts when both ends have posted it and both ends' links have delivered their
     previous fetch; a return starts when both ends have sent it. Waiting moves a part's clock to the
@@ -160,7 +161,7 @@ def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, w
         ``[R]`` each part's clock after its last step.
     """
     R, n = xfer.shape
-    clock = np.zeros(R)
+    clock = np.zeros(R) if start is None else np.array(start, dtype=np.float64)
     link = np.zeros(R)  # when each part's link delivered its latest fetch
     posted: dict[int, np.ndarray] = {}
     back: dict[int, np.ndarray] = {}
@@ -200,6 +201,38 @@ def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, w
     run_steps(steps, {POST: post, WAIT: wait, LOCAL: run_local, COMPUTE: compute, RETURN: send_return,
                       COLLECT: collect})
     return clock
+
+
+STEADY_LAYERS = (1, 1)  # simulate_layers: layers run before the measured ones, layers measured
+
+
+def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
+                    peers: np.ndarray, ret: np.ndarray | None, before: np.ndarray, after: np.ndarray,
+                    layers: tuple[int, int] = STEADY_LAYERS) -> np.ndarray:
+    """``[R]`` every part's time per layer once consecutive layers run the same ``steps`` in steady state.
+
+    No part waits for the others at a layer's start: each starts layer ``l + 1`` when it is done with layer
+    ``l`` (its ``after`` work, e.g. the output projection and MLP) and with its ``before`` work of the next (the
+    q, k, v projections), so a wait for another part's KV or dK/dV costs what it costs in a deep model, where
+    nothing but the transfers themselves ties the parts together (one layer alone, every part starting it at
+    once, charges every lag to every layer). Arrays as :func:`simulate_steps`.
+
+    Args:
+        steps: one layer's steps (:func:`forward_steps` or :func:`backward_steps`). local, xfer, work, peers,
+            ret: as :func:`simulate_steps`. before, after: ``[R]`` each part's own work before and after the
+            steps in a layer. layers: ``(warm-up layers, measured layers)``.
+
+    Returns:
+        ``[R]`` each part's clock advance over the measured layers, per layer (steps, ``before`` and ``after``).
+    """
+    warm, measured = layers
+    clock = np.zeros(len(local))
+    mark = clock
+    for layer in range(warm + measured):
+        if layer == warm:
+            mark = clock
+        clock = simulate_steps(steps, local, xfer, work, peers, ret, clock + before) + after
+    return (clock - mark) / measured
 
 
 def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from helpers import ci_examples
 
 import hf_hsap
-from hf_hsap.plan.pipeline import simulate_backward, simulate_forward
+from hf_hsap.plan.pipeline import (forward_steps, pipeline_shape, simulate_backward, simulate_forward,
+                                   simulate_layers, simulate_steps)
 from hf_hsap.plan.rounds import piece_remote_work, round_tables, split_rounds
 
 
@@ -93,6 +94,24 @@ def test_simulations_by_hand():
     assert simulate_backward(local, xfer, work, peers, ret, refetch=False).tolist() == [6.0, 5.0]
     # refetch: part 1 waits for the KV first (3), then 4 of work, then its local 1
     assert simulate_backward(local, xfer, work, peers, ret, refetch=True).tolist() == [9.0, 8.0]
+
+
+def test_consecutive_layers_charge_a_lag_once():
+    """Part 1 receives part 0's KV; part 0 reaches its rounds at 10 (its projections before them), part 1 at 1.
+    One layer that both start at once makes part 1 wait for the KV and then compute: 11.5. Layers run back to
+    back, part 1 keeps pace with part 0 (11 per layer, its sender's own time) and never pays the wait again;
+    with no transfer every part advances by its own work alone, and a start offsets the one-layer clocks."""
+    local = np.array([1.0, 1.0])
+    xfer = np.array([[0.0], [0.5]])
+    work = np.array([[0.0], [1.0]])
+    peers = np.zeros((1, 2, 2), dtype=bool)
+    peers[0, 1, 0] = True
+    before, after = np.array([10.0, 1.0]), np.zeros(2)
+    steps = forward_steps(pipeline_shape(1, False))
+    assert simulate_steps(steps, local, xfer, work, peers, start=before).tolist() == [11.0, 11.5]
+    assert simulate_layers(steps, local, xfer, work, peers, None, before, after).tolist() == [11.0, 11.0]
+    alone = simulate_layers(steps, local, np.zeros((2, 1)), work, np.zeros_like(peers), None, before, after + 2)
+    assert alone.tolist() == [13.0, 5.0]  # before + local + work + after of each part
 
 
 def test_pipelining_hides_a_long_transfer():
