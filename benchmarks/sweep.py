@@ -19,7 +19,7 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement and every simpler one, run where
   ``parts <= oracle_max_parts`` (and its placement's rounds simulated, ``oracle_sim``, beside auto's ``sim``);
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); *sim*: auto's slowest
-  part with its rounds simulated forward and backward (:func:`hf_hsap.plan.cost.simulated_time`); *bound*: the
+  part with its rounds simulated forward and backward (:func:`hf_hsap.plan.simulation.simulated_time`); *bound*: the
   lower bound of :func:`hf_hsap.plan.bound.transfer_bound`, which also counts the transfers no placement within
   the token cap avoids (where it exceeds the goal, no placement meets it); tokens and work
   max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
@@ -37,7 +37,8 @@ from typing import Sequence
 import numpy as np
 
 from hf_hsap.plan.bound import transfer_bound
-from hf_hsap.plan.cost import CostModel, balance_bound, part_times, simulated_time
+from hf_hsap.plan.cost import CostModel, balance_bound, part_times
+from hf_hsap.plan.simulation import simulated_time
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.oracle import optimise_placement
@@ -284,9 +285,10 @@ def render_sweep(res: dict) -> str:
             sim_cells.append(f"{link} median {_q(sr, .5):.3f}, p95 {_q(sr, .95):.3f}, worst {max(sr):.3f}, "
                              f"≤ {goal:.2f} on {np.mean(np.asarray(sr) <= goal) * 100:.1f}%")
     if sim_cells:
-        out += ["", "With the rounds simulated (`hf_hsap.plan.cost.simulated_time`: the runtime's forward and backward "
-                "steps timed by dataflow, as `benchmarks/cost_model.py` predicts throughput; a part also waits for "
-                "the dK/dV its keys get back), auto's slowest part / LB: " + "; ".join(sim_cells) + ". The one-layer "
+        out += ["", "With the rounds simulated (`hf_hsap.plan.simulation.simulated_time`: the runtime's forward and "
+                "backward steps timed by dataflow over consecutive layers in steady state, each part starting a "
+                "layer when its own previous one is done; a part also waits for the dK/dV its keys get back), "
+                "auto's slowest part / LB: " + "; ".join(sim_cells) + ". The one-layer "
                 "est above charges a transfer to the part that receives it, never to the part that sent the keys and "
                 "waits for their dK/dV; `auto` evens out its winner's exposed transfers only where both models agree "
                 "(`hf_hsap.plan.exposure`)."]

@@ -43,8 +43,6 @@ import numpy as np
 from ..deprecation import moved_names
 from ..hardware import cost_model_kinds, gpu_kind
 from .layout import Layout
-from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
-from .rounds import RoundPieces, piece_remote_work, round_tables, split_rounds
 from .placement import Placement, _zigzag_chunks, rows_work
 from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
@@ -76,6 +74,9 @@ class CostModel:
         overlap: the share of the KV transfer that the part's local work hides (1, default: a GPU's copy engines
             and links move KV while its SMs compute, ``max(local, kv)``; 0: every transferred byte costs the
             same processors the attention needs, ``local + kv``, as with gloo ranks sharing CPU cores).
+        qkv_share: the share of ``token_cost`` in the query, key and value projections (Llama-3-8B: 0.115): their
+            forward runs before the attention, their backward after it (where :func:`.simulation.simulated_time` puts a
+            part's work between its attentions). Not in the one-layer formula.
     """
 
     token_cost: float = 17930.0
@@ -84,11 +85,14 @@ class CostModel:
     a2a_token_cost: float = 511.0
     diag_block: float = 0.0
     overlap: float = 1.0
+    qkv_share: float = 0.115
 
     def __post_init__(self) -> None:
-        if not isinstance(self.overlap, numbers.Real) or isinstance(self.overlap, bool) or not 0 <= self.overlap <= 1:
-            raise ValueError(f"CostModel.overlap must lie in [0, 1] (the share of a transfer that local work can hide), "
-                             f"got {self.overlap!r}")
+        for name, what in (("overlap", "the share of a transfer that local work can hide"),
+                           ("qkv_share", "the share of a token's cost in its q, k, v projections")):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise ValueError(f"CostModel.{name} must lie in [0, 1] ({what}), got {v!r}")
         for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
@@ -111,8 +115,10 @@ class CostModel:
         # replication for a U that does not divide them is not counted)
         a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
         a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
+        qkv = q_heads * head_dim * (q_heads + 2 * kv_heads) * head_dim  # the hidden size taken as q_heads * head_dim
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
-                         round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s)
+                         round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s,
+                         qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0)
 
     @staticmethod
     def from_config(config: Any, link: str = "network", hardware: str | None = None) -> "CostModel":
@@ -156,7 +162,8 @@ class CostModel:
         params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
         peak, nvl, net = HARDWARE_LINKS[hardware]
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
-        return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8)
+        model = CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8)
+        return dataclasses.replace(model, qkv_share=hidden * d * (hq + 2 * hkv) / params)
 
     @staticmethod
     def default() -> "CostModel":
@@ -315,75 +322,6 @@ def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarr
                         recv.astype(np.float64))
 
 
-def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
-                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces, np.ndarray]]:
-    """Estimated attention time (forward + backward, pairs) of the slowest part, the pieces, and every
-    part's time, for each round order.
-
-    Simulates the runtime's own steps (:mod:`hf_hsap.plan.pipeline`: :func:`pipeline_shape`,
-    :func:`forward_steps`, :func:`backward_steps`, :func:`simulate_steps`): work split 1 : 2.5 between
-    forward and backward, each transfer half of ``kv_token_cost`` per token (KV forward, dK/dV back)
-    plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``, and the batched parts'
-    times) when ``batched`` already hides its transfers within 0.5%. ``window``: the mask kind the transfers
-    are of.
-
-    Returns:
-        ``{order: (slowest part's time, pieces, [n_parts] every part's time)}`` for ``"batched"`` and ``"by_peer"``.
-    """
-    local = local_work_per_part(layout, pl, window)
-    f, b = 1 / 3.5, 2.5 / 3.5
-    bound = float(work_per_part(layout, pl, window).max())  # no exposed transfer at all: nothing to pipeline
-    out: dict[str, tuple[float, RoundPieces, np.ndarray]] = {}
-    for order in ("batched", "by_peer"):
-        if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
-            out[order] = (float("inf"), out["batched"][1], out["batched"][2])
-            continue
-        pieces = split_rounds(tr, pl.n_parts, budget, order)
-        tab = round_tables(pieces, piece_remote_work(layout, pl, pieces, window), pl.n_parts)
-        xfer = np.where(tab.recv > 0, (cost.kv_token_cost * tab.recv + cost.round_cost) / 2, 0.0)
-        ret = np.where(tab.sent > 0, (cost.kv_token_cost * tab.sent + cost.round_cost) / 2, 0.0)
-        shape = pipeline_shape(pieces.n_rounds, budget is not None)
-        t = (simulate_steps(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers)
-             + simulate_steps(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret))
-        out[order] = (float(t.max()), pieces, t)
-    return out
-
-
-def round_order(times: Mapping[str, tuple[float, RoundPieces, np.ndarray]], rounds: str = "auto") -> str:
-    """The round order a plan runs (the one rule): ``rounds`` itself unless ``"auto"``, which takes ``by_peer``
-    when :func:`round_order_times` prices its slowest part at least 1 % faster than ``batched``'s.
-
-    Args:
-        times: :func:`round_order_times`' result. rounds: ``"auto"``, ``"batched"`` or ``"by_peer"``.
-
-    Returns:
-        ``"batched"`` or ``"by_peer"``.
-    """
-    if rounds != "auto":
-        return rounds
-    return "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
-
-
-def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None = None,
-                   rounds: str = "auto") -> float:
-    """The slowest part's step time of one full-attention layer with the rounds the plan would run simulated
-    forward and backward (:func:`round_order_times`, the order :func:`round_order` picks) and its tokens priced:
-    ``max_p token_cost * tokens_p + attention_p``; what ``benchmarks/cost_model.py`` predicts throughput from,
-    and what ``auto`` checks a step of its one-layer model (:func:`part_times`) against. Like the pipeline's
-    simulation it counts neither ``diag_block``'s masked pairs nor ``overlap`` below 1 (its transfers overlap the
-    work they can).
-
-    Args:
-        layout, pl, tr: the documents, the placement and its full-attention transfers. cost: the cost model.
-        budget: the receive budget (None: none). rounds: the plan's ``rounds`` option.
-
-    Returns:
-        The time, in attention pairs.
-    """
-    times = round_order_times(layout, pl, tr, cost, budget)
-    return float((cost.token_cost * pl.tokens_per_part() + times[round_order(times, rounds)][2]).max())
-
-
 def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],
               layers: Mapping[Window, int], cost: CostModel) -> float:
     """Estimated time of one step of a model's attention layers: for every mask kind, its layers times the
@@ -413,4 +351,6 @@ def choose_placement(layout: Layout, candidates: Sequence[Placement],
     return int(np.argmin(times))
 
 
-__getattr__ = moved_names(__name__, {"detect_hardware": ("hf_hsap.devices", "the planner does not query devices")})
+__getattr__ = moved_names(__name__, {"detect_hardware": ("hf_hsap.devices", "the planner does not query devices"),
+                                     **{n: ("hf_hsap.plan.simulation", "the round simulation has its own module")
+                                        for n in ("round_order_times", "round_order", "simulated_time")}})

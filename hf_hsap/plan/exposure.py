@@ -18,15 +18,13 @@ scalars and the numpy of :func:`.cost.part_times`: it runs on every batch, on ``
 
 :func:`evened_winner` is what ``auto`` weighs of it: a step of at least :data:`EXPOSURE_MIN_GAIN`; ``auto``
 keeps it (after its search on small groups, against the winner's search) only where the rounds the plan
-would run, simulated forward and backward (:func:`.cost.simulated_time`, the fuller model of
-``benchmarks/cost_model.py``), do not price it slower (:func:`simulation_agrees`). The one-layer model
-charges a transfer to the part that receives it; the simulation also makes the part that *sent* keys wait
-in the backward until their dK/dV come back. Holders of a long document's middle rows both receive and send
-much: the refinement unloads them by their received KV, and the simulation finds them waiting for returns
-instead (on the sweep's row ``lognormal-1.6``, seed 0, P = 64 over NVLink the evened placement's slowest part
-in the simulation sends 11,476 KV tokens and holds 1.4 % less than the mean ``work + token_cost * tokens``;
-the gap between the two models correlates 0.59 with the tokens a part sends). On large NVLink groups, where
-the one-layer model gains most, the step is then mostly not taken.
+would run, simulated forward and backward over consecutive layers (:func:`.simulation.simulated_time`, the fuller
+model), do not price it slower (:func:`simulation_agrees`). The one-layer model charges a transfer to the part
+that receives it; the simulation also makes the part that *sent* keys wait in the backward until their dK/dV
+come back, and a part wait for KV its senders post late. Holders of a long document's middle rows both receive
+and send much: the refinement unloads them by their received KV, and the simulation can find them waiting for
+returns instead. (Until 2026-12-03 the simulation ran one layer that every part started at once, which charged
+every lag between parts to every layer: it refused most of the steps on large NVLink groups.)
 """
 from __future__ import annotations
 
@@ -34,7 +32,8 @@ import logging
 
 import numpy as np
 
-from .cost import CostModel, part_times, simulated_time
+from .cost import CostModel, part_times
+from .simulation import simulated_time
 from .layout import Layout
 from .placement import Placement, _finish
 from .refine import refine_moves
@@ -100,7 +99,7 @@ def evened_winner(layout: Layout, pl: Placement, t_pl: float, cost: CostModel, t
 
 def simulation_agrees(layout: Layout, first: tuple[Placement, Transfers], second: tuple[Placement, Transfers],
                       cost: CostModel, budget: int | None, rounds: str) -> bool:
-    """Whether the rounds the plan would run, simulated forward and backward (:func:`.cost.simulated_time`),
+    """Whether the rounds the plan would run, simulated forward and backward (:func:`.simulation.simulated_time`),
     price ``second`` no slower than ``first`` (module docstring: the one-layer model alone does not decide a
     step taken for its exposed-transfer term).
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import CostModel, round_order, round_order_times
+from .cost import CostModel
+from .simulation import round_order, round_order_times
 from .layout import Layout
 from .placement import Placement
 from .rounds import RoundPieces, split_rounds

@@ -53,9 +53,9 @@ def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, 
     prices it faster (name ``"<winner>+polish"``); never slower than the winner, so never slower than any
     candidate. The searches from ``contiguous`` and ``density`` (:func:`searched_from_others`) are kept only where
     the rounds simulated agree: on every sweep layout they reached the oracle, but partly by trading work balance
-    for KV that the fuller model of ``benchmarks/cost_model.py`` (forward and backward rounds simulated) prices up
-    to 20 % slower on the GPU predictions, so far from the candidates the one-layer objective alone is not
-    trusted. Returns ``(placement, transfers of every kind, step time)``."""
+    for KV that the fuller model (forward and backward rounds simulated, :func:`.simulation.simulated_time`) prices up
+    to 20 % slower, so far from the candidates the one-layer objective alone is not trusted. Returns
+    ``(placement, transfers of every kind, step time)``."""
     if any(w is not None for w in layers) or n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
         return pl, tr, best
     t, moved = polish(layout, n_parts, cost, pl, token_slack)

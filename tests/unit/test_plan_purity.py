@@ -124,6 +124,9 @@ def test_dict_style_stats_still_work_for_one_release() -> None:
     ("hf_hsap.plan.pipeline", "piece_remote_work", "hf_hsap.plan.rounds"),
     ("hf_hsap.plan.schedule", "split_rounds", "hf_hsap.plan.rounds"),
     ("hf_hsap.plan.cost", "detect_hardware", "hf_hsap.devices"),
+    ("hf_hsap.plan.cost", "simulated_time", "hf_hsap.plan.simulation"),
+    ("hf_hsap.plan.cost", "round_order_times", "hf_hsap.plan.simulation"),
+    ("hf_hsap.plan.cost", "round_order", "hf_hsap.plan.simulation"),
     ("hf_hsap.plan.planner", "check_same_layout", "hf_hsap.sp_plan"),
     ("hf_hsap.comm.loopback", "run_plan_loopback", "hf_hsap.loopback"),
 ])

@@ -238,6 +238,13 @@ def test_cost_model_from_config():
     assert h100.kv_token_cost > a100.kv_token_cost  # compute gets 3.2x faster, the network only 2x
     mha = hf_hsap.CostModel.from_config(SimpleNamespace(num_attention_heads=32, hidden_size=4096), "nvlink", "A100")
     assert mha.kv_token_cost > 3 * hf_hsap.CostModel.from_config(cfg, "nvlink", "A100").kv_token_cost
+    # the q, k, v projections' share of a token's GEMMs: 4096 x (4096 + 2 x 1024) of 218 M parameters a layer
+    assert a100.qkv_share == pytest.approx(4096 * 6144 / (4096 * 128 * 80 + 3 * 4096 * 14336))
+    assert a100.qkv_share == pytest.approx(hf_hsap.CostModel().qkv_share, abs=0.002)
+    assert 0 < mha.qkv_share < 1 and mha.qkv_share > a100.qkv_share  # 32 kv heads project more
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(ValueError, match="qkv_share must lie in"):
+            hf_hsap.CostModel(qkv_share=bad)
     with pytest.raises(ValueError, match="unknown hardware"):
         hf_hsap.CostModel.from_config(cfg, "network", "TPU")
     with pytest.raises(ValueError, match="unknown link"):

@@ -1,0 +1,112 @@
+"""The rounds a plan runs, simulated: which order (``rounds="auto"``) and how long a layer takes with them.
+
+The fuller model beside :func:`.cost.part_times`' one-layer formula: the runtime's own steps
+(:mod:`hf_hsap.plan.pipeline`) timed by dataflow. :func:`round_order_times` runs one layer that every part starts
+at once, for each round order (what :func:`round_order`, the one rule, picks from); :func:`simulated_time` runs
+the chosen order over consecutive layers in steady state (what ``auto`` checks its one-layer steps against).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .cost import CostModel
+from .layout import Layout
+from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_layers, simulate_steps
+from .placement import Placement
+from .rounds import RoundPieces, RoundTables, piece_remote_work, round_tables, split_rounds
+from .transfers import Transfers
+from .windows import Window, local_work_per_part, work_per_part
+
+__all__ = ["round_order_times", "round_order", "simulated_time"]
+
+
+def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
+                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces, np.ndarray]]:
+    """Estimated attention time (forward + backward, pairs) of the slowest part, the pieces, and every
+    part's time, for each round order.
+
+    Simulates the runtime's own steps (:mod:`hf_hsap.plan.pipeline`: :func:`pipeline_shape`,
+    :func:`forward_steps`, :func:`backward_steps`, :func:`simulate_steps`): work split 1 : 2.5 between
+    forward and backward, each transfer half of ``kv_token_cost`` per token (KV forward, dK/dV back)
+    plus half of ``round_cost`` per round. ``by_peer`` is not simulated (``inf``, and the batched parts'
+    times) when ``batched`` already hides its transfers within 0.5%. ``window``: the mask kind the transfers
+    are of.
+
+    Returns:
+        ``{order: (slowest part's time, pieces, [n_parts] every part's time)}`` for ``"batched"`` and ``"by_peer"``.
+    """
+    local = local_work_per_part(layout, pl, window)
+    f, b = 1 / 3.5, 2.5 / 3.5
+    bound = float(work_per_part(layout, pl, window).max())  # no exposed transfer at all: nothing to pipeline
+    out: dict[str, tuple[float, RoundPieces, np.ndarray]] = {}
+    for order in ("batched", "by_peer"):
+        if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
+            out[order] = (float("inf"), out["batched"][1], out["batched"][2])
+            continue
+        pieces = split_rounds(tr, pl.n_parts, budget, order)
+        tab, xfer, ret = _round_times(layout, pl, pieces, cost, window)
+        shape = pipeline_shape(pieces.n_rounds, budget is not None)
+        t = (simulate_steps(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers)
+             + simulate_steps(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret))
+        out[order] = (float(t.max()), pieces, t)
+    return out
+
+
+def _round_times(layout: Layout, pl: Placement, pieces: RoundPieces, cost: CostModel,
+                 window: Window = None) -> tuple[RoundTables, np.ndarray, np.ndarray]:
+    """The round tables of ``pieces`` and their ``[R, n]`` transfer and return times: half of ``kv_token_cost``
+    per token each way plus half of ``round_cost`` per round."""
+    tab = round_tables(pieces, piece_remote_work(layout, pl, pieces, window), pl.n_parts)
+    xfer = np.where(tab.recv > 0, (cost.kv_token_cost * tab.recv + cost.round_cost) / 2, 0.0)
+    ret = np.where(tab.sent > 0, (cost.kv_token_cost * tab.sent + cost.round_cost) / 2, 0.0)
+    return tab, xfer, ret
+
+
+def round_order(times: Mapping[str, tuple[float, RoundPieces, np.ndarray]], rounds: str = "auto") -> str:
+    """The round order a plan runs (the one rule): ``rounds`` itself unless ``"auto"``, which takes ``by_peer``
+    when :func:`round_order_times` prices its slowest part at least 1 % faster than ``batched``'s.
+
+    Args:
+        times: :func:`round_order_times`' result. rounds: ``"auto"``, ``"batched"`` or ``"by_peer"``.
+
+    Returns:
+        ``"batched"`` or ``"by_peer"``.
+    """
+    if rounds != "auto":
+        return rounds
+    return "by_peer" if times["by_peer"][0] < 0.99 * times["batched"][0] else "batched"
+
+
+def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None = None,
+                   rounds: str = "auto") -> float:
+    """The slowest part's time per full-attention layer of a deep model, with the rounds the plan would run (the
+    order :func:`round_order` picks) simulated forward and backward over consecutive layers in steady state
+    (:func:`.pipeline.simulate_layers`: a part starts a layer when its own previous one is done, not when every
+    part is, so another part's lag costs a wait only where the transfers make it one). A part's projections and
+    MLP (``token_cost`` per token, a third forward, two thirds backward) run between its attentions, the q, k, v
+    projections' share (``qkv_share``) before the forward attention and after the backward one. What ``auto``
+    checks a step of its one-layer model (:func:`part_times`) against. It counts neither ``diag_block``'s masked
+    pairs nor ``overlap`` below 1 (its transfers overlap the work they can).
+
+    Args:
+        layout, pl, tr: the documents, the placement and its full-attention transfers. cost: the cost model.
+        budget: the receive budget (None: none). rounds: the plan's ``rounds`` option.
+
+    Returns:
+        The time, in attention pairs.
+    """
+    times = round_order_times(layout, pl, tr, cost, budget)
+    pieces = times[round_order(times, rounds)][1]
+    tab, xfer, ret = _round_times(layout, pl, pieces, cost)
+    local = local_work_per_part(layout, pl)
+    shape = pipeline_shape(pieces.n_rounds, budget is not None)
+    gemm = cost.token_cost * pl.tokens_per_part().astype(np.float64)  # [n_parts] projections and MLP, fwd + bwd
+    qkv = cost.qkv_share
+    f, b = 1 / 3.5, 2.5 / 3.5  # attention: backward 2.5x the forward
+    fwd = simulate_layers(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers, None,
+                          gemm * qkv / 3, gemm * (1 - qkv) / 3)
+    bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
+                          gemm * (1 - qkv) * 2 / 3, gemm * qkv * 2 / 3)
+    return float((fwd + bwd).max())
