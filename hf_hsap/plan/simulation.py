@@ -22,6 +22,10 @@ from .windows import Window, local_work_per_part, work_per_part
 __all__ = ["round_order_times", "round_order", "simulated_time"]
 
 
+ATTENTION_FWD, ATTENTION_BWD = 1 / 3.5, 2.5 / 3.5  # shares of a layer's attention work: backward 2.5x the forward
+Simulated = tuple[float, RoundPieces, np.ndarray, tuple[RoundTables, np.ndarray, np.ndarray]]
+
+
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
                       budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces, np.ndarray]]:
     """Estimated attention time (forward + backward, pairs) of the slowest part, the pieces, and every
@@ -37,21 +41,28 @@ def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostMo
     Returns:
         ``{order: (slowest part's time, pieces, [n_parts] every part's time)}`` for ``"batched"`` and ``"by_peer"``.
     """
+    return {order: sim[:3] for order, sim in _orders(layout, pl, tr, cost, budget, window)[0].items()}
+
+
+def _orders(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None,
+            window: Window = None) -> tuple[dict[str, Simulated], np.ndarray]:
+    """:func:`round_order_times` with each order's round tables and transfer and return times
+    (:func:`_round_times`, what :func:`simulated_time` runs again over layers), and ``[n_parts]`` local work."""
     local = local_work_per_part(layout, pl, window)
-    f, b = 1 / 3.5, 2.5 / 3.5
+    f, b = ATTENTION_FWD, ATTENTION_BWD
     bound = float(work_per_part(layout, pl, window).max())  # no exposed transfer at all: nothing to pipeline
-    out: dict[str, tuple[float, RoundPieces, np.ndarray]] = {}
+    out: dict[str, Simulated] = {}
     for order in ("batched", "by_peer"):
         if order == "by_peer" and out["batched"][0] <= 1.005 * bound:
-            out[order] = (float("inf"), out["batched"][1], out["batched"][2])
+            out[order] = (float("inf"), *out["batched"][1:])
             continue
         pieces = split_rounds(tr, pl.n_parts, budget, order)
-        tab, xfer, ret = _round_times(layout, pl, pieces, cost, window)
+        tab, xfer, ret = arrays = _round_times(layout, pl, pieces, cost, window)
         shape = pipeline_shape(pieces.n_rounds, budget is not None)
         t = (simulate_steps(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers)
              + simulate_steps(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret))
-        out[order] = (float(t.max()), pieces, t)
-    return out
+        out[order] = (float(t.max()), pieces, t, arrays)
+    return out, local
 
 
 def _round_times(layout: Layout, pl: Placement, pieces: RoundPieces, cost: CostModel,
@@ -97,14 +108,12 @@ def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel
     Returns:
         The time, in attention pairs.
     """
-    times = round_order_times(layout, pl, tr, cost, budget)
-    pieces = times[round_order(times, rounds)][1]
-    tab, xfer, ret = _round_times(layout, pl, pieces, cost)
-    local = local_work_per_part(layout, pl)
+    times, local = _orders(layout, pl, tr, cost, budget)
+    _, pieces, _, (tab, xfer, ret) = times[round_order(times, rounds)]
     shape = pipeline_shape(pieces.n_rounds, budget is not None)
     gemm = cost.token_cost * pl.tokens_per_part().astype(np.float64)  # [n_parts] projections and MLP, fwd + bwd
     qkv = cost.qkv_share
-    f, b = 1 / 3.5, 2.5 / 3.5  # attention: backward 2.5x the forward
+    f, b = ATTENTION_FWD, ATTENTION_BWD
     fwd = simulate_layers(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers, None,
                           gemm * qkv / 3, gemm * (1 - qkv) / 3)
     bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
