@@ -60,11 +60,12 @@ class _Row:
         self.cost = cost
         self.diag = diag = cost.diag_block
         work = lengths * (lengths + 1) // 2  # pairs of every whole document
-        self.work_before = np.concatenate([[0], np.cumsum(work)]).tolist()  # [n_docs + 1]
-        masked = cost.masked_pairs(lengths.astype(np.float64)) if diag else np.zeros(len(lengths))
-        self.masked_before = np.concatenate([[0.0], np.cumsum(masked)]).tolist()
+        work_before = np.concatenate([[0], np.cumsum(work)])  # [n_docs + 1]
+        self.work_before = work_before.tolist()
+        masked = cost.masked_pairs(lengths.astype(np.float64)) if diag else None
+        self.masked_before = np.concatenate([[0.0], np.cumsum(masked)]).tolist() if diag else None
         # token_cost * cu[d] + the pairs of every document before d: the row's prefix at each document start
-        self.doc_prefix = [cost.token_cost * c + w for c, w in zip(self.cu, self.work_before)]
+        self.doc_prefix = (cost.token_cost * layout.cu_seqlens.astype(np.float64) + work_before).tolist()
 
     def longest(self, s: int, lo: int, hi: int, target: float) -> tuple[int, float]:
         """The largest end ``e`` in ``[lo, hi]`` with :meth:`time` ``(s, e) <= target`` and that time, or

@@ -99,14 +99,17 @@ def rows_work(u, v):
     return (v * (v + 1) - u * (u + 1)) // 2
 
 
-def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
+def _finish(name: str, n_parts: int, doc, start, end, part, ordered: bool = False) -> Placement:
+    """The placement of segments ``(doc, start, end, part)`` (any order; empty ones dropped); ``ordered``: they
+    are by (part, start) already and none is empty (no sort)."""
     doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))
-    keep = end > start
-    if not keep.all():
-        doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
-    # by (part, start): one key (starts are distinct once empty segments are gone), one argsort
-    order = np.argsort(part * (int(end.max(initial=0)) + 1) + start)
-    doc, start, end, part = doc[order], start[order], end[order], part[order]
+    if not ordered:
+        keep = end > start
+        if not keep.all():
+            doc, start, end, part = doc[keep], start[keep], end[keep], part[keep]
+        # by (part, start): one key (starts are distinct once empty segments are gone), one argsort
+        order = np.argsort(part * (int(end.max(initial=0)) + 1) + start)
+        doc, start, end, part = doc[order], start[order], end[order], part[order]
     counts = np.bincount(part, minlength=n_parts)
     part_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     lengths = end - start
@@ -118,13 +121,15 @@ def _finish(name: str, n_parts: int, doc, start, end, part) -> Placement:
 def _cut(layout: Layout, bounds: np.ndarray, owner_of_range: np.ndarray, name: str, n_parts: int) -> Placement:
     """Cut the token line at document boundaries and at ``bounds`` (range ``i`` = ``[bounds[i],
     bounds[i+1])`` owned by ``owner_of_range[i]``)."""
-    cuts = np.union1d(layout.cu_seqlens, bounds)
+    cuts = np.sort(np.concatenate([layout.cu_seqlens, bounds]))  # a repeated cut makes an empty range: dropped
     start, end = cuts[:-1], cuts[1:]
     keep = end > start
     start, end = start[keep], end[keep]
     doc = layout.doc_of(start)
     rng = np.searchsorted(bounds, start, side="right") - 1
-    return _finish(name, n_parts, doc, start, end, owner_of_range[rng])
+    owner = owner_of_range[rng]
+    # owners never decreasing along the line (contiguous ranges): the segments are by (part, start) already
+    return _finish(name, n_parts, doc, start, end, owner, ordered=bool((owner[1:] >= owner[:-1]).all()))
 
 
 def contiguous(layout: Layout, n_parts: int) -> Placement:
