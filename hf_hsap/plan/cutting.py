@@ -17,10 +17,10 @@ grows). The fill is a heuristic, not an optimum (a longer part makes the next on
 later in its document and receive more), so ``auto`` prices its result like every other candidate. Plain
 Python scalars: a few thousand closed-form evaluations per plan.
 
-:func:`with_priced_cuts` is the last step ``auto`` takes on groups of at least ``CUT_MIN_PARTS`` parts (smaller
-ones are searched from ``contiguous`` and other starts instead, :mod:`.polishing`): the cuts replace the plan
-(the winner, polished) where the one-layer model prices them faster *and* the plan's rounds simulated forward
-and backward do not price them slower (:func:`.exposure.simulation_agrees`), so it never makes a plan slower by
+:func:`with_priced_cuts` is the last step ``auto`` takes (on groups of at least ``planner.CUT_MIN_PARTS`` parts:
+every group; small ones are also searched from ``contiguous`` and other starts before it, :mod:`.polishing`): the
+cuts replace the plan (the winner, polished) where the one-layer model prices them faster *and* the plan's rounds
+simulated forward and backward do not price them slower (:func:`.exposure.simulation_agrees`), so it never makes a plan slower by
 either model. The cuts win by their transfer term, which is where the two models part: a part deep inside a
 long document receives many keys from many senders, and the one-layer model sometimes prefers cuts whose senders
 then wait for their dK/dV in the simulation (the ranks deep in a dominant document hold fewer tokens, so their

@@ -50,7 +50,8 @@ NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the
 
 
 @pytest.mark.parametrize("lengths,polished", [([470, 127], "balanced+polish"),
-                                              ([442, 28], "density+polish"),
+                                              ([336, 28], "density+polish"),
+                                              ([442, 28], "contiguous-priced"),
                                               ([337, 77, 81, 180, 41, 100, 53, 4], "contiguous+polish"),
                                               ([276, 535, 272], "contiguous+polish"),
                                               ([106, 54, 518, 14], "contiguous+polish")])
@@ -58,7 +59,8 @@ def test_polished_auto_placement_is_exact(pools, lengths, polished):
     """auto's polished winner (exposure.refine_exposure slides boundaries of split documents, oracle.polish moves
     pieces of segments between parts) stays exact; on [276, 535, 272] the first step moves boundaries
     (tests/unit/test_exposure.py checks that it does), on [106, 54, 518, 14] the plan is searched from another start
-    than the winner (polishing.searched_from_others, tests/unit/test_other_starts.py)."""
+    than the winner (polishing.searched_from_others, tests/unit/test_other_starts.py); on [442, 28] the priced
+    contiguous cuts (plan.cutting) replace the polished winner."""
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,
                        "auto", None, None, False, True, NETWORK)
     assert_exact(res, "float64")

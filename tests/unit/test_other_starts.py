@@ -59,9 +59,12 @@ def test_refused_when_the_simulation_disagrees():
     t, searched = polish(layout, 4, NETWORK, contiguous(layout, 4), 0.10)
     assert t < 0.98 * before[2]
     assert sim(layout, searched, NETWORK) > 1.01 * sim(layout, before[0], NETWORK)
+    winner, _ = before_the_step(layout, 4, NETWORK)
+    assert searched_from_others(layout, 4, NETWORK, 0.10, 1, {None: 1}, winner, before, None, "auto") is before
+    # auto's plan (the priced cuts may follow the step) is no slower than the winner's path by either model
     plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto", cost=NETWORK)
-    assert plan.placement_name == before[0].name
-    assert np.array_equal(plan.placement.start, before[0].start) and np.array_equal(plan.placement.part, before[0].part)
+    assert float(part_times(layout, plan.placement, plan.transfers, NETWORK).max()) <= before[2]
+    assert sim(layout, plan.placement, NETWORK) <= sim(layout, before[0], NETWORK)
 
 
 def test_what_is_not_searched(monkeypatch):
