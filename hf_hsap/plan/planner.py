@@ -45,7 +45,7 @@ ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by bui
 Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
 CUT_MIN_PARTS = 2  # auto weighs the priced contiguous cuts (.cutting) from this many parts: on every group (from 9
 # until 2026-12-03, when the searches from other starts were thought to cover small groups: on the sweep the cuts
-# make 93 network and 17 NVLink layouts of 2-8 parts faster by both models, none slower, at no measurable planning time)
+# make 77 network and 10 NVLink layouts of 2-8 parts faster by both models, none slower)
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 
