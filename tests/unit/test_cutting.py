@@ -99,6 +99,20 @@ def test_a_fill_makes_the_same_cuts_at_its_slowest_parts_time(lengths, P, cost, 
     assert below.cuts != f.cuts
 
 
+def with_and_without_the_step(layout, group):
+    """auto's plan of ``layout`` for ``group``, and its plan without the cut step (``CUT_MIN_PARTS`` out of reach)."""
+    import hf_hsap.plan.planner as planner
+
+    plan = planner.plan_layout(layout, group, "auto")
+    saved = planner.CUT_MIN_PARTS
+    planner.CUT_MIN_PARTS = 10 ** 9
+    try:
+        without = planner.plan_layout(layout, group, "auto")
+    finally:
+        planner.CUT_MIN_PARTS = saved
+    return plan, without
+
+
 def test_auto_takes_the_cuts_on_a_heavy_tailed_network_row():
     """A sweep row (log-normal sigma 2.2, P = 32, one GPU per node): the cuts beat every other placement by the
     cost model, by a wide margin over the greedy ones; auto's plan is them. The part holding the end of the
@@ -167,20 +181,12 @@ def test_the_cuts_are_weighed_on_small_groups():
     from benchmarks.sweep import sweep_lengths
     from hf_hsap.plan.simulation import simulated_time
     from hf_hsap.plan.group import GroupSpec
-    from hf_hsap.plan.planner import plan_layout
-    import hf_hsap.plan.planner as planner
 
     P = 8
     layout = make_layout(cu_of(sweep_lengths("lognormal-1.6", 2048 * P, 0).tolist()))
     cost = CostModel.for_link("network")
     group = GroupSpec.offline(P, 1, 1)
-    plan = plan_layout(layout, group, "auto")
-    saved = planner.CUT_MIN_PARTS
-    planner.CUT_MIN_PARTS = 10 ** 9  # the path without the step
-    try:
-        without = plan_layout(layout, group, "auto")
-    finally:
-        planner.CUT_MIN_PARTS = saved
+    plan, without = with_and_without_the_step(layout, group)
     assert plan.placement_name == "contiguous-priced" and without.placement_name.endswith("+polish")
     assert float(part_times(layout, plan.placement, None, cost).max()) < \
         0.93 * float(part_times(layout, without.placement, None, cost).max())
@@ -223,22 +229,13 @@ def test_the_step_never_makes_a_plan_slower_by_either_model(lengths, P, link):
     and with the plan's rounds simulated."""
     from hf_hsap.plan.simulation import simulated_time
     from hf_hsap.plan.group import GroupSpec
-    from hf_hsap.plan.planner import CUT_MIN_PARTS, plan_layout
-    import hf_hsap.plan.planner as planner
 
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
     group = GroupSpec.offline(P, 1, P if link == "nvlink" else 1)
     cost = CostModel.for_link(group.link)
-    plan = plan_layout(layout, group, "auto")
-    saved = planner.CUT_MIN_PARTS
-    planner.CUT_MIN_PARTS = 10 ** 9  # the path without the step
-    try:
-        without = plan_layout(layout, group, "auto")
-    finally:
-        planner.CUT_MIN_PARTS = saved
-    assert saved == CUT_MIN_PARTS
+    plan, without = with_and_without_the_step(layout, group)
     assert float(part_times(layout, plan.placement, None, cost).max()) <= \
         float(part_times(layout, without.placement, None, cost).max()) * (1 + 1e-12)
     assert simulated_time(layout, plan.placement, plan.transfers, cost) <= \
