@@ -104,10 +104,11 @@ class CostModel:
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
                     dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6,
-                    a2a_bytes_per_s: float | None = None) -> "CostModel":
+                    a2a_bytes_per_s: float | None = None, hidden_size: int | None = None) -> "CostModel":
         """Cost model for a model shape, a link (per GPU, per direction, as reached), its latency per
         round ``alpha_s`` (paid in forward and backward), a GPU peak and the all-to-all's link inside a
-        node (``a2a_bytes_per_s``, default ``link_bytes_per_s``)."""
+        node (``a2a_bytes_per_s``, default ``link_bytes_per_s``); ``hidden_size`` (default ``q_heads * head_dim``)
+        sizes the q, k, v projections' share of ``params_per_layer`` (``qkv_share``)."""
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
@@ -115,7 +116,7 @@ class CostModel:
         # replication for a U that does not divide them is not counted)
         a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
         a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
-        qkv = q_heads * head_dim * (q_heads + 2 * kv_heads) * head_dim  # the hidden size taken as q_heads * head_dim
+        qkv = (hidden_size or q_heads * head_dim) * head_dim * (q_heads + 2 * kv_heads)  # q, k, v projection weights
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s,
                          qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0)
@@ -162,8 +163,8 @@ class CostModel:
         params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
         peak, nvl, net = HARDWARE_LINKS[hardware]
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
-        model = CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8)
-        return dataclasses.replace(model, qkv_share=hidden * d * (hq + 2 * hkv) / params)
+        return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8,
+                                     hidden_size=hidden)
 
     @staticmethod
     def default() -> "CostModel":

@@ -21,11 +21,10 @@ Python scalars: a few thousand closed-form evaluations per plan.
 every group; small ones are also searched from ``contiguous`` and other starts before it, :mod:`.polishing`): the
 cuts replace the plan (the winner, polished) where the one-layer model prices them faster (by more than
 :data:`PRICED_MIN_GAIN`) *and* the plan's rounds simulated forward and backward do not price them slower
-(:func:`.exposure.simulation_agrees`), so it never makes a plan slower by
-either model. The cuts win by their transfer term, which is where the two models part: a part deep inside a
-long document receives many keys from many senders, and the one-layer model sometimes prefers cuts whose senders
-then wait for their dK/dV in the simulation (the ranks deep in a dominant document hold fewer tokens, so their
-returns do not come sooner). With one simulated layer that every part started at once (until 2026-12-03), the
+(:func:`.exposure.simulation_agrees`), so it never makes a plan slower by either model. The cuts win by their
+transfer term, which is where the two models part: a part deep inside a long document receives many keys from
+many senders, and the one-layer model sometimes prefers cuts whose senders then wait for their dK/dV in the
+simulation (the ranks deep in a dominant document hold fewer tokens, so their returns do not come sooner). With one simulated layer that every part started at once (until 2026-12-03), the
 simulation charged those waits to every layer and refused the cuts on most NVLink rows.
 """
 from __future__ import annotations
@@ -67,8 +66,9 @@ class _Row:
         work = lengths * (lengths + 1) // 2  # pairs of every whole document
         work_before = np.concatenate([[0], np.cumsum(work)])  # [n_docs + 1]
         self.work_before = work_before.tolist()
-        masked = cost.masked_pairs(lengths.astype(np.float64)) if diag else None
-        self.masked_before = np.concatenate([[0.0], np.cumsum(masked)]).tolist() if diag else None
+        # masked pairs of every document's causal square before d (read only with diag_block)
+        self.masked_before = (np.concatenate([[0.0], np.cumsum(cost.masked_pairs(lengths.astype(np.float64)))]).tolist()
+                              if diag else None)
         # token_cost * cu[d] + the pairs of every document before d: the row's prefix at each document start
         self.doc_prefix = (cost.token_cost * layout.cu_seqlens.astype(np.float64) + work_before).tolist()
 
@@ -310,8 +310,8 @@ def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack:
                      layers: Mapping[Window, int], pl: Placement, tr: Mapping[Window, Transfers], best: float,
                      budget: int | None, rounds: str) -> tuple[Placement, Mapping[Window, Transfers], float]:
     """``auto``'s plan, or the contiguous cuts priced with their transfers where both models price them faster (the
-    one-layer model by more than :data:`PRICED_MIN_GAIN`)
-    (module docstring). Full-attention plans only (a windowed one is returned as it is).
+    one-layer model by more than :data:`PRICED_MIN_GAIN`; module docstring). Full-attention plans only (a windowed
+    one is returned as it is).
 
     Args:
         layout: the documents. n_parts: parts. cost: the plan's cost model. token_slack: the token cap's slack.
