@@ -16,7 +16,9 @@ fits nowhere within both caps it is cut contiguously over the parts with the mos
 
 Speed: this greedy runs on every batch (the planning budget is 20 ms for 2,000 documents and P = 64,
 with three slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
-per-call overhead would dominate; the slacks share one pass while their decisions agree
+per-call overhead would dominate; only the choice of a split document's parts tests every part count at once in
+numpy (up to P^2 tests: at P = 64 with a few dozen long documents it was most of the planning time); the slacks
+share one pass while their decisions agree
 (:func:`balanced_greedies`). The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
 ``_zigzag_segments`` for one document (tests check they agree).
 """
@@ -296,8 +298,10 @@ def _choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[flo
     Returns:
         ``(which of the three, the parts)``, or None.
     """
+    order = np.asarray(by_load, dtype=np.int64)
+    tok_a, wrk_a = np.asarray(tok)[order], np.asarray(wrk)[order]  # [P] least loaded first
     for j, r in enumerate((rho, 0.0, None)):
-        chosen = _choose_parts(by_load, L, w, k0, P, tok, wrk, caps, r)
+        chosen = _choose_parts(order, L, w, k0, P, tok_a, wrk_a, caps, r)
         if chosen is not None:
             return j, chosen
     return None
@@ -335,40 +339,41 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     return rot
 
 
-def _choose_parts(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
+def _choose_parts(by_load: np.ndarray, L: int, w: float, k0: int, P: int, tok: np.ndarray, wrk: np.ndarray,
                   caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
     """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
     A document that needs most parts anyway goes to all of them (no idle part, best balance).
 
+    Every part count ``k`` is tested at once (a ``[k, P]`` table: the loop over counts and parts was the
+    planner's hottest, up to P^2 tests per split document), in the float64 operations a scalar loop would make.
+
     Args:
-        by_load: the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest parts.
-        P: parts. tok, wrk: every part's tokens and pairs. caps: ``(cap_t, cap_w, mean_t)``.
+        by_load: ``[P]`` the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest
+            parts. P: parts. tok, wrk: ``[P]`` the tokens and pairs of the parts in ``by_load`` order.
+            caps: ``(cap_t, cap_w, mean_t)``.
         rho: a share fits a part within the token cap and, unless None, within the work cap even once the
             part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
             per token ``rho`` (0: the work cap alone).
 
     Returns:
-        The parts, or None.
+        The parts (the first ``k`` of ``by_load`` that fit), or None.
     """
     cap_t, cap_w, mean_t = caps
     k_first = P if 2 * k0 > P else k0
-    for k in range(k_first, min(P, L) + 1):
-        t, x = L / k, w / k
-        room = cap_t - split_share_max(L, k)  # a part's share may be a token or two above the mean L / k
-        chosen = []
-        for p in by_load:  # the tests written out: they run for every part and every k (a hot loop)
-            tp = tok[p]
-            if tp > room:
-                continue
-            if rho is not None:
-                wp = wrk[p] + x
-                free = mean_t - tp - t
-                if wp > cap_w or wp + rho * (free if free > 0.0 else 0.0) > cap_w:
-                    continue
-            chosen.append(p)
-            if len(chosen) == k:
-                return chosen
-    return None
+    ks = np.arange(k_first, min(P, L) + 1, dtype=np.int64)  # [K] the part counts tried, fewest first
+    if ks.size == 0:
+        return None
+    room = cap_t - -(-L // ks)  # [K] a share may be a token or two above L / k (split_share_max)
+    fits = tok[None, :] <= room[:, None]  # [K, P]
+    if rho is not None:
+        wp = wrk[None, :] + (w / ks)[:, None]  # [K, P] a part's pairs with its share
+        free = (mean_t - tok)[None, :] - (L / ks)[:, None]  # [K, P] its tokens below the mean after it
+        fits &= (wp <= cap_w) & (wp + rho * np.maximum(free, 0.0) <= cap_w)
+    enough = np.flatnonzero(fits.sum(axis=1) >= ks)
+    if enough.size == 0:
+        return None
+    i = int(enough[0])
+    return by_load[fits[i]][:ks[i]].tolist()
 
 
 def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: list,
