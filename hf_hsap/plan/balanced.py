@@ -16,9 +16,8 @@ fits nowhere within both caps it is cut contiguously over the parts with the mos
 
 Speed: this greedy runs on every batch (the planning budget is 20 ms for 2,000 documents and P = 64,
 with three slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
-per-call overhead would dominate; only the choice of a split document's parts tests every part count at once in
-numpy (up to P^2 tests: at P = 64 with a few dozen long documents it was most of the planning time); the slacks
-share one pass while their decisions agree
+per-call overhead would dominate (the parts of a document that does not fit its fewest are chosen in numpy,
+:mod:`.shares`); the slacks share one pass while their decisions agree
 (:func:`balanced_greedies`). The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
 ``_zigzag_segments`` for one document (tests check they agree).
 """
@@ -35,6 +34,7 @@ import numpy as np
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
+from .shares import choose
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -47,20 +47,6 @@ def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
         j %= two_k  # (j < k) or 3k-1-j (a bijection of the slots onto the chunks)
         sizes[j if j < k else 3 * k - 1 - j] += 1
     return sizes, (rot + rem) % two_k
-
-
-def split_share_max(L: int, k: int) -> int:
-    """The most tokens one part holds of a ``k``-way dual-chunk split of ``L`` tokens (:func:`_chunk_sizes`:
-    a pair's two chunks take ``2 * (L // 2k)`` tokens and at most ``ceil(rem / k)`` of the ``rem`` left over, so
-    ``ceil(L / k)``): what the token cap is tested against, not the mean share ``L / k``.
-
-    Args:
-        L: the document's tokens. k: parts.
-
-    Returns:
-        ``ceil(L / k)``.
-    """
-    return -(-L // k)
 
 
 def _pair_work(sizes: list[int]) -> list[int]:
@@ -242,7 +228,7 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
     replace = heapq.heapreplace
     n = len(fig.docs)
     for i, L, w, rho in zip(range(i0, n), fig.lens[i0:], fig.works[i0:], fig.rhos[i0:]):
-        # the fast path: the least loaded part takes the document whole (_choose_parts' test at k = 1 for the
+        # the fast path: the least loaded part takes the document whole (.shares' test at k = 1 for the
         # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
         # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
         best = heap[0][1]
@@ -263,9 +249,9 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
             scores[p] = score  # reads the scores the fast path kept in the heap alone
         k0 = max(1, math.ceil(L / cap_lo), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
-        chosen = _choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
+        chosen = choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
         if shared and (chosen is None or k0 != max(1, math.ceil(L / cap_hi), math.ceil(w / cap_w))
-                       or chosen != _choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
+                       or chosen != choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
             return i  # (the headroom fill reads the cap; so may the part count and the parts chosen)
         if chosen is None:
             _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_lo, tok, wrk, st.seg_doc, st.seg_start,
@@ -285,26 +271,6 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
         heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
     return n
-
-
-def _choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
-            caps: tuple[float, float, float], rho: float) -> tuple[int, list[int]] | None:
-    """:func:`_choose_parts` within the work cap and the remaining documents' work (``rho``), else within
-    the work cap alone, else at equal work shares.
-
-    Args:
-        As :func:`_choose_parts`, ``rho`` the remaining documents' work per token.
-
-    Returns:
-        ``(which of the three, the parts)``, or None.
-    """
-    order = np.asarray(by_load, dtype=np.int64)
-    tok_a, wrk_a = np.asarray(tok)[order], np.asarray(wrk)[order]  # [P] least loaded first
-    for j, r in enumerate((rho, 0.0, None)):
-        chosen = _choose_parts(order, L, w, k0, P, tok_a, wrk_a, caps, r)
-        if chosen is not None:
-            return j, chosen
-    return None
 
 
 def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
@@ -337,43 +303,6 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
         tok[p] += float(sizes[i] + sizes[-1 - i])
         wrk[p] += float(w_add)
     return rot
-
-
-def _choose_parts(by_load: np.ndarray, L: int, w: float, k0: int, P: int, tok: np.ndarray, wrk: np.ndarray,
-                  caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
-    """The fewest least-loaded parts (k >= k0) that can each take a 1/k share, or None.
-    A document that needs most parts anyway goes to all of them (no idle part, best balance).
-
-    Every part count ``k`` is tested at once (a ``[k, P]`` table: the loop over counts and parts was the
-    planner's hottest, up to P^2 tests per split document), in the float64 operations a scalar loop would make.
-
-    Args:
-        by_load: ``[P]`` the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest
-            parts. P: parts. tok, wrk: ``[P]`` the tokens and pairs of the parts in ``by_load`` order.
-            caps: ``(cap_t, cap_w, mean_t)``.
-        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
-            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
-            per token ``rho`` (0: the work cap alone).
-
-    Returns:
-        The parts (the first ``k`` of ``by_load`` that fit), or None.
-    """
-    cap_t, cap_w, mean_t = caps
-    k_first = P if 2 * k0 > P else k0
-    ks = np.arange(k_first, min(P, L) + 1, dtype=np.int64)  # [K] the part counts tried, fewest first
-    if ks.size == 0:
-        return None
-    room = cap_t - -(-L // ks)  # [K] a share may be a token or two above L / k (split_share_max)
-    fits = tok[None, :] <= room[:, None]  # [K, P]
-    if rho is not None:
-        wp = wrk[None, :] + (w / ks)[:, None]  # [K, P] a part's pairs with its share
-        free = (mean_t - tok)[None, :] - (L / ks)[:, None]  # [K, P] its tokens below the mean after it
-        fits &= (wp <= cap_w) & (wp + rho * np.maximum(free, 0.0) <= cap_w)
-    enough = np.flatnonzero(fits.sum(axis=1) >= ks)
-    if enough.size == 0:
-        return None
-    i = int(enough[0])
-    return by_load[fits[i]][:ks[i]].tolist()
 
 
 def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: list,

@@ -39,10 +39,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .balanced import _fill_by_headroom, _split, split_share_max
+from .balanced import _fill_by_headroom, _split
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
+from .shares import split_share_max
 
 __all__ = ["DensityFigures", "density", "density_figures", "density_greedies", "density_greedy"]
 
