@@ -36,7 +36,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from .cost import CostModel, balance_bound, step_time
-from .exposure import simulation_agrees
+from .exposure import Simulations, simulation_agrees
 from .layout import Layout
 from .placement import Placement, _cut, token_cap
 from .transfers import Transfers
@@ -308,7 +308,8 @@ def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
 
 def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
                      layers: Mapping[Window, int], pl: Placement, tr: Mapping[Window, Transfers], best: float,
-                     budget: int | None, rounds: str) -> tuple[Placement, Mapping[Window, Transfers], float]:
+                     budget: int | None, rounds: str, sims: Simulations | None = None
+                     ) -> tuple[Placement, Mapping[Window, Transfers], float]:
     """``auto``'s plan, or the contiguous cuts priced with their transfers where both models price them faster (the
     one-layer model by more than :data:`PRICED_MIN_GAIN`; module docstring). Full-attention plans only (a windowed
     one is returned as it is).
@@ -317,7 +318,8 @@ def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack:
         layout: the documents. n_parts: parts. cost: the plan's cost model. token_slack: the token cap's slack.
         min_tokens: the fewest tokens a part holds. layers: layers per mask kind. pl, tr, best: the plan so far
             (the winner, polished), its transfers of every kind and its step time. budget, rounds: the plan's
-            receive budget and rounds option (what its simulation runs).
+            receive budget and rounds option (what its simulation runs). sims: the simulated times so far
+            (``auto``'s memo, updated; :func:`.exposure.simulation_agrees`).
 
     Returns:
         ``(placement, transfers of every kind, step time)``.
@@ -331,6 +333,6 @@ def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack:
     tr_cut = {None: window_transfers(cut, layout, None)}
     t_cut = step_time(layout, cut, tr_cut, layers, cost)
     faster = t_cut < best * (1 - PRICED_MIN_GAIN)
-    if faster and simulation_agrees(layout, (pl, tr[None]), (cut, tr_cut[None]), cost, budget, rounds):
+    if faster and simulation_agrees(layout, (pl, tr[None]), (cut, tr_cut[None]), cost, budget, rounds, sims):
         return cut, tr_cut, t_cut
     return pl, tr, best

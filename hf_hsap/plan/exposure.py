@@ -97,8 +97,11 @@ def evened_winner(layout: Layout, pl: Placement, t_pl: float, cost: CostModel, t
     return t, moved
 
 
+Simulations = dict  # simulation_agrees' memo: id(placement) -> (placement, transfers, simulated time)
+
+
 def simulation_agrees(layout: Layout, first: tuple[Placement, Transfers], second: tuple[Placement, Transfers],
-                      cost: CostModel, budget: int | None, rounds: str) -> bool:
+                      cost: CostModel, budget: int | None, rounds: str, sims: Simulations | None = None) -> bool:
     """Whether the rounds the plan would run, simulated forward and backward (:func:`.simulation.simulated_time`),
     price ``second`` no slower than ``first`` (module docstring: the one-layer model alone does not decide a
     step taken for its exposed-transfer term).
@@ -106,13 +109,28 @@ def simulation_agrees(layout: Layout, first: tuple[Placement, Transfers], second
     Args:
         layout: the documents. first, second: ``(placement, full-attention transfers)`` each. cost: the plan's
             cost model. budget, rounds: the plan's receive budget and ``rounds`` option.
+        sims: the times simulated so far for this layout, cost model, budget and rounds (updated): ``auto``'s
+            steps weigh the same plan against several others (None: none kept).
 
     Returns:
         True when ``second`` is no slower.
     """
-    t_first = simulated_time(layout, first[0], first[1], cost, budget, rounds)
-    t_second = simulated_time(layout, second[0], second[1], cost, budget, rounds)
+    t_first = _simulated(layout, first, cost, budget, rounds, sims)
+    t_second = _simulated(layout, second, cost, budget, rounds, sims)
     if t_second > t_first:
         logger.debug("auto: kept %r: %r is faster by the one-layer model but slower with the rounds simulated "
                      "(%.6g against %.6g)", first[0].name, second[0].name, t_second, t_first)
     return t_second <= t_first
+
+
+def _simulated(layout: Layout, plan: tuple[Placement, Transfers], cost: CostModel, budget: int | None, rounds: str,
+               sims: Simulations | None) -> float:
+    """:func:`.simulation.simulated_time` of ``plan``, or the time ``sims`` holds for the same placement and
+    transfers (the same objects)."""
+    key = id(plan[0])
+    if sims is not None and key in sims and sims[key][0] is plan[0] and sims[key][1] is plan[1]:
+        return sims[key][2]
+    t = simulated_time(layout, plan[0], plan[1], cost, budget, rounds)
+    if sims is not None:
+        sims[key] = (plan[0], plan[1], t)  # the objects kept: their ids stay theirs while the memo lives
+    return t

@@ -22,6 +22,7 @@ from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
 from .cutting import with_priced_cuts
+from .exposure import Simulations
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .degree import fastest_degree, rank_step_time
 from .group import GroupSpec, offline_link
@@ -93,10 +94,14 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     and its transfers of every kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
-    current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds)
-    current = searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget, rounds)
+    sims: Simulations = {}  # the steps weigh one plan against several others: each simulated once
+    current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds,
+                              sims)
+    current = searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget, rounds,
+                                   sims)
     if n_parts >= CUT_MIN_PARTS:
-        current = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds)
+        current = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds,
+                                   sims)
     return current[:2]
 
 

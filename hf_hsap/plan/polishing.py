@@ -22,7 +22,7 @@ import numpy as np
 
 from .cost import CostModel, balance_bound
 from .density import density
-from .exposure import evened_winner, simulation_agrees
+from .exposure import Simulations, evened_winner, simulation_agrees
 from .layout import Layout
 from .oracle import polish
 from .placement import Placement, contiguous, token_cap
@@ -70,7 +70,7 @@ def polished(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, 
 def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
                     layers: Mapping[Window, int], pl: Placement, best: float,
                     plain: tuple[Placement, dict[Window, Transfers], float], budget: int | None,
-                    rounds: str) -> tuple[Placement, dict[Window, Transfers], float]:
+                    rounds: str, sims: Simulations | None = None) -> tuple[Placement, dict[Window, Transfers], float]:
     """``plain`` (the winner ``pl`` as :func:`polished` left it), or the winner with its exposed transfers evened
     out first (:func:`.exposure.evened_winner`, within the ``token_slack`` cap, named ``"<winner>+polish"``) and
     then polished alike, when that ends faster by the one-layer model and the plan's rounds simulated
@@ -80,7 +80,8 @@ def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: 
     Args:
         layout, n_parts, cost, token_slack, min_tokens, layers: as ``planner._auto``. pl: the winner. best: its
             step time. plain: ``(placement, transfers, step time)`` of the winner polished. budget, rounds: the
-            plan's receive budget and rounds option.
+            plan's receive budget and rounds option. sims: the simulated times so far (``auto``'s memo, updated;
+            :func:`.exposure.simulation_agrees`).
 
     Returns:
         ``(placement, transfers of every kind, step time)``.
@@ -95,7 +96,7 @@ def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: 
     moved = dataclasses.replace(moved, name=f"{pl.name}+polish")
     evened = polished(layout, n_parts, cost, token_slack, min_tokens, layers, moved,
                       {None: window_transfers(moved, layout, None)}, n * t)
-    if not _replaces(layout, plain, evened, cost, budget, rounds):
+    if not _replaces(layout, plain, evened, cost, budget, rounds, sims):
         return plain
     logger.debug("auto: evened out %r's exposed transfers: %.6g against %.6g (estimated step time)", pl.name,
                  evened[2], plain[2])
@@ -105,7 +106,8 @@ def exposure_evened(layout: Layout, n_parts: int, cost: CostModel, token_slack: 
 def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
                          layers: Mapping[Window, int], winner: Placement,
                          current: tuple[Placement, dict[Window, Transfers], float], budget: int | None,
-                         rounds: str) -> tuple[Placement, dict[Window, Transfers], float]:
+                         rounds: str, sims: Simulations | None = None
+                         ) -> tuple[Placement, dict[Window, Transfers], float]:
     """``current`` (the plan so far), or the bounded search (:func:`.oracle.polish`) from another start of
     :data:`OTHER_STARTS` when that ends faster by the one-layer model and the plan's rounds simulated
     (:func:`.exposure.simulation_agrees`) do not price it slower; the starts in turn, each against the plan so
@@ -119,7 +121,7 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
     Args:
         layout, n_parts, cost, token_slack, min_tokens, layers: as ``planner._auto``. winner: the cheapest
             candidate before any polish. current: ``(placement, transfers of every kind, step time)`` so far.
-        budget, rounds: the plan's receive budget and rounds option.
+        budget, rounds: the plan's receive budget and rounds option. sims: as :func:`exposure_evened`.
 
     Returns:
         ``(placement, transfers of every kind, step time)``; a start's result is named ``"<start>+polish"``.
@@ -139,7 +141,7 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
             continue
         moved = dataclasses.replace(moved, name=f"{name}+polish")
         found = (moved, {None: window_transfers(moved, layout, None)}, n * t)
-        if _replaces(layout, current, found, cost, budget, rounds):
+        if _replaces(layout, current, found, cost, budget, rounds, sims):
             logger.debug("auto: searched from %r: %.6g against %.6g (estimated step time)", name, n * t, current[2])
             current = found
     return current
@@ -147,13 +149,14 @@ def searched_from_others(layout: Layout, n_parts: int, cost: CostModel, token_sl
 
 def _replaces(layout: Layout, current: tuple[Placement, dict[Window, Transfers], float],
               found: tuple[Placement, dict[Window, Transfers], float], cost: CostModel, budget: int | None,
-              rounds: str) -> bool:
+              rounds: str, sims: Simulations | None = None) -> bool:
     """The one rule by which a searched plan replaces the plan so far (:func:`exposure_evened`,
     :func:`searched_from_others`): faster by the one-layer model (step times, by more than :data:`FASTER_MARGIN`)
     and no slower with the plan's rounds simulated (:func:`.exposure.simulation_agrees`, run only when the first
-    holds). ``current``, ``found``: ``(placement, transfers of every kind, step time)`` of full-attention plans."""
+    holds). ``current``, ``found``: ``(placement, transfers of every kind, step time)`` of full-attention plans;
+    ``sims``: the simulated times so far (updated)."""
     return found[2] < current[2] * (1 - FASTER_MARGIN) and simulation_agrees(
-        layout, (current[0], current[1][None]), (found[0], found[1][None]), cost, budget, rounds)
+        layout, (current[0], current[1][None]), (found[0], found[1][None]), cost, budget, rounds, sims)
 
 
 def _same_segments(a: Placement, b: Placement) -> bool:

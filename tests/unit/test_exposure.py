@@ -143,3 +143,28 @@ def test_auto_is_never_slower_than_its_winner_searched_alone(lengths, P, link):
     assert t <= plain[2] * (1 + 1e-12)
     assert simulated_time(layout, plan.placement, plan.transfers, cost) <= \
         simulated_time(layout, plain[0], plain[1][None], cost) * (1 + 1e-12)
+
+
+def test_auto_simulates_each_plan_once(monkeypatch):
+    # auto's steps weigh the plan so far against the evened winner, the searches from other starts and the priced
+    # cuts: on this row the plan so far meets two of them, and its simulation is reused (the memo), not rerun
+    import hf_hsap.plan.exposure as exposure_mod
+
+    simulated = []
+    real = exposure_mod.simulated_time
+
+    def counting(layout, pl, tr, *args):
+        simulated.append(pl)
+        return real(layout, pl, tr, *args)
+
+    monkeypatch.setattr(exposure_mod, "simulated_time", counting)
+    layout = make_layout(cu_of([1780, 3812, 1737, 127, 736]))
+    plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto")
+    assert len(simulated) >= 3  # three steps asked
+    assert len({id(pl) for pl in simulated}) == len(simulated)
+    # the memo changes no decision: the same plan as each step simulating afresh
+    monkeypatch.setattr(exposure_mod, "_simulated", lambda layout, plan, cost, budget, rounds, sims:
+                        real(layout, plan[0], plan[1], cost, budget, rounds))
+    again = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto")
+    for f in ("doc", "start", "end", "part"):
+        assert np.array_equal(getattr(plan.placement, f), getattr(again.placement, f))
