@@ -1,17 +1,20 @@
 """Which parts take a document's equal shares in :mod:`.balanced`'s greedy pass: the fewest least-loaded parts
 that can each hold a ``1/k`` share within the token cap and the work cap (:func:`choose`).
 
-Speed: most documents fit their fewest parts, most often the first parts tried, so that count is tested by a plain
-Python scan that stops at the ``k``-th part that fits (:func:`_fewest_parts`); where it fails, every larger count
-is tested at once in a numpy table (:func:`_choose_parts`, :func:`_fits`: the scalar loop over counts and parts,
-up to P^2 tests per document, was most of the planning time at P = 64 with a few dozen long documents). Both make
-the same float64 operations (a test checks they agree with a scalar loop over every count).
+Speed: most documents fit one of their fewest part counts, most often in the first parts tried, so those counts are
+tested by a plain Python scan that stops at the ``k``-th part that fits (:func:`_scan`); where they fail, every
+larger count is tested at once in a numpy table (:func:`_table`, :func:`_fits`): a failing count costs a scan of
+every part, and the scalar loop over all counts, up to P^2 tests per document, was most of the planning time at
+P = 64 with a few dozen long documents. Both make the same float64 operations (a test checks they agree with a
+scalar loop over every count).
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["choose", "split_share_max"]
+__all__ = ["SCANNED_COUNTS", "choose", "split_share_max"]
+
+SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Python before a numpy table of the rest
 
 
 def split_share_max(L: int, k: int) -> int:
@@ -33,8 +36,8 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
     """The parts a document goes to: the fewest least-loaded parts (``k >= k0``) that can each take a ``1/k`` share
     within the work cap and the remaining documents' work (``rho``), else within the work cap alone, else at equal
     work shares (the token cap always); a document that needs most parts anyway goes to all of them (no idle part,
-    best balance). Each of the three at the fewest count first (:func:`_fewest_parts`), then at every larger one
-    (:func:`_choose_parts`).
+    best balance). Each of the three at the :data:`SCANNED_COUNTS` fewest counts first (:func:`_scan`), then at
+    every larger one (:func:`_table`).
 
     Args:
         by_load: the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest parts.
@@ -44,78 +47,68 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
     Returns:
         ``(which of the three, the parts)``, or None.
     """
+    k_first = P if 2 * k0 > P else k0
+    k_last = min(P, L)
+    k_table = k_first + SCANNED_COUNTS  # the counts from here on are tested in a table
     arrays = None  # by_load, tok and wrk as arrays in by_load order, once a table is needed
     for j, r in enumerate((rho, 0.0, None)):
-        chosen = _fewest_parts(by_load, L, w, k0, P, tok, wrk, caps, r)
-        if chosen is None:
+        chosen = _scan(by_load, L, w, range(k_first, min(k_table, k_last + 1)), tok, wrk, caps, r)
+        if chosen is None and k_table <= k_last:
             if arrays is None:
                 order = np.asarray(by_load, dtype=np.int64)
                 arrays = order, np.asarray(tok)[order], np.asarray(wrk)[order]  # [P] each
-            chosen = _choose_parts(arrays[0], L, w, k0, P, arrays[1], arrays[2], caps, r)
+            chosen = _table(arrays[0], L, w, np.arange(k_table, k_last + 1), arrays[1], arrays[2], caps, r)
         if chosen is not None:
             return j, chosen
     return None
 
 
-def _fewest_parts(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
-                  caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
-    """The first ``k`` parts of ``by_load`` that fit at the fewest part count ``k``, in plain Python (most documents
-    fit there, most often in the first parts tried: a scan that stops at the ``k``-th part that fits beats a numpy
-    table). The test is :func:`_fits`', written out for scalars (a test checks the two agree).
+def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk: list[float],
+          caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
+    """The first ``k`` parts of ``by_load`` that can each take a ``1/k`` share, at the fewest count ``k`` of ``ks``
+    where there are that many, in plain Python (a scan that stops at the ``k``-th part that fits: most documents fit
+    their fewest counts, most often in the first parts tried). The test is :func:`_fits`', written out for scalars
+    (a test checks the two agree).
 
     Args:
-        by_load: the parts, least loaded first. tok, wrk: every part's tokens and pairs (by part). The rest as
-            :func:`_choose_parts`.
+        by_load: the parts, least loaded first. ks: the part counts, ascending. tok, wrk: every part's tokens and
+            pairs (by part). L, w, caps, rho: as :func:`_fits`.
 
     Returns:
         The parts, or None.
     """
     cap_t, cap_w, mean_t = caps
-    k = P if 2 * k0 > P else k0
-    if k > min(P, L):
-        return None
-    t, x = L / k, w / k
-    room = cap_t - split_share_max(L, k)  # a part's share may be a token or two above the mean L / k
-    chosen = []
-    for p in by_load:
-        tp = tok[p]
-        if tp > room:
-            continue
-        if rho is not None:
-            wp = wrk[p] + x
-            free = mean_t - tp - t
-            if wp > cap_w or wp + rho * (free if free > 0.0 else 0.0) > cap_w:
+    for k in ks:
+        t, x = L / k, w / k
+        room = cap_t - split_share_max(L, k)  # a part's share may be a token or two above the mean L / k
+        chosen = []
+        for p in by_load:
+            tp = tok[p]
+            if tp > room:
                 continue
-        chosen.append(p)
-        if len(chosen) == k:
-            return chosen
+            if rho is not None:
+                wp = wrk[p] + x
+                free = mean_t - tp - t
+                if wp > cap_w or wp + rho * (free if free > 0.0 else 0.0) > cap_w:
+                    continue
+            chosen.append(p)
+            if len(chosen) == k:
+                return chosen
     return None
 
 
-def _choose_parts(by_load: np.ndarray, L: int, w: float, k0: int, P: int, tok: np.ndarray, wrk: np.ndarray,
-                  caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
-    """The fewest least-loaded parts (more than the fewest count: :func:`_fewest_parts` tries that one) that can
-    each take a 1/k share, or None. A document that needs most parts anyway goes to all of them (no idle part,
-    best balance).
-
-    Every part count is tested at once (:func:`_fits`, a ``[k, P]`` table: a scalar loop over counts and parts,
-    up to P^2 tests per document, was the planner's hottest at P = 64 with a few dozen long documents).
+def _table(by_load: np.ndarray, L: int, w: float, ks: np.ndarray, tok: np.ndarray, wrk: np.ndarray,
+           caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
+    """:func:`_scan` over many counts at once (:func:`_fits`, a ``[K, P]`` table: a failing count costs a scan
+    of every part, and a document that fits none of its fewest counts often fails many).
 
     Args:
-        by_load: ``[P]`` the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest
-            parts. P: parts. tok, wrk: ``[P]`` the tokens and pairs of the parts in ``by_load`` order.
-            caps: ``(cap_t, cap_w, mean_t)``.
-        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
-            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
-            per token ``rho`` (0: the work cap alone).
+        by_load: ``[P]`` the parts, least loaded first. ks: ``[K]`` the part counts, ascending. tok, wrk:
+            ``[P]`` the tokens and pairs of the parts in ``by_load`` order. L, w, caps, rho: as :func:`_fits`.
 
     Returns:
         The parts (the first ``k`` of ``by_load`` that fit), or None.
     """
-    k_first = P if 2 * k0 > P else k0
-    ks = np.arange(k_first + 1, min(P, L) + 1, dtype=np.int64)  # [K] the part counts tried, fewest first
-    if ks.size == 0:
-        return None
     fits = _fits(ks, L, w, tok, wrk, caps, rho)  # [K, P]
     enough = np.flatnonzero(np.count_nonzero(fits, axis=1) >= ks)
     if enough.size == 0:
@@ -127,10 +120,14 @@ def _choose_parts(by_load: np.ndarray, L: int, w: float, k0: int, P: int, tok: n
 def _fits(ks: np.ndarray, L: int, w: float, tok: np.ndarray, wrk: np.ndarray, caps: tuple[float, float, float],
           rho: float | None) -> np.ndarray:
     """Whether each part can take a ``1/k`` share of the document at each part count ``k``, in the float64
-    operations of :func:`_fewest_parts`' scalar test.
+    operations of :func:`_scan`'s scalar test.
 
     Args:
-        ks: ``[K]`` part counts. L, w, tok, wrk, caps, rho: as :func:`_choose_parts`.
+        ks: ``[K]`` part counts. L, w: the document's tokens and pairs. tok, wrk: ``[P]`` every part's tokens and
+            pairs. caps: ``(cap_t, cap_w, mean_t)``.
+        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
+            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
+            per token ``rho`` (0: the work cap alone).
 
     Returns:
         ``[K, P]`` booleans.
