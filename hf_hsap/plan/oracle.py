@@ -37,6 +37,11 @@ def _doc_terms(rows: list[tuple[int, int]], cost: CostModel) -> tuple[float, flo
     """One document's share of a part's time: ``(tokens, work, local, recv)`` of the part's rows of it
     (document-relative ``[a, b)``, any order). Every term is an integer or a half (exact in float64), so a
     part's sums are the same in any order (what lets :func:`_descend` re-price one document at a time)."""
+    if len(rows) == 1:  # one segment (the search's commonest case): the loop's terms at once
+        a, b = rows[0]
+        n = b - a
+        masked = float(cost.masked_pairs(n)) if cost.diag_block else 0.0
+        return n, (b * (b + 1) - a * (a + 1)) // 2 + masked, n * (n + 1) // 2 + masked, b - n
     tokens = work = local = 0
     last = 0
     for a, b in sorted(rows):
@@ -80,11 +85,25 @@ class _Part:
         self.time = _time(self.total, cost)
 
     def time_with(self, d: int, drop: tuple[int, int] | None, add: tuple[int, int] | None, cost: CostModel) -> float:
-        """The part's time with document ``d``'s rows ``drop`` removed and ``add`` added (relative ``[a, b)``)."""
-        rows = [r for r in self.rows.get(d, ()) if r != drop] + ([add] if add is not None else [])
-        new = _doc_terms(rows, cost) if rows else (0, 0.0, 0.0, 0)
-        old = self.terms.get(d, (0, 0.0, 0.0, 0))
-        return _time([t - o + n for t, o, n in zip(self.total, old, new)], cost)
+        """The part's time with document ``d``'s rows ``drop`` removed and ``add`` added (relative ``[a, b)``).
+        (Written out: the search's inner loop. A document the part does not hold adds its terms to the sums, which
+        is the same float64 result as subtracting zero terms first.)"""
+        have = self.rows.get(d)
+        rows = [] if not have else [r for r in have if r != drop] if drop is not None else list(have)
+        if add is not None:
+            rows.append(add)
+        tok, wrk, loc, rcv = new = _doc_terms(rows, cost) if rows else (0, 0.0, 0.0, 0)
+        old = self.terms.get(d)
+        if old is None:
+            return self.time_plus(new, cost)
+        total = self.total
+        return float(cost.time_of(total[0] - old[0] + tok, total[1] - old[1] + wrk, total[2] - old[2] + loc,
+                                  total[3] - old[3] + rcv))
+
+    def time_plus(self, terms: tuple[float, float, float, float], cost: CostModel) -> float:
+        """The part's time with a document it does not hold added: ``terms`` its :func:`_doc_terms`."""
+        total = self.total
+        return float(cost.time_of(total[0] + terms[0], total[1] + terms[1], total[2] + terms[2], total[3] + terms[3]))
 
 
 def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Placement | None = None,
@@ -164,12 +183,18 @@ def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, to
             bar = mine.time if best is None else min(mine.time, best[0])  # a move must bring the peak below
             if t_p >= bar:
                 continue
+            add = (moved[1] - o, moved[2] - o)
+            alone = None  # the moved rows' terms: what a part without document d gains (the same for every one)
             for q in range(P):
                 if q == p or parts[q].tokens + x > cap:
                     continue
-                if parts[q].time >= bar and d not in parts[q].rows:
+                if d in parts[q].rows:
+                    t_q = parts[q].time_with(d, None, add, cost)
+                elif parts[q].time >= bar:
                     continue  # rows of a document it does not hold add to all four terms: t_q >= its time now
-                t_q = parts[q].time_with(d, None, (moved[1] - o, moved[2] - o), cost)
+                else:
+                    alone = alone or _doc_terms([add], cost)
+                    t_q = parts[q].time_plus(alone, cost)
                 read += len(parts[q].segs) + 1
                 peak = max(t_p, t_q)
                 if peak < mine.time and (best is None or peak < best[0]):
