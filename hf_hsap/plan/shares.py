@@ -17,13 +17,13 @@ __all__ = ["SCANNED_COUNTS", "choose", "split_share_max"]
 SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Python before a numpy table of the rest
 
 
-def split_share_max(L: int, k: int) -> int:
+def split_share_max(L: int, k: int | np.ndarray) -> int | np.ndarray:
     """The most tokens one part holds of a ``k``-way dual-chunk split of ``L`` tokens (:func:`.balanced._chunk_sizes`:
     a pair's two chunks take ``2 * (L // 2k)`` tokens and at most ``ceil(rem / k)`` of the ``rem`` left over, so
     ``ceil(L / k)``): what the token cap is tested against, not the mean share ``L / k``.
 
     Args:
-        L: the document's tokens. k: parts.
+        L: the document's tokens. k: parts (an int, or an int array: one figure per count).
 
     Returns:
         ``ceil(L / k)``.
@@ -50,14 +50,14 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
     k_first = P if 2 * k0 > P else k0
     k_last = min(P, L)
     k_table = k_first + SCANNED_COUNTS  # the counts from here on are tested in a table
-    arrays = None  # by_load, tok and wrk as arrays in by_load order, once a table is needed
+    order = None  # by_load, and tok and wrk in its order, as [P] arrays once a table is needed
     for j, r in enumerate((rho, 0.0, None)):
         chosen = _scan(by_load, L, w, range(k_first, min(k_table, k_last + 1)), tok, wrk, caps, r)
         if chosen is None and k_table <= k_last:
-            if arrays is None:
+            if order is None:
                 order = np.asarray(by_load, dtype=np.int64)
-                arrays = order, np.asarray(tok)[order], np.asarray(wrk)[order]  # [P] each
-            chosen = _table(arrays[0], L, w, np.arange(k_table, k_last + 1), arrays[1], arrays[2], caps, r)
+                tok_o, wrk_o = np.asarray(tok)[order], np.asarray(wrk)[order]
+            chosen = _table(order, L, w, np.arange(k_table, k_last + 1), tok_o, wrk_o, caps, r)
         if chosen is not None:
             return j, chosen
     return None
@@ -133,7 +133,7 @@ def _fits(ks: np.ndarray, L: int, w: float, tok: np.ndarray, wrk: np.ndarray, ca
         ``[K, P]`` booleans.
     """
     cap_t, cap_w, mean_t = caps
-    room = cap_t - -(-L // ks)  # [K] a share may be a token or two above L / k (split_share_max)
+    room = cap_t - split_share_max(L, ks)  # [K] a share may be a token or two above L / k
     fits = tok[None, :] <= room[:, None]  # [K, P]
     if rho is not None:
         wp = wrk[None, :] + (w / ks)[:, None]  # [K, P] a part's pairs with its share
