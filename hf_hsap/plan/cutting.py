@@ -11,7 +11,8 @@ the parts deep inside a long document hold fewer rows, the parts of short docume
 :func:`priced_cuts` finds such cuts: the smallest target time for which a left-to-right fill reaches the
 end of the row, every part taking as many tokens as its estimated time (:meth:`.cost.CostModel.time_of`,
 one full-attention layer, the formula :func:`.cost.part_times` prices) keeps within the target and the
-token cap allows (a search over the target: false position on how far the last part is over, a bisection step
+token cap allows (a search over the target: first the mean part time of the last fill that reached the end, where
+every part would take about as long; else false position on how far the last part is over, a bisection step
 where a fill stops early; per part, its end solved in closed form and checked: its time never decreases as it
 grows). The fill is a heuristic, not an optimum (a longer part makes the next one start
 later in its document and receive more), so ``auto`` prices its result like every other candidate. Plain
@@ -180,11 +181,14 @@ class _Filled(NamedTuple):
         excess: the last part's time minus the slowest other part's (``cuts``), or minus the target (None
             ``cuts``; nan where the fill stopped before the last part): the search's measure of how far the
             target is from the lowest one that reaches the end.
+        mean: the parts' mean time (``cuts``; nan otherwise): about the target at which every part would take
+            as long, the search's next guess.
     """
 
     cuts: list[int] | None
     slowest: float
     excess: float
+    mean: float = math.nan
 
 
 def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: int) -> _Filled:
@@ -203,7 +207,7 @@ def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: 
     """
     cuts = [0]
     s = 0
-    slowest = 0.0
+    slowest = total = 0.0
     stopped = _Filled(None, math.inf, math.nan)
     for p in range(n_parts - 1):
         left = n_parts - p - 1  # parts after this one
@@ -213,7 +217,7 @@ def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: 
         e, t = row.longest(s, lo, hi, target)
         if e < lo:  # not even its fewest tokens keep within the target
             return stopped
-        s, slowest = e, max(slowest, t)
+        s, slowest, total = e, max(slowest, t), total + t
         cuts.append(s)
     if T - s < min_tokens:
         return stopped
@@ -221,7 +225,7 @@ def _fill(row: _Row, T: int, n_parts: int, target: float, cap: int, min_tokens: 
     if t > target or T - s > cap:
         return _Filled(None, math.inf, t - target if T - s <= cap else math.nan)
     cuts.append(T)
-    return _Filled(cuts, max(slowest, t), t - slowest)
+    return _Filled(cuts, max(slowest, t), t - slowest, (total + t) / n_parts)
 
 
 def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> tuple[int, float]:
@@ -241,8 +245,11 @@ def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> tuple[int
 
 def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: float, found: _Filled) -> list[int]:
     """The cuts of the lowest target a fill reaches the end at, known to :data:`PRICED_TOLERANCE`: a search over
-    the target between ``lo`` (below which none does) and a fill that did (``found``), by false position on the
-    fills' excess (the Illinois rule; a bisection step where a fill stopped early).
+    the target between ``lo`` (below which none does) and a fill that did (``found``): at the mean part time of the
+    last fill that reached the end while it lies inside the bracket (the parts of a fill at a target far above the
+    lowest take what they can, the last ones little; at their mean they would take about as long), else by false
+    position on the fills' excess (the Illinois rule; a bisection step where a fill stopped early). On the 2,000-
+    document row at P = 64 (network) the guess needs 3 fills where false position and bisection took 7.
 
     A fill that reaches the end lowers the bracket to its slowest part's time (the fill there makes the same
     cuts, :func:`_fill`).
@@ -257,16 +264,20 @@ def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: floa
     best, hi, g_hi = found.cuts, found.slowest, found.excess
     g_lo = math.nan  # the excess at lo, once a fill there is known
     side = 0  # which end the last fill moved (-1: lo, 1: hi)
+    guess = found.mean
     for _ in range(PRICED_MAX_STEPS):
         width = hi - lo
         if width <= PRICED_TOLERANCE * hi:
             break
-        if g_lo > 0 and g_hi <= 0:  # false position, kept off the ends
+        if lo < guess < hi:  # the mean part time of the last fill that reached the end
+            mid = guess
+        elif g_lo > 0 and g_hi <= 0:  # false position, kept off the ends
             mid = hi - g_hi * width / (g_hi - g_lo)
             mid = min(max(mid, lo + width / 16), hi - width / 16)
         else:
             mid = lo + width / 2
         f = _fill(row, T, n_parts, mid, cap, min_tokens)
+        guess = f.mean
         if f.cuts is None:
             lo, g_lo = mid, f.excess
             if side < 0:  # the same end kept twice: halve its excess (Illinois)

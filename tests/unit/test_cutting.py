@@ -240,3 +240,39 @@ def test_the_step_never_makes_a_plan_slower_by_either_model(lengths, P, link):
         float(part_times(layout, without.placement, None, cost).max()) * (1 + 1e-12)
     assert simulated_time(layout, plan.placement, plan.transfers, cost) <= \
         simulated_time(layout, without.placement, without.transfers, cost) * (1 + 1e-12)
+
+
+def _finest_target(row, T, P, cap, lo, hi, steps=60):
+    """The lowest target a fill reaches the end at, by plain bisection to the last bit (the reference)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if _fill(row, T, P, mid, cap, 1).cuts is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@settings(max_examples=ci_examples(60))
+@given(lengths=LENGTHS, P=st.integers(2, 24), cost=COSTS, slack=st.sampled_from([0.01, 0.1]))
+def test_the_search_finds_the_lowest_target_within_its_tolerance(lengths, P, cost, slack):
+    """The search (its first guesses the mean part time of the last fill that reached the end) ends within
+    PRICED_TOLERANCE of the lowest target a fill reaches the end at, found by a bisection to the last bit; the
+    mean it guesses from is the fill's parts' mean time."""
+    from hf_hsap.plan.cutting import PRICED_TOLERANCE, _search
+
+    layout = make_layout(cu_of(lengths))
+    T = layout.total_tokens
+    cap = int(token_cap(T, P, slack))
+    if T < P or cap * P < T:
+        return
+    row = _Row(layout, cost)
+    lo = balance_bound(layout, P, cost)
+    found = _fill(row, T, P, float(part_times(layout, contiguous(layout, P), None, cost).max()) * 2, cap, 1)
+    if found.cuts is None:
+        return
+    times = [row.time(s, e) for s, e in zip(found.cuts[:-1], found.cuts[1:])]
+    assert found.mean == sum(times) / P
+    cuts = _search(row, T, P, cap, 1, lo, found)
+    slowest = max(row.time(s, e) for s, e in zip(cuts[:-1], cuts[1:]))
+    assert slowest <= _finest_target(row, T, P, cap, lo, found.slowest) * (1 + PRICED_TOLERANCE)
