@@ -42,11 +42,15 @@ def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
     and the next rotation: ``_zigzag_chunks(np.array([L]), k, rot)`` for one document."""
     two_k = 2 * k
     base, rem = divmod(L, two_k)
-    sizes = [base] * two_k
-    for j in range(rot, rot + rem):  # order slots rot, rot + 1, ... (cyclic) hand their extra token to chunk j
-        j %= two_k  # (j < k) or 3k-1-j (a bijection of the slots onto the chunks)
-        sizes[j if j < k else 3 * k - 1 - j] += 1
-    return sizes, (rot + rem) % two_k
+    # the order slots rot, rot + 1, ... (cyclic) hand their extra token to chunk j (j < k) or 3k-1-j: slot
+    # sizes first (a cyclic range of them gets one more), then the chunks are the first k slots and the rest reversed
+    slots = [base] * two_k
+    rot %= two_k  # (the rotation a split of another k left)
+    end = rot + rem
+    slots[rot:min(end, two_k)] = [base + 1] * (min(end, two_k) - rot)
+    if end > two_k:
+        slots[:end - two_k] = [base + 1] * (end - two_k)
+    return slots[:k] + slots[:k - 1:-1], end % two_k
 
 
 def _pair_work(sizes: list[int]) -> list[int]:

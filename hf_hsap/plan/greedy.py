@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .placement import Placement, _finish
-from .refine import boundaries, refine_floor, refine_moves
+from .refine import Sides, boundaries, boundary_sides, refine_floor, refine_moves
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ class Greedy:
         doc_first = self.cu[:-1].tolist() if self.cu_list is None else self.cu_list  # (its last entry unread)
         _, capped = refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk),
                                  max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
-                                 token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries)
+                                 token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries,
+                                 sides=self._sides)
         key = (tuple(starts), tuple(ends))  # moves never change a segment's part: equal bounds, equal placement
         if key not in self._by_segments:
             doc, start, end, part = self._whole
@@ -133,6 +134,13 @@ class Greedy:
         if self.same_as is not None:  # the same segments
             return self.same_as._boundaries
         return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
+
+    @functools.cached_property
+    def _sides(self) -> Sides:
+        """:func:`.refine.boundary_sides` of the segments (every refinement of the pass reads them)."""
+        if self.same_as is not None:  # the same segments
+            return self.same_as._sides
+        return boundary_sides(self._boundaries, self.seg_part, self.n_parts)
 
     @functools.cached_property
     def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

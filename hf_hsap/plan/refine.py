@@ -25,6 +25,8 @@ from typing import Callable
 
 from .placement import rows_work
 
+Sides = tuple[list[list[tuple[int, int, bool]]], dict[int, dict[int, list[int]]]]  # what boundary_sides returns
+
 
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
@@ -54,13 +56,15 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
 def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                  seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
                  token_cost: float = 0.0, cap_t: float = math.inf,
-                 bounds: list[int] | None = None, extra: list[float] | None = None) -> tuple[int, bool]:
+                 bounds: list[int] | None = None, extra: list[float] | None = None,
+                 sides: Sides | None = None) -> tuple[int, bool]:
     """:func:`refine_work`, and whether ``cap_t`` shortened a slide it weighed; when not, the same refinement
     at any larger cap makes the same moves.
 
     Args:
         As :func:`refine_work`, and ``extra``: a fixed offset of every part's load (pairs; None: 0), what a
-            move does not change (:mod:`.exposure`: each part's exposed transfer).
+            move does not change (:mod:`.exposure`: each part's exposed transfer). sides: :func:`boundary_sides`
+            of ``bounds``, if known (every refinement of one greedy pass reads the same).
 
     Returns:
         ``(moves made, whether the cap shortened a slide)``.
@@ -68,14 +72,7 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
     if not bounds:
         return 0, False
-    # every part's boundaries, ascending, with the neighbour across each and whether the part holds its left
-    # segment: moves never change a segment's part, so neither changes
-    by_part: list[list[tuple[int, int, bool]]] = [[] for _ in wrk]
-    for a in bounds:
-        left, right = seg_part[a], seg_part[a + 1]
-        by_part[left].append((a, right, True))
-        by_part[right].append((a, left, False))
-    by_nbr: dict[int, dict[int, list[int]]] = {}  # a part's boundaries by neighbour (built when first busiest)
+    by_part, by_nbr = boundary_sides(bounds, seg_part, len(wrk)) if sides is None else sides
     capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     extra = extra if extra is not None else [0.0] * len(wrk)
@@ -126,6 +123,26 @@ def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg
     """
     return [a for a in range(len(seg_doc) - 1)
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
+
+
+def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Sides:
+    """Every part's boundaries, as a refinement reads them: moves never change a segment's part, so neither
+    changes while the segments are refined (one greedy pass's refinements share them).
+
+    Args:
+        bounds: :func:`boundaries` of the segments. seg_part: the segments' parts. n_parts: P.
+
+    Returns:
+        ``(by_part, by_nbr)``: ``by_part[p]``, the ``(a, neighbour across it, whether p holds the left
+        segment)`` of every boundary of part ``p``, ascending; ``by_nbr``, a part's boundaries by neighbour, in
+        the order of their first boundary, filled by :func:`refine_moves` for a part when it is first the busiest.
+    """
+    by_part: list[list[tuple[int, int, bool]]] = [[] for _ in range(n_parts)]
+    for a in bounds:
+        left, right = seg_part[a], seg_part[a + 1]
+        by_part[left].append((a, right, True))
+        by_part[right].append((a, left, False))
+    return by_part, {}
 
 
 def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> float:
