@@ -21,6 +21,7 @@ from .balanced import balanced, balanced_greedies
 from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
+from .collector import collector_paused
 from .cutting import with_priced_cuts
 from .exposure import Simulations
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
@@ -250,9 +251,10 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     U = group.ulysses_size
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
-    pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
-                     budget=recv_budget_tokens, rounds=rounds)
-    per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w]) for w in kinds}
+    with collector_paused():  # (.collector: the collector would walk every young list of the passes)
+        pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
+                         budget=recv_budget_tokens, rounds=rounds)
+        per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w]) for w in kinds}
     for w, k in per_kind.items():
         logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "
                      "rounds %r (%d), %d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U,

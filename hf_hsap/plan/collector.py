@@ -1,0 +1,37 @@
+"""The planner's pause of Python's cyclic garbage collector.
+
+A plan allocates thousands of lists and tuples in its greedy passes, refinements and searches (plain Python
+scalars: :mod:`.balanced`, :mod:`.density`, :mod:`.refine`, :mod:`.cutting`) and keeps many of them until it
+returns, so the collector's youngest generation fills during every plan; each collection then walks every young
+list element by element. On the 2,000-document row at P = 64 that was about one collection per plan, 1.2-1.9 ms
+of its 23-25 ms (paired runs in one process, 2026-12-03). The planner makes no reference cycles that outlive it,
+and reference counting frees what it drops, so nothing is lost by pausing the collector while it plans; what is
+allocated meanwhile is weighed at the next collection after it, as usual. No library offers this (it is the
+standard library's ``gc.disable`` / ``gc.enable``, restored exactly).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from typing import Iterator
+
+__all__ = ["collector_paused"]
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector inside the block; on leaving it (also by an exception) enable it again
+    if and only if it was enabled on entering (a caller that disabled it keeps it disabled; a nested pause
+    leaves it to the outer one).
+
+    Yields:
+        Nothing.
+    """
+    was_enabled = gc.isenabled()
+    if was_enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,0 +1,56 @@
+"""The planner pauses Python's cyclic garbage collector while it plans (``hf_hsap.plan.collector``) and leaves it
+exactly as it found it: enabled or disabled, after a plan or an exception."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from helpers import cu_of
+from hf_hsap.plan.collector import collector_paused
+from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.layout import make_layout
+
+
+@pytest.fixture
+def restore_gc():
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_pause_restores_the_state_it_found(restore_gc, enabled):
+    (gc.enable if enabled else gc.disable)()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested: the inner one leaves it to the outer
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled() == enabled
+    with pytest.raises(RuntimeError):
+        with collector_paused():
+            raise RuntimeError("planning failed")
+    assert gc.isenabled() == enabled
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_plan_runs_with_the_collector_paused_and_restores_it(restore_gc, monkeypatch, enabled):
+    import hf_hsap.plan.planner as planner
+
+    seen = []
+    place = planner._place
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return place(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "_place", spy)
+    (gc.enable if enabled else gc.disable)()
+    plan = planner.plan_layout(make_layout(cu_of([300, 20, 900, 45])), GroupSpec.offline(4), "auto")
+    assert seen == [False] and gc.isenabled() == enabled
+    assert plan.placement.tokens_per_part().sum() == 1265
+    monkeypatch.setattr(planner, "_place", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        planner.plan_layout(make_layout(cu_of([300, 20])), GroupSpec.offline(2), "auto")
+    assert gc.isenabled() == enabled
