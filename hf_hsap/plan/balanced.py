@@ -34,7 +34,7 @@ import numpy as np
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
-from .shares import choose
+from .shares import cap_binds, choose
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -255,7 +255,8 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
         if shared and (chosen is None or k0 != max(1, math.ceil(L / cap_hi), math.ceil(w / cap_w))
-                       or chosen != choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
+                       or cap_binds(L, k0, P, tok, cap_lo)
+                       and chosen != choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
             return i  # (the headroom fill reads the cap; so may the part count and the parts chosen)
         if chosen is None:
             _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_lo, tok, wrk, st.seg_doc, st.seg_start,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SCANNED_COUNTS", "choose", "split_share_max"]
+__all__ = ["SCANNED_COUNTS", "cap_binds", "choose", "split_share_max"]
 
 SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Python before a numpy table of the rest
 
@@ -47,7 +47,7 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
     Returns:
         ``(which of the three, the parts)``, or None.
     """
-    k_first = P if 2 * k0 > P else k0
+    k_first = _first_count(k0, P)
     k_last = min(P, L)
     k_table = k_first + SCANNED_COUNTS  # the counts from here on are tested in a table
     order = None  # by_load, and tok and wrk in its order, as [P] arrays once a table is needed
@@ -61,6 +61,25 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
         if chosen is not None:
             return j, chosen
     return None
+
+
+def cap_binds(L: int, k0: int, P: int, tok: list[float], cap_t: float) -> bool:
+    """Whether the token cap ``cap_t`` can turn a part away at any count :func:`choose` tries for this document:
+    when not (every part has room for the largest share, that of the fewest count), ``choose`` chooses alike at
+    every cap from ``cap_t`` up (the cap enters nowhere else).
+
+    Args:
+        L: the document's tokens. k0: the fewest parts. P: parts. tok: every part's tokens. cap_t: the token cap.
+
+    Returns:
+        False when every part holds at most ``cap_t`` minus the share of the fewest count.
+    """
+    return max(tok) > cap_t - split_share_max(L, _first_count(k0, P))
+
+
+def _first_count(k0: int, P: int) -> int:
+    """The fewest part count :func:`choose` tries: ``k0``, or every part when more than half would take it."""
+    return P if 2 * k0 > P else k0
 
 
 def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk: list[float],
