@@ -138,21 +138,21 @@ def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float
     fig = _Figures(layout, n_parts, work_slack)
     caps = [token_cap(layout.total_tokens, n_parts, eps) for eps in token_slacks]
     out: dict[int, Greedy] = {}
-
-    def go(st: _State, i: int, group: list[int]) -> None:  # group: indices into caps, ascending cap
+    # (pass so far, next document, its group: indices into caps, ascending cap); a work list, not a recursive
+    # closure: that would be a reference cycle, keeping the figures and passes for the garbage collector
+    todo = [(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))]
+    while todo:
+        st, i, group = todo.pop()
         i = _run(st, fig, i, caps[group[0]], caps[group[-1]])
         if i < len(fig.docs):  # the group's caps part at document i: the smallest goes on alone
-            go(st.copy(), i, group[:1])
-            go(st, i, group[1:])
-            return
+            todo += [(st, i, group[1:]), (st.copy(), i, group[:1])]
+            continue
         prev = None
         for g in group:
             out[g] = prev = Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end,
                                    st.seg_part, fig.docs, st.whole_part, st.tok, st.wrk, caps[g],
                                    max_moves=4 * n_parts, same_as=prev, whole_doc_ids=fig.order,
                                    cu_list=fig.cu)
-
-    go(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))
     return [out[g] for g in range(len(caps))]
 
 
