@@ -66,8 +66,11 @@ class Greedy:
         """
         if self.same_as is not None:  # the same segments and figures: the same bound
             return self.same_as.floor(token_cost)
-        load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
-        return refine_floor(self.seg_part, self._boundaries, load)
+        floors = self._floors  # (auto asks once per refinement it lists: two per pass)
+        if token_cost not in floors:
+            load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
+            floors[token_cost] = refine_floor(self.seg_part, self._boundaries, load)
+        return floors[token_cost]
 
     def placement(self, token_cost: float | None) -> Placement:
         """The refined placement (:meth:`refined`).
@@ -116,6 +119,11 @@ class Greedy:
                                              np.concatenate([_int64(starts), start]),
                                              np.concatenate([_int64(ends), end]), np.concatenate([_int64(parts), part]))
         return self._by_segments[key], capped
+
+    @functools.cached_property
+    def _floors(self) -> dict[float, float]:
+        """The bounds of :meth:`floor` so far, by token cost."""
+        return {}
 
     @functools.cached_property
     def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
