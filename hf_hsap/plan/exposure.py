@@ -33,7 +33,7 @@ import logging
 import numpy as np
 
 from .cost import CostModel, part_times
-from .simulation import simulated_time
+from .simulation import RoundOrderTimes, simulated
 from .layout import Layout
 from .placement import Placement, _finish
 from .refine import refine_moves
@@ -97,7 +97,7 @@ def evened_winner(layout: Layout, pl: Placement, t_pl: float, cost: CostModel, t
     return t, moved
 
 
-Simulations = dict  # simulation_agrees' memo: id(placement) -> (placement, transfers, simulated time)
+Simulations = dict  # simulation_agrees' memo: id(placement) -> (placement, transfers, simulated time, order times)
 
 
 def simulation_agrees(layout: Layout, first: tuple[Placement, Transfers], second: tuple[Placement, Transfers],
@@ -130,7 +130,21 @@ def _simulated(layout: Layout, plan: tuple[Placement, Transfers], cost: CostMode
     key = id(plan[0])
     if sims is not None and key in sims and sims[key][0] is plan[0] and sims[key][1] is plan[1]:
         return sims[key][2]
-    t = simulated_time(layout, plan[0], plan[1], cost, budget, rounds)
+    t, orders = simulated(layout, plan[0], plan[1], cost, budget, rounds)
     if sims is not None:
-        sims[key] = (plan[0], plan[1], t)  # the objects kept: their ids stay theirs while the memo lives
+        sims[key] = (plan[0], plan[1], t, orders)  # the objects kept: their ids stay theirs while the memo lives
     return t
+
+
+def simulated_orders(sims: Simulations, pl: Placement, tr: Transfers) -> RoundOrderTimes | None:
+    """The round orders' times (:func:`.simulation.round_order_times`) that ``sims`` holds for this placement and
+    full-attention transfers (the same objects: simulated by one of ``auto``'s steps), else None.
+
+    Args:
+        sims: ``auto``'s memo. pl, tr: the plan's placement and full-attention transfers.
+
+    Returns:
+        ``{order: (slowest part's time, pieces, every part's time)}``, or None.
+    """
+    held = sims.get(id(pl))
+    return held[3] if held is not None and held[0] is pl and held[1] is tr else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cost import CostModel
-from .simulation import round_order, round_order_times
+from .simulation import RoundOrderTimes, round_order, round_order_times
 from .layout import Layout
 from .placement import Placement
 from .rounds import RoundPieces, split_rounds
@@ -34,7 +34,7 @@ class KindPlan:
 
 
 def plan_kind(layout: Layout, pl: Placement, window: Window, cost: CostModel, budget: int | None, rounds: str,
-              transfers: Transfers | None = None) -> KindPlan:
+              transfers: Transfers | None = None, order_times: RoundOrderTimes | None = None) -> KindPlan:
     """The transfers and rounds of one mask kind.
 
     Args:
@@ -42,13 +42,15 @@ def plan_kind(layout: Layout, pl: Placement, window: Window, cost: CostModel, bu
             rounds). budget: the receive budget (None: none). rounds: ``"auto"``, ``"batched"`` or
             ``"by_peer"``: ``by_peer`` when ``cost`` predicts it at least 1% faster for the slowest part.
         transfers: the kind's transfers when already computed.
+        order_times: :func:`.simulation.round_order_times` of these transfers when already simulated (``auto``'s
+            checks simulate the plans they weigh).
 
     Returns:
         The :class:`KindPlan`.
     """
     tr = transfers if transfers is not None else window_transfers(pl, layout, window)
     if rounds == "auto":
-        times = round_order_times(layout, pl, tr, cost, budget, window)
+        times = order_times if order_times is not None else round_order_times(layout, pl, tr, cost, budget, window)
         order = round_order(times)
         pieces = times[order][1]
     else:

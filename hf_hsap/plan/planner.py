@@ -23,7 +23,7 @@ from .greedy import Greedy
 from .cache import PlanCache
 from .collector import collector_paused
 from .cutting import with_priced_cuts
-from .exposure import Simulations
+from .exposure import Simulations, simulated_orders
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
 from .degree import fastest_degree, rank_step_time
 from .group import GroupSpec, offline_link
@@ -53,12 +53,13 @@ FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the b
 
 def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: CostModel | None,
            min_tokens: int = 1, layers: Mapping[Window, int] | None = None, budget: int | None = None,
-           rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
+           rounds: str = "auto", sims: Simulations | None = None) -> tuple[Placement, dict[Window, Transfers]]:
     """Build the named placement (``auto``: the cheapest candidate by :mod:`.cost`, weighing the layers of
     every mask kind; ``budget`` and ``rounds``, the plan's receive budget and rounds option, are what its
     simulated rounds run) and its transfers of every kind in ``layers`` (default: the full kind). A
     document-aware placement that would leave a part with fewer than ``min_tokens`` tokens (every rank must
-    hold one) is replaced by ``contiguous``, which never does when ``T >= P``."""
+    hold one) is replaced by ``contiguous``, which never does when ``T >= P``. ``sims``: ``auto``'s memo of the plans
+    its checks simulated (:func:`.exposure.simulation_agrees`; updated), for the caller to read the final plan's."""
     layers = layers or {None: 1}
 
     def kinds_of(pl: Placement) -> dict[Window, Transfers]:
@@ -73,7 +74,8 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
     elif name == "density":
         pl = density(layout, n_parts, (cost or CostModel.default()).token_cost, token_slack)
     elif name == "auto":
-        return _auto(layout, n_parts, token_slack, cost or CostModel.default(), min_tokens, layers, budget, rounds)
+        return _auto(layout, n_parts, token_slack, cost or CostModel.default(), min_tokens, layers, budget, rounds,
+                     {} if sims is None else sims)
     else:
         raise ValueError(f"unknown placement {name!r}; choose one of {', '.join(PLACEMENTS)}")
     if pl.tokens_per_part().min() < min_tokens:
@@ -84,8 +86,8 @@ def _place(layout: Layout, n_parts: int, name: str, token_slack: float, cost: Co
 
 
 def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min_tokens: int,
-          layers: Mapping[Window, int], budget: int | None = None,
-          rounds: str = "auto") -> tuple[Placement, dict[Window, Transfers]]:
+          layers: Mapping[Window, int], budget: int | None, rounds: str,
+          sims: Simulations) -> tuple[Placement, dict[Window, Transfers]]:
     """``placement="auto"``: the cheapest candidate (:func:`_best_candidate`), polished (:mod:`.polishing`):
     searched when small (:func:`.polishing.polished`), and with its exposed transfers evened out first where
     that is worth it (:func:`.polishing.exposure_evened`), and searched from other starts as well
@@ -95,7 +97,7 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     and its transfers of every kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
-    sims: Simulations = {}  # the steps weigh one plan against several others: each simulated once
+    # sims: the steps weigh one plan against several others, each simulated once (the caller reads the final one's)
     current = exposure_evened(layout, n_parts, cost, token_slack, min_tokens, layers, pl, best, plain, budget, rounds,
                               sims)
     current = searched_from_others(layout, n_parts, cost, token_slack, min_tokens, layers, pl, current, budget, rounds,
@@ -251,10 +253,12 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     U = group.ulysses_size
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
+    sims: Simulations = {}  # what auto's checks simulated: the final plan's round orders, if among them
     with collector_paused():  # (.collector: the collector would walk every young list of the passes)
         pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
-                         budget=recv_budget_tokens, rounds=rounds)
-        per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w]) for w in kinds}
+                         budget=recv_budget_tokens, rounds=rounds, sims=sims)
+        per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w],
+                                 None if w is not None else simulated_orders(sims, pl, trs[w])) for w in kinds}
     for w, k in per_kind.items():
         logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "
                      "rounds %r (%d), %d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U,

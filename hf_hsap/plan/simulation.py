@@ -7,7 +7,6 @@ the chosen order over consecutive layers in steady state (what ``auto`` checks i
 """
 from __future__ import annotations
 
-from typing import Mapping
 
 import numpy as np
 
@@ -19,15 +18,16 @@ from .rounds import RoundPieces, RoundTables, piece_remote_work, round_tables, s
 from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
 
-__all__ = ["round_order_times", "round_order", "simulated_time"]
+__all__ = ["RoundOrderTimes", "round_order_times", "round_order", "simulated", "simulated_time"]
 
 
 ATTENTION_FWD, ATTENTION_BWD = 1 / 3.5, 2.5 / 3.5  # shares of a layer's attention work: backward 2.5x the forward
 Simulated = tuple[float, RoundPieces, np.ndarray, tuple[RoundTables, np.ndarray, np.ndarray]]
+RoundOrderTimes = dict[str, tuple[float, RoundPieces, np.ndarray]]  # what round_order_times returns
 
 
 def round_order_times(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel,
-                      budget: int | None, window: Window = None) -> dict[str, tuple[float, RoundPieces, np.ndarray]]:
+                      budget: int | None, window: Window = None) -> RoundOrderTimes:
     """Estimated attention time (forward + backward, pairs) of the slowest part, the pieces, and every
     part's time, for each round order.
 
@@ -75,7 +75,7 @@ def _round_times(layout: Layout, pl: Placement, pieces: RoundPieces, cost: CostM
     return tab, xfer, ret
 
 
-def round_order(times: Mapping[str, tuple[float, RoundPieces, np.ndarray]], rounds: str = "auto") -> str:
+def round_order(times: RoundOrderTimes, rounds: str = "auto") -> str:
     """The round order a plan runs (the one rule): ``rounds`` itself unless ``"auto"``, which takes ``by_peer``
     when :func:`round_order_times` prices its slowest part at least 1 % faster than ``batched``'s.
 
@@ -92,6 +92,12 @@ def round_order(times: Mapping[str, tuple[float, RoundPieces, np.ndarray]], roun
 
 def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None = None,
                    rounds: str = "auto") -> float:
+    """:func:`simulated`'s time alone (the docstring there)."""
+    return simulated(layout, pl, tr, cost, budget, rounds)[0]
+
+
+def simulated(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, budget: int | None = None,
+              rounds: str = "auto") -> tuple[float, RoundOrderTimes]:
     """The slowest part's time per full-attention layer of a deep model, with the rounds the plan would run (the
     order :func:`round_order` picks) simulated forward and backward over consecutive layers in steady state
     (:func:`.pipeline.simulate_layers`: a part starts a layer when its own previous one is done, not when every
@@ -106,7 +112,9 @@ def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel
         budget: the receive budget (None: none). rounds: the plan's ``rounds`` option.
 
     Returns:
-        The time, in attention pairs.
+        ``(the time, in attention pairs; the round orders' times it chose from)``: the latter is
+        :func:`round_order_times` of the plan (what :func:`.kinds.plan_kind` reads, so that ``auto``'s final plan is
+        not simulated again).
     """
     times, local = _orders(layout, pl, tr, cost, budget)
     _, pieces, _, (tab, xfer, ret) = times[round_order(times, rounds)]
@@ -118,4 +126,4 @@ def simulated_time(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel
                           gemm * qkv / 3, gemm * (1 - qkv) / 3)
     bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
                           gemm * (1 - qkv) * 2 / 3, gemm * qkv * 2 / 3)
-    return float((fwd + bwd).max())
+    return float((fwd + bwd).max()), {order: sim[:3] for order, sim in times.items()}

@@ -151,20 +151,39 @@ def test_auto_simulates_each_plan_once(monkeypatch):
     import hf_hsap.plan.exposure as exposure_mod
 
     simulated = []
-    real = exposure_mod.simulated_time
+    real = exposure_mod.simulated
 
     def counting(layout, pl, tr, *args):
         simulated.append(pl)
         return real(layout, pl, tr, *args)
 
-    monkeypatch.setattr(exposure_mod, "simulated_time", counting)
+    monkeypatch.setattr(exposure_mod, "simulated", counting)
     layout = make_layout(cu_of([1780, 3812, 1737, 127, 736]))
     plan = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto")
     assert len(simulated) >= 3  # three steps asked
     assert len({id(pl) for pl in simulated}) == len(simulated)
     # the memo changes no decision: the same plan as each step simulating afresh
     monkeypatch.setattr(exposure_mod, "_simulated", lambda layout, plan, cost, budget, rounds, sims:
-                        real(layout, plan[0], plan[1], cost, budget, rounds))
+                        real(layout, plan[0], plan[1], cost, budget, rounds)[0])
     again = plan_layout(layout, GroupSpec.offline(4, 1, 1), "auto")
     for f in ("doc", "start", "end", "part"):
         assert np.array_equal(getattr(plan.placement, f), getattr(again.placement, f))
+
+
+def test_the_final_plan_reads_the_round_orders_its_check_simulated(monkeypatch):
+    """The priced cuts win this row after a simulated check: the plan's rounds are read from that simulation (the
+    same round orders, not simulated again), and they are the ones planning the kind afresh gives."""
+    from benchmarks.sweep import sweep_lengths
+    import hf_hsap.plan.kinds as kinds
+    from hf_hsap.plan.simulation import round_order_times
+
+    layout = make_layout(cu_of(sweep_lengths("lognormal-2.2", 65536, 0).tolist()))
+    group = GroupSpec.offline(32, 1, 1)
+    again = []
+    monkeypatch.setattr(kinds, "round_order_times", lambda *a: again.append(a) or round_order_times(*a))
+    plan = plan_layout(layout, group, "auto")
+    assert plan.placement.name.startswith("contiguous-priced") and again == []
+    fresh = kinds.plan_kind(layout, plan.placement, None, plan.cost, None, "auto", plan.transfers)
+    assert len(again) == 1 and fresh.round_order == plan.round_order
+    for f in ("round", "src", "dst", "start", "end", "src_local"):
+        assert np.array_equal(getattr(fresh.pieces, f), getattr(plan.pieces, f))
