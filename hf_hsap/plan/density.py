@@ -178,6 +178,7 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
                                                                                loads[order[heavy_end]])):
         heavy_end += 1
     capped = False  # whether the cap decided anything (a document heavy or cut in more parts for its length alone)
+    part_load = [0.0] * P  # wrk + token_cost * tok of every part, kept for the parts a split changes
     for rank, d in enumerate(order[:heavy_end]):
         L = lens[d]
         by_tokens, by_pairs = math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / (mean_w * work_share))
@@ -185,15 +186,22 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
         capped = capped or by_tokens > max(2, by_pairs) or not dense(L, loads[d])
         k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
-        part_load = [w + token_cost * t for w, t in zip(wrk, tok)]
         by_load = sorted(range(P), key=part_load.__getitem__)
-        share = split_share_max(L, k)  # the most a part of the split holds
-        chosen = [p for p in by_load if tok[p] + share <= cap_t][:k]
+        room = cap_t - split_share_max(L, k)  # a part of the split holds at most split_share_max tokens
+        chosen = []
+        for p in by_load:
+            if tok[p] <= room:
+                chosen.append(p)
+                if len(chosen) == k:
+                    break
         capped = capped or chosen != by_load[:k]
         if len(chosen) < k:
             _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
-            continue
-        rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+            chosen = range(P)
+        else:
+            rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+        for p in chosen:
+            part_load[p] = wrk[p] + token_cost * tok[p]
     light = order[heavy_end:]
     whole_part, no_room = _least_loaded(light, fig.lens_by_order[heavy_end:], fig.pairs_by_order[heavy_end:], cu, P,
                                         token_cost, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
