@@ -36,7 +36,7 @@ from .cost import CostModel, part_times
 from .simulation import RoundOrderTimes, simulated
 from .layout import Layout
 from .placement import Placement, _finish
-from .refine import refine_moves
+from .refine import array_boundaries, refine_moves
 from .transfers import Transfers
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,11 @@ def refine_exposure(layout: Layout, pl: Placement, cost: CostModel, token_cap: f
     if float(extra.max() - extra.min()) <= EXPOSURE_SPREAD * float(t.max()):
         return float(t.max()), pl  # even offsets: the candidate's own refinement evened out the same loads
     order = np.argsort(pl.start, kind="stable")  # every document's segments consecutive and in order
-    doc, start, end, part = (x[order].tolist() for x in (pl.doc, pl.start, pl.end, pl.part))
+    arrays = [x[order] for x in (pl.doc, pl.start, pl.end, pl.part)]
+    bounds = array_boundaries(*arrays)
+    doc, start, end, part = (x.tolist() for x in arrays)
     moves, _ = refine_moves(layout.cu_seqlens[:-1].tolist(), doc, start, end, part, wrk.tolist(), 4 * pl.n_parts,
-                            tok.tolist(), cost.token_cost, token_cap, extra=extra.tolist())
+                            tok.tolist(), cost.token_cost, token_cap, bounds=bounds, extra=extra.tolist())
     if not moves:
         return float(t.max()), pl
     moved = _finish(pl.name, pl.n_parts, doc, start, end, part)  # the refinement moved start / end in place

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from .placement import rows_work
 
 Sides = tuple[list[list[tuple[int, int, bool]]], dict[int, dict[int, list[int]]]]  # what boundary_sides returns
@@ -123,6 +125,16 @@ def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg
     """
     return [a for a in range(len(seg_doc) - 1)
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
+
+
+def array_boundaries(seg_doc: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray, seg_part: np.ndarray) -> list[int]:
+    """:func:`boundaries` of segments held as ``[n]`` int64 arrays (a placement's, sorted by start), in numpy.
+
+    Returns:
+        The ``a`` of every boundary, ascending.
+    """
+    same = (seg_doc[1:] == seg_doc[:-1]) & (seg_end[:-1] == seg_start[1:]) & (seg_part[1:] != seg_part[:-1])
+    return np.flatnonzero(same).tolist()
 
 
 def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Sides:
