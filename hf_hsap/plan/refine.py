@@ -127,7 +127,8 @@ def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
 
 
-def array_boundaries(seg_doc: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray, seg_part: np.ndarray) -> list[int]:
+def array_boundaries(seg_doc: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray,
+                     seg_part: np.ndarray) -> list[int]:
     """:func:`boundaries` of segments held as ``[n]`` int64 arrays (a placement's, sorted by start), in numpy.
 
     Returns:
