@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 import hf_hsap
 from workers import zoo, zoo_run
@@ -34,7 +36,10 @@ EXPECT = {
     "lfm2": REFUSED,  # hybrid: a short causal convolution layer beside the attention layer
     "bamba": REFUSED,  # hybrid: mamba-2 mixers
     "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
-    "falcon": REFUSED,  # its own attention table: check_config refuses it before construction
+    # before Transformers 5.25 its own attention table: check_config refuses it before construction; from 5.25 it runs
+    # Transformers' AttentionInterface, but a layer on the way calls the attention without the model's kwargs (as
+    # Nemotron): exact without SP, refused under SP by the 2-token probe
+    "falcon": SP1_ONLY if Version(transformers.__version__) >= Version("5.25") else REFUSED,
 }
 
 
