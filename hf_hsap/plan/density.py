@@ -44,7 +44,7 @@ from .greedy import Greedy
 from .layout import Layout
 from .lpt import BATCH_MIN_PARTS, least_loaded_batch
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
-from .shares import split_share_max
+from .shares import share_room
 
 __all__ = ["DensityFigures", "density", "density_figures", "density_greedies", "density_greedy"]
 
@@ -190,7 +190,7 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
         k = P if spread == "all" and rank < SPREAD_ALL_DOCS else fit
         k = min(P, L, k)  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
         by_load = sorted(range(P), key=part_load.__getitem__)
-        room = cap_t - split_share_max(L, k)  # a part of the split holds at most split_share_max tokens
+        room = share_room(cap_t, L, k)  # a part of the split holds at most split_share_max tokens
         chosen = []
         for p in by_load:
             if tok[p] <= room:

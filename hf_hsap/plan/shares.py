@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SCANNED_COUNTS", "cap_binds", "choose", "split_share_max"]
+__all__ = ["SCANNED_COUNTS", "cap_binds", "choose", "share_room", "split_share_max"]
 
 SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Python before a numpy table of the rest
 
@@ -29,6 +29,20 @@ def split_share_max(L: int, k: int | np.ndarray) -> int | np.ndarray:
         ``ceil(L / k)``.
     """
     return -(-L // k)
+
+
+def share_room(cap_t: float, L: int, k: int | np.ndarray) -> float | np.ndarray:
+    """The most tokens a part may hold before taking one part of a ``k``-way split of ``L`` tokens within the token
+    cap: ``cap_t - split_share_max(L, k)`` (the one room test of :func:`choose`, :func:`cap_binds` and
+    :mod:`.density`'s heavy documents; exact: the cap's fraction survives subtracting an integer).
+
+    Args:
+        cap_t: the token cap. L: the document's tokens. k: parts (an int, or an int array).
+
+    Returns:
+        The room, per count.
+    """
+    return cap_t - split_share_max(L, k)
 
 
 def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
@@ -74,7 +88,7 @@ def cap_binds(L: int, k0: int, P: int, tok: list[float], cap_t: float) -> bool:
     Returns:
         False when every part holds at most ``cap_t`` minus the share of the fewest count.
     """
-    return max(tok) > cap_t - split_share_max(L, _first_count(k0, P))
+    return max(tok) > share_room(cap_t, L, _first_count(k0, P))
 
 
 def _first_count(k0: int, P: int) -> int:
@@ -99,7 +113,7 @@ def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk
     cap_t, cap_w, mean_t = caps
     for k in ks:
         t, x = L / k, w / k
-        room = cap_t - split_share_max(L, k)  # a part's share may be a token or two above the mean L / k
+        room = share_room(cap_t, L, k)  # a part's share may be a token or two above the mean L / k
         chosen = []
         for p in by_load:
             tp = tok[p]
@@ -152,7 +166,7 @@ def _fits(ks: np.ndarray, L: int, w: float, tok: np.ndarray, wrk: np.ndarray, ca
         ``[K, P]`` booleans.
     """
     cap_t, cap_w, mean_t = caps
-    room = cap_t - split_share_max(L, ks)  # [K] a share may be a token or two above L / k
+    room = share_room(cap_t, L, ks)  # [K] a share may be a token or two above L / k
     fits = tok[None, :] <= room[:, None]  # [K, P]
     if rho is not None:
         wp = wrk[None, :] + (w / ks)[:, None]  # [K, P] a part's pairs with its share
