@@ -54,23 +54,29 @@ class Greedy:
     whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)  # whole_doc, int64, if at hand
     cu_list: list[int] | None = field(default=None, compare=False, repr=False)  # cu as a list, if at hand
 
-    def floor(self, token_cost: float) -> float:
-        """A lower bound of the largest ``work + token_cost * tokens`` of a part after any refinement
-        (:func:`.refine.refine_floor`); a part's step time is at least that (:mod:`.cost`).
+    def floor(self, token_cost: float, kv_token_cost: float = 0.0) -> float:
+        """A lower bound of the slowest part's step time (one full-attention layer, :mod:`.cost`) after any
+        refinement: the larger of the largest ``work + token_cost * tokens`` of a part (:func:`.refine.refine_floor`)
+        and, with ``kv_token_cost``, the transfer the holder of a split document's last rows cannot avoid
+        (:func:`transfer_floor`).
 
         Args:
-            token_cost: the price of a token in pairs.
+            token_cost: the price of a token in pairs. kv_token_cost: the price of a received KV token in pairs
+                (0: the work alone).
 
         Returns:
             The bound, in pairs.
         """
         if self.same_as is not None:  # the same segments and figures: the same bound
-            return self.same_as.floor(token_cost)
+            return self.same_as.floor(token_cost, kv_token_cost)
         floors = self._floors  # (auto asks once per refinement it lists: two per pass)
-        if token_cost not in floors:
+        key = (token_cost, kv_token_cost)
+        if key not in floors:
             load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
-            floors[token_cost] = refine_floor(self.seg_part, self._boundaries, load)
-        return floors[token_cost]
+            floors[key] = refine_floor(self.seg_part, self._boundaries, load)
+            if kv_token_cost > 0:
+                floors[key] = max(floors[key], transfer_floor(self, token_cost, kv_token_cost))
+        return floors[key]
 
     def placement(self, token_cost: float | None) -> Placement:
         """The refined placement (:meth:`refined`).
@@ -121,8 +127,8 @@ class Greedy:
         return self._by_segments[key], capped
 
     @functools.cached_property
-    def _floors(self) -> dict[float, float]:
-        """The bounds of :meth:`floor` so far, by token cost."""
+    def _floors(self) -> dict[tuple[float, float], float]:
+        """The bounds of :meth:`floor` so far, by token and KV token cost."""
         return {}
 
     @functools.cached_property
@@ -158,6 +164,36 @@ class Greedy:
         keep = part >= 0
         doc, part = doc[keep], part[keep]
         return doc, self.cu[doc], self.cu[doc + 1], part
+
+
+def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
+    """A lower bound of the slowest part's step time after any refinement of ``g``, from the transfers no
+    refinement avoids.
+
+    A refinement never changes a segment's part, never empties a segment (it leaves the giving side a row) and
+    never moves a whole document (:mod:`.refine`). So the part holding a split document's last segment keeps it,
+    receives every key of the document but its ``o >= 1`` own rows (``L - o``), and holds the whole documents it
+    holds now. Its time is at least ``token_cost * tokens + kv_token_cost * recv`` (:meth:`.cost.CostModel.time_of`:
+    the middle term is at least the transfer, at any overlap), and ``token_cost * o + kv_token_cost * (L - o) >=
+    min(token_cost, kv_token_cost) * L``.
+
+    Args:
+        g: the greedy pass. token_cost, kv_token_cost: the cost model's prices of a token and a received KV token.
+
+    Returns:
+        ``max_p token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents
+        whose last segment p holds``, in pairs.
+    """
+    P = g.n_parts
+    whole = list(g.tok)  # [P] tokens of every part's whole documents: its tokens less its split segments'
+    last = [0] * P  # [P] rows of the split documents whose last segment each part holds
+    n = len(g.seg_doc)
+    for a, (d, s, e, p) in enumerate(zip(g.seg_doc, g.seg_start, g.seg_end, g.seg_part)):
+        whole[p] -= e - s
+        if a == n - 1 or g.seg_doc[a + 1] != d:  # a document's segments are consecutive and in order
+            last[p] += int(g.cu[d + 1] - g.cu[d])
+    per_row = min(token_cost, kv_token_cost)
+    return max(token_cost * w + per_row * x for w, x in zip(whole, last))
 
 
 def _int64(values: list[int]) -> np.ndarray:

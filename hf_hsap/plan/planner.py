@@ -135,8 +135,9 @@ def _best_candidate(layout: Layout, n_parts: int, token_slack: float, cost: Cost
              for eps, g in zip(*_density_slacks(fig, n_parts, slacks, spread, share))}
     greedy += [(dense[eps, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
                for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
-    cands: list[Candidate] = [(g.floor(tc), functools.partial(g.placement, c)) for g, c in greedy]
     windowed = any(w is not None for w in layers)
+    kv = 0.0 if windowed else cost.kv_token_cost  # (the bounds prune full layers only: _cheapest)
+    cands: list[Candidate] = [(g.floor(tc, kv), functools.partial(g.placement, c)) for g, c in greedy]
     # contiguous's bound in closed form (on full layers: elsewhere every candidate is built anyway)
     cands.append((0.0 if windowed else contiguous_time_bound(layout, n_parts, cost),
                   functools.partial(contiguous, layout, n_parts)))

@@ -37,6 +37,63 @@ def test_the_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack,
             assert load.max() >= floor * (1 - 1e-12), (g.name, c, load.max(), floor)
 
 
+@settings(max_examples=ci_examples(60))
+@given(lengths=LENGTHS, P=st.integers(2, 12), slack=st.sampled_from([0.0, 0.01, 0.1]),
+       spread=st.sampled_from(["fit", "all"]), link=st.sampled_from(["nvlink", "network"]),
+       diag=st.sampled_from([0.0, 64.0]), overlap=st.sampled_from([0.0, 1.0]), kv_scale=st.sampled_from([1.0, 30.0]))
+def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, spread, link, diag, overlap,
+                                                                        kv_scale):
+    from hf_hsap.plan.cost import part_times
+
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    base = CostModel.for_link(link)  # kv_scale 30: a received token dearer than a held one (min(tc, kv) = tc)
+    cost = CostModel(token_cost=base.token_cost, kv_token_cost=base.kv_token_cost * kv_scale, diag_block=diag,
+                     overlap=overlap)
+    tc = cost.token_cost
+    for g in (balanced_greedy(layout, P, slack), density_greedy(layout, P, tc, slack, spread=spread)):
+        floor = g.floor(tc, cost.kv_token_cost)
+        assert floor >= g.floor(tc)  # never looser than the work's floor
+        for c in (tc, None):
+            t = float(part_times(layout, g.placement(c), None, cost).max())
+            assert t >= floor * (1 - 1e-12), (g.name, c, t, floor)
+
+
+def test_the_transfer_floor_sees_a_document_spread_over_every_part():
+    """One long document over every part, KV over the network: the part holding its last rows receives nearly all
+    of it, which no work or token balance shows; the floor says so, and stays below the refined plan's time."""
+    from hf_hsap.plan.cost import part_times
+    from hf_hsap.plan.greedy import transfer_floor
+
+    layout = make_layout(cu_of([40000] + [100] * 880))
+    cost = CostModel.for_link("network")
+    tc, kv = cost.token_cost, cost.kv_token_cost
+    g = density_greedy(layout, 64, tc, 0.1, spread="all", work_share=1.0)
+    assert len({p for p, d in zip(g.seg_part, g.seg_doc) if d == 0}) == 64  # the long document is over every part
+    whole = g.floor(tc)
+    bound = transfer_floor(g, tc, kv)
+    assert bound >= kv * 40000 and bound > 1.2 * whole  # its last segment's holder receives all but its own rows
+    assert g.floor(tc, kv) == max(whole, bound)
+    assert float(part_times(layout, g.placement(tc), None, cost).max()) >= bound
+
+
+def test_the_transfer_floor_counts_the_holder_of_the_last_rows():
+    """A document cut in two contiguous segments (not a dual-chunk split): the part with its last rows receives the
+    first segment; the part with its first rows receives nothing. The floor is exactly the receiver's bound."""
+    from hf_hsap.plan.cost import part_times
+    from hf_hsap.plan.greedy import Greedy, transfer_floor
+
+    cu = np.array([0, 100, 150], dtype=np.int64)  # document 0: rows 0-99 (60 on part 0, 40 on part 1); 1: whole
+    g = Greedy("balanced", 2, cu, [0, 0], [0, 60], [60, 100], [0, 1], [1], [0], [110.0, 40.0],
+               [float(60 * 61 // 2 + 50 * 51 // 2), float(100 * 101 // 2 - 60 * 61 // 2)], 200.0, 0)
+    tc, kv = 3.0, 2.0
+    assert transfer_floor(g, tc, kv) == max(tc * 50, tc * 0 + kv * 100)
+    layout = make_layout(cu)
+    times = part_times(layout, g.placement(None), None, CostModel(token_cost=tc, kv_token_cost=kv))
+    assert times[1] >= kv * 100 and times.max() >= transfer_floor(g, tc, kv)
+
+
 @settings(max_examples=ci_examples(40))
 @given(lengths=LENGTHS, P=st.integers(2, 12), diag=st.sampled_from([0.0, 64.0]), overlap=st.sampled_from([0.0, 1.0]))
 def test_the_closed_form_bound_of_contiguous_is_its_largest_load(lengths, P, diag, overlap):
