@@ -25,8 +25,9 @@ cuts replace the plan (the winner, polished) where the one-layer model prices th
 (:func:`.exposure.simulation_agrees`), so it never makes a plan slower by either model. The cuts win by their
 transfer term, which is where the two models part: a part deep inside a long document receives many keys from
 many senders, and the one-layer model sometimes prefers cuts whose senders then wait for their dK/dV in the
-simulation (the ranks deep in a dominant document hold fewer tokens, so their returns do not come sooner). With one simulated layer that every part started at once (until 2026-12-03), the
-simulation charged those waits to every layer and refused the cuts on most NVLink rows.
+simulation (the ranks deep in a dominant document hold fewer tokens, so their returns do not come sooner). With
+one simulated layer that every part started at once (until 2026-12-03), the simulation charged those waits to every
+layer and refused the cuts on most NVLink rows.
 """
 from __future__ import annotations
 

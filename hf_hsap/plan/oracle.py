@@ -109,8 +109,8 @@ class _Part:
 def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Placement | None = None,
                        token_slack: float = DEFAULT_TOKEN_SLACK, max_moves: int = 2000) -> Placement:
     """Local search for the placement with the smallest step time of its slowest part (module docstring),
-    from ``start`` and from every simpler placement (``zigzag`` up to 4096 segments, ``balanced``, ``density``, ``contiguous``):
-    the best of the local optima.
+    from ``start`` and from every simpler placement (``zigzag`` up to 4096 segments, ``balanced``, ``density``,
+    ``contiguous``): the best of the local optima.
 
     Args:
         layout: the documents. n_parts: parts P. cost: the cost model (priced as the plan's).

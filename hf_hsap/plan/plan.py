@@ -91,8 +91,8 @@ class Plan:
         w = kind_of(window, self.layout)
         if w not in self._kinds:
             log_once(logger, logging.INFO, ("kind on demand", w, self.windows),
-                     "hsap plan: mask %s was not planned for (the plan's kinds: %s); planning its transfers now (exact; "
-                     "pass windows=hf_hsap.attention_windows(config) to plan for every kind)",
+                     "hsap plan: mask %s was not planned for (the plan's kinds: %s); planning its transfers now "
+                     "(exact; pass windows=hf_hsap.attention_windows(config) to plan for every kind)",
                      "full" if w is None else f"window {w}", list(self.windows))
             self._kinds[w] = plan_kind(self.layout, self.placement, w, self.cost, self.recv_budget_tokens,
                                        self.rounds_option)
