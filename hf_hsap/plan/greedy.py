@@ -184,14 +184,15 @@ def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
         ``max_p token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents
         whose last segment p holds``, in pairs.
     """
-    P = g.n_parts
     whole = list(g.tok)  # [P] tokens of every part's whole documents: its tokens less its split segments'
-    last = [0] * P  # [P] rows of the split documents whose last segment each part holds
-    n = len(g.seg_doc)
-    for a, (d, s, e, p) in enumerate(zip(g.seg_doc, g.seg_start, g.seg_end, g.seg_part)):
+    for s, e, p in zip(g.seg_start, g.seg_end, g.seg_part):
         whole[p] -= e - s
-        if a == n - 1 or g.seg_doc[a + 1] != d:  # a document's segments are consecutive and in order
-            last[p] += int(g.cu[d + 1] - g.cu[d])
+    last = [0] * g.n_parts  # [P] rows of the split documents whose last segment each part holds
+    docs, cu = g.seg_doc, g.cu_list if g.cu_list is not None else g.cu.tolist()
+    # a document's segments are consecutive and in order: its last is followed by another document's (or none)
+    for d, after, p in zip(docs, docs[1:] + [-1], g.seg_part):
+        if d != after:
+            last[p] += cu[d + 1] - cu[d]
     per_row = min(token_cost, kv_token_cost)
     return max(token_cost * w + per_row * x for w, x in zip(whole, last))
 
