@@ -17,7 +17,7 @@ class PlanningConfig:
     n_docs: int = 2000
     Ps: tuple[int, ...] = (8, 64)
     placements: tuple[str, ...] = ("auto", "balanced", "contiguous")
-    cold_runs: int = 7
+    cold_runs: int = 15
     cached_runs: int = 2000
     seed: int = 0
 
@@ -39,14 +39,19 @@ def planning_lengths(T: int, n_docs: int, seed: int) -> np.ndarray:
     return lengths
 
 
-def _median_ms(fn, runs: int, clock=time.perf_counter) -> float:
-    """Median milliseconds of ``runs`` calls of ``fn`` by ``clock``."""
+def _times_ms(fn, runs: int, clock=time.perf_counter) -> list[float]:
+    """Milliseconds of each of ``runs`` calls of ``fn`` by ``clock``."""
     ts = []
     for _ in range(runs):
         t0 = clock()
         fn()
-        ts.append(clock() - t0)
-    return float(np.median(ts)) * 1e3
+        ts.append((clock() - t0) * 1e3)
+    return ts
+
+
+def _median_ms(fn, runs: int, clock=time.perf_counter) -> float:
+    """Median milliseconds of ``runs`` calls of ``fn`` by ``clock``."""
+    return float(np.median(_times_ms(fn, runs, clock)))
 
 
 def run_planning(cfg: PlanningConfig) -> list[dict]:
@@ -55,7 +60,9 @@ def run_planning(cfg: PlanningConfig) -> list[dict]:
     * ``cold_ms``: ``plan_sequence`` without a cache (layout validation, placement, transfers);
       ``cold_cpu_ms`` the same by the calling thread's CPU time (``time.thread_time``: what other load on the
       machine disturbs least; the planner runs on this one thread, and a process's clock would also count the
-      threads earlier benchmark sections left running, e.g. 21.5 ms against 16.1 ms wall in one run).
+      threads earlier benchmark sections left running, e.g. 21.5 ms against 16.1 ms wall in one run);
+      ``cold_cpu_min_ms`` their minimum: what the code costs when nothing else slows the machine (this 2-core
+      machine's speed moves by up to 2x from one minute to the next, and its slow phases inflate even CPU time).
     * ``schedule_ms``: compiling one rank's schedule afterwards (every rank does it once per layout;
       the slowest rank's).
     * ``cached_ms``: ``plan_sequence`` with a warm :class:`~hf_hsap.PlanCache` (validation, hashing,
@@ -65,8 +72,8 @@ def run_planning(cfg: PlanningConfig) -> list[dict]:
         cfg: the sizes.
 
     Returns:
-        One row per (P, placement): ``{"P", "placement", "chosen", "cold_ms", "cold_cpu_ms", "schedule_ms",
-        "cached_ms"}``.
+        One row per (P, placement): ``{"P", "placement", "chosen", "cold_ms", "cold_cpu_ms", "cold_cpu_min_ms",
+        "schedule_ms", "cached_ms"}``.
     """
     import torch
 
@@ -76,7 +83,7 @@ def run_planning(cfg: PlanningConfig) -> list[dict]:
     for P in cfg.Ps:
         for placement in cfg.placements:
             cold = _median_ms(lambda: hf_hsap.plan_sequence(cu, P, placement), cfg.cold_runs)
-            cold_cpu = _median_ms(lambda: hf_hsap.plan_sequence(cu, P, placement), cfg.cold_runs, time.thread_time)
+            cpu_ms = _times_ms(lambda: hf_hsap.plan_sequence(cu, P, placement), cfg.cold_runs, time.thread_time)
             plan = hf_hsap.plan_sequence(cu, P, placement)
             sched = []
             for _ in range(max(1, cfg.cold_runs // 2)):
@@ -89,6 +96,6 @@ def run_planning(cfg: PlanningConfig) -> list[dict]:
                 hf_hsap.plan_sequence(cu, P, placement, cache=cache)
             cached = (time.perf_counter() - t0) / cfg.cached_runs * 1e3
             rows.append({"P": P, "placement": placement, "chosen": plan.placement_name, "cold_ms": cold,
-                         "cold_cpu_ms": cold_cpu,
+                         "cold_cpu_ms": float(np.median(cpu_ms)), "cold_cpu_min_ms": min(cpu_ms),
                          "schedule_ms": float(np.median(sched)), "cached_ms": cached})
     return rows

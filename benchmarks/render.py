@@ -82,7 +82,8 @@ def _goal_rows(res: dict) -> list[list[str]]:
     p64 = next((r for r in res["planning"] if r["P"] == 64 and r["placement"] == "auto"), None)
     if p64:
         rows.append(["planning ≤ 20 ms cold, ≤ 0.1 ms cached (T = 512K, 2,000 documents, P = 64, auto)",
-                     f"cold {p64['cold_cpu_ms']:.1f} ms CPU time ({p64['cold_ms']:.1f} ms wall), cached "
+                     f"cold {p64['cold_cpu_ms']:.1f} ms CPU time (minimum {p64.get('cold_cpu_min_ms', float('nan')):.1f}; "
+                     f"{p64['cold_ms']:.1f} ms wall), cached "
                      f"{p64['cached_ms']:.3f} ms",
                      f"cold {rp._met(p64['cold_cpu_ms'] <= 20)}, cached {rp._met(p64['cached_ms'] <= 0.1)}"])
     return rows
@@ -264,9 +265,11 @@ def render(res: dict) -> str:
         rp.cost_tables(res["cost_rows"]),
         "## Planning time",
         "`plan_sequence` on the host (one process, numpy), T = 524288 with 2,000 documents (longtail-shaped "
-        "lengths scaled to the row, see `benchmarks/planning.py`), median of several runs, by wall clock and by "
-        "the planning thread's CPU time (`time.thread_time`; the goal is judged on CPU time: other jobs on the "
-        "machine inflate wall time); "
+        "lengths scaled to the row, see `benchmarks/planning.py`), median of several runs in this process (15 "
+        "for cold plans), by wall clock and by the planning thread's CPU time (`time.thread_time`; the goal is "
+        "judged on the median CPU time: other jobs on the machine inflate wall time), and the minimum of the CPU "
+        "times (what the code costs when nothing slows the machine: its speed moves by up to 2x from one minute "
+        "to the next, and its slow phases inflate CPU time too); "
         "cached = a warm `PlanCache` hit (validation + hashing + lookup).",
         rp.planning_table(res["planning"]),
     ]

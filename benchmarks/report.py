@@ -161,7 +161,8 @@ def memory_table(rows: list[dict]) -> str:
 
 def planning_table(rows: list[dict]) -> str:
     """Planning time rows."""
-    body = [[r["P"], r["placement"], r["chosen"], _f(r["cold_ms"], 1), _f(r["cold_cpu_ms"], 1), _f(r["schedule_ms"], 2),
+    body = [[r["P"], r["placement"], r["chosen"], _f(r["cold_ms"], 1), _f(r["cold_cpu_ms"], 1),
+             _f(r["cold_cpu_min_ms"], 1) if "cold_cpu_min_ms" in r else "–", _f(r["schedule_ms"], 2),
              _f(r["cached_ms"], 4)] for r in rows]
-    return table(["P", "placement", "chosen", "cold ms (wall)", "cold ms (CPU time)", "+ schedule of one rank ms",
-                  "cached ms"], body)
+    return table(["P", "placement", "chosen", "cold ms (wall)", "cold ms (CPU time)", "its minimum",
+                  "+ schedule of one rank ms", "cached ms"], body)
