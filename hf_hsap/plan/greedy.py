@@ -168,20 +168,34 @@ class Greedy:
 
 def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
     """A lower bound of the slowest part's step time after any refinement of ``g``, from the transfers no
-    refinement avoids.
+    refinement avoids: the largest of :func:`part_transfer_floors`.
+
+    Args:
+        g: the greedy pass. token_cost, kv_token_cost: the cost model's prices of a token and a received KV token.
+
+    Returns:
+        The bound, in pairs.
+    """
+    return max(part_transfer_floors(g, token_cost, kv_token_cost))
+
+
+def part_transfer_floors(g: Greedy, token_cost: float, kv_token_cost: float) -> list[float]:
+    """Every part's lower bound of its step time after any refinement of ``g``, from the transfers no refinement
+    avoids.
 
     A refinement never changes a segment's part, never empties a segment (it leaves the giving side a row) and
     never moves a whole document (:mod:`.refine`). So the part holding a split document's last segment keeps it,
     receives every key of the document but its ``o >= 1`` own rows (``L - o``), and holds the whole documents it
     holds now. Its time is at least ``token_cost * tokens + kv_token_cost * recv`` (:meth:`.cost.CostModel.time_of`:
     the middle term is at least the transfer, at any overlap), and ``token_cost * o + kv_token_cost * (L - o) >=
-    min(token_cost, kv_token_cost) * L``.
+    min(token_cost, kv_token_cost) * L``. What it assumes of a greedy pass (every segment holds a row, a
+    document's segments are consecutive in ``seg_doc``, a list) the tests check on every pass they build.
 
     Args:
         g: the greedy pass. token_cost, kv_token_cost: the cost model's prices of a token and a received KV token.
 
     Returns:
-        ``max_p token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents
+        ``[P]``: ``token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents
         whose last segment p holds``, in pairs.
     """
     whole = list(g.tok)  # [P] tokens of every part's whole documents: its tokens less its split segments'
@@ -194,7 +208,7 @@ def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
         if d != after:
             last[p] += cu[d + 1] - cu[d]
     per_row = min(token_cost, kv_token_cost)
-    return max(token_cost * w + per_row * x for w, x in zip(whole, last))
+    return [token_cost * w + per_row * x for w, x in zip(whole, last)]
 
 
 def _int64(values: list[int]) -> np.ndarray:

@@ -37,27 +37,55 @@ def test_the_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack,
             assert load.max() >= floor * (1 - 1e-12), (g.name, c, load.max(), floor)
 
 
+def _assert_floor_preconditions(g):
+    """What the transfer floor assumes of a greedy pass: every segment holds a row, and a document's segments are
+    consecutive in ``seg_doc`` (a list), in row order."""
+    assert isinstance(g.seg_doc, list)
+    assert all(e > s for s, e in zip(g.seg_start, g.seg_end))
+    seen, prev = set(), None
+    for d, s, e in zip(g.seg_doc, g.seg_start, g.seg_end):
+        if d != prev:
+            assert d not in seen, f"document {d}'s segments are not consecutive"
+            seen.add(d)
+        else:
+            assert s >= end_prev, f"document {d}'s segments are out of order"
+        prev, end_prev = d, e
+
+
 @settings(max_examples=ci_examples(60))
-@given(lengths=LENGTHS, P=st.integers(2, 12), slack=st.sampled_from([0.0, 0.01, 0.1]),
-       spread=st.sampled_from(["fit", "all"]), link=st.sampled_from(["nvlink", "network"]),
-       diag=st.sampled_from([0.0, 64.0]), overlap=st.sampled_from([0.0, 1.0]), kv_scale=st.sampled_from([1.0, 30.0]))
-def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, spread, link, diag, overlap,
-                                                                        kv_scale):
+@given(lengths=LENGTHS, P=st.integers(2, 24), slack=st.sampled_from([0.0, 0.01, 0.1]),
+       spread=st.sampled_from(["fit", "all"]), share=st.sampled_from([0.6, 1.0]),
+       link=st.sampled_from(["nvlink", "network"]), diag=st.sampled_from([0.0, 64.0]),
+       overlap=st.sampled_from([0.0, 0.5, 1.0]), kv_scale=st.sampled_from([1.0, 30.0]),
+       tc_scale=st.sampled_from([1.0, 0.01]))
+def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, spread, share, link, diag,
+                                                                        overlap, kv_scale, tc_scale):
+    """Every part's floor (not only the largest) holds for every refinement of balanced passes (alone and shared over
+    slacks, as auto builds them) and density passes, at prices where a received token is cheaper or dearer than a
+    held one."""
     from hf_hsap.plan.cost import part_times
+    from hf_hsap.plan.greedy import part_transfer_floors
 
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
-    base = CostModel.for_link(link)  # kv_scale 30: a received token dearer than a held one (min(tc, kv) = tc)
-    cost = CostModel(token_cost=base.token_cost, kv_token_cost=base.kv_token_cost * kv_scale, diag_block=diag,
-                     overlap=overlap)
-    tc = cost.token_cost
-    for g in (balanced_greedy(layout, P, slack), density_greedy(layout, P, tc, slack, spread=spread)):
-        floor = g.floor(tc, cost.kv_token_cost)
+    base = CostModel.for_link(link)  # kv_scale 30 or tc_scale 0.01: a received token dearer than a held one
+    cost = CostModel(token_cost=base.token_cost * tc_scale, kv_token_cost=base.kv_token_cost * kv_scale,
+                     diag_block=diag, overlap=overlap)
+    tc, kv = cost.token_cost, cost.kv_token_cost
+    passes = [*balanced_greedies(layout, P, sorted({0.01, 0.03, slack})), balanced_greedy(layout, P, slack),
+              density_greedy(layout, P, tc, slack, spread=spread, work_share=share)]
+    for g in passes:
+        _assert_floor_preconditions(g)
+        floor = g.floor(tc, kv)
         assert floor >= g.floor(tc)  # never looser than the work's floor
+        floors = part_transfer_floors(g, tc, kv)
+        assert floor >= max(floors)
         for c in (tc, None):
-            t = float(part_times(layout, g.placement(c), None, cost).max())
-            assert t >= floor * (1 - 1e-12), (g.name, c, t, floor)
+            times = part_times(layout, g.placement(c), None, cost)
+            assert float(times.max()) >= floor * (1 - 1e-12), (g.name, c, float(times.max()), floor)
+            for p in range(P):  # the part holding a split document's last rows, and no other, pays for them
+                assert times[p] >= floors[p] * (1 - 1e-12), (g.name, c, p, float(times[p]), floors[p])
 
 
 def test_the_transfer_floor_sees_a_document_spread_over_every_part():
@@ -124,12 +152,18 @@ def _auto_by_pricing_everything(layout, P, token_slack, cost):
 
 @settings(max_examples=ci_examples(40))
 @given(lengths=LENGTHS, P=st.integers(2, 12), link=st.sampled_from(["nvlink", "network"]),
-       token_slack=st.sampled_from([0.02, 0.1]))
-def test_skipping_by_the_floor_never_changes_the_choice(lengths, P, link, token_slack):
+       token_slack=st.sampled_from([0.02, 0.1]), kv_scale=st.sampled_from([1.0, 30.0]),
+       tc_scale=st.sampled_from([1.0, 0.01]), overlap=st.sampled_from([0.5, 1.0]), diag=st.sampled_from([0.0, 64.0]))
+def test_skipping_by_the_floor_never_changes_the_choice(lengths, P, link, token_slack, kv_scale, tc_scale, overlap,
+                                                        diag):
+    """At the links' prices and at prices where a received token is dearer than a held one (the transfer floor's
+    min(token, kv) is the token's), with transfers partly hidden and masked diagonal pairs."""
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
-    cost = CostModel.for_link(link)
+    base = CostModel.for_link(link)
+    cost = CostModel(token_cost=base.token_cost * tc_scale, kv_token_cost=base.kv_token_cost * kv_scale,
+                     overlap=overlap, diag_block=diag)
     pl, _, _ = _best_candidate(layout, P, token_slack, cost, 1, {None: 1})  # before the polish
     if pl.name == "zigzag":  # priced after the others, in closed form (test_placement_sweep)
         return
