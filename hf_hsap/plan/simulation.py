@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModel, part_recv
 from .layout import Layout
 from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_layers, simulate_steps
 from .placement import Placement
@@ -18,7 +18,7 @@ from .rounds import RoundPieces, RoundTables, piece_remote_work, round_tables, s
 from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
 
-__all__ = ["RoundOrderTimes", "round_order_times", "round_order", "simulated", "simulated_time"]
+__all__ = ["RoundOrderTimes", "round_order_times", "round_order", "simulated", "simulated_floor", "simulated_time"]
 
 
 ATTENTION_FWD, ATTENTION_BWD = 1 / 3.5, 2.5 / 3.5  # shares of a layer's attention work: backward 2.5x the forward
@@ -127,3 +127,27 @@ def simulated(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, bud
     bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
                           gemm * (1 - qkv) * 2 / 3, gemm * qkv * 2 / 3)
     return float((fwd + bwd).max()), {order: sim[:3] for order, sim in times.items()}
+
+
+def simulated_floor(layout: Layout, pl: Placement, cost: CostModel) -> float:
+    """A lower bound of :func:`simulated_time` of ``pl`` (full attention) at any receive budget and round order,
+    from its segments alone (no rounds built, nothing simulated): what lets ``auto`` skip a simulation whose result
+    cannot change a decision (:func:`.exposure.simulation_agrees`).
+
+    In a layer a part computes its projections and MLP (``token_cost`` per token, forward and backward) and its
+    pairs (split :data:`ATTENTION_FWD` : :data:`ATTENTION_BWD`); waits only add to its clock. In the forward its
+    fetches run one after another on its link (:func:`.pipeline.simulate_steps`), after its q, k, v projections,
+    and its last one must land before the forward's end: half of ``kv_token_cost`` per received token (each round's
+    ``round_cost`` only adds). So a part's layer takes at least ``gemm + ATTENTION_BWD * pairs +
+    max(ATTENTION_FWD * pairs, kv_token_cost * recv / 2)``.
+
+    Args:
+        layout: the documents. pl: the placement. cost: the cost model.
+
+    Returns:
+        The largest part's bound, in attention pairs.
+    """
+    pairs = pl.work_per_part(layout).astype(np.float64)  # [n_parts]
+    gemm = cost.token_cost * pl.tokens_per_part().astype(np.float64)
+    fetch = cost.kv_token_cost * part_recv(layout, pl) / 2
+    return float((gemm + ATTENTION_BWD * pairs + np.maximum(ATTENTION_FWD * pairs, fetch)).max())

@@ -187,3 +187,53 @@ def test_the_final_plan_reads_the_round_orders_its_check_simulated(monkeypatch):
     assert len(again) == 1 and fresh.round_order == plan.round_order
     for f in ("round", "src", "dst", "start", "end", "src_local"):
         assert np.array_equal(getattr(fresh.pieces, f), getattr(plan.pieces, f))
+
+
+@settings(max_examples=ci_examples(40))
+@given(lengths=st.lists(st.one_of(st.integers(1, 200), st.integers(500, 4000)), min_size=1, max_size=30),
+       P=st.integers(2, 12), name=st.sampled_from(["contiguous", "zigzag", "balanced", "density", "auto"]),
+       link=st.sampled_from(["nvlink", "network"]), kv_scale=st.sampled_from([1.0, 30.0]),
+       round_cost=st.sampled_from([0.0, 5e4]), budget=st.sampled_from([None, 600]),
+       rounds=st.sampled_from(["auto", "batched", "by_peer"]))
+def test_the_simulated_floor_is_below_the_simulation(lengths, P, name, link, kv_scale, round_cost, budget, rounds):
+    """simulated_floor bounds the simulated time from below at every budget, round order and price: what lets a
+    check skip a simulation (test_a_check_skips_a_simulation_that_cannot_change_its_answer)."""
+    from hf_hsap.plan.simulation import simulated_floor
+
+    layout = make_layout(cu_of(lengths))
+    if layout.total_tokens < P:
+        return
+    base = CostModel.for_link(link)
+    cost = CostModel(token_cost=base.token_cost, kv_token_cost=base.kv_token_cost * kv_scale, round_cost=round_cost)
+    pl = plan_layout(layout, GroupSpec.offline(P), name, cost=cost).placement
+    tr = window_transfers(pl, layout, None)
+    floor = simulated_floor(layout, pl, cost)
+    t = simulated_time(layout, pl, tr, cost, budget, rounds)
+    assert floor <= t * (1 + 1e-12), (floor, t)
+    # never below the compute alone, and it sees the received KV where that is the larger
+    pairs = pl.work_per_part(layout).astype(float)
+    assert floor >= float((cost.token_cost * pl.tokens_per_part() + pairs).max()) * (1 - 1e-12)
+
+
+def test_a_check_skips_a_simulation_that_cannot_change_its_answer(monkeypatch):
+    """The planning benchmark's row (P = 64, network): the priced cuts' simulated time is below the floor of the
+    plan they replace, so that plan is not simulated; skipping changes no plan (the same as simulating both)."""
+    import torch
+
+    import hf_hsap
+    import hf_hsap.plan.exposure as exposure_mod
+    from benchmarks.planning import planning_lengths
+
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(planning_lengths(524288, 2000, 0))]))
+    simulated = []
+    real = exposure_mod.simulated
+    monkeypatch.setattr(exposure_mod, "simulated", lambda layout, pl, *a: simulated.append(pl.name) or
+                        real(layout, pl, *a))
+    plan = hf_hsap.plan_sequence(cu, 64, "auto")
+    assert plan.placement_name == "contiguous-priced" and simulated == ["contiguous-priced"]
+    simulated.clear()
+    monkeypatch.setattr(exposure_mod, "simulated_floor", lambda *a: -math.inf)  # never skip
+    again = hf_hsap.plan_sequence(cu, 64, "auto")
+    assert len(simulated) == 2 and again.round_order == plan.round_order
+    for f in ("doc", "start", "end", "part"):
+        assert np.array_equal(getattr(plan.placement, f), getattr(again.placement, f))
