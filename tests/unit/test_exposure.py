@@ -210,7 +210,7 @@ def test_the_simulated_floor_is_below_the_simulation(lengths, P, name, link, kv_
     floor = simulated_floor(layout, pl, cost)
     t = simulated_time(layout, pl, tr, cost, budget, rounds)
     assert floor <= t * (1 + 1e-12), (floor, t)
-    # never below the compute alone, and it sees the received KV where that is the larger
+    # never below the compute alone (the pairs, projections and MLP every part runs whatever it waits for)
     pairs = pl.work_per_part(layout).astype(float)
     assert floor >= float((cost.token_cost * pl.tokens_per_part() + pairs).max()) * (1 - 1e-12)
 
