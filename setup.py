@@ -23,8 +23,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard",
-                 "import-linter>=2.1"],
-        "bench": ["matplotlib>=3.7"],
+                 "import-linter>=2.1", "scipy>=1.10"],
+        "bench": ["matplotlib>=3.7", "scipy>=1.10"],
         "gpu": ["flash-attn>=2.6"],
     },
     entry_points={"console_scripts": ["hsap-plan=hf_hsap.inspect:main", "hsap-sft=hf_hsap.cli.sft:main"]},

@@ -82,6 +82,17 @@ def transfer_bound(layout: Layout, n_parts: int, cost: CostModel, token_cap: flo
     return max(lb, lo)
 
 
+def document_exposure(L: int, tau: float, cost: CostModel, cap: int) -> float | None:
+    """The exposed transfer that the parts holding one document of ``L > cap`` rows have at least, summed, when
+    every part takes at most ``tau`` (module docstring), or None when no placement holds it within ``tau``.
+
+    Args:
+        L: its rows. tau: the target time. cost: the cost model. cap: the token cap.
+    """
+    f = _figures(L, tau, cost, cap, cap * (cap + 1) / 2)
+    return None if f is None else f[1]
+
+
 def _figures(L: int, tau: float, cost: CostModel, cap: int, hidden: float) -> tuple[int, float, float] | None:
     """What one document of ``L`` rows demands at target ``tau`` (module docstring).
 
