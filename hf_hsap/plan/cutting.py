@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -150,8 +150,20 @@ class _Row:
         return self._time(s, bisect.bisect_right(self.cu, s) - 1, e)
 
     def _time(self, s: int, d0: int, e: int) -> float:
-        """:meth:`time`, the document ``d0`` that holds ``s`` known (the pairs of rows ``u..v-1`` of a document
-        are :func:`.placement.rows_work`, written out: this is the fill's inner loop)."""
+        """:meth:`time`, the document ``d0`` that holds ``s`` known."""
+        return self.cost.time_of(*self._figures(s, d0, e))
+
+    def figures(self, s: int, e: int) -> tuple[int, float, float, int]:
+        """What :meth:`.cost.CostModel.time_of` reads of a part holding ``[s, e)`` (zeros when ``e <= s``): its
+        tokens, its pairs, the pairs against its own keys (masked pairs included in both) and the keys it
+        receives; a part holding ranges of several rows sums them (:mod:`.slicing`)."""
+        if e <= s:
+            return 0, 0.0, 0.0, 0
+        return self._figures(s, bisect.bisect_right(self.cu, s) - 1, e)
+
+    def _figures(self, s: int, d0: int, e: int) -> tuple[int, float, float, int]:
+        """:meth:`figures`, the document ``d0`` that holds ``s`` known (the pairs of rows ``u..v-1`` of a
+        document are :func:`.placement.rows_work`, written out: this is the fill's inner loop)."""
         cu = self.cu
         a = s - cu[d0]  # rows of its first document before it: received
         end0 = cu[d0 + 1]
@@ -169,15 +181,15 @@ class _Row:
             work, local = (b * (b + 1) - a * (a + 1)) // 2 + whole, n * (n + 1) // 2 + whole
             masked = (self._masked(n) + self.masked_before[d1] - self.masked_before[d0 + 1] + self._masked(x)
                       if self.diag else 0.0)
-        return self.cost.time_of(e - s, work + masked, local + masked, a)
-
+        return e - s, work + masked, local + masked, a
 
 
 class _Filled(NamedTuple):
     """What one fill (:func:`_fill`) found.
 
     Attributes:
-        cuts: ``[n_parts + 1]`` cut positions from 0 to ``T``, or None when the fill did not reach the end.
+        cuts: ``[n_parts + 1]`` cut positions from 0 to ``T`` (:mod:`.slicing`: a pair of positions, one per line),
+            or None when the fill did not reach the end.
         slowest: the slowest part's time (inf when ``cuts`` is None).
         excess: the last part's time minus the slowest other part's (``cuts``), or minus the target (None
             ``cuts``; nan where the fill stopped before the last part): the search's measure of how far the
@@ -244,7 +256,7 @@ def _bisect_end(row: _Row, s: int, lo: int, hi: int, target: float) -> tuple[int
     return lo, t
 
 
-def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: float, found: _Filled) -> list[int]:
+def _search(fill: Callable[[float], _Filled], lo: float, found: _Filled) -> list:
     """The cuts of the lowest target a fill reaches the end at, known to :data:`PRICED_TOLERANCE`: a search over
     the target between ``lo`` (below which none does) and a fill that did (``found``): at the mean part time of the
     last fill that reached the end while it lies inside the bracket (the parts of a fill at a target far above the
@@ -256,11 +268,11 @@ def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: floa
     cuts, :func:`_fill`).
 
     Args:
-        row, T, n_parts, cap, min_tokens: as :func:`_fill`. lo: a target no fill reaches the end at (or the
-            compute bound, none below it can). found: a fill that reached the end.
+        fill: the fill at a target (:func:`_fill` of one row; :mod:`.slicing`'s of two lines). lo: a target no
+            fill reaches the end at (or the compute bound, none below it can). found: a fill that reached the end.
 
     Returns:
-        The cut positions.
+        The cuts of the lowest fill that reached the end.
     """
     best, hi, g_hi = found.cuts, found.slowest, found.excess
     g_lo = math.nan  # the excess at lo, once a fill there is known
@@ -277,7 +289,7 @@ def _search(row: _Row, T: int, n_parts: int, cap: int, min_tokens: int, lo: floa
             mid = min(max(mid, lo + width / 16), hi - width / 16)
         else:
             mid = lo + width / 2
-        f = _fill(row, T, n_parts, mid, cap, min_tokens)
+        f = fill(mid)
         guess = f.mean
         if f.cuts is None:
             lo, g_lo = mid, f.excess
@@ -313,7 +325,8 @@ def priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
     found = _fill(row, T, n_parts, beat * (1 - PRICED_TOLERANCE), cap, min_tokens)
     if found.cuts is None:
         return None
-    best = _search(row, T, n_parts, cap, min_tokens, balance_bound(layout, n_parts, cost), found)
+    best = _search(lambda target: _fill(row, T, n_parts, target, cap, min_tokens),
+                   balance_bound(layout, n_parts, cost), found)
     return _cut(layout, np.asarray(best, dtype=np.int64), np.arange(n_parts, dtype=np.int64), "contiguous-priced",
                 n_parts)
 

@@ -33,6 +33,7 @@ from .kinds import plan_kind
 from .plan import Plan
 from .polishing import exposure_evened, polished, searched_from_others
 from .rounds import ROUND_ORDERS
+from .slicing import with_sliced_cuts
 from .transfers import Transfers
 from .windows import Window, mask_kinds, weighted_contiguous, window_transfers
 
@@ -93,8 +94,8 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
     that is worth it (:func:`.polishing.exposure_evened`), and searched from other starts as well
     (:func:`.polishing.searched_from_others`); on groups of at least :data:`CUT_MIN_PARTS` parts, that plan is
     replaced by contiguous cuts priced with their transfers where both cost models price them faster
-    (:func:`.cutting.with_priced_cuts`), so the step never makes a plan slower by either. Returns the placement
-    and its transfers of every kind."""
+    (:func:`.cutting.with_priced_cuts`), then by sliced cuts alike (:func:`.slicing.with_sliced_cuts`), so neither
+    step makes a plan slower by either model. Returns the placement and its transfers of every kind."""
     pl, tr, best = _best_candidate(layout, n_parts, token_slack, cost, min_tokens, layers)
     plain = polished(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best)
     # sims: the steps weigh one plan against several others, each simulated once (the caller reads the final one's)
@@ -104,6 +105,8 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
                                    sims)
     if n_parts >= CUT_MIN_PARTS:
         current = with_priced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds,
+                                   sims)
+        current = with_sliced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds,
                                    sims)
     return current[:2]
 

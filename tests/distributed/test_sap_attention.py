@@ -49,18 +49,20 @@ def test_every_placement_long_and_short_docs(pools, placement):
 NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the network-priced model
 
 
-@pytest.mark.parametrize("lengths,polished", [([470, 127], "balanced+polish"),
+@pytest.mark.parametrize("lengths,polished", [([161, 34, 165, 197, 137], "balanced+polish"),
                                               ([336, 28], "density+polish"),
-                                              ([442, 28], "contiguous-priced"),
-                                              ([337, 77, 81, 180, 41, 100, 53, 4], "contiguous+polish"),
+                                              ([82, 129, 552], "contiguous-priced"),
+                                              ([442, 28], "sliced"),
+                                              ([81, 180, 41, 100], "contiguous+polish"),
                                               ([276, 535, 272], "contiguous+polish"),
-                                              ([106, 54, 518, 14], "contiguous+polish")])
+                                              ([63, 173, 85], "contiguous+polish")])
 def test_polished_auto_placement_is_exact(pools, lengths, polished):
     """auto's polished winner (exposure.refine_exposure slides boundaries of split documents, oracle.polish moves
     pieces of segments between parts) stays exact; on [276, 535, 272] the first step moves boundaries
-    (tests/unit/test_exposure.py checks that it does), on [106, 54, 518, 14] the plan is searched from another start
-    than the winner (polishing.searched_from_others, tests/unit/test_other_starts.py); on [442, 28] the priced
-    contiguous cuts (plan.cutting) replace the polished winner."""
+    (tests/unit/test_exposure.py checks that it does), on [63, 173, 85] the plan is searched from another start
+    (contiguous) than the winner (density: polishing.searched_from_others); on [82, 129, 552] the priced
+    contiguous cuts (plan.cutting) replace the polished winner, on [442, 28] the sliced cuts (plan.slicing: a part
+    holds a range of the long document and a range of the short ones)."""
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,
                        "auto", None, None, False, True, NETWORK)
     assert_exact(res, "float64")

@@ -35,10 +35,13 @@ def sim(layout: Layout, pl: Placement, cost: CostModel) -> float:
     return simulated_time(layout, pl, window_transfers(pl, layout, None), cost)
 
 
-def test_kept_when_both_models_agree():
-    """A network-priced row of 4 parts (the distributed exactness row of this step): the search from
-    ``contiguous`` ends 6 % faster by the one-layer model than the winner's path, and 3 % faster with the rounds
-    simulated; auto's plan is that placement."""
+def test_kept_when_both_models_agree(monkeypatch):
+    """A network-priced row of 4 parts: the search from ``contiguous`` ends 6 % faster by the one-layer model than
+    the winner's path, and 3 % faster with the rounds simulated; auto's plan is that placement until its last step
+    (the sliced cuts, left out here: they replace it on this row, tests/unit/test_slicing.py)."""
+    import hf_hsap.plan.planner as planner
+
+    monkeypatch.setattr(planner, "with_sliced_cuts", lambda *args: args[6:9])
     layout = make_layout(cu_of([106, 54, 518, 14]))
     winner, before = before_the_step(layout, 4, NETWORK)
     t, searched = polish(layout, 4, NETWORK, contiguous(layout, 4), 0.10)
