@@ -77,3 +77,18 @@ def ring_step_matrix(s: Any) -> np.ndarray:
     for step in range(P):
         w[np.arange(P), (np.arange(P) - step) % P] = s.ring.step_work[:, step]
     return w
+
+
+def built_placements(layout, P: int, cost, slack: float) -> list:
+    """Every placement the planner builds for ``layout`` over ``P`` parts within the token cap of ``slack``: the
+    named ones and auto's plan, the priced contiguous cuts and the sliced cuts (each at no time limit) where they
+    exist. What the lower-bound tests check every bound against."""
+    from hf_hsap.plan.cutting import priced_cuts
+    from hf_hsap.plan.placement import token_cap
+    from hf_hsap.plan.planner import _place
+    from hf_hsap.plan.slicing import sliced_cuts
+
+    cap = token_cap(layout.total_tokens, P, slack)
+    out = [_place(layout, P, name, slack, cost)[0] for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
+    cuts = (priced_cuts(layout, P, cost, cap, 1e30), sliced_cuts(layout, P, cost, cap, 1e30))
+    return out + [c for c in cuts if c is not None]

@@ -31,6 +31,8 @@ nothing and fits one part).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .cost import CostModel, balance_bound
@@ -70,16 +72,27 @@ def transfer_bound(layout: Layout, n_parts: int, cost: CostModel, token_cap: flo
             exposed += e
         return n_parts * tau >= n_parts * lb + exposed
 
-    lo, hi = lb, 2.0 * lb
+    return max(lb, largest_infeasible(feasible, lb, 2.0 * lb, BOUND_TOLERANCE))
+
+
+def largest_infeasible(feasible: Callable[[float], bool], lo: float, hi: float, tolerance: float) -> float:
+    """A target below which no placement fits, for a test ``feasible`` monotone in the target: ``hi`` doubled until
+    it passes, then a bisection down to ``tolerance`` (a share of the target); the last target that failed (``lo``
+    when none did), within ``tolerance`` of the smallest that passes.
+
+    Args:
+        feasible: the test. lo: a target known to fail (or the compute bound). hi: a first guess above it.
+        tolerance: the share of the target the bisection stops at.
+    """
     while not feasible(hi):
         lo, hi = hi, 2.0 * hi
-    while hi - lo > BOUND_TOLERANCE * hi:
+    while hi - lo > tolerance * hi:
         mid = (lo + hi) / 2
         if feasible(mid):
             hi = mid
         else:
             lo = mid
-    return max(lb, lo)
+    return lo
 
 
 def document_exposure(L: int, tau: float, cost: CostModel, cap: int) -> float | None:

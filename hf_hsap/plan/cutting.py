@@ -353,11 +353,22 @@ def with_priced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack:
         return pl, tr, best
     cut = priced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
                       best / layers[None], min_tokens)
+    return replaced_where_both_agree(layout, cost, layers, (pl, tr, best), cut, budget, rounds, sims)
+
+
+def replaced_where_both_agree(layout: Layout, cost: CostModel, layers: Mapping[Window, int],
+                              current: tuple[Placement, Mapping[Window, Transfers], float], cut: Placement | None,
+                              budget: int | None, rounds: str, sims: Simulations | None
+                              ) -> tuple[Placement, Mapping[Window, Transfers], float]:
+    """``cut`` (full attention), its transfers and step time where the one-layer model prices it faster than the
+    plan ``current`` by more than :data:`PRICED_MIN_GAIN` and the plan's rounds simulated do not price it slower
+    (:func:`.exposure.simulation_agrees`); else ``current``. The rule of this step and of :mod:`.slicing`'s."""
     if cut is None:
-        return pl, tr, best
+        return current
+    pl, tr, best = current
     tr_cut = {None: window_transfers(cut, layout, None)}
     t_cut = step_time(layout, cut, tr_cut, layers, cost)
     faster = t_cut < best * (1 - PRICED_MIN_GAIN)
     if faster and simulation_agrees(layout, (pl, tr[None]), (cut, tr_cut[None]), cost, budget, rounds, sims):
         return cut, tr_cut, t_cut
-    return pl, tr, best
+    return current

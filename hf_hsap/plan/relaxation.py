@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bound import BOUND_TOLERANCE, document_exposure, transfer_bound
+from .bound import document_exposure, largest_infeasible, transfer_bound
 from .cost import CostModel
 from .layout import Layout
 
@@ -84,16 +84,7 @@ def _smallest_feasible(lengths: np.ndarray, d: int, n_parts: int, cost: CostMode
 
     if feasible(lo):
         return lo
-    hi = hint if hint is not None and hint > lo else 2.0 * lo
-    while not feasible(hi):
-        lo, hi = hi, 2.0 * hi
-    while hi - lo > RELAXED_TOLERANCE * hi:
-        mid = (lo + hi) / 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return largest_infeasible(feasible, lo, hint if hint is not None and hint > lo else 2.0 * lo, RELAXED_TOLERANCE)
 
 
 def _program(lengths: np.ndarray, d: int, n_parts: int, cost: CostModel, cap: int, tau: float, blocks: int) -> bool:

@@ -20,8 +20,8 @@ prices its result like every other plan.
 
 :func:`with_sliced_cuts` is ``auto``'s step after the priced cuts: the slices replace the plan only where the
 one-layer model prices them faster (by more than :data:`.cutting.PRICED_MIN_GAIN`) and the plan's rounds
-simulated forward and backward do not price them slower (:func:`.exposure.simulation_agrees`), so the step never
-makes a plan slower by either model. It is tried only where a document is longer than the cap and the plan is
+simulated forward and backward do not price them slower (:func:`.cutting.replaced_where_both_agree`, the rule of
+both steps), so the step never makes a plan slower by either model. It is tried only where a document is longer than the cap and the plan is
 at least :data:`SLICED_MIN_EXCESS` above the compute bound (so that the 2,000-document planning row, at 1.002 of
 it, pays nothing for it).
 """
@@ -32,13 +32,13 @@ from typing import Mapping
 
 import numpy as np
 
-from .cost import CostModel, balance_bound, step_time
-from .cutting import PRICED_MIN_GAIN, PRICED_TOLERANCE, _Filled, _Row, _search
-from .exposure import Simulations, simulation_agrees
+from .cost import CostModel, balance_bound
+from .cutting import PRICED_TOLERANCE, _Filled, _Row, _search, replaced_where_both_agree
+from .exposure import Simulations
 from .layout import Layout, make_layout
 from .placement import Placement, _finish, token_cap
 from .transfers import Transfers
-from .windows import Window, window_transfers
+from .windows import Window
 
 SLICED_MIN_EXCESS = 0.01  # auto tries the slices only on plans at least this far above the compute bound
 
@@ -194,11 +194,4 @@ def with_sliced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack:
         return pl, tr, best
     cut = sliced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
                       best / layers[None], min_tokens)
-    if cut is None:
-        return pl, tr, best
-    tr_cut = {None: window_transfers(cut, layout, None)}
-    t_cut = step_time(layout, cut, tr_cut, layers, cost)
-    if t_cut < best * (1 - PRICED_MIN_GAIN) and simulation_agrees(layout, (pl, tr[None]), (cut, tr_cut[None]), cost,
-                                                                   budget, rounds, sims):
-        return cut, tr_cut, t_cut
-    return pl, tr, best
+    return replaced_where_both_agree(layout, cost, layers, (pl, tr, best), cut, budget, rounds, sims)

@@ -4,11 +4,13 @@ one document holds most of the pairs it proves the network goal out of every pla
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import ci_examples, cu_of
+from helpers import built_placements, ci_examples, cu_of
 from hf_hsap.plan.bound import BOUND_TOLERANCE, transfer_bound
+from hf_hsap.plan.relaxation import relaxed_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.cutting import priced_cuts
 from hf_hsap.plan.group import GroupSpec
@@ -26,30 +28,32 @@ COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvli
 SLACK = 0.10
 
 
-@settings(max_examples=ci_examples(40), deadline=None)
+BOUNDS = {"transfer": transfer_bound,  # and hf_hsap.plan.relaxation's, at least it (coarse blocks: fast)
+          "relaxed": lambda layout, P, cost, cap: relaxed_bound(layout, P, cost, cap, blocks=8)}
+
+
+@pytest.mark.parametrize("bound_of", BOUNDS.values(), ids=BOUNDS.keys())
+@settings(max_examples=ci_examples(30), deadline=None)
 @given(lengths=LENGTHS, P=st.integers(2, 24), cost=COSTS)
-def test_no_placement_within_the_cap_beats_the_bound(lengths, P, cost):
-    """Every placement the planner builds (each within the token cap), the contiguous cuts priced with their
-    transfers and auto's plan are at least the bound; the bound is at least LB."""
+def test_no_placement_within_the_cap_beats_the_bound(bound_of, lengths, P, cost):
+    """Every placement the planner builds (each within the token cap: the named ones, auto's plan, the priced and
+    the sliced cuts) is at least the bound; the bound is at least the transfer bound, which is at least LB."""
     layout = make_layout(cu_of(lengths))
     T = layout.total_tokens
     if T < P:
         return
     cap = token_cap(T, P, SLACK)
-    bound = transfer_bound(layout, P, cost, cap)
-    assert bound >= balance_bound(layout, P, cost)
-    placements = [_place(layout, P, name, SLACK, cost)[0]
-                  for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
-    cut = priced_cuts(layout, P, cost, cap, 1e30)
-    placements += [cut] if cut is not None else []
-    for pl in placements:
+    bound = bound_of(layout, P, cost, cap)
+    assert bound >= transfer_bound(layout, P, cost, cap) >= balance_bound(layout, P, cost)
+    for pl in built_placements(layout, P, cost, SLACK):
         assert pl.tokens_per_part().max() <= cap
         assert float(part_times(layout, pl, None, cost).max()) >= bound * (1 - 1e-12), pl.name
 
 
-@settings(max_examples=ci_examples(10), deadline=None)
+@pytest.mark.parametrize("bound_of", BOUNDS.values(), ids=BOUNDS.keys())
+@settings(max_examples=ci_examples(8), deadline=None)
 @given(lengths=LENGTHS, P=st.integers(2, 6))
-def test_the_offline_optimiser_does_not_beat_the_bound(lengths, P):
+def test_the_offline_optimiser_does_not_beat_the_bound(bound_of, lengths, P):
     """The oracle's local search (which moves rows freely within the cap) stays at or above the bound."""
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
@@ -59,7 +63,7 @@ def test_the_offline_optimiser_does_not_beat_the_bound(lengths, P):
     best = optimise_placement(layout, P, cost, start, max_moves=40)
     cap = token_cap(layout.total_tokens, P, SLACK)
     if best.tokens_per_part().max() <= cap:
-        assert float(part_times(layout, best, None, cost).max()) >= transfer_bound(layout, P, cost, cap) * (1 - 1e-12)
+        assert float(part_times(layout, best, None, cost).max()) >= bound_of(layout, P, cost, cap) * (1 - 1e-12)
 
 
 @settings(max_examples=ci_examples(40), deadline=None)

@@ -1,34 +1,23 @@
 """The linear-programming lower bound (``hf_hsap.plan.relaxation``): no placement within the token cap is faster
-by the cost model (every placement of small rows enumerated; every placement the planner builds and the
-oracle's on random rows), it is at least the transfer-counting bound, and on a sweep row where one document holds
-most of the pairs it proves more of the network goal out of reach than that bound does."""
+by the cost model (every placement of small rows enumerated here; every placement the planner builds and the
+oracle's on random rows in tests/unit/test_bound.py, beside the transfer bound), and on a sweep row where one
+document holds most of the pairs it proves more of the network goal out of reach than the transfer bound does."""
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from helpers import ci_examples, cu_of
+from helpers import cu_of
 from hf_hsap.plan.bound import transfer_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
-from hf_hsap.plan.cutting import priced_cuts
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.oracle import optimise_placement
 from hf_hsap.plan.placement import _finish, token_cap
-from hf_hsap.plan.planner import _place, plan_layout
+from hf_hsap.plan.planner import plan_layout
 from hf_hsap.plan.relaxation import RELAXED_TOLERANCE, relaxed_bound
 
-
-LENGTHS = st.one_of(
-    st.lists(st.one_of(st.integers(1, 200), st.integers(1000, 6000)), min_size=1, max_size=30),
-    st.tuples(st.integers(3000, 12000), st.lists(st.integers(1, 300), max_size=30)).map(lambda x: [x[0]] + x[1]))
-COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvlink"),
-                         CostModel.for_link("network").for_ulysses(2), CostModel(overlap=0.5),
-                         CostModel(token_cost=0.0, kv_token_cost=102.0, diag_block=512)])
 SLACK = 0.10
 
 
@@ -98,42 +87,6 @@ def test_the_enumeration_prices_as_the_planner_does():
     times = _exhaustive_times(lengths, P, cost, cap=8)
     index = int("".join(map(str, owner)), P)  # itertools.product's order
     assert float(part_times(layout, pl, None, cost).max()) == pytest.approx(float(times[index]))
-
-
-@settings(max_examples=ci_examples(25), deadline=None)
-@given(lengths=LENGTHS, P=st.integers(2, 24), cost=COSTS)
-def test_no_placement_the_planner_builds_beats_the_bound(lengths, P, cost):
-    """Every placement the planner builds within the cap, the priced cuts and auto's plan are at least the bound;
-    the bound is at least the transfer bound."""
-    layout = make_layout(cu_of(lengths))
-    T = layout.total_tokens
-    if T < P:
-        return
-    cap = token_cap(T, P, SLACK)
-    bound = relaxed_bound(layout, P, cost, cap, blocks=8)
-    assert bound >= transfer_bound(layout, P, cost, cap)
-    placements = [_place(layout, P, name, SLACK, cost)[0]
-                  for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
-    cut = priced_cuts(layout, P, cost, cap, 1e30)
-    placements += [cut] if cut is not None else []
-    for pl in placements:
-        assert pl.tokens_per_part().max() <= cap
-        assert float(part_times(layout, pl, None, cost).max()) >= bound * (1 - 1e-12), pl.name
-
-
-@settings(max_examples=ci_examples(8), deadline=None)
-@given(lengths=LENGTHS, P=st.integers(2, 6))
-def test_the_offline_optimiser_does_not_beat_the_bound(lengths, P):
-    """The oracle's local search (which moves rows freely within the cap) stays at or above the bound."""
-    layout = make_layout(cu_of(lengths))
-    if layout.total_tokens < P:
-        return
-    cost = CostModel.for_link("network")
-    best = optimise_placement(layout, P, cost, _place(layout, P, "auto", SLACK, cost)[0], max_moves=40)
-    cap = token_cap(layout.total_tokens, P, SLACK)
-    if best.tokens_per_part().max() <= cap:
-        assert float(part_times(layout, best, None, cost).max()) >= relaxed_bound(layout, P, cost, cap, blocks=8) * (
-            1 - 1e-12)
 
 
 def test_a_dominant_document_needs_more_than_its_transfers():

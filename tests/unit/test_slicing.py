@@ -16,6 +16,7 @@ from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.simulation import simulated_time
 from hf_hsap.plan.slicing import SLICED_MIN_EXCESS, sliced_cuts
+from hf_hsap.plan.windows import window_transfers
 
 LENGTHS = st.lists(st.one_of(st.integers(1, 300), st.integers(1000, 9000)), min_size=1, max_size=25)
 COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvlink"), CostModel(diag_block=64.0),
@@ -124,7 +125,7 @@ def test_refused_where_the_simulation_disagrees(monkeypatch):
     plan, without = _plans(layout, GroupSpec.offline(P, 1, 1), monkeypatch)
     assert float(part_times(layout, cut, None, cost).max()) < 0.9 * float(part_times(layout, plan.placement, None,
                                                                                        cost).max())
-    assert simulated_time(layout, cut, slicing.window_transfers(cut, layout, None), cost) > \
+    assert simulated_time(layout, cut, window_transfers(cut, layout, None), cost) > \
         1.03 * simulated_time(layout, plan.placement, plan.transfers, cost)
     assert plan.placement_name == without.placement_name != "sliced"
     assert np.array_equal(plan.placement.start, without.placement.start)
