@@ -88,7 +88,9 @@ def _smallest_feasible(lengths: np.ndarray, d: int, n_parts: int, cost: CostMode
 
 
 def _program(lengths: np.ndarray, d: int, n_parts: int, cost: CostModel, cap: int, tau: float, blocks: int) -> bool:
-    """Whether the linear program of document ``d`` at target ``tau`` (module docstring) has a solution.
+    """Whether the linear program of document ``d`` at target ``tau`` (module docstring) has a solution: False only
+    where the solver proves it has none (any other answer, e.g. numerical trouble, counts as feasible, so that the
+    bound never rises on a solver's doubt).
 
     Shapes:
         Variables, in order: ``X`` ``[B (B + 1) / 2]`` (class ``j``'s rows of block ``b <= j``, row-major by
@@ -140,10 +142,33 @@ def _program(lengths: np.ndarray, d: int, n_parts: int, cost: CostModel, cap: in
     ub.add(np.zeros(B, dtype=np.int64), e0 + classes, np.ones(B),
            [n_parts * tau - tc * T - pairs - exposed_elsewhere])
     # every row of d held once: sum_{j >= b} X_jb = |block b|
-    a_eq = coo_matrix((np.ones(nx), (bb, np.arange(nx))), shape=(B, nx + 3 * B + 2))
-    res = linprog(np.zeros(nx + 3 * B + 2), A_ub=ub.matrix(nx + 3 * B + 2), b_ub=ub.rhs(), A_eq=a_eq,
-                  b_eq=np.diff(beta).astype(np.float64), bounds=(0, None), method="highs")
-    return res.status == 0
+    n_vars = nx + 3 * B + 2
+    a_eq = coo_matrix((np.ones(nx), (bb, np.arange(nx))), shape=(B, n_vars))
+    # tokens and rows in caps, exposures in targets, then every row by its largest coefficient: the same feasible
+    # set, with coefficients near 1 (in pairs and tokens they span 1 to 1e9, and HiGHS then often ends "unknown")
+    unit = np.ones(n_vars)  # [n_vars]
+    unit[:nx], unit[s0:e0], unit[e0:nf], unit[sf] = cap, cap, tau, cap
+    a_ub, b_ub = _equilibrated(ub.matrix(n_vars), ub.rhs(), unit)
+    a_eq, b_eq = _equilibrated(a_eq, np.diff(beta).astype(np.float64), unit)
+    for method in ("highs", "highs-ipm"):  # simplex; where it cannot tell (about 7 % of the sweep's programs), IPM
+        res = linprog(np.zeros(n_vars), A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method=method)
+        if res.status in (0, 2):  # scipy: 0 = solved (feasible), 2 = infeasible
+            return res.status == 0
+    return True
+
+
+def _equilibrated(a, b: np.ndarray, unit: np.ndarray):
+    """``a x <= b`` (or ``=``) in the variables ``x / unit``, every row divided by its largest coefficient.
+
+    Shapes:
+        ``a`` ``[rows, n_vars]`` sparse, ``b`` ``[rows]``, ``unit`` ``[n_vars]``.
+    """
+    from scipy.sparse import diags
+
+    scaled = a.tocsr() @ diags(unit)
+    top = abs(scaled).max(axis=1).toarray().ravel()  # [rows]
+    top[top == 0] = 1.0
+    return diags(1.0 / top) @ scaled, b / top
 
 
 class _Rows:
