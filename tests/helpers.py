@@ -92,3 +92,14 @@ def built_placements(layout, P: int, cost, slack: float) -> list:
     out = [_place(layout, P, name, slack, cost)[0] for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
     cuts = (priced_cuts(layout, P, cost, cap, 1e30), sliced_cuts(layout, P, cost, cap, 1e30))
     return out + [c for c in cuts if c is not None]
+
+
+def without_sliced_step(monkeypatch) -> None:
+    """Leave ``auto``'s last step (:func:`hf_hsap.plan.slicing.with_sliced_cuts`) out: it returns the plan it is
+    given, so that a test of an earlier step sees that step's plan."""
+    import hf_hsap.plan.planner as planner
+
+    def unchanged(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best, *rest):
+        return pl, tr, best
+
+    monkeypatch.setattr(planner, "with_sliced_cuts", unchanged)

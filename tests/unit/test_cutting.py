@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_covers_once, ci_examples, cu_of
+from helpers import assert_covers_once, ci_examples, cu_of, without_sliced_step
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.cutting import _bisect_end, _fill, _Row, priced_cuts
 from hf_hsap.plan.layout import make_layout
@@ -146,9 +146,7 @@ def test_the_cuts_are_taken_only_where_both_models_agree(monkeypatch):
     2 % slower simulated (their senders wait for the dK/dV of the ranks deep in a dominant document, which hold
     fewer tokens) and auto's plan is the path without them. auto's later step (the sliced cuts, which replace the
     cuts on the first row: tests/unit/test_slicing.py) is left out here."""
-    import hf_hsap.plan.planner as planner
-
-    monkeypatch.setattr(planner, "with_sliced_cuts", lambda *args: args[6:9])
+    without_sliced_step(monkeypatch)
     from benchmarks.sweep import sweep_lengths
     from hf_hsap.plan.simulation import simulated_time
     from hf_hsap.plan.cutting import with_priced_cuts

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_covers_once, ci_examples, cu_of
+from helpers import assert_covers_once, ci_examples, cu_of, without_sliced_step
 from hf_hsap.plan import polishing
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.simulation import simulated_time
@@ -39,9 +39,7 @@ def test_kept_when_both_models_agree(monkeypatch):
     """A network-priced row of 4 parts: the search from ``contiguous`` ends 6 % faster by the one-layer model than
     the winner's path, and 3 % faster with the rounds simulated; auto's plan is that placement until its last step
     (the sliced cuts, left out here: they replace it on this row, tests/unit/test_slicing.py)."""
-    import hf_hsap.plan.planner as planner
-
-    monkeypatch.setattr(planner, "with_sliced_cuts", lambda *args: args[6:9])
+    without_sliced_step(monkeypatch)
     layout = make_layout(cu_of([106, 54, 518, 14]))
     winner, before = before_the_step(layout, 4, NETWORK)
     t, searched = polish(layout, 4, NETWORK, contiguous(layout, 4), 0.10)

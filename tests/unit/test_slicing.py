@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_covers_once, ci_examples, cu_of
+from helpers import assert_covers_once, ci_examples, cu_of, without_sliced_step
 from hf_hsap.plan import slicing
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.group import GroupSpec
@@ -29,7 +29,7 @@ def _plans(layout, group, monkeypatch):
 
     plan = planner.plan_layout(layout, group, "auto")
     with monkeypatch.context() as m:
-        m.setattr(planner, "with_sliced_cuts", lambda *args: args[6:9])
+        without_sliced_step(m)
         without = planner.plan_layout(layout, group, "auto")
     return plan, without
 
