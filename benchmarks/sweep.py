@@ -358,7 +358,8 @@ def _bound_lines(rows: list[dict]) -> list[str]:
             "(`hf_hsap.plan.relaxation.relaxed_bound`, at least `hf_hsap.plan.bound.transfer_bound`: a part holding "
             "a row deep in a long document receives most of the keys before it and hides at most its own pairs; a "
             "linear program over the parts that hold the longest document, by the block of their last row, adds "
-            "that those parts run out of time before they run out of tokens, so the other documents' tokens fill the rest to the cap; LB counts neither): "
+            "that those parts run out of time before they run out of tokens, so the other documents' tokens fill "
+            "the rest to the cap; LB counts neither): "
             + "; ".join(cells) + "."]
 
 
