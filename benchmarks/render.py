@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from . import report as rp
 from .analysis import analysis
+from .goals19 import issue19_goal_rows
 from .peers import peers_section
 from .soak import soak_section
-from .sweep import render_sweep
+from .sweep_render import render_sweep
 from .windows import render_windows
 
 
@@ -236,6 +237,10 @@ def render(res: dict) -> str:
         _header(res),
         "## Goals of issue 6",
         rp.table(["goal", "value (median over seeds)", "status"], _goal_rows(res)),
+        *(["## Goals of issue 19", "Placement on layouts nobody tuned for (the placement sweep below) and hf_hsap "
+            "beside DeepSpeed's sequence parallelism (its section below); est = the planner's cost model, LB = every "
+            "part equally loaded, no communication.", rp.table(["goal", "value", "status"], rows19)]
+          if (rows19 := issue19_goal_rows(res)) else []),
         analysis(res),
         "## Exact traffic and balance (no clock)",
         f"Distributions {', '.join(tcfg.get('dists', []))}; T ∈ {{{_join(tcfg.get('Ts'))}}}; P ∈ {{{_join(tcfg.get('Ps'))}}}; "

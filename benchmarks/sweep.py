@@ -17,7 +17,9 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   plan's, with the all-to-all's share when ``U > 1``); *losses*: layouts where ``auto``'s est max exceeds
   another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
   of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement and every simpler one, run where
-  ``parts <= oracle_max_parts`` (and its placement's rounds simulated, ``oracle_sim``, beside auto's ``sim``);
+  ``parts <= oracle_max_parts`` (and its placement's rounds simulated, ``oracle_sim``, beside auto's ``sim``),
+  and at any size where auto misses the goal (:data:`GOALS`) that the bound below leaves within reach
+  (``missed_oracle``, ``missed_oracle_sim``: does a placement the search finds meet it, and at what simulated cost);
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); *sim*: auto's slowest
   part with its rounds simulated forward and backward (:func:`hf_hsap.plan.simulation.simulated_time`); *bound*: the
   lower bound of :func:`hf_hsap.plan.relaxation.relaxed_bound` (at least :func:`hf_hsap.plan.bound.transfer_bound`,
@@ -56,6 +58,7 @@ OTHERS = ("contiguous", "zigzag", "balanced", "density")
 MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
 MODEL_KV_HEADS = 8  # and its key/value heads: what the per-batch degree's memory cap weighs
 NODE_GPUS = 8  # the per-batch degree rows: groups of 8-GPU nodes spanning several nodes
+GOALS = {"nvlink": 1.05, "network": 1.10}  # issue 19's est/LB goal per link pricing
 
 
 @dataclass(frozen=True)
@@ -178,11 +181,13 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                                                        num_kv_heads=MODEL_KV_HEADS)
                     row["by_u"] = {str(u): t for u, t in by_u.items()}
                     row["best_u"] = best_u
-                if parts <= cfg.oracle_max_parts:
+                missed = est["auto"] > GOALS[link] * lb >= bound  # the goal is within reach and auto misses it
+                if parts <= cfg.oracle_max_parts or missed:
                     o = optimise_placement(layout, parts, cost, auto.placement, max_moves=cfg.oracle_moves)
                     o_tr = compute_transfers(o)
-                    row["oracle"] = float(part_times(layout, o, o_tr, cost).max())
-                    row["oracle_sim"] = simulated_time(layout, o, o_tr, cost)  # the oracle's plan, rounds simulated
+                    key = "oracle" if parts <= cfg.oracle_max_parts else "missed_oracle"  # the latter: any size
+                    row[key] = float(part_times(layout, o, o_tr, cost).max())
+                    row[f"{key}_sim"] = simulated_time(layout, o, o_tr, cost)  # the oracle's plan, rounds simulated
                 rows.append(row)
         if progress:
             print(f"  sweep P={P} U={U} {link}: {time.perf_counter() - t_start:.0f} s", flush=True)
@@ -213,176 +218,16 @@ def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
     return out
 
 
-def _per_batch_lines(rows: list[dict]) -> list[str]:
-    """The per-batch degree paragraph of the sweep's section."""
-    if not rows:
-        return []
-    best = [r["by_u"][str(r["best_u"])] for r in rows]
-    flat = [r["by_u"]["1"] for r in rows]
-    fixed = {u: [r["by_u"][str(u)] for r in rows if str(u) in r["by_u"]] for u in (2, 4, 8)}
-    chosen = [r["best_u"] for r in rows]
-    return ["", f"Per-batch Ulysses degree (`ulysses_size=\"per_batch\"`) on groups of {NODE_GPUS}-GPU nodes spanning "
-            f"several nodes ({len(rows)} layouts, P ∈ {sorted({r['P'] for r in rows})}; Ulysses inside nodes, SAP "
-            "between them priced for the network; a rank's estimate / its share of LB): the degree chosen per layout "
-            f"median {_q(best, .5):.3f}, p95 {_q(best, .95):.3f}, worst {max(best):.3f}, ≤ 1.10 on "
-            f"{np.mean(np.asarray(best) <= 1.10) * 100:.0f}%; flat U = 1 median {_q(flat, .5):.3f}, worst "
-            f"{max(flat):.3f}; fixed " + ", ".join(f"U = {u} median {_q(v, .5):.3f}, worst {max(v):.3f}"
-                                                   for u, v in fixed.items() if v)
-            + f" (chosen: " + ", ".join(f"U = {u} on {chosen.count(u)}" for u in sorted(set(chosen))) + ")."]
-
-
 def _max_mean(x: np.ndarray) -> float:
     return float(np.max(x) / np.mean(x))
-
-
-def _q(xs: Sequence[float], q: float) -> float:
-    return float(np.quantile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")
-
-
-def _share(rows: list[dict], link: str, U: int, goal: float) -> str:
-    """The share of ``link``'s rows at Ulysses degree ``U`` whose est/LB is at most ``goal`` ("–" without rows)."""
-    x = [r["est"]["auto"] / r["lb"] for r in rows if r["link"] == link and r["U"] == U]
-    return f"{np.mean(np.asarray(x) <= goal) * 100:.1f}%" if x else "–"
-
-
-def render_sweep(res: dict) -> str:
-    """The sweep's section of ``BENCHMARKS.md`` (markdown)."""
-    rows = res["rows"]
-    cfg = res["config"]
-    out = ["## Placement sweep (no clock)",
-           f"`python -m benchmarks.sweep` ({len(rows)} layouts x groups in {res['seconds']:.0f} s; "
-           "`benchmarks/sweep.py` documents the layouts, groups and figures). Distributions: "
-           + ", ".join(f"`{d}`" for d in cfg["distributions"]) + f"; {cfg['seeds']} seeds; P ∈ {cfg['Ps']}, "
-           f"U ∈ {cfg['Us']}; T = {cfg['tokens_per_rank']} x P (at most {cfg['max_T']}). est = the planner's "
-           "cost model, slowest part, one full-attention layer; LB = no communication, every part equally "
-           "loaded; oracle = local search from auto's and every simpler placement (parts ≤ "
-           f"{cfg['oracle_max_parts']}, {cfg['oracle_moves']} moves).",
-           "",
-           "| link | layouts | est/LB median | p95 | worst | share ≤ goal | losses to " + " / ".join(OTHERS)
-           + " | est/oracle median | worst | share ≤ 1.02 | recv max/ring median | worst | tokens max/mean worst "
-           "| work max/mean median | worst | plan ms median | max |",
-           "|" + "---|" * 17]
-    for link, goal in (("nvlink", 1.05), ("network", 1.10)):
-        rs = [r for r in rows if r["link"] == link]
-        if not rs:
-            continue
-        ratio = [r["est"]["auto"] / r["lb"] for r in rs]
-        losses = [sum(r["est"]["auto"] > r["est"][o] * (1 + 1e-9) for r in rs) for o in OTHERS]
-        orc = [r["est"]["auto"] / r["oracle"] for r in rs if "oracle" in r]
-        recv = [r["recv_ring"] for r in rs]
-        work = [r["work"] for r in rs]
-        ms = [r["plan_ms"] for r in rs]
-        out.append(f"| {link} | {len(rs)} | {_q(ratio, .5):.3f} | {_q(ratio, .95):.3f} | {max(ratio):.3f} | "
-                   f"{np.mean(np.asarray(ratio) <= goal) * 100:.1f}% (≤ {goal:.2f}) | "
-                   + " / ".join(str(x) for x in losses)
-                   + (f" | {_q(orc, .5):.3f} | {max(orc):.3f} | {np.mean(np.asarray(orc) <= 1.02) * 100:.1f}%"
-                      if orc else " | – | – | –")
-                   + f" | {_q(recv, .5):.3f} | {max(recv):.3f} | {max(r['tokens'] for r in rs):.3f} | "
-                   f"{_q(work, .5):.3f} | {max(work):.3f} | {_q(ms, .5):.1f} | {max(ms):.1f} |")
-    out += ["", "By Ulysses degree (share of layouts with est/LB ≤ 1.05 / ≤ 1.10; network groups put U GPUs in a "
-            "node, so U = 1 is one GPU per node): " + "; ".join(
-                f"{link} U = {u}: {_share(rows, link, u, 1.05)} / {_share(rows, link, u, 1.10)}"
-                for link in ("nvlink", "network") for u in cfg["Us"]) + "."]
-    sim_cells = []
-    for link, goal in (("nvlink", 1.05), ("network", 1.10)):
-        sr = [r["sim"] / r["lb"] for r in rows if r["link"] == link and "sim" in r]
-        if sr:
-            sim_cells.append(f"{link} median {_q(sr, .5):.3f}, p95 {_q(sr, .95):.3f}, worst {max(sr):.3f}, "
-                             f"≤ {goal:.2f} on {np.mean(np.asarray(sr) <= goal) * 100:.1f}%")
-    if sim_cells:
-        out += ["", "With the rounds simulated (`hf_hsap.plan.simulation.simulated_time`: the runtime's forward and "
-                "backward steps timed by dataflow over consecutive layers in steady state, each part starting a "
-                "layer when its own previous one is done; a part also waits for the dK/dV its keys get back), "
-                "auto's slowest part / LB: " + "; ".join(sim_cells) + ". The one-layer "
-                "est above charges a transfer to the part that receives it, never to the part that sent the keys and "
-                "waits for their dK/dV; `auto` evens out its winner's exposed transfers only where both models agree "
-                "(`hf_hsap.plan.exposure`)."]
-    out += _bound_lines(rows)
-    out += _oracle_gap_lines(rows)
-    out += ["", "By distribution (est/LB of auto, median / worst over P, U and seeds; the placement auto chose "
-            "most often):", "", "| distribution | nvlink | network | chosen (nvlink) | chosen (network) |",
-            "|---|---|---|---|---|"]
-    for dist in cfg["distributions"]:
-        cells = []
-        chosen = []
-        for link in ("nvlink", "network"):
-            rs = [r for r in rows if r["dist"] == dist and r["link"] == link]
-            rt = [r["est"]["auto"] / r["lb"] for r in rs]
-            cells.append(f"{_q(rt, .5):.3f} / {max(rt):.3f}" if rt else "–")
-            names = [r["chosen"] for r in rs]
-            chosen.append(max(set(names), key=names.count) if names else "–")
-        out.append(f"| `{dist}` | {cells[0]} | {cells[1]} | {chosen[0]} | {chosen[1]} |")
-    uly = [r for r in rows if "by_u" in r and str(r["P"]) in r["by_u"]]
-    if uly:
-        flat = [r["by_u"]["1"] / r["by_u"][str(r["P"])] for r in uly]
-        best = [r["by_u"][str(r["best_u"])] / r["by_u"][str(r["P"])] for r in uly]
-        chosen = [r["best_u"] for r in uly]
-        out += ["", f"Against Ulysses (U = P, one part; NVLink, {len(uly)} layouts with P dividing "
-                f"{MODEL_Q_HEADS} query heads; `hf_hsap.choose_ulysses_size`, the cost model, among the degrees "
-                f"whose modelled activation memory is at most the highest degree's, {MODEL_KV_HEADS} key/value "
-                "heads): flat hf_hsap "
-                f"(U = 1) / Ulysses median {_q(flat, .5):.3f}, worst {max(flat):.3f}, ≤ 1 on "
-                f"{np.mean(np.asarray(flat) <= 1 + 1e-12) * 100:.0f}%; with U chosen per layout median "
-                f"{_q(best, .5):.3f}, worst {max(best):.3f} (U = 1 chosen on {chosen.count(1)}, U = P on "
-                f"{sum(c == r['P'] for c, r in zip(chosen, uly))}). The all-to-all is priced at NVLink speed "
-                "(`a2a_token_cost`); kv-head replication for U above the kv heads is not priced."]
-    out += _per_batch_lines(res.get("per_batch", []))
-    worst = sorted(rows, key=lambda r: -r["est"]["auto"] / r["lb"])[:5]
-    out += ["", "Worst layouts by est/LB: " + "; ".join(
-        f"`{r['dist']}` seed {r['seed']} P={r['P']} U={r['U']} {r['link']}: {r['est']['auto'] / r['lb']:.3f}"
-        + (f" (oracle {r['oracle'] / r['lb']:.3f})" if "oracle" in r else "") for r in worst) + "."]
-    return "\n".join(out)
-
-
-def _bound_lines(rows: list[dict]) -> list[str]:
-    """auto against the lower bound of every placement within the token cap (:func:`hf_hsap.plan.relaxation.
-    relaxed_bound`): how far above it, on how many layouts no placement meets the goal (by it and by the transfer
-    bound alone), and the share that meets the goal among the others."""
-    cells = []
-    for link, goal in (("nvlink", 1.05), ("network", 1.10)):
-        rs = [r for r in rows if r["link"] == link and "bound" in r]
-        if not rs:
-            continue
-        gap = [r["est"]["auto"] / r["bound"] for r in rs]
-        out_of_reach = [r for r in rs if r["bound"] > goal * r["lb"]]
-        by_transfers = sum(r.get("transfer_bound", r["bound"]) > goal * r["lb"] for r in rs)
-        rest = [r for r in rs if r["bound"] <= goal * r["lb"]]
-        met = np.mean([r["est"]["auto"] <= goal * r["lb"] for r in rest]) * 100 if rest else float("nan")
-        cells.append(f"{link}: est/bound median {_q(gap, .5):.3f}, p95 {_q(gap, .95):.3f}, worst {max(gap):.3f}; "
-                     f"the bound itself is above {goal:.2f} · LB on {len(out_of_reach)} of {len(rs)} layouts "
-                     f"({by_transfers} by the transfers alone: no placement meets the goal there, so at most "
-                     f"{len(rest) / len(rs) * 100:.1f}% can); auto meets it on {met:.1f}% of the other {len(rest)}")
-    if not cells:
-        return []
-    return ["", "Against a lower bound of every placement within the token cap "
-            "(`hf_hsap.plan.relaxation.relaxed_bound`, at least `hf_hsap.plan.bound.transfer_bound`: a part holding "
-            "a row deep in a long document receives most of the keys before it and hides at most its own pairs; a "
-            "linear program over the parts that hold the longest document, by the block of their last row, adds "
-            "that those parts run out of time before they run out of tokens, so the other documents' tokens fill "
-            "the rest to the cap; LB counts neither): "
-            + "; ".join(cells) + "."]
-
-
-def _oracle_gap_lines(rows: list[dict]) -> list[str]:
-    """Where ``auto`` is more than 2 % above the oracle: how often the oracle's placement is slower than auto's
-    with the rounds simulated (the one-layer optimum auto does not reach is then no faster by the fuller model)."""
-    gap = [r for r in rows if "oracle_sim" in r and r["est"]["auto"] > 1.02 * r["oracle"]]
-    if not gap:
-        return []
-    slower = [r["oracle_sim"] / r["sim"] - 1 for r in gap if r["oracle_sim"] > r["sim"]]
-    by_link = ", ".join(f"{link} {sum(r['link'] == link for r in gap)}" for link in ("nvlink", "network"))
-    return ["", f"Where auto is more than 2 % above the oracle ({len(gap)} layouts: {by_link}), the oracle's placement "
-            f"is slower than auto's with the rounds simulated on {len(slower)} of them"
-            + (f" (by a median {_q(slower, .5) * 100:.1f} %, at most {max(slower) * 100:.1f} %)" if slower else "")
-            + ": there the one-layer optimum is not a faster plan by the fuller model. `auto` keeps a search's result "
-            "(its winner's, or from `density` and `contiguous` on groups of at most 16 parts) only where both models "
-            "agree (`hf_hsap.plan.polishing`)."]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes")
     args = ap.parse_args(argv)
+    from .sweep_render import render_sweep
+
     print(render_sweep(run_sweep(SweepConfig.quick() if args.quick else SweepConfig(), progress=True)))
     return 0
 

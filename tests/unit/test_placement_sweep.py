@@ -151,8 +151,8 @@ def test_oracle_finds_the_even_split_of_one_document():
 
 
 def test_sweep_runs_and_auto_has_no_losses():
-    from benchmarks.sweep import OTHERS as SWEEP_OTHERS, SWEEP_DISTRIBUTIONS, SweepConfig, render_sweep, run_sweep, \
-        sweep_lengths
+    from benchmarks.sweep import OTHERS as SWEEP_OTHERS, SWEEP_DISTRIBUTIONS, SweepConfig, run_sweep, sweep_lengths
+    from benchmarks.sweep_render import render_sweep
 
     for name in SWEEP_DISTRIBUTIONS:
         L = sweep_lengths(name, 5000, 1)
@@ -179,7 +179,8 @@ def test_sweep_runs_and_auto_has_no_losses():
     assert "network U = 1: " in md and "network U = 2: " in md
     assert all(f"{s * 100:.1f}%" in md.split("By Ulysses degree")[1].split("By distribution")[0] for s in shares)
     assert res["per_batch"] == [] and "Per-batch Ulysses degree" not in md  # no group spans two 8-GPU nodes
-    from benchmarks.sweep import _per_batch_lines, _per_batch_rows
+    from benchmarks.sweep import _per_batch_rows
+    from benchmarks.sweep_render import _per_batch_lines
 
     pb = _per_batch_rows(SweepConfig(Ps=(16,), distributions=("one-dominant",), seeds=1, tokens_per_rank=256))
     (r,) = pb
@@ -189,9 +190,9 @@ def test_sweep_runs_and_auto_has_no_losses():
 
 
 def test_the_bound_line_counts_the_layouts_out_of_reach():
-    """benchmarks.sweep._bound_lines: auto against the transfer-counting bound, the layouts whose bound is above
+    """benchmarks.sweep_render._bound_lines: auto against the transfer-counting bound, the layouts whose bound is above
     the goal (none can meet it) and the share auto meets among the rest."""
-    from benchmarks.sweep import _bound_lines
+    from benchmarks.sweep_render import _bound_lines
 
     def row(link, lb, bound, auto):
         return {"link": link, "lb": lb, "bound": bound, "est": {"auto": auto}}
@@ -208,10 +209,40 @@ def test_the_bound_line_counts_the_layouts_out_of_reach():
     assert _bound_lines([{"link": "nvlink", "lb": 1.0, "est": {"auto": 1.0}}]) == []
 
 
+def test_the_bound_line_says_what_the_oracle_finds_where_auto_misses():
+    """benchmarks.sweep_render._bound_lines: on the layouts within reach where auto misses the goal, on how many the
+    oracle's placement meets it (the small groups' search or the one run for the miss) and on how many of those
+    its plan is slower than auto's with the rounds simulated."""
+    from benchmarks.sweep_render import _bound_lines
+
+    def row(auto, sim, **oracle):
+        return {"link": "network", "lb": 1.0, "bound": 1.0, "est": {"auto": auto}, "sim": sim, **oracle}
+
+    rows = [row(1.3, 1.2, oracle=1.05, oracle_sim=1.25), row(1.2, 1.2, missed_oracle=1.08, missed_oracle_sim=1.1),
+            row(1.2, 1.2, missed_oracle=1.15, missed_oracle_sim=1.1), row(1.2, 1.2), row(1.05, 1.0)]
+    line = _bound_lines(rows)[1]
+    assert "on the 3 where auto misses it, the oracle (run on each, whatever its size) meets it on 2, with a plan " \
+           "slower than auto's by the rounds simulated on 1 of them" in line
+    assert "where auto misses" not in _bound_lines([row(1.2, 1.2), row(1.0, 1.0)])[1]
+
+
+def test_the_sweep_searches_where_auto_misses_a_goal_in_reach():
+    """benchmarks.sweep.run_sweep runs the oracle, whatever the group's size, on a layout where auto misses the goal
+    and the bound leaves it within reach (a six-part network row of the Pareto tail, seed 0: auto 1.13 · LB)."""
+    from benchmarks.sweep import GOALS, SweepConfig, run_sweep
+
+    cfg = SweepConfig(Ps=(6,), Us=(1,), links=("network",), distributions=("pareto-1.1",), seeds=1,
+                      tokens_per_rank=2048, oracle_max_parts=1, oracle_moves=20)
+    (r,) = run_sweep(cfg)["rows"]
+    assert r["est"]["auto"] > GOALS["network"] * r["lb"] >= r["bound"]
+    assert "oracle" not in r and r["lb"] <= r["bound"] <= r["missed_oracle"] <= r["est"]["auto"] * (1 + 1e-12)
+    assert r["missed_oracle_sim"] >= r["lb"]
+
+
 def test_the_oracle_gap_line_counts_what_the_simulation_refutes():
-    """benchmarks.sweep._oracle_gap_lines: of the rows where auto is > 2 % above the oracle, how many have the
+    """benchmarks.sweep_render._oracle_gap_lines: of the rows where auto is > 2 % above the oracle, how many have the
     oracle's placement slower with the rounds simulated, by how much (rows without the oracle are not counted)."""
-    from benchmarks.sweep import _oracle_gap_lines
+    from benchmarks.sweep_render import _oracle_gap_lines
 
     def row(link, auto, oracle, sim, oracle_sim):
         return {"link": link, "est": {"auto": auto}, "oracle": oracle, "sim": sim, "oracle_sim": oracle_sim}
