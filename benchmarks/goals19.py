@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from . import report as rp
-from .sweep import GOALS, OTHERS
+from .sweep import GOALS, OTHERS, loses_to
 
 __all__ = ["issue19_goal_rows"]
 
@@ -24,7 +24,7 @@ def _sweep_rows(sweep: dict) -> list[list[str]]:
     """Losses to simpler placements, the est/LB shares (with what the bound leaves reachable), the oracle gap and
     the token balance."""
     rows = sweep["rows"]
-    losses = sum(any(r["est"]["auto"] > r["est"][o] * (1 + 1e-9) for o in OTHERS) for r in rows)
+    losses = sum(any(loses_to(r, o) for o in OTHERS) for r in rows)
     out = [[f"`auto` ≤ every other placement's est max ({', '.join(OTHERS)}) on every layout of the sweep",
             f"slower than one of them on {losses} of {len(rows)} layouts x groups", rp._met(losses == 0)]]
     for link, goal in GOALS.items():

@@ -218,6 +218,11 @@ def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
     return out
 
 
+def loses_to(row: dict, other: str) -> bool:
+    """Whether ``auto``'s est max on a sweep row exceeds ``other``'s (beyond float rounding): a loss."""
+    return row["est"]["auto"] > row["est"][other] * (1 + 1e-9)
+
+
 def _max_mean(x: np.ndarray) -> float:
     return float(np.max(x) / np.mean(x))
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sweep import GOALS, MODEL_KV_HEADS, MODEL_Q_HEADS, NODE_GPUS, OTHERS
+from .sweep import GOALS, MODEL_KV_HEADS, MODEL_Q_HEADS, NODE_GPUS, OTHERS, loses_to
 
 __all__ = ["render_sweep"]
 
@@ -61,7 +61,7 @@ def render_sweep(res: dict) -> str:
         if not rs:
             continue
         ratio = [r["est"]["auto"] / r["lb"] for r in rs]
-        losses = [sum(r["est"]["auto"] > r["est"][o] * (1 + 1e-9) for r in rs) for o in OTHERS]
+        losses = [sum(loses_to(r, o) for r in rs) for o in OTHERS]
         orc = [r["est"]["auto"] / r["oracle"] for r in rs if "oracle" in r]
         recv = [r["recv_ring"] for r in rs]
         work = [r["work"] for r in rs]
