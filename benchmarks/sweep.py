@@ -59,6 +59,7 @@ MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query
 MODEL_KV_HEADS = 8  # and its key/value heads: what the per-batch degree's memory cap weighs
 NODE_GPUS = 8  # the per-batch degree rows: groups of 8-GPU nodes spanning several nodes
 GOALS = {"nvlink": 1.05, "network": 1.10}  # issue 19's est/LB goal per link pricing
+ORACLE_GOAL = 1.02  # ... and auto's est within this factor of the oracle's where the oracle runs
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,7 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                                                        num_kv_heads=MODEL_KV_HEADS)
                     row["by_u"] = {str(u): t for u, t in by_u.items()}
                     row["best_u"] = best_u
-                missed = est["auto"] > GOALS[link] * lb >= bound  # the goal is within reach and auto misses it
-                if parts <= cfg.oracle_max_parts or missed:
+                if parts <= cfg.oracle_max_parts or missed_in_reach(row):
                     o = optimise_placement(layout, parts, cost, auto.placement, max_moves=cfg.oracle_moves)
                     o_tr = compute_transfers(o)
                     key = "oracle" if parts <= cfg.oracle_max_parts else "missed_oracle"  # the latter: any size
@@ -221,6 +221,21 @@ def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
 def loses_to(row: dict, other: str) -> bool:
     """Whether ``auto``'s est max on a sweep row exceeds ``other``'s (beyond float rounding): a loss."""
     return row["est"]["auto"] > row["est"][other] * (1 + 1e-9)
+
+
+def missed_in_reach(row: dict) -> bool:
+    """Whether auto misses its link's goal (:data:`GOALS`) on a sweep row where the bound leaves it within reach."""
+    goal = GOALS[row["link"]] * row["lb"]
+    return row["est"]["auto"] > goal >= row["bound"]
+
+
+def searched(row: dict) -> tuple[float, float] | None:
+    """The oracle's ``(est, sim)`` on a sweep row (the small groups' search, or the one run where auto missed a goal
+    within reach), ``None`` where it did not run."""
+    for key in ("oracle", "missed_oracle"):
+        if f"{key}_sim" in row:
+            return row[key], row[f"{key}_sim"]
+    return None
 
 
 def _max_mean(x: np.ndarray) -> float:
