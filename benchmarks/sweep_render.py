@@ -106,7 +106,7 @@ def render_sweep(res: dict) -> str:
             rt = [r["est"]["auto"] / r["lb"] for r in rs]
             cells.append(f"{_q(rt, .5):.3f} / {max(rt):.3f}" if rt else "–")
             names = [r["chosen"] for r in rs]
-            chosen.append(max(set(names), key=names.count) if names else "–")
+            chosen.append(max(sorted(set(names)), key=names.count) if names else "–")
         out.append(f"| `{dist}` | {cells[0]} | {cells[1]} | {chosen[0]} | {chosen[1]} |")
     uly = [r for r in rows if "by_u" in r and str(r["P"]) in r["by_u"]]
     if uly:
