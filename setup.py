@@ -18,7 +18,7 @@ setup(
         "transformers>=4.56",
         "accelerate>=1.10",
         "datasets>=3.0",
-        "trl>=0.23",
+        "trl>=1.16",  # trl.kernels.ChunkedLogProbFunction (the chunked loss) and its activation offloading
         "numpy>=1.24",
     ],
     extras_require={

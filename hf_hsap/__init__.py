@@ -6,6 +6,7 @@ Public API:
     plan_sequence(cu_seqlens, sp, placement="auto") -> Plan
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
+    apply_memory_levers(model, MemoryLevers(...))   (chunked loss, checkpointing, offloading, tiled MLP)
 """
 from .attention import hsap_attn_func
 from .config import HSAPConfig
@@ -22,6 +23,7 @@ from .plan.planner import choose_ulysses_size
 from .topology import SPGroup, init_sequence_parallel
 from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
+from .memory import MemoryLevers, apply_memory_levers
 
 register()
 
@@ -29,6 +31,7 @@ __all__ = [
     "CostModel",
     "HSAPConfig",
     "Layout",
+    "MemoryLevers",
     "GroupSpec",
     "Plan",
     "PlanCache",
@@ -36,6 +39,7 @@ __all__ = [
     "KindStats",
     "SPPlan",
     "SPGroup",
+    "apply_memory_levers",
     "attention_windows",
     "check_config",
     "check_model",

@@ -9,7 +9,7 @@ from typing import Any
 from .dataloader import SPDataLoader
 from .model_check import ModelCheck, UnsupportedModelError, check_config, check_model, disable_attention_dropout
 from .plan_use import PlanNotUsedError, PlanUse, check_plan_used
-from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, reduce_loss_for_logging
+from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, hsap_model_loss, reduce_loss_for_logging
 from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
 from .transformers import (
     ATTN_NAME,
@@ -40,6 +40,7 @@ __all__ = [
     "global_num_items",
     "hsap_attention_forward",
     "hsap_causal_lm_loss",
+    "hsap_model_loss",
     "hsap_mask_function",
     "is_registered",
     "reduce_loss_for_logging",

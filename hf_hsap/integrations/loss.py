@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from .plan_use import check_plan_used
 from .sharding import IGNORE_INDEX
 
-__all__ = ["dp_grad_scale", "global_num_items", "hsap_causal_lm_loss", "reduce_loss_for_logging"]
+__all__ = ["dp_grad_scale", "global_num_items", "hsap_causal_lm_loss", "hsap_model_loss", "reduce_loss_for_logging"]
+
+# Keys of a sharded batch that are targets or counts, never model inputs (hsap_model_loss passes the rest)
+TARGET_KEYS = ("labels", "shift_labels", "num_items_in_batch")
 
 
 def global_num_items(
@@ -87,6 +90,53 @@ def hsap_causal_lm_loss(
                          ignore_index=ignore_index, reduction="sum")  # [T_local, V] -> scalar
     n = torch.as_tensor(num_items_in_batch, device=ce.device).clamp_min(1)
     return ce * grad_scale / n
+
+
+def hsap_model_loss(
+    model: torch.nn.Module,
+    local: dict[str, Any],
+    num_items_in_batch: torch.Tensor | int,
+    grad_scale: float = 1.0,
+    sp: Any = None,
+    **model_kwargs: Any,
+) -> torch.Tensor:
+    """The model's forward on a sharded batch and its loss through the chunked LM head: the logits never exist whole.
+
+    The same value as ``hsap_causal_lm_loss(model(**local).logits, ...)`` (to float32 rounding), with the memory of
+    one ``4096 x vocab_tile`` tile instead of ``[T_local, V]`` logits, their log-softmax and their gradient.
+
+    Args:
+        model: the model (wrapped or not) after :func:`hf_hsap.memory.enable_chunked_loss` /
+            :func:`hf_hsap.memory.apply_memory_levers`.
+        local: this rank's batch (:func:`~.sharding.shard_batch` / :class:`~.dataloader.SPDataLoader`): every key
+            but the targets and counts goes to the model, ``shift_labels`` ``[1, T_local]`` to the head.
+        num_items_in_batch: ``N`` (:func:`global_num_items`). grad_scale: ``W`` (:func:`dp_grad_scale`).
+        sp: the SP group: check that the forward ran the plan through every attention layer.
+        **model_kwargs: more model inputs (they override ``local``'s).
+
+    Returns:
+        0-dim float32 ``grad_scale * sum(CE of local tokens) / N``.
+
+    Raises:
+        ValueError: the model has no chunked head, or ``local`` has no ``shift_labels``.
+        PlanNotUsedError: (with ``sp``) an attention layer did not consume the plan.
+    """
+    from ..memory.head import find_chunked_head
+
+    head = find_chunked_head(model)
+    if head is None:
+        raise ValueError("the model has no chunked LM head: call hf_hsap.memory.apply_memory_levers(model, "
+                         "MemoryLevers()) (or enable_chunked_loss) before wrapping it, or use hsap_causal_lm_loss")
+    if local.get("shift_labels") is None:
+        raise ValueError("the batch has no shift_labels (shard_batch makes them from labels)")
+    inputs = {k: v for k, v in local.items() if k not in TARGET_KEYS}
+    inputs.update(model_kwargs)
+    with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale) as request:
+        model(**inputs)
+    use = getattr(sp, "pending_plan_use", None)
+    if use is not None and not use.checked:
+        check_plan_used(use)
+    return request.loss
 
 
 def reduce_loss_for_logging(loss: torch.Tensor, sp: Any, grad_scale: float = 1.0) -> float:

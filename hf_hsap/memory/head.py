@@ -1,0 +1,219 @@
+"""A causal-LM loss that never materialises the ``[T, V]`` logits: the LM head and the cross-entropy run in tiles.
+
+The tiles are TRL's kernel (``trl.kernels.ChunkedLogProbFunction``: a Triton fold on GPU, torch ops elsewhere; the
+backward recomputes every tile and accumulates the gradients in float32). hf_hsap adds what TRL's own fused head
+(``trl.trainer.utils.add_fused_lm_head``) does not give every path: a vocabulary tile chosen per device (TRL's is
+32,768 columns, about 3 GB of float32 temporaries per tile on CPU), the loss of pre-sharded ``shift_labels`` scaled
+for SP x DP, and a head that works through any wrapper's forward (DDP, FSDP2, Accelerate) without replacing the
+model's ``forward``: :class:`ChunkedLMHead` takes the place of the output embedding (same parameters, same state
+dict) and, while a loss is requested (:meth:`ChunkedLMHead.loss_for`), computes the loss inside its own forward and
+returns an empty ``[B, T, 0]`` tensor as the logits. Without a request it is the plain linear head (generation,
+evaluation with logits).
+
+The logits' transform of the family (Gemma's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's
+``logits_scaling``, ...) is read from the config and checked once against the model's own logits
+(:func:`verify_chunked_head`): a family whose head does something else is refused, never trained wrong.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..log import get_logger
+
+__all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_head", "logit_transform",
+           "verify_chunked_head", "DEFAULT_VOCAB_TILE"]
+
+logger = get_logger(__name__)
+
+IGNORE_INDEX = -100
+DEFAULT_VOCAB_TILE = 4096  # vocabulary columns of one tile: TOKEN_CHUNK_SIZE (4096) x 4096 x 4 B = 64 MiB float32
+
+
+def logit_transform(config: Any) -> tuple[float | None, float]:
+    """``(softcap, scale)`` of a family's logits: ``softcap * tanh(scale * z / softcap)`` (no cap: ``scale * z``).
+
+    Args:
+        config: the model config (its text config is read for multimodal ones).
+
+    Returns:
+        ``final_logit_softcapping`` (or None) and the multiplier before it (``logit_scale``, ``output_multiplier``,
+        ``lm_head_multiplier``, ``1 / logits_scaling``; 1.0 when none is set).
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    softcap = getattr(text, "final_logit_softcapping", None)
+    scale = None
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        scale = getattr(text, name, None)
+        if scale is not None:
+            break
+    if scale is None and getattr(text, "logits_scaling", None) is not None:
+        scale = text.logits_scaling if getattr(text, "model_type", "") == "hyperclovax" else 1.0 / text.logits_scaling
+    return (float(softcap) if softcap else None), (1.0 if scale is None else float(scale))
+
+
+@dataclass
+class LossRequest:
+    """One forward's loss request to a :class:`ChunkedLMHead` (see :meth:`ChunkedLMHead.loss_for`).
+
+    Attributes:
+        shift_labels: ``[B, T]`` next-token targets of the rows the head sees (``-100`` = none).
+        num_items: the divisor ``N`` (global valid targets; values < 1 count as 1).
+        grad_scale: multiplies the loss (``W`` under a DP wrapper averaging over ``W`` ranks).
+        loss: filled by the head's forward: ``grad_scale * sum(CE) / N``, 0-dim float32.
+        count: filled with the valid targets the head saw.
+    """
+
+    shift_labels: torch.Tensor
+    num_items: torch.Tensor | int
+    grad_scale: float = 1.0
+    loss: torch.Tensor | None = None
+    count: int = field(default=0)
+
+
+class ChunkedLMHead(nn.Linear):
+    """The output embedding with a tiled loss (module docstring). Shares ``weight`` / ``bias`` with the head it
+    replaces, so tied embeddings stay tied and checkpoints keep their keys.
+
+    Args:
+        head: the model's ``nn.Linear`` output embedding.
+        softcap, scale: the family's logit transform (:func:`logit_transform`).
+        vocab_tile: vocabulary columns per tile (memory ``4096 x vocab_tile`` floats and a few temporaries).
+    """
+
+    def __init__(self, head: nn.Linear, softcap: float | None, scale: float, vocab_tile: int = DEFAULT_VOCAB_TILE):
+        nn.Module.__init__(self)  # not nn.Linear's: the parameters are the head's own
+        self.in_features, self.out_features = head.in_features, head.out_features
+        self.weight = head.weight
+        self.bias = head.bias
+        self.softcap, self.scale = softcap, scale
+        self.vocab_tile = int(vocab_tile)
+        self._request: LossRequest | None = None
+
+    @contextmanager
+    def loss_for(self, shift_labels: torch.Tensor, num_items: torch.Tensor | int,
+                 grad_scale: float = 1.0) -> Iterator[LossRequest]:
+        """Within the block, the next forward through this head computes the loss instead of the logits.
+
+        Args:
+            shift_labels: ``[B, T]`` targets, one per position the head sees.
+            num_items: ``N``, the loss's divisor. grad_scale: the loss's factor.
+
+        Yields:
+            The :class:`LossRequest`, whose ``loss`` is set once the model's forward has run.
+
+        Raises:
+            RuntimeError: (on exit) the forward did not reach the head.
+        """
+        request = LossRequest(shift_labels, num_items, grad_scale)
+        self._request = request
+        try:
+            yield request
+        finally:
+            self._request = None
+        if request.loss is None:
+            raise RuntimeError("the model's forward did not reach its output embedding (the chunked LM head)")
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` without a request; with one, the loss into the request and ``[..., 0]`` as logits.
+
+        Shapes:
+            hidden: ``[B, T, H]``; the request's ``shift_labels``: ``[B, T]``.
+        """
+        request, self._request = self._request, None  # one forward consumes the request
+        if request is None:
+            return F.linear(hidden, self.weight, self.bias)
+        from trl.kernels import ChunkedLogProbFunction  # the tiled kernel (module docstring)
+
+        flat = hidden.reshape(-1, hidden.shape[-1])  # [B, T, H] -> [B*T, H]
+        labels = request.shift_labels.reshape(-1).to(flat.device)  # [B*T]
+        if labels.numel() != flat.shape[0]:
+            raise ValueError(f"shift_labels hold {labels.numel()} targets for {flat.shape[0]} hidden states")
+        valid = labels != IGNORE_INDEX
+        log_probs = ChunkedLogProbFunction.apply(flat, self.weight, self.bias, labels.clamp(min=0), 1.0,
+                                                 self.vocab_tile, self.softcap, self.scale, ())[0]  # [B*T] float32
+        nll = -log_probs.masked_fill(~valid, 0.0).sum()
+        n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
+        request.loss = nll * request.grad_scale / n
+        request.count = int(valid.sum())
+        return hidden.new_empty(*hidden.shape[:-1], 0)
+
+
+def find_chunked_head(model: nn.Module) -> ChunkedLMHead | None:
+    """The :class:`ChunkedLMHead` inside ``model`` (through DDP / FSDP / Accelerate wrappers), or None."""
+    for module in model.modules():
+        if isinstance(module, ChunkedLMHead):
+            return module
+    return None
+
+
+def enable_chunked_loss(model: nn.Module, vocab_tile: int = DEFAULT_VOCAB_TILE, verify: bool = True) -> ChunkedLMHead:
+    """Put a :class:`ChunkedLMHead` in place of ``model``'s output embedding (idempotent; before wrapping).
+
+    Args:
+        model: a causal LM (``get_output_embeddings()`` an ``nn.Linear``).
+        vocab_tile: vocabulary columns per tile.
+        verify: check the head against the model's own logits on a short probe (:func:`verify_chunked_head`).
+
+    Returns:
+        The head (already there, its tile updated, when enabled before).
+
+    Raises:
+        ValueError: the model has no linear output embedding, or its logits are not what the head computes.
+    """
+    existing = find_chunked_head(model)
+    if existing is not None:
+        existing.vocab_tile = int(vocab_tile)
+        return existing
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise ValueError(f"{type(model).__name__}'s output embedding is {type(head).__name__}, not nn.Linear: the "
+                         "chunked loss cannot replace it; train with the full logits (chunked_loss=False / "
+                         "--no_chunked_loss)")
+    softcap, scale = logit_transform(model.config)
+    new = ChunkedLMHead(head, softcap, scale, vocab_tile)
+    parent_name, _, attr = next(n for n, m in model.named_modules() if m is head).rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+    logger.info("hf_hsap: %s's LM head computes the loss in tiles of %d vocabulary columns (softcap %s, scale %s)",
+                type(model).__name__, vocab_tile, softcap, scale)
+    if verify:
+        verify_chunked_head(model, new)
+    return new
+
+
+@torch.no_grad()
+def verify_chunked_head(model: nn.Module, head: ChunkedLMHead, tokens: int = 6) -> None:
+    """The head's loss equals the cross-entropy of the model's own logits on a short random row (single process,
+    no plan: ``"hsap"`` runs packed attention locally). Skipped when the weights are partitioned (ZeRO-3).
+
+    Raises:
+        ValueError: they differ (the family transforms its logits in a way the head does not know).
+    """
+    if head.weight.numel() == 0 or head.weight.device.type == "meta":
+        return
+    device = head.weight.device
+    vocab = head.out_features
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, tokens), generator=gen).to(device)
+    labels = torch.randint(0, vocab, (1, tokens), generator=gen).to(device)
+    positions = torch.arange(tokens, device=device).unsqueeze(0)
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        want = F.cross_entropy(logits.double().reshape(-1, vocab), labels.reshape(-1), reduction="sum")
+        with head.loss_for(labels, 1) as request:
+            model(input_ids=ids, position_ids=positions, use_cache=False)
+    finally:
+        model.train(was_training)
+    got = float(request.loss)
+    rtol = 1e-4 if head.weight.dtype in (torch.float32, torch.float64) else 3e-2  # half precision: its rounding
+    if abs(got - float(want)) > rtol * max(1.0, abs(float(want))):
+        raise ValueError(f"{type(model).__name__}: the chunked LM loss ({got:.6g}) differs from the cross-entropy of "
+                         f"the model's own logits ({float(want):.6g}); its head transforms the logits in a way hf_hsap "
+                         "does not know: train with the full logits (chunked_loss=False / --no_chunked_loss)")

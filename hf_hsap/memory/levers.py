@@ -1,0 +1,113 @@
+"""The memory levers of a training step, in one object, applied to a model in one call.
+
+    levers = MemoryLevers(gradient_checkpointing=True, tiled_mlp=True)      # chunked loss is on by default
+    offload = apply_memory_levers(model, levers)                             # before accelerator.prepare
+    with offload():                                                          # around every forward + backward
+        loss = hsap_model_loss(model, local, n, grad_scale=W, sp=sp)
+        loss.backward()
+
+* ``chunked_loss``: :class:`~.head.ChunkedLMHead` (the logits never exist whole; the loss comes from
+  :func:`hf_hsap.integrations.hsap_model_loss`).
+* ``gradient_checkpointing``: Transformers' own (``model.activation_checkpointing_enable``), non-reentrant: each decoder
+  layer keeps only its input and recomputes the rest in backward (the SAP attention recomputes its transfers too).
+* ``activation_offloading``: TRL's context (``trl.models.activation_offloading``): tensors saved for backward (with
+  checkpointing, the layers' inputs) go to pinned host memory on a side stream and come back ahead of their
+  backward. On CPU activations are already in host memory: nothing to do (logged).
+* ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch import nn
+
+from ..log import get_logger
+from .head import DEFAULT_VOCAB_TILE, enable_chunked_loss
+from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
+
+__all__ = ["MemoryLevers", "apply_memory_levers"]
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MemoryLevers:
+    """Which memory levers a training step uses (module docstring).
+
+    Args:
+        chunked_loss: the LM head and the loss in tiles (default on).
+        vocab_tile: vocabulary columns per loss tile.
+        gradient_checkpointing: recompute each decoder layer in backward.
+        activation_offloading: move saved activations to host memory (CUDA only).
+        tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
+        mlp_tile_tokens: tokens per MLP tile.
+    """
+
+    chunked_loss: bool = True
+    vocab_tile: int = DEFAULT_VOCAB_TILE
+    gradient_checkpointing: bool = False
+    activation_offloading: bool = False
+    tiled_mlp: bool = False
+    mlp_tile_tokens: int = DEFAULT_TILE_TOKENS
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_tile", "mlp_tile_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"MemoryLevers.{name} must be positive, got {getattr(self, name)}")
+
+    def replace(self, **changes: Any) -> "MemoryLevers":
+        """A validated copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def names(self) -> list[str]:
+        """The levers that are on, by their command-line names."""
+        return [n for n in ("chunked_loss", "gradient_checkpointing", "activation_offloading", "tiled_mlp")
+                if getattr(self, n)]
+
+
+def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
+                        verify: bool = True) -> Callable[[], ContextManager[Any]]:
+    """Apply ``levers`` to ``model`` (unwrapped, before ``accelerator.prepare`` / DDP / FSDP).
+
+    Args:
+        model: a causal LM.
+        levers: what to turn on.
+        verify: check the chunked head against the model's own logits once (:func:`~.head.verify_chunked_head`).
+
+    Returns:
+        A factory of the context every forward + backward runs in (TRL's offloading context on CUDA, else a null
+        context).
+
+    Raises:
+        ValueError: a lever this model cannot use (a head that is not linear, a model without checkpointing).
+    """
+    if levers.chunked_loss:
+        enable_chunked_loss(model, levers.vocab_tile, verify=verify)
+    if levers.tiled_mlp:
+        enable_tiled_mlp(model, levers.mlp_tile_tokens)
+    if levers.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ValueError(f"{type(model).__name__} does not support gradient checkpointing in Transformers; "
+                             "train without --gradient_checkpointing")
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # Transformers >= 5.2x; the old name warns there
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if getattr(model.config, "use_cache", None):
+            model.config.use_cache = False  # a KV cache is not built while training
+    if not levers.activation_offloading:
+        return contextlib.nullcontext
+    device = next(model.parameters()).device
+    if device.type == "cpu" and not torch.cuda.is_available():
+        logger.info("hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory)")
+        return contextlib.nullcontext
+    from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+    ctx = get_act_offloading_ctx_manager(model, warn_if_no_head=False)
+    return lambda: ctx

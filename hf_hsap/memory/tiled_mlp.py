@@ -1,0 +1,152 @@
+"""A sequence-tiled MLP: the per-token feed-forward of every decoder layer runs over tiles of tokens, and its
+backward recomputes one tile at a time, so the ``[T, intermediate]`` working set of an MLP (gate, up and their
+product: about 3.5x the intermediate size per token, the largest per-token tensors of a layer once the loss is tiled)
+never exists for more than one tile.
+
+Why by hand: DeepSpeed's ``TiledMLP`` does this inside DeepSpeed (its gradient accumulation assumes ZeRO); Liger and
+Transformers have none. Transformers offers no replacement point for MLPs (``LlamaMLP`` carries no
+``use_kernel_forward_from_hub``), so :func:`enable_tiled_mlp` gives each MLP instance a forward of its own (an
+instance attribute wrapping the class's forward; :func:`disable_tiled_mlp` removes it): the class, the module tree
+and the state dict are unchanged. The parameter gradients of all tiles are summed inside the backward and handed to
+autograd once, so DDP's and FSDP's per-parameter hooks fire once per step as without tiling.
+
+Exact: a per-token function computed tile by tile gives the same values; gradients are summed over tiles in the
+parameters' dtype (float32 training: the rounding of a different summation order, ~1e-7).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..log import get_logger
+
+__all__ = ["TiledForward", "disable_tiled_mlp", "enable_tiled_mlp", "tiled_apply", "DEFAULT_TILE_TOKENS"]
+
+logger = get_logger(__name__)
+
+DEFAULT_TILE_TOKENS = 4096
+
+
+class _TiledFunction(torch.autograd.Function):
+    """``fn`` over row tiles of ``x``: forward without a graph, backward recomputing one tile at a time."""
+
+    @staticmethod
+    def forward(ctx: Any, fn: Callable[[torch.Tensor], torch.Tensor], tile: int, x: torch.Tensor,
+                *params: torch.Tensor) -> torch.Tensor:
+        ctx.fn, ctx.tile = fn, tile
+        ctx.autocast = (x.device.type, torch.is_autocast_enabled(x.device.type),
+                        torch.get_autocast_dtype(x.device.type))
+        ctx.save_for_backward(x, *params)
+        with torch.no_grad():
+            return torch.cat([fn(part) for part in x.split(tile, dim=0)], dim=0)  # [N, H] in tiles of rows
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        x, *params = ctx.saved_tensors
+        device, enabled, dtype = ctx.autocast
+        wanted = [p for p, need in zip(params, ctx.needs_input_grad[3:]) if need]
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[2] else None
+        sums: list[torch.Tensor | None] = [None] * len(wanted)
+        for start in range(0, x.shape[0], ctx.tile):
+            part = x[start:start + ctx.tile].detach().requires_grad_(grad_x is not None)
+            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+                out = ctx.fn(part)
+            inputs = ([part] if grad_x is not None else []) + wanted
+            grads = torch.autograd.grad(out, inputs, grad_out[start:start + ctx.tile], allow_unused=True)
+            if grad_x is not None:
+                grad_x[start:start + ctx.tile] = grads[0]
+                grads = grads[1:]
+            for i, g in enumerate(grads):
+                if g is not None:
+                    sums[i] = g if sums[i] is None else sums[i].add_(g)
+        it = iter(sums)
+        param_grads = [next(it) if need else None for need in ctx.needs_input_grad[3:]]
+        return (None, None, grad_x, *param_grads)
+
+
+def tiled_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list[torch.Tensor],
+                tile_tokens: int) -> torch.Tensor:
+    """``fn(x)`` for a per-token ``fn`` computed in tiles of ``tile_tokens`` tokens, recomputed in backward.
+
+    Args:
+        fn: maps ``[n, H]`` to ``[n, H_out]`` token by token (an MLP).
+        x: ``[..., H]`` hidden states.
+        params: every parameter ``fn`` uses (they get their gradients through this function).
+        tile_tokens: tokens per tile.
+
+    Returns:
+        ``[..., H_out]``, equal to ``fn(x)``.
+    """
+    flat = x.reshape(-1, x.shape[-1])  # [..., H] -> [N, H]
+    if flat.shape[0] <= tile_tokens:
+        return fn(x)
+    out = _TiledFunction.apply(fn, int(tile_tokens), flat, *params)
+    return out.reshape(*x.shape[:-1], out.shape[-1])  # [N, H_out] -> [..., H_out]
+
+
+class TiledForward:
+    """The forward :func:`enable_tiled_mlp` gives one MLP instance: the class's forward, in tiles."""
+
+    def __init__(self, module: nn.Module, tile_tokens: int) -> None:
+        self.module = module
+        self.tile_tokens = int(tile_tokens)
+
+    def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        forward = type(self.module).forward.__get__(self.module)
+        if args or kwargs:  # not the per-token call this wraps
+            return forward(hidden, *args, **kwargs)
+        # the parameters are read at every call: FSDP swaps sharded and unsharded ones around the forward
+        return tiled_apply(forward, hidden, list(self.module.parameters()), self.tile_tokens)
+
+
+def _is_dense_mlp(module: nn.Module) -> bool:
+    """Only linear layers and parameter-free activations below it (no experts, norms, dropout or router)."""
+    for sub in module.modules():
+        if sub is module:
+            continue
+        if isinstance(sub, nn.Linear):
+            continue
+        if isinstance(sub, nn.Dropout) or any(True for _ in sub.parameters(recurse=False)):
+            return False
+    return any(isinstance(sub, nn.Linear) for sub in module.modules()) and not any(
+        True for _ in module.parameters(recurse=False))
+
+
+def enable_tiled_mlp(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
+    """Tile every dense decoder MLP (a submodule named ``mlp``) of ``model`` over ``tile_tokens`` tokens.
+
+    Args:
+        model: the model (before wrapping; idempotent, a second call changes the tile).
+        tile_tokens: tokens per tile.
+
+    Returns:
+        The number of MLPs tiled. MoE blocks (experts, a router) and MLPs with dropout are left alone (logged).
+    """
+    if tile_tokens < 1:
+        raise ValueError(f"tile_tokens must be positive, got {tile_tokens}")
+    done, skipped = 0, set()
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] != "mlp":
+            continue
+        if not _is_dense_mlp(module):
+            skipped.add(type(module).__name__)
+            continue
+        module.forward = TiledForward(module, tile_tokens)
+        done += 1
+    if skipped:
+        logger.info("hf_hsap: tiled MLP leaves %s alone (not a dense MLP: experts, a router, dropout or norms)",
+                    ", ".join(sorted(skipped)))
+    logger.info("hf_hsap: %d MLPs of %s run in tiles of %d tokens", done, type(model).__name__, tile_tokens)
+    return done
+
+
+def disable_tiled_mlp(model: nn.Module) -> int:
+    """Undo :func:`enable_tiled_mlp`; returns the number of MLPs restored."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module.__dict__.get("forward"), TiledForward):
+            del module.forward
+            n += 1
+    return n
