@@ -27,6 +27,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "MetricsWriter",
     "add_common_args",
+    "add_memory_args",
     "attention_flops",
     "build_model",
     "finish_distributed",
@@ -34,6 +35,7 @@ __all__ = [
     "init_sp",
     "load_tokenizer",
     "matmul_params",
+    "memory_levers",
     "peak_memory_gb",
 ]
 
@@ -88,6 +90,34 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
                    help="Accelerate trackers, comma-separated (tensorboard, wandb, ...); default none")
     g.add_argument("--peak_tflops", type=float, default=None,
                    help="peak TFLOP/s of one device for the MFU estimate (default: a table of GPUs; n/a on CPU)")
+
+
+def add_memory_args(parser: argparse.ArgumentParser) -> None:
+    """The memory levers (:class:`hf_hsap.MemoryLevers`) under the names Transformers and TRL users know."""
+    from hf_hsap.memory.head import DEFAULT_VOCAB_TILE
+    from hf_hsap.memory.tiled_mlp import DEFAULT_TILE_TOKENS
+
+    g = parser.add_argument_group("memory levers")
+    g.add_argument("--gradient_checkpointing", action="store_true",
+                   help="recompute every decoder layer in backward (Transformers' checkpointing, non-reentrant)")
+    g.add_argument("--activation_offloading", action="store_true",
+                   help="keep the tensors saved for backward in host memory, copies overlapped (TRL's; CUDA only)")
+    g.add_argument("--tiled_mlp", action="store_true", help="the MLPs in tiles of --mlp_tile_tokens tokens, recomputed")
+    g.add_argument("--mlp_tile_tokens", type=positive_int, default=DEFAULT_TILE_TOKENS)
+    g.add_argument("--no_chunked_loss", dest="chunked_loss", action="store_false",
+                   help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
+    g.add_argument("--vocab_tile", type=positive_int, default=DEFAULT_VOCAB_TILE,
+                   help="vocabulary columns of one tile of the chunked loss")
+
+
+def memory_levers(args: argparse.Namespace) -> Any:
+    """The :class:`hf_hsap.MemoryLevers` of :func:`add_memory_args`' flags."""
+    import hf_hsap
+
+    return hf_hsap.MemoryLevers(chunked_loss=args.chunked_loss, vocab_tile=args.vocab_tile,
+                                gradient_checkpointing=args.gradient_checkpointing,
+                                activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
+                                mlp_tile_tokens=args.mlp_tile_tokens)
 
 
 def positive_int(value: str) -> int:

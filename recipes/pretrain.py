@@ -38,11 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers whe
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, PreemptionHandler, atomic_save, rotate  # noqa: E402
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
-from hf_hsap.integrations import dp_grad_scale, hsap_causal_lm_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
+from hf_hsap.integrations import (dp_grad_scale, hsap_causal_lm_loss, hsap_model_loss,  # noqa: E402
+                                  reduce_loss_for_logging, shard_batch)
+from hf_hsap.memory import find_chunked_head  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, attention_flops, build_model, resolve_checkpoint,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
-                    parse_common_args, peak_memory_gb)
+from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
+                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, memory_levers,
+                    parse_common_args, peak_memory_gb, resolve_checkpoint)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -59,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval_docs", type=int, default=64, help="held-out documents for the eval loss")
     p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine decay floor, as a fraction of the lr")
     p.add_argument("--log_every", type=int, default=1, help="print a log line every N steps")
+    add_memory_args(p)
     return parse_common_args(p, argv)
 
 
@@ -123,6 +126,19 @@ def to_device(local: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return send_to_device({k: local[k] for k in MODEL_INPUTS if k in local}, device)
 
 
+def batch_loss(model: torch.nn.Module, local: dict[str, Any], n: Any, scale: float, sp: Any,
+               accelerator: Any) -> torch.Tensor:
+    """``scale * sum(local CE) / n`` of one sharded batch: through the chunked LM head when the model has one (the
+    logits never exist whole), else from the full logits."""
+    inputs = to_device(local, accelerator.device)
+    with accelerator.autocast():
+        if find_chunked_head(model) is not None:
+            return hsap_model_loss(model, {**inputs, "shift_labels": local["shift_labels"]}, n, grad_scale=scale,
+                                   sp=sp)
+        logits = model(**inputs).logits  # [1, T_local, V]
+    return hsap_causal_lm_loss(logits, local["shift_labels"], n, grad_scale=scale, sp=sp)
+
+
 def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str, Any]]:
     """This DP group's packed eval batches: chunks of ``docs_per_step`` held-out documents, dealt over DP."""
     if not eval_rows:
@@ -149,9 +165,7 @@ def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, acc
     totals = torch.zeros(2, dtype=torch.float64)  # [sum of CE, targets]
     for batch in batches:
         local = shard_batch(batch, sp, verify=False)  # plans with sp.config
-        with accelerator.autocast():
-            logits = model(**to_device(local, accelerator.device)).logits
-        totals[0] += float(hsap_causal_lm_loss(logits, local["shift_labels"], 1, sp=sp))
+        totals[0] += float(batch_loss(model, local, 1, 1.0, sp, accelerator))
         if sp.rank == 0:  # the count is of the global batch, the same on every SP rank: add it once
             totals[1] += int(local["num_items_in_batch"])
     model.train()
@@ -161,7 +175,7 @@ def evaluate(model: torch.nn.Module, batches: list[dict[str, Any]], sp: Any, acc
 
 
 def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: Any,
-               args: argparse.Namespace, verify: bool) -> dict[str, float]:
+               args: argparse.Namespace, verify: bool, offload: Any = nullcontext) -> dict[str, float]:
     """Forward + backward of one step's micro-batches; returns the global loss and the step's counts."""
     counts = torch.tensor([sum(m.targets for m in micro), sum(m.tokens for m in micro),
                            sum(m.sum_sq for m in micro)], dtype=torch.int64)
@@ -173,10 +187,8 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
     for i, m in enumerate(micro):
         local = shard_batch(m.batch, sp, verify=verify)
         sync = i == len(micro) - 1
-        with nullcontext() if sync else accelerator.no_sync(model):
-            with accelerator.autocast():
-                logits = model(**to_device(local, accelerator.device)).logits  # [1, T_local, V]
-            loss = hsap_causal_lm_loss(logits, local["shift_labels"], n_targets, grad_scale=scale, sp=sp)
+        with nullcontext() if sync else accelerator.no_sync(model), offload():
+            loss = batch_loss(model, local, n_targets, scale, sp, accelerator)
             accelerator.backward(loss)
         loss_sum += loss.detach()
     return {"loss": reduce_loss_for_logging(loss_sum, sp, grad_scale=scale), "targets": n_targets,
@@ -209,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
     hf_hsap.check_model(model, sp_size=sp.size)  # refuse before the first step what "hsap" cannot run exactly
+    offload = hf_hsap.apply_memory_levers(model, memory_levers(args))  # before prepare: DDP / FSDP wrap the levers
     config, n_matmul = model.config, matmul_params(model)
     optimizer, scheduler = make_optimizer(model, args)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -229,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
               f"(ulysses {sp.ulysses_size} x ring {sp.ring_size}) | {accelerator.device} "
               f"{accelerator.mixed_precision} | model {args.model} "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
-              f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length}"
+              f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length} | memory levers: "
+              f"{', '.join(memory_levers(args).names) or 'none'}"
               + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
 
     bar = tqdm(total=args.max_steps, initial=start_step, desc="pretrain", dynamic_ncols=True,
@@ -239,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         for step in range(start_step, args.max_steps):
             t0 = time.perf_counter()
             micro = data.micro_batches(step, sp.dp_size, sp.dp_rank, args.grad_accum)
-            out = train_step(model, micro, sp, accelerator, args, verify=step == start_step)
+            out = train_step(model, micro, sp, accelerator, args, verify=step == start_step, offload=offload)
             grad_norm = None
             if args.max_grad_norm > 0:
                 grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))

@@ -19,6 +19,9 @@ from typing import Any
 from transformers import TrainingArguments
 
 from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, HSAPConfig
+from ..memory.head import DEFAULT_VOCAB_TILE
+from ..memory.levers import MemoryLevers
+from ..memory.tiled_mlp import DEFAULT_TILE_TOKENS
 from ..plan.placement import DEFAULT_TOKEN_SLACK
 
 __all__ = ["HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments", "HSAP_FIELDS"]
@@ -53,6 +56,24 @@ class HSAPArguments:
         "help": "HSAP: with hsap_ulysses_size per_batch, no batch at a degree whose modelled activation memory "
                 "exceeds the highest degree's (False: the fastest degree by time alone)"})
 
+    hsap_chunked_loss: bool = field(default=True, metadata={
+        "help": "HSAP: the LM head and the loss in tiles, never the full logits (HSAPTrainer; HSAPSFTTrainer keeps "
+                "TRL's own fused LM head)"})
+    hsap_vocab_tile: int = field(default=DEFAULT_VOCAB_TILE, metadata={
+        "help": "HSAP: vocabulary columns of one tile of the chunked loss"})
+    hsap_tiled_mlp: bool = field(default=False, metadata={
+        "help": "HSAP: every dense MLP in tiles of hsap_mlp_tile_tokens tokens, recomputed in backward"})
+    hsap_mlp_tile_tokens: int = field(default=DEFAULT_TILE_TOKENS, metadata={"help": "HSAP: tokens of one MLP tile"})
+
+    def memory_levers(self) -> MemoryLevers:
+        """The :class:`~hf_hsap.MemoryLevers` of these arguments (checkpointing and offloading from the Trainer's /
+        TRL's own ``gradient_checkpointing`` and ``activation_offloading``)."""
+        return MemoryLevers(chunked_loss=self.hsap_chunked_loss, vocab_tile=self.hsap_vocab_tile,
+                            gradient_checkpointing=bool(getattr(self, "activation_checkpointing", None)
+                                                        or getattr(self, "gradient_checkpointing", False)),
+                            activation_offloading=bool(getattr(self, "activation_offloading", False)),
+                            tiled_mlp=self.hsap_tiled_mlp, mlp_tile_tokens=self.hsap_mlp_tile_tokens)
+
     def hsap_config(self, model_config: Any = None) -> HSAPConfig:
         """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).
 
@@ -64,11 +85,17 @@ class HSAPArguments:
 
 @dataclass
 class HSAPTrainingArguments(HSAPArguments, TrainingArguments):
-    """``transformers.TrainingArguments`` plus the ``hsap_*`` fields of :class:`HSAPArguments`."""
+    """``transformers.TrainingArguments`` plus the ``hsap_*`` fields of :class:`HSAPArguments`, and TRL's
+    ``activation_offloading`` (the name TRL users know; ``SFTConfig`` has it already)."""
+
+    activation_offloading: bool = field(default=False, metadata={
+        "help": "move the tensors saved for backward to host memory, overlapped on a side stream (TRL's context; "
+                "CUDA only)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.hsap_config()  # validate once, where the user configured
+        self.hsap_config()
+        self.memory_levers()  # validate once, where the user configured
 
 
 def _sft_config_class() -> type | None:
@@ -90,6 +117,7 @@ if _SFTConfig is not None:
         def __post_init__(self) -> None:
             super().__post_init__()
             self.hsap_config()
+            self.memory_levers()
 
 else:  # pragma: no cover
 

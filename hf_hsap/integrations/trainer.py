@@ -37,7 +37,8 @@ from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, res
 from ..config import deprecated_property
 from ..log import get_logger
 from .dataloader import SPDataLoader
-from .loss import global_num_items
+from ..memory.head import find_chunked_head
+from .loss import global_num_items, hsap_model_loss
 from .model_check import check_model
 from .plan_use import check_plan_used
 from .trainer_checks import check_trainer_setup
@@ -94,8 +95,28 @@ class HSAPTrainerMixin:
             model.set_attn_implementation(ATTN_NAME)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
+        self._hsap_offload = self._hsap_apply_levers(model)
         logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
                     self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
+
+    def _hsap_apply_levers(self, model: Any) -> Any:
+        """The memory levers of ``args`` (:class:`~hf_hsap.MemoryLevers`) on the unwrapped model; returns the
+        context of every training step (activation offloading).
+
+        The Trainer enables gradient checkpointing itself (``gradient_checkpointing``). ``HSAPSFTTrainer`` keeps
+        TRL's fused LM head (its loss and metrics never build the logits either) and TRL's own offloading."""
+        from ..memory import MemoryLevers, apply_memory_levers
+
+        levers = self.args.memory_levers() if hasattr(self.args, "memory_levers") else MemoryLevers()
+        sft = _SFTTrainer is not None and isinstance(self, _SFTTrainer)
+        levers = levers.replace(gradient_checkpointing=False, chunked_loss=levers.chunked_loss and not sft,
+                                activation_offloading=levers.activation_offloading and not sft)
+        return apply_memory_levers(model, levers)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's step inside the activation offloading context (``activation_offloading``)."""
+        with self._hsap_offload():
+            return super().training_step(*args, **kwargs)
 
     def _hsap_group(self, sp: Any, hsap_config: Any, model_config: Any) -> tuple[Any, Any]:
         """The SP group and the config this trainer plans with (collective when the group is created here).
@@ -240,6 +261,12 @@ class HSAPTrainerMixin:
         inputs.pop("num_items_in_batch", None)
         if num_items_in_batch is None:
             num_items_in_batch = self._global_num_items(inputs)
+        if not return_outputs and inputs.get("shift_labels") is not None and find_chunked_head(model) is not None:
+            # the chunked head (no logits); Trainer's scale: its mean over ranks is the single-process loss
+            scale = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
+            loss = hsap_model_loss(model, inputs, num_items_in_batch, grad_scale=scale)
+            check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
+            return loss
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
         check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
