@@ -186,34 +186,55 @@ def enable_chunked_loss(model: nn.Module, vocab_tile: int = DEFAULT_VOCAB_TILE, 
     return new
 
 
+def _transform(z: torch.Tensor, softcap: float | None, scale: float) -> torch.Tensor:
+    """The family's logits from the head's product (:func:`logit_transform`)."""
+    z = z * scale
+    return z if softcap is None else softcap * torch.tanh(z / softcap)
+
+
 @torch.no_grad()
 def verify_chunked_head(model: nn.Module, head: ChunkedLMHead, tokens: int = 6) -> None:
-    """The head's loss equals the cross-entropy of the model's own logits on a short random row (single process,
-    no plan: ``"hsap"`` runs packed attention locally). Skipped when the weights are partitioned (ZeRO-3).
+    """Check, on a short random row (single process, no plan: ``"hsap"`` runs packed attention locally), that the
+    model's own logits are the head's transform of its product, and that the head's loss is their cross-entropy.
+
+    For the probe the head's weight is scaled so that the logits are of order 10 (a soft-cap or a scale the
+    head does not know changes them by far more than rounding), then restored bit for bit. Skipped when the
+    weights are partitioned (ZeRO-3) or on the meta device.
 
     Raises:
         ValueError: they differ (the family transforms its logits in a way the head does not know).
     """
     if head.weight.numel() == 0 or head.weight.device.type == "meta":
         return
-    device = head.weight.device
-    vocab = head.out_features
+    device, vocab = head.weight.device, head.out_features
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, tokens), generator=gen).to(device)
     labels = torch.randint(0, vocab, (1, tokens), generator=gen).to(device)
     positions = torch.arange(tokens, device=device).unsqueeze(0)
-    was_training = model.training
+    saved, was_training = head.weight.detach().clone(), model.training
+    seen: list[torch.Tensor] = []
+    hook = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].detach()))
     model.eval()
     try:
-        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-        want = F.cross_entropy(logits.double().reshape(-1, vocab), labels.reshape(-1), reduction="sum")
+        model(input_ids=ids, position_ids=positions, use_cache=False)
+        product = F.linear(seen[0].float(), head.weight.float())  # [1, n, V] before any transform
+        head.weight.mul_(10.0 / float(product.std().clamp_min(1e-6)))
+        seen.clear()
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits.double()  # [1, n, V]
+        mine = _transform(F.linear(seen[0].double(), head.weight.double(),
+                                   None if head.bias is None else head.bias.double()), head.softcap, head.scale)
         with head.loss_for(labels, 1) as request:
             model(input_ids=ids, position_ids=positions, use_cache=False)
     finally:
+        hook.remove()
+        head.weight.copy_(saved)
         model.train(was_training)
-    got = float(request.loss)
+    want = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1), reduction="sum")
     rtol = 1e-4 if head.weight.dtype in (torch.float32, torch.float64) else 3e-2  # half precision: its rounding
-    if abs(got - float(want)) > rtol * max(1.0, abs(float(want))):
-        raise ValueError(f"{type(model).__name__}: the chunked LM loss ({got:.6g}) differs from the cross-entropy of "
-                         f"the model's own logits ({float(want):.6g}); its head transforms the logits in a way hf_hsap "
-                         "does not know: train with the full logits (chunked_loss=False / --no_chunked_loss)")
+    off_logits = float((mine - logits).abs().max() / logits.abs().max().clamp_min(1e-12))
+    off_loss = abs(float(request.loss) - float(want)) / max(1.0, abs(float(want)))
+    if off_logits > rtol or off_loss > rtol:
+        raise ValueError(f"{type(model).__name__}: its logits are not what the chunked LM head computes (relative "
+                         f"difference {off_logits:.2g} in the logits, {off_loss:.2g} in the loss): its head transforms "
+                         "the logits in a way hf_hsap does not know; train with the full logits (chunked_loss=False "
+                         "/ --no_chunked_loss)")

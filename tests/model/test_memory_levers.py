@@ -1,0 +1,72 @@
+"""The memory levers (chunked loss, gradient checkpointing, tiled MLP) exact on packed rows, at SP 1 and under SP 2 / 4
+with U 1 and 2 (spawned gloo ranks), against each document run alone in float64 eager: logits of every token, the
+loss ``sum(CE) / N`` and every parameter's gradient (summed over the SP group)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import rel_err
+from workers import levers as L
+from workers import sp_model as W
+
+TIMEOUT_S = 150
+TOL = {torch.float32: 1e-4, torch.float64: 1e-5}  # the loss runs in float32 (as hsap_causal_lm_loss does)
+ALL = {"chunked_loss": True, "vocab_tile": 16, "gradient_checkpointing": True, "tiled_mlp": True,
+       "mlp_tile_tokens": 8}
+_REFERENCES: dict = {}
+
+
+def reference(kind: str) -> dict:
+    """float64 eager, each document alone: logits ``[T, V]``, the loss and its gradients."""
+    if kind not in _REFERENCES:
+        model = W.make_model(kind, attn="eager").double()
+        ids = W.global_batch()["input_ids"]
+        pieces, ce, start = [], 0.0, 0
+        for n in W.DOC_LENS:
+            doc = ids[:, start:start + n]
+            logits = model(input_ids=doc, use_cache=False).logits[0]  # [n, V]
+            ce = ce + F.cross_entropy(logits[:-1], doc[0, 1:], reduction="sum")
+            pieces.append(logits)
+            start += n
+        n_items = ids.numel() - len(W.DOC_LENS)
+        (ce / n_items).backward()
+        _REFERENCES[kind] = {"logits": torch.cat(pieces).detach(), "loss": float(ce.detach() / n_items), "n_items": n_items,
+                             "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+    return _REFERENCES[kind]
+
+
+def check(kind: str, results: list[dict], dtype: torch.dtype = torch.float32) -> None:
+    ref, tol = reference(kind), TOL[dtype]
+    logits = torch.full_like(ref["logits"], float("nan"))
+    for r in results:
+        logits[r["index"]] = r["logits"]
+    assert rel_err(logits, ref["logits"]) <= tol  # a token no rank produced stays NaN and fails
+    for r in results:
+        assert r["num_items"] == ref["n_items"]
+        assert abs(r["loss"] - ref["loss"]) <= tol * ref["loss"]
+        for name, g in r["grads"].items():
+            assert rel_err(g, ref["grads"][name]) <= tol, (kind, name)
+
+
+@pytest.mark.parametrize("levers", [{"vocab_tile": 16}, ALL, {**ALL, "chunked_loss": False},
+                                    {"chunked_loss": False, "tiled_mlp": True, "mlp_tile_tokens": 5}],
+                         ids=["chunked", "all", "checkpointing+tiled", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_sp1_levers_match_documents_alone(levers: dict, dtype: torch.dtype) -> None:
+    res = L.levers_forward_backward("qwen2", 1, levers, dtype=dtype)
+    assert res["chunked"] == ("ChunkedLMHead" if levers.get("chunked_loss", True) else "Linear")
+    check("qwen2", [res], dtype)
+
+
+@pytest.mark.parametrize("kind,sp_size,ulysses,levers", [
+    ("llama", 2, 1, ALL), ("qwen2", 2, 1, {**ALL, "chunked_loss": False}),
+    ("llama", 4, 1, ALL), ("qwen2", 4, 2, ALL)], ids=["sp2-u1", "sp2-u1-logits", "sp4-u1", "sp4-u2"])
+def test_sp_levers_match_documents_alone(kind: str, sp_size: int, ulysses: int, levers: dict, pools) -> None:
+    check(kind, pools(sp_size, TIMEOUT_S).run(L.levers_forward_backward, kind, sp_size, levers, ulysses))
+
+
+def test_sp2_float64_all_levers(pools) -> None:
+    check("llama", pools(2, TIMEOUT_S).run(L.levers_forward_backward, "llama", 2, ALL, 1, torch.float64),
+          torch.float64)

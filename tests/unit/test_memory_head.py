@@ -1,0 +1,70 @@
+"""The chunked LM head on families that transform their logits, its refusals, and the levers' own checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, LlamaConfig, Qwen3MoeConfig
+
+import hf_hsap
+from hf_hsap.memory import MemoryLevers, enable_chunked_loss, enable_tiled_mlp, logit_transform
+
+SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _model(config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
+
+
+@pytest.mark.parametrize("config,transform", [
+    (Gemma2Config(final_logit_softcapping=3.0, head_dim=8, **SMALL), (3.0, 1.0)),
+    (CohereConfig(logit_scale=0.5, **SMALL), (None, 0.5)),
+    (LlamaConfig(tie_word_embeddings=True, **SMALL), (None, 1.0))], ids=["gemma2-softcap", "cohere-scale", "tied"])
+def test_transforming_families_are_exact(config, transform) -> None:
+    """Soft-capped, scaled and tied heads: the loss and every gradient equal the full logits' cross-entropy."""
+    assert logit_transform(config) == transform
+    full, tiled = _model(config), _model(config)
+    enable_chunked_loss(tiled, vocab_tile=10)  # verifies against the model's own logits
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(15), torch.arange(25)]).unsqueeze(0)
+    batch = hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos, "labels": ids.clone()}, 1)
+    inputs = {k: batch[k] for k in ("input_ids", "position_ids", "hsap_plan")}
+    want = F.cross_entropy(full(**inputs).logits[0].float(), batch["shift_labels"][0], reduction="sum") / 38
+    got = hf_hsap.integrations.hsap_model_loss(tiled, batch, 38)
+    want.backward()
+    got.backward()
+    assert abs(got.item() - want.item()) <= 1e-5 * want.item()
+    for (name, a), b in zip(full.named_parameters(), tiled.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+    if config.tie_word_embeddings:
+        assert tiled.get_output_embeddings().weight is tiled.get_input_embeddings().weight
+
+
+def test_an_unknown_logit_transform_is_refused() -> None:
+    """A config naming a soft-cap that the family's forward does not apply: the probe sees the difference."""
+    config = LlamaConfig(**SMALL)
+    config.final_logit_softcapping = 2.0  # Llama ignores it; the head would apply it
+    with pytest.raises(ValueError, match="chunked_loss=False"):
+        enable_chunked_loss(_model(config))
+
+
+def test_levers_validate_and_moe_mlps_stay_whole() -> None:
+    with pytest.raises(ValueError, match="vocab_tile"):
+        MemoryLevers(vocab_tile=0)
+    assert MemoryLevers(tiled_mlp=True).names == ["chunked_loss", "tiled_mlp"]
+    moe = _model(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8,
+                                decoder_sparse_step=1, mlp_only_layers=[1], **SMALL))
+    assert enable_tiled_mlp(moe, 8) == 1  # the dense MLP of layer 1; layer 0's experts are left alone
+
+
+def test_training_arguments_carry_the_levers(tmp_path) -> None:
+    from hf_hsap.integrations import HSAPTrainingArguments
+
+    args = HSAPTrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True, hsap_tiled_mlp=True,
+                                 hsap_vocab_tile=512, activation_offloading=True, use_cpu=True, report_to=[])
+    assert args.memory_levers() == MemoryLevers(vocab_tile=512, gradient_checkpointing=True,
+                                                activation_offloading=True, tiled_mlp=True)
+    with pytest.raises(ValueError, match="mlp_tile_tokens"):
+        HSAPTrainingArguments(output_dir=str(tmp_path), hsap_mlp_tile_tokens=0, use_cpu=True, report_to=[])
