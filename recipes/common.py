@@ -94,7 +94,6 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
 
 def add_memory_args(parser: argparse.ArgumentParser) -> None:
     """The memory levers (:class:`hf_hsap.MemoryLevers`) under the names Transformers and TRL users know."""
-    from hf_hsap.memory.head import DEFAULT_VOCAB_TILE
     from hf_hsap.memory.tiled_mlp import DEFAULT_TILE_TOKENS
 
     g = parser.add_argument_group("memory levers")
@@ -106,15 +105,15 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mlp_tile_tokens", type=positive_int, default=DEFAULT_TILE_TOKENS)
     g.add_argument("--no_chunked_loss", dest="chunked_loss", action="store_false",
                    help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
-    g.add_argument("--vocab_tile", type=positive_int, default=DEFAULT_VOCAB_TILE,
-                   help="vocabulary columns of one tile of the chunked loss")
+    g.add_argument("--loss_tile_tokens", type=positive_int, default=None,
+                   help="tokens of one tile of the chunked loss (default: about 16M logits per tile)")
 
 
 def memory_levers(args: argparse.Namespace) -> Any:
     """The :class:`hf_hsap.MemoryLevers` of :func:`add_memory_args`' flags."""
     import hf_hsap
 
-    return hf_hsap.MemoryLevers(chunked_loss=args.chunked_loss, vocab_tile=args.vocab_tile,
+    return hf_hsap.MemoryLevers(chunked_loss=args.chunked_loss, loss_tile_tokens=args.loss_tile_tokens,
                                 gradient_checkpointing=args.gradient_checkpointing,
                                 activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
                                 mlp_tile_tokens=args.mlp_tile_tokens)

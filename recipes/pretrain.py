@@ -9,7 +9,7 @@ to the DP groups (world / sp_size) and to ``--grad_accum`` micro-batches, each p
 ``--max_length`` tokens and sharded over the SP group by ``shard_batch`` (see ``pretrain_data.py``). The loss
 is the exact global mean: every rank scales ``sum(local CE) / N_step`` by the world size W and DDP / FSDP
 average the gradients over W. Writes ``<output_dir>/metrics.jsonl`` (one record per step: loss, lr,
-grad_norm, TGS, MFU, peak memory, and eval_loss on evaluation steps) and ``checkpoint-<step>/`` (model,
+grad_norm, TGS, MFU, the largest rank's peak memory, and eval_loss on evaluation steps) and ``checkpoint-<step>/`` (model,
 optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
 
 Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so
@@ -195,6 +195,15 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
             "tokens": int(counts[1]), "sum_sq": int(counts[2])}
 
 
+def largest_rank(value: float, device: torch.device) -> float:
+    """The largest ``value`` over the world's ranks (collective; the value itself in one process)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def run(args: argparse.Namespace) -> int:
     """Train (see the module docstring); the model is freed when it returns, the process groups are not.
 
@@ -268,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
                 "step": step + 1, "loss": out["loss"], "lr": lr, "grad_norm": grad_norm,
                 "epoch": round(data.epoch_of(step), 4), "tokens": out["tokens"], "targets": out["targets"],
                 "step_time_s": dt, "tgs": tgs, "mfu": flops / dt / (world * peak) if peak else None,
-                "peak_mem_gb": peak_memory_gb(accelerator.device),
+                "peak_mem_gb": largest_rank(peak_memory_gb(accelerator.device), accelerator.device),
             }
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.max_steps):
                 record["eval_loss"] = evaluate(model, evals, sp, accelerator, args)

@@ -19,7 +19,6 @@ from typing import Any
 from transformers import TrainingArguments
 
 from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, HSAPConfig
-from ..memory.head import DEFAULT_VOCAB_TILE
 from ..memory.levers import MemoryLevers
 from ..memory.tiled_mlp import DEFAULT_TILE_TOKENS
 from ..plan.placement import DEFAULT_TOKEN_SLACK
@@ -59,8 +58,8 @@ class HSAPArguments:
     hsap_chunked_loss: bool = field(default=True, metadata={
         "help": "HSAP: the LM head and the loss in tiles, never the full logits (HSAPTrainer; HSAPSFTTrainer keeps "
                 "TRL's own fused LM head)"})
-    hsap_vocab_tile: int = field(default=DEFAULT_VOCAB_TILE, metadata={
-        "help": "HSAP: vocabulary columns of one tile of the chunked loss"})
+    hsap_loss_tile_tokens: int | None = field(default=None, metadata={
+        "help": "HSAP: tokens of one tile of the chunked loss (default: about 16M logits per tile)"})
     hsap_tiled_mlp: bool = field(default=False, metadata={
         "help": "HSAP: every dense MLP in tiles of hsap_mlp_tile_tokens tokens, recomputed in backward"})
     hsap_mlp_tile_tokens: int = field(default=DEFAULT_TILE_TOKENS, metadata={"help": "HSAP: tokens of one MLP tile"})
@@ -68,7 +67,7 @@ class HSAPArguments:
     def memory_levers(self) -> MemoryLevers:
         """The :class:`~hf_hsap.MemoryLevers` of these arguments (checkpointing and offloading from the Trainer's /
         TRL's own ``gradient_checkpointing`` and ``activation_offloading``)."""
-        return MemoryLevers(chunked_loss=self.hsap_chunked_loss, vocab_tile=self.hsap_vocab_tile,
+        return MemoryLevers(chunked_loss=self.hsap_chunked_loss, loss_tile_tokens=self.hsap_loss_tile_tokens,
                             gradient_checkpointing=bool(getattr(self, "activation_checkpointing", None)
                                                         or getattr(self, "gradient_checkpointing", False)),
                             activation_offloading=bool(getattr(self, "activation_offloading", False)),

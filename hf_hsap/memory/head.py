@@ -1,14 +1,12 @@
-"""A causal-LM loss that never materialises the ``[T, V]`` logits: the LM head and the cross-entropy run in tiles.
+"""A causal-LM loss that never materialises the ``[T, V]`` logits: the LM head and the cross-entropy run in tiles of
+tokens (:mod:`.fused_ce`: the gradients are formed in the forward, one tile at a time, and handed to autograd in the
+backward).
 
-The tiles are TRL's kernel (``trl.kernels.ChunkedLogProbFunction``: a Triton fold on GPU, torch ops elsewhere; the
-backward recomputes every tile and accumulates the gradients in float32). hf_hsap adds what TRL's own fused head
-(``trl.trainer.utils.add_fused_lm_head``) does not give every path: a vocabulary tile chosen per device (TRL's is
-32,768 columns, about 3 GB of float32 temporaries per tile on CPU), the loss of pre-sharded ``shift_labels`` scaled
-for SP x DP, and a head that works through any wrapper's forward (DDP, FSDP2, Accelerate) without replacing the
-model's ``forward``: :class:`ChunkedLMHead` takes the place of the output embedding (same parameters, same state
-dict) and, while a loss is requested (:meth:`ChunkedLMHead.loss_for`), computes the loss inside its own forward and
-returns an empty ``[B, T, 0]`` tensor as the logits. Without a request it is the plain linear head (generation,
-evaluation with logits).
+:class:`ChunkedLMHead` takes the place of the model's output embedding (same parameters, same state dict, tied
+embeddings stay tied) and, while a loss is requested (:meth:`ChunkedLMHead.loss_for`), computes the loss inside
+its own forward and returns an empty ``[B, T, 0]`` tensor as the logits. Without a request it is the plain linear
+head (generation, evaluation with logits). Computing inside the head's own forward keeps every wrapper's hooks in
+place (DDP's forward, FSDP2's unsharded parameters, ZeRO-3's gather) without replacing the model's ``forward``.
 
 The logits' transform of the family (Gemma's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's
 ``logits_scaling``, ...) is read from the config and checked once against the model's own logits
@@ -25,14 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..log import get_logger
+from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
 
 __all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_head", "logit_transform",
-           "verify_chunked_head", "DEFAULT_VOCAB_TILE"]
+           "verify_chunked_head", "DEFAULT_TILE_ELEMENTS"]
 
 logger = get_logger(__name__)
 
 IGNORE_INDEX = -100
-DEFAULT_VOCAB_TILE = 4096  # vocabulary columns of one tile: TOKEN_CHUNK_SIZE (4096) x 4096 x 4 B = 64 MiB float32
+DEFAULT_TILE_ELEMENTS = 1 << 24  # logits of one tile: 64 MiB in float32 (128 tokens of Llama-3's 128,256 vocabulary)
 
 
 def logit_transform(config: Any) -> tuple[float | None, float]:
@@ -83,16 +82,16 @@ class ChunkedLMHead(nn.Linear):
     Args:
         head: the model's ``nn.Linear`` output embedding.
         softcap, scale: the family's logit transform (:func:`logit_transform`).
-        vocab_tile: vocabulary columns per tile (memory ``4096 x vocab_tile`` floats and a few temporaries).
+        tile_tokens: tokens per tile (default: a ``[tile, V]`` tile of about ``DEFAULT_TILE_ELEMENTS`` logits).
     """
 
-    def __init__(self, head: nn.Linear, softcap: float | None, scale: float, vocab_tile: int = DEFAULT_VOCAB_TILE):
+    def __init__(self, head: nn.Linear, softcap: float | None, scale: float, tile_tokens: int | None = None):
         nn.Module.__init__(self)  # not nn.Linear's: the parameters are the head's own
         self.in_features, self.out_features = head.in_features, head.out_features
         self.weight = head.weight
         self.bias = head.bias
         self.softcap, self.scale = softcap, scale
-        self.vocab_tile = int(vocab_tile)
+        self.tile_tokens = int(tile_tokens or tile_tokens_for(head.out_features, DEFAULT_TILE_ELEMENTS))
         self._request: LossRequest | None = None
 
     @contextmanager
@@ -128,16 +127,13 @@ class ChunkedLMHead(nn.Linear):
         request, self._request = self._request, None  # one forward consumes the request
         if request is None:
             return F.linear(hidden, self.weight, self.bias)
-        from trl.kernels import ChunkedLogProbFunction  # the tiled kernel (module docstring)
-
         flat = hidden.reshape(-1, hidden.shape[-1])  # [B, T, H] -> [B*T, H]
         labels = request.shift_labels.reshape(-1).to(flat.device)  # [B*T]
         if labels.numel() != flat.shape[0]:
             raise ValueError(f"shift_labels hold {labels.numel()} targets for {flat.shape[0]} hidden states")
         valid = labels != IGNORE_INDEX
-        log_probs = ChunkedLogProbFunction.apply(flat, self.weight, self.bias, labels.clamp(min=0), 1.0,
-                                                 self.vocab_tile, self.softcap, self.scale, ())[0]  # [B*T] float32
-        nll = -log_probs.masked_fill(~valid, 0.0).sum()
+        nll = fused_linear_cross_entropy(flat, self.weight, self.bias, labels, self.tile_tokens, self.softcap,
+                                         self.scale)
         n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
         request.loss = nll * request.grad_scale / n
         request.count = int(valid.sum())
@@ -152,12 +148,12 @@ def find_chunked_head(model: nn.Module) -> ChunkedLMHead | None:
     return None
 
 
-def enable_chunked_loss(model: nn.Module, vocab_tile: int = DEFAULT_VOCAB_TILE, verify: bool = True) -> ChunkedLMHead:
+def enable_chunked_loss(model: nn.Module, tile_tokens: int | None = None, verify: bool = True) -> ChunkedLMHead:
     """Put a :class:`ChunkedLMHead` in place of ``model``'s output embedding (idempotent; before wrapping).
 
     Args:
         model: a causal LM (``get_output_embeddings()`` an ``nn.Linear``).
-        vocab_tile: vocabulary columns per tile.
+        tile_tokens: tokens per tile (default: about ``DEFAULT_TILE_ELEMENTS`` logits per tile).
         verify: check the head against the model's own logits on a short probe (:func:`verify_chunked_head`).
 
     Returns:
@@ -168,7 +164,8 @@ def enable_chunked_loss(model: nn.Module, vocab_tile: int = DEFAULT_VOCAB_TILE, 
     """
     existing = find_chunked_head(model)
     if existing is not None:
-        existing.vocab_tile = int(vocab_tile)
+        if tile_tokens:
+            existing.tile_tokens = int(tile_tokens)
         return existing
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear:
@@ -176,11 +173,11 @@ def enable_chunked_loss(model: nn.Module, vocab_tile: int = DEFAULT_VOCAB_TILE, 
                          "chunked loss cannot replace it; train with the full logits (chunked_loss=False / "
                          "--no_chunked_loss)")
     softcap, scale = logit_transform(model.config)
-    new = ChunkedLMHead(head, softcap, scale, vocab_tile)
+    new = ChunkedLMHead(head, softcap, scale, tile_tokens)
     parent_name, _, attr = next(n for n, m in model.named_modules() if m is head).rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
-    logger.info("hf_hsap: %s's LM head computes the loss in tiles of %d vocabulary columns (softcap %s, scale %s)",
-                type(model).__name__, vocab_tile, softcap, scale)
+    logger.info("hf_hsap: %s's LM head computes the loss in tiles of %d tokens (softcap %s, scale %s)",
+                type(model).__name__, new.tile_tokens, softcap, scale)
     if verify:
         verify_chunked_head(model, new)
     return new

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..log import get_logger
-from .head import DEFAULT_VOCAB_TILE, enable_chunked_loss
+from .head import enable_chunked_loss
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
 __all__ = ["MemoryLevers", "apply_memory_levers"]
@@ -40,7 +40,8 @@ class MemoryLevers:
 
     Args:
         chunked_loss: the LM head and the loss in tiles (default on).
-        vocab_tile: vocabulary columns per loss tile.
+        loss_tile_tokens: tokens per tile of the loss (default: a tile of about 16M logits, 128 tokens of a
+            128K vocabulary).
         gradient_checkpointing: recompute each decoder layer in backward.
         activation_offloading: move saved activations to host memory (CUDA only).
         tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
@@ -48,15 +49,15 @@ class MemoryLevers:
     """
 
     chunked_loss: bool = True
-    vocab_tile: int = DEFAULT_VOCAB_TILE
+    loss_tile_tokens: int | None = None
     gradient_checkpointing: bool = False
     activation_offloading: bool = False
     tiled_mlp: bool = False
     mlp_tile_tokens: int = DEFAULT_TILE_TOKENS
 
     def __post_init__(self) -> None:
-        for name in ("vocab_tile", "mlp_tile_tokens"):
-            if int(getattr(self, name)) < 1:
+        for name in ("loss_tile_tokens", "mlp_tile_tokens"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"MemoryLevers.{name} must be positive, got {getattr(self, name)}")
 
     def replace(self, **changes: Any) -> "MemoryLevers":
@@ -87,7 +88,7 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
         ValueError: a lever this model cannot use (a head that is not linear, a model without checkpointing).
     """
     if levers.chunked_loss:
-        enable_chunked_loss(model, levers.vocab_tile, verify=verify)
+        enable_chunked_loss(model, levers.loss_tile_tokens, verify=verify)
     if levers.tiled_mlp:
         enable_tiled_mlp(model, levers.mlp_tile_tokens)
     if levers.gradient_checkpointing:

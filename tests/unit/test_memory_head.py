@@ -26,7 +26,7 @@ def test_transforming_families_are_exact(config, transform) -> None:
     """Soft-capped, scaled and tied heads: the loss and every gradient equal the full logits' cross-entropy."""
     assert logit_transform(config) == transform
     full, tiled = _model(config), _model(config)
-    enable_chunked_loss(tiled, vocab_tile=10)  # verifies against the model's own logits
+    enable_chunked_loss(tiled, tile_tokens=10)  # verifies against the model's own logits
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.arange(15), torch.arange(25)]).unsqueeze(0)
     batch = hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos, "labels": ids.clone()}, 1)
@@ -51,8 +51,8 @@ def test_an_unknown_logit_transform_is_refused() -> None:
 
 
 def test_levers_validate_and_moe_mlps_stay_whole() -> None:
-    with pytest.raises(ValueError, match="vocab_tile"):
-        MemoryLevers(vocab_tile=0)
+    with pytest.raises(ValueError, match="loss_tile_tokens"):
+        MemoryLevers(loss_tile_tokens=0)
     assert MemoryLevers(tiled_mlp=True).names == ["chunked_loss", "tiled_mlp"]
     moe = _model(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8,
                                 decoder_sparse_step=1, mlp_only_layers=[1], **SMALL))
@@ -63,8 +63,38 @@ def test_training_arguments_carry_the_levers(tmp_path) -> None:
     from hf_hsap.integrations import HSAPTrainingArguments
 
     args = HSAPTrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True, hsap_tiled_mlp=True,
-                                 hsap_vocab_tile=512, activation_offloading=True, use_cpu=True, report_to=[])
-    assert args.memory_levers() == MemoryLevers(vocab_tile=512, gradient_checkpointing=True,
+                                 hsap_loss_tile_tokens=512, activation_offloading=True, use_cpu=True, report_to=[])
+    assert args.memory_levers() == MemoryLevers(loss_tile_tokens=512, gradient_checkpointing=True,
                                                 activation_offloading=True, tiled_mlp=True)
     with pytest.raises(ValueError, match="mlp_tile_tokens"):
         HSAPTrainingArguments(output_dir=str(tmp_path), hsap_mlp_tile_tokens=0, use_cpu=True, report_to=[])
+
+
+@pytest.mark.parametrize("softcap,scale,bias", [(None, 1.0, False), (3.0, 0.7, True), (None, 0.5, True)])
+def test_fused_cross_entropy_is_exact_in_float64(softcap, scale, bias) -> None:
+    """Loss and the gradients of hidden states, weight and bias equal autograd through the full logits to float64
+    rounding, across tiles that do not divide the tokens, with ignored targets; in no-grad mode only the loss."""
+    from hf_hsap.memory.fused_ce import fused_linear_cross_entropy
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(37, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    y = torch.randint(0, 50, (37,), generator=g)
+    y[[0, 3, 36]] = -100
+    z = (h @ w.t() + (b if bias else 0)) * scale
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    want = F.cross_entropy(z, y, reduction="sum", ignore_index=-100)
+    params = [h, w] + ([b] if bias else [])
+    ref = torch.autograd.grad(want * 0.3, params)
+    got = fused_linear_cross_entropy(h, w, b, y, 5, softcap, scale)
+    assert abs(got.item() - want.item()) <= 1e-12 * want.item()
+    for a, r in zip(torch.autograd.grad(got * 0.3, params), ref):
+        assert torch.allclose(a, r, rtol=1e-12, atol=1e-14)
+    with torch.no_grad():
+        assert fused_linear_cross_entropy(h, w, b, y, 4, softcap, scale).item() == pytest.approx(want.item(), 1e-12)
+    twice = fused_linear_cross_entropy(h, w, b, y, 5, softcap, scale)
+    twice.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward"):
+        twice.backward()
