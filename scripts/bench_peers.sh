@@ -10,20 +10,6 @@
 # 2 cores; cached in ~/.cache/torch_extensions afterwards); the all-to-alls measured here go through gloo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${HSAP_DS_VENV:-.venv-ds}
-export DS_BUILD_OPS=0
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-have() {  # the modules are installed (found, not imported: importing deepspeed takes seconds)
-  "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))" "$@"
-}
-if ! have torch; then
-  wheel=$(ls /opt/wheels/torch-2.13.0*cpu*.whl 2>/dev/null | head -n 1 || true)
-  "$VENV/bin/pip" install -q "${HSAP_TORCH_SPEC:-${wheel:-torch==2.13.0}}"
-fi
-if ! have deepspeed hf_hsap transformers; then
-  "$VENV/bin/pip" install -q -e . deepspeed
-fi
+source scripts/ds_env.sh  # VENV: DeepSpeed's environment, made if needed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec "$VENV/bin/python" -m benchmarks.peers "$@"

@@ -75,6 +75,7 @@ class HSAPTrainerMixin:
         from ..config import warn_deprecated
 
         register()
+        _no_offloading_without_accelerator(kwargs.get("args", args[1] if len(args) > 1 else None))
         super().__init__(*args, **kwargs)
         self.hsap_preempted = False  # set when a signal stopped the last train() call
         self._hsap_preemption = PreemptionHandler(preemption_signals)
@@ -271,6 +272,17 @@ class HSAPTrainerMixin:
                                       num_items_in_batch=num_items_in_batch)
         check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
         return result
+
+
+def _no_offloading_without_accelerator(args: Any) -> None:
+    """``activation_offloading`` moves activations from an accelerator to host memory: on CPU (``use_cpu``, or no
+    accelerator) there is nothing to move, and TRL's context cannot be built there; turn it off, logged."""
+    if not getattr(args, "activation_offloading", False):
+        return
+    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    if getattr(args, "use_cpu", False) or accelerator is None:
+        logger.info("hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory); off")
+        args.activation_offloading = False
 
 
 def _callback_base() -> type:

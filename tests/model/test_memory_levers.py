@@ -70,3 +70,31 @@ def test_sp_levers_match_documents_alone(kind: str, sp_size: int, ulysses: int, 
 def test_sp2_float64_all_levers(pools) -> None:
     check("llama", pools(2, TIMEOUT_S).run(L.levers_forward_backward, "llama", 2, ALL, 1, torch.float64),
           torch.float64)
+
+
+def test_hf_trainer_with_levers_logs_the_plain_losses(pools, tmp_path) -> None:
+    """HSAPTrainer at SP 2 with gradient checkpointing, the chunked loss (its default) and the tiled MLP logs the
+    training and eval losses of one process without any lever (full logits)."""
+    plain = W.trainer_losses(1, str(tmp_path / "plain"), hsap_chunked_loss=False)
+    levers = dict(gradient_checkpointing=True, hsap_tiled_mlp=True, hsap_mlp_tile_tokens=8, hsap_loss_tile_tokens=16)
+    for res in pools(2, TIMEOUT_S).run(_trainer_levers, str(tmp_path / "levers"), levers):
+        assert res["train"] == pytest.approx(plain["train"], rel=1e-5)
+        assert res["eval"] == pytest.approx(plain["eval"], rel=1e-5)
+
+
+def test_sft_trainer_with_levers_logs_the_plain_losses(pools, tmp_path) -> None:
+    """HSAPSFTTrainer (TRL's fused LM head) at SP 2 with gradient checkpointing, activation offloading (nothing to
+    move on CPU) and the tiled MLP logs the losses of one process without them."""
+    plain = W.sft_losses(1, str(tmp_path / "plain"))
+    levers = dict(gradient_checkpointing=True, activation_offloading=True, hsap_tiled_mlp=True,
+                  hsap_mlp_tile_tokens=8)
+    for losses in pools(2, TIMEOUT_S).run(_sft_levers, str(tmp_path / "levers"), levers):
+        assert losses == pytest.approx(plain, rel=1e-5)
+
+
+def _trainer_levers(out_dir: str, levers: dict) -> dict:
+    return W.trainer_losses(2, out_dir, **levers)
+
+
+def _sft_levers(out_dir: str, levers: dict) -> list:
+    return W.sft_losses(2, out_dir, **levers)

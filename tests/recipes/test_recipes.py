@@ -48,3 +48,18 @@ def test_sft_trl_resume_under_sp2_logs_the_uninterrupted_losses(sft_sp1, tmp_pat
                                               str(out / f"checkpoint-{SFT_SAVE}"), "--hsap_rounds", "batched",
                                               "--hsap_recv_budget_tokens", "16", *SFT_ARGS], procs=2)
     assert_same_losses(got, ref, list(range(SFT_SAVE + 1, SFT_STEPS + 1)))
+
+
+def test_pretrain_memory_levers_log_the_plain_losses(tmp_path: Path) -> None:
+    """SP 2 on 2 processes: --gradient_checkpointing, the tiled MLP and the chunked loss (its default) log the losses
+    and eval losses of the run with none of them (full logits), to 1e-5."""
+    args = [*PRETRAIN_ARGS[2:], "--max_steps", "10", "--sp_size", "2"]  # PRETRAIN_ARGS starts with --max_steps N
+    plain = run_recipe("pretrain.py", tmp_path / "plain", [*args, "--no_chunked_loss"], procs=2)
+    levers = run_recipe("pretrain.py", tmp_path / "levers", [*args, "--gradient_checkpointing", "--tiled_mlp",
+                                                             "--mlp_tile_tokens", "16", "--loss_tile_tokens", "64"],
+                        procs=2)
+    assert len(plain) == len(levers) == 10
+    for a, b in zip(levers, plain):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), a["step"]
+        if "eval_loss" in b:
+            assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-5)

@@ -122,10 +122,12 @@ def loader_order(sp_size: int, n_batches: int) -> dict[str, Any]:
     return {"len": len(loader), "yielded": len(seen), "firsts": firsts}
 
 
-def sft_losses(sp_size: int, out_dir: str, steps: int = 3) -> list[float]:
-    """TRL SFTTrainer (packing, padding-free) for ``steps`` steps; the logged training losses."""
+def sft_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> list[float]:
+    """TRL SFTTrainer (packing, padding-free) for ``steps`` steps; the logged training losses (``extra``: more
+    ``HSAPSFTConfig`` fields)."""
     from datasets import Dataset
-    from trl import SFTConfig
+
+    from hf_hsap.integrations import HSAPSFTConfig as SFTConfig
 
     from hf_hsap.integrations import HSAPSFTTrainer
 
@@ -139,7 +141,7 @@ def sft_losses(sp_size: int, out_dir: str, steps: int = 3) -> list[float]:
     args = SFTConfig(output_dir=out_dir, packing=True, max_length=96, per_device_train_batch_size=2,
                      max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
                      save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0,
-                     disable_tqdm=True, bf16=False, dataset_num_proc=None)
+                     disable_tqdm=True, bf16=False, dataset_num_proc=None, **extra)
     trainer = HSAPSFTTrainer(model=make_model("llama"), args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, sp=sp_size)
     trainer.train()
@@ -194,18 +196,18 @@ def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
     return {"full": full, "resumed": resumed}
 
 
-def trainer_losses(sp_size: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
-    """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss."""
-    from transformers import TrainingArguments
-
+def trainer_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> dict[str, Any]:
+    """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss
+    (``extra``: more ``HSAPTrainingArguments`` fields, e.g. the memory levers)."""
     from hf_hsap.data import PackingCollator
     from hf_hsap.integrations import HSAPTrainer
+    from hf_hsap.integrations import HSAPTrainingArguments as TrainingArguments
 
     rows = _trainer_rows(sp_size, seed=7, n=40)
     args = TrainingArguments(output_dir=out_dir, per_device_train_batch_size=4, per_device_eval_batch_size=4,
                              max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
                              save_strategy="no", seed=0, data_seed=0, disable_tqdm=True,
-                             remove_unused_columns=False)
+                             remove_unused_columns=False, **extra)
     trainer = HSAPTrainer(model=make_model("qwen2"), args=args, train_dataset=rows, eval_dataset=rows.select(range(16)),
                           data_collator=PackingCollator(max_length=64), sp=sp_size)
     trainer.train()
