@@ -28,6 +28,7 @@ import numpy as np
 from .config import HSAPConfig
 from .data.lengths import DISTRIBUTIONS, doc_lengths
 from .hardware import MODEL_SHAPES
+from .memory.advice import LEVER_ORDER, MEMORY_MODELS, levers_from_names, max_length_lines
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, choose_ulysses_size, offline_link, plan_sequence
@@ -191,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. 1024:5,full:1 for Gemma 3; 4096 for a Mistral-style window on every layer); "
                         "default: read from --config, else full attention")
     p.add_argument("--png", help="write the token map and traffic heat map to this PNG")
+    fit = p.add_argument_group("the longest row that fits (--max-length)")
+    fit.add_argument("--max-length", action="store_true",
+                     help="print the longest packed row whose training step fits each GPU (hf_hsap.memory's model)")
+    fit.add_argument("--model", default="llama-3-8b", choices=sorted(MEMORY_MODELS),
+                     help="a model's shapes (default llama-3-8b); --config overrides it")
+    fit.add_argument("--gpus", type=int, default=8, help="GPUs in all (default 8); one row spans --sp of them")
+    fit.add_argument("--sp", type=int, default=None, help="GPUs one row is sharded over (default: --gpus)")
+    fit.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of memory per GPU (default 80)")
+    fit.add_argument("--levers", default="all",
+                     help=f"all (default), none, or comma-separated: {', '.join(LEVER_ORDER)}")
+    fit.add_argument("--sharding", choices=["ddp", "fsdp2", "zero3"], default="zero3",
+                     help="how weights, gradients and optimizer states are held (default zero3)")
     return p
 
 
@@ -299,10 +312,26 @@ def make_plan(args: argparse.Namespace, cu: np.ndarray | None = None, U: int | N
                          gpus_per_node=config.gpus_per_node, cost=config.cost_model, **config.plan_options())
 
 
+def _max_length(args: argparse.Namespace) -> int:
+    """``--max-length``: the longest row that fits, its memory by term and what limits it."""
+    try:
+        config = vars(_load_config(args.config)) if args.config else MEMORY_MODELS[args.model]
+        lines = max_length_lines(config, gpus=args.gpus, memory_gib=args.gpu_memory,
+                                 levers=levers_from_names(args.levers), sharding=args.sharding, sp_size=args.sp,
+                                 ulysses_size=args.U if isinstance(args.U, int) else 1)
+    except ValueError as e:
+        print(f"hsap-plan: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point. Returns the exit status (0 ok, 2 bad arguments)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.max_length:
+        return _max_length(args)
     try:
         cu = _row(args)
         U, times = choose_degree(args, cu, _windows(args))

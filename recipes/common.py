@@ -30,6 +30,7 @@ __all__ = [
     "add_memory_args",
     "attention_flops",
     "build_model",
+    "check_row_fits",
     "finish_distributed",
     "guess_peak_flops",
     "init_sp",
@@ -107,6 +108,9 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
                    help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
     g.add_argument("--loss_tile_tokens", type=positive_int, default=None,
                    help="tokens of one tile of the chunked loss (default: about 16M logits per tile)")
+    g.add_argument("--memory_per_device_gib", type=float, default=None,
+                   help="refuse, before the first step, a --max_length whose modelled step exceeds this much memory "
+                        "per device (default: the GPU's memory less 4 GiB; no check on CPU)")
 
 
 def memory_levers(args: argparse.Namespace) -> Any:
@@ -117,6 +121,36 @@ def memory_levers(args: argparse.Namespace) -> Any:
                                 gradient_checkpointing=args.gradient_checkpointing,
                                 activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
                                 mlp_tile_tokens=args.mlp_tile_tokens)
+
+
+# How a recipe's user turns each lever on (the advice of check_row_fits)
+LEVER_FLAGS = {"chunked_loss": "the chunked loss (drop --no_chunked_loss)",
+               "gradient_checkpointing": "--gradient_checkpointing", "tiled_mlp": "--tiled_mlp",
+               "activation_offloading": "--activation_offloading"}
+
+
+def check_row_fits(args: argparse.Namespace, config: Any, sp: Any, accelerator: Any) -> None:
+    """Refuse, before the first step, a ``--max_length`` row whose modelled step (:mod:`hf_hsap.memory.model`) does
+    not fit a device, naming the levers that would make it fit (:func:`hf_hsap.memory.advice.check_row_fits`).
+    The memory: ``--memory_per_device_gib``, else the GPU's less 4 GiB (context, communication buffers); on CPU
+    without the flag nothing is checked."""
+    from hf_hsap.memory.advice import check_row_fits as check
+    from hf_hsap.memory.fit import DEFAULT_RESERVE_GIB
+
+    memory = args.memory_per_device_gib
+    cuda = accelerator.device.type == "cuda"
+    if memory is None and cuda:
+        memory = torch.cuda.get_device_properties(accelerator.device).total_memory / 2**30 - DEFAULT_RESERVE_GIB
+    if memory is None:
+        return
+    kind = accelerator.distributed_type.name
+    world = accelerator.num_processes
+    sharding = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(kind, "ddp" if world > 1 else "none")
+    half = accelerator.mixed_precision in ("bf16", "fp16")
+    check(config, args.max_length, memory_gib=memory, world=world, sp_size=sp.size, ulysses_size=sp.ulysses_size,
+          levers=memory_levers(args), sharding=sharding, param_dtype="fp32", master_weights=False,
+          compute_dtype="bf16" if half else "fp32", recv_budget_tokens=args.recv_budget_tokens,
+          device="cuda" if cuda else "cpu", spelling=LEVER_FLAGS)
 
 
 def positive_int(value: str) -> int:

@@ -43,7 +43,7 @@ from hf_hsap.integrations import (dp_grad_scale, hsap_causal_lm_loss, hsap_model
 from hf_hsap.memory import find_chunked_head  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
-                    finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, memory_levers,
+                    check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, memory_levers,
                     parse_common_args, peak_memory_gb, resolve_checkpoint)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
@@ -230,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
     hf_hsap.check_model(model, sp_size=sp.size)  # refuse before the first step what "hsap" cannot run exactly
+    check_row_fits(args, model.config, sp, accelerator)  # ... and a row that cannot fit, naming the lever that would
     offload = hf_hsap.apply_memory_levers(model, memory_levers(args))  # before prepare: DDP / FSDP wrap the levers
     config, n_matmul = model.config, matmul_params(model)
     optimizer, scheduler = make_optimizer(model, args)

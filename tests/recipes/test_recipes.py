@@ -63,3 +63,34 @@ def test_pretrain_memory_levers_log_the_plain_losses(tmp_path: Path) -> None:
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), a["step"]
         if "eval_loss" in b:
             assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-5)
+
+
+def test_pretrain_refuses_a_row_that_cannot_fit(tmp_path: Path) -> None:
+    """Before the first step: the modelled step of a 4,096-token row exceeds --memory_per_device_gib, and the message
+    names the lever that makes it fit (the memory model's own choice, tests/unit/test_memory_advice.py)."""
+    import subprocess
+    import sys
+
+    from recipe_runs import ROOT
+    from hf_hsap.testing import launch_env
+
+    from transformers import AutoTokenizer
+
+    from hf_hsap.data import tokenizer_path
+    from hf_hsap.examples import builtin_config
+    from hf_hsap.memory import MemoryLevers
+    from hf_hsap.memory.model import predict_step_memory
+
+    config = builtin_config("tiny-llama", len(AutoTokenizer.from_pretrained(str(tokenizer_path()))), 4096)
+    need = {chunked: predict_step_memory(config, 4096, world=1, sp_size=1, sharding="none", param_dtype="fp32",
+                                         compute_dtype="fp32", master_weights=False, device="cpu",
+                                         levers=MemoryLevers(chunked_loss=chunked)).total / 2**30
+            for chunked in (False, True)}
+    assert need[True] < need[False]
+    between = (need[True] + need[False]) / 2  # fits with the chunked loss, not without
+    cmd = [sys.executable, str(ROOT / "recipes" / "pretrain.py"), "--max_steps", "1", "--max_length", "4096",
+           "--no_chunked_loss", "--memory_per_device_gib", f"{between:.6f}", "--output_dir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "turn on the chunked loss (drop --no_chunked_loss)" in proc.stderr
+    assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text().strip()

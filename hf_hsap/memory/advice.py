@@ -1,0 +1,109 @@
+"""Does a row fit, and if not, which lever makes it fit: the check the recipes run before their first step, and the
+lines ``hsap-plan --max-length`` prints (pure: the device's memory is an argument).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..hardware import MODEL_SHAPES, DecoderShape
+from .fit import longest_row
+from .levers import MemoryLevers
+from .model import predict_step_memory
+
+__all__ = ["LEVER_ORDER", "check_row_fits", "levers_from_names", "max_length_lines", "MEMORY_MODELS"]
+
+# The order levers are suggested in: each costs more step time than the one before it
+LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "activation_offloading")
+GIB = 2**30
+
+
+
+def _config(shape: DecoderShape, vocab: int, model_type: str) -> dict[str, Any]:
+    """A config dict (config.json's fields) from the cost model's table of shapes, with the vocabulary."""
+    return dict(model_type=model_type, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                num_hidden_layers=shape.layers, num_attention_heads=shape.q_heads, num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim, vocab_size=vocab, tie_word_embeddings=False)
+
+
+# Models users train, as config.json fields (no hub): the Llama-3-8B of hf_hsap.hardware's table, and two more
+MEMORY_MODELS: dict[str, dict[str, Any]] = {
+    "llama-3-8b": _config(MODEL_SHAPES["llama3-8b"], 128256, "llama"),
+    "qwen3-8b": _config(DecoderShape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288), 151936, "qwen3"),
+    "llama-3-70b": _config(DecoderShape("Llama-3-70B", 80, 8192, 64, 8, 128, 28672), 128256, "llama"),
+}
+
+
+def levers_from_names(names: str) -> MemoryLevers:
+    """``"all"``, ``"none"`` or comma-separated lever names (:data:`LEVER_ORDER`) as :class:`MemoryLevers`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    chosen = {"all": set(LEVER_ORDER), "none": set()}.get(names)
+    if chosen is None:
+        chosen = {n.strip() for n in names.split(",") if n.strip()}
+        unknown = chosen - set(LEVER_ORDER)
+        if unknown:
+            raise ValueError(f"unknown levers {sorted(unknown)}; use all, none or some of {', '.join(LEVER_ORDER)}")
+    return MemoryLevers(**{n: n in chosen for n in LEVER_ORDER})
+
+
+def _with(levers: MemoryLevers, names: tuple[str, ...]) -> MemoryLevers:
+    return levers.replace(**{n: True for n in names})
+
+
+def _gib(n: float) -> str:
+    """Bytes as GiB with at least two significant digits."""
+    g = n / GIB
+    return f"{g:.1f} GiB" if g >= 1 else f"{g:.2g} GiB"
+
+
+def check_row_fits(config: Any, row_tokens: int, *, memory_gib: float, world: int, sp_size: int,
+                   levers: MemoryLevers, sharding: str = "ddp", spelling: dict[str, str] | None = None,
+                   **kw: Any) -> None:
+    """Refuse, before the first step, a row whose modelled step does not fit ``memory_gib`` per device.
+
+    Args:
+        config: the model's config. row_tokens: tokens of one packed row. memory_gib: one device's memory.
+        world, sp_size, levers, sharding, **kw: as for :func:`~.model.predict_step_memory`.
+        spelling: how the caller's users turn each lever on (e.g. ``{"gradient_checkpointing":
+            "--gradient_checkpointing"}``); default ``MemoryLevers(name=True)``.
+
+    Raises:
+        ValueError: it does not fit; the message names the levers that would make it fit (each added in
+            :data:`LEVER_ORDER`), else the longest row that fits with every lever.
+    """
+    need = predict_step_memory(config, row_tokens, world=world, sp_size=sp_size, sharding=sharding, levers=levers,
+                               **kw)
+    if need.total <= memory_gib * GIB:
+        return
+    missing = tuple(n for n in LEVER_ORDER if not getattr(levers, n))
+    advice = None
+    for k in range(1, len(missing) + 1):
+        more = _with(levers, missing[:k])
+        if predict_step_memory(config, row_tokens, world=world, sp_size=sp_size, sharding=sharding, levers=more,
+                               **kw).total <= memory_gib * GIB:
+            spell = spelling or {}
+            advice = "turn on " + ", ".join(spell.get(n, f"MemoryLevers({n}=True)") for n in missing[:k])
+            break
+    if advice is None:
+        best = longest_row(config, gpus=world, memory_per_gpu_gib=memory_gib, levers=_with(levers, missing),
+                           sharding=sharding, sp_size=sp_size, reserve_gib=0.0, **kw)
+        advice = (f"even with every lever at most {best.tokens:,} tokens fit ({best.limiting_term} limits it): "
+                  "use a shorter --max_length, or more GPUs per row (--sp_size)")
+    raise ValueError(f"a row of {row_tokens:,} tokens needs about {_gib(need.total)} per device (largest term: "
+                     f"{need.limiting_term()}, {_gib(getattr(need, need.limiting_term()))}) but the device has "
+                     f"{_gib(memory_gib * GIB)}: {advice}")
+
+
+def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: MemoryLevers, sharding: str,
+                     sp_size: int | None = None, ulysses_size: int = 1, **kw: Any) -> list[str]:
+    """``hsap-plan --max-length``'s answer: the longest row, its memory by term, and what limits it."""
+    fit = longest_row(config, gpus=gpus, memory_per_gpu_gib=memory_gib, levers=levers, sharding=sharding,
+                      sp_size=sp_size, ulysses_size=ulysses_size, **kw)
+    sp = sp_size or gpus
+    on = ", ".join(levers.names) or "none"
+    return [f"longest packed row: {fit.tokens:,} tokens on {gpus} GPUs of {memory_gib:g} GiB (SP {sp}, U "
+            f"{ulysses_size}, {sharding}; levers: {on})",
+            f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table(),
+            f"what stops a longer row: {fit.limiting_term}"]
