@@ -104,6 +104,8 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
                    help="keep the tensors saved for backward in host memory, copies overlapped (TRL's; CUDA only)")
     g.add_argument("--tiled_mlp", action="store_true", help="the MLPs in tiles of --mlp_tile_tokens tokens, recomputed")
     g.add_argument("--mlp_tile_tokens", type=positive_int, default=DEFAULT_TILE_TOKENS)
+    g.add_argument("--recompute_norms", action="store_true",
+                   help="every RMSNorm keeps only its input for the backward and is recomputed there")
     g.add_argument("--no_chunked_loss", dest="chunked_loss", action="store_false",
                    help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
     g.add_argument("--loss_tile_tokens", type=positive_int, default=None,
@@ -120,12 +122,13 @@ def memory_levers(args: argparse.Namespace) -> Any:
     return hf_hsap.MemoryLevers(chunked_loss=args.chunked_loss, loss_tile_tokens=args.loss_tile_tokens,
                                 gradient_checkpointing=args.gradient_checkpointing,
                                 activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
-                                mlp_tile_tokens=args.mlp_tile_tokens)
+                                mlp_tile_tokens=args.mlp_tile_tokens, recompute_norms=args.recompute_norms)
 
 
 # How a recipe's user turns each lever on (the advice of check_row_fits)
 LEVER_FLAGS = {"chunked_loss": "the chunked loss (drop --no_chunked_loss)",
                "gradient_checkpointing": "--gradient_checkpointing", "tiled_mlp": "--tiled_mlp",
+               "recompute_norms": "--recompute_norms",
                "activation_offloading": "--activation_offloading"}
 
 

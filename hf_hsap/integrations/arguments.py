@@ -63,6 +63,8 @@ class HSAPArguments:
     hsap_tiled_mlp: bool = field(default=False, metadata={
         "help": "HSAP: every dense MLP in tiles of hsap_mlp_tile_tokens tokens, recomputed in backward"})
     hsap_mlp_tile_tokens: int = field(default=DEFAULT_TILE_TOKENS, metadata={"help": "HSAP: tokens of one MLP tile"})
+    hsap_recompute_norms: bool = field(default=False, metadata={
+        "help": "HSAP: every RMSNorm keeps only its input for the backward and is recomputed there"})
 
     def memory_levers(self) -> MemoryLevers:
         """The :class:`~hf_hsap.MemoryLevers` of these arguments (checkpointing and offloading from the Trainer's /
@@ -71,7 +73,8 @@ class HSAPArguments:
                             gradient_checkpointing=bool(getattr(self, "activation_checkpointing", None)
                                                         or getattr(self, "gradient_checkpointing", False)),
                             activation_offloading=bool(getattr(self, "activation_offloading", False)),
-                            tiled_mlp=self.hsap_tiled_mlp, mlp_tile_tokens=self.hsap_mlp_tile_tokens)
+                            tiled_mlp=self.hsap_tiled_mlp, mlp_tile_tokens=self.hsap_mlp_tile_tokens,
+                            recompute_norms=self.hsap_recompute_norms)
 
     def hsap_config(self, model_config: Any = None) -> HSAPConfig:
         """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).

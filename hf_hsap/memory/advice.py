@@ -13,7 +13,7 @@ from .model import predict_step_memory
 __all__ = ["LEVER_ORDER", "check_row_fits", "levers_from_names", "max_length_lines", "MEMORY_MODELS"]
 
 # The order levers are suggested in: each costs more step time than the one before it
-LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "activation_offloading")
+LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms", "activation_offloading")
 GIB = 2**30
 
 

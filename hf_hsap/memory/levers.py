@@ -14,6 +14,7 @@
   checkpointing, the layers' inputs) go to pinned host memory on a side stream and come back ahead of their
   backward. On CPU activations are already in host memory: nothing to do (logged).
 * ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
+* ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from torch import nn
 
 from ..log import get_logger
 from .head import enable_chunked_loss
+from .norms import enable_norm_recompute
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
 __all__ = ["MemoryLevers", "apply_memory_levers"]
@@ -46,6 +48,7 @@ class MemoryLevers:
         activation_offloading: move saved activations to host memory (CUDA only).
         tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
         mlp_tile_tokens: tokens per MLP tile.
+        recompute_norms: every RMSNorm keeps only its input and is recomputed in backward.
     """
 
     chunked_loss: bool = True
@@ -54,6 +57,7 @@ class MemoryLevers:
     activation_offloading: bool = False
     tiled_mlp: bool = False
     mlp_tile_tokens: int = DEFAULT_TILE_TOKENS
+    recompute_norms: bool = False
 
     def __post_init__(self) -> None:
         for name in ("loss_tile_tokens", "mlp_tile_tokens"):
@@ -67,8 +71,8 @@ class MemoryLevers:
     @property
     def names(self) -> list[str]:
         """The levers that are on, by their command-line names."""
-        return [n for n in ("chunked_loss", "gradient_checkpointing", "activation_offloading", "tiled_mlp")
-                if getattr(self, n)]
+        return [n for n in ("chunked_loss", "gradient_checkpointing", "activation_offloading", "tiled_mlp",
+                            "recompute_norms") if getattr(self, n)]
 
 
 def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
@@ -91,6 +95,8 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
         enable_chunked_loss(model, levers.loss_tile_tokens, verify=verify)
     if levers.tiled_mlp:
         enable_tiled_mlp(model, levers.mlp_tile_tokens)
+    if levers.recompute_norms:
+        enable_norm_recompute(model)
     if levers.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support gradient checkpointing in Transformers; "

@@ -14,7 +14,7 @@ from workers import sp_model as W
 TIMEOUT_S = 150
 TOL = {torch.float32: 1e-4, torch.float64: 1e-6}
 ALL = {"chunked_loss": True, "loss_tile_tokens": 16, "gradient_checkpointing": True, "tiled_mlp": True,
-       "mlp_tile_tokens": 8}
+       "mlp_tile_tokens": 8, "recompute_norms": True}
 _REFERENCES: dict = {}
 
 
@@ -51,8 +51,9 @@ def check(kind: str, results: list[dict], dtype: torch.dtype = torch.float32) ->
 
 
 @pytest.mark.parametrize("levers", [{"loss_tile_tokens": 16}, ALL, {**ALL, "chunked_loss": False},
-                                    {"chunked_loss": False, "tiled_mlp": True, "mlp_tile_tokens": 5}],
-                         ids=["chunked", "all", "checkpointing+tiled", "tiled"])
+                                    {"chunked_loss": False, "tiled_mlp": True, "mlp_tile_tokens": 5},
+                                    {"chunked_loss": False, "recompute_norms": True}],
+                         ids=["chunked", "all", "checkpointing+tiled", "tiled", "norms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_sp1_levers_match_documents_alone(levers: dict, dtype: torch.dtype) -> None:
     res = L.levers_forward_backward("qwen2", 1, levers, dtype=dtype)
@@ -76,7 +77,8 @@ def test_hf_trainer_with_levers_logs_the_plain_losses(pools, tmp_path) -> None:
     """HSAPTrainer at SP 2 with gradient checkpointing, the chunked loss (its default) and the tiled MLP logs the
     training and eval losses of one process without any lever (full logits)."""
     plain = W.trainer_losses(1, str(tmp_path / "plain"), hsap_chunked_loss=False)
-    levers = dict(gradient_checkpointing=True, hsap_tiled_mlp=True, hsap_mlp_tile_tokens=8, hsap_loss_tile_tokens=16)
+    levers = dict(gradient_checkpointing=True, hsap_tiled_mlp=True, hsap_mlp_tile_tokens=8, hsap_loss_tile_tokens=16,
+                  hsap_recompute_norms=True)
     for res in pools(2, TIMEOUT_S).run(_trainer_levers, str(tmp_path / "levers"), levers):
         assert res["train"] == pytest.approx(plain["train"], rel=1e-5)
         assert res["eval"] == pytest.approx(plain["eval"], rel=1e-5)
@@ -87,7 +89,7 @@ def test_sft_trainer_with_levers_logs_the_plain_losses(pools, tmp_path) -> None:
     move on CPU) and the tiled MLP logs the losses of one process without them."""
     plain = W.sft_losses(1, str(tmp_path / "plain"))
     levers = dict(gradient_checkpointing=True, activation_offloading=True, hsap_tiled_mlp=True,
-                  hsap_mlp_tile_tokens=8)
+                  hsap_mlp_tile_tokens=8, hsap_recompute_norms=True)
     for losses in pools(2, TIMEOUT_S).run(_sft_levers, str(tmp_path / "levers"), levers):
         assert losses == pytest.approx(plain, rel=1e-5)
 

@@ -56,7 +56,8 @@ def test_pretrain_memory_levers_log_the_plain_losses(tmp_path: Path) -> None:
     args = [*PRETRAIN_ARGS[2:], "--max_steps", "10", "--sp_size", "2"]  # PRETRAIN_ARGS starts with --max_steps N
     plain = run_recipe("pretrain.py", tmp_path / "plain", [*args, "--no_chunked_loss"], procs=2)
     levers = run_recipe("pretrain.py", tmp_path / "levers", [*args, "--gradient_checkpointing", "--tiled_mlp",
-                                                             "--mlp_tile_tokens", "16", "--loss_tile_tokens", "64"],
+                                                             "--mlp_tile_tokens", "16", "--loss_tile_tokens", "64",
+                                                             "--recompute_norms"],
                         procs=2)
     assert len(plain) == len(levers) == 10
     for a, b in zip(levers, plain):
