@@ -6,7 +6,8 @@ Schemes (every one on the same model, row, plan and attention):
 * ``full``: today's path, the full ``[T_local, V]`` logits and :func:`hf_hsap.integrations.hsap_causal_lm_loss`;
 * ``checkpointing``: the same with Transformers' gradient checkpointing;
 * ``chunked``: hf_hsap's chunked LM head (:func:`hf_hsap.integrations.hsap_model_loss`);
-* ``checkpointing+chunked``; ``all``: checkpointing, chunked loss and the tiled MLP (hf_hsap's every lever on CPU);
+* ``checkpointing+chunked``; ``all``: checkpointing, chunked loss, the tiled MLP and recomputed norms (hf_hsap's
+  every lever on CPU);
 * ``alst``: DeepSpeed's ALST levers on CPU: gradient checkpointing, ``TiledMLP`` on every MLP and
   ``TiledFusedLogitsLoss`` over the LM head (DeepSpeed in the environment of ``scripts/bench_peers.sh``).
 
@@ -87,7 +88,7 @@ def build(scheme: str, config: Any, tile: int, loss_tile: int, seed: int = 0) ->
     model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
     levers = {"full": None, "checkpointing": dict(chunked_loss=False, gradient_checkpointing=True),
               "chunked": dict(), "checkpointing+chunked": dict(gradient_checkpointing=True),
-              "all": dict(gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=tile),
+              "all": dict(gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=tile, recompute_norms=True),
               "alst": dict(chunked_loss=False, gradient_checkpointing=True)}[scheme]
     if levers is not None:
         hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(loss_tile_tokens=loss_tile, **levers))

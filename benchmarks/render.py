@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import report as rp
 from .analysis import analysis
 from .goals19 import issue19_goal_rows
+from .goals41 import issue41_goal_rows, memory_sections
 from .peers import peers_section
 from .soak import soak_section
 from .sweep_render import render_sweep
@@ -226,7 +227,8 @@ def render(res: dict) -> str:
             ``windows`` (optional, :func:`benchmarks.windows.run_windows`), ``sweep`` (optional,
             :func:`benchmarks.sweep.run_sweep`), ``cost_rows``, ``cost_goals``,
             ``cost_goals_bestU``, ``assumptions``, ``planning``, ``measured``, ``memory``, ``plots``, ``seconds``;
-            optional ``peers``: :func:`benchmarks.peers.run_peers`'s results).
+            optional ``peers``: :func:`benchmarks.peers.run_peers`'s results, ``memory_levers`` / ``memory_model``:
+            those of :mod:`benchmarks.memory_levers` / :mod:`benchmarks.memory_model`).
 
     Returns:
         Markdown text.
@@ -241,6 +243,9 @@ def render(res: dict) -> str:
             "beside DeepSpeed's sequence parallelism (its section below); est = the planner's cost model, LB = every "
             "part equally loaded, no communication.", rp.table(["goal", "value", "status"], rows19)]
           if (rows19 := issue19_goal_rows(res)) else []),
+        *(["## Goals of issue 41", "Million-token training: the memory levers and the memory model (their sections "
+           "below; `bash scripts/bench_memory.sh`).", rp.table(["goal", "value", "status"], rows41)]
+          if (rows41 := issue41_goal_rows(res.get("memory_levers"), res.get("memory_model"))) else []),
         analysis(res),
         "## Exact traffic and balance (no clock)",
         f"Distributions {', '.join(tcfg.get('dists', []))}; T ∈ {{{_join(tcfg.get('Ts'))}}}; P ∈ {{{_join(tcfg.get('Ps'))}}}; "
@@ -285,6 +290,7 @@ def render(res: dict) -> str:
         parts.append("## Measured on CPU\n\nSkipped in this run (`--skip-cpu`).")
     if res.get("peers"):  # benchmarks/results/peers.json of scripts/bench_peers.sh (DeepSpeed's environment)
         parts.append(peers_section(res["peers"]))
+    parts += memory_sections(res)  # benchmarks/results/memory_*.json of scripts/bench_memory.sh
     parts += [s for s in [soak_section()] if s]  # benchmarks/results/soak.json of python -m benchmarks.soak
     parts += ["## GPU calibration",
               "`benchmarks/gpu_calibrate.py` times one rank's work items against one varlen kernel over the same FLOPs "

@@ -34,7 +34,16 @@ from .sweep import SweepConfig, run_sweep
 from .windows import WindowConfig, run_windows
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = ROOT / "benchmarks" / "results" / "peers.json"  # written by scripts/bench_peers.sh, in DeepSpeed's environment
+# Results written by other commands, rendered beside this run's: scripts/bench_peers.sh (peers.json) and
+# scripts/bench_memory.sh (memory_levers.json, memory_model.json), both in DeepSpeed's environment
+SIDE_RESULTS = {"peers": "peers.json", "memory_levers": "memory_levers.json", "memory_model": "memory_model.json"}
+
+
+def side_results() -> dict:
+    """The results of :data:`SIDE_RESULTS` that exist (None for the others)."""
+    folder = ROOT / "benchmarks" / "results"
+    return {k: json.loads((folder / f).read_text()) if (folder / f).exists() else None
+            for k, f in SIDE_RESULTS.items()}
 
 
 def machine_info() -> dict:
@@ -148,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.render_only:
         results = json.loads(Path(args.results).read_text())
-        results["peers"] = json.loads(PEERS.read_text()) if PEERS.exists() else None
+        results.update(side_results())
         results["plots"] = make_plots(results, Path(args.plots))
         Path(args.out).write_text(render(results))
         print(f"wrote {args.out} and {len(results['plots'])} plots from {args.results}")
@@ -190,9 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["meta"] = meta
     results["calibrated"] = DEFAULT_CALIBRATION.exists()
     results["plots"] = make_plots(results, Path(args.plots))
-    results["peers"] = json.loads(PEERS.read_text()) if PEERS.exists() else None
+    results.update(side_results())
     Path(args.out).write_text(render(results))
-    results.pop("peers")  # kept in its own file
+    for key in SIDE_RESULTS:  # kept in their own files
+        results.pop(key)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(json.dumps(compact(results), default=float) + "\n")
     print(f"wrote {args.out}, {len(results['plots'])} plots, {args.results} in {meta['seconds']:.0f}s")

@@ -1,0 +1,102 @@
+"""Issue 41's goals (million-token memory) in one table, and the memory model's section of BENCHMARKS.md, from the
+results of ``bash scripts/bench_memory.sh`` (``benchmarks/results/memory_levers.json`` of
+:mod:`benchmarks.memory_levers`, ``memory_model.json`` of :mod:`benchmarks.memory_model`). A goal whose figures
+are missing gets no row."""
+from __future__ import annotations
+
+from typing import Any
+
+from hf_hsap.memory import MemoryLevers
+
+from .memory_levers import GOAL_GROWTH_KB, GOAL_TIME, levers_section
+from .report import table
+
+EXACT_TOL = 1e-4  # float32, against the path without the lever (the tests' tolerance)
+MODEL_TOL = 0.10  # the memory model against the exact tensor peaks
+ROW_GOALS = {8: 4_000_000, 32: 16_000_000}  # Llama-3-8B on 8 / 32 H100-80GB (ALST: 3.7M / 15M)
+
+
+def _status(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def _best_rows(model: dict[str, Any], name: str = "Llama-3-8B") -> dict[int, dict[str, Any]]:
+    """The longest row per GPU count over the SAP setups of ``model``'s table."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in model.get("longest_rows", []):
+        if r["model"] == name and r["tokens"] > best.get(r["gpus"], {}).get("tokens", -1):
+            best[r["gpus"]] = r
+    return best
+
+
+def issue41_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None) -> list[list[str]]:
+    """``[goal, value, status]`` rows."""
+    rows: list[list[str]] = []
+    if levers:
+        lrows = levers["levers"]["rows"]
+        worst = max(r["grad_err"] for r in lrows)
+        rows.append(["every lever exact: loss and every gradient against the path without it (float32; the float64 "
+                     "and SP 2 / 4 checks are tests/model/test_memory_levers.py)",
+                     f"worst relative error {worst:.1e} over {len(lrows)} runs", _status(worst <= EXACT_TOL)])
+        growth = (levers.get("recipe") or {}).get("--gradient_checkpointing")
+        if growth:
+            rows.append(["pretraining recipe with --gradient_checkpointing, SP 2 on 2 CPU processes: peak RSS growth "
+                         f"≤ {GOAL_GROWTH_KB:.0f} KB per token per rank",
+                         f"{growth['kb_per_token']:.1f} KB (no levers: "
+                         f"{levers['recipe']['no levers']['kb_per_token']:.1f} KB)",
+                         _status(growth["kb_per_token"] <= GOAL_GROWTH_KB)])
+        by = {(r["tokens_per_rank"], r["scheme"]): r for r in lrows}
+        ratios = [by[(t, "all")]["cpu_s"] / by[(t, "full")]["cpu_s"] for t, s in by if s == "all"]
+        if ratios:
+            rows.append([f"every lever costs ≤ {GOAL_TIME}× the step time without them (CPU, side by side)",
+                         f"{min(ratios):.2f}–{max(ratios):.2f}× over {len(ratios)} row lengths",
+                         _status(max(ratios) <= GOAL_TIME)])
+        alst = [(by[(t, "all")]["peak_mib"] / by[(t, "alst")]["peak_mib"]) for t, s in by if s == "alst"]
+        if alst:
+            rows.append(["tensor peak with every lever vs DeepSpeed's ALST levers on the same model and rows",
+                         f"hf_hsap / ALST {min(alst):.2f}–{max(alst):.2f}", _status(max(alst) <= 1.0)])
+    if model:
+        err = model["max_abs_error"]
+        rows.append([f"memory model within {MODEL_TOL:.0%} of the exact tensor peaks",
+                     f"worst {err:.1%} over {len(model['validation'])} configurations", _status(err <= MODEL_TOL)])
+        best = _best_rows(model)
+        for gpus, goal in ROW_GOALS.items():
+            r = best.get(gpus)
+            if r is None:
+                continue
+            rows.append([f"predicted longest packed row, Llama-3-8B on {gpus} × H100-80GB, every lever ≥ "
+                         f"{goal / 1e6:g}M tokens", f"{r['tokens'] / 1e6:.2f}M ({r['scheme']}; limited by "
+                         f"{r['limiting_term']})", _status(r["tokens"] >= goal)])
+    return rows
+
+
+def memory_model_section(model: dict[str, Any]) -> str:
+    """The memory model's validation and its longest rows."""
+    val = [[v["name"], f"{v['tokens']:,}", str(v["sp"]), ", ".join(k for k, on in v["levers"].items() if on is True)
+            or "none", f"{v['measured_mib']:.1f}", f"{v['predicted_mib']:.1f}", f"{v['error']:+.1%}"]
+           for v in model["validation"]]
+    longest = [[r["model"], str(r["gpus"]), r["scheme"], f"{r['tokens']:,}", f"{r['per_gpu']:,}", r["limiting_term"],
+                f"{r['terms_gib'].get('host', 0):.0f}", f"{r['alst']:,}" if r.get("alst") else "",
+                f"{r['goal']:,}" if r.get("goal") else ""] for r in model["longest_rows"]]
+    return "\n\n".join([
+        "## Memory model and the longest row (issue 41)",
+        f"Command: `{model['command']}` ({model['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). "
+        "`hf_hsap.memory.model.predict_step_memory` against the exact tensor peak of one CPU step (TensorPeak; the "
+        "weights and optimizer states that exist before the step are left out of both):",
+        table(["configuration", "tokens", "SP", "levers", "measured MiB", "predicted MiB", "error"], val),
+        f"The longest packed row it predicts (`hsap-plan --max-length`), {model['gpu_memory_gib']:.0f} GiB per GPU "
+        f"less {model['reserve_gib']:.0f} GiB, levers {', '.join(model['levers'])}, ZeRO-3, bf16 weights with "
+        "float32 master weights and AdamW; host = offloaded activations per GPU (GiB); ALST's published figures "
+        "beside:",
+        table(["model", "GPUs", "SAP setup", "tokens", "per GPU", "limited by", "host GiB", "ALST", "goal"], longest),
+    ])
+
+
+def memory_sections(res: dict[str, Any]) -> list[str]:
+    """BENCHMARKS.md's sections of ``bash scripts/bench_memory.sh`` (empty when it has not run)."""
+    out = []
+    if res.get("memory_levers"):
+        out.append(levers_section(res["memory_levers"]))
+    if res.get("memory_model"):
+        out.append(memory_model_section(res["memory_model"]))
+    return out
