@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..log import get_logger
+from .forwards import has_forward, remove_forwards
 
 __all__ = ["RecomputedNorm", "disable_norm_recompute", "enable_norm_recompute"]
 
@@ -58,7 +59,7 @@ def enable_norm_recompute(model: nn.Module) -> int:
     """
     n = 0
     for module in model.modules():
-        if _is_rms_norm(module) and not isinstance(module.__dict__.get("forward"), RecomputedNorm):
+        if _is_rms_norm(module) and not has_forward(module, RecomputedNorm):
             module.forward = RecomputedNorm(module)
             n += 1
     logger.info("hf_hsap: %d RMSNorms of %s keep only their input for the backward (recomputed)", n,
@@ -68,9 +69,4 @@ def enable_norm_recompute(model: nn.Module) -> int:
 
 def disable_norm_recompute(model: nn.Module) -> int:
     """Undo :func:`enable_norm_recompute`; returns the number of norms restored."""
-    n = 0
-    for module in model.modules():
-        if isinstance(module.__dict__.get("forward"), RecomputedNorm):
-            del module.forward
-            n += 1
-    return n
+    return remove_forwards(model, RecomputedNorm)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..log import get_logger
+from .forwards import remove_forwards
 
 __all__ = ["TiledForward", "disable_tiled_mlp", "enable_tiled_mlp", "tiled_apply", "DEFAULT_TILE_TOKENS"]
 
@@ -144,9 +145,4 @@ def enable_tiled_mlp(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -
 
 def disable_tiled_mlp(model: nn.Module) -> int:
     """Undo :func:`enable_tiled_mlp`; returns the number of MLPs restored."""
-    n = 0
-    for module in model.modules():
-        if isinstance(module.__dict__.get("forward"), TiledForward):
-            del module.forward
-            n += 1
-    return n
+    return remove_forwards(model, TiledForward)

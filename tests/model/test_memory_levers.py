@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import rel_err
 from workers import levers as L
@@ -19,21 +18,9 @@ _REFERENCES: dict = {}
 
 
 def reference(kind: str) -> dict:
-    """float64 eager, each document alone: logits ``[T, V]``, the loss and its gradients."""
+    """float64 eager, each document alone: logits ``[T, V]``, the loss ``sum(CE) / N`` and its gradients."""
     if kind not in _REFERENCES:
-        model = W.make_model(kind, attn="eager").double()
-        ids = W.global_batch()["input_ids"]
-        pieces, ce, start = [], 0.0, 0
-        for n in W.DOC_LENS:
-            doc = ids[:, start:start + n]
-            logits = model(input_ids=doc, use_cache=False).logits[0]  # [n, V]
-            ce = ce + F.cross_entropy(logits[:-1], doc[0, 1:], reduction="sum")
-            pieces.append(logits)
-            start += n
-        n_items = ids.numel() - len(W.DOC_LENS)
-        (ce / n_items).backward()
-        _REFERENCES[kind] = {"logits": torch.cat(pieces).detach(), "loss": float(ce.detach() / n_items), "n_items": n_items,
-                             "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+        _REFERENCES[kind] = W.documents_alone(kind, torch.float64, weighted=False)
     return _REFERENCES[kind]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import rel_err
 from workers import sp_model as W
@@ -23,21 +22,7 @@ _REFERENCES: dict = {}
 def reference(kind: str) -> dict:
     """Logits ``[T, V]``, loss and gradients of ``loss + sum(w * logits)`` with each document alone (eager)."""
     if kind not in _REFERENCES:
-        model = W.make_model(kind, attn="eager")
-        ids = W.global_batch()["input_ids"]
-        pieces, ce_sum, start = [], 0.0, 0
-        for n in W.DOC_LENS:
-            doc = ids[:, start:start + n]
-            logits = model(input_ids=doc, use_cache=False).logits[0]  # [n, V]
-            ce_sum = ce_sum + F.cross_entropy(logits[:-1], doc[0, 1:], reduction="sum")
-            pieces.append(logits)
-            start += n
-        logits = torch.cat(pieces)  # [T, V]
-        n_items = ids.numel() - len(W.DOC_LENS)
-        loss = ce_sum / n_items
-        (loss + (logits * W.loss_weights(ids.numel())).sum()).backward()
-        _REFERENCES[kind] = {"logits": logits.detach(), "loss": loss.item(), "n_items": n_items,
-                             "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+        _REFERENCES[kind] = W.documents_alone(kind)
     return _REFERENCES[kind]
 
 

@@ -98,3 +98,16 @@ def test_fused_cross_entropy_is_exact_in_float64(softcap, scale, bias) -> None:
     twice.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward"):
         twice.backward()
+
+
+def test_instance_forwards_come_and_go() -> None:
+    """The tiled MLP and the recomputed norms change instances only, and are removed again."""
+    from hf_hsap.memory import disable_norm_recompute, disable_tiled_mlp, enable_norm_recompute
+
+    model = _model(LlamaConfig(**SMALL))
+    keys = list(model.state_dict())
+    assert enable_tiled_mlp(model, 4) == 2 and enable_norm_recompute(model) == 5  # 2 layers x 2 norms + final
+    assert enable_norm_recompute(model) == 0  # idempotent
+    assert list(model.state_dict()) == keys and type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
+    assert disable_tiled_mlp(model) == 2 and disable_norm_recompute(model) == 5
+    assert "forward" not in model.model.layers[0].mlp.__dict__

@@ -56,6 +56,32 @@ def loss_weights(total: int) -> torch.Tensor:
     return torch.randn(total, VOCAB, generator=torch.Generator().manual_seed(2))
 
 
+def documents_alone(kind: str, dtype: torch.dtype = torch.float32, weighted: bool = True) -> dict[str, Any]:
+    """The reference: the model in eager attention on each document of :func:`global_batch` alone, in ``dtype``.
+
+    Returns:
+        ``{"logits": [T, V], "loss": sum(CE) / N, "n_items": N, "grads"}``, the gradients of the loss (plus
+        ``sum(loss_weights * logits)`` with ``weighted``).
+    """
+    import torch.nn.functional as F
+
+    model = make_model(kind, attn="eager").to(dtype)
+    ids = global_batch()["input_ids"]
+    pieces, ce_sum, start = [], 0.0, 0
+    for n in DOC_LENS:
+        doc = ids[:, start:start + n]
+        logits = model(input_ids=doc, use_cache=False).logits[0]  # [n, V]
+        ce_sum = ce_sum + F.cross_entropy(logits[:-1], doc[0, 1:], reduction="sum")
+        pieces.append(logits)
+        start += n
+    logits = torch.cat(pieces)  # [T, V]
+    n_items = ids.numel() - len(DOC_LENS)
+    loss = ce_sum / n_items
+    (loss + (logits * loss_weights(ids.numel()).to(dtype)).sum() if weighted else loss).backward()
+    return {"logits": logits.detach(), "loss": loss.item(), "n_items": n_items,
+            "grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+
+
 def sp_forward_backward(kind: str, sp_size: int, ulysses: int | str = 1, placement: str = "auto",
                         cost: dict | None = None) -> dict[str, Any]:
     """Run the packed row under SP: local logits with their global indices, the model's loss, and every
