@@ -51,6 +51,10 @@ def issue41_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | Non
             rows.append([f"every lever costs ≤ {GOAL_TIME}× the step time without them (CPU, side by side)",
                          f"{min(ratios):.2f}–{max(ratios):.2f}× over {len(ratios)} row lengths",
                          _status(max(ratios) <= GOAL_TIME)])
+        trl = [(by[(t, "chunked")]["peak_mib"] / by[(t, "trl_fused")]["peak_mib"]) for t, s in by if s == "trl_fused"]
+        if trl:
+            rows.append(["the chunked loss never worse than TRL's fused LM head (tensor peak, same model and rows)",
+                         f"hf_hsap / TRL {min(trl):.2f}–{max(trl):.2f}", _status(max(trl) <= 1.0)])
         alst = [(by[(t, "all")]["peak_mib"] / by[(t, "alst")]["peak_mib"]) for t, s in by if s == "alst"]
         if alst:
             rows.append(["tensor peak with every lever vs DeepSpeed's ALST levers on the same model and rows",

@@ -6,6 +6,8 @@ Schemes (every one on the same model, row, plan and attention):
 * ``full``: today's path, the full ``[T_local, V]`` logits and :func:`hf_hsap.integrations.hsap_causal_lm_loss`;
 * ``checkpointing``: the same with Transformers' gradient checkpointing;
 * ``chunked``: hf_hsap's chunked LM head (:func:`hf_hsap.integrations.hsap_model_loss`);
+* ``trl_fused``: TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head`` with the outputs ``SFTTrainer`` asks
+  for: what ``HSAPSFTTrainer`` inherits), the loss from its per-token log-probabilities;
 * ``checkpointing+chunked``; ``all``: checkpointing, chunked loss, the tiled MLP and recomputed norms (hf_hsap's
   every lever on CPU);
 * ``alst``: DeepSpeed's ALST levers on CPU: gradient checkpointing, ``TiledMLP`` on every MLP and
@@ -24,11 +26,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import hf_hsap
-from hf_hsap.integrations import hsap_causal_lm_loss, hsap_model_loss, shard_batch
+from hf_hsap.integrations import check_plan_used, hsap_causal_lm_loss, hsap_model_loss, shard_batch
 
 from .tensor_memory import TensorPeak
 
-SCHEMES = ("full", "checkpointing", "chunked", "checkpointing+chunked", "all", "alst")
+SCHEMES = ("full", "checkpointing", "chunked", "trl_fused", "checkpointing+chunked", "all", "alst")
 TARGETS = ("labels", "shift_labels", "num_items_in_batch")
 _GROUPS: dict[int, Any] = {}
 
@@ -86,12 +88,16 @@ def build(scheme: str, config: Any, tile: int, loss_tile: int, seed: int = 0) ->
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
-    levers = {"full": None, "checkpointing": dict(chunked_loss=False, gradient_checkpointing=True),
+    levers = {"full": None, "trl_fused": None, "checkpointing": dict(chunked_loss=False, gradient_checkpointing=True),
               "chunked": dict(), "checkpointing+chunked": dict(gradient_checkpointing=True),
               "all": dict(gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=tile, recompute_norms=True),
               "alst": dict(chunked_loss=False, gradient_checkpointing=True)}[scheme]
     if levers is not None:
         hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(loss_tile_tokens=loss_tile, **levers))
+    if scheme == "trl_fused":
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     if scheme == "alst":
         for name, module in model.named_modules():
             if name.endswith(".mlp"):
@@ -108,6 +114,11 @@ def step(model: torch.nn.Module, scheme: str, local: dict[str, Any], sp: Any, lo
     if scheme == "alst":
         loss = _alst_loss(model, {k: v for k, v in inputs.items() if k != "use_cache"} | {"use_cache": False},
                           local["shift_labels"], n, loss_tile)
+    elif scheme == "trl_fused":
+        out = model(**inputs, shift_labels=local["shift_labels"], num_items_in_batch=n, fused_lm_head=True)
+        loss = out.loss
+        if group is not None:
+            check_plan_used(local)
     elif hf_hsap.memory.find_chunked_head(model) is not None:
         loss = hsap_model_loss(model, local, n, sp=group)
     else:

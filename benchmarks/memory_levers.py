@@ -123,6 +123,10 @@ def levers_section(res: dict[str, Any]) -> str:
     cfg = res["levers"]["config"]
     m = cfg["model"]
     lines += ["## Memory levers (issue 41), measured side by side on CPU", "",
+              "Schemes: `full` (full logits, no lever), `checkpointing`, `chunked` (hf_hsap's chunked loss), "
+              "`trl_fused` (TRL's fused LM head, what `HSAPSFTTrainer` inherits), `checkpointing+chunked`, `all` "
+              "(every hf_hsap lever that acts on CPU: chunked loss, checkpointing, tiled MLP, recomputed norms), "
+              "`alst` (DeepSpeed's levers).", "",
               f"Command: `bash scripts/bench_memory.sh` (DeepSpeed's environment; {res['seconds']:.0f} s). SP "
               f"{cfg['world']} on gloo, Llama shape: vocabulary {m['vocab']:,}, hidden {m['hidden']}, {m['layers']} "
               f"layers, {m['heads']} / {m['kv_heads']} heads, MLP {m['inter']}; long-tail packed rows; float32. Peak: "
@@ -132,15 +136,15 @@ def levers_section(res: dict[str, Any]) -> str:
               "`TiledFusedLogitsLoss` + checkpointing" + ("" if res["levers"]["deepspeed"] == "ok" else
                                                           f" (not run: {res['levers']['deepspeed']})") + ".", ""]
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    lines += ["| tokens / rank | " + " | ".join(f"{s} MiB" for s in schemes) + " | " +
-              " | ".join(f"{s} time ×full" for s in schemes[1:]) + " | worst grad err |",
-              "|---" * (2 * len(schemes) + 1) + "|"]
-    for t in dict.fromkeys(r["tokens_per_rank"] for r in rows):
-        by = {r["scheme"]: r for r in rows if r["tokens_per_rank"] == t}
-        base = by["full"]["cpu_s"]
-        lines.append(f"| {t:,} | " + " | ".join(_fmt_mib(by[s]["peak_mib"]) for s in schemes) + " | " +
-                     " | ".join(f"{by[s]['cpu_s'] / base:.2f}" for s in schemes[1:]) +
-                     f" | {max(r['grad_err'] for r in by.values()):.1e} |")
+    lengths = list(dict.fromkeys(r["tokens_per_rank"] for r in rows))
+    by = {(r["tokens_per_rank"], r["scheme"]): r for r in rows}
+    lines += ["| scheme | " + " | ".join(f"MiB at {t:,}" for t in lengths) + " | " +
+              " | ".join(f"time ×full at {t:,}" for t in lengths) + " | worst grad err |",
+              "|---" * (2 * len(lengths) + 2) + "|"]
+    for name in schemes:
+        lines.append(f"| {name} | " + " | ".join(_fmt_mib(by[(t, name)]["peak_mib"]) for t in lengths) + " | " +
+                     " | ".join(f"{by[(t, name)]['cpu_s'] / by[(t, 'full')]['cpu_s']:.2f}" for t in lengths) +
+                     f" | {max(by[(t, name)]['grad_err'] for t in lengths):.1e} |")
     growth = res.get("recipe")
     if growth:
         lines += ["", "The pretraining recipe (tiny-llama, SP 2 on 2 CPU processes, rows of "

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hf_hsap.integrations import dp_grad_scale, global_num_items, hsap_causal_lm_loss, shard_batch, shift_labels_global
+import hf_hsap
+from hf_hsap.integrations import (dp_grad_scale, global_num_items, hsap_causal_lm_loss, hsap_model_loss, shard_batch,
+                                  shift_labels_global)
 from hf_hsap.integrations.sharding import batch_cu_seqlens
 from workers.sp_model import DOC_LENS, get_sp, global_batch, make_model
 
@@ -25,11 +27,15 @@ def reference_grads(kind: str) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def dp_sp_grads(kind: str, wrapper: str, sp_size: int) -> dict[str, torch.Tensor]:
+def dp_sp_grads(kind: str, wrapper: str, sp_size: int, levers: bool = False) -> dict[str, torch.Tensor]:
     """World = dp x sp ranks; each DP replica trains on its own row under SP; gradients after the DP
-    wrapper's averaging (``ddp`` or ``fsdp2`` over the whole world), gathered to full tensors."""
+    wrapper's averaging (``ddp`` or ``fsdp2`` over the whole world), gathered to full tensors. ``levers``: every
+    memory lever applied before wrapping, the loss through the chunked head (:func:`hsap_model_loss`)."""
     sp = get_sp(sp_size)
     model = make_model(kind)
+    if levers:
+        hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(
+            loss_tile_tokens=16, gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=8, recompute_norms=True))
     if wrapper == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
         inner = model.module
@@ -41,10 +47,13 @@ def dp_sp_grads(kind: str, wrapper: str, sp_size: int) -> dict[str, torch.Tensor
         fully_shard(model)
         inner = model
     local = shard_batch(global_batch(LAYOUTS[sp.dp_rank], seed=1 + sp.dp_rank), sp)
-    logits = model(input_ids=local["input_ids"], position_ids=local["position_ids"], hsap_plan=local["hsap_plan"],
-                   use_cache=False).logits
     n = global_num_items(local["shift_labels"], sp, include_dp=True)
-    hsap_causal_lm_loss(logits, local["shift_labels"], n, grad_scale=dp_grad_scale(sp)).backward()
+    if levers:
+        hsap_model_loss(model, local, n, grad_scale=dp_grad_scale(sp), sp=sp).backward()
+    else:
+        logits = model(input_ids=local["input_ids"], position_ids=local["position_ids"],
+                       hsap_plan=local["hsap_plan"], use_cache=False).logits
+        hsap_causal_lm_loss(logits, local["shift_labels"], n, grad_scale=dp_grad_scale(sp)).backward()
     out = {}
     for name, p in inner.named_parameters():
         g = p.grad
