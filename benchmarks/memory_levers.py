@@ -149,7 +149,8 @@ def levers_section(res: dict[str, Any]) -> str:
     if growth:
         lines += ["", "The pretraining recipe (tiny-llama, SP 2 on 2 CPU processes, rows of "
                   f"{RECIPE_LENGTHS[0]:,} and {RECIPE_LENGTHS[1]:,} tokens): the largest rank's peak resident set.", "",
-                  "| run | RSS short (GiB) | RSS long (GiB) | tokens / rank short → long | growth KB / token / rank |",
+                  "| run | RSS short (GiB) | RSS long (GiB) | tokens / rank short → long "
+                  "| growth KB / token / rank |",
                   "|---|---|---|---|---|"]
         for name, g in growth.items():
             lines.append(f"| {name} | {g['short']['rss_gib']:.2f} | {g['long']['rss_gib']:.2f} | "

@@ -9,8 +9,12 @@ to the DP groups (world / sp_size) and to ``--grad_accum`` micro-batches, each p
 ``--max_length`` tokens and sharded over the SP group by ``shard_batch`` (see ``pretrain_data.py``). The loss
 is the exact global mean: every rank scales ``sum(local CE) / N_step`` by the world size W and DDP / FSDP
 average the gradients over W. Writes ``<output_dir>/metrics.jsonl`` (one record per step: loss, lr,
-grad_norm, TGS, MFU, the largest rank's peak memory, and eval_loss on evaluation steps) and ``checkpoint-<step>/`` (model,
-optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
+grad_norm, TGS, MFU, the largest rank's peak memory, and eval_loss on evaluation steps) and
+``checkpoint-<step>/`` (model, optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
+
+Memory levers (``--gradient_checkpointing``, ``--activation_offloading``, ``--tiled_mlp``, ``--recompute_norms``; the
+loss is computed in tiles unless ``--no_chunked_loss``): :mod:`hf_hsap.memory`; a ``--max_length`` whose modelled step
+does not fit the device is refused before the first step, naming the levers that would make it fit.
 
 Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so
 ``--resume_from_checkpoint latest`` never picks a save that a kill or a full disk cut short. SIGTERM or SIGUSR1
@@ -43,8 +47,8 @@ from hf_hsap.integrations import (dp_grad_scale, hsap_causal_lm_loss, hsap_model
 from hf_hsap.memory import find_chunked_head  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
-                    check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params, memory_levers,
-                    parse_common_args, peak_memory_gb, resolve_checkpoint)
+                    check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
+                    memory_levers, parse_common_args, peak_memory_gb, resolve_checkpoint)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -252,8 +256,8 @@ def run(args: argparse.Namespace) -> int:
               f"(ulysses {sp.ulysses_size} x ring {sp.ring_size}) | {accelerator.device} "
               f"{accelerator.mixed_precision} | model {args.model} "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
-              f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length} | memory levers: "
-              f"{', '.join(memory_levers(args).names) or 'none'}"
+              f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length} | "
+              f"memory levers: {', '.join(memory_levers(args).names) or 'none'}"
               + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
 
     bar = tqdm(total=args.max_steps, initial=start_step, desc="pretrain", dynamic_ncols=True,

@@ -4,9 +4,10 @@ backward).
 
 :class:`ChunkedLMHead` takes the place of the model's output embedding (same parameters, same state dict, tied
 embeddings stay tied) and, while a loss is requested (:meth:`ChunkedLMHead.loss_for`), computes the loss inside
-its own forward and returns an empty ``[B, T, 0]`` tensor, a view of the loss, as the logits. Without a request it is the plain linear
-head (generation, evaluation with logits). Computing inside the head's own forward keeps every wrapper's hooks in
-place (DDP's forward, FSDP2's unsharded parameters, ZeRO-3's gather) without replacing the model's ``forward``.
+its own forward and returns an empty ``[B, T, 0]`` tensor, a view of the loss, as the logits. Without a request it
+is the plain linear head (generation, evaluation with logits). Computing inside the head's own forward keeps every
+wrapper's hooks in place (DDP's forward, FSDP2's unsharded parameters, ZeRO-3's gather) without replacing the
+model's ``forward``.
 
 The logits' transform of the family (Gemma's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's
 ``logits_scaling``, ...) is read from the config and checked once against the model's own logits
