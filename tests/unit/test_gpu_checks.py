@@ -22,3 +22,18 @@ def test_gpu_checks_run_on_cpu(monkeypatch) -> None:
     mod.test_flash_kernel_edge_shapes(torch.bfloat16)
     mod.test_math_kernel_fp32_runtime_shapes()
     mod.test_packed_model_matches_documents_alone()
+
+
+def test_gpu_memory_checks_run_on_cpu(monkeypatch) -> None:
+    """``tests/cuda/check_memory.py``'s step on CPU at a tiny size: the levers' losses agree in bf16 and the tensor
+    peak of the chunked loss is below the full logits' (the GPU run compares with the memory model)."""
+    monkeypatch.setitem(os.environ, "HSAP_CHECK_DEVICE", "cpu")
+    spec = importlib.util.spec_from_file_location("check_memory_on_cpu", CHECKS.parent / "check_memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DEV.type == "cpu"
+    tiny = {**mod.SIZES, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 4096}
+    mod.test_levers_give_the_loss_of_the_plain_step(tiny, 256)
+    full, chunked = (mod._step("x", 1024, levers, tiny)[1] for levers in (dict(chunked_loss=False), dict()))
+    assert chunked < full
