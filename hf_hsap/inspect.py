@@ -318,7 +318,8 @@ def _max_length(args: argparse.Namespace) -> int:
         config = vars(_load_config(args.config)) if args.config else MEMORY_MODELS[args.model]
         lines = max_length_lines(config, gpus=args.gpus, memory_gib=args.gpu_memory,
                                  levers=levers_from_names(args.levers), sharding=args.sharding, sp_size=args.sp,
-                                 ulysses_size=args.U if isinstance(args.U, int) else 1)
+                                 ulysses_size=args.U if isinstance(args.U, int) else 1,
+                                 recv_budget_tokens=args.budget)
     except ValueError as e:
         print(f"hsap-plan: error: {e}", file=sys.stderr)
         return 2

@@ -97,13 +97,27 @@ def check_row_fits(config: Any, row_tokens: int, *, memory_gib: float, world: in
 
 
 def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: MemoryLevers, sharding: str,
-                     sp_size: int | None = None, ulysses_size: int = 1, **kw: Any) -> list[str]:
-    """``hsap-plan --max-length``'s answer: the longest row, its memory by term, and what limits it."""
-    fit = longest_row(config, gpus=gpus, memory_per_gpu_gib=memory_gib, levers=levers, sharding=sharding,
-                      sp_size=sp_size, ulysses_size=ulysses_size, **kw)
+                     sp_size: int | None = None, ulysses_size: int = 1, recv_budget_tokens: int | None = None,
+                     compare: bool = True, **kw: Any) -> list[str]:
+    """``hsap-plan --max-length``'s answer: the longest row, its memory by term, what limits it and (``compare``)
+    the same for the other SAP set-ups worth knowing (Ulysses inside an 8-GPU node; a 64K-token receive budget)."""
+    def fit_of(U: int, budget: int | None) -> Any:
+        return longest_row(config, gpus=gpus, memory_per_gpu_gib=memory_gib, levers=levers, sharding=sharding,
+                           sp_size=sp_size, ulysses_size=U, recv_budget_tokens=budget, **kw)
+
+    fit = fit_of(ulysses_size, recv_budget_tokens)
     sp = sp_size or gpus
     on = ", ".join(levers.names) or "none"
-    return [f"longest packed row: {fit.tokens:,} tokens on {gpus} GPUs of {memory_gib:g} GiB (SP {sp}, U "
-            f"{ulysses_size}, {sharding}; levers: {on})",
-            f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table(),
-            f"what stops a longer row: {fit.limiting_term}"]
+    lines = [f"longest packed row: {fit.tokens:,} tokens on {gpus} GPUs of {memory_gib:g} GiB (SP {sp}, U "
+             f"{ulysses_size}, receive budget {recv_budget_tokens or 'none'}, {sharding}; levers: {on})",
+             f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table(),
+             f"what stops a longer row: {fit.limiting_term}"]
+    heads = int(config.get("num_attention_heads", 0) if isinstance(config, dict)
+                else getattr(config, "num_attention_heads", 0))
+    others = [(U, b) for U, b in ((1, None), (1, 65536), (min(8, sp), None))
+              if (U, b) != (ulysses_size, recv_budget_tokens) and sp % U == 0 and (heads % U == 0 or not heads)]
+    if compare and others:
+        lines.append("other set-ups: " + "; ".join(
+            f"--U {U}" + (f" --budget {b}" if b else "") + f": {fit_of(U, b).tokens:,} tokens"
+            for U, b in dict.fromkeys(others)))
+    return lines
