@@ -63,6 +63,9 @@ class HSAPArguments:
     hsap_tiled_mlp: bool = field(default=False, metadata={
         "help": "HSAP: every dense MLP in tiles of hsap_mlp_tile_tokens tokens, recomputed in backward"})
     hsap_mlp_tile_tokens: int = field(default=DEFAULT_TILE_TOKENS, metadata={"help": "HSAP: tokens of one MLP tile"})
+    hsap_memory_per_device_gib: float | None = field(default=None, metadata={
+        "help": "HSAP: refuse before the first step a max_length x per_device_train_batch_size row whose modelled step "
+                "exceeds this much memory per device (default: the GPU's memory less 4 GiB; no check on CPU)"})
     hsap_recompute_norms: bool = field(default=False, metadata={
         "help": "HSAP: every RMSNorm keeps only its input for the backward and is recomputed there"})
 

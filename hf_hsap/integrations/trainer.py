@@ -39,6 +39,7 @@ from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
 from .loss import global_num_items, hsap_model_loss
+from .memory_fit import check_trainer_row_fits
 from .model_check import check_model
 from .plan_use import check_plan_used
 from .trainer_checks import check_trainer_setup
@@ -97,6 +98,7 @@ class HSAPTrainerMixin:
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
         self._hsap_offload = self._hsap_apply_levers(model)
+        check_trainer_row_fits(self, model, sft=_SFTTrainer is not None and isinstance(self, _SFTTrainer))
         logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
                     self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
 

@@ -49,3 +49,27 @@ def test_hsap_plan_max_length(capsys) -> None:
     assert f"longest packed row: {fit.tokens:,} tokens on 8 GPUs of 80 GiB" in out
     assert f"what stops a longer row: {fit.limiting_term}" in out
     assert hsap_plan(["--max-length", "--levers", "bogus"]) == 2
+
+
+def test_sft_trainer_refuses_a_row_that_cannot_fit(tmp_path) -> None:
+    """HSAPSFTTrainer checks max_length x per_device_train_batch_size against hsap_memory_per_device_gib before the
+    first step and names the hsap-sft flag that makes it fit."""
+    from datasets import Dataset
+
+    from hf_hsap.integrations import HSAPSFTConfig, HSAPSFTTrainer
+    from workers.sp_model import make_model, make_tokenizer
+
+    model = make_model("llama")
+    rows = Dataset.from_list([{"input_ids": list(range(3, 40))}] * 8)
+    common = dict(max_length=4096, per_device_train_batch_size=2, gradient_checkpointing=False, use_cpu=True,
+                  report_to=[], bf16=False, packing=True)
+    need = {lever: predict_step_memory(model.config, 8192, world=1, sp_size=1, sharding="none", param_dtype="fp32",
+                                       compute_dtype="fp32", master_weights=False, device="cpu",
+                                       levers=MemoryLevers(gradient_checkpointing=lever)).total / 2**30
+            for lever in (False, True)}
+    assert need[True] < need[False]
+    args = HSAPSFTConfig(output_dir=str(tmp_path), hsap_memory_per_device_gib=(need[True] + need[False]) / 2, **common)
+    with pytest.raises(ValueError, match="turn on --gradient_checkpointing$"):
+        HSAPSFTTrainer(model=model, args=args, train_dataset=rows, processing_class=make_tokenizer())
+    args = HSAPSFTConfig(output_dir=str(tmp_path), hsap_memory_per_device_gib=need[False] * 1.01, **common)
+    HSAPSFTTrainer(model=make_model("llama"), args=args, train_dataset=rows, processing_class=make_tokenizer())
