@@ -1,18 +1,21 @@
 """The memory model (:mod:`hf_hsap.memory.model`) against the exact tensor peak of CPU steps, and the longest rows
 it predicts on H100-80GB clusters (issue 41, item 5).
 
-Validation: tiny random Transformers models (Llama with GQA, Qwen3-MoE), one packed row of one document, the
-attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`).
-Each configuration runs one warm-up step (forward, backward, AdamW step: the optimizer's states exist from then
-on), then one measured step inside :class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the storages
-the step allocates (what ``torch.cuda.max_memory_allocated`` minus the resident weights and states reports). The
-prediction compared with it is :func:`~hf_hsap.memory.predict_step_memory` with ``device="cpu"``,
-``sharding="none"`` (no DP wrapper), the same dtypes, less the resident terms (weights and optimizer states, which
-existed before the block); the largest rank's figure under SP.
+Validation: tiny random Transformers models (Llama with GQA or MHA, Qwen3-MoE), one packed row of one document, the
+attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`),
+float32 or bf16 weights (``dtype=torch.bfloat16``, no autocast: 16-bit activations with the norms' float32 copies,
+as on the GPU), with and without a receive budget. Each configuration runs one warm-up step (forward, backward,
+AdamW step: the optimizer's states exist from then on), then one measured step inside
+:class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the storages the step allocates (what
+``torch.cuda.max_memory_allocated`` minus the resident weights and states reports). The prediction compared with it
+is :func:`~hf_hsap.memory.predict_step_memory` with ``device="cpu"``, ``sharding="none"`` (no DP wrapper), the same
+dtypes, AdamW without master weights, less the resident terms (weights and optimizer states, which existed before the
+block); the largest rank's figure under SP.
 
 Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
-MLP), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less 4 GiB, beside
-ALST's published figures. The full run takes about 3 minutes on 2 cores.
+MLP, recomputed norms), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
+4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
+of them per GPU count, beside ALST's published figures. The full run takes about 3 minutes on 2 cores.
 
 Usage: ``python -m benchmarks.memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]``.
 """
@@ -60,8 +63,10 @@ def _cfg(base: dict, **over: Any) -> dict:
     return {**base, **over}
 
 
-# (name, model sizes, row tokens, levers, sp)
-CONFIGS: list[tuple[str, dict, int, dict, int]] = [
+# (name, model sizes, row tokens, levers, sp[, options: dtype "bf16" / recv_budget_tokens])
+BF16 = _cfg(DENSE, hidden_size=256, head_dim=64, intermediate_size=640, vocab_size=6144)
+BF16_ALL = dict(loss_tile_tokens=128, gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=512)
+CONFIGS: list[tuple] = [
     ("dense full-logits", DENSE, 2048, dict(chunked_loss=False), 1),
     ("dense chunked", DENSE, 4096, dict(), 1),
     ("dense chunked V=128K", _cfg(DENSE, vocab_size=131072), 4096, dict(), 1),
@@ -85,33 +90,59 @@ CONFIGS: list[tuple[str, dict, int, dict, int]] = [
     ("dense SP 4", DENSE, 8192, dict(loss_tile_tokens=256), 4),
     ("dense SP 4 checkpointed", _cfg(DENSE, intermediate_size=2048), 8192,
      dict(loss_tile_tokens=256, gradient_checkpointing=True), 4),
+    # bf16 weights and activations (no autocast): what the GPU rows assume, the norms' float32 copies included
+    ("bf16 dense chunked", BF16, 4096, dict(loss_tile_tokens=128), 1, dict(dtype="bf16")),
+    ("bf16 dense chunked, norms recomputed", BF16, 4096, dict(loss_tile_tokens=128, recompute_norms=True), 1,
+     dict(dtype="bf16")),
+    ("bf16 dense full-logits", BF16, 2048, dict(chunked_loss=False), 1, dict(dtype="bf16")),
+    ("bf16 dense checkpointed", BF16, 4096, dict(loss_tile_tokens=128, gradient_checkpointing=True), 1,
+     dict(dtype="bf16")),
+    ("bf16 dense all levers", _cfg(BF16, num_hidden_layers=4), 4096, BF16_ALL, 1, dict(dtype="bf16")),
+    ("bf16 dense all levers, norms recomputed", _cfg(BF16, num_hidden_layers=4), 4096,
+     dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
+    ("bf16 Qwen3-MoE all levers, norms recomputed", _cfg(MOE, num_hidden_layers=4), 4096,
+     dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
+    ("bf16 SP 4 all levers, norms recomputed", BF16, 8192, dict(BF16_ALL, recompute_norms=True), 4,
+     dict(dtype="bf16")),
+    ("bf16 SP 4 all levers, norms recomputed, budget 1K", BF16, 8192, dict(BF16_ALL, recompute_norms=True), 4,
+     dict(dtype="bf16", recv_budget_tokens=1024)),
+    # MHA: SAP's buffers set the peak (the attention's backward), with and without a receive budget
+    ("bf16 SP 4 MHA all levers, norms recomputed", _cfg(BF16, num_key_value_heads=4), 8192,
+     dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16")),
+    ("bf16 SP 4 MHA all levers, norms recomputed, budget 2K", _cfg(BF16, num_key_value_heads=4), 8192,
+     dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16", recv_budget_tokens=2048)),
 ]
 QUICK = CONFIGS[:2]
 
 
-def build_model(sizes: dict) -> Any:
-    """The tiny random model of ``sizes`` (float32, attention ``"hsap"``, training mode)."""
+def build_model(sizes: dict, dtype: str = "fp32") -> Any:
+    """The tiny random model of ``sizes`` (weights in ``dtype``: ``"fp32"`` or ``"bf16"``, attention ``"hsap"``,
+    training mode)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
 
     from hf_hsap.integrations import register
 
     register()
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     kw = {k: v for k, v in sizes.items() if k != "model_type"}
     config = (Qwen3MoeConfig if sizes["model_type"] == "qwen3_moe" else LlamaConfig)(
         max_position_embeddings=65536, **kw)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
+    return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=dtypes[dtype]).train()
 
 
 _SP: dict = {}
 
 
-def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1) -> dict:
+def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1, dtype: str = "fp32",
+                 recv_budget_tokens: int | None = None) -> dict:
     """The exact tensor peak of one warm training step on this process (a rank of ``sp_size`` under SP).
 
     Args:
-        sizes: the model's config sizes; tokens: the row; levers: :class:`MemoryLevers` fields; sp_size: ranks.
+        sizes: the model's config sizes; tokens: the row; levers: :class:`MemoryLevers` fields; sp_size: ranks;
+            dtype: the weights' (and so the activations') dtype, ``"fp32"`` or ``"bf16"`` (no autocast);
+            recv_budget_tokens: SAP's receive budget (SP only).
 
     Returns:
         ``{"peak": bytes, "resident": bytes of weights and AdamW states, "at_peak": the 12 largest (MiB, op)}``.
@@ -129,10 +160,12 @@ def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1) -> di
     if sp_size > 1:
         import hf_hsap
 
-        if sp_size not in _SP:
-            _SP[sp_size] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(sp_size=sp_size, ulysses_size=1))
-        sp = _SP[sp_size]
-    model = build_model(sizes)
+        key = (sp_size, recv_budget_tokens)
+        if key not in _SP:
+            _SP[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
+                sp_size=sp_size, ulysses_size=1, recv_budget_tokens=recv_budget_tokens))
+        sp = _SP[key]
+    model = build_model(sizes, dtype)
     apply_memory_levers(model, lev)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, sizes["vocab_size"], (1, tokens), generator=g)
@@ -161,11 +194,13 @@ def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1) -> di
             "at_peak": [(round(n / 2**20, 2), op) for n, op in m.at_peak[:12]]}
 
 
-def predict_for(sizes: dict, tokens: int, levers: dict, sp_size: int) -> Any:
-    """The model's prediction for a validation configuration (CPU, float32, no DP wrapper)."""
+def predict_for(sizes: dict, tokens: int, levers: dict, sp_size: int, dtype: str = "fp32",
+                recv_budget_tokens: int | None = None) -> Any:
+    """The model's prediction for a validation configuration (CPU, weights and activations in ``dtype``, AdamW
+    without master weights, no DP wrapper)."""
     return predict_step_memory(sizes, tokens, world=sp_size, sp_size=sp_size, sharding="none",
-                               levers=MemoryLevers(**levers), param_dtype="fp32", compute_dtype="fp32",
-                               device="cpu")
+                               levers=MemoryLevers(**levers), param_dtype=dtype, compute_dtype=dtype,
+                               master_weights=False, recv_budget_tokens=recv_budget_tokens, device="cpu")
 
 
 def run_memory_validation(configs: Sequence[tuple] = CONFIGS, progress: bool = False) -> list[dict]:
@@ -182,18 +217,19 @@ def run_memory_validation(configs: Sequence[tuple] = CONFIGS, progress: bool = F
     out = []
     pools: dict[int, DistPool] = {}
     try:
-        for name, sizes, tokens, levers, sp in configs:
+        for name, sizes, tokens, levers, sp, *more in configs:
+            opts = {"dtype": "fp32", "recv_budget_tokens": None, **(more[0] if more else {})}
             t0 = time.perf_counter()
             if sp == 1:
-                res = [measure_step(sizes, tokens, levers)]
+                res = [measure_step(sizes, tokens, levers, 1, **opts)]
             else:
                 if sp not in pools:
                     pools[sp] = DistPool(sp, timeout_s=1200.0, pg_timeout_s=1200.0)
-                res = pools[sp].run(measure_step, sizes, tokens, levers, sp)
+                res = pools[sp].run(measure_step, sizes, tokens, levers, sp, opts["dtype"], opts["recv_budget_tokens"])
             worst = max(res, key=lambda r: r["peak"])
-            pred = predict_for(sizes, tokens, levers, sp)
+            pred = predict_for(sizes, tokens, levers, sp, **opts)
             step_pred = pred.total - pred.weights - _resident_states(pred)
-            row = {"name": name, "sizes": sizes, "tokens": tokens, "levers": levers, "sp": sp,
+            row = {"name": name, "sizes": sizes, "tokens": tokens, "levers": levers, "sp": sp, **opts,
                    "measured_mib": worst["peak"] / 2**20, "predicted_mib": step_pred / 2**20,
                    "error": step_pred / worst["peak"] - 1, "stage": pred.stage, "limiting_term": pred.limiting_term(),
                    "resident_mib": worst["resident"] / 2**20,
@@ -215,7 +251,8 @@ def _resident_states(pred: Any) -> float:
     return pred.states
 
 
-ALL_LEVERS = MemoryLevers(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True)
+ALL_LEVERS = MemoryLevers(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
+                          recompute_norms=True)
 SCHEMES = {"flat SAP (U=1)": dict(ulysses_size=1), "flat SAP (U=1), receive budget 64K": dict(
     ulysses_size=1, recv_budget_tokens=65536), "Ulysses (U=8)": dict(ulysses_size=8)}
 
@@ -247,6 +284,16 @@ def longest_rows(gpu_counts: Sequence[int] = (1, 8, 32, 64), memory_gib: float =
     return rows
 
 
+def best_rows(rows: Sequence[dict]) -> list[dict]:
+    """The longest of :func:`longest_rows`' SAP setups per model and GPU count (the first on a tie)."""
+    best: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        key = (r["model"], r["gpus"])
+        if key not in best or r["tokens"] > best[key]["tokens"]:
+            best[key] = r
+    return list(best.values())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the validation and the longest-row table; write the JSON; print both tables."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory_model", description=__doc__.split("\n")[0])
@@ -263,10 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({r['per_gpu'] / 1e3:6.0f}K/GPU) limited by {r['limiting_term']}"
               + (f"; ALST {r['alst'] / 1e6:.1f}M" if r["alst"] else "") + (f"; goal {r['goal'] / 1e6:.0f}M" if r["goal"]
                                                                           else ""))
+    best = best_rows(rows)
+    for r in best:
+        print(f"  best {r['model']:12s} {r['gpus']:3d} GPUs: {r['tokens'] / 1e6:6.2f}M tokens ({r['scheme']}), "
+              f"limited by {r['limiting_term']}")
     res = {"command": "python -m benchmarks.memory_model" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None
                                                                                       else argv)),
            "validation": validation, "max_abs_error": max((abs(v["error"]) for v in validation), default=None),
-           "longest_rows": rows, "gpu_memory_gib": 80.0, "reserve_gib": 4.0,
+           "longest_rows": rows, "best_rows": best, "gpu_memory_gib": 80.0, "reserve_gib": 4.0,
            "levers": ALL_LEVERS.names, "alst_published": {f"{m} x {g}": v for (m, g), v in ALST_PUBLISHED.items()},
            "seconds": time.perf_counter() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -5,42 +5,53 @@ Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks 
 :class:`~.levers.MemoryLevers`. Every per-token figure is the tensors the implementation holds (found with
 ``benchmarks/tensor_memory.py``'s ``at_peak`` on CPU; ``benchmarks/memory_model.py`` checks the sum):
 
-* **a layer's saved tensors** (per token, ``a`` = bytes of the activations' dtype): per RMSNorm (two per layer) the
-  normalised input and the scaled output (``2 a H``) and, in 16-bit, the float32 copy of the input (``4 H``) and
-  one float32 ``rsqrt``; the two residual sums (``2 a H``); the rotated query, rotated key and value that the
-  attention keeps (``a (Hq + 2 Hkv) D``); the attention output (``a Hq D``, a zero-initialised buffer of
-  hf_hsap's kernel) and its float32 logsumexp (``4 Hq``); the gated MLP's gate, up, activation and product
-  (``4 a I``; MoE: the router's logits and float32 probabilities and, per routed copy of a token, the gathered
-  input, the expert's gate|up, activation, product and weighted output: ``k (2 a H + 4 a I_moe)``).
-* **the backward working set of a layer** (beside its saved tensors): the residual stream's gradient (``a H``)
-  and the MLP's gradient temporaries (``2 a I``: the product's gradient and one of gate / up); with checkpointing
-  the recomputed layer's saved tensors (the recomputation stops before the layer's output: ``a H`` less); with the
-  tiled MLP the MLP saves only its input and one tile of ``mlp_tile_tokens`` tokens holds its intermediates and
-  their gradients (``6 a I`` per tile token) beside the input's gradient (``a H``).
+* **a layer's saved tensors** (per token, ``a`` = bytes of the activations' dtype): per RMSNorm (two per layer,
+  :func:`_norm_saved`) its output (``a H``, the next projection's input), the normalised value cast back
+  (``a H``), one float32 ``rsqrt`` and its float32 input: in 16-bit a float32 copy (``4 H``; the 16-bit input is
+  then held by nothing), in float32 the input itself (the layer's input and the first residual sum). With
+  ``recompute_norms`` a norm keeps only its input (``a H``: the layer's input, which the checkpoint holds anyway,
+  and the first residual sum). Then the rotated query, rotated key and value that the attention keeps
+  (``a (Hq + 2 Hkv) D``); the attention output (``a Hq D``) and its float32 logsumexp (``4 Hq``); the gated MLP's
+  gate, up, activation and product (``4 a I``; MoE: the router's logits and float32 probabilities and, per routed
+  copy of a token, the gathered input, the expert's gate|up, activation, product and weighted output:
+  ``k (2 a H + 4 a I_moe)``); the rotary cos / sin (``2 a D``, once).
+* **the last layer's backward** (beside the saved tensors; with checkpointing the layer is recomputed first, all
+  but its input), the largest of three phases: the MLP's (the residual stream's gradient ``a H``, the MLP's
+  gradient temporaries ``2 a I``; tiled: one tile of ``mlp_tile_tokens`` tokens with its intermediates and their
+  gradients ``6 a I`` per tile token, the input's gradient ``a H`` and the tile's weight gradients); the second
+  norm's (the MLP's and that norm's saved tensors consumed; its float32 input and five float32 temporaries alive
+  at once, ``6 x 4 H``: ``g * rsqrt``, the mean's expanded gradient, ``pow``'s ``x``, ``2 x`` and their product;
+  recomputed or not, as the norm computes in float32); the attention's (its gradients: the residual's, the
+  output's and a float32 ``dQ``, with SAP's working set). Without checkpointing the final norm's backward takes
+  the second norm's place (every layer's tensors still alive). The gradients formed by then: the head's and the
+  layer's own for the first layer to run its backward, every other layer's too for the last (which has released
+  every other layer's saved tensors): the larger.
 * **the loss**: without the chunked head the float32 log-softmax, the gradient of the loss by it and by the
-  logits (``3 x 4`` bytes per logit) and, in 16-bit, the ``[t, V]`` logits the model's output keeps and their
-  gradient's cast (``2 a``); with it (:mod:`.fused_ce`, the gradients formed in the forward) one tile of
-  ``loss_tile_tokens x V`` float32 logits, one float32 temporary of the tile (``logsumexp``'s exponentials) and,
-  in 16-bit, the tile's matmul output before its float32 cast; the gradient of the hidden states ``[t, H]``
-  (``a``), the head's float32 gradient ``[V, H]`` and the head's weights cast to the compute dtype when they
-  differ; a few bytes per token (labels, their clamp, the mask).
+  logits (``3 x 4`` bytes per logit; 16-bit logits are freed by then); with it (:mod:`.fused_ce`, the gradients
+  formed in the forward) one tile of ``loss_tile_tokens x V`` float32 logits, one float32 temporary of the tile
+  (``logsumexp``'s exponentials) and, in 16-bit, the tile's matmul output before its float32 cast; the gradient
+  of the hidden states ``[t, H]`` (``a``), the head's float32 gradient ``[V, H]`` and the head's weights cast to
+  the compute dtype when they differ; a few bytes per token (labels, their clamp, the mask); the final norm's
+  saved tensors and output.
 * **SAP's buffers** (``sp_size > 1``): :mod:`hf_hsap.plan.memory`'s per-token factors for the worst rank of one
   causal document spread over all ranks (it needs the K|V of every other rank: ``(P - 1) t`` tokens, or the
-  receive budget's double-buffered rounds), plus the Ulysses all-to-all copies when ``ulysses_size > 1``.
+  receive budget's double-buffered rounds), with the runtime's gradient accumulators in float32 and the kernel's
+  dK|dV of a round in the activations' dtype, plus the Ulysses all-to-all copies when ``ulysses_size > 1``.
+  Without a budget the received K|V stay alive through the layer's backward.
 
 The stages and what is alive at each (the peak is the largest):
 
 * ``"loss"``: the weights, optimizer states, every layer's saved tensors (with checkpointing only the layers'
   inputs, on the host when offloaded) and the loss's working set;
-* ``"layer"``: the same saved tensors, the last layer's recomputation (checkpointing) and backward working set,
-  SAP's buffers, and the head's gradient;
+* ``"layer"``: the same saved tensors, the last layer's backward (above), SAP's buffers, and the gradients;
 * ``"optimizer"``: the weights, all gradients, the optimizer states and its temporaries (one parameter-sized
-  float32 list of ``torch.optim.AdamW``'s ``foreach`` path on CUDA; one tensor's on CPU).
+  list of ``torch.optim.AdamW``'s ``foreach`` path on CUDA; one tensor's on CPU).
 
-Weights are ``param_dtype``; gradients too; AdamW holds two float32 moments per parameter and, with 16-bit weights
-and ``master_weights``, a float32 master copy. DDP keeps everything whole, plus its gradient buckets (a second
-copy of the gradients: ``gradient_as_bucket_view=False``, the default); FSDP2 / ZeRO-3 divide weights, gradients
-and states by ``world`` and add the largest layer's unsharded weights and gradient while it runs.
+Weights are ``param_dtype``; gradients too; AdamW holds two moments per parameter in the dtype of the weights it
+steps: float32 with ``master_weights`` (a float32 master copy of 16-bit weights), else the weights' own. DDP keeps
+everything whole, plus its gradient buckets (a second copy of the gradients: ``gradient_as_bucket_view=False``,
+the default); FSDP2 / ZeRO-3 divide weights, gradients and states by ``world`` and add the largest layer's
+unsharded weights and gradient while it runs.
 """
 from __future__ import annotations
 
@@ -57,6 +68,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_TILE_ELEMENTS = 1 << 24  # the chunked head's default tile (hf_hsap.memory.head.DEFAULT_TILE_ELEMENTS)
 LOSS_TILE_TEMPS = 1  # float32 [tile, V] temporaries beside the tile's logits (logsumexp's exp)
 LOSS_TOKEN_STATS = 24  # bytes per token of the loss's own (flattened labels, their clamp, the mask)
+NORM_BACKWARD_F32 = 6  # float32 [t, width] tensors of one RMSNorm's backward at its peak (module docstring)
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 TERMS = ("weights", "grads", "optimizer", "activations", "working", "loss", "sap")
 
@@ -196,15 +208,32 @@ class StepMemory:
         return "\n".join(rows)
 
 
-def _layer_saved(s: ModelShape, a: int, tiled_mlp: bool) -> float:
-    """Bytes per token one decoder layer saves for its backward (module docstring)."""
-    H, D = s.hidden, s.head_dim
-    norm = 2 * (2 * a * H + (4 * H if a < 4 else 0) + 4)  # normalised, scaled, (float32 copy), rsqrt
-    residual = 2 * a * H
-    attention = a * (2 * s.q_heads + 2 * s.kv_heads) * D + 4 * s.q_heads  # q, k, v rotated/kept, out, lse
-    if s.qk_norm:  # q / k norms: their input (float32 copy in 16-bit) and normalised value, a rsqrt per head
-        attention += (s.q_heads + s.kv_heads) * (D * (a + 4) + 4)
-    return norm + residual + attention + _mlp_saved(s, a, tiled_mlp)
+def _norm_saved(width: int, a: int, recompute: bool, keeps_input: bool) -> float:
+    """Bytes per token one RMSNorm of ``width`` saves for its backward beside its output (its consumer's input).
+
+    Transformers' RMSNorm casts its input to float32, squares it (``pow`` saves the float32 input), scales it by a
+    float32 ``rsqrt`` (``mul`` saves both) and multiplies the weight by the normalised value cast back (``mul``
+    saves it): in 16-bit the float32 copy (``4 w``), the ``rsqrt`` (4) and the normalised value (``a w``); in
+    float32 the cast is the input itself, saved as is (``keeps_input``: counted here unless it is held elsewhere).
+    Recomputed (``recompute_norms``), the norm saves only its input.
+    """
+    if recompute:
+        return a * width if keeps_input else 0.0
+    return (4.0 * width if a < 4 else (a * width if keeps_input else 0.0)) + 4 + a * width
+
+
+def _layer_parts(s: ModelShape, a: int, levers: MemoryLevers) -> dict[str, float]:
+    """Bytes per token one decoder layer saves, by part (module docstring): ``input`` (the layer's input, kept by
+    its first norm; with checkpointing the checkpoint's own), ``norm1`` (the first norm's other tensors and its
+    output), ``attention``, ``norm2`` (the second norm's, its input being the first residual sum) and ``mlp``."""
+    H, D, rn = s.hidden, s.head_dim, levers.recompute_norms
+    keeps = rn or a >= 4  # the norm's input itself is saved (recomputed, or float32: the cast is a no-op)
+    attention = a * (2 * s.q_heads + 2 * s.kv_heads) * D + 4 * s.q_heads  # q, k rotated, v, out; float32 lse
+    if s.qk_norm:  # per-head q / k norms: their input is the projection's output, held by nothing else
+        attention += (s.q_heads + s.kv_heads) * _norm_saved(D, a, rn, True)
+    return {"input": a * H if keeps else 0.0, "norm1": _norm_saved(H, a, rn, False) + a * H,
+            "attention": attention, "norm2": _norm_saved(H, a, rn, True) + a * H,
+            "mlp": _mlp_saved(s, a, levers.tiled_mlp and not s.experts)}
 
 
 def _mlp_saved(s: ModelShape, a: int, tiled_mlp: bool) -> float:
@@ -216,17 +245,26 @@ def _mlp_saved(s: ModelShape, a: int, tiled_mlp: bool) -> float:
     return 0.0 if tiled_mlp else 4.0 * a * s.intermediate
 
 
+def _mlp_params(s: ModelShape) -> int:
+    """Parameters of one layer's MLP (or experts, router and shared expert)."""
+    H = s.hidden
+    if s.experts:
+        return s.experts * (3 * H * s.moe_intermediate + H) + 3 * H * s.shared_intermediate
+    return 3 * H * s.intermediate
+
+
 def _mlp_width(s: ModelShape) -> int:
     """The MLP's intermediate width a token touches."""
     return s.top_k * s.moe_intermediate + s.shared_intermediate if s.experts else s.intermediate
 
 
-def _layer_working(s: ModelShape, a: int, t: int, levers: MemoryLevers) -> float:
-    """Bytes of one layer's backward working set beside its saved tensors, for ``t`` tokens."""
+def _layer_working(s: ModelShape, a: int, w: int, t: int, levers: MemoryLevers) -> float:
+    """Bytes of one layer's MLP backward working set beside its saved tensors, for ``t`` tokens (``w``: bytes of
+    a weight's gradient)."""
     H = s.hidden
     if levers.tiled_mlp and not s.experts:  # TiledMLP leaves MoE blocks alone
-        tile = min(t, levers.mlp_tile_tokens)
-        return t * a * H + tile * 6 * a * s.intermediate
+        tile = min(t, levers.mlp_tile_tokens)  # the input's gradient accumulates beside the residual's, and a
+        return 2 * t * a * H + tile * 6 * a * s.intermediate + w * _mlp_params(s)  # tile's weight gradients too
     return t * (a * H + 2 * a * _mlp_width(s))
 
 
@@ -238,33 +276,34 @@ def loss_tile_tokens(vocab: int, levers: MemoryLevers) -> int:
 def _loss_bytes(s: ModelShape, t: int, a: int, w: int, levers: MemoryLevers) -> float:
     """The loss's working set for ``t`` tokens (module docstring); ``w`` = bytes of the head's weights."""
     V, H = s.vocab, s.hidden
-    if not levers.chunked_loss:
-        return t * V * (3 * 4 + (2 * a if a < 4 else 0))
+    if not levers.chunked_loss:  # float32 log-softmax and its two gradients; 16-bit logits are freed by then
+        return t * V * 3 * 4
     n = min(t, loss_tile_tokens(V, levers))
     tile = n * V * (4 + LOSS_TILE_TEMPS * 4 + (a if a < 4 else 0))
     grads = t * H * a + V * H * 4 + (V * H * a if w != a else 0)  # grad_h, float32 grad_w, the weight's cast
     return tile + grads + LOSS_TOKEN_STATS * t
 
 
-def _sap_bytes(s: ModelShape, t: int, a: int, sp: int, U: int, recv_budget: int | None,
-               checkpointed: bool) -> tuple[float, float]:
-    """SAP's buffers of the worst rank: ``(saved per layer, working set of the layer in backward)`` in bytes."""
+def _sap_bytes(s: ModelShape, t: int, a: int, sp: int, U: int, recv_budget: int | None) -> tuple[float, float]:
+    """SAP's buffers of the worst rank: ``(kept, working)`` in bytes: the received K|V a layer keeps for its backward
+    (none under a receive budget: its rounds are recomputed) and the attention's backward working set."""
     if sp <= 1:
         return 0.0, 0.0
     hkv = kv_heads_held(s.kv_heads, U)
     unit = s.head_dim * a  # one token of one head
     parts = sp // U
     recv = (parts - 1) * U * t  # part tokens received from every other part (one causal document, worst rank)
-    if recv_budget is not None and parts > 2:
-        kv_work = 1.5 * RECV * min(recv_budget, recv) + 2 * SEND * min(recv_budget, recv)
+    g = 4 / a  # the runtime's gradient accumulators (dK|dV of the received rows, its own dK|dV) are float32
+    # per received token and K|V half: the buffer(s), the float32 gradient and the kernel's dK|dV of the round
+    if recv_budget is not None and parts > 2:  # two K|V buffers and one gradient in flight
+        kv_work = RECV / 2 * (3 + g) * min(recv_budget, recv) + 2 * SEND * min(recv_budget, recv)
         kv_saved = 0.0
-    else:
-        kv_work = RECV * recv + SEND * recv / max(parts - 1, 1)
+    else:  # every round's K|V buffer and its gradient
+        kv_work = RECV / 2 * (2 + g) * recv + SEND * recv / max(parts - 1, 1)
         kv_saved = 2 * recv  # K and V buffers kept for the backward
-    own = t * (OWN_KV * hkv) / 1.0  # dK|dV accumulators and the K|V send rows (output and dQ: the layer's own)
+    own = t * (OWN_KV - 2 + 2 * g) * hkv  # dK|dV accumulators and the K|V send rows (output and dQ: the layer's)
     a2a = t * (A2A_Q * s.q_heads + A2A_KV * hkv) if U > 1 else 0.0
-    saved = 0.0 if checkpointed else kv_saved * hkv / U * unit
-    return saved, (kv_work * hkv / U + own + a2a) * unit
+    return kv_saved * hkv / U * unit, (kv_work * hkv / U + own + a2a) * unit
 
 
 def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: int, ulysses_size: int = 1,
@@ -312,32 +351,57 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     layer_w = s.layer_params * w
     weights = P * w / shard + (layer_w if shard > 1 else 0)
     grads_all = P * w / shard + (layer_w if shard > 1 else P * w if sharding == "ddp" else 0)  # DDP: buckets
-    state_b = (8 if optimizer == "adamw" else 0) + (4 if master_weights and w < 4 else 0)
+    master = master_weights and w < 4
+    m = 4 if master else w  # AdamW's moments and temporaries take the dtype of the weights it steps
+    state_b = (2 * m if optimizer == "adamw" else 0) + (4 if master else 0)
     states = P * state_b / shard
-    opt_tmp = (P * 4 / shard if device == "cuda" else max(s.vocab * s.hidden, s.layer_params) * 4 / shard) \
+    opt_tmp = (P * m / shard if device == "cuda" else max(s.vocab * s.hidden, s.layer_params) * m / shard) \
         if optimizer == "adamw" else 0.0
-    head_grad = s.vocab * s.hidden * w / shard + (layer_w if shard > 1 else 0)
+    # the gradients while a layer runs its backward: the head's and, for the first layer to run it, no other layer's;
+    # for the last, every other parameter's but the input embedding's (sharded as they form); beside the layer's own
+    # (its MLP's when unsharded; the gathered layer's under FSDP)
+    own_grad = layer_w if shard > 1 else _mlp_params(s) * w
+    head_grad = s.vocab * s.hidden * w / shard + own_grad
+    emb_in = 0 if s.tied else s.vocab * s.hidden
+    last_grads = (P - emb_in - s.layer_params) * w / shard + own_grad
 
     ckpt = levers.gradient_checkpointing
     offload = levers.activation_offloading and device == "cuda"
-    saved_layer = _layer_saved(s, a, levers.tiled_mlp and not s.experts)
-    sap_saved, sap_work = _sap_bytes(s, t, a, sp_size, ulysses_size, recv_budget_tokens, ckpt)
+    H = s.hidden
+    parts = _layer_parts(s, a, levers)
+    saved_layer = sum(parts.values())
+    sap_kept, sap_work = _sap_bytes(s, t, a, sp_size, ulysses_size, recv_budget_tokens)
+    norm_width = max(H, s.q_heads * s.head_dim if s.qk_norm else 0)
+    norm_backward = t * (a * H + NORM_BACKWARD_F32 * 4 * norm_width)  # the residual's gradient beside
+    attn_grads = t * (a * H + (a + 4) * s.q_heads * s.head_dim)  # the residual's, the output's and dQ (float32)
+    # the phases of the last layer's backward, (working, sap) each: the MLP's (every tensor of the layer alive),
+    # the second norm's (the MLP's and the norm's saved tensors consumed; its float32 input and temporaries),
+    # the attention's (SAP's working set)
     if ckpt:  # each layer keeps its input; the last one is recomputed in backward
-        stack = s.layers * t * a * s.hidden
-        recompute = t * (saved_layer - a * s.hidden)  # the recomputation stops before the layer's output
-    else:
-        stack = s.layers * (t * saved_layer + sap_saved)
-        recompute = 0.0
-    stack += t * (a * s.hidden + 4 * s.head_dim)  # the final norm's input; rotary cos / sin (float32)
-    stack += t * (2 * a * s.hidden + (4 * s.hidden if a < 4 else 0))  # the final norm's saved tensors
-    host = stack if offload else 0.0
+        stack = s.layers * t * a * H
+        recomputed = t * (saved_layer - parts["input"])  # the checkpoint holds the input already
+        before_mlp = t * (parts["norm1"] + parts["attention"])
+        phases = [(recomputed + _layer_working(s, a, w, t, levers), sap_kept), (before_mlp + norm_backward, sap_kept),
+                  (before_mlp + attn_grads, sap_work)]
+    else:  # every layer's tensors alive; the final norm's backward, the last layer's MLP and attention
+        stack = s.layers * (t * saved_layer + sap_kept)
+        consumed = t * (parts["norm2"] + parts["mlp"]) + sap_kept
+        phases = [(norm_backward, 0.0), (_layer_working(s, a, w, t, levers), 0.0),
+                  (max(0.0, attn_grads - consumed), sap_work)]
+    working, sap_layer = max(phases, key=sum)
+    stack += t * 2 * a * s.head_dim  # rotary cos / sin
+    # the final norm's saved tensors and output (the head's input): alive until the loss's backward is done
+    final = t * (_norm_saved(H, a, levers.recompute_norms, True) + a * H)
+    per_layer = 0.0 if offload else (t * a * H if ckpt else t * saved_layer + sap_kept)  # freed after its backward
+    host = stack + final if offload else 0.0
     device_stack = 0.0 if offload else stack
     loss = _loss_bytes(s, t, a, w, levers)
-    working = recompute + _layer_working(s, a, t, levers)
 
     stages = {
-        "loss": StepMemory(weights, 0.0, states, device_stack, 0.0, loss, 0.0, host, "loss", t),
-        "layer": StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_work, host, "layer", t),
+        "loss": StepMemory(weights, 0.0, states, 0.0 if offload else stack + final, 0.0, loss, 0.0, host, "loss", t),
+        "layer": max((StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_layer, host, "layer", t),
+                      StepMemory(weights, last_grads, states, device_stack - (s.layers - 1) * per_layer, working, 0.0,
+                                 sap_layer, host, "layer", t)), key=lambda m: m.total),
         "optimizer": StepMemory(weights, grads_all, states + opt_tmp, 0.0, 0.0, 0.0, 0.0, host, "optimizer", t),
     }
     best = max(stages.values(), key=lambda m: m.total)
