@@ -14,7 +14,8 @@
   checkpointing, the layers' inputs) go to pinned host memory on a side stream and come back ahead of their
   backward. On CPU activations are already in host memory: nothing to do (logged).
 * ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
-* ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input).
+* ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input; its backward
+  runs one tile of tokens at a time).
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class MemoryLevers:
         gradient_checkpointing: recompute each decoder layer in backward.
         activation_offloading: move saved activations to host memory (CUDA only).
         tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
-        mlp_tile_tokens: tokens per MLP tile.
-        recompute_norms: every RMSNorm keeps only its input and is recomputed in backward.
+        mlp_tile_tokens: tokens per tile of the tiled MLP and of the recomputed norms.
+        recompute_norms: every RMSNorm keeps only its input and is recomputed in backward, one tile at a time.
     """
 
     chunked_loss: bool = True
@@ -96,7 +97,7 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
     if levers.tiled_mlp:
         enable_tiled_mlp(model, levers.mlp_tile_tokens)
     if levers.recompute_norms:
-        enable_norm_recompute(model)
+        enable_norm_recompute(model, levers.mlp_tile_tokens)
     if levers.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support gradient checkpointing in Transformers; "

@@ -372,7 +372,12 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     saved_layer = sum(parts.values())
     sap_kept, sap_work = _sap_bytes(s, t, a, sp_size, ulysses_size, recv_budget_tokens)
     norm_width = max(H, s.q_heads * s.head_dim if s.qk_norm else 0)
-    norm_backward = t * (a * H + NORM_BACKWARD_F32 * 4 * norm_width)  # the residual's gradient beside
+    if levers.recompute_norms:  # tiled: the input's gradient whole, the float32 temporaries for one tile of rows
+        rows = min(t * (s.q_heads if s.qk_norm else 1), levers.mlp_tile_tokens)
+        widest = max(H * min(t, levers.mlp_tile_tokens), rows * s.head_dim if s.qk_norm else 0)
+        norm_backward = t * 2 * a * norm_width + NORM_BACKWARD_F32 * 4 * widest
+    else:
+        norm_backward = t * (a * H + NORM_BACKWARD_F32 * 4 * norm_width)  # the residual's gradient beside
     attn_grads = t * (a * H + (a + 4) * s.q_heads * s.head_dim)  # the residual's, the output's and dQ (float32)
     # the phases of the last layer's backward, (working, sap) each: the MLP's (every tensor of the layer alive),
     # the second norm's (the MLP's and the norm's saved tensors consumed; its float32 input and temporaries),

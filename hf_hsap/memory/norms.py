@@ -1,12 +1,14 @@
-"""Norms recomputed in backward: every RMSNorm keeps only its input for the backward.
+"""Recomputed norms: every RMSNorm runs over tiles of tokens, keeps only its input for the backward and recomputes
+one tile at a time there.
 
-Transformers' RMSNorm (Llama, Qwen, Mistral, Gemma, ...) computes in float32 and autograd keeps, per norm and token,
-a float32 copy of the input, the normalised value, the scaled output's operands and a ``rsqrt``: about ``(4 + 2a) H``
-bytes with ``a``-byte activations, two or more norms a layer. Once the loss is tiled and the layers are checkpointed,
-these are the largest tensors a recomputed layer holds. With this lever each norm runs under
-``torch.utils.checkpoint`` (non-reentrant, nested inside the layer's own checkpoint): it saves only its input, which
-the residual stream (or the projection before a q / k norm) holds anyway, and recomputes the elementwise
-normalisation in backward. Exact: the recomputation runs the same operations on the same input.
+Transformers' RMSNorm (Llama, Qwen, Mistral, Gemma, ...) computes in float32. Autograd keeps, per norm and token, a
+float32 copy of the input, the normalised value and a ``rsqrt`` (about ``(4 + a) H`` bytes with ``a``-byte
+activations), and its backward forms about six float32 ``[T, H]`` temporaries at once. Once the loss is tiled and
+the layers are checkpointed and offloaded, that backward is the largest working set of a long row. With this lever a
+norm is a per-token function computed tile by tile (:func:`~.tiled_mlp.tiled_apply`, as the tiled MLP): it saves
+only its input (which the residual stream, or the projection before a q / k norm, holds anyway) and its backward's
+float32 temporaries exist for one tile at a time. Exact: the same operations on the same tokens; the weight's
+gradient is summed over tiles.
 
 Why by hand: ``RMSNorm`` carries Transformers' ``use_kernel_forward_from_hub("RMSNorm")``, but that hook swaps in
 a hub kernel's class, and none keeps only the input; so :func:`enable_norm_recompute` gives each norm instance a
@@ -19,10 +21,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ..log import get_logger
 from .forwards import has_forward, remove_forwards
+from .tiled_mlp import DEFAULT_TILE_TOKENS, tiled_apply
 
 __all__ = ["RecomputedNorm", "disable_norm_recompute", "enable_norm_recompute"]
 
@@ -30,17 +32,19 @@ logger = get_logger(__name__)
 
 
 class RecomputedNorm:
-    """The forward :func:`enable_norm_recompute` gives one norm instance: the class's forward, checkpointed while
-    training with gradients."""
+    """The forward :func:`enable_norm_recompute` gives one norm instance: the class's forward over tiles of
+    ``tile_tokens`` tokens, recomputed in backward, while training with gradients."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, tile_tokens: int) -> None:
         self.module = module
+        self.tile_tokens = int(tile_tokens)
 
     def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         forward = type(self.module).forward.__get__(self.module)
-        if not (self.module.training and torch.is_grad_enabled()):
+        if args or kwargs or not (self.module.training and torch.is_grad_enabled()):
             return forward(hidden, *args, **kwargs)
-        return checkpoint(forward, hidden, *args, use_reentrant=False, **kwargs)
+        # the parameters are read at every call: FSDP swaps sharded and unsharded ones around the forward
+        return tiled_apply(forward, hidden, list(self.module.parameters()), self.tile_tokens, always=True)
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
@@ -48,11 +52,12 @@ def _is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and not any(True for _ in module.children())
 
 
-def enable_norm_recompute(model: nn.Module) -> int:
-    """Recompute every RMSNorm of ``model`` in backward (module docstring); idempotent.
+def enable_norm_recompute(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
+    """Recompute every RMSNorm of ``model`` in backward, over tiles of ``tile_tokens`` tokens (module docstring);
+    idempotent.
 
     Args:
-        model: the model, before wrapping.
+        model: the model, before wrapping. tile_tokens: tokens per tile.
 
     Returns:
         The number of norms changed.
@@ -60,7 +65,7 @@ def enable_norm_recompute(model: nn.Module) -> int:
     n = 0
     for module in model.modules():
         if _is_rms_norm(module) and not has_forward(module, RecomputedNorm):
-            module.forward = RecomputedNorm(module)
+            module.forward = RecomputedNorm(module, tile_tokens)
             n += 1
     logger.info("hf_hsap: %d RMSNorms of %s keep only their input for the backward (recomputed)", n,
                 type(model).__name__)

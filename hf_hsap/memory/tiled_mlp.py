@@ -10,8 +10,8 @@ instance attribute wrapping the class's forward; :func:`disable_tiled_mlp` remov
 and the state dict are unchanged. The parameter gradients of all tiles are summed inside the backward and handed to
 autograd once, so DDP's and FSDP's per-parameter hooks fire once per step as without tiling.
 
-Exact: a per-token function computed tile by tile gives the same values; gradients are summed over tiles in the
-parameters' dtype (float32 training: the rounding of a different summation order, ~1e-7).
+Exact: a per-token function computed tile by tile gives the same values; the parameters' gradients are summed over
+tiles in float32 (the rounding of a different summation order: ~1e-7 in float32 training).
 """
 from __future__ import annotations
 
@@ -59,29 +59,33 @@ class _TiledFunction(torch.autograd.Function):
             if grad_x is not None:
                 grad_x[start:start + ctx.tile] = grads[0]
                 grads = grads[1:]
-            for i, g in enumerate(grads):
+            for i, g in enumerate(grads):  # summed over tiles in float32 (16-bit sums would round at every tile)
                 if g is not None:
-                    sums[i] = g if sums[i] is None else sums[i].add_(g)
-        it = iter(sums)
-        param_grads = [next(it) if need else None for need in ctx.needs_input_grad[3:]]
+                    sums[i] = g.float() if sums[i] is None else sums[i].add_(g)
+        it = iter(zip(sums, wanted))
+        param_grads = []
+        for need in ctx.needs_input_grad[3:]:
+            g, p = next(it) if need else (None, None)
+            param_grads.append(None if g is None else g.to(p.dtype))
         return (None, None, grad_x, *param_grads)
 
 
 def tiled_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, params: list[torch.Tensor],
-                tile_tokens: int) -> torch.Tensor:
+                tile_tokens: int, always: bool = False) -> torch.Tensor:
     """``fn(x)`` for a per-token ``fn`` computed in tiles of ``tile_tokens`` tokens, recomputed in backward.
 
     Args:
-        fn: maps ``[n, H]`` to ``[n, H_out]`` token by token (an MLP).
+        fn: maps ``[n, ..., H]`` to ``[n, ..., H_out]`` token by token (an MLP, a norm).
         x: ``[..., H]`` hidden states.
         params: every parameter ``fn`` uses (they get their gradients through this function).
         tile_tokens: tokens per tile.
+        always: recompute in backward even when ``x`` fits one tile (a norm: only its input is kept).
 
     Returns:
         ``[..., H_out]``, equal to ``fn(x)``.
     """
     flat = x.reshape(-1, x.shape[-1])  # [..., H] -> [N, H]
-    if flat.shape[0] <= tile_tokens:
+    if flat.shape[0] <= tile_tokens and not always:
         return fn(x)
     out = _TiledFunction.apply(fn, int(tile_tokens), flat, *params)
     return out.reshape(*x.shape[:-1], out.shape[-1])  # [N, H_out] -> [..., H_out]
