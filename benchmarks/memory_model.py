@@ -100,6 +100,11 @@ CONFIGS: list[tuple] = [
     ("bf16 dense all levers", _cfg(BF16, num_hidden_layers=4), 4096, BF16_ALL, 1, dict(dtype="bf16")),
     ("bf16 dense all levers, norms recomputed", _cfg(BF16, num_hidden_layers=4), 4096,
      dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
+    # two layers: the last layer's attention backward sets the peak at 8K, its tiled MLP's at 2K
+    ("bf16 dense 2 layers all levers, norms recomputed, 2K", BF16, 2048, dict(BF16_ALL, recompute_norms=True), 1,
+     dict(dtype="bf16")),
+    ("bf16 dense 2 layers all levers, norms recomputed, 8K", BF16, 8192, dict(BF16_ALL, recompute_norms=True), 1,
+     dict(dtype="bf16")),
     ("bf16 Qwen3-MoE all levers, norms recomputed", _cfg(MOE, num_hidden_layers=4), 4096,
      dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
     ("bf16 SP 4 all levers, norms recomputed", BF16, 8192, dict(BF16_ALL, recompute_norms=True), 4,

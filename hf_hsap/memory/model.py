@@ -15,17 +15,19 @@ Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks 
   gate, up, activation and product (``4 a I``; MoE: the router's logits and float32 probabilities and, per routed
   copy of a token, the gathered input, the expert's gate|up, activation, product and weighted output:
   ``k (2 a H + 4 a I_moe)``); the rotary cos / sin (``2 a D``, once).
-* **the last layer's backward** (beside the saved tensors; with checkpointing the layer is recomputed first, all
-  but its input), the largest of three phases: the MLP's (the residual stream's gradient ``a H``, the MLP's
-  gradient temporaries ``2 a I``; tiled: one tile of ``mlp_tile_tokens`` tokens with its intermediates and their
-  gradients ``6 a I`` per tile token, the input's gradient ``a H`` and the tile's weight gradients); the second
-  norm's (the MLP's and that norm's saved tensors consumed; its float32 input and five float32 temporaries alive
-  at once, ``6 x 4 H``: ``g * rsqrt``, the mean's expanded gradient, ``pow``'s ``x``, ``2 x`` and their product;
-  recomputed or not, as the norm computes in float32); the attention's (its gradients: the residual's, the
-  output's and a float32 ``dQ``, with SAP's working set). Without checkpointing the final norm's backward takes
-  the second norm's place (every layer's tensors still alive). The gradients formed by then: the head's and the
-  layer's own for the first layer to run its backward, every other layer's too for the last (which has released
-  every other layer's saved tensors): the larger.
+* **the last layer's backward** (beside the saved tensors; with checkpointing the layer is recomputed first, all but
+  its input), the largest of three phases: the MLP's (the residual stream's gradient ``a H``, the MLP's gradient
+  temporaries ``2 a I``; tiled: one tile of ``mlp_tile_tokens`` tokens with its intermediates and their gradients
+  ``6 a I`` per tile token, the input's gradient ``a H``, the tiles' float32 weight-gradient sums, the previous
+  tile's input and weight gradients and the first of this tile's); the second norm's (the MLP's and that norm's saved
+  tensors consumed; its float32 input and five float32 temporaries alive at once, ``6 x 4 H``: ``g * rsqrt``, the
+  mean's expanded gradient, ``pow``'s ``x``, ``2 x`` and their product; recomputed, for one tile of rows, beside the
+  input's gradient); the attention's (the residual's and the output's gradients and the kernel's backward: on CPU
+  float32 dQ|dK|dV and their casts, on CUDA flash's float32 ``dQ``, dQ|dK|dV and under GQA dK|dV over the query
+  heads; under SP a float32 ``dQ`` and SAP's working set). Without checkpointing the final norm's backward takes the
+  second norm's place (every layer's tensors still alive). The gradients formed by then: the head's and the layer's
+  own for the first layer to run its backward, every other layer's too for the last (which has released every other
+  layer's saved tensors): the larger.
 * **the loss**: without the chunked head the float32 log-softmax, the gradient of the loss by it and by the
   logits (``3 x 4`` bytes per logit; 16-bit logits are freed by then); with it (:mod:`.fused_ce`, the gradients
   formed in the forward) one tile of ``loss_tile_tokens x V`` float32 logits, one float32 temporary of the tile
@@ -263,9 +265,21 @@ def _layer_working(s: ModelShape, a: int, w: int, t: int, levers: MemoryLevers) 
     a weight's gradient)."""
     H = s.hidden
     if levers.tiled_mlp and not s.experts:  # TiledMLP leaves MoE blocks alone
-        tile = min(t, levers.mlp_tile_tokens)  # the input's gradient accumulates beside the residual's, and a
-        return 2 * t * a * H + tile * 6 * a * s.intermediate + w * _mlp_params(s)  # tile's weight gradients too
+        tile = min(t, levers.mlp_tile_tokens)  # the input's gradient accumulates beside the residual's; over tiles
+        # the float32 weight-gradient sums, the previous tile's input and weight gradients (own_grad), down's of this
+        grads = w * _mlp_params(s) if t <= tile else tile * a * H + 4 * _mlp_params(s) + w * H * s.intermediate
+        return 2 * t * a * H + tile * 6 * a * s.intermediate + grads
     return t * (a * H + 2 * a * _mlp_width(s))
+
+
+def _attention_backward(s: ModelShape, a: int, sp: int, device: str) -> float:
+    """Bytes per token of the attention kernel's backward beside ``dO`` (module docstring; SAP's: its own)."""
+    q, kv = s.q_heads * s.head_dim, 2 * s.kv_heads * s.head_dim
+    if sp > 1:
+        return 4.0 * q
+    if device == "cpu":  # float32 accumulators, cast back to 16-bit at the end
+        return (4.0 + (a if a < 4 else 0)) * (q + kv)
+    return 4.0 * q + a * (q + kv) + (2 * a * q if s.kv_heads < s.q_heads else 0)
 
 
 def loss_tile_tokens(vocab: int, levers: MemoryLevers) -> int:
@@ -378,7 +392,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         norm_backward = t * 2 * a * norm_width + NORM_BACKWARD_F32 * 4 * widest
     else:
         norm_backward = t * (a * H + NORM_BACKWARD_F32 * 4 * norm_width)  # the residual's gradient beside
-    attn_grads = t * (a * H + (a + 4) * s.q_heads * s.head_dim)  # the residual's, the output's and dQ (float32)
+    attn_grads = t * (a * H + a * s.q_heads * s.head_dim + _attention_backward(s, a, sp_size, device))
     # the phases of the last layer's backward, (working, sap) each: the MLP's (every tensor of the layer alive),
     # the second norm's (the MLP's and the norm's saved tensors consumed; its float32 input and temporaries),
     # the attention's (SAP's working set)

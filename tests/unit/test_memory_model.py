@@ -138,8 +138,8 @@ def test_one_measured_bf16_step_with_recomputed_norms_within_ten_percent():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from benchmarks.memory_model import BF16, BF16_ALL, measure_step, predict_for
 
-    levers = dict(BF16_ALL, recompute_norms=True)
-    measured = measure_step(BF16, 2048, levers, 1, "bf16")
-    pred = predict_for(BF16, 2048, levers, 1, "bf16")
+    levers = dict(BF16_ALL, recompute_norms=True)  # 8K tokens: the attention's backward sets the peak
+    measured = measure_step(BF16, 8192, levers, 1, "bf16")
+    pred = predict_for(BF16, 8192, levers, 1, "bf16")
     step = pred.total - pred.weights - pred.states
     assert abs(step / measured["peak"] - 1) < 0.10, (step, measured)
