@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import hf_hsap
-from hf_hsap.integrations import check_plan_used, hsap_causal_lm_loss, hsap_model_loss, shard_batch
+from hf_hsap.integrations import check_plan_used, hsap_model_loss, shard_batch
 
 from .tensor_memory import TensorPeak
 
@@ -119,10 +119,8 @@ def step(model: torch.nn.Module, scheme: str, local: dict[str, Any], sp: Any, lo
         loss = out.loss
         if group is not None:
             check_plan_used(local)
-    elif hf_hsap.memory.find_chunked_head(model) is not None:
+    else:  # the chunked head's loss, or the full logits'
         loss = hsap_model_loss(model, local, n, sp=group)
-    else:
-        loss = hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], n, sp=group)
     loss.backward()
     total = loss.detach().clone()
     if group is not None:

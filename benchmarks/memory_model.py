@@ -154,7 +154,7 @@ def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1, dtype
     """
     import torch
 
-    from hf_hsap.integrations import hsap_causal_lm_loss, hsap_model_loss, shard_batch
+    from hf_hsap.integrations import hsap_model_loss, shard_batch
     from hf_hsap.memory import apply_memory_levers
 
     from .tensor_memory import TensorPeak
@@ -179,11 +179,7 @@ def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1, dtype
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
-        if lev.chunked_loss:
-            loss = hsap_model_loss(model, local, local["num_items_in_batch"])
-        else:
-            inputs = {k: v for k, v in local.items() if k not in ("labels", "shift_labels", "num_items_in_batch")}
-            loss = hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], local["num_items_in_batch"])
+        loss = hsap_model_loss(model, local, local["num_items_in_batch"])  # the chunked head's, or the full logits'
         loss.backward()
         del loss
         opt.step()

@@ -42,9 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers whe
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, PreemptionHandler, atomic_save, rotate  # noqa: E402
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
-from hf_hsap.integrations import (dp_grad_scale, hsap_causal_lm_loss, hsap_model_loss,  # noqa: E402
-                                  reduce_loss_for_logging, shard_batch)
-from hf_hsap.memory import find_chunked_head  # noqa: E402
+from hf_hsap.integrations import dp_grad_scale, hsap_model_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
 from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
                     check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
@@ -121,7 +119,7 @@ def load_checkpoint(accelerator: Any, args: argparse.Namespace, path: Path) -> i
 
 
 # The model inputs of a sharded batch (the targets stay out: the recipe computes the loss itself); under SP
-# hsap_plan_use is the record each attention layer fills (checked by hsap_causal_lm_loss).
+# hsap_plan_use is the record each attention layer fills (checked by hsap_model_loss).
 MODEL_INPUTS = ("input_ids", "position_ids", "hsap_plan", "use_cache", "hsap_plan_use")
 
 
@@ -132,15 +130,11 @@ def to_device(local: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 def batch_loss(model: torch.nn.Module, local: dict[str, Any], n: Any, scale: float, sp: Any,
                accelerator: Any) -> torch.Tensor:
-    """``scale * sum(local CE) / n`` of one sharded batch: through the chunked LM head when the model has one (the
-    logits never exist whole), else from the full logits."""
-    inputs = to_device(local, accelerator.device)
+    """``scale * sum(local CE) / n`` of one sharded batch (:func:`hsap_model_loss`: through the chunked LM head, the
+    logits never whole, unless ``--no_chunked_loss``)."""
     with accelerator.autocast():
-        if find_chunked_head(model) is not None:
-            return hsap_model_loss(model, {**inputs, "shift_labels": local["shift_labels"]}, n, grad_scale=scale,
-                                   sp=sp)
-        logits = model(**inputs).logits  # [1, T_local, V]
-    return hsap_causal_lm_loss(logits, local["shift_labels"], n, grad_scale=scale, sp=sp)
+        return hsap_model_loss(model, {**to_device(local, accelerator.device), "shift_labels": local["shift_labels"]},
+                               n, grad_scale=scale, sp=sp)
 
 
 def eval_batches(data: StepData, eval_rows: list[int], sp: Any) -> list[dict[str, Any]]:

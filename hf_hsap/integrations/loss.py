@@ -100,16 +100,16 @@ def hsap_model_loss(
     sp: Any = None,
     **model_kwargs: Any,
 ) -> torch.Tensor:
-    """The model's forward on a sharded batch and its loss through the chunked LM head: the logits never exist whole.
+    """The model's forward on a sharded batch and its loss: through the chunked LM head when the model has one (the
+    logits never exist whole), else from the full logits (:func:`hsap_causal_lm_loss`; logged).
 
-    The same value as ``hsap_causal_lm_loss(model(**local).logits, ...)`` (to float32 rounding), with the memory of
-    one ``4096 x vocab_tile`` tile instead of ``[T_local, V]`` logits, their log-softmax and their gradient.
+    The same value either way (to float32 rounding); the chunked head holds one tile of about 16M logits instead of
+    ``[T_local, V]`` logits, their log-softmax and their gradient.
 
     Args:
-        model: the model (wrapped or not) after :func:`hf_hsap.memory.enable_chunked_loss` /
-            :func:`hf_hsap.memory.apply_memory_levers`.
+        model: the model (wrapped or not); :func:`hf_hsap.memory.apply_memory_levers` gives it the chunked head.
         local: this rank's batch (:func:`~.sharding.shard_batch` / :class:`~.dataloader.SPDataLoader`): every key
-            but the targets and counts goes to the model, ``shift_labels`` ``[1, T_local]`` to the head.
+            but the targets and counts goes to the model, ``shift_labels`` ``[1, T_local]`` to the loss.
         num_items_in_batch: ``N`` (:func:`global_num_items`). grad_scale: ``W`` (:func:`dp_grad_scale`).
         sp: the SP group: check that the forward ran the plan through every attention layer.
         **model_kwargs: more model inputs (they override ``local``'s).
@@ -118,19 +118,22 @@ def hsap_model_loss(
         0-dim float32 ``grad_scale * sum(CE of local tokens) / N``.
 
     Raises:
-        ValueError: the model has no chunked head, or ``local`` has no ``shift_labels``.
+        ValueError: ``local`` has no ``shift_labels``.
         PlanNotUsedError: (with ``sp``) an attention layer did not consume the plan.
     """
+    from ..log import get_logger
     from ..memory.head import find_chunked_head
 
-    head = find_chunked_head(model)
-    if head is None:
-        raise ValueError("the model has no chunked LM head: call hf_hsap.memory.apply_memory_levers(model, "
-                         "MemoryLevers()) (or enable_chunked_loss) before wrapping it, or use hsap_causal_lm_loss")
     if local.get("shift_labels") is None:
         raise ValueError("the batch has no shift_labels (shard_batch makes them from labels)")
     inputs = {k: v for k, v in local.items() if k not in TARGET_KEYS}
     inputs.update(model_kwargs)
+    head = find_chunked_head(model)
+    if head is None:
+        get_logger(__name__).info("hf_hsap: the model has no chunked LM head; the loss comes from the full logits "
+                                  "(hf_hsap.memory.apply_memory_levers gives it one)")
+        return hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], num_items_in_batch, grad_scale,
+                                   sp=sp)
     with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale) as request:
         model(**inputs)
     use = getattr(sp, "pending_plan_use", None)

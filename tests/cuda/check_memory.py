@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_hsap.integrations import hsap_causal_lm_loss, hsap_model_loss, shard_batch
+from hf_hsap.integrations import hsap_model_loss, shard_batch
 from hf_hsap.memory import MemoryLevers, apply_memory_levers
 from hf_hsap.memory.model import predict_step_memory
 
@@ -56,11 +56,7 @@ def _step(name: str, tokens: int, levers: dict, sizes: dict = SIZES) -> tuple[fl
 
     def step() -> float:
         with offload():
-            if lev.chunked_loss:
-                loss = hsap_model_loss(model, local, local["num_items_in_batch"])
-            else:
-                inputs = {k: v for k, v in local.items() if k not in ("labels", "shift_labels", "num_items_in_batch")}
-                loss = hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], local["num_items_in_batch"])
+            loss = hsap_model_loss(model, local, local["num_items_in_batch"])  # the chunked head's, or the logits'
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
