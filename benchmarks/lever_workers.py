@@ -27,11 +27,11 @@ import torch.nn.functional as F
 
 import hf_hsap
 from hf_hsap.integrations import check_plan_used, hsap_model_loss, shard_batch
+from hf_hsap.integrations.loss import TARGET_KEYS
 
 from .tensor_memory import TensorPeak
 
 SCHEMES = ("full", "checkpointing", "chunked", "trl_fused", "checkpointing+chunked", "all", "alst")
-TARGETS = ("labels", "shift_labels", "num_items_in_batch")
 _GROUPS: dict[int, Any] = {}
 
 
@@ -109,7 +109,7 @@ def step(model: torch.nn.Module, scheme: str, local: dict[str, Any], sp: Any, lo
     """Forward + backward of one sharded row (ALST's loss in shards of ``loss_tile`` tokens); returns the global
     loss (collective)."""
     n = local["num_items_in_batch"]
-    inputs = {k: v for k, v in local.items() if k not in TARGETS}
+    inputs = {k: v for k, v in local.items() if k not in TARGET_KEYS}
     group = sp if getattr(sp, "size", 1) > 1 else None
     if scheme == "alst":
         loss = _alst_loss(model, {k: v for k, v in inputs.items() if k != "use_cache"} | {"use_cache": False},

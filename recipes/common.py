@@ -134,26 +134,16 @@ LEVER_FLAGS = {"chunked_loss": "the chunked loss (drop --no_chunked_loss)",
 
 def check_row_fits(args: argparse.Namespace, config: Any, sp: Any, accelerator: Any) -> None:
     """Refuse, before the first step, a ``--max_length`` row whose modelled step (:mod:`hf_hsap.memory.model`) does
-    not fit a device, naming the levers that would make it fit (:func:`hf_hsap.memory.advice.check_row_fits`).
-    The memory: ``--memory_per_device_gib``, else the GPU's less 4 GiB (context, communication buffers); on CPU
-    without the flag nothing is checked."""
-    from hf_hsap.memory.advice import check_row_fits as check
-    from hf_hsap.memory.fit import DEFAULT_RESERVE_GIB
+    not fit a device, naming the levers that would make it fit
+    (:func:`hf_hsap.integrations.memory_fit.check_device_row_fits`). The memory: ``--memory_per_device_gib``, else
+    the GPU's less 4 GiB (context, communication buffers); on CPU without the flag nothing is checked."""
+    from hf_hsap.integrations.memory_fit import check_device_row_fits
 
-    memory = args.memory_per_device_gib
-    cuda = accelerator.device.type == "cuda"
-    if memory is None and cuda:
-        memory = torch.cuda.get_device_properties(accelerator.device).total_memory / 2**30 - DEFAULT_RESERVE_GIB
-    if memory is None:
-        return
-    kind = accelerator.distributed_type.name
-    world = accelerator.num_processes
-    sharding = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(kind, "ddp" if world > 1 else "none")
     half = accelerator.mixed_precision in ("bf16", "fp16")
-    check(config, args.max_length, memory_gib=memory, world=world, sp_size=sp.size, ulysses_size=sp.ulysses_size,
-          levers=memory_levers(args), sharding=sharding, param_dtype="fp32", master_weights=False,
-          compute_dtype="bf16" if half else "fp32", recv_budget_tokens=args.recv_budget_tokens,
-          device="cuda" if cuda else "cpu", spelling=LEVER_FLAGS)
+    check_device_row_fits(accelerator, config, args.max_length, memory_gib=args.memory_per_device_gib, sp=sp,
+                          levers=memory_levers(args), param_dtype="fp32", master_weights=False,
+                          compute_dtype="bf16" if half else "fp32", recv_budget_tokens=args.recv_budget_tokens,
+                          spelling=LEVER_FLAGS)
 
 
 def positive_int(value: str) -> int:

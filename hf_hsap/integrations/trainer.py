@@ -279,11 +279,10 @@ class HSAPTrainerMixin:
 def _no_offloading_without_accelerator(args: Any) -> None:
     """``activation_offloading`` moves activations from an accelerator to host memory: on CPU (``use_cpu``, or no
     accelerator) there is nothing to move, and TRL's context cannot be built there; turn it off, logged."""
-    if not getattr(args, "activation_offloading", False):
-        return
-    accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
-    if getattr(args, "use_cpu", False) or accelerator is None:
-        logger.info("hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory); off")
+    from ..memory.levers import NOTHING_TO_OFFLOAD, has_accelerator
+
+    if getattr(args, "activation_offloading", False) and (getattr(args, "use_cpu", False) or not has_accelerator()):
+        logger.info(NOTHING_TO_OFFLOAD)
         args.activation_offloading = False
 
 

@@ -16,7 +16,7 @@ The logits' transform of the family (Gemma's ``final_logit_softcapping``, Cohere
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -27,12 +27,18 @@ from ..log import get_logger
 from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
 
 __all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_head", "logit_transform",
-           "verify_chunked_head", "DEFAULT_TILE_ELEMENTS"]
+           "verify_chunked_head", "loss_tile_tokens", "DEFAULT_TILE_ELEMENTS"]
 
 logger = get_logger(__name__)
 
 IGNORE_INDEX = -100
 DEFAULT_TILE_ELEMENTS = 1 << 24  # logits of one tile: 64 MiB in float32 (128 tokens of Llama-3's 128,256 vocabulary)
+
+
+def loss_tile_tokens(vocab: int, tile_tokens: int | None = None) -> int:
+    """Tokens per tile of the chunked loss: ``tile_tokens``, else a ``[tile, vocab]`` tile of about
+    ``DEFAULT_TILE_ELEMENTS`` logits."""
+    return int(tile_tokens or tile_tokens_for(vocab, DEFAULT_TILE_ELEMENTS))
 
 
 def logit_transform(config: Any) -> tuple[float | None, float]:
@@ -66,14 +72,12 @@ class LossRequest:
         num_items: the divisor ``N`` (global valid targets; values < 1 count as 1).
         grad_scale: multiplies the loss (``W`` under a DP wrapper averaging over ``W`` ranks).
         loss: filled by the head's forward: ``grad_scale * sum(CE) / N``, 0-dim float32.
-        count: filled with the valid targets the head saw.
     """
 
     shift_labels: torch.Tensor
     num_items: torch.Tensor | int
     grad_scale: float = 1.0
     loss: torch.Tensor | None = None
-    count: int = field(default=0)
 
 
 class ChunkedLMHead(nn.Linear):
@@ -92,7 +96,7 @@ class ChunkedLMHead(nn.Linear):
         self.weight = head.weight
         self.bias = head.bias
         self.softcap, self.scale = softcap, scale
-        self.tile_tokens = int(tile_tokens or tile_tokens_for(head.out_features, DEFAULT_TILE_ELEMENTS))
+        self.tile_tokens = loss_tile_tokens(head.out_features, tile_tokens)
         self._request: LossRequest | None = None
 
     @contextmanager
@@ -137,7 +141,6 @@ class ChunkedLMHead(nn.Linear):
                                          self.scale)
         n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
         request.loss = nll * request.grad_scale / n
-        request.count = int(valid.sum())
         # The empty logits hang off the loss: a wrapper that finds the used parameters by walking the graph from
         # the forward's outputs (DDP's find_unused_parameters, Trainer's default without checkpointing) finds them
         return request.loss.reshape(1, 1, 1).expand(*hidden.shape[:-1], 0)  # [B, T, 0]

@@ -32,7 +32,7 @@ from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
-__all__ = ["MemoryLevers", "apply_memory_levers"]
+__all__ = ["MemoryLevers", "apply_memory_levers", "has_accelerator"]
 
 logger = get_logger(__name__)
 
@@ -76,6 +76,14 @@ class MemoryLevers:
                             "recompute_norms") if getattr(self, n)]
 
 
+NOTHING_TO_OFFLOAD = "hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory); off"
+
+
+def has_accelerator() -> bool:
+    """A device to offload activations from (TRL's context moves them from it to host memory; none on CPU)."""
+    return hasattr(torch, "accelerator") and torch.accelerator.current_accelerator() is not None
+
+
 def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
                         verify: bool = True) -> Callable[[], ContextManager[Any]]:
     """Apply ``levers`` to ``model`` (unwrapped, before ``accelerator.prepare`` / DDP / FSDP).
@@ -111,9 +119,8 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
             model.config.use_cache = False  # a KV cache is not built while training
     if not levers.activation_offloading:
         return contextlib.nullcontext
-    device = next(model.parameters()).device
-    if device.type == "cpu" and not torch.cuda.is_available():
-        logger.info("hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory)")
+    if not has_accelerator():
+        logger.info(NOTHING_TO_OFFLOAD)
         return contextlib.nullcontext
     from trl.models.activation_offloading import get_act_offloading_ctx_manager
 

@@ -62,13 +62,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
+from .head import loss_tile_tokens as head_tile_tokens
 from .levers import MemoryLevers
 from .shape import ModelShape, model_shape
 
 __all__ = ["ModelShape", "StepMemory", "model_shape", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-LOSS_TILE_ELEMENTS = 1 << 24  # the chunked head's default tile (hf_hsap.memory.head.DEFAULT_TILE_ELEMENTS)
 LOSS_TILE_TEMPS = 1  # float32 [tile, V] temporaries beside the tile's logits (logsumexp's exp)
 LOSS_TOKEN_STATS = 24  # bytes per token of the loss's own (flattened labels, their clamp, the mask)
 NORM_BACKWARD_F32 = 6  # float32 [t, width] tensors of one RMSNorm's backward at its peak (module docstring)
@@ -205,7 +205,7 @@ def _attention_backward(s: ModelShape, a: int, sp: int, device: str) -> float:
 
 def loss_tile_tokens(vocab: int, levers: MemoryLevers) -> int:
     """Tokens per tile of the chunked loss (the head's default: about ``2**24`` logits a tile)."""
-    return int(levers.loss_tile_tokens or max(1, LOSS_TILE_ELEMENTS // max(1, vocab)))
+    return head_tile_tokens(vocab, levers.loss_tile_tokens)
 
 
 def _loss_bytes(s: ModelShape, t: int, a: int, w: int, levers: MemoryLevers) -> float:

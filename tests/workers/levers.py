@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 import hf_hsap
 from hf_hsap.integrations import hsap_causal_lm_loss, hsap_model_loss, shard_batch
+from hf_hsap.integrations.loss import TARGET_KEYS
 
 from . import sp_model as W
 
-TARGETS = ("labels", "shift_labels", "num_items_in_batch")
 
 
 def levered_model(kind: str, levers: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
@@ -35,9 +35,9 @@ def levers_forward_backward(kind: str, sp_size: int, levers: dict[str, Any], uly
     if levers.get("chunked_loss", True):
         loss = hsap_model_loss(model, local, n, sp=sp if sp_size > 1 else None)
         with torch.no_grad():  # no request: the same head gives the logits
-            logits = model(**{k: v for k, v in local.items() if k not in TARGETS}).logits[0]
+            logits = model(**{k: v for k, v in local.items() if k not in TARGET_KEYS}).logits[0]
     else:
-        out = model(**{k: v for k, v in local.items() if k not in TARGETS})
+        out = model(**{k: v for k, v in local.items() if k not in TARGET_KEYS})
         logits = out.logits[0]
         loss = hsap_causal_lm_loss(out.logits, local["shift_labels"], n)
     loss.backward()
