@@ -27,6 +27,7 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.layout import cu_seqlens_from_position_ids
+from .vision import pack_vision
 
 __all__ = [
     "IGNORE_INDEX",
@@ -38,6 +39,7 @@ __all__ = [
 
 IGNORE_INDEX = -100
 _MASK_KEYS = ("completion_mask", "assistant_masks")
+_PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 
 logger = get_logger(__name__)
 
@@ -167,12 +169,23 @@ class PackingCollator:
         pad_token_id: Token id used for padding.
         return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
         label_pad: Label value for tokens that are not trained on (padding, document starts, prompts).
+        vision: for a vision-language model, its :class:`~hf_hsap.data.vision.VisionSpec`
+            (``hf_hsap.multimodal.vision_spec(model)``); the examples are then its processor's outputs, one
+            document each, never split (see "Vision examples").
 
     Input examples (mappings; other keys, e.g. ``attention_mask``, ``text`` or ``token_type_ids``, are ignored):
         ``input_ids``: list[int], 1-D numpy array or 1-D tensor; must not be empty.
         ``labels`` (optional): same length as ``input_ids``; defaults to a copy of ``input_ids``.
         ``completion_mask`` / ``assistant_masks`` (optional): same length, 1 on completion tokens, 0 on prompt.
         ``seq_lengths`` (optional): TRL's lengths of the documents already packed into this example.
+
+    Vision examples (with ``vision``): also the processor's pixels and per-item keys (``pixel_values``,
+    ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ...) and optionally ``mm_token_type_ids`` /
+    ``token_type_ids``; a document longer than ``max_length`` is refused (its image would be cut). The batch then
+    also holds the pixels and items concatenated in the order of the documents in the rows, the token types
+    ``[B, L]``, the ``hsap_vision`` layout that :func:`hf_hsap.shard_batch` reads and, for multimodal-rotary
+    families (Qwen-VL), ``position_ids [4, B, L]``: Transformers' packed convention, row 0 the text positions
+    (restarting at every document) and rows 1-3 the model's own rope index of each document alone.
 
     Returns (from ``__call__``), with ``B`` the number of packed rows:
         ``input_ids``: ``[B, L]`` int64 token ids, ``pad_token_id`` on padding.
@@ -206,6 +219,7 @@ class PackingCollator:
         pad_token_id: int = 0,
         return_tensors: str = "pt",
         label_pad: int = IGNORE_INDEX,
+        vision: Any = None,
     ) -> None:
         if not isinstance(max_length, (int, np.integer)) or isinstance(max_length, bool) or max_length < 1:
             raise ValueError(f"max_length must be an int >= 1 (tokens per packed row), got {max_length!r}")
@@ -227,6 +241,10 @@ class PackingCollator:
         self.pad_token_id = int(pad_token_id)
         self.return_tensors = return_tensors
         self.label_pad = int(label_pad)
+        self.vision = vision
+        if vision is not None and return_tensors != "pt":
+            raise ValueError("PackingCollator(vision=...) returns torch tensors only (pixels are tensors): "
+                             "use return_tensors='pt'")
 
     @property
     def row_length(self) -> int:
@@ -289,6 +307,13 @@ class PackingCollator:
                         )
                     labels[mask == 0] = self.label_pad
             bounds = [ids.size]
+            if self.vision is not None:
+                _check_vision_example(ex, n, ids.size, self.max_length)
+            elif any(ex.get(key) is not None for key in _PIXEL_KEYS):
+                raise ValueError(
+                    f"example {n} has pixels but the collator has no vision spec: build it as "
+                    "PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))"
+                )
             if ex.get("seq_lengths") is not None:
                 lens = _as_int_array(ex["seq_lengths"], f"example {n} seq_lengths")
                 if lens.size == 0 or (lens <= 0).any() or int(lens.sum()) != ids.size:
@@ -359,6 +384,8 @@ class PackingCollator:
         position_ids = position_ids.reshape(n_rows, row_len)
         max_len = int(seg.max())
 
+        if self.vision is not None:
+            return self._with_vision(examples, docs, rows, input_ids, labels, position_ids, cu, max_len)
         if self.return_tensors == "pt":
             input_ids_t, labels_t, pos_t = map(torch.from_numpy, (input_ids, labels, position_ids))
             cu_q, cu_k = torch.from_numpy(cu), torch.from_numpy(cu.copy())
@@ -380,3 +407,34 @@ class PackingCollator:
             "max_length_q": max_len,
             "max_length_k": max_len,
         }
+
+    def _with_vision(self, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
+                     rows: list[list[int]], input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray,
+                     cu: np.ndarray, max_len: int) -> dict[str, Any]:
+        """The packed batch of vision examples (see "Vision examples" in the class docstring)."""
+        vision = pack_vision(self.vision, examples, docs, rows, self.row_length)
+        pos = torch.from_numpy(position_ids)  # [B, L]
+        rope = vision.pop("rope")
+        if rope is not None:
+            pos = torch.cat([pos.unsqueeze(0), rope])  # [1, B, L] + [3, B, L] -> [4, B, L]
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": pos,
+            "cu_seq_lens_q": torch.from_numpy(cu),
+            "cu_seq_lens_k": torch.from_numpy(cu.copy()),
+            "max_length_q": max_len,
+            "max_length_k": max_len,
+            **vision,
+        }
+
+
+def _check_vision_example(ex: Mapping[str, Any], n: int, length: int, max_length: int) -> None:
+    """Refuse what would cut an image: a vision document longer than a row, or one that is pre-packed."""
+    if ex.get("seq_lengths") is not None:
+        raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
+                         "example (TRL's packing=False datasets), PackingCollator packs them")
+    if length > max_length:
+        raise ValueError(f"example {n} has {length} tokens, more than max_length={max_length}, and a vision document is "
+                         "never split (its image would be cut); raise max_length or drop such examples, e.g. "
+                         f"dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from ..log import get_logger
+from ..multimodal import prepare_vision
+from .encoder_attention import is_encoder_module
 
 logger = get_logger(__name__)
 
@@ -63,8 +65,9 @@ class ModelCheck:
 
     Attributes:
         family: ``config.model_type``.
-        attention_layers: attention layers a text forward runs (what a forward under SP must show; under SP
-            counted by the probe, else the modules that call the attention interface).
+        attention_layers: decoder attention layers a text forward runs (what a forward under SP must show; under
+            SP counted by the probe, else the modules that call the attention interface; a vision / audio
+            encoder's layers are not counted).
         chunk_size: ``attention_chunk_size`` of chunked layers (``None``: no chunked layers).
     """
 
@@ -302,7 +305,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
             f"{family} has non-attention token mixers ({', '.join(mixers)}); hf_hsap replaces only the attention, so "
             f"they would mix documents on packed rows and see only local tokens under SP; {_SDPA_FIX}"
         )
-    attention = [m for m in model.modules() if _calls_attention_interface(m)]
+    attention = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
     if not attention:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
                                     f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
@@ -325,6 +328,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
                 "would attend to its own tokens only; use sp_size=1 (packed rows are exact there) or a family whose "
                 "layers forward their kwargs (Llama, Qwen2/3, Mistral, ...)"
             )
+    prepare_vision(model)  # a vision-language model keeps only its rank's feature rows under SP
     result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config))
     logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result

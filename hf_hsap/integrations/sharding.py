@@ -14,6 +14,7 @@ kwargs to the ``"hsap"`` attention, ``shift_labels`` + ``num_items_in_batch`` ma
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
+from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY
+from ..multimodal import shard_vision, vision_keys
 from ..plan.layout import check_position_ids, document_starts
 from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
@@ -66,10 +69,34 @@ def batch_cu_seqlens(batch: Mapping[str, Any]) -> torch.Tensor:
             "shard_batch needs the document layout of the packed batch: pass position_ids (restarting at 0 at "
             "every document) or cu_seq_lens_q, e.g. from hf_hsap.data.PackingCollator or TRL's padding_free collator"
         )
-    pos = torch.as_tensor(pos).detach().to("cpu").reshape(ids.shape)  # [B, L]
+    pos = text_positions(torch.as_tensor(pos), ids.shape).detach().to("cpu")  # [B, L]
     starts = document_starts(pos).flatten()  # [B*L]
     idx = torch.nonzero(starts, as_tuple=False).flatten()
     return torch.cat([idx, torch.tensor([total])]).to(torch.int64)
+
+
+def text_positions(pos: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The 1-D positions of ``position_ids``: itself (``[B, L]``), or row 0 of Transformers' packed multimodal
+    convention ``[4, B, L]`` (text positions, then the 3 rotary rows).
+
+    Raises:
+        ValueError: ``[3, B, L]`` rotary rows alone (they do not restart at document starts).
+    """
+    if pos.dim() == 3:
+        if pos.shape[0] != 4:
+            raise ValueError(
+                f"position_ids of shape {tuple(pos.shape)}: multimodal rotary positions must come in Transformers' "
+                "packed convention [4, B, L] (row 0 the text positions restarting per document), as "
+                "PackingCollator(vision=hf_hsap.multimodal.vision_spec(model)) builds them")
+        pos = pos[0]
+    return pos.reshape(shape)  # [B, L]
+
+
+def _shard_positions(pos: torch.Tensor, n: int, shard: Any) -> torch.Tensor:
+    """``[B, L]`` -> ``[1, T_local]``, or ``[4, B, L]`` -> ``[4, 1, T_local]``."""
+    if pos.dim() == 3:
+        return torch.stack([shard(row) for row in pos.reshape(pos.shape[0], n)]).unsqueeze(1)  # [4, 1, T_local]
+    return shard(pos.reshape(n)).unsqueeze(0)  # [B, L] -> [1, T_local]
 
 
 def _batch_digest(tensors: list[torch.Tensor]) -> int:
@@ -146,7 +173,10 @@ def shard_batch(
     Args:
         batch: the global batch, identical on every rank of the SP group: ``input_ids [B, L]``,
             ``labels [B, L]`` (unshifted, optional: without them no loss targets are produced),
-            ``position_ids [B, L]`` and/or ``cu_seq_lens_q [n + 1]``. Other ``[B, L]`` tensors (e.g. a
+            ``position_ids [B, L]`` (or ``[4, B, L]``, Transformers' packed multimodal rotary convention) and/or
+            ``cu_seq_lens_q [n + 1]``. A vision-language batch from ``PackingCollator(vision=...)`` also holds the
+            pixels and their ``hsap_vision`` layout: each rank gets the items with a placeholder on it, and
+            ``hsap_vision_rows`` (see :mod:`hf_hsap.multimodal`). Other ``[B, L]`` tensors (e.g. a
             ``completion_mask``) are sharded too; other values pass through. An all-ones ``attention_mask``
             is dropped.
         sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
@@ -199,36 +229,44 @@ def shard_batch(
         _check_same_batch(_batch_digest(parts), sp)
     plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement, plan_options))
     device = ids.device
+    shard = functools.partial(plan.shard, rank=rank)
     pos = batch.get("position_ids")
     if pos is not None:
-        pos = torch.as_tensor(pos).reshape(-1)  # [B, L] -> [B*L]
+        pos = torch.as_tensor(pos)
         if batch.get("cu_seq_lens_q") is not None:  # both given: they must describe the same documents
-            check_position_ids(pos, plan.layout)
+            check_position_ids(text_positions(pos, ids.shape).reshape(-1), plan.layout)
     else:  # positions restart at every document start of cu
         starts = torch.zeros(ids.numel(), dtype=torch.int64)
         starts[cu[:-1]] = cu[:-1]
         pos = torch.arange(ids.numel()) - torch.cummax(starts, 0).values  # [B*L]
     local: dict[str, Any] = {
-        "input_ids": plan.shard(ids.reshape(-1), rank=rank).unsqueeze(0),  # [B*L] -> [1, T_local]
-        "position_ids": plan.shard(pos.to(device), rank=rank).unsqueeze(0),
+        "input_ids": shard(ids.reshape(-1)).unsqueeze(0),  # [B*L] -> [1, T_local]
+        "position_ids": _shard_positions(pos.to(device), ids.numel(), shard),
         "hsap_plan": plan,
         "use_cache": False,
     }
+    vision = batch.get(VISION_LAYOUT_KEY)
+    if vision is not None:
+        local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
+    elif any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos")):
+        raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
+                         "documents with PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))")
     if size > 1:
         local[PLAN_USE_KEY] = PlanUse(size, plan)
         if check_previous:
             sp.pending_plan_use = local[PLAN_USE_KEY]
     if shift is not None:
-        local["shift_labels"] = plan.shard(shift.to(device), rank=rank).unsqueeze(0)  # [1, T_local]
+        local["shift_labels"] = shard(shift.to(device)).unsqueeze(0)  # [1, T_local]
         local["labels"] = local["shift_labels"]
         n_valid = (shift != ignore_index).sum().clamp_min(1)
         local["num_items_in_batch"] = n_valid.to(device)
+    skip = vision_keys(vision) if vision is not None else set()
     for key, value in batch.items():
-        if key in local or key in LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
+        if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
             continue
         if torch.is_tensor(value) and tuple(value.shape[:2]) == tuple(ids.shape):
             flat = value.reshape(ids.numel(), *value.shape[2:])  # [B, L, ...] -> [B*L, ...]
-            local[key] = plan.shard(flat, rank=rank).unsqueeze(0)  # [1, T_local, ...]
+            local[key] = shard(flat).unsqueeze(0)  # [1, T_local, ...]
         else:
             local[key] = value
     return local

@@ -24,6 +24,9 @@ Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`)
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
 attention sinks (``s_aux``, GPT-OSS; the sinks get their gradient).
 
+Vision and audio encoders (a non-causal call from a module with a vision / audio config) get their own
+per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
+
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
 chunked layers under SP or in generation past a chunk, non-causal modules or masks, position biases, dense 4D
 masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
@@ -41,6 +44,7 @@ from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
+from .encoder_attention import encoder_forward, is_encoder_call
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
@@ -105,6 +109,9 @@ def hsap_attention_forward(
     Raises:
         ValueError: for unsupported attention variants or inputs (see the module docstring).
     """
+    if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
+        return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
+                               cu_seq_lens_k=cu_seq_lens_k, sliding_window=sliding_window, softcap=softcap)
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16

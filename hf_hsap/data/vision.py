@@ -1,0 +1,171 @@
+"""What a packed image / video + text batch carries, and how per-document processor outputs become one.
+
+A vision-language model's processor turns one document into ``input_ids`` with placeholder tokens (one per
+feature row the vision tower will produce) and the pixels those placeholders stand for. Packing several such
+documents into a row keeps the pixels in document order, so that the k-th placeholder of the row is still the
+k-th feature row of the vision tower. This module is model-free: the model's knowledge (token ids, merge factor,
+its own rope index) arrives as a :class:`VisionSpec`, built by :func:`hf_hsap.multimodal.vision_spec`.
+
+Two items of a modality differ only in size: a *grid* family (Qwen-VL) gives each item a ``[t, h, w]`` grid of
+``t*h*w`` pixel rows and ``t*h*w / merge`` placeholders; other families (LLaVA, Gemma 3) give each image one
+pixel row (``[n, C, H, W]``) and the same number of placeholders.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Modality", "VisionLayout", "VisionSpec", "item_sizes", "pack_vision"]
+
+LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
+
+
+@dataclass(frozen=True)
+class Modality:
+    """One kind of vision input of a model.
+
+    Attributes:
+        name: ``"image"`` or ``"video"`` (what the model's ``get_{name}_features`` encodes).
+        token_id: the placeholder token.
+        pixel_key: the batch key of the pixels (``pixel_values``, ``pixel_values_videos``).
+        grid_key: the per-item ``[n, 3]`` grid (``image_grid_thw``), or ``None`` (one pixel row per item).
+        item_keys: every batch key with one entry per item (the grid first, e.g. ``second_per_grid_ts``).
+        type_id: the value of this modality in ``mm_token_type_ids``.
+    """
+
+    name: str
+    token_id: int
+    pixel_key: str
+    grid_key: str | None = None
+    item_keys: tuple[str, ...] = ()
+    type_id: int = 1
+
+
+@dataclass(frozen=True)
+class VisionLayout:
+    """The picklable part of a :class:`VisionSpec` that a packed batch carries (key ``hsap_vision``), all
+    that :func:`hf_hsap.shard_batch` needs to give each rank its images.
+
+    Attributes:
+        family: ``config.model_type``.
+        modalities: the model's vision inputs.
+        merge: pixel rows per placeholder token of a grid family (``spatial_merge_size ** 2``), else 1.
+        image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
+    """
+
+    family: str
+    modalities: tuple[Modality, ...]
+    merge: int = 1
+    image_blocks: bool = False
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """What the packing collator needs to know of a vision-language model.
+
+    Attributes:
+        layout: the :class:`VisionLayout` the batch carries.
+        rope_index: ``(input_ids [1, n], **doc) -> [3, 1, n]`` multimodal rotary positions of ONE document (the
+            model's own ``get_rope_index``), or ``None`` for 1-D positions.
+        token_type_key: the per-token type key the model reads (``mm_token_type_ids``, ``token_type_ids``) or
+            ``None``; the collator fills it from the placeholders when a document lacks it.
+    """
+
+    layout: VisionLayout
+    rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
+    token_type_key: str | None = None
+
+
+def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any], n_tokens: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Placeholder tokens and pixel rows of every item of one modality in a batch.
+
+    Args:
+        modality: the modality; layout: its layout; batch: with ``modality.pixel_key`` (and the grid);
+        n_tokens: the placeholders of this modality in the batch (what uniform items split evenly).
+
+    Returns:
+        ``(tokens [n_items], rows [n_items])`` int64.
+
+    Raises:
+        ValueError: the placeholders do not match the items.
+    """
+    pixels = batch[modality.pixel_key]
+    if modality.grid_key is not None:
+        grid = torch.as_tensor(batch[modality.grid_key]).reshape(-1, 3).to(torch.int64).numpy()
+        rows = grid.prod(axis=1)
+        tokens = rows // layout.merge
+    else:
+        n_items = int(pixels.shape[0])
+        if n_items == 0 or n_tokens % n_items:
+            raise ValueError(f"{n_tokens} {modality.name} placeholder tokens do not split evenly over {n_items} "
+                             f"{modality.pixel_key} items; give each {modality.name} its processor's placeholders")
+        tokens = np.full(n_items, n_tokens // n_items, dtype=np.int64)
+        rows = np.ones(n_items, dtype=np.int64)
+    if int(tokens.sum()) != n_tokens:
+        raise ValueError(f"the batch has {n_tokens} {modality.name} placeholder tokens (id {modality.token_id}) but "
+                         f"its {modality.pixel_key} stand for {int(tokens.sum())}; tokenize each document with the "
+                         "model's processor and keep its pixels with it")
+    return tokens, rows
+
+
+def _doc_positions(spec: VisionSpec, ex: Mapping[str, Any], ids: np.ndarray, types: np.ndarray) -> np.ndarray:
+    """``[3, n]`` rotary positions of one document alone, from the model's own rope index."""
+    doc = {"input_ids": torch.from_numpy(ids).unsqueeze(0), "mm_token_type_ids": torch.from_numpy(types).unsqueeze(0)}
+    for m in spec.layout.modalities:
+        for key in m.item_keys:
+            if ex.get(key) is not None:
+                doc[key] = torch.as_tensor(ex[key])
+    with torch.no_grad():
+        pos = spec.rope_index(**doc)  # [3, 1, n]
+    return pos.reshape(3, -1).to(torch.int64).numpy()
+
+
+def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
+                rows: list[list[int]], row_len: int) -> dict[str, Any]:
+    """The vision part of a packed batch: pixels and items in row order, token types, rotary positions.
+
+    Args:
+        spec: the model's :class:`VisionSpec`.
+        examples: the collator's examples, one document each (``docs[i]`` comes from ``examples[i]``).
+        docs: ``(input_ids, labels)`` per document; rows: document indices per packed row; row_len: ``L``.
+
+    Returns:
+        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision"}``.
+
+    Shapes:
+        ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
+    """
+    order = [i for row in rows for i in row]
+    out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
+    for m in spec.layout.modalities:
+        for key in (m.pixel_key, *m.item_keys):
+            parts = [torch.as_tensor(examples[i][key]) for i in order if examples[i].get(key) is not None]
+            if parts:
+                out[key] = torch.cat(parts)
+    n_rows = len(rows)
+    types = np.zeros((n_rows, row_len), dtype=np.int64)
+    rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            ids = docs[i][0]
+            given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
+            t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
+            if given is None:
+                for m in spec.layout.modalities:
+                    t[ids == m.token_id] = m.type_id
+            types[r, offset:offset + ids.size] = t
+            if rope is not None:
+                rope[:, r, offset:offset + ids.size] = _doc_positions(spec, examples[i], ids, t.astype(np.int64))
+            offset += ids.size
+        if rope is not None and offset < row_len:  # the padding document: text positions from 0
+            rope[:, r, offset:] = np.arange(row_len - offset)
+    if spec.token_type_key:
+        out[spec.token_type_key] = torch.from_numpy(types)
+    out["rope"] = None if rope is None else torch.from_numpy(rope)
+    return out

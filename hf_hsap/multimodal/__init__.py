@@ -1,0 +1,13 @@
+"""Vision-language models on packed image / video + text rows, under sequence parallelism.
+
+- :func:`vision_spec` (:mod:`.spec`): what the packing collator needs of a model, for the families made exact.
+- :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`.
+- :func:`prepare_vision` (:mod:`.select`): the model keeps only its rank's feature rows; called by
+  :func:`hf_hsap.check_model` and the trainers.
+"""
+from .select import prepare_vision, select_rows
+from .shard import ROWS_KEY, shard_vision, vision_keys
+from .spec import GRID_FAMILIES, UNIFORM_FAMILIES, inner_vlm, is_vlm, vision_spec
+
+__all__ = ["GRID_FAMILIES", "ROWS_KEY", "UNIFORM_FAMILIES", "inner_vlm", "is_vlm", "prepare_vision", "select_rows",
+           "shard_vision", "vision_keys", "vision_spec"]

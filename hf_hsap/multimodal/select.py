@@ -1,0 +1,113 @@
+"""Make a vision-language model keep only this rank's feature rows (what :mod:`.shard` chose).
+
+The model encodes the local items whole (``get_image_features`` / ``get_video_features``) and then checks that its
+placeholders match the features before it merges them. Under SP a rank holds only some placeholders of a split
+item, so the encoders' outputs are cut to the rows of ``hsap_vision_rows``, in local token order, before the merge.
+This wraps the two methods of the model instance (Transformers' public feature hooks; the model code is untouched)
+and takes ``hsap_vision_rows`` out of the forward's keyword arguments with a pre-hook. The keyword arguments the
+encoders receive lose hf_hsap's own keys, so a vision tower never sees the decoder's SP plan.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ..log import get_logger
+from .shard import ROWS_KEY
+from .spec import inner_vlm
+
+__all__ = ["prepare_vision", "select_rows"]
+
+logger = get_logger(__name__)
+_FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features"}
+_SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
+
+
+def _select(value: Any, rows: torch.Tensor) -> Any:
+    """``value``'s feature rows ``rows``, in the container the model's merge expects."""
+    if torch.is_tensor(value):
+        return value.reshape(-1, value.shape[-1])[rows.to(value.device)]  # [items, n, D] or [N, D] -> [n_local, D]
+    if isinstance(value, (list, tuple)) and value and all(torch.is_tensor(v) for v in value):
+        flat = torch.cat([v.reshape(-1, v.shape[-1]) for v in value])  # per-item [n_i, D] -> [N, D]
+        return type(value)([flat[rows.to(flat.device)]])
+    if isinstance(value, (list, tuple)):  # per layer (deepstack): each a per-item sequence
+        return type(value)(_select(v, rows) for v in value)
+    return value
+
+
+def select_rows(output: Any, rows: torch.Tensor) -> Any:
+    """Cut an encoder output (``pooler_output`` and deepstack features) to ``rows``.
+
+    Args:
+        output: what ``get_image_features(..., return_dict=True)`` returned.
+        rows: ``[n_local]`` rows of the concatenated per-item features, in local token order.
+
+    Returns:
+        ``output`` with those fields replaced (the same object).
+    """
+    for name in _SELECTED_FIELDS:
+        value = getattr(output, name, None)
+        if value is not None:
+            setattr(output, name, _select(value, rows))
+    return output
+
+
+class _Rows:
+    """The rows of the forward in flight (set by the pre-hook, cleared after the forward)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, torch.Tensor] | None = None
+        self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
+
+    def pre(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        rows = kwargs.pop(ROWS_KEY, None)
+        if rows is not None:
+            self.rows = rows
+        return args, kwargs
+
+    def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.rows = None
+
+
+def _wrap(method: Any, state: _Rows, name: str) -> Any:
+    @functools.wraps(method)
+    def features(*args: Any, **kwargs: Any) -> Any:
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("hsap_")}  # the decoder's plan stays there
+        if state.inside:
+            return method(*args, **kwargs)
+        state.inside = True
+        try:
+            out = method(*args, **kwargs)
+        finally:
+            state.inside = False
+        rows = None if state.rows is None else state.rows.get(name)
+        return out if rows is None else select_rows(out, rows)
+    return features
+
+
+def prepare_vision(model: torch.nn.Module) -> bool:
+    """Install the row selection on a vision-language model (idempotent).
+
+    Args:
+        model: the model the training loop calls (before DDP / FSDP wrapping).
+
+    Returns:
+        Whether ``model`` is a vision-language model (and now prepared).
+    """
+    inner = inner_vlm(model)
+    if inner is None:
+        return False
+    if getattr(model, "_hsap_vision_rows", None) is not None:
+        return True
+    state = _Rows()
+    for name, method in _FEATURE_METHODS.items():
+        if callable(getattr(inner, method, None)):
+            setattr(inner, method, _wrap(getattr(inner, method), state, name))
+    for m in {model, inner}:
+        m.register_forward_pre_hook(state.pre, with_kwargs=True)
+    model.register_forward_hook(state.post, always_call=True)
+    model._hsap_vision_rows = state
+    logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
+    return True

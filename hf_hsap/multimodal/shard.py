@@ -1,0 +1,89 @@
+"""Give each rank of an SP group the images whose placeholder tokens it holds.
+
+The vision tower runs at the language model's entrance, on every rank, for only the items (images, videos) with a
+placeholder on that rank. An item split across ranks is encoded whole by each of its holders, and each keeps the
+feature rows of its own placeholders; the SP group's gradient reduction then sums the item's pieces. This module
+computes, from the global batch and the plan, the local pixels and the feature rows each rank keeps
+(``hsap_vision_rows``, applied by :mod:`.select`)::
+
+    global row   | t t [i0 i0 i0 i0] t t [i1 i1] t |    placeholders of items i0 (4 rows) and i1 (2 rows)
+    rank 0 holds | t t  i0 i0                       |    -> encodes i0, keeps feature rows [0, 1]
+    rank 1 holds |            i0 i0  t t  i1 i1  t  |    -> encodes i0 and i1, keeps rows [2, 3, 4, 5]
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.vision import LAYOUT_KEY, VisionLayout, item_sizes
+
+__all__ = ["ROWS_KEY", "shard_vision", "vision_keys"]
+
+ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
+
+
+def vision_keys(layout: VisionLayout) -> set[str]:
+    """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
+    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY}
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(start, start + size)`` of each pair."""
+    if sizes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
+
+
+def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor, shard: Any) -> dict[str, Any]:
+    """This rank's vision inputs and the feature rows it keeps.
+
+    Args:
+        batch: the global batch (pixels and per-item keys of every item, in document order).
+        layout: the batch's :class:`~hf_hsap.data.vision.VisionLayout`.
+        ids: ``[B * L]`` global token ids.
+        shard: ``plan.shard`` for this rank (``[B * L, ...] -> [T_local, ...]`` in plan order).
+
+    Returns:
+        The local pixels and per-item keys of the items with a local placeholder (a modality with none is left
+        out) and ``{ROWS_KEY: {name: [n_local] int64}}``: for each local placeholder, in local token order, the row
+        of the local items' concatenated features it takes.
+
+    Raises:
+        ValueError: placeholders that do not match the pixels.
+    """
+    local: dict[str, Any] = {}
+    rows_of: dict[str, torch.Tensor] = {}
+    ids = ids.detach().to("cpu")
+    for m in layout.modalities:
+        if batch.get(m.pixel_key) is None:
+            if bool((ids == m.token_id).any()):
+                raise ValueError(f"the batch has {m.name} placeholder tokens (id {m.token_id}) but no {m.pixel_key}")
+            continue
+        where = torch.nonzero(ids == m.token_id).flatten()  # [N] global placeholder positions
+        tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
+        feature = torch.full((ids.numel(),), -1, dtype=torch.int64)
+        feature[where] = torch.arange(where.numel())
+        mine = shard(feature).to("cpu")  # [T_local] in local token order
+        mine = mine[mine >= 0].numpy()  # global feature row of every local placeholder
+        token_start = np.concatenate([[0], np.cumsum(tokens)[:-1]])
+        item = np.searchsorted(token_start, mine, side="right") - 1  # the item of each local placeholder
+        items = np.unique(item)  # local items, in document order
+        if items.size == 0:
+            continue
+        new_start = np.zeros(tokens.size, dtype=np.int64)
+        new_start[items] = np.concatenate([[0], np.cumsum(tokens[items])[:-1]])
+        rows_of[m.name] = torch.from_numpy(mine - token_start[item] + new_start[item])
+        row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
+        pixels = batch[m.pixel_key]
+        local[m.pixel_key] = pixels[pixel_idx.to(pixels.device)]
+        item_idx = torch.from_numpy(items)
+        for key in m.item_keys:
+            if batch.get(key) is not None:
+                value = torch.as_tensor(batch[key])
+                local[key] = value[item_idx.to(value.device)]
+    local[ROWS_KEY] = rows_of
+    return local

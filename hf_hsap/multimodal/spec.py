@@ -1,0 +1,94 @@
+"""Which vision-language families hf_hsap trains on packed rows, and what it must know of each.
+
+A family is listed only where the tests show it exact (logits and every gradient against each document run
+alone): its placeholders are one per feature row in document order, and its positions are either 1-D (restarting
+per document) or its own multimodal rope index of each document alone. Families whose image placeholders depend
+on the image's size in ways the batch does not carry (LLaVA-NeXT's any-resolution tiles, Idefics3 image splitting),
+or that attend to images through cross-attention (Mllama), are refused with a fix.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..data.vision import Modality, VisionLayout, VisionSpec
+from ..log import get_logger
+
+__all__ = ["GRID_FAMILIES", "UNIFORM_FAMILIES", "inner_vlm", "is_vlm", "vision_spec"]
+
+logger = get_logger(__name__)
+
+# Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
+GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
+# One pixel row per image, the same number of placeholders per image, 1-D positions.
+UNIFORM_FAMILIES = frozenset({"llava", "gemma3"})
+# Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
+# image)" that the "hsap" kernels do not take yet.
+_BLOCK_FAMILIES = frozenset({"gemma3", "gemma3n", "gemma4", "paligemma"})
+
+
+def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose forward encodes the images and merges them (has ``get_image_features``), or ``None``."""
+    for m in (getattr(model, "model", None), model):
+        if m is not None and callable(getattr(type(m), "get_image_features", None)) and hasattr(m, "language_model"):
+            return m
+    return None
+
+
+def is_vlm(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a vision(-audio)-language model with an image encoder."""
+    return inner_vlm(model) is not None
+
+
+def _token(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def vision_spec(model: torch.nn.Module) -> VisionSpec:
+    """The :class:`~hf_hsap.data.vision.VisionSpec` of a vision-language model, for
+    ``PackingCollator(max_length, vision=vision_spec(model))``.
+
+    Args:
+        model: a Transformers vision-language model (``AutoModelForImageTextToText``).
+
+    Returns:
+        Its modalities, placeholder tokens, merge factor and (Qwen-VL) its own rope index.
+
+    Raises:
+        ValueError: not a vision-language model, or a family hf_hsap does not make exact on packed rows (the
+            message names what works instead).
+    """
+    config = model.config
+    family = str(getattr(config, "model_type", type(config).__name__))
+    inner = inner_vlm(model)
+    if inner is None:
+        raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
+                         "use PackingCollator(max_length) alone")
+    if family not in GRID_FAMILIES | UNIFORM_FAMILIES:
+        raise ValueError(
+            f"{family}: packed image+text rows are exact in hf_hsap for {sorted(GRID_FAMILIES | UNIFORM_FAMILIES)} "
+            f"only (each is tested against every document run alone); train {family} with one document per row "
+            "(no packing: TRL's SFTTrainer with packing=False, attn_implementation='sdpa') or use a listed family"
+        )
+    image = _token(config, "image_token_id", "image_token_index")
+    video = _token(config, "video_token_id", "video_token_index")
+    if family in GRID_FAMILIES:
+        merge = int(config.vision_config.spatial_merge_size) ** 2
+        mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
+        if video is not None:
+            extra = ("second_per_grid_ts",) if family == "qwen2_5_vl" else ()
+            mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw",
+                                 ("video_grid_thw", *extra), 2))
+
+        def rope_index(**doc: Any) -> torch.Tensor:
+            return inner.get_rope_index(**doc)[0]  # [3, 1, n]
+
+        layout = VisionLayout(family, tuple(mods), merge=merge)
+        return VisionSpec(layout, rope_index=rope_index, token_type_key="mm_token_type_ids")
+    layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
+    return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
