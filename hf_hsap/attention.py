@@ -17,6 +17,7 @@ from .comm.all_to_all import all_to_all, head_to_seq
 from .kernels import AttentionKernel, check_features, select_kernel, window_left
 from .kernels.dtypes import cast_qkv
 from .kernels.sinks import sinks_grad
+from .plan.blocks import Blocks, block_schedule
 from .plan.plan import Plan
 from .runtime import sap_backward, sap_forward
 
@@ -88,6 +89,7 @@ def hsap_attn_func(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    blocks: Blocks | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Document-masked causal attention of this rank's tokens, exact across the SP group.
 
@@ -109,6 +111,9 @@ def hsap_attn_func(
         softcap: logit soft-capping, ``score = softcap * tanh(score / softcap)`` (Gemma 2); ``None``: none.
         sinks: ``[Hq]`` attention-sink logits (GPT-OSS's ``s_aux``), each joining its head's softmax
             denominator once per query; differentiable. ``None``: none.
+        blocks: bidirectional blocks (:class:`~hf_hsap.plan.blocks.Blocks`, Gemma 3's images): a query of a block
+            also sees the block's later keys. Every block must lie inside one part
+            (:func:`~hf_hsap.plan.blocks.keep_blocks_whole`). ``None``: none.
 
     Returns:
         ``[T_local, Hq, D]`` attention output, differentiable in q, k, v and ``sinks`` (and the lse if asked,
@@ -130,6 +135,8 @@ def hsap_attn_func(
     kernel = kernel or select_kernel(q.device, q.dtype)
     part = 0 if sp is None else sp.inter_rank
     sched = plan.schedule(part, q.device, window=window)
+    if blocks is not None and len(blocks):
+        sched = block_schedule(plan, sched, part, blocks, None if q.device.type == "cpu" else q.device)
     check_features(kernel, window_left(sched.window), softcap)  # an older kernel would drop them silently
     executor = sp.inter_executor() if (sp is not None and sched.rounds) else None
     gdt = grad_comm_dtype or (sp.grad_comm_dtype if sp is not None else None)

@@ -23,7 +23,9 @@ import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY
-from ..multimodal import shard_vision, vision_keys
+from ..multimodal import image_blocks, shard_vision, vision_keys
+from ..plan.blocks import keep_blocks_whole
+from ..sp_plan import SPPlan
 from ..plan.layout import check_position_ids, document_starts
 from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
@@ -228,6 +230,12 @@ def shard_batch(
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
     plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement, plan_options))
+    vision = batch.get(VISION_LAYOUT_KEY)
+    blocks = image_blocks(vision, ids, cu) if vision is not None and vision.image_blocks else None
+    if blocks is not None:  # Gemma 3: an image's tokens see each other both ways; each image inside one part
+        whole = keep_blocks_whole(plan, blocks)
+        if whole is not plan:
+            plan = SPPlan.bind(whole, sp) if isinstance(plan, SPPlan) else whole
     device = ids.device
     shard = functools.partial(plan.shard, rank=rank)
     pos = batch.get("position_ids")
@@ -245,9 +253,10 @@ def shard_batch(
         "hsap_plan": plan,
         "use_cache": False,
     }
-    vision = batch.get(VISION_LAYOUT_KEY)
     if vision is not None:
         local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
+    if blocks is not None:
+        local["hsap_blocks"] = blocks
     elif any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos")):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))")
@@ -261,6 +270,8 @@ def shard_batch(
         n_valid = (shift != ignore_index).sum().clamp_min(1)
         local["num_items_in_batch"] = n_valid.to(device)
     skip = vision_keys(vision) if vision is not None else set()
+    if blocks is not None:  # the blocks replace the model's own bidirectional mask overlay
+        skip |= {"token_type_ids", "mm_token_type_ids"}
     for key, value in batch.items():
         if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
             continue

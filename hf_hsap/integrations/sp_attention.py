@@ -9,6 +9,7 @@ keys the window sees move), soft-capping and sinks.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ logger = get_logger(__name__)
 def sp_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, scaling: float | None, *,
     window: int | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
+    blocks: Any = None,
 ) -> torch.Tensor:
     """Sequence-parallel attention over this rank's tokens (``B == 1``, tokens in plan order).
 
@@ -34,6 +36,7 @@ def sp_attention(
         plan: the :class:`~hf_hsap.Plan` of the global batch.
         scaling: softmax scale, default ``D ** -0.5``.
         window, softcap, sinks: the layer's sliding window, soft-capping and ``[Hq]`` sink logits (or ``None``).
+        blocks: the batch's bidirectional image blocks (:class:`~hf_hsap.plan.blocks.Blocks`), or ``None``.
 
     Returns:
         The attention output of this rank's queries.
@@ -54,14 +57,16 @@ def sp_attention(
     q = query[0].transpose(0, 1)  # [1, Hq, T, D] -> [T, Hq, D]
     k = key[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
     v = value[0].transpose(0, 1)  # [1, Hkv, T, D] -> [T, Hkv, D]
-    out = hsap_attn_func(q, k, v, plan, softmax_scale=scaling, window=window, softcap=softcap, sinks=sinks)
+    out = hsap_attn_func(q, k, v, plan, softmax_scale=scaling, window=window, softcap=softcap, sinks=sinks,
+                         blocks=blocks)
     return out.unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
 
 
 def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan,
                scaling: float | None, window: int | None, plan_use: PlanUse | None = None, *,
-               softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The SP branch of :func:`~.transformers.hsap_attention_forward`.
+               softcap: float | None = None, sinks: torch.Tensor | None = None, blocks: Any = None) -> torch.Tensor:
+    """The SP branch of :func:`~.transformers.hsap_attention_forward` (also taken at SP size 1 by a batch with
+    bidirectional image blocks, which the plan's schedule runs).
 
     Refuses what the plan cannot express, records that this layer consumed the plan, runs SAP.
 
@@ -74,6 +79,8 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         plan_use: the call's ``hsap_plan_use`` record, or ``None`` (then the SP group's pending record of the
             same plan, see :func:`~.plan_use.plan_use_of`).
         softcap: the layer's logit soft-capping, or ``None``. sinks: its ``[Hq]`` sink logits, or ``None``.
+        blocks: the batch's bidirectional image blocks (``hsap_blocks`` from :func:`~.sharding.shard_batch`), or
+            ``None``.
 
     Returns:
         The attention output of this rank's queries.
@@ -85,10 +92,10 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if config is not None:
         check_config(config, packed=True, sp_size=plan.size)
     check_chunked_sp(module, plan.layout.longest_doc)
-    use = plan_use_of(plan, plan_use)
+    use = plan_use_of(plan, plan_use) if plan.size > 1 else None
     if use is not None:
         use.record(module)
-    else:  # a plan made by hand (not by shard_batch): nothing proves that every layer consumed it
+    elif plan.size > 1:  # a plan made by hand (not by shard_batch): nothing proves that every layer consumed it
         log_once(logger, logging.WARNING, "no plan use",
                  "hsap attention: an hsap_plan without its hsap_plan_use record (a plan not made by shard_batch, "
                  "or not its latest); whether every attention layer consumed the plan is not checked")
@@ -96,4 +103,4 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         log_once(logger, logging.DEBUG, ("sp", plan.size),
                  "hsap attention: sequence-parallel branch, SAP over sp_size=%d (%s)", plan.size,
                  type(module).__name__)
-    return sp_attention(query, key, value, plan, scaling, window=window, softcap=softcap, sinks=sinks)
+    return sp_attention(query, key, value, plan, scaling, window=window, softcap=softcap, sinks=sinks, blocks=blocks)

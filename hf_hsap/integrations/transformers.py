@@ -76,6 +76,7 @@ def hsap_attention_forward(
     s_aux: Any = None,
     softcap: Any = None,
     position_bias: Any = None,
+    hsap_blocks: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Exact causal, document-masked attention in the Transformers attention-function signature.
@@ -101,6 +102,8 @@ def hsap_attention_forward(
         s_aux: ``[Hq]`` attention-sink logits (GPT-OSS), or ``None``.
         softcap: logit soft-cap (Gemma 2), or ``None``.
         position_bias: additive position biases; must be ``None``.
+        hsap_blocks: bidirectional image blocks of the batch (Gemma 3, from :func:`~.sharding.shard_batch`), run by
+            the plan's schedule at every SP size; ``None``: none.
         kwargs: the rest of the model's keyword arguments (``use_cache``, ``max_length_q``, ...), unused.
 
     Returns:
@@ -126,9 +129,12 @@ def hsap_attention_forward(
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, Dv] -> [B, Hkv, Lk, D]
     ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool  # the mask function's ids
     check_plan_mask(hsap_plan, attention_mask, ids_mask)
-    if hsap_plan is not None and hsap_plan.size > 1:
+    if hsap_blocks is not None and hsap_plan is None:
+        raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
+                         "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")
+    if hsap_plan is not None and (hsap_plan.size > 1 or hsap_blocks is not None):
         out = sp_forward(module, query, key, value, hsap_plan, scaling, variant.window, hsap_plan_use,
-                         softcap=variant.softcap, sinks=variant.sinks)  # [1, T, Hq, D]
+                         softcap=variant.softcap, sinks=variant.sinks, blocks=hsap_blocks)  # [1, T, Hq, D]
     else:
         out = local_forward(module, query, key, value, attention_mask, scaling, variant, plan=hsap_plan,
                             ids_mask=ids_mask, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,

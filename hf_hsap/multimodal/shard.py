@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..data.vision import LAYOUT_KEY, VisionLayout, item_sizes
+from ..plan.blocks import Blocks, blocks_from_mask
 
-__all__ = ["ROWS_KEY", "shard_vision", "vision_keys"]
+__all__ = ["ROWS_KEY", "image_blocks", "shard_vision", "vision_keys"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
 
@@ -28,6 +29,20 @@ ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_place
 def vision_keys(layout: VisionLayout) -> set[str]:
     """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
     return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY}
+
+
+def image_blocks(layout: VisionLayout, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:
+    """The bidirectional blocks of a family whose image placeholders see each other (Gemma 3): every run of image
+    placeholders inside one document.
+
+    Args:
+        layout: the batch's vision layout; ids: ``[B, L]`` token ids; cu_seqlens: ``[n + 1]`` documents.
+
+    Returns:
+        The :class:`~hf_hsap.plan.blocks.Blocks` over the flattened tokens.
+    """
+    image = next(m for m in layout.modalities if m.name == "image")
+    return blocks_from_mask(ids.reshape(-1).to("cpu") == image.token_id, cu_seqlens)
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
