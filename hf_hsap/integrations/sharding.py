@@ -253,10 +253,10 @@ def shard_batch(
         "hsap_plan": plan,
         "use_cache": False,
     }
-    if vision is not None:
-        local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
     if blocks is not None:
         local["hsap_blocks"] = blocks
+    if vision is not None:
+        local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
     elif any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos")):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))")

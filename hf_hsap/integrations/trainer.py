@@ -86,21 +86,21 @@ class HSAPTrainerMixin:
         if sp_placement is not None or sp_plan_options:
             warn_deprecated("HSAPTrainer(sp_placement=..., sp_plan_options=...)",
                             "hsap_config=HSAPConfig(...) or the hsap_* fields of HSAPTrainingArguments / HSAPSFTConfig")
+        self._hsap_prepare_data(model)
         check_trainer_setup(self)
         self.sp, cfg = self._hsap_group(sp, hsap_config, config)
         sp = self.sp
         self.hsap_config = cfg.with_plan_options(sp_placement, sp_plan_options)
-        current = getattr(model.config, "_attn_implementation", None)
-        if current != ATTN_NAME:
-            logger.info("hf_hsap: %s was loaded with attn_implementation=%r; switching it to %r", type(model).__name__,
-                        current, ATTN_NAME)
-            model.set_attn_implementation(ATTN_NAME)
+        _use_hsap_in_decoder(model)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
         self._hsap_offload = self._hsap_apply_levers(model)
         check_trainer_row_fits(self, model, sft=_SFTTrainer is not None and isinstance(self, _SFTTrainer))
         logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
                     self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
+
+    def _hsap_prepare_data(self, model: Any) -> None:
+        """After the base trainer's constructor: what a subclass changes in the data path (nothing here)."""
 
     def _hsap_apply_levers(self, model: Any) -> Any:
         """The memory levers of ``args`` (:class:`~hf_hsap.MemoryLevers`) on the unwrapped model; returns the
@@ -276,6 +276,24 @@ class HSAPTrainerMixin:
         return result
 
 
+def _use_hsap_in_decoder(model: Any) -> None:
+    """Give the decoder ``attn_implementation="hsap"`` unless it has it; the other sub-models (vision, audio
+    towers) keep the implementation the user chose for them (``"hsap"`` serves their bidirectional calls too)."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    current = getattr(text, "_attn_implementation", None)
+    if current == ATTN_NAME:
+        return
+    composite = text is not config
+    logger.info("hf_hsap: %s's decoder was loaded with attn_implementation=%r; switching it to %r%s",
+                type(model).__name__, current, ATTN_NAME, " (the other sub-models keep theirs)" if composite else "")
+    if composite:
+        name = next((k for k in getattr(config, "sub_configs", {}) if getattr(config, k, None) is text), "text_config")
+        model.set_attn_implementation({name: ATTN_NAME})
+    else:
+        model.set_attn_implementation(ATTN_NAME)
+
+
 def _no_offloading_without_accelerator(args: Any) -> None:
     """``activation_offloading`` moves activations from an accelerator to host memory: on CPU (``use_cpu``, or no
     accelerator) there is nothing to move, and TRL's context cannot be built there; turn it off, logged."""
@@ -330,7 +348,37 @@ if _SFTTrainer is not None:
 
         Use ``SFTConfig(packing=True)`` (BFD packing, padding-free: batches carry ``position_ids`` and
         ``cu_seq_lens_q``) or ``padding_free=True``; padded batches are refused by :func:`shard_batch`.
+
+        A vision dataset (``images`` + ``messages`` / ``prompt`` / ``completion``, as TRL takes it) with a
+        vision-language model and ``packing=True``: TRL's collator processes each example alone and
+        :class:`~.vision_sft.VisionPackingCollator` packs them into rows of ``max_length`` tokens (TRL's own
+        ``SFTTrainer`` refuses packing for vision datasets).
         """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            from .vision_sft import is_vision_dataset
+
+            sft_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+            data = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
+            self._hsap_vision_packing = bool(is_vision_dataset(data) and sft_args is not None and
+                                             (sft_args.packing or sft_args.padding_free))
+            if self._hsap_vision_packing:  # TRL refuses both for vision datasets; hf_hsap packs them itself
+                sft_args.packing = sft_args.padding_free = False
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                if self._hsap_vision_packing:
+                    sft_args.packing = True
+
+        def _hsap_prepare_data(self, model: Any) -> None:
+            if not getattr(self, "_hsap_vision_packing", False):
+                return
+            from .vision_sft import VisionPackingCollator
+
+            self.args.packing = True
+            self.padding_free = True
+            self.data_collator = VisionPackingCollator(self.data_collator, model, self.args.max_length,
+                                                       self.args.pad_to_multiple_of)
 
 else:  # pragma: no cover
 
