@@ -7,6 +7,7 @@ Public API:
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
     apply_memory_levers(model, MemoryLevers(...))   (chunked loss, checkpointing, offloading, tiled MLP)
+    vision_spec(model) -> VisionSpec   (PackingCollator(..., vision=...) for packed image / video + text rows)
 """
 from .attention import hsap_attn_func
 from .config import HSAPConfig
@@ -24,6 +25,7 @@ from .topology import SPGroup, init_sequence_parallel
 from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
 from .data import PackingCollator
 from .memory import MemoryLevers, apply_memory_levers
+from .multimodal import vision_spec
 
 register()
 
@@ -57,5 +59,6 @@ __all__ = [
     "reference_attention",
     "select_kernel",
     "varlen_attention",
+    "vision_spec",
 ]
 __version__ = "0.1.0"
