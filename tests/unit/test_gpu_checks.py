@@ -37,3 +37,16 @@ def test_gpu_memory_checks_run_on_cpu(monkeypatch) -> None:
     mod.test_levers_give_the_loss_of_the_plain_step(tiny, 256)
     full, chunked = (mod._step("x", 1024, levers, tiny)[1] for levers in (dict(chunked_loss=False), dict()))
     assert chunked < full
+
+
+def test_gpu_vlm_checks_run_on_cpu(monkeypatch) -> None:
+    """``tests/cuda/check_vlm.py`` on CPU in float32: the packed VLMs against their documents alone, and the image
+    block item against the dense mask."""
+    monkeypatch.setitem(os.environ, "HSAP_CHECK_DEVICE", "cpu")
+    spec = importlib.util.spec_from_file_location("check_vlm_on_cpu", CHECKS.parent / "check_vlm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DEV.type == "cpu"
+    for family in ("qwen2_5_vl", "llava", "gemma3"):
+        mod.test_packed_vlm_bf16_matches_documents_alone(family)
+    mod.test_image_block_item_on_the_device_kernel()
