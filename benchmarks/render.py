@@ -9,6 +9,7 @@ from .goals41 import issue41_goal_rows, memory_sections
 from .peers import peers_section
 from .soak import soak_section
 from .sweep_render import render_sweep
+from .vlm_step import vlm_block
 from .windows import render_windows
 
 
@@ -298,4 +299,5 @@ def render(res: dict) -> str:
               + ("A calibration file is present and was used (see its `source`)." if res.get("calibrated")
                  else "No GPU was available to this work so far: the cost model runs on its default efficiencies."),
               "## Plots", plots]
+    parts += [s for s in [vlm_block()] if s]  # benchmarks/results/vlm_step.json of scripts/bench_vlm.sh, with markers
     return "\n\n".join(parts) + "\n"

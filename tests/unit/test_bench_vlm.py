@@ -1,0 +1,44 @@
+"""benchmarks/vlm_step.py (issue 42): its measurement in --quick mode on spawned ranks (memory only, never timed),
+and BENCHMARKS.md's section against the committed results."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.vlm_step import (BENCHMARKS_MD, DEFAULT_OUT, END, START, VLMStepConfig, committed_section,
+                                 run_vlm_step, vlm_section, with_section)
+from benchmarks.vlm_workers import SCHEMES
+from hf_hsap.testing import DistPools
+
+
+def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPools) -> None:
+    cfg = VLMStepConfig().quick()
+    res = run_vlm_step(cfg, pools, timeout_s=120.0)
+    assert [r["sp"] for r in res["rows"]] == [1, 2]
+    for r in res["rows"]:
+        for name in SCHEMES:
+            s = r[name]
+            assert s["peak_mib"] > 0 and len(s["peak_mib_ranks"]) == r["sp"] == len(s["pixel_rows"])
+            assert s["cpu_s"] is None and s["vision_cpu_s"] is None  # memory only
+            assert s["loss_err"] <= cfg.loss_tol and sum(s["tokens"]) == res["row"]["tokens"]
+        assert r["baseline"]["pixel_rows"] == [res["row"]["pixel_rows"]] * r["sp"]  # every rank: every image
+    one, two = res["rows"]
+    assert one["hf_hsap"]["pixel_rows"] == one["baseline"]["pixel_rows"]
+    assert max(two["hf_hsap"]["pixel_rows"]) < max(two["baseline"]["pixel_rows"])
+    text = vlm_section(res)
+    assert text.startswith("## VLM training step (issue 42)") and text.count("\n| ") == 3  # header + 2 SP sizes
+
+
+def test_the_section_goes_between_the_markers_and_nothing_else_moves() -> None:
+    text = "# Title\n\nbody\n"
+    first = with_section(text, "## A\n")
+    assert first == text + f"\n{START}\n## A\n{END}\n" and committed_section(first) == "## A\n"
+    second = with_section(first + "tail\n", "## B\nrow\n")
+    assert second == text + f"\n{START}\n## B\nrow\n{END}\ntail\n"
+    assert committed_section(text) is None
+
+
+def test_the_committed_section_renders_from_the_committed_results() -> None:
+    res = json.loads(Path(DEFAULT_OUT).read_text())
+    assert [r["sp"] for r in res["rows"]] == [1, 2, 4]
+    assert committed_section(BENCHMARKS_MD.read_text()) == vlm_section(res)
