@@ -89,7 +89,18 @@ def tiny_vlm(family: str, dtype: torch.dtype = torch.float32, attn: str = "hsap"
         register()
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(tiny_vlm_config(family, vocab_size), attn_implementation=attn)
+    _no_zero_matrices(model, seed)
     return model.to(dtype).train()
+
+
+def _no_zero_matrices(model: torch.nn.Module, seed: int) -> None:
+    """Draw the weight matrices a family initialises to zero (Gemma 3's image projection), so that every part of a
+    tiny model, the vision tower included, reaches the loss and its gradient is a real test."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not bool(p.any()):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.02)
 
 
 def _tokens_per_image(config: Any) -> int:

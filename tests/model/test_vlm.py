@@ -32,6 +32,8 @@ def reference(family: str, video: bool) -> dict:
 def check(family: str, results: list[dict], video: bool = False) -> None:
     ref = reference(family, video)
     tol = ISLAND_TOL.get(family, TOL)
+    tower = [g for n, g in ref["grads"].items() if "vision" in n or "visual" in n]
+    assert tower and any(float(g.abs().max()) > 1e-6 for g in tower)  # the vision tower's gradients are tested
     real = results[0]["real"]
     logits = torch.full((max(int(r["index"].max()) for r in results) + 1, ref["logits"].shape[-1]), float("nan"),
                         dtype=ref["logits"].dtype)
