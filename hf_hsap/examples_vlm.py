@@ -39,7 +39,7 @@ def tiny_vlm_config(family: str, vocab_size: int = 128) -> Any:
     """
     import transformers as T
 
-    text = dict(vocab_size=vocab_size, **_TEXT)
+    text = dict(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None, **_TEXT)
     special = _special(vocab_size)
     grid_vision = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32,
                        patch_size=_PATCH, temporal_patch_size=2, spatial_merge_size=2, in_channels=3)

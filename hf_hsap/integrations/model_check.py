@@ -29,6 +29,7 @@ import torch
 
 from ..log import get_logger
 from ..multimodal import prepare_vision
+from ..multimodal.spec import probe_inputs
 from .encoder_attention import is_encoder_module
 
 logger = get_logger(__name__)
@@ -222,8 +223,8 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
     """Which attention layers a text forward runs, and which of them a keyword argument of ``model(...)`` does
     not reach (what the SP plan needs).
 
-    One forward of two tokens with a sentinel keyword argument, watched by pre-hooks on the attention
-    layers: the direct test of "the kwargs reach every attention layer", whatever the decoder layers do.
+    One forward of two tokens (a vision-language model's: with one image between them) with a sentinel keyword
+    argument, watched by pre-hooks on the attention layers: the direct test of "the kwargs reach every attention layer", whatever the decoder layers do.
     Layers a text forward never runs (a vision tower, cross-attention without images) are not counted.
 
     Returns:
@@ -255,14 +256,15 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
                     type(model).__name__)
         return None
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
-    ids = torch.ones(1, 2, dtype=torch.long, device=param.device)
+    inputs = probe_inputs(model, param.device, param.dtype) or {
+        "input_ids": torch.ones(1, 2, dtype=torch.long, device=param.device)}  # a VLM's probe has an image
     devices = [param.device] if param.device.type == "cuda" else []
     # on CUDA the kernels take bf16 / fp16: an fp32 model (trained under autocast) is probed under autocast too
     autocast = param.device.type == "cuda" and param.dtype in (torch.float32, torch.float64)
     try:  # the random streams stay as they were (a model with dropout would draw from them)
         with torch.no_grad(), torch.random.fork_rng(devices=devices), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            model(input_ids=ids, use_cache=False, **{_PROBE_KEY: True})
+            model(**inputs, use_cache=False, **{_PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
         raise
     except TypeError as e:

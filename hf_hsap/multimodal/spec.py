@@ -15,7 +15,7 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 
-__all__ = ["GRID_FAMILIES", "UNIFORM_FAMILIES", "inner_vlm", "is_vlm", "vision_spec"]
+__all__ = ["GRID_FAMILIES", "UNIFORM_FAMILIES", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
 
 logger = get_logger(__name__)
 
@@ -92,3 +92,37 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
         return VisionSpec(layout, rope_index=rope_index, token_type_key="mm_token_type_ids")
     layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
+
+
+def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> dict[str, Any] | None:
+    """A two-text-token forward's inputs with one smallest image between them, for ``check_model``'s probe (the
+    decoder must get the keyword arguments with images too); ``None`` for a model without a vision spec.
+
+    Args:
+        model: the model; device, dtype: where and in which dtype its pixels go.
+
+    Returns:
+        ``model(**inputs)`` keyword arguments (zero pixels), or ``None``.
+    """
+    try:
+        spec = vision_spec(model)
+    except ValueError:
+        return None
+    image = spec.layout.modalities[0]
+    vision = model.config.vision_config
+    extra: dict[str, Any] = {}
+    if image.grid_key is not None:
+        side = int(round(spec.layout.merge ** 0.5))  # one placeholder: one merge window of patches
+        channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))
+        dim = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size ** 2
+        pixels = torch.zeros(side * side, dim)
+        extra[image.grid_key] = torch.tensor([[1, side, side]], device=device)
+        n_tokens = 1
+    else:
+        size = vision.image_size
+        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), size, size)
+        n_tokens = getattr(model.config, "mm_tokens_per_image", None) or (size // vision.patch_size) ** 2
+    ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
+    if spec.token_type_key == "mm_token_type_ids":
+        extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
+    return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

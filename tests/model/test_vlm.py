@@ -83,3 +83,20 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
     items = len(W.VIDEO_SHAPES if video else [s for s in W.SHAPES if s[1] is not None])
     # more local items than items: one held by two ranks, encoded by both, its features split between them
     assert sum(r["local_items"].get(key, 0) for r in results) > items
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3"])
+def test_check_model_probe_runs_an_image(family: str) -> None:
+    """check_model's SP probe runs an image through the vision tower and finds the kwargs on both decoder layers."""
+    from hf_hsap.examples_vlm import tiny_vlm
+    from hf_hsap.integrations.encoder_attention import is_encoder_module
+    from hf_hsap.integrations.model_check import _calls_attention_interface, _probe_attention
+
+    model = tiny_vlm(family)
+    encoder_calls = []
+    for m in model.modules():
+        if _calls_attention_interface(m) and is_encoder_module(m):
+            m.register_forward_pre_hook(lambda *a: encoder_calls.append(1))
+    decoder = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
+    assert _probe_attention(model, decoder) == (2, [])
+    assert encoder_calls  # the probe's image went through the vision tower
