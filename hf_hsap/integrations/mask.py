@@ -80,7 +80,9 @@ def hsap_mask_function(
     if use_vmap:
         raise ValueError(
             "attn_implementation='hsap' supports causal document-masked attention only, but this model adds a "
-            "custom mask overlay (e.g. bidirectional image tokens); use attn_implementation='sdpa' for it"
+            "custom mask overlay (e.g. bidirectional image tokens): for a vision-language model, pack with "
+            "PackingCollator(max_length, vision=hf_hsap.vision_spec(model)) and call model(**hf_hsap.shard_batch("
+            "batch, sp)) (image blocks are then exact), else use attn_implementation='sdpa' for it"
         )
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
     if q_offset == 0 and kv_offset == 0 and kv_length == q_length:
@@ -171,7 +173,9 @@ def _probe_documents(batch: int, length: int, mask_function: Any, attention_mask
         if bool(sees_next.any()):
             raise ValueError(
                 "attn_implementation='hsap' computes causal attention only, but this model's mask lets tokens see "
-                "later tokens (bidirectional blocks); use attn_implementation='sdpa' for it"
+                "later tokens (bidirectional blocks): for Gemma 3's image tokens, pack with PackingCollator(max_length, "
+                "vision=hf_hsap.vision_spec(model)) and call model(**hf_hsap.shard_batch(batch, sp)) (the blocks are "
+                "then exact), else use attn_implementation='sdpa'"
             )
         starts[:, 1:] = ~sees_previous
     packed = bool(starts[:, 1:].any())

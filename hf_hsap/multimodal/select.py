@@ -16,7 +16,7 @@ import torch
 
 from ..log import get_logger
 from .shard import ROWS_KEY
-from .spec import inner_vlm
+from .spec import inner_vlm, vision_spec
 
 __all__ = ["prepare_vision", "select_rows"]
 
@@ -55,13 +55,25 @@ def select_rows(output: Any, rows: torch.Tensor) -> Any:
 
 
 class _Rows:
-    """The rows of the forward in flight (set by the pre-hook, cleared after the forward)."""
+    """The rows of the forward in flight (set by the pre-hook, cleared after the forward).
 
-    def __init__(self) -> None:
+    Args:
+        family: the model type; image_blocks: its images attend bidirectionally (Gemma 3), so a forward with
+            pixels must say where the images are (``hsap_blocks`` from ``shard_batch``, or ``token_type_ids``).
+    """
+
+    def __init__(self, family: str, image_blocks: bool) -> None:
         self.rows: dict[str, torch.Tensor] | None = None
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
+        self.family, self.image_blocks = family, image_blocks
 
     def pre(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if self.image_blocks and kwargs.get("pixel_values") is not None and kwargs.get("hsap_blocks") is None \
+                and kwargs.get("token_type_ids") is None:
+            raise ValueError(
+                f"{self.family}'s image tokens attend to each other bidirectionally, but this forward has pixels and "
+                "neither hsap_blocks nor token_type_ids: they would be causal. Pack with PackingCollator(max_length, "
+                "vision=hf_hsap.vision_spec(model)) and call model(**hf_hsap.shard_batch(batch, sp))")
         rows = kwargs.pop(ROWS_KEY, None)
         if rows is not None:
             self.rows = rows
@@ -69,6 +81,13 @@ class _Rows:
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.rows = None
+
+
+def _spec_or_none(model: torch.nn.Module) -> Any:
+    try:
+        return vision_spec(model)
+    except ValueError:  # a family without packed-row support: its own refusal comes from vision_spec
+        return None
 
 
 def _wrap(method: Any, state: _Rows, name: str) -> Any:
@@ -101,7 +120,9 @@ def prepare_vision(model: torch.nn.Module) -> bool:
         return False
     if getattr(model, "_hsap_vision_rows", None) is not None:
         return True
-    state = _Rows()
+    spec = _spec_or_none(model)
+    family = str(getattr(model.config, "model_type", type(model).__name__))
+    state = _Rows(family, spec is not None and spec.layout.image_blocks)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
             setattr(inner, method, _wrap(getattr(inner, method), state, name))

@@ -100,3 +100,18 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
     decoder = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
     assert _probe_attention(model, decoder) == (2, [])
     assert encoder_calls  # the probe's image went through the vision tower
+
+
+def test_gemma3_images_outside_shard_batch_are_refused() -> None:
+    """Gemma 3's image blocks given to model(...) directly: without token_type_ids they would be causal (refused
+    by check_model's hook); with them, "hsap"'s mask refuses the overlay; both name shard_batch."""
+    from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+
+    import hf_hsap
+
+    model = tiny_vlm("gemma3")
+    hf_hsap.check_model(model)
+    doc = vlm_documents(model.config, [(3, (1, 4, 4), 5)])[0]
+    for extra in ({}, {"token_type_ids": doc["token_type_ids"][None]}):
+        with pytest.raises(ValueError, match="shard_batch"):
+            model(input_ids=doc["input_ids"][None], pixel_values=doc["pixel_values"], use_cache=False, **extra)
