@@ -147,8 +147,12 @@ def vlm_documents(config: Any, shapes: list[tuple[int, tuple[int, int, int] | No
                 size = config.vision_config.image_size
                 doc["pixel_values"] = torch.randn(1, 3, size, size, generator=g, dtype=dtype)
                 token = special["image_token_id"]
-            body += [torch.tensor([special["vision_start_token_id"]]), torch.full((n_tok,), token),
-                     torch.tensor([special["vision_end_token_id"]])]
+            frames = grid[0] if video and config.model_type.startswith("qwen3_vl") and grid_family else 1
+            for _ in range(frames):  # Qwen3-VL: each frame after its timestamp text (here one random token)
+                if frames > 1:
+                    body.append(torch.randint(1, special["image_token_id"], (1,), generator=g))
+                body += [torch.tensor([special["vision_start_token_id"]]), torch.full((n_tok // frames,), token),
+                         torch.tensor([special["vision_end_token_id"]])]
         body.append(torch.randint(1, special["image_token_id"], (after,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids

@@ -57,7 +57,7 @@ def test_sp1_packed_images_match_documents_alone(family: str) -> None:
     check(family, [W.vlm_forward_backward(family, 1)])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_sp1_packed_video_matches_documents_alone(family: str) -> None:
     check(family, [W.vlm_forward_backward(family, 1, video=True)], video=True)
 
@@ -72,7 +72,7 @@ def test_sp2_packed_images_match_documents_alone(family: str, placement: str, po
 
 
 @pytest.mark.parametrize("family,ulysses,video", [("qwen2_5_vl", 1, False), ("qwen3_vl", 2, False),
-                                                  ("llava", 2, False), ("qwen2_5_vl", 2, True),
+                                                  ("llava", 2, False), ("qwen2_5_vl", 2, True), ("qwen3_vl", 1, True),
                                                   ("gemma3", 1, False), ("gemma3", 2, False)])
 def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, video: bool, pools) -> None:
     results = pools(4, TIMEOUT_S).run(W.vlm_forward_backward, family, 4, ulysses, "auto", video)
