@@ -62,8 +62,9 @@ def tiny_vlm_config(family: str, vocab_size: int = 128) -> Any:
     clip = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, image_size=8,
                 patch_size=_PATCH, projection_dim=16)
     if family == "llava":
-        return T.LlavaConfig(text_config={"model_type": "llama", **text}, vision_config={"model_type": "clip_vision_model",
-                             **clip}, image_token_index=special["image_token_id"], vision_feature_layer=-1,
+        return T.LlavaConfig(text_config={"model_type": "llama", **text},
+                             vision_config={"model_type": "clip_vision_model", **clip},
+                             image_token_index=special["image_token_id"], vision_feature_layer=-1,
                              tie_word_embeddings=False)
     if family == "gemma3":
         return T.Gemma3Config(text_config={**text, "sliding_window": 8, "query_pre_attn_scalar": 8},

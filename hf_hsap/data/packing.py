@@ -27,7 +27,7 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.layout import cu_seqlens_from_position_ids
-from .vision import pack_vision
+from .vision import check_vision_example, vision_batch
 
 __all__ = [
     "IGNORE_INDEX",
@@ -308,7 +308,7 @@ class PackingCollator:
                     labels[mask == 0] = self.label_pad
             bounds = [ids.size]
             if self.vision is not None:
-                _check_vision_example(ex, n, ids.size, self.max_length)
+                check_vision_example(ex, n, ids.size, self.max_length)
             elif any(ex.get(key) is not None for key in _PIXEL_KEYS):
                 raise ValueError(
                     f"example {n} has pixels but the collator has no vision spec: build it as "
@@ -385,7 +385,7 @@ class PackingCollator:
         max_len = int(seg.max())
 
         if self.vision is not None:
-            return self._with_vision(examples, docs, rows, input_ids, labels, position_ids, cu, max_len)
+            return vision_batch(self.vision, examples, docs, rows, self.row_length, input_ids, labels, position_ids, cu)
         if self.return_tensors == "pt":
             input_ids_t, labels_t, pos_t = map(torch.from_numpy, (input_ids, labels, position_ids))
             cu_q, cu_k = torch.from_numpy(cu), torch.from_numpy(cu.copy())
@@ -407,34 +407,3 @@ class PackingCollator:
             "max_length_q": max_len,
             "max_length_k": max_len,
         }
-
-    def _with_vision(self, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
-                     rows: list[list[int]], input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray,
-                     cu: np.ndarray, max_len: int) -> dict[str, Any]:
-        """The packed batch of vision examples (see "Vision examples" in the class docstring)."""
-        vision = pack_vision(self.vision, examples, docs, rows, self.row_length)
-        pos = torch.from_numpy(position_ids)  # [B, L]
-        rope = vision.pop("rope")
-        if rope is not None:
-            pos = torch.cat([pos.unsqueeze(0), rope])  # [1, B, L] + [3, B, L] -> [4, B, L]
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "labels": torch.from_numpy(labels),
-            "position_ids": pos,
-            "cu_seq_lens_q": torch.from_numpy(cu),
-            "cu_seq_lens_k": torch.from_numpy(cu.copy()),
-            "max_length_q": max_len,
-            "max_length_k": max_len,
-            **vision,
-        }
-
-
-def _check_vision_example(ex: Mapping[str, Any], n: int, length: int, max_length: int) -> None:
-    """Refuse what would cut an image: a vision document longer than a row, or one that is pre-packed."""
-    if ex.get("seq_lengths") is not None:
-        raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
-                         "example (TRL's packing=False datasets), PackingCollator packs them")
-    if length > max_length:
-        raise ValueError(f"example {n} has {length} tokens, more than max_length={max_length}, and a vision document is "
-                         "never split (its image would be cut); raise max_length or drop such examples, e.g. "
-                         f"dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Modality", "VisionLayout", "VisionSpec", "item_sizes", "pack_vision"]
+__all__ = ["Modality", "VisionLayout", "VisionSpec", "check_vision_example", "item_sizes", "pack_vision",
+           "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
 
@@ -169,3 +170,45 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         out[spec.token_type_key] = torch.from_numpy(types)
     out["rope"] = None if rope is None else torch.from_numpy(rope)
     return out
+
+
+def vision_batch(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
+                 rows: list[list[int]], row_len: int, input_ids: np.ndarray, labels: np.ndarray,
+                 position_ids: np.ndarray, cu: np.ndarray) -> dict[str, Any]:
+    """The packed batch of vision examples (``PackingCollator``'s "Vision examples"): the text part the collator
+    built plus :func:`pack_vision`'s.
+
+    Args:
+        spec: the model's spec; examples, docs, rows, row_len: as :func:`pack_vision`; input_ids, labels,
+            position_ids: ``[B, L]`` of the text part; cu: ``[n + 1]`` document boundaries.
+
+    Returns:
+        The batch (``position_ids [4, B, L]`` for multimodal-rotary families, else ``[B, L]``).
+    """
+    vision = pack_vision(spec, examples, docs, rows, row_len)
+    pos = torch.from_numpy(position_ids)  # [B, L]
+    rope = vision.pop("rope")
+    if rope is not None:
+        pos = torch.cat([pos.unsqueeze(0), rope])  # [1, B, L] + [3, B, L] -> [4, B, L]
+    max_len = int(np.diff(cu).max())
+    return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels), "position_ids": pos,
+            "cu_seq_lens_q": torch.from_numpy(cu), "cu_seq_lens_k": torch.from_numpy(cu.copy()),
+            "max_length_q": max_len, "max_length_k": max_len, **vision}
+
+
+def check_vision_example(ex: Mapping[str, Any], n: int, length: int, max_length: int) -> None:
+    """Refuse what would cut an image: a vision document longer than a row, or one that is pre-packed.
+
+    Args:
+        ex: the example; n: its index; length: its tokens; max_length: the collator's row length before rounding.
+
+    Raises:
+        ValueError: with the fix.
+    """
+    if ex.get("seq_lengths") is not None:
+        raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
+                         "example (TRL's packing=False datasets), PackingCollator packs them")
+    if length > max_length:
+        raise ValueError(f"example {n} has {length} tokens, more than max_length={max_length}, and a vision document "
+                         "is never split (its image would be cut); raise max_length or drop such examples, e.g. "
+                         f"dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")

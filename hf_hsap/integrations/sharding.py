@@ -273,7 +273,8 @@ def shard_batch(
     if blocks is not None:  # the blocks replace the model's own bidirectional mask overlay
         skip |= {"token_type_ids", "mm_token_type_ids"}
     for key, value in batch.items():
-        if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels", "num_items_in_batch", PLAN_USE_KEY):
+        if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels",
+                                                                      "num_items_in_batch", PLAN_USE_KEY):
             continue
         if torch.is_tensor(value) and tuple(value.shape[:2]) == tuple(ids.shape):
             flat = value.reshape(ids.numel(), *value.shape[2:])  # [B, L, ...] -> [B*L, ...]
