@@ -67,7 +67,8 @@ def tiny_vlm_config(family: str, vocab_size: int = 128) -> Any:
                              image_token_index=special["image_token_id"], vision_feature_layer=-1,
                              tie_word_embeddings=False)
     if family == "gemma3":
-        return T.Gemma3Config(text_config={**text, "sliding_window": 8, "query_pre_attn_scalar": 8},
+        return T.Gemma3Config(text_config={**text, "sliding_window": 8, "query_pre_attn_scalar": 8,
+                                           "layer_types": ["sliding_attention", "full_attention"]},
                               vision_config={**clip, "model_type": "siglip_vision_model"}, mm_tokens_per_image=4,
                               image_token_index=special["image_token_id"], boi_token_index=special["vision_start_token_id"],
                               eoi_token_index=special["vision_end_token_id"], tie_word_embeddings=False)
