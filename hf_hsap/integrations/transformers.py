@@ -112,6 +112,10 @@ def hsap_attention_forward(
     Raises:
         ValueError: for unsupported attention variants or inputs (see the module docstring).
     """
+    if kwargs.get("hsap_vision_rows") is not None:  # no pre-hook took them: the model was not prepared
+        raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
+                         "rank's image feature rows: call hf_hsap.check_model(model, sp_size=...) once before the "
+                         "first forward (the trainers do)")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
                                cu_seq_lens_k=cu_seq_lens_k, sliding_window=sliding_window, softcap=softcap)

@@ -115,3 +115,16 @@ def test_gemma3_images_outside_shard_batch_are_refused() -> None:
     for extra in ({}, {"token_type_ids": doc["token_type_ids"][None]}):
         with pytest.raises(ValueError, match="shard_batch"):
             model(input_ids=doc["input_ids"][None], pixel_values=doc["pixel_values"], use_cache=False, **extra)
+
+
+def test_a_model_not_prepared_by_check_model_is_refused() -> None:
+    """shard_batch's image rows reaching the attention mean no check_model ran: refused, naming it."""
+    from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+
+    import hf_hsap
+
+    model = tiny_vlm("qwen2_5_vl")
+    batch = hf_hsap.PackingCollator(64, vision=hf_hsap.vision_spec(model))(
+        vlm_documents(model.config, [(3, (1, 4, 4), 5)]))
+    with pytest.raises(ValueError, match="check_model"):
+        model(**hf_hsap.shard_batch(batch, 1))
