@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # `workers` (also for the spawn
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 STATUS_ORDER = ("WRONG", "crash", "refused", "exact")
+VLM_SECTION = "<!-- vlm-zoo:start -->"  # where scripts/vlm_zoo.py's section begins (kept on a rerun)
 
 
 def family_status(rec: dict[str, Any]) -> str:
@@ -193,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
                           default=str)
     finally:
         pools.close()
-    with open(args.out, "w") as f:
-        f.write(render(records, header))
+    keep = ""  # the multimodal section (scripts/vlm_zoo.py) closes the file: kept as it is
+    if os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            old = f.read()
+        if VLM_SECTION in old:
+            keep = "\n" + old[old.index(VLM_SECTION):]
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(render(records, header) + keep)
     print(f"wrote {args.out} and {args.json} ({header['seconds']:.0f} s)", file=sys.stderr)
     return 0
 

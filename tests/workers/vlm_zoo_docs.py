@@ -1,0 +1,209 @@
+"""Documents of the multimodal zoo's tiny vision-language models (``vlm_zoo_configs.py``), as a processor would give
+them.
+
+A document is ``text, [start] placeholders [end], text``: its pixels are made for the family's input kind (one
+``[1, C, S, S]`` image, any-resolution tiles with ``image_sizes``, Idefics' images per row, Gemma 4's patches with
+their positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is
+what the model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families
+of :data:`hf_hsap.examples_vlm.TINY_VLMS` use :func:`hf_hsap.examples_vlm.vlm_documents`.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hf_hsap.examples_vlm import TINY_VLMS, vlm_documents
+from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
+
+__all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
+
+PATCH = 2  # pixels per patch side where the vision config names none
+
+
+def image_token_id(config: Any) -> int | None:
+    """The image placeholder id of a config (``image_token_id`` / ``image_token_index``), or ``None``."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _params(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def feature_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module with ``get_image_features``."""
+    for m in (getattr(model, "model", None), model):
+        if m is not None and callable(getattr(m, "get_image_features", None)):
+            return m
+    raise NotBuildable(f"{type(model).__name__} has no get_image_features (no image encoder to ask)")
+
+
+def _geometry(config: Any) -> tuple[int, int, int, int]:
+    """``(channels, image side, patch side, frames per temporal patch)`` of the vision tower."""
+    v = getattr(config, "vision_config", None)
+    channels = int(getattr(v, "num_channels", None) or getattr(v, "in_channels", None) or 3)
+    size = getattr(v, "image_size", None) or 8
+    size = int(size[0] if isinstance(size, (list, tuple)) else size)
+    patch = getattr(v, "patch_size", None) or PATCH
+    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
+    tp = int(getattr(v, "temporal_patch_size", None) or getattr(v, "patch_temporal", None) or 1)
+    return channels, size, patch, tp
+
+
+Maker = Callable[[tuple[int, int, int], torch.Generator, torch.dtype], dict[str, Any]]
+
+
+def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
+    """The input kinds to try, in order: ``(name, make(grid, generator, dtype) -> one image's inputs)``."""
+    c, size, patch, tp = _geometry(config)
+    params = _params(feature_module(model).get_image_features)
+    v = getattr(config, "vision_config", None)
+    merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 2)
+    if "image_grid_thw" in params:  # Qwen-VL-like: flattened patches and a [t, h, w] grid per image
+        def grid(shape: Callable[[int], tuple[int, ...]]) -> Maker:
+            def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+                n = thw[0] * thw[1] * thw[2]
+                doc = {"pixel_values": torch.randn(*shape(n), generator=g, dtype=dtype),
+                       "image_grid_thw": torch.tensor([list(thw)])}
+                if "image_merge_sizes" in params:
+                    doc["image_merge_sizes"] = torch.tensor([merge])
+                return doc
+            return make
+        return [("grid", grid(lambda n: (n, c * tp * patch * patch))),
+                ("grid patches", grid(lambda n: (n, c, patch, patch)))]
+
+    def image(shape: tuple[int, ...], sizes: bool) -> Maker:
+        def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            doc = {"pixel_values": torch.randn(*shape, generator=g, dtype=dtype)}
+            if sizes:
+                doc["image_sizes"] = torch.tensor([[size, size]])
+            return doc
+        return make
+
+    out = []
+    if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
+        def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            side = size // patch
+            xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
+            return {"pixel_values": torch.randn(1, side * side, c * patch * patch, generator=g, dtype=dtype),
+                    "image_position_ids": xy.reshape(1, -1, 2)}
+        out.append(("patches with positions", patches))
+    if getattr(config, "image_grid_pinpoints", None):  # any-resolution: the base image and one tile
+        out.append(("any-res tiles", image((1, 2, c, size, size), True)))
+    with_sizes = "image_sizes" in params
+    out.append(("image", image((1, c, size, size), with_sizes)))
+    out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
+    return out
+
+
+def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
+    """How many feature rows (placeholders) the model makes of one image's inputs."""
+    image = {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in image.items()}
+    with torch.no_grad():
+        out = feature_module(model).get_image_features(**image, return_dict=True)
+    feats = getattr(out, "pooler_output", None)
+    if feats is None:
+        feats = out[0] if isinstance(out, (tuple, list)) else out
+    if torch.is_tensor(feats):
+        return feats.numel() // feats.shape[-1]
+    return sum(f.numel() // f.shape[-1] for f in feats)
+
+
+def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
+    """The first input kind whose image the model's ``get_image_features`` accepts.
+
+    Args:
+        config: the family's tiny config; model: a model of it.
+
+    Returns:
+        ``(kind, make)``; ``make(grid, generator, dtype)`` gives one image's inputs.
+
+    Raises:
+        NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
+    """
+    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes"}
+    required = [n for n, p in _params(feature_module(model).get_image_features).items()
+                if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
+    if required:
+        raise NotBuildable(f"get_image_features needs {', '.join(required)} (not made here)")
+    errors = []
+    for kind, make in _candidates(config, model):
+        try:
+            _feature_rows(model, make((1, 4, 4), torch.Generator().manual_seed(0), torch.float32))
+            return kind, make
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{kind}: {first_line(e)}")
+    raise NotBuildable("get_image_features refuses the tiny image (" + "; ".join(errors)[:300] + ")")
+
+
+# per document (text before, grid (t, h, w) in patches or None, text after), as tests/workers/vlm.py: one long
+# document whose image SP must split, a text-only one and short ones (fixed-size-image families ignore the grid)
+SHAPES = [(21, (1, 8, 8), 11), (2, (1, 4, 4), 4), (5, None, 7), (1, (1, 2, 4), 2), (3, (1, 4, 2), 6)]
+
+
+def _marker(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    return next((fields[n] for n in names if isinstance(fields.get(n), int)), None)
+
+
+def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]] = SHAPES,
+              seed: int = 0, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+    """Documents as a processor would give them (see the module docstring).
+
+    Args:
+        config: the family's tiny config; model: a model of it (asked how many rows an image becomes);
+        shapes: per document ``(text before, grid or None, text after)``; seed: tokens and pixels; dtype: pixels.
+
+    Returns:
+        One dict per document: ``input_ids [n]``, ``labels [n]`` (-100 on placeholders and markers), the image
+        inputs and, where the model's forward takes them, ``token_type_ids`` / ``mm_token_type_ids`` (1 on
+        placeholders).
+
+    Raises:
+        NotBuildable: no image token id, or the model refuses the images made for it.
+    """
+    if config.model_type in TINY_VLMS:
+        return vlm_documents(config, shapes, seed=seed, dtype=dtype)
+    token = image_token_id(config)
+    if token is None:
+        raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
+    vocab = config.get_text_config().vocab_size
+    fields = config.to_dict()
+    specials = [v for n, v in fields.items() if n.endswith(SPECIAL_SUFFIXES) and isinstance(v, int) and v > 2]
+    low = min([vocab, *specials])  # text tokens stay below every special id
+    start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"))
+    end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
+    kind, make = image_maker(config, model)
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for before, grid, after in shapes:
+        doc: dict[str, Any] = {}
+        body = [torch.randint(3, low, (before,), generator=g)]
+        if grid is not None:
+            image = make(grid, g, dtype)
+            try:
+                n_tok = _feature_rows(model, image)
+            except Exception as e:  # noqa: BLE001
+                raise NotBuildable(f"get_image_features refuses a {kind} of grid {grid}: {first_line(e)}") from e
+            doc.update(image)
+            body += ([torch.tensor([start])] if start is not None else []) + [torch.full((n_tok,), token)] + \
+                ([torch.tensor([end])] if end is not None else [])
+        body.append(torch.randint(3, low, (after,), generator=g))
+        ids = torch.cat(body)
+        doc["input_ids"] = ids
+        for key in ("token_type_ids", "mm_token_type_ids"):
+            if key in _params(type(model).forward):
+                doc[key] = (ids == token).to(torch.int64)
+        labels = ids.clone()
+        labels[ids >= low] = -100  # no loss on placeholders and markers
+        doc["labels"] = labels
+        docs.append(doc)
+    return docs
