@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..log import get_logger
-from .shard import ROWS_KEY
+from .shard import ROWS_KEY, items_key
 from .spec import inner_vlm, vision_spec
 
 __all__ = ["prepare_vision", "select_rows"]
@@ -23,6 +23,7 @@ __all__ = ["prepare_vision", "select_rows"]
 logger = get_logger(__name__)
 _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
+PROBE_KEY = "hsap_kwargs_probe"  # check_model's probe forward (its image needs no blocks: nothing is computed from it)
 
 
 def _select(value: Any, rows: torch.Tensor) -> Any:
@@ -37,16 +38,39 @@ def _select(value: Any, rows: torch.Tensor) -> Any:
     return value
 
 
-def select_rows(output: Any, rows: torch.Tensor) -> Any:
+def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
+    """Refuse an encoder output whose per-item feature counts are not the placeholders' (a family whose images do
+    not all give the same number of features, which the batch's layout assumed)."""
+    if torch.is_tensor(value):
+        got = [value.shape[1]] * value.shape[0] if value.dim() == 3 else [value.shape[0]]
+        want = items.tolist() if value.dim() == 3 else [int(items.sum())]
+    elif isinstance(value, (list, tuple)) and value and all(torch.is_tensor(v) for v in value):
+        got, want = [v.reshape(-1, v.shape[-1]).shape[0] for v in value], items.tolist()
+    else:
+        return
+    if got != want:
+        raise ValueError(f"the {name} encoder gave {got} feature rows per item where the placeholders say {want}: this "
+                         "family's items do not map to a fixed number of placeholders; train it with one document "
+                         "per row (packing off)")
+
+
+def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image") -> Any:
     """Cut an encoder output (``pooler_output`` and deepstack features) to ``rows``.
 
     Args:
         output: what ``get_image_features(..., return_dict=True)`` returned.
         rows: ``[n_local]`` rows of the concatenated per-item features, in local token order.
+        items: ``[n_items]`` placeholders of every local item (checked against the output), or ``None``.
+        name: the modality (for the message).
 
     Returns:
         ``output`` with those fields replaced (the same object).
+
+    Raises:
+        ValueError: the output's per-item counts differ from ``items``.
     """
+    if items is not None and getattr(output, "pooler_output", None) is not None:
+        _check_counts(output.pooler_output, items, name)
     for name in _SELECTED_FIELDS:
         value = getattr(output, name, None)
         if value is not None:
@@ -69,7 +93,7 @@ class _Rows:
 
     def pre(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if self.image_blocks and kwargs.get("pixel_values") is not None and kwargs.get("hsap_blocks") is None \
-                and kwargs.get("token_type_ids") is None:
+                and kwargs.get("token_type_ids") is None and PROBE_KEY not in kwargs:
             raise ValueError(
                 f"{self.family}'s image tokens attend to each other bidirectionally, but this forward has pixels and "
                 "neither hsap_blocks nor token_type_ids: they would be causal. Pack with PackingCollator(max_length, "
@@ -102,7 +126,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         finally:
             state.inside = False
         rows = None if state.rows is None else state.rows.get(name)
-        return out if rows is None else select_rows(out, rows)
+        return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name)
     return features
 
 

@@ -21,9 +21,14 @@ import torch
 from ..data.vision import LAYOUT_KEY, VisionLayout, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
 
-__all__ = ["ROWS_KEY", "image_blocks", "shard_vision", "vision_keys"]
+__all__ = ["ROWS_KEY", "image_blocks", "items_key", "shard_vision", "vision_keys"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
+
+
+def items_key(name: str) -> str:
+    """The ``hsap_vision_rows`` entry with the placeholders of every local item of modality ``name``."""
+    return f"{name}:items"
 
 
 def vision_keys(layout: VisionLayout) -> set[str]:
@@ -63,8 +68,9 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
 
     Returns:
         The local pixels and per-item keys of the items with a local placeholder (a modality with none is left
-        out) and ``{ROWS_KEY: {name: [n_local] int64}}``: for each local placeholder, in local token order, the row
-        of the local items' concatenated features it takes.
+        out) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
+        placeholder, in local token order, the row of the local items' concatenated features it takes; and the
+        placeholders of every local item (what the encoder's output is checked against).
 
     Raises:
         ValueError: placeholders that do not match the pixels.
@@ -91,6 +97,7 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         new_start = np.zeros(tokens.size, dtype=np.int64)
         new_start[items] = np.concatenate([[0], np.cumsum(tokens[items])[:-1]])
         rows_of[m.name] = torch.from_numpy(mine - token_start[item] + new_start[item])
+        rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
         pixels = batch[m.pixel_key]

@@ -21,17 +21,20 @@ logger = get_logger(__name__)
 
 # Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
 GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
-# One pixel row per image, the same number of placeholders per image, 1-D positions.
-UNIFORM_FAMILIES = frozenset({"llava", "gemma3"})
+# One pixel row per image (or per fixed-size tile), the same number of placeholders per row, 1-D positions; each
+# exact in the multimodal zoo (scripts/vlm_zoo.py). The encoder's per-row feature count is checked every forward.
+UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
+                              "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7"})
 # Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
 # image)" that the "hsap" kernels do not take yet.
-_BLOCK_FAMILIES = frozenset({"gemma3", "gemma3n", "gemma4", "paligemma"})
+_BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "paligemma"})
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward encodes the images and merges them (has ``get_image_features``), or ``None``."""
     for m in (getattr(model, "model", None), model):
-        if m is not None and callable(getattr(type(m), "get_image_features", None)) and hasattr(m, "language_model"):
+        if m is not None and callable(getattr(type(m), "get_image_features", None)) and \
+                (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
             return m
     return None
 
@@ -70,10 +73,12 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
         raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
                          "use PackingCollator(max_length) alone")
     if family not in GRID_FAMILIES | UNIFORM_FAMILIES:
+        sub_models = [m for m in model.modules() if hasattr(m, "_supports_sdpa")]  # every tower must take it
+        attn = "sdpa" if all(m._supports_sdpa for m in sub_models) else "eager"
         raise ValueError(
             f"{family}: packed image+text rows are exact in hf_hsap for {sorted(GRID_FAMILIES | UNIFORM_FAMILIES)} "
             f"only (each is tested against every document run alone); train {family} with one document per row "
-            "(no packing: TRL's SFTTrainer with packing=False, attn_implementation='sdpa') or use a listed family"
+            f"(no packing: TRL's SFTTrainer with packing=False, attn_implementation='{attn}') or use a listed family"
         )
     image = _token(config, "image_token_id", "image_token_index")
     video = _token(config, "video_token_id", "video_token_index")
@@ -92,6 +97,15 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
         return VisionSpec(layout, rope_index=rope_index, token_type_key="mm_token_type_ids")
     layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
+
+
+def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor) -> int:
+    """How many placeholder rows the model's encoder makes of ``pixels`` (asked, not derived from the config)."""
+    with torch.no_grad():
+        out = inner.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
+    if torch.is_tensor(out):
+        return int(out.numel() // out.shape[-1])
+    return int(sum(v.numel() // v.shape[-1] for v in out))
 
 
 def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> dict[str, Any] | None:
@@ -120,8 +134,9 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         n_tokens = 1
     else:
         size = vision.image_size
-        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), size, size)
-        n_tokens = getattr(model.config, "mm_tokens_per_image", None) or (size // vision.patch_size) ** 2
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), h, w)
+        n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
     ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)

@@ -101,7 +101,7 @@ def vlm_forward_backward(family: str, sp_size: int, ulysses: int = 1, placement:
     return {"index": idx, "logits": out.logits.detach()[0], "loss": float(loss), "grads": grads, "real": real,
             "num_items": int(local["num_items_in_batch"]), "layers": check.attention_layers,
             "placement": plan.placement.name,
-            "local_rows": {k: int(v.numel()) for k, v in rows.items()},
+            "local_rows": {k: int(v.numel()) for k, v in rows.items() if ":" not in k},
             "local_items": {k: int(local[key].shape[0]) for k, key in (("image", "image_grid_thw"),
                                                                          ("video", "video_grid_thw"),
                                                                          ("pixel", "pixel_values")) if key in local}}

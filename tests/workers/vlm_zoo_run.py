@@ -121,8 +121,10 @@ def _fix(rec: dict[str, Any], docs: list[dict[str, Any]] | None, ref: dict[str, 
             return f"PackingCollator(max_length) alone refuses the documents: {VC.first_line(e)}"
     if ref is None:
         return f"not checked: the documents alone failed ({rec['reference']})"
-    if rec["reference"] != "sdpa":
-        return "Transformers has no attn_implementation='sdpa' for it (one document per row runs with 'eager')"
+    named = "eager" if "attn_implementation='eager'" in rec.get("spec", {}).get("error", "") else "sdpa"
+    if rec["reference"] != named:
+        return f"the message names attn_implementation='{named}', but one document per row runs with " \
+               f"'{rec['reference']}'"
     return True
 
 
