@@ -43,7 +43,7 @@ class VLMStepConfig:
 
     Attributes:
         sp_sizes: the SP sizes (each its own world). text / vision: the fields of the model's text config and
-        vision tower that differ from :func:`hf_hsap.examples_vlm.tiny_vlm_config` (see
+        vision tower that differ from :func:`hf_hsap.examples.vlm.tiny_vlm_config` (see
         :func:`benchmarks.vlm_workers.model_config`). vocab: text vocabulary. shapes: the row's documents.
         pad_to: the row length's multiple (the same row at every SP size). reps: timed rounds (0: memory only).
         seed: weights, tokens and pixels. loss_tol: largest difference of the two schemes' losses.

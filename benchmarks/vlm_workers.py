@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import hf_hsap
-from hf_hsap.examples_vlm import tiny_vlm_config, vlm_documents
+from hf_hsap.examples import tiny_vlm_config, vlm_documents
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 
 from .tensor_memory import TensorPeak
@@ -32,7 +32,7 @@ _GROUPS: dict[int, Any] = {}
 
 
 def model_config(text: dict[str, Any], vision: dict[str, Any], vocab: int) -> Any:
-    """A Qwen2.5-VL config: the shape of :func:`hf_hsap.examples_vlm.tiny_vlm_config` with the given sizes.
+    """A Qwen2.5-VL config: the shape of :func:`hf_hsap.examples.vlm.tiny_vlm_config` with the given sizes.
 
     Args:
         text: text-model fields to override (``hidden_size``, ``num_hidden_layers``, ``head_dim``, ...;
@@ -72,7 +72,7 @@ def build(config: Any, seed: int) -> torch.nn.Module:
 
 def packed_row(model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]], seed: int,
                pad_to: int) -> dict[str, Any]:
-    """All documents of ``shapes`` (see :func:`hf_hsap.examples_vlm.vlm_documents`) in one packed row.
+    """All documents of ``shapes`` (see :func:`hf_hsap.examples.vlm.vlm_documents`) in one packed row.
 
     Args:
         model: the model (its config and rope index); shapes: ``(text before, grid, text after)`` per document;

@@ -13,11 +13,11 @@ placeholders, assistant-only labels) and ``HSAPSFTTrainer`` packs the documents 
 placeholders it holds. Every flag but ``--train_rows`` is an ``hsap-sft`` flag; the recipe's defaults come first,
 the user's win:
 
-* ``--model_name_or_path``: default the tiny random LLaVA of :func:`hf_hsap.examples_vlm.save_tiny_vlm`, saved to
+* ``--model_name_or_path``: default the tiny random LLaVA of :func:`hf_hsap.examples.vlm.save_tiny_vlm`, saved to
   ``<output_dir>/base_model``;
 * ``--dataset_name``: a directory of ``datasets.save_to_disk`` (written as Parquet to ``<output_dir>/data``, which
   ``load_dataset`` reads), or anything ``load_dataset`` reads (rows with ``images`` + ``messages``); default the
-  generated shapes set of :func:`hf_hsap.examples_vlm.vlm_sft_rows` (``--train_rows`` rows, no download);
+  generated shapes set of :func:`hf_hsap.examples.vlm.vlm_sft_rows` (``--train_rows`` rows, no download);
 * ``--packing`` and ``--assistant_only_loss`` on, ``--max_length 256``, 8 examples per micro-batch, one line
   and one ``<output_dir>/metrics.jsonl`` record per step (loss, grad_norm, lr);
 * at the end one line (and ``<output_dir>/packing.json``) with what the trained rows held: documents, images and
@@ -123,7 +123,7 @@ def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, s
     Returns:
         ``(--model_name_or_path, --dataset_name)`` for ``hsap-sft``.
     """
-    from hf_hsap.examples_vlm import save_tiny_vlm, vlm_sft_rows
+    from hf_hsap.examples import save_tiny_vlm, vlm_sft_rows
 
     out = Path(args.output_dir)
     model = args.model_name_or_path or str(out / "base_model")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TRL SFT of a vision-language model on CPU, from a fresh clone: set up .venv, then fine-tune a tiny random LLaVA
 # (saved to runs/sft_vlm_cpu/base_model) on a generated image + text chat set (pictures of coloured shapes drawn
-# by hf_hsap.examples_vlm, no download) with HSAPSFTTrainer: packed image + text rows, assistant-only loss, 4 CPU
+# by hf_hsap.examples.vlm, no download) with HSAPSFTTrainer: packed image + text rows, assistant-only loss, 4 CPU
 # processes, sequence parallel 4 = Ulysses 2 x HSAP ring 2; each rank encodes only the images whose tokens it
 # holds. Under a minute on 2 cores: it prints the loss of every step and the packed rows' documents / images per
 # row, and writes runs/sft_vlm_cpu/{metrics.jsonl,packing.json} and the model. Extra arguments go to the recipe

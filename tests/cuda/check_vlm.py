@@ -15,7 +15,7 @@ import torch
 
 import hf_hsap
 from hf_hsap.data.packing import best_fit_decreasing
-from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+from hf_hsap.examples import tiny_vlm, vlm_documents
 from hf_hsap.plan.blocks import Blocks
 from helpers import rel_err
 

@@ -88,7 +88,7 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3"])
 def test_check_model_probe_runs_an_image(family: str) -> None:
     """check_model's SP probe runs an image through the vision tower and finds the kwargs on both decoder layers."""
-    from hf_hsap.examples_vlm import tiny_vlm
+    from hf_hsap.examples import tiny_vlm
     from hf_hsap.integrations.encoder_attention import is_encoder_module
     from hf_hsap.integrations.model_check import _calls_attention_interface, _probe_attention
 
@@ -105,7 +105,7 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
 def test_gemma3_images_outside_shard_batch_are_refused() -> None:
     """Gemma 3's image blocks given to model(...) directly: without token_type_ids they would be causal (refused
     by check_model's hook); with them, "hsap"'s mask refuses the overlay; both name shard_batch."""
-    from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+    from hf_hsap.examples import tiny_vlm, vlm_documents
 
     import hf_hsap
 
@@ -119,7 +119,7 @@ def test_gemma3_images_outside_shard_batch_are_refused() -> None:
 
 def test_a_model_not_prepared_by_check_model_is_refused() -> None:
     """shard_batch's image rows reaching the attention mean no check_model ran: refused, naming it."""
-    from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+    from hf_hsap.examples import tiny_vlm, vlm_documents
 
     import hf_hsap
 

@@ -52,7 +52,7 @@ def test_recipe_sp2_logs_the_sp1_losses_with_several_documents_and_images_per_ro
 def test_recipe_writes_a_save_to_disk_dataset_as_parquet_that_load_dataset_reads(tmp_path: Path) -> None:
     from datasets import Dataset, DatasetDict, load_dataset
 
-    from hf_hsap.examples_vlm import vlm_sft_rows
+    from hf_hsap.examples import vlm_sft_rows
 
     saved = tmp_path / "saved"
     DatasetDict(train=Dataset.from_list(vlm_sft_rows(6)), test=Dataset.from_list(vlm_sft_rows(2, seed=1))).save_to_disk(
@@ -99,7 +99,7 @@ def _hsap_sft(out: Path, model: str, data: str, procs: int) -> tuple[list[float]
 def test_hsap_sft_trains_a_saved_vlm_on_a_vision_dataset_at_sp2_with_the_sp1_losses(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from hf_hsap.examples_vlm import save_tiny_vlm, vlm_sft_rows
+    from hf_hsap.examples import save_tiny_vlm, vlm_sft_rows
 
     model = save_tiny_vlm(str(tmp_path / "vlm"))
     data = tmp_path / "data"

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hf_hsap
 from hf_hsap.data.packing import best_fit_decreasing
-from hf_hsap.examples_vlm import tiny_vlm, vlm_documents
+from hf_hsap.examples import tiny_vlm, vlm_documents
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 
 DTYPE = torch.float64

@@ -19,7 +19,7 @@ def vlm_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText
 
-    from hf_hsap.examples_vlm import tiny_vlm_config, tiny_vlm_processor, vlm_sft_rows
+    from hf_hsap.examples import tiny_vlm_config, tiny_vlm_processor, vlm_sft_rows
     from hf_hsap.integrations import HSAPSFTConfig, HSAPSFTTrainer
 
     if sp_size > 1 and "MASTER_ADDR" not in os.environ:  # Accelerate adopts the existing process group

@@ -2,7 +2,7 @@
 ``scripts/vlm_zoo.py``; the documents are ``vlm_zoo_docs.py``).
 
 Families: every model type of ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES``, plus Mllama (its own mapping).
-The five families of :data:`hf_hsap.examples_vlm.TINY_VLMS` use :func:`hf_hsap.examples_vlm.tiny_vlm_config`.
+The five families of :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.tiny_vlm_config`.
 Every other family starts from its config class defaults: the text
 config is shrunk as the text zoo does (``zoo_configs``: hidden 64, 4 query / 2 KV heads of 16, vocab 96), every
 other sub-config (vision tower, Q-Former, perceiver, audio, ...) by :data:`VISION` (hidden 32, 2 layers, 2 heads,
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hf_hsap.examples_vlm import TINY_VLMS, tiny_vlm_config
+from hf_hsap.examples import TINY_VLMS, tiny_vlm_config
 from workers import zoo_configs as ZC
 from workers.zoo_configs import NotBuildable
 

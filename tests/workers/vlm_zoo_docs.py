@@ -5,7 +5,7 @@ A document is ``text, [start] placeholders [end], text``: its pixels are made fo
 ``[1, C, S, S]`` image, any-resolution tiles with ``image_sizes``, Idefics' images per row, Gemma 4's patches with
 their positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is
 what the model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families
-of :data:`hf_hsap.examples_vlm.TINY_VLMS` use :func:`hf_hsap.examples_vlm.vlm_documents`.
+of :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hf_hsap.examples_vlm import TINY_VLMS, vlm_documents
+from hf_hsap.examples import TINY_VLMS, vlm_documents
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]

@@ -4,6 +4,9 @@ shipped SFT set written as a ``datasets`` directory (``train.jsonl`` / ``test.js
 
     model_dir = save_tiny_model("runs/tiny-llama")       # AutoModelForCausalLM.from_pretrained(model_dir)
     data_dir = save_sft_data("runs/sft-data")             # datasets.load_dataset(data_dir)["train"]
+
+Tiny vision-language models, their documents, a processor and a generated image + text set: :mod:`.vlm`
+(``tiny_vlm``, ``vlm_documents``, ``save_tiny_vlm``, ``vlm_sft_rows``, ...), re-exported here.
 """
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_MODELS", "builtin_config", "save_sft_data", "save_tiny_model", "write_splits"]
+from .vlm import TINY_VLMS, save_tiny_vlm, tiny_vlm, tiny_vlm_config, tiny_vlm_processor, vlm_documents, vlm_sft_rows
+
+__all__ = ["BUILTIN_MODELS", "TINY_VLMS", "builtin_config", "save_sft_data", "save_tiny_model", "save_tiny_vlm",
+           "tiny_vlm", "tiny_vlm_config", "tiny_vlm_processor", "vlm_documents", "vlm_sft_rows", "write_splits"]
 
 # Built-in model configs: random init, no download. Heads are multiples of 8 for the GPU-sized ones (so
 # --ulysses_size 8 divides them); the tiny ones use 4 query / 2 key-value heads (Ulysses 2 on CPU).
@@ -52,7 +58,7 @@ def save_tiny_model(path: str | os.PathLike[str], name: str = "tiny-llama", seed
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .data import tokenizer_path
+    from ..data import tokenizer_path
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_path()))
     if tok.pad_token_id is None:
@@ -78,7 +84,7 @@ def save_sft_data(path: str | os.PathLike[str], n_train: int | None = None, n_te
     Returns:
         ``path`` as a string, for ``load_dataset`` / ``--dataset_name``.
     """
-    from .data import default_data_dir
+    from ..data import default_data_dir
 
     src = Path(source) if source else default_data_dir() / ("sft.jsonl" if format == "prompt_completion"
                                                            else "sft_chat.jsonl")

@@ -86,7 +86,7 @@ def tiny_vlm(family: str, dtype: torch.dtype = torch.float32, attn: str = "hsap"
     from transformers import AutoModelForImageTextToText
 
     if attn == "hsap":
-        from .integrations import register
+        from ..integrations import register
 
         register()
     torch.manual_seed(seed)
@@ -200,7 +200,7 @@ def tiny_vlm_processor() -> Any:
     """
     from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
 
-    from .data import tokenizer_path
+    from ..data import tokenizer_path
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_path()))
     tok.add_special_tokens({"additional_special_tokens": list(_PLACEHOLDERS)})
