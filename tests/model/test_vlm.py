@@ -128,3 +128,17 @@ def test_a_model_not_prepared_by_check_model_is_refused() -> None:
         vlm_documents(model.config, [(3, (1, 4, 4), 5)]))
     with pytest.raises(ValueError, match="check_model"):
         model(**hf_hsap.shard_batch(batch, 1))
+
+
+def test_an_encoder_whose_rows_per_item_differ_from_the_placeholders_is_refused() -> None:
+    """The batch's layout says 4 and 4 placeholders; an encoder giving 3 and 5 rows (a family whose images do not
+    map to a fixed count) is refused instead of splitting the features at the wrong row."""
+    from types import SimpleNamespace
+
+    from hf_hsap.multimodal import select_rows
+
+    per_item = SimpleNamespace(pooler_output=(torch.zeros(3, 8), torch.zeros(5, 8)))
+    with pytest.raises(ValueError, match="fixed number of placeholders"):
+        select_rows(per_item, torch.arange(8), torch.tensor([4, 4]))
+    ok = SimpleNamespace(pooler_output=(torch.zeros(4, 8), torch.ones(4, 8)))
+    assert select_rows(ok, torch.tensor([7, 0]), torch.tensor([4, 4])).pooler_output[0][:, 0].tolist() == [1.0, 0.0]
