@@ -170,7 +170,7 @@ class PackingCollator:
         return_tensors: ``"pt"`` (torch tensors) or ``"np"`` (numpy arrays).
         label_pad: Label value for tokens that are not trained on (padding, document starts, prompts).
         vision: for a vision-language model, its :class:`~hf_hsap.data.vision.VisionSpec`
-            (``hf_hsap.multimodal.vision_spec(model)``); the examples are then its processor's outputs, one
+            (``hf_hsap.vision_spec(model)``); the examples are then its processor's outputs, one
             document each, never split (see "Vision examples").
 
     Input examples (mappings; other keys, e.g. ``attention_mask``, ``text`` or ``token_type_ids``, are ignored):
@@ -242,6 +242,9 @@ class PackingCollator:
         self.return_tensors = return_tensors
         self.label_pad = int(label_pad)
         self.vision = vision
+        if vision is not None and self.pad_token_id in {m.token_id for m in vision.layout.modalities}:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is a placeholder of the model's images / videos: padding "
+                             "would count as image tokens; pass the tokenizer's pad_token_id")
         if vision is not None and return_tensors != "pt":
             raise ValueError("PackingCollator(vision=...) returns torch tensors only (pixels are tensors): "
                              "use return_tensors='pt'")
@@ -312,7 +315,7 @@ class PackingCollator:
             elif any(ex.get(key) is not None for key in _PIXEL_KEYS):
                 raise ValueError(
                     f"example {n} has pixels but the collator has no vision spec: build it as "
-                    "PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))"
+                    "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))"
                 )
             if ex.get("seq_lengths") is not None:
                 lens = _as_int_array(ex["seq_lengths"], f"example {n} seq_lengths")

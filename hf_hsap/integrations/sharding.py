@@ -25,8 +25,8 @@ from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY
 from ..multimodal import image_blocks, shard_vision, vision_keys
 from ..plan.blocks import keep_blocks_whole
-from ..sp_plan import SPPlan
 from ..plan.layout import check_position_ids, document_starts
+from ..sp_plan import SPPlan
 from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
 
@@ -89,7 +89,7 @@ def text_positions(pos: torch.Tensor, shape: torch.Size) -> torch.Tensor:
             raise ValueError(
                 f"position_ids of shape {tuple(pos.shape)}: multimodal rotary positions must come in Transformers' "
                 "packed convention [4, B, L] (row 0 the text positions restarting per document), as "
-                "PackingCollator(vision=hf_hsap.multimodal.vision_spec(model)) builds them")
+                "PackingCollator(vision=hf_hsap.vision_spec(model)) builds them")
         pos = pos[0]
     return pos.reshape(shape)  # [B, L]
 
@@ -259,7 +259,7 @@ def shard_batch(
         local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
     elif any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos")):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
-                         "documents with PackingCollator(max_length, vision=hf_hsap.multimodal.vision_spec(model))")
+                         "documents with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     if size > 1:
         local[PLAN_USE_KEY] = PlanUse(size, plan)
         if check_previous:

@@ -142,3 +142,13 @@ def test_an_encoder_whose_rows_per_item_differ_from_the_placeholders_is_refused(
         select_rows(per_item, torch.arange(8), torch.tensor([4, 4]))
     ok = SimpleNamespace(pooler_output=(torch.zeros(4, 8), torch.ones(4, 8)))
     assert select_rows(ok, torch.tensor([7, 0]), torch.tensor([4, 4])).pooler_output[0][:, 0].tolist() == [1.0, 0.0]
+
+
+def test_a_pad_token_that_is_a_placeholder_is_refused() -> None:
+    from hf_hsap.examples import tiny_vlm
+
+    import hf_hsap
+
+    model = tiny_vlm("llava")
+    with pytest.raises(ValueError, match="pad_token_id"):
+        hf_hsap.PackingCollator(64, pad_token_id=model.config.image_token_id, vision=hf_hsap.vision_spec(model))
