@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
-import time
 import warnings
 from typing import Any
 
@@ -178,22 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {"command": "python scripts/model_zoo.py" + (f" --families {args.families}" if args.families else ""),
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "transformers": transformers.__version__,
               "torch": torch.__version__, "checks": checks, "json": os.path.relpath(args.json, ROOT), "seconds": 0.0}
-    t0 = time.perf_counter()
-    records = []
-    pools = zoo_run.PoolManager()
-    try:
-        for i, family in enumerate(families):
-            rec = zoo_run.run_family(family, pools)
-            records.append(rec)
-            print(f"[{i + 1}/{len(families)}] {family}: {family_status(rec)} ({rec['seconds']:.1f} s)",
-                  file=sys.stderr, flush=True)
-            header["seconds"] = time.perf_counter() - t0
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"header": {**header, "pool_restarts": pools.restarts}, "families": records}, f, indent=1,
-                          default=str)
-    finally:
-        pools.close()
+    records = zoo_run.sweep(families, zoo_run.run_family, family_status, args.json, header)
     keep = ""  # the multimodal section (scripts/vlm_zoo.py) closes the file: kept as it is
     if os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as f:

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import sys
-import time
 import warnings
 from typing import Any
 
@@ -232,29 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
     from workers import vlm_zoo_configs as VC
-    from workers import vlm_zoo_run
+    from workers import vlm_zoo_run, zoo_run
 
     families = [f for f in args.families.split(",") if f] or VC.families()
     header = {"command": "python scripts/vlm_zoo.py" + (f" --families {args.families}" if args.families else ""),
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "transformers": transformers.__version__,
               "torch": torch.__version__, "json": os.path.relpath(args.json, ROOT), "seconds": 0.0,
               "commit": _commit()}
-    t0 = time.perf_counter()
-    records = []
-    pools = vlm_zoo_run.PoolManager()
-    try:
-        for i, family in enumerate(families):
-            rec = vlm_zoo_run.run_family(family, pools, probe=not args.no_probe)
-            records.append(rec)
-            print(f"[{i + 1}/{len(families)}] {family}: {family_status(rec)} ({rec['seconds']:.1f} s)",
-                  file=sys.stderr, flush=True)
-            header["seconds"] = time.perf_counter() - t0
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"header": {**header, "pool_restarts": pools.restarts}, "families": records}, f, indent=1,
-                          default=str)
-    finally:
-        pools.close()
+    def run(family: str, pools: Any) -> dict[str, Any]:
+        return vlm_zoo_run.run_family(family, pools, probe=not args.no_probe)
+
+    records = zoo_run.sweep(families, run, family_status, args.json, header)
     write_section(args.out, render(records, header))
     print(probe_report(records), file=sys.stderr)
     print(f"wrote {args.out} and {args.json} ({header['seconds']:.0f} s)", file=sys.stderr)

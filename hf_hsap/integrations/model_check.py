@@ -224,7 +224,8 @@ def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -
     not reach (what the SP plan needs).
 
     One forward of two tokens (a vision-language model's: with one image between them) with a sentinel keyword
-    argument, watched by pre-hooks on the attention layers: the direct test of "the kwargs reach every attention layer", whatever the decoder layers do.
+    argument, watched by pre-hooks on the attention layers: the direct test of "the kwargs reach every attention
+    layer", whatever the decoder layers do.
     Layers a text forward never runs (a vision tower, cross-attention without images) are not counted.
 
     Returns:

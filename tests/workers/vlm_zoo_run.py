@@ -3,7 +3,6 @@ which is also the refusal's fix: one document per row), the one-process mode and
 spawned gloo ranks (``zoo_run.PoolManager``: replaced after a timeout or ranks that failed unevenly)."""
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -19,18 +18,12 @@ from workers.zoo_run import PoolManager
 __all__ = ["PoolManager", "run_family", "run_sp_jobs"]
 
 TASK_TIMEOUT_S = 150.0  # one family's SP jobs of one pool task (the per-family cap on the pool)
-JOB_TIMEOUT_S = 90.0  # one job alone, after a task timed out
-
-
-def _rank_traceback(text: str) -> str:
-    """The first rank's traceback in DistPool's ``--- rank N ---`` report."""
-    parts = re.split(r"^--- rank \d+ ---$", text, flags=re.M)
-    return parts[1].strip() if len(parts) > 1 else ""
 
 
 def run_sp_jobs(pools: PoolManager, family: str, state: dict[str, torch.Tensor], docs: list[dict[str, Any]],
                 jobs: list[tuple[str, str]], timeout_s: float = TASK_TIMEOUT_S) -> dict[tuple[str, str], Any]:
-    """Every job's per-rank records (:func:`vlm_zoo.worker_jobs`), or one error record when none came back.
+    """Every job's per-rank records (:func:`vlm_zoo.worker_jobs`), or one error record when none came back (the text
+    zoo's pool logic, :meth:`PoolManager.run_jobs`).
 
     Args:
         pools: the pool manager; family, state, docs: the model and its documents; jobs: ``(how, mode)`` pairs;
@@ -39,35 +32,7 @@ def run_sp_jobs(pools: PoolManager, family: str, state: dict[str, torch.Tensor],
     Returns:
         ``{job: [record of rank 0, ...]}`` or ``{job: {"outcome", "error"}}``.
     """
-    results: dict[tuple[str, str], Any] = {}
-    remaining = list(jobs)
-    while remaining:
-        try:
-            per_rank = pools._get(timeout_s).run(VZ.worker_jobs, family, state, docs, remaining)
-        except TimeoutError:
-            pools.pool = None  # DistPool closed it
-            pools.restarts += 1
-            if len(remaining) == 1 or timeout_s <= JOB_TIMEOUT_S:
-                results[remaining[0]] = {"outcome": "crash", "error": f"timeout: no result within {timeout_s:.0f} s"}
-                remaining = remaining[1:]
-            else:
-                for job in remaining:
-                    results.update(run_sp_jobs(pools, family, state, docs, [job], JOB_TIMEOUT_S))
-                remaining = []
-            continue
-        except RuntimeError as e:  # a rank raised outside the per-job records
-            first = _rank_traceback(str(e))
-            res = zoo.classify_traceback(first) if first else {"outcome": "crash", "error": str(e)[:300]}
-            results.update({job: res for job in remaining})
-            pools.restart()
-            break
-        done = min(len(r) for r in per_rank)
-        for i in range(done):
-            results[remaining[i]] = [r[i] for r in per_rank]
-        if any(r[done - 1].get("dirty") for r in per_rank):
-            pools.restart()
-        remaining = remaining[done:]
-    return results
+    return pools.run_jobs(family, state, jobs, timeout_s, worker=VZ.worker_jobs, extra=(docs,))
 
 
 def _safe(fn: Any, *args: Any) -> Any:

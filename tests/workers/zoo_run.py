@@ -53,12 +53,15 @@ class PoolManager:
         self.pool = None
 
     def run_jobs(self, family: str, state_dict: dict[str, torch.Tensor], jobs: list[tuple[str, str]],
-                 timeout_s: float = TASK_TIMEOUT_S) -> dict[tuple[str, str], Any]:
-        """Every job's per-rank records (:func:`zoo.worker_sp_modes`), or one error record when none came back.
+                 timeout_s: float = TASK_TIMEOUT_S, worker: Any = None, extra: tuple = ()
+                 ) -> dict[tuple[str, str], Any]:
+        """Every job's per-rank records (``worker``, default :func:`zoo.worker_sp_modes`), or one error record
+        when none came back.
 
         Args:
-            family: the model type; state_dict: the weights; jobs: ``(dtype, mode)`` pairs.
-            timeout_s: of the pool task running all the jobs.
+            family: the model type; state_dict: the weights; jobs: ``(dtype, mode)`` pairs (or what ``worker``
+            takes); timeout_s: of the pool task running all the jobs; worker: ``worker(family, state_dict, *extra,
+            jobs)`` on every rank, returning one record per job; extra: its other arguments.
 
         Returns:
             ``{job: [record of rank 0, ...]}`` or ``{job: {"outcome", "error", ...}}``.
@@ -67,7 +70,8 @@ class PoolManager:
         remaining = list(jobs)
         while remaining:
             try:
-                per_rank = self._get(timeout_s).run(zoo.worker_sp_modes, family, state_dict, remaining)
+                per_rank = self._get(timeout_s).run(worker or zoo.worker_sp_modes, family, state_dict, *extra,
+                                                    remaining)
             except TimeoutError:
                 self.pool = None  # DistPool closed it
                 self.restarts += 1
@@ -77,7 +81,7 @@ class PoolManager:
                     remaining = remaining[1:]
                 else:
                     for job in remaining:
-                        results.update(self.run_jobs(family, state_dict, [job], JOB_TIMEOUT_S))
+                        results.update(self.run_jobs(family, state_dict, [job], JOB_TIMEOUT_S, worker, extra))
                     remaining = []
                 continue
             except RuntimeError as e:  # a rank raised outside the per-job records
@@ -189,3 +193,37 @@ def run_family(family: str, pools: PoolManager | None, dtypes: tuple[str, ...] =
         res.pop("traceback", None)
     rec["seconds"] = time.perf_counter() - t0
     return rec
+
+
+def sweep(families: list[str], run: Any, status: Any, json_path: str, header: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run every family on one pool manager, printing a line each and rewriting the JSON after every family (what
+    ``scripts/model_zoo.py`` and ``scripts/vlm_zoo.py`` share).
+
+    Args:
+        families: the model types; run: ``run(family, pools) -> record``; status: ``status(record) -> str``;
+        json_path: the results file; header: its header (``seconds`` and ``pool_restarts`` are filled in).
+
+    Returns:
+        The records, in ``families`` order.
+    """
+    import json
+    import os
+    import sys
+
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    pools = PoolManager()
+    try:
+        for i, family in enumerate(families):
+            rec = run(family, pools)
+            records.append(rec)
+            print(f"[{i + 1}/{len(families)}] {family}: {status(rec)} ({rec['seconds']:.1f} s)",
+                  file=sys.stderr, flush=True)
+            header["seconds"] = time.perf_counter() - t0
+            os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+            with open(json_path, "w") as f:
+                json.dump({"header": {**header, "pool_restarts": pools.restarts}, "families": records}, f, indent=1,
+                          default=str)
+    finally:
+        pools.close()
+    return records
