@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Modality", "VisionLayout", "VisionSpec", "check_vision_example", "item_sizes", "pack_vision",
-           "vision_batch"]
+__all__ = ["Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_vision_example", "item_sizes",
+           "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
 
@@ -79,6 +79,25 @@ class VisionSpec:
     layout: VisionLayout
     rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
     token_type_key: str | None = None
+
+
+_PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+
+
+def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
+    """Refuse pixels of a modality the layout does not carry (a family's videos that are not made exact yet).
+
+    Args:
+        layout: the model's layout; keys: the keys present in the examples or batch.
+
+    Raises:
+        ValueError: with the fix.
+    """
+    known = {m.pixel_key for m in layout.modalities}
+    other = sorted({k for k in keys if k in _PIXEL_KEYS and k not in known})
+    if other:
+        raise ValueError(f"{layout.family}: {other} on packed rows are not made exact yet (only "
+                         f"{sorted(known)}); train these documents with one document per row (no packing)")
 
 
 def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any], n_tokens: int
@@ -142,6 +161,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
     """
     order = [i for row in rows for i in row]
+    check_pixel_keys(spec.layout, [key for ex in examples for key in ex if ex.get(key) is not None])
     out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
     for m in spec.layout.modalities:
         for key in (m.pixel_key, *m.item_keys):

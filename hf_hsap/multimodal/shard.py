@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.vision import LAYOUT_KEY, VisionLayout, item_sizes
+from ..data.vision import LAYOUT_KEY, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
 
 __all__ = ["ROWS_KEY", "image_blocks", "items_key", "shard_vision", "vision_keys"]
@@ -75,6 +75,7 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
     Raises:
         ValueError: placeholders that do not match the pixels.
     """
+    check_pixel_keys(layout, [k for k, v in batch.items() if v is not None])
     local: dict[str, Any] = {}
     rows_of: dict[str, torch.Tensor] = {}
     ids = ids.detach().to("cpu")

@@ -8,6 +8,7 @@ or that attend to images through cross-attention (Mllama), are refused with a fi
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -15,12 +16,17 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 
-__all__ = ["GRID_FAMILIES", "UNIFORM_FAMILIES", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
+__all__ = ["GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm",
+           "probe_inputs", "vision_spec"]
 
 logger = get_logger(__name__)
 
 # Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
 GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
+# The same layout, exact in the multimodal zoo on images; their videos are not made exact yet (refused).
+GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4_5", "hyperclovax_vision_v2",
+                                 "cohere_compass", "cosmos3_edge", "cosmos3_omni", "llava_onevision1_5",
+                                 "minimax_m3_vl", "muse_glimmer"})
 # One pixel row per image (or per fixed-size tile), the same number of placeholders per row, 1-D positions; each
 # exact in the multimodal zoo (scripts/vlm_zoo.py). The encoder's per-row feature count is checked every forward.
 UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
@@ -28,6 +34,11 @@ UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "in
 # Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
 # image)" that the "hsap" kernels do not take yet.
 _BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "paligemma"})
+
+
+def accepted_families() -> frozenset[str]:
+    """Every family :func:`vision_spec` accepts."""
+    return GRID_FAMILIES | GRID_IMAGE_FAMILIES | UNIFORM_FAMILIES
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -72,20 +83,21 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     if inner is None:
         raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
                          "use PackingCollator(max_length) alone")
-    if family not in GRID_FAMILIES | UNIFORM_FAMILIES:
+    if family not in accepted_families():
         sub_models = [m for m in model.modules() if hasattr(m, "_supports_sdpa")]  # every tower must take it
         attn = "sdpa" if all(m._supports_sdpa for m in sub_models) else "eager"
         raise ValueError(
-            f"{family}: packed image+text rows are exact in hf_hsap for {sorted(GRID_FAMILIES | UNIFORM_FAMILIES)} "
+            f"{family}: packed image+text rows are exact in hf_hsap for {sorted(accepted_families())} "
             f"only (each is tested against every document run alone); train {family} with one document per row "
             f"(no packing: TRL's SFTTrainer with packing=False, attn_implementation='{attn}') or use a listed family"
         )
     image = _token(config, "image_token_id", "image_token_index")
     video = _token(config, "video_token_id", "video_token_index")
-    if family in GRID_FAMILIES:
-        merge = int(config.vision_config.spatial_merge_size) ** 2
+    if family in GRID_FAMILIES | GRID_IMAGE_FAMILIES:
+        vision = config.vision_config
+        merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
         mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
-        if video is not None:
+        if video is not None and family in GRID_FAMILIES:
             extra = ("second_per_grid_ts",) if family == "qwen2_5_vl" else ()
             mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw",
                                  ("video_grid_thw", *extra), 2))
@@ -94,7 +106,9 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
             return inner.get_rope_index(**doc)[0]  # [3, 1, n]
 
         layout = VisionLayout(family, tuple(mods), merge=merge)
-        return VisionSpec(layout, rope_index=rope_index, token_type_key="mm_token_type_ids")
+        takes_types = "mm_token_type_ids" in inspect.signature(type(model).forward).parameters
+        return VisionSpec(layout, rope_index=rope_index if callable(getattr(inner, "get_rope_index", None)) else None,
+                          token_type_key="mm_token_type_ids" if takes_types else None)
     layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
 

@@ -15,7 +15,7 @@ import pathlib
 import pytest
 import transformers
 
-from hf_hsap.multimodal import GRID_FAMILIES, UNIFORM_FAMILIES
+from hf_hsap.multimodal import accepted_families
 
 from workers import vlm_zoo as VZ
 from workers import vlm_zoo_configs as VC
@@ -89,7 +89,7 @@ def test_committed_results_have_no_wrong_and_no_crash(script) -> None:
     run = [r for r in data["families"] if r["status"] == "run"]
     status = {r["family"]: script.family_status(r) for r in run}
     assert not {f: s for f, s in status.items() if s in ("WRONG", "crash")}
-    for family in sorted(GRID_FAMILIES | UNIFORM_FAMILIES):  # every family vision_spec accepts is exact
+    for family in sorted(accepted_families()):  # every family vision_spec accepts is exact
         if family in status:
             assert status[family] == "exact", family
     for rec in run:  # every refusal by vision_spec names a fix
