@@ -89,6 +89,11 @@ def _short(text: str, limit: int = 110) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _vlm_pointer(rec: dict[str, Any]) -> str:
+    """For a family the text zoo cannot build because it is a vision-language model: where its results are."""
+    return " (see [Multimodal models](#multimodal-models))" if rec.get("reason", "").startswith("multimodal") else ""
+
+
 def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
     """MODELS.md from the sweep's records."""
     from workers import zoo
@@ -148,7 +153,7 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
     if not any(family_status(r) in ("WRONG", "crash") for r in run):
         lines.append("none")
     lines += ["", "## Not run", "", "| family | reason |", "| --- | --- |"]
-    lines += [f"| {r['family']} | {r['status']}: {_short(r.get('reason', ''), 160)} |" for r in records
+    lines += [f"| {r['family']} | {r['status']}: {_short(r.get('reason', ''), 160)}{_vlm_pointer(r)} |" for r in records
               if r["status"] != "run"]
     return "\n".join(lines) + "\n"
 
