@@ -3,8 +3,8 @@
 A plan allocates thousands of lists and tuples in its greedy passes, refinements and searches (plain Python
 scalars: :mod:`.balanced`, :mod:`.density`, :mod:`.refine`, :mod:`.cutting`) and keeps many of them until it
 returns, so the collector's youngest generation fills during every plan; each collection then walks every young
-list element by element. On the 2,000-document row at P = 64 that was about one collection per plan, 1.0-1.4 ms
-of its 23-25 ms (gc callbacks, 2026-12-03). The planner makes no reference cycles (a test holds it to that), and
+list element by element: on the planning benchmark's 2,000-document row at P = 64 about one collection per plan,
+a few per cent of its time. The planner makes no reference cycles (a test holds it to that), and
 reference counting frees what it drops, so nothing is lost by pausing the collector while it plans, and a paused
 plan triggers no collection when it ends either (what it leaves alive is its plan). No library offers this (it is the
 standard library's ``gc.disable`` / ``gc.enable``, restored exactly).

@@ -25,9 +25,9 @@ cuts replace the plan (the winner, polished) where the one-layer model prices th
 (:func:`.exposure.simulation_agrees`), so it never makes a plan slower by either model. The cuts win by their
 transfer term, which is where the two models part: a part deep inside a long document receives many keys from
 many senders, and the one-layer model sometimes prefers cuts whose senders then wait for their dK/dV in the
-simulation (the ranks deep in a dominant document hold fewer tokens, so their returns do not come sooner). With
-one simulated layer that every part started at once (until 2026-12-03), the simulation charged those waits to every
-layer and refused the cuts on most NVLink rows.
+simulation (the ranks deep in a dominant document hold fewer tokens, so their returns do not come sooner). The
+simulation runs consecutive layers in steady state: one layer that every part started at once would charge those
+waits to every layer and refuse the cuts on most NVLink rows.
 """
 from __future__ import annotations
 
@@ -47,9 +47,8 @@ from .windows import Window, window_transfers
 PRICED_TOLERANCE = 5e-4  # the bisection stops when the target is known to this share
 PRICED_MAX_STEPS = 16  # and after at most this many fills
 PRICED_MIN_GAIN = 0.001  # the cuts replace auto's plan only when faster by more than this share (one-layer model):
-# below it the gain is noise to the model, and the cuts trade work balance for it (2026-12-03: on the traffic section's
-# SFT rows of 4 and 8 parts they were 0.05-0.08 % faster at work max/mean 1.1-2.0 instead of 1.0-1.4); on the sweep it
-# refuses 20 + 20 such steps (each under 0.1 %) and keeps the rest
+# below it the gain is noise to the model, and the cuts trade work balance for it (the traffic section's SFT rows
+# show the trade; BENCHMARKS.md)
 
 
 class _Row:

@@ -23,9 +23,9 @@ model), do not price it slower (:func:`simulation_agrees`). The one-layer model 
 that receives it; the simulation also makes the part that *sent* keys wait in the backward until their dK/dV
 come back, and a part wait for KV its senders post late. Holders of a long document's middle rows both receive
 and send much: the refinement unloads them by their received KV, and the simulation can find them waiting for
-returns instead. (Until 2026-12-03 the simulation ran one layer that every part started at once, which charged
-every lag between parts to every layer: it refused most of the steps on large NVLink groups.) The check simulates
-the new plan first and the plan so far only if the new one's time is not below the old one's floor
+returns instead. (The simulation runs consecutive layers in steady state: one layer that every part started at
+once would charge every lag between parts to every layer and refuse most of the steps on large NVLink groups.) The
+check simulates the new plan first and the plan so far only if the new one's time is not below the old one's floor
 (:func:`.simulation.simulated_floor`, from the segments alone): the same answer, and on the planning benchmark's row
 one simulation of a 64-part plan fewer.
 """

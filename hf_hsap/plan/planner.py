@@ -46,9 +46,9 @@ AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates of placement="auto" 
 DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of auto's density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 Candidate = tuple[float, Callable[[], Placement]]  # auto's: (lower bound of its time on one full layer, builder)
-CUT_MIN_PARTS = 2  # auto weighs the priced contiguous cuts (.cutting) from this many parts: on every group (from 9
-# until 2026-12-03, when the searches from other starts were thought to cover small groups: on the sweep the cuts
-# make 77 network and 10 NVLink layouts of 2-8 parts faster by both models, none slower)
+CUT_MIN_PARTS = 2  # auto weighs the priced contiguous cuts (.cutting) from this many parts: on every group, small
+# ones included (the searches from other starts do not cover them: on the sweep the cuts make layouts of 2-8 parts
+# faster by both models, none slower)
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 
 

@@ -23,9 +23,9 @@ one-layer model prices them faster (by more than :data:`.cutting.PRICED_MIN_GAIN
 simulated forward and backward do not price them slower (:func:`.cutting.replaced_where_both_agree`, the rule of
 both steps), so the step never makes a plan slower by either model. It is tried only where a document is longer
 than the cap and the plan is at least :data:`SLICED_MIN_EXCESS` above the compute bound (so that the 2,000-document
-planning row, at 1.002 of it, pays nothing for it). On the placement sweep (2026-12-04) it takes 92 network and 23
-NVLink layouts of 1,408, on the worst 24-part network row from 1.48 to 1.31 x the compute bound; a fill that treats
-the short documents as divisible, solved exactly by dynamic programming over the slice sizes, reaches 1.30 there.
+planning row, just above the bound, pays nothing for it). Where it wins on the placement sweep, and by how much
+against a fill that treats the short documents as divisible (solved exactly by dynamic programming over the slice
+sizes), is in BENCHMARKS.md.
 """
 from __future__ import annotations
 
