@@ -153,8 +153,8 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
     if not any(family_status(r) in ("WRONG", "crash") for r in run):
         lines.append("none")
     lines += ["", "## Not run", "", "| family | reason |", "| --- | --- |"]
-    lines += [f"| {r['family']} | {r['status']}: {_short(r.get('reason', ''), 160)}{_vlm_pointer(r)} |" for r in records
-              if r["status"] != "run"]
+    lines += [f"| {r['family']} | {r['status']}: {_short(r.get('reason', ''), 160)}{_vlm_pointer(r)} |"
+              for r in records if r["status"] != "run"]
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,7 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.layout import cu_seqlens_from_position_ids
-from .vision import check_vision_example, vision_batch
+from .vision import PIXEL_KEYS, check_vision_example, vision_batch
 
 __all__ = [
     "IGNORE_INDEX",
@@ -39,7 +39,6 @@ __all__ = [
 
 IGNORE_INDEX = -100
 _MASK_KEYS = ("completion_mask", "assistant_masks")
-_PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 
 logger = get_logger(__name__)
 
@@ -312,7 +311,7 @@ class PackingCollator:
             bounds = [ids.size]
             if self.vision is not None:
                 check_vision_example(ex, n, ids.size, self.max_length)
-            elif any(ex.get(key) is not None for key in _PIXEL_KEYS):
+            elif any(ex.get(key) is not None for key in PIXEL_KEYS):
                 raise ValueError(
                     f"example {n} has pixels but the collator has no vision spec: build it as "
                     "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))"

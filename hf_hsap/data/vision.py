@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_vision_example", "item_sizes",
+__all__ = ["PIXEL_KEYS", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_vision_example", "item_sizes",
            "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
@@ -81,7 +81,7 @@ class VisionSpec:
     token_type_key: str | None = None
 
 
-_PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")  # the batch keys of pixels any modality can carry
 
 
 def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
@@ -94,7 +94,7 @@ def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
         ValueError: with the fix.
     """
     known = {m.pixel_key for m in layout.modalities}
-    other = sorted({k for k in keys if k in _PIXEL_KEYS and k not in known})
+    other = sorted({k for k in keys if k in PIXEL_KEYS and k not in known})
     if other:
         raise ValueError(f"{layout.family}: {other} on packed rows are not made exact yet (only "
                          f"{sorted(known)}); train these documents with one document per row (no packing)")

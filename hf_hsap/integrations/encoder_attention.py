@@ -48,7 +48,7 @@ def encoder_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         attention_mask: the encoder's own mask (``None``, or what the model built for SDPA);
         scaling: softmax scale; dropout: the layer's attention dropout (applied by SDPA);
         cu_seq_lens_q, cu_seq_lens_k: ``[n + 1]`` item boundaries over the ``B * L`` tokens, or ``None``;
-        kwargs: the rest of the call (unused; hf_hsap's own keys are dropped).
+        kwargs: the rest of the call (unused).
 
     Returns:
         ``(out [B, L, H, D], None)``.
@@ -72,6 +72,5 @@ def encoder_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         return out.reshape(b, n, h, -1), None  # [B*L, H, Dv] -> [B, L, H, Dv]
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    extra = {k: v for k, v in kwargs.items() if not k.startswith("hsap_") and k in ("sliding_window", "softcap")}
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=False, **extra)
+                                  is_causal=False)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
-from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY
+from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
 from ..multimodal import image_blocks, shard_vision, vision_keys
 from ..plan.blocks import keep_blocks_whole
 from ..plan.layout import check_position_ids, document_starts
@@ -257,7 +257,7 @@ def shard_batch(
         local["hsap_blocks"] = blocks
     if vision is not None:
         local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
-    elif any(batch.get(k) is not None for k in ("pixel_values", "pixel_values_videos")):
+    elif any(batch.get(k) is not None for k in PIXEL_KEYS):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     if size > 1:

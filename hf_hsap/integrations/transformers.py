@@ -118,7 +118,7 @@ def hsap_attention_forward(
                          "first forward (the trainers do)")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
-                               cu_seq_lens_k=cu_seq_lens_k, sliding_window=sliding_window, softcap=softcap)
+                               cu_seq_lens_k=cu_seq_lens_k)
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16

@@ -52,12 +52,25 @@ def documents_alone(family: str, video: bool = False) -> dict[str, Any]:
     """Each document alone through the SDPA model: logits ``[T, V]`` in packed order, loss, gradients of
     ``loss + sum(w * logits)``."""
     model, docs = documents(family, video)
+    logits, loss, n_items = alone_backward(model, docs)
+    return {"logits": logits, "loss": loss, "n_items": n_items,
+            "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}}
+
+
+PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids")  # the document keys with one entry per token
+
+
+def alone_backward(model: torch.nn.Module, docs: list[dict[str, Any]]) -> tuple[torch.Tensor, float, int]:
+    """Run each document alone in the collator's row order and backpropagate ``loss + sum(w * logits)``.
+
+    Returns:
+        ``(logits [T, V], loss = sum(CE) / N, N)``; the gradients are left in the model.
+    """
     total = sum(d["input_ids"].numel() for d in docs)
     order = best_fit_decreasing([d["input_ids"].numel() for d in docs], total)[0]  # the collator's row order
     pieces, ce, n_items = [], 0.0, 0
     for i in order:
-        doc = {k: (v.unsqueeze(0) if k in ("input_ids", "mm_token_type_ids", "token_type_ids") else v)
-               for k, v in docs[i].items() if k != "labels"}
+        doc = {k: (v.unsqueeze(0) if k in PER_TOKEN else v) for k, v in docs[i].items() if k != "labels"}
         logits = model(**doc, use_cache=False).logits[0]  # [n, V]
         target = docs[i]["labels"][1:]
         ce = ce + F.cross_entropy(logits[:-1], target, ignore_index=-100, reduction="sum")
@@ -66,8 +79,7 @@ def documents_alone(family: str, video: bool = False) -> dict[str, Any]:
     logits = torch.cat(pieces)
     loss = ce / n_items
     (loss + (logits * weights(total, logits.shape[-1], total)).sum()).backward()
-    return {"logits": logits.detach(), "loss": loss.item(), "n_items": n_items,
-            "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}}
+    return logits.detach(), float(loss.detach()), n_items
 
 
 def vlm_forward_backward(family: str, sp_size: int, ulysses: int = 1, placement: str = "auto",

@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 
 import hf_hsap
-from hf_hsap.data.packing import best_fit_decreasing
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
 from hf_hsap.multimodal import vision_spec
 from hf_hsap.testing import rel_err
+from workers.vlm import PER_TOKEN as _PER_TOKEN
+from workers.vlm import alone_backward, weights
 from workers import vlm_zoo_configs as VC
 from workers import vlm_zoo_docs as VD
 from workers import zoo
@@ -47,7 +48,6 @@ FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by flo
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
 SP_TIMEOUT_S = 15.0  # hf_hsap's communication timeout in the worker ranks (tiny models: a stalled peer raises)
 _COMM_WORDS = ("HSAPCommError", "timeout", "Connection closed", "pair closure")
-_PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids")
 _GROUPS: dict = {}
 
 
@@ -135,13 +135,6 @@ def reference_attention(config: Any) -> str:
         return "eager"
 
 
-def weights(n: int, vocab: int, real: int) -> torch.Tensor:
-    """Fixed ``[n, V]`` weights of ``sum(w * logits)``, zero on the padding after the ``real`` tokens."""
-    w = torch.randn(n, vocab, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
-    w[real:] = 0
-    return w
-
-
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
             for n, p in model.named_parameters()}
@@ -157,20 +150,8 @@ def documents_alone(config: Any, state: dict[str, torch.Tensor], docs: list[dict
     """
     with zoo.full_precision_softmax():
         model = VC.build_model(config, attn, DTYPE, state_dict=state)
-        total = sum(d["input_ids"].numel() for d in docs)
-        order = best_fit_decreasing([d["input_ids"].numel() for d in docs], total)[0]
-        pieces, ce, n_items = [], 0.0, 0
-        for i in order:
-            doc = {k: (v.unsqueeze(0) if k in _PER_TOKEN else v) for k, v in docs[i].items() if k != "labels"}
-            logits = model(**doc, use_cache=False).logits[0]  # [n, V]
-            target = docs[i]["labels"][1:]
-            ce = ce + F.cross_entropy(logits[:-1], target, ignore_index=-100, reduction="sum")
-            n_items += int((target != -100).sum())
-            pieces.append(logits)
-        logits = torch.cat(pieces)
-        loss = ce / n_items
-        (loss + (logits * weights(total, logits.shape[-1], total)).sum()).backward()
-    return {"logits": logits.detach(), "loss": float(loss.detach()), "n_items": n_items, "grads": _grads(model)}
+        logits, loss, n_items = alone_backward(model, docs)
+    return {"logits": logits, "loss": loss, "n_items": n_items, "grads": _grads(model)}
 
 
 def native_run(config: Any, state: dict[str, torch.Tensor], docs: list[dict[str, Any]], how: str, attn: str
