@@ -163,3 +163,40 @@ def test_videos_of_an_image_only_family_are_refused() -> None:
     check_pixel_keys(layout, ["input_ids", "pixel_values"])
     with pytest.raises(ValueError, match="one document per row"):
         check_pixel_keys(layout, ["input_ids", "pixel_values", "pixel_values_videos"])
+
+
+def test_chunked_loss_on_a_vlm_is_exact_and_never_holds_the_logits() -> None:
+    """The memory levers' chunked loss on a packed VLM row: the float64 loss and every gradient of the full-logits
+    loss, and a tensor peak below the full logits' (a vocabulary large enough for the logits to dominate)."""
+    import torch.nn.functional as F
+
+    from benchmarks.tensor_memory import TensorPeak
+    from hf_hsap.examples import tiny_vlm, vlm_documents
+    from hf_hsap.integrations import hsap_model_loss
+
+    import hf_hsap
+
+    def step(levers: bool) -> tuple[float, dict, int]:
+        model = tiny_vlm("qwen2_5_vl", torch.float64, vocab_size=8192)
+        hf_hsap.check_model(model)
+        if levers:
+            hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(loss_tile_tokens=16))
+        docs = vlm_documents(model.config, [(30, (1, 8, 8), 20), (25, (1, 4, 4), 10)], dtype=torch.float64)
+        local = hf_hsap.shard_batch(hf_hsap.PackingCollator(128, vision=hf_hsap.vision_spec(model))(docs), 1)
+        with TensorPeak() as peak:
+            if levers:
+                loss = hsap_model_loss(model, local, local["num_items_in_batch"])
+            else:
+                logits = model(**local).logits[0]
+                loss = F.cross_entropy(logits, local["shift_labels"][0], reduction="sum") / local["num_items_in_batch"]
+            loss.backward()
+        return float(loss.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, \
+            peak.peak_bytes
+
+    loss, grads, peak = step(True)
+    ref_loss, ref_grads, ref_peak = step(False)
+    assert abs(loss - ref_loss) <= 1e-12 * ref_loss
+    assert set(grads) == set(ref_grads)
+    for name, g in ref_grads.items():
+        assert float((grads[name] - g).abs().max()) <= 1e-10 * max(float(g.abs().max()), 1e-6), name
+    assert peak < ref_peak - 128 * 8192 * 8 // 2  # at least half the float64 [tokens, vocab] logits less
