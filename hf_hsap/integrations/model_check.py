@@ -34,12 +34,25 @@ from .encoder_attention import is_encoder_module
 
 logger = get_logger(__name__)
 
-__all__ = ["ATTENTION_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
+__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "MIXER_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
            "chunked_attention_size", "sliding_window_size",
-           "check_model", "disable_attention_dropout", "layer_type", "uses_attention_interface"]
+           "check_model", "disable_attention_dropout", "has_mixer_layers", "layer_type", "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+# `config.layer_types` entries of recurrent token mixers (alone, or beside attention in one layer: "hybrid"), and
+# of layers that mix no tokens (Nemotron-H's MLP-only layers).
+MIXER_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
+_NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
+# Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
+# their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_hybrid.py).
+MIXER_FAMILIES = frozenset({
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini",  # gated delta rule
+    "kimi_linear", "bailing_hybrid",  # KDA
+    "nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2",  # Mamba2 (SSD)
+    "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
+    "lfm2", "lfm2_moe", "lfm3",  # short convolutions
+})
 # Config fields that only models with non-attention token mixers have (Mamba / SSM, convolutions, linear
 # attention, recurrent blocks), for the families whose config has no `layer_types`.
 _MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_ssm", "ssm_state_size",
@@ -70,11 +83,14 @@ class ModelCheck:
             SP counted by the probe, else the modules that call the attention interface; a vision / audio
             encoder's layers are not counted).
         chunk_size: ``attention_chunk_size`` of chunked layers (``None``: no chunked layers).
+        mixer_layers: recurrent layers (linear attention, SSM, short convolution) made document-exact by
+            :func:`~.mixer_hooks.prepare_mixers` (each records the plan under SP).
     """
 
     family: str
     attention_layers: int
     chunk_size: int | None = None
+    mixer_layers: int = 0
 
 
 def _text_config(config: Any) -> Any:
@@ -153,17 +169,28 @@ def uses_attention_interface(config: Any) -> bool | None:
     return _interface_of_config_class(type(_text_config(config)))
 
 
-def _mixer_reason(config: Any) -> str | None:
-    """Why the config's model has non-attention token mixers, or ``None``."""
+def has_mixer_layers(config: Any) -> bool:
+    """Whether the config's model has recurrent token mixers (linear attention, SSM, short convolutions)."""
     text = _text_config(config)
     types = getattr(text, "layer_types", None)
     if types:
-        other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
+        return bool({str(t) for t in types} & MIXER_LAYER_TYPES)
+    return any(getattr(text, name, None) is not None for name in _MIXER_FIELDS)
+
+
+def _mixer_reason(config: Any) -> str | None:
+    """Why the config's model has token mixers hf_hsap cannot run exactly, or ``None``."""
+    text = _text_config(config)
+    types = getattr(text, "layer_types", None)
+    known = _family(text) in MIXER_FAMILIES
+    if types:
+        allowed = ATTENTION_LAYER_TYPES | (MIXER_LAYER_TYPES | _NON_MIXING_LAYER_TYPES if known else frozenset())
+        other = sorted({str(t) for t in types} - allowed)
         if other:
             return f"layers of type {other} (config.layer_types) that are not softmax attention"
         return None
     for name in _MIXER_FIELDS:
-        if getattr(text, name, None) is not None:
+        if getattr(text, name, None) is not None and not known:
             return f"non-attention token mixers (config.{name} is set: Mamba / SSM, convolution or linear attention)"
     return None
 
@@ -306,15 +333,22 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     config = model.config
     family = _family(_text_config(config))
     check_config(config, packed=packed, sp_size=sp_size)
-    mixers = sorted({type(m).__name__ for m in model.modules()
-                     if any(w in type(m).__name__ for w in _MIXER_CLASS_WORDS)})
-    if mixers and (packed or sp_size > 1):
+    from .mixer_hooks import prepare_mixers  # (mixer_hooks reads the plan-use record, which imports this module)
+
+    words = [m for m in model.modules() if any(w in type(m).__name__ for w in _MIXER_CLASS_WORDS)
+             and "Norm" not in type(m).__name__ and not _calls_attention_interface(m)]
+    ctx = prepare_mixers(model) if family in MIXER_FAMILIES else None
+    prepared = ctx.layers if ctx is not None else []
+    ids = {id(p) for p in prepared}
+    inside = {id(x) for p in prepared for x in p.modules()}  # a prepared layer, its parts and its parents count
+    left = sorted({type(m).__name__ for m in words if id(m) not in inside and not any(id(x) in ids for x in m.modules())})
+    if left and (packed or sp_size > 1):
         raise UnsupportedModelError(
-            f"{family} has non-attention token mixers ({', '.join(mixers)}); hf_hsap replaces only the attention, so "
-            f"they would mix documents on packed rows and see only local tokens under SP; {_SDPA_FIX}"
+            f"{family} has non-attention token mixers ({', '.join(left)}) without a kernel hook hf_hsap can replace, "
+            f"so they would mix documents on packed rows and see only local tokens under SP; {_SDPA_FIX}"
         )
     attention = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
-    if not attention:
+    if not attention and not prepared:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
                                     f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
     dropout = sorted({type(m).__name__ for m in attention if _dropout_p(m) > 0})
@@ -337,7 +371,8 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
                 "layers forward their kwargs (Llama, Qwen2/3, Mistral, ...)"
             )
     prepare_vision(model)  # a vision-language model keeps only its rank's feature rows under SP
-    result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config))
+    result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config),
+                        mixer_layers=len(prepared))
     logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..plan.plan import Plan
-from .model_check import attention_layer_count, check_model
+from .model_check import attention_layer_count, check_model, has_mixer_layers
 
 __all__ = ["PLAN_USE_KEY", "PlanNotUsedError", "PlanUse", "check_plan_used", "plan_use_of"]
 
@@ -54,6 +54,14 @@ class PlanUse:
         self.calls = 0
         self.config: Any = None
         self.checked = False
+        self.mixers: dict[int, str] = {}
+
+    @torch.compiler.disable
+    def record_mixer(self, layer: torch.nn.Module, config: Any = None) -> None:
+        """Called by a hybrid model's prepared recurrent layers (:mod:`.mixer_hooks`) that ran on the plan."""
+        self.mixers.setdefault(id(layer), type(layer).__name__)
+        if self.config is None:
+            self.config = config
 
     @torch.compiler.disable  # dynamo would guard on the record's size and recompile in every layer
     def record(self, module: torch.nn.Module) -> None:
@@ -63,19 +71,28 @@ class PlanUse:
         if self.config is None:
             self.config = getattr(module, "config", None)
 
-    def problem(self, expected: int | None = None) -> str | None:
+    def problem(self, expected: int | None = None, expected_mixers: int | None = None) -> str | None:
         """Why this record shows an incomplete forward (``None``: complete).
 
         Args:
             expected: the model's attention layers (default: counted from the recorded config).
+            expected_mixers: the model's recurrent layers prepared by ``check_model`` (default: at least one when
+                the recorded config has such layers).
         """
-        if not self.layers:
+        if not self.layers and not self.mixers:
             return ("the sharded batch's plan reached no attention layer: the model runs without "
                     "attn_implementation='hsap', or its layers drop the keyword arguments, so every rank attended "
                     "to its own tokens only. Load it with AutoModelForCausalLM.from_pretrained(..., "
                     "attn_implementation='hsap') (or model.set_attn_implementation('hsap')), pass every key of "
                     "shard_batch's output to model(**local), and check the model with hf_hsap.check_model(model, "
                     "sp_size=...)")
+        if expected_mixers is None and self.config is not None and has_mixer_layers(self.config):
+            expected_mixers = 1
+        if expected_mixers and len(self.mixers) < expected_mixers:
+            return (f"only {len(self.mixers)} of the model's {expected_mixers} linear-attention / state-space / "
+                    "convolution layers ran on the sequence-parallel plan; the others mixed this rank's tokens "
+                    "only. Call hf_hsap.check_model(model, sp_size=...) once before the first forward (the "
+                    "trainers do): it prepares them")
         if expected is None and self.config is not None:
             expected = attention_layer_count(self.config)
         if expected is not None and len(self.layers) < expected:
@@ -120,10 +137,12 @@ def check_plan_used(batch: Mapping[str, Any] | PlanUse | None, model: torch.nn.M
     use = batch.get(PLAN_USE_KEY) if isinstance(batch, Mapping) else batch
     if use is None or use.sp_size <= 1:
         return
+    expected_mixers = None
     if expected_layers is None and model is not None:  # a loop calling this every step: pass expected_layers
         model = getattr(model, "module", model)  # DDP / Accelerate wrappers
-        expected_layers = check_model(model, sp_size=use.sp_size).attention_layers
+        found = check_model(model, sp_size=use.sp_size)
+        expected_layers, expected_mixers = found.attention_layers, found.mixer_layers
     use.checked = True
-    problem = use.problem(expected_layers)
+    problem = use.problem(expected_layers, expected_mixers)
     if problem is not None:
         raise PlanNotUsedError(problem)

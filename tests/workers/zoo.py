@@ -73,6 +73,50 @@ def full_precision_softmax() -> Iterator[None]:
         F.softmax, torch.softmax, torch.Tensor.softmax = saved  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def float64_casts_kept(on: bool = True) -> Iterator[None]:
+    """Inside (``on``): a float64 tensor cast to float32 (``.float()``, ``.to`` / ``.type(torch.float32)``) stays
+    float64.
+
+    The recurrent kernels of hybrid models (the gated delta rule, Mamba's scans) compute in float32 on purpose;
+    inside this a float64 run of them is float64 throughout, so the reference and hf_hsap's run, which cuts the same
+    kernels at other places, agree to float64 precision rather than to float32 rounding. Float32 runs are
+    unaffected."""
+    if not on:
+        yield
+        return
+    saved_to, saved_float, saved_type = torch.Tensor.to, torch.Tensor.float, torch.Tensor.type
+
+    def to(self: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        if self.dtype == torch.float64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kw.get("dtype") is torch.float32:
+                kw["dtype"] = torch.float64
+        return saved_to(self, *args, **kw)
+
+    def flt(self: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        return self if self.dtype == torch.float64 else saved_float(self, *args, **kw)
+
+    def typ(self: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        if self.dtype == torch.float64 and (args[:1] == (torch.float32,) or kw.get("dtype") is torch.float32):
+            return self
+        return saved_type(self, *args, **kw)
+
+    torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = to, flt, typ  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = saved_to, saved_float, saved_type  # type: ignore
+
+
+
+@contextlib.contextmanager
+def full_precision(config: Any) -> Iterator[None]:
+    """:func:`full_precision_softmax`, and for hybrid models :func:`float64_casts_kept`."""
+    with full_precision_softmax(), float64_casts_kept(hf_hsap.integrations.model_check.has_mixer_layers(config)):
+        yield
+
+
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's gradient (zeros where autograd left none), detached."""
     return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in
@@ -91,7 +135,7 @@ def reference(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dty
     Returns:
         ``{"logits", "loss", "grads", "n_items"}``.
     """
-    with full_precision_softmax():
+    with full_precision(config):
         model = ZC.build_model(config, "eager", dtype, state_dict=state_dict)
         batch = global_batch(config.get_text_config().vocab_size)
         ids = batch["input_ids"]
@@ -122,7 +166,7 @@ def packed_run(config: Any, state_dict: dict[str, torch.Tensor], attn: str, dtyp
     Returns:
         ``{"logits" [T, V], "loss", "grads"}``.
     """
-    with full_precision_softmax():
+    with full_precision(config):
         return _packed_run(config, state_dict, attn, dtype, via_shard)
 
 
@@ -205,7 +249,7 @@ def worker_sp_modes(family: str, state_dict: dict[str, torch.Tensor], jobs: list
     out = []
     for dtype, mode in jobs:
         try:
-            with full_precision_softmax():
+            with full_precision(config):
                 res = sp_rank_run(config, state_dict, DTYPES[dtype], *SP_MODES[mode])
             rec = {"job": (dtype, mode), "ok": True, **res}
         except Exception as e:  # noqa: BLE001 - every failure is a result

@@ -1,0 +1,158 @@
+"""Hybrid models: their linear-attention, state-space and short-convolution layers exact on packed rows and under SP.
+
+Transformers runs these layers' recurrent kernels through its kernel hooks: each layer instance holds a private
+wrapper of every kernel function it calls (``use_kernelized_func``, from the ``kernels`` package), whose
+``forward`` ``kernelize`` replaces per instance. :func:`prepare_mixers` replaces it the same way with
+:mod:`hf_hsap.mixers.ops`' document-cut versions, bound to a :class:`MixerContext` of the model: a forward
+pre-hook on the model records the batch's layout (``shard_batch``'s plan, else ``position_ids`` /
+``cu_seq_lens_q``) as a :class:`~hf_hsap.plan.chain.Chain` that every layer of that forward (and its
+recomputation under gradient checkpointing) runs by. A batch of one document per row, without SP, runs the
+kernels unchanged (generation, plain batches). No model source is edited and no class is patched.
+
+:data:`~.model_check.MIXER_FAMILIES` lists the families whose every recurrent layer goes through these hooks, each checked
+against its documents run alone (``tests/model/test_hybrid.py``, ``python scripts/model_zoo.py``).
+"""
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..log import get_logger
+from ..mixers.handoff import StateExchange
+from ..mixers.ops import OPS
+from ..plan.chain import Chain, document_chain, state_chain
+from ..plan.layout import document_starts
+from .sharding import text_positions
+
+logger = get_logger(__name__)
+
+__all__ = ["MixerContext", "layout_chain", "mixer_layers", "prepare_mixers"]
+
+_ATTR = "_hsap_mixers"  # the model's MixerContext
+
+
+class MixerContext:
+    """What the prepared layers of one model read in the forward in flight.
+
+    Attributes:
+        chain: the batch's segments (``None``: one document per row and no SP; the kernels run unchanged).
+        exchange: the SP group's state exchange (``None`` at SP 1).
+        use: the batch's plan-use record (``hsap_plan_use``), which every prepared layer fills.
+        layers: the prepared layers.
+    """
+
+    def __init__(self, layers: list[torch.nn.Module], config: Any) -> None:
+        self.chain: Chain | None = None
+        self.exchange: StateExchange | None = None
+        self.use: Any = None
+        self.layers = layers
+        self.config = config
+
+    def capture(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the model: the batch's layout, kept until the next forward (recomputation)."""
+        self.chain, self.exchange, self.use = layout_chain(args, kwargs)
+
+    def record(self, layer: torch.nn.Module) -> None:
+        """A prepared layer ran on the batch's plan."""
+        if self.use is not None:
+            self.use.record_mixer(layer, self.config)
+
+
+def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, StateExchange | None, Any]:
+    """The segments of a model call's tokens.
+
+    Args:
+        args, kwargs: the model's call (``input_ids`` first, or ``inputs_embeds``; ``hsap_plan`` from
+            ``shard_batch``; else ``cu_seq_lens_q`` or ``position_ids`` ``[B, L]`` / ``[4, B, L]``).
+
+    Returns:
+        ``(chain, exchange, plan use)``; ``chain`` is ``None`` for one document per row without SP.
+    """
+    from .plan_use import PLAN_USE_KEY, plan_use_of
+
+    plan = kwargs.get("hsap_plan")
+    if plan is not None:
+        if plan.size == 1:
+            return document_chain(plan.layout.cu_seqlens), None, None
+        sp = getattr(plan, "sp", None)
+        if sp is None:
+            raise ValueError("hf_hsap: a hybrid model's recurrent layers need the plan bound to its SP group: pass "
+                             "shard_batch's output (a plan made offline has no process group)")
+        tokens = [plan.local_token_indices(r).numpy() for r in range(plan.size)]
+        chain = state_chain(plan.layout.cu_seqlens, tokens, plan.rank)
+        exchange = StateExchange(sp.group, sp.global_ranks, sp.comm_stats, sp.timeout_s)
+        return chain, exchange, plan_use_of(plan, kwargs.get(PLAN_USE_KEY))
+    ids = kwargs.get("input_ids", args[0] if args and torch.is_tensor(args[0]) else None)
+    embeds = kwargs.get("inputs_embeds")
+    shape = ids.shape if ids is not None else (embeds.shape[:2] if embeds is not None else None)
+    if shape is None or len(shape) != 2:
+        return None, None, None
+    rows, length = int(shape[0]), int(shape[1])
+    starts = torch.zeros(rows, length, dtype=torch.bool)
+    starts[:, 0] = True
+    cu = kwargs.get("cu_seq_lens_q")
+    pos = kwargs.get("position_ids")
+    if cu is not None:
+        flat = starts.reshape(-1)
+        flat[torch.as_tensor(cu)[:-1].long().cpu()] = True
+    elif pos is not None and length > 1:
+        starts |= document_starts(text_positions(torch.as_tensor(pos), torch.Size((rows, length))).cpu())
+    flat = starts.reshape(-1)
+    if int(flat.sum()) == rows:
+        return None, None, None  # one document per row: the kernels as they are
+    cu_all = torch.cat([torch.nonzero(flat).flatten(), torch.tensor([rows * length])]).numpy()
+    return document_chain(cu_all), None, None
+
+
+def _replacement(op: Callable, ctx: MixerContext, layer: torch.nn.Module) -> Callable:
+    """The ``forward`` of a layer's private kernel wrapper: the document-cut op when the batch has a layout."""
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        orig = types.MethodType(type(self).forward, self)  # the hook's own dispatch: torch / fla / mamba-ssm
+        if ctx.chain is None:
+            return orig(*args, **kwargs)
+        ctx.record(layer)
+        return op(orig, args, kwargs, ctx.chain, ctx.exchange)
+
+    return forward
+
+
+def mixer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers whose kernel hooks :func:`prepare_mixers` replaces (a private wrapper of a kernel in ``OPS``)."""
+    return [m for m in model.modules()
+            if any(name in OPS for name in (m.__dict__.get("_kernel_funcs") or {}))]
+
+
+def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
+    """Make a hybrid model's recurrent layers document-exact on packed rows and under SP (idempotent).
+
+    Args:
+        model: a Transformers model (the one whose forward is called: the layout is read from its arguments).
+
+    Returns:
+        The model's :class:`MixerContext`, or ``None`` when it has no such layer.
+    """
+    ctx = model.__dict__.get(_ATTR)
+    if ctx is not None:
+        return ctx
+    layers = mixer_layers(model)
+    if not layers:
+        return None
+    ctx = MixerContext(layers, getattr(model, "config", None))
+    for layer in layers:
+        for name, fn in layer.__dict__["_kernel_funcs"].items():
+            if name in OPS:
+                if "forward" in fn.__dict__:
+                    logger.info("prepare_mixers: %s.%s had a kernelized forward; hf_hsap's document-cut version "
+                                "replaces it (it calls the hook's default dispatch)", type(layer).__name__, name)
+                fn.forward = types.MethodType(_replacement(OPS[name], ctx, layer), fn)
+    model.register_forward_pre_hook(ctx.capture, with_kwargs=True)
+    model.__dict__[_ATTR] = ctx
+    for m in model.modules():  # what the "hsap" attention checks: this model's recurrent layers see the layout
+        m.__dict__["_hsap_mixers_ready"] = True
+    logger.info("prepare_mixers: %s: %d recurrent layers run document by document (%s)", type(model).__name__,
+                len(layers), ", ".join(sorted({type(m).__name__ for m in layers})))
+    return ctx
