@@ -188,8 +188,9 @@ class _HandOff(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         op, chain, saved, leaves = ctx.op, ctx.chain, ctx.saved, ctx.leaves
-        grads = [torch.zeros_like(t) if d is not None and t.requires_grad else None
-                 for t, d in zip(leaves, op.token_dims)]
+        needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
+        grads = [torch.zeros_like(t) if d is not None and need else None
+                 for t, d, need in zip(leaves, op.token_dims, needs)]
         grad_final: dict[int, torch.Tensor] = {}  # doc -> gradient of the final state of its run being walked back
         back: list[tuple[int, int, torch.Tensor]] = []  # (peer, doc, gradient of an initial state) to send
         for step in reversed(range(chain.steps)):
