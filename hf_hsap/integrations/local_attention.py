@@ -29,7 +29,7 @@ from ..kernels import varlen_attention
 from ..log import get_logger, log_once
 from .attention_checks import AttentionVariant
 from .local_layout import LocalLayout, layout_cached, layout_from_cu, layout_same_length
-from .model_check import check_config
+from .model_check import check_config, check_mixers_prepared
 
 __all__ = ["choose_layout", "local_forward"]
 
@@ -136,6 +136,7 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     config = getattr(module, "config", None)
     if config is not None and len(layout.cu_q) - 1 > batch:  # packed rows (e.g. from cu_seq_lens_q alone)
         check_config(config, packed=True)
+        check_mixers_prepared(module, config)
     q = query.transpose(1, 2).reshape(batch * lq, query.shape[1], head_dim)  # [B, Hq, Lq, D] -> [B*Lq, Hq, D]
     k = key.transpose(1, 2).reshape(batch * lk, key.shape[1], head_dim)  # [B, Hkv, Lk, D] -> [B*Lk, Hkv, D]
     v = value.transpose(1, 2).reshape(batch * lk, value.shape[1], head_dim)  # [B, Hkv, Lk, D] -> [B*Lk, Hkv, D]

@@ -31,41 +31,20 @@ from ..log import get_logger
 from ..multimodal import prepare_vision
 from ..multimodal.spec import probe_inputs
 from .encoder_attention import is_encoder_module
+from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, MIXER_LAYER_TYPES,
+                             NO_HOOK, NON_MIXING_LAYER_TYPES)
 
 logger = get_logger(__name__)
 
 __all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "MIXER_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
            "chunked_attention_size", "sliding_window_size",
-           "check_model", "disable_attention_dropout", "has_mixer_layers", "layer_type", "uses_attention_interface"]
+           "check_mixers_prepared", "check_model", "disable_attention_dropout", "has_mixer_layers", "layer_type", "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
-# `config.layer_types` entries of recurrent token mixers (alone, or beside attention in one layer: "hybrid"), and
-# of layers that mix no tokens (Nemotron-H's MLP-only layers).
-MIXER_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
-_NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
-# Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
-# their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_hybrid.py).
-MIXER_FAMILIES = frozenset({
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini",  # gated delta rule
-    "kimi_linear", "bailing_hybrid",  # KDA
-    "nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2",  # Mamba2 (SSD)
-    "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
-    "lfm2", "lfm2_moe", "lfm3",  # short convolutions
-})
-# Config fields that only models with non-attention token mixers have (Mamba / SSM, convolutions, linear
-# attention, recurrent blocks), for the families whose config has no `layer_types`.
-_MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_ssm", "ssm_state_size",
-                 "state_size", "conv_L_cache", "conv_kernel", "d_conv", "linear_conv_kernel_dim", "linear_num_key_heads",
-                 "attn_layer_indices", "attn_layer_period", "layers_block_type", "hybrid_override_pattern",
-                 "block_types", "lru_width", "time_step_rank")
 # Config fields of families whose attention adds a dense bias the model computes itself (Doge's dynamic
 # mask from `dt_states`): "hsap" has no additive biases.
 _DENSE_BIAS_FIELDS = ("keep_window_size",)
-# Module class-name fragments of non-attention token mixers (what `check_model` looks for in the modules).
-_MIXER_CLASS_WORDS = ("Mamba", "Mixer", "GatedDeltaNet", "DeltaNet", "LinearAttention", "ShortConv", "Lightning",
-                      "Recurrent", "RGLRU", "SSM", "Rwkv", "RWKV", "XLSTM", "Mlstm", "Slstm")
-
 _SDPA_FIX = "use attn_implementation='sdpa' (or 'eager'), without packing and without sequence parallelism"
 
 
@@ -175,24 +154,48 @@ def has_mixer_layers(config: Any) -> bool:
     types = getattr(text, "layer_types", None)
     if types:
         return bool({str(t) for t in types} & MIXER_LAYER_TYPES)
-    return any(getattr(text, name, None) is not None for name in _MIXER_FIELDS)
+    return any(getattr(text, name, None) is not None for name in MIXER_FIELDS)
 
 
 def _mixer_reason(config: Any) -> str | None:
-    """Why the config's model has token mixers hf_hsap cannot run exactly, or ``None``."""
+    """Why the config's model has token mixers hf_hsap cannot run exactly (a phrase), or ``None``."""
     text = _text_config(config)
     types = getattr(text, "layer_types", None)
-    known = _family(text) in MIXER_FAMILIES
+    family = _family(text)
+    known = family in MIXER_FAMILIES
+    if family in FAMILY_REASONS:
+        return FAMILY_REASONS[family]
+    hooks = ("hf_hsap makes recurrent layers document-exact through Transformers' kernel hooks, and this family "
+             f"computes them in its own code ({NO_HOOK.get(family, 'no kernel hook to replace')})")
     if types:
-        allowed = ATTENTION_LAYER_TYPES | (MIXER_LAYER_TYPES | _NON_MIXING_LAYER_TYPES if known else frozenset())
+        allowed = ATTENTION_LAYER_TYPES | (MIXER_LAYER_TYPES | NON_MIXING_LAYER_TYPES if known else frozenset())
         other = sorted({str(t) for t in types} - allowed)
+        unknown = [t for t in other if t not in MIXER_LAYER_TYPES | NON_MIXING_LAYER_TYPES]
+        if unknown:
+            return f"layers of type {unknown} (config.layer_types) that are not softmax attention"
         if other:
-            return f"layers of type {other} (config.layer_types) that are not softmax attention"
+            return f"recurrent layers of type {other} (config.layer_types): {hooks}"
         return None
-    for name in _MIXER_FIELDS:
+    for name in MIXER_FIELDS:
         if getattr(text, name, None) is not None and not known:
-            return f"non-attention token mixers (config.{name} is set: Mamba / SSM, convolution or linear attention)"
+            return (f"non-attention token mixers (config.{name} is set: Mamba / SSM, convolution or linear "
+                    f"attention): {hooks}")
     return None
+
+
+def check_mixers_prepared(module: torch.nn.Module, config: Any, sp_size: int = 1) -> None:
+    """Refuse a packed / sharded forward of a hybrid model whose recurrent layers :func:`check_model` did not prepare.
+
+    Args:
+        module: an attention layer of the model (``check_model`` marks every module of the models it prepares).
+        config: the layer's config. sp_size: the plan's SP size.
+    """
+    if "_hsap_mixers_ready" not in module.__dict__ and has_mixer_layers(config):
+        where = f"under sequence parallelism (sp_size={sp_size})" if sp_size > 1 else "on packed rows"
+        raise UnsupportedModelError(
+            f"{_family(_text_config(config))}'s linear-attention / state-space / convolution layers would mix the "
+            f"documents {where}: call hf_hsap.check_model(model, sp_size={sp_size}) once before the first forward "
+            "(the trainers do); it makes them exact")
 
 
 def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
@@ -225,8 +228,8 @@ def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
         if reason is not None:
             where = f"under sequence parallelism (sp_size={sp_size})" if sp_size > 1 else "on packed rows"
             raise UnsupportedModelError(
-                f"{family} has {reason}; hf_hsap replaces only the attention, so these layers would mix documents "
-                f"{where}. Train it with one document per row: {_SDPA_FIX}"
+                f"{family} has {reason}, so it would not be exact {where}. Train it with one document per row: "
+                f"{_SDPA_FIX}"
             )
 
 
@@ -335,7 +338,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     check_config(config, packed=packed, sp_size=sp_size)
     from .mixer_hooks import prepare_mixers  # (mixer_hooks reads the plan-use record, which imports this module)
 
-    words = [m for m in model.modules() if any(w in type(m).__name__ for w in _MIXER_CLASS_WORDS)
+    words = [m for m in model.modules() if any(w in type(m).__name__ for w in MIXER_CLASS_WORDS)
              and "Norm" not in type(m).__name__ and not _calls_attention_interface(m)]
     ctx = prepare_mixers(model) if family in MIXER_FAMILIES else None
     prepared = ctx.layers if ctx is not None else []

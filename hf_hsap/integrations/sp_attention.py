@@ -16,7 +16,7 @@ import torch
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
 from .attention_checks import check_chunked_sp
-from .model_check import check_config
+from .model_check import check_config, check_mixers_prepared
 from .plan_use import PlanUse, plan_use_of
 
 __all__ = ["sp_attention", "sp_forward"]
@@ -91,6 +91,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     config = getattr(module, "config", None)
     if config is not None:
         check_config(config, packed=True, sp_size=plan.size)
+        check_mixers_prepared(module, config, plan.size)
     check_chunked_sp(module, plan.layout.longest_doc)
     use = plan_use_of(plan, plan_use) if plan.size > 1 else None
     if use is not None:

@@ -48,7 +48,6 @@ from .encoder_attention import encoder_forward, is_encoder_call
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
-from .model_check import has_mixer_layers
 from .registry import ATTN_NAME, is_registered, register
 from .sp_attention import sp_forward
 
@@ -117,11 +116,6 @@ def hsap_attention_forward(
         raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
                          "rank's image feature rows: call hf_hsap.check_model(model, sp_size=...) once before the "
                          "first forward (the trainers do)")
-    config = getattr(module, "config", None)
-    if config is not None and "_hsap_mixers_ready" not in module.__dict__ and has_mixer_layers(config):
-        raise ValueError(f"{type(module).__name__} belongs to a hybrid model whose linear-attention / state-space / "
-                         "convolution layers would mix the packed documents: call hf_hsap.check_model(model, "
-                         "sp_size=...) once before the first forward (the trainers do); it makes them exact")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
                                cu_seq_lens_k=cu_seq_lens_k)

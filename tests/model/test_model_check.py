@@ -68,18 +68,25 @@ def test_attention_dropout_is_refused_until_disabled() -> None:
     assert hf_hsap.check_model(model).attention_layers == 2
 
 
-def test_hybrid_model_refused_on_packed_rows_given_by_cu_seq_lens_only() -> None:
-    """The documents may reach "hsap" only as cu_seq_lens_q (no position_ids): a hybrid is refused then too."""
+def test_hybrid_model_unprepared_refused_then_exact_on_packed_rows_given_by_cu_seq_lens_only() -> None:
+    """The documents may reach "hsap" only as cu_seq_lens_q (no position_ids): a hybrid whose convolution layers
+    check_model did not prepare is refused then too; prepared, its packed row equals its documents run alone."""
     from transformers import Lfm2Config
 
     config = Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, full_attn_idxs=[1])
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap").double()
     ids, _ = _row()
     cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
-    with pytest.raises(UnsupportedModelError, match="lfm2 has layers of type \\['conv'\\].*on packed rows"):
-        model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20, use_cache=False)
+    packed = dict(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20, use_cache=False)
+    with pytest.raises(UnsupportedModelError, match="lfm2's linear-attention .* on packed rows: call hf_hsap.check_model"):
+        model(**packed)
     model(input_ids=ids[:, :5], use_cache=False)  # one document: the convolution sees only it, exact
+    assert hf_hsap.check_model(model).mixer_layers == 1
+    got = model(**packed).logits[0]
+    alone = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(cu[:-1], cu[1:])])
+    # positions run on through the row here (no position_ids): RoPE's float32 angles differ from each document's own
+    torch.testing.assert_close(got, alone, rtol=1e-6, atol=1e-6)
 
 
 def test_gpt2_attention_dropout_found_and_disabled() -> None:
