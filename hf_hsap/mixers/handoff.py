@@ -4,8 +4,8 @@ A :class:`SegmentOp` computes one segment from its initial state (``None``: the 
 and returns the segment's output and final state. :func:`run_segments` runs every segment of a
 :class:`~hf_hsap.plan.chain.Chain`:
 
-- no state crosses ranks (packed rows at SP 1, or no split document): a plain loop under autograd, a document's
-  next segment on the same rank starting from the state the previous one ended with;
+- no state crosses ranks (packed rows at SP 1, or no split document): a plain loop under autograd, every segment
+  from the zero state;
 - states cross ranks: the chain's steps in order, each step's final states sent to the ranks that continue their
   documents (one batched point-to-point exchange per step with traffic). The backward runs the steps in reverse
   and sends each initial state's gradient back to the rank it came from (:class:`_HandOff`), so every rank issues
@@ -114,16 +114,8 @@ def _cat(op: SegmentOp, chain: Chain, outs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _run_local(op: SegmentOp, chain: Chain) -> torch.Tensor:
-    """Every segment in local order under autograd; a document's state carried between its local segments."""
-    carry: dict[int, torch.Tensor] = {}
-    outs = []
-    for seg in chain.segments:
-        init = carry.pop(seg.doc) if seg.prev >= 0 else None
-        out, final = op.fn(op.cut(seg, op.tensors), init)
-        if seg.next >= 0:
-            carry[seg.doc] = final
-        outs.append(out)
-    return _cat(op, chain, outs)
+    """Every segment (each starts its document: no state crosses ranks) in local order under autograd."""
+    return _cat(op, chain, [op.fn(op.cut(seg, op.tensors), None)[0] for seg in chain.segments])
 
 
 def run_segments(op: SegmentOp, chain: Chain, exchange: StateExchange | None) -> torch.Tensor:
@@ -174,13 +166,10 @@ class _HandOff(torch.autograd.Function):
                     final = final.to(op.state_dtype)
                 outs[i] = out.detach()
                 saved[i] = (parts, init, out, final)
-                if seg.next == chain.rank:
-                    carry[seg.doc] = final.detach()
-                elif seg.next >= 0:
+                if seg.next >= 0:  # always another rank: a rank's consecutive runs are one segment
                     sends.append((seg.next, seg.doc, final.detach()))
             if chain.traffic[step]:
-                recvs = [(s.prev, s.doc) for s in chain.segments
-                         if s.step == step + 1 and s.prev not in (-1, chain.rank)]
+                recvs = [(s.prev, s.doc) for s in chain.segments if s.step == step + 1 and s.prev >= 0]
                 carry.update(exchange.exchange(sends, recvs, like))
         ctx.op, ctx.chain, ctx.exchange, ctx.saved, ctx.leaves, ctx.like = op, chain, exchange, saved, leaves, like
         return _cat(op, chain, outs)  # type: ignore[arg-type]
@@ -191,11 +180,11 @@ class _HandOff(torch.autograd.Function):
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
         grads = [torch.zeros_like(t) if d is not None and need else None
                  for t, d, need in zip(leaves, op.token_dims, needs)]
-        grad_final: dict[int, torch.Tensor] = {}  # doc -> gradient of the final state of its run being walked back
+        grad_final: dict[int, torch.Tensor] = {}  # doc -> the gradient of its run's final state, from the next holder
         back: list[tuple[int, int, torch.Tensor]] = []  # (peer, doc, gradient of an initial state) to send
         for step in reversed(range(chain.steps)):
             if chain.traffic[step]:
-                recvs = [(s.next, s.doc) for s in chain.segments if s.step == step and s.next not in (-1, chain.rank)]
+                recvs = [(s.next, s.doc) for s in chain.segments if s.step == step and s.next >= 0]
                 grad_final.update(ctx.exchange.exchange(back, recvs, ctx.like))
                 back = []
             for i in reversed(range(len(chain.segments))):
@@ -215,11 +204,7 @@ class _HandOff(torch.autograd.Function):
                     if d is not None and grads[j] is not None and p.grad is not None:
                         _narrow_out(op, seg, grads[j], dim=d).copy_(p.grad)
                 if init is not None:
-                    g_init = init.grad if init.grad is not None else torch.zeros_like(init)
-                    if seg.prev == chain.rank:
-                        grad_final[seg.doc] = g_init
-                    else:
-                        back.append((seg.prev, seg.doc, g_init))
+                    back.append((seg.prev, seg.doc, init.grad if init.grad is not None else torch.zeros_like(init)))
         param_grads = [leaf.grad if d is None and leaf.requires_grad else None
                        for leaf, d in zip(leaves, op.token_dims)]
         merged = [g if d is not None else pg for g, pg, d in zip(grads, param_grads, op.token_dims)]

@@ -37,6 +37,7 @@ class Segment:
         step: the run's place in its document's chain (0: it starts the document, zero state).
         prev: the rank holding the run before it (``-1``: none, the run starts its document).
         next: the rank holding the run after it (``-1``: none, the run ends its document).
+        ``prev`` and ``next`` are never the segment's own rank: a rank's consecutive runs are one segment.
     """
 
     start: int

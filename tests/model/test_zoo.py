@@ -33,8 +33,13 @@ EXPECT = {
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout
     "nemotron": SP1_ONLY,  # a decoder layer calls the attention without kwargs: the plan cannot reach it
     "llama4_text": SP1_ONLY,  # chunked attention (16-token chunks here, documents of 19 and 30), MoE
-    "lfm2": REFUSED,  # hybrid: a short causal convolution layer beside the attention layer
-    "bamba": REFUSED,  # hybrid: mamba-2 mixers
+    "lfm2": SUPPORTED,  # hybrid: a short causal convolution layer beside the attention layer
+    "bamba": SUPPORTED,  # hybrid: Mamba2 mixers (SSD scan with a convolution)
+    "qwen3_5_text": SUPPORTED,  # hybrid: gated delta rule layers (with a convolution) beside gated attention
+    "kimi_linear": SUPPORTED,  # hybrid: Kimi delta attention (KDA) beside MLA, MoE
+    "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: the hand-off adds the initial state's share)
+    "mamba": SUPPORTED,  # no attention at all: Mamba mixers only
+    "minimax": REFUSED,  # hybrid: lightning attention computed in its own forward (no kernel hook)
     "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
     # before Transformers 5.25 its own attention table: check_config refuses it before construction; from 5.25 it runs
     # Transformers' AttentionInterface, but a layer on the way calls the attention without the model's kwargs (as
