@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Chain", "Segment", "document_chain", "state_chain"]
+__all__ = ["RECURRENT_LAYER_TYPES", "Chain", "Segment", "document_chain", "part_steps", "recurrent_layers",
+           "state_chain"]
+
+# `config.layer_types` entries of recurrent token mixers (alone, or beside attention in one layer: "hybrid").
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
+
+
+def recurrent_layers(layer_types: Sequence[str] | None) -> int:
+    """Layers of a model whose ``config.layer_types`` are ``layer_types`` that hold a recurrent token mixer."""
+    return sum(str(t) in RECURRENT_LAYER_TYPES for t in (layer_types or ()))
 
 
 @dataclass(frozen=True)
@@ -134,3 +143,31 @@ def document_chain(cu_seqlens: Sequence[int] | np.ndarray) -> Chain:
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     segs = tuple(Segment(int(a), int(b), i, 0, -1, -1) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])))
     return Chain(0, segs, 1, (False,), 0, int(cu[-1]))
+
+
+def part_steps(doc: np.ndarray, start: np.ndarray, part: np.ndarray, length: np.ndarray, n_parts: int) -> np.ndarray:
+    """Tokens each part computes at each hand-off step, for a placement's segments (what the planner prices).
+
+    Args:
+        doc, start, part, length: ``[n_segments]`` each segment's document, global start, part and tokens
+            (a :class:`~hf_hsap.plan.placement.Placement`'s segments; each lies inside one document).
+        n_parts: parts of the placement.
+
+    Returns:
+        ``[n_parts, steps]`` float64: step ``s`` holds the runs that are the ``s``-th of their document
+        (a part's consecutive segments of one document are one run).
+    """
+    if doc.size == 0:
+        return np.zeros((n_parts, 1))
+    order = np.lexsort((start, doc))  # a document's segments in global order
+    d, p, n = doc[order], part[order], length[order]
+    new_run = np.concatenate([[True], (d[1:] != d[:-1]) | (p[1:] != p[:-1])])
+    run = np.cumsum(new_run) - 1  # [n_segments] run of every segment
+    run_doc = d[new_run]
+    first = np.concatenate([[True], run_doc[1:] != run_doc[:-1]])
+    idx = np.arange(run_doc.size)
+    step = idx - np.maximum.accumulate(np.where(first, idx, 0))  # [n_runs] place in its document's chain
+    out = np.zeros((n_parts, int(step.max()) + 1))
+    np.add.at(out, (p, step[run]), n)
+    return out
+

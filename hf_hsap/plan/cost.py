@@ -42,6 +42,7 @@ import numpy as np
 
 from ..deprecation import moved_names
 from ..hardware import cost_model_kinds, gpu_kind
+from .chain import part_steps, recurrent_layers
 from .layout import Layout
 from .placement import Placement, _zigzag_chunks, rows_work
 from .transfers import Transfers
@@ -53,6 +54,10 @@ from .windows import Window, local_work_per_part, work_per_part
 HARDWARE_LINKS: Mapping[str, tuple[float, float, float]] = MappingProxyType({
     k: (gpu_kind(k).peak_bf16_flops, gpu_kind(k).nvlink_bytes_per_s, gpu_kind(k).network_bytes_per_s)
     for k in cost_model_kinds()})
+
+
+# Config fields of a recurrent layer's state width (gated delta rule / KDA, Mamba2, Mamba), first found wins.
+_STATE_FIELDS = ("linear_key_head_dim", "mamba_d_state", "ssm_state_size", "state_size")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,12 @@ class CostModel:
         qkv_share: the share of ``token_cost`` in the query, key and value projections (Llama-3-8B: 0.115): their
             forward runs before the attention, their backward after it (where :func:`.simulation.simulated_time` puts a
             part's work between its attentions). Not in the one-layer formula.
+        mixer_token_cost: cost of one token through all of a hybrid model's recurrent layers (linear attention,
+            SSM, short convolutions); 0 (default): no such layers. A document split over parts runs its runs one
+            hand-off step after the other (:mod:`.chain`), so these layers cost
+            ``mixer_token_cost * sum over steps of the busiest part's tokens`` (:func:`mixer_time`).
+        handoff_cost: latency and state bytes of one hand-off step's exchanges, summed over the recurrent layers
+            (fwd + bwd); paid once per step after the first.
     """
 
     token_cost: float = 17930.0
@@ -86,6 +97,8 @@ class CostModel:
     diag_block: float = 0.0
     overlap: float = 1.0
     qkv_share: float = 0.115
+    mixer_token_cost: float = 0.0
+    handoff_cost: float = 0.0
 
     def __post_init__(self) -> None:
         for name, what in (("overlap", "the share of a transfer that local work can hide"),
@@ -93,7 +106,8 @@ class CostModel:
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"CostModel.{name} must lie in [0, 1] ({what}), got {v!r}")
-        for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block"):
+        for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block", "mixer_token_cost",
+                     "handoff_cost"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
@@ -104,11 +118,14 @@ class CostModel:
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
                     dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6,
-                    a2a_bytes_per_s: float | None = None, hidden_size: int | None = None) -> "CostModel":
+                    a2a_bytes_per_s: float | None = None, hidden_size: int | None = None, recurrent_layers: int = 0,
+                    state_bytes: float = 0.0) -> "CostModel":
         """Cost model for a model shape, a link (per GPU, per direction, as reached), its latency per
         round ``alpha_s`` (paid in forward and backward), a GPU peak and the all-to-all's link inside a
         node (``a2a_bytes_per_s``, default ``link_bytes_per_s``); ``hidden_size`` (default ``q_heads * head_dim``)
-        sizes the q, k, v projections' share of ``params_per_layer`` (``qkv_share``)."""
+        sizes the q, k, v projections' share of ``params_per_layer`` (``qkv_share``). A hybrid model's
+        ``recurrent_layers`` (each a token's work like an attention layer's non-attention part) hand ``state_bytes``
+        per split document and layer (``mixer_token_cost``, ``handoff_cost``)."""
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
@@ -117,9 +134,11 @@ class CostModel:
         a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
         a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
         qkv = (hidden_size or q_heads * head_dim) * head_dim * (q_heads + 2 * kv_heads)  # q, k, v projection weights
+        handoff_s = 2 * recurrent_layers * (alpha_s + state_bytes / link_bytes_per_s)  # fwd states, bwd gradients
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s,
-                         qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0)
+                         qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0,
+                         mixer_token_cost=recurrent_layers * token_s / pair_s, handoff_cost=handoff_s / pair_s)
 
     @staticmethod
     def from_config(config: Any, link: str = "network", hardware: str | None = None) -> "CostModel":
@@ -163,8 +182,11 @@ class CostModel:
         params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
         peak, nvl, net = HARDWARE_LINKS[hardware]
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
+        mixers = recurrent_layers(getattr(config, "layer_types", None))
+        d_state = next((int(v) for v in (getattr(config, k, None) for k in _STATE_FIELDS) if v), d)
+        # a recurrent layer's state: about hidden_size x d_state float32 values (heads x d_k x d_v), whatever the family
         return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8,
-                                     hidden_size=hidden)
+                                     hidden_size=hidden, recurrent_layers=mixers, state_bytes=4.0 * hidden * d_state)
 
     @staticmethod
     def default() -> "CostModel":
@@ -333,7 +355,18 @@ def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfer
             the full kind: read from the segments, :func:`part_times`). layers: layers per kind. cost: the
             cost model.
     """
-    return float(sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items()))
+    attention = sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items())
+    return float(attention + mixer_time(pl, cost))
+
+
+def mixer_time(pl: Placement, cost: CostModel) -> float:
+    """Estimated time of one step of a hybrid model's recurrent layers on a placement: each hand-off step waits for
+    its busiest part (``cost.mixer_token_cost`` per token), and every step after the first for one exchange
+    (``cost.handoff_cost``). 0 for a model without such layers."""
+    if not (cost.mixer_token_cost or cost.handoff_cost):
+        return 0.0
+    steps = part_steps(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)  # [parts, steps]
+    return float(cost.mixer_token_cost * steps.max(axis=0).sum() + cost.handoff_cost * (steps.shape[1] - 1))
 
 
 def choose_placement(layout: Layout, candidates: Sequence[Placement],

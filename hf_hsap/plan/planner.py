@@ -108,6 +108,11 @@ def _auto(layout: Layout, n_parts: int, token_slack: float, cost: CostModel, min
                                    sims)
         current = with_sliced_cuts(layout, n_parts, cost, token_slack, min_tokens, layers, *current, budget, rounds,
                                    sims)
+    if cost.mixer_token_cost or cost.handoff_cost:  # a hybrid model: the polish weighs attention only, so its result
+        # must also beat the cheapest candidate and contiguous cuts with the recurrent layers' hand-off steps priced
+        cut = contiguous(layout, n_parts)
+        options = [current[:2], (pl, tr), (cut, {w: window_transfers(cut, layout, w) for w in layers})]
+        return min(options, key=lambda o: step_time(layout, o[0], o[1], layers, cost))
     return current[:2]
 
 
