@@ -50,3 +50,16 @@ def test_gpu_vlm_checks_run_on_cpu(monkeypatch) -> None:
     for family in ("qwen2_5_vl", "llava", "gemma3"):
         mod.test_packed_vlm_bf16_matches_documents_alone(family)
     mod.test_image_block_item_on_the_device_kernel()
+
+
+def test_gpu_hybrid_checks_run_on_cpu(monkeypatch) -> None:
+    """``tests/cuda/check_hybrid.py`` on CPU in float32: packed hybrid models against their documents alone."""
+    monkeypatch.setitem(os.environ, "HSAP_CHECK_DEVICE", "cpu")
+    spec = importlib.util.spec_from_file_location("check_hybrid_on_cpu", CHECKS.parent / "check_hybrid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DEV.type == "cpu"
+    mod.test_kernels_installed()
+    for family in mod.FAMILIES:
+        mod.test_packed_hybrid_bf16_matches_documents_alone(family)
+
