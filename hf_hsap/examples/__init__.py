@@ -29,6 +29,11 @@ BUILTIN_MODELS: dict[str, tuple[str, dict[str, int]]] = {
                                  num_attention_heads=4, num_key_value_heads=2)),
     "small-llama": ("llama", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
                                   num_attention_heads=16, num_key_value_heads=8)),
+    # a hybrid: gated delta rule layers (with a short convolution), every 4th layer gated attention
+    "tiny-qwen3.5": ("qwen3_5_text", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                          linear_value_head_dim=16)),
 }
 
 
@@ -40,12 +45,11 @@ def builtin_config(name: str, vocab_size: int, max_length: int = 2048) -> Any:
         vocab_size: the tokenizer's size.
         max_length: tokens per packed row (the config gets at least this many positions).
     """
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import AutoConfig
 
     kind, sizes = BUILTIN_MODELS[name]
-    cls = LlamaConfig if kind == "llama" else Qwen2Config
-    return cls(vocab_size=vocab_size, max_position_embeddings=max(2048, max_length), pad_token_id=1,
-               bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, **sizes)
+    return AutoConfig.for_model(kind, vocab_size=vocab_size, max_position_embeddings=max(2048, max_length),
+                                pad_token_id=1, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, **sizes)
 
 
 def save_tiny_model(path: str | os.PathLike[str], name: str = "tiny-llama", seed: int = 0,

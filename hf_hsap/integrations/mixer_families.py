@@ -5,12 +5,13 @@ A family joins :data:`MIXER_FAMILIES` after its exactness run in the zoo (``pyth
 """
 from __future__ import annotations
 
-__all__ = ["FAMILY_REASONS", "MIXER_CLASS_WORDS", "MIXER_FAMILIES", "MIXER_FIELDS", "MIXER_LAYER_TYPES", "NO_HOOK",
-           "NON_MIXING_LAYER_TYPES"]
+from ..plan.chain import RECURRENT_LAYER_TYPES
 
-# `config.layer_types` entries of recurrent token mixers (alone, or beside attention in one layer: "hybrid"), and
-# of layers that mix no tokens (Nemotron-H's MLP-only layers).
-MIXER_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
+__all__ = ["FAMILY_REASONS", "MIXER_CLASS_WORDS", "MIXER_FAMILIES", "MIXER_FIELDS", "MIXER_LAYER_TYPES",
+           "NON_MIXING_LAYER_TYPES", "NO_HOOK"]
+
+MIXER_LAYER_TYPES = RECURRENT_LAYER_TYPES  # `config.layer_types` entries of recurrent token mixers
+# `config.layer_types` entries of layers that mix no tokens (Nemotron-H's MLP-only layers).
 NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
 # their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_hybrid.py).

@@ -36,9 +36,10 @@ from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, 
 
 logger = get_logger(__name__)
 
-__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "MIXER_LAYER_TYPES", "ModelCheck", "UnsupportedModelError", "attention_layer_count", "check_config",
-           "chunked_attention_size", "sliding_window_size",
-           "check_mixers_prepared", "check_model", "disable_attention_dropout", "has_mixer_layers", "layer_type", "uses_attention_interface"]
+__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "MIXER_LAYER_TYPES", "ModelCheck", "UnsupportedModelError",
+           "attention_layer_count", "check_config", "check_mixers_prepared", "check_model", "chunked_attention_size",
+           "disable_attention_dropout", "has_mixer_layers", "layer_type", "sliding_window_size",
+           "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
