@@ -29,8 +29,8 @@ import torch
 
 from ..log import get_logger
 from ..multimodal import prepare_vision
-from ..multimodal.spec import probe_inputs
 from .encoder_attention import is_encoder_module
+from .plan_relay import probe_attention, relay_plan
 from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, MIXER_LAYER_TYPES,
                              NO_HOOK, NON_MIXING_LAYER_TYPES)
 
@@ -247,79 +247,6 @@ def _forward_uses_interface(cls: type) -> bool:
         return False
 
 
-_PROBE_KEY = "hsap_kwargs_probe"
-
-
-def _probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -> tuple[int, list[str]] | None:
-    """Which attention layers a text forward runs, and which of them a keyword argument of ``model(...)`` does
-    not reach (what the SP plan needs).
-
-    One forward of two tokens (a vision-language model's: with one image between them) with a sentinel keyword
-    argument, watched by pre-hooks on the attention layers: the direct test of "the kwargs reach every attention
-    layer", whatever the decoder layers do.
-    Layers a text forward never runs (a vision tower, cross-attention without images) are not counted.
-
-    Returns:
-        ``(layers run, class names of the run layers the argument did not reach)`` (all of them if the
-        model refuses the argument), or ``None`` when the probe cannot run (e.g. weights on the meta
-        device; the per-step check still applies).
-    """
-    called: set[int] = set()
-    reached: set[int] = set()
-
-    def hook(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        called.add(id(module))
-        if _PROBE_KEY in kwargs:
-            reached.add(id(module))
-
-    try:
-        param = next(model.parameters())
-    except StopIteration:
-        logger.info("check_model: %s has no parameters; the 2-token probe is skipped", type(model).__name__)
-        return None
-    if param.device.type == "meta":
-        logger.info("check_model: %s has its weights on the meta device; the 2-token probe is skipped (the plan's "
-                    "use is still checked after every forward)", type(model).__name__)
-        return None
-    if hasattr(param, "ds_id") or hasattr(param, "ds_numel"):
-        # DeepSpeed ZeRO-3 partitions the weights across ranks: the bare module cannot run a forward, and
-        # gathering it would defeat ZeRO-3; the trainers' per-step plan-use check still counts the layers
-        logger.info("check_model: %s has ZeRO-3 partitioned weights; the 2-token probe is skipped",
-                    type(model).__name__)
-        return None
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
-    try:  # a VLM's probe has an image
-        inputs = probe_inputs(model, param.device, param.dtype)
-    except Exception as e:  # noqa: BLE001 - an image this family's encoder does not take: probe with text only
-        logger.info("check_model: no probe image for %s (%s: %s); the probe runs text only", type(model).__name__,
-                    type(e).__name__, e)
-        inputs = None
-    inputs = inputs or {"input_ids": torch.ones(1, 2, dtype=torch.long, device=param.device)}
-    devices = [param.device] if param.device.type == "cuda" else []
-    # on CUDA the kernels take bf16 / fp16: an fp32 model (trained under autocast) is probed under autocast too
-    autocast = param.device.type == "cuda" and param.dtype in (torch.float32, torch.float64)
-    try:  # the random streams stay as they were (a model with dropout would draw from them)
-        with torch.no_grad(), torch.random.fork_rng(devices=devices), \
-                torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            model(**inputs, use_cache=False, **{_PROBE_KEY: True})
-    except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
-        raise
-    except TypeError as e:
-        if _PROBE_KEY not in str(e):
-            logger.warning("check_model: could not probe %s with a 2-token forward (%s)", type(model).__name__, e)
-            return None
-        logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)
-        return len(attention), sorted({type(m).__name__ for m in attention})
-    except Exception as e:  # noqa: BLE001 - an input the model needs besides input_ids: undecided here
-        logger.warning("check_model: could not probe %s with a 2-token forward (%s: %s); the plan's use is still "
-                       "checked after every forward", type(model).__name__, type(e).__name__, e)
-        return None
-    finally:
-        for h in handles:
-            h.remove()
-    return len(called), sorted({type(m).__name__ for m in attention if id(m) in called and id(m) not in reached})
-
-
 def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
     """Refuse, before the first step, a model that ``attn_implementation="hsap"`` cannot run exactly.
 
@@ -365,15 +292,15 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     if sp_size == 1:
         logger.debug("check_model: sp_size=1, so no probe of whether the keyword arguments reach the attention")
     else:
-        probe = _probe_attention(model, attention)
-        n_layers, missing = probe if probe is not None else (len(attention), [])
-        if missing:
+        probe = probe_attention(model, attention)
+        n_layers, missing, accepts = probe if probe is not None else (len(attention), [], True)
+        if missing and not accepts:
             raise UnsupportedModelError(
-                f"{family}: the model's keyword arguments do not reach {', '.join(missing)} (a layer on the way calls "
-                "it without **kwargs), so the sequence-parallel plan never reaches the attention and every rank "
-                "would attend to its own tokens only; use sp_size=1 (packed rows are exact there) or a family whose "
-                "layers forward their kwargs (Llama, Qwen2/3, Mistral, ...)"
-            )
+                f"{family}: the model's forward takes no extra keyword arguments, so shard_batch's plan cannot reach "
+                f"{', '.join(missing)} and every rank would attend to its own tokens only; use sp_size=1 (packed rows "
+                "are exact there) or a family whose forward takes **kwargs (Llama, Qwen2/3, Mistral, ...)")
+        if missing:  # a layer on the way calls the attention without **kwargs: the plan goes round it
+            relay_plan(model, [m for m in attention if type(m).__name__ in missing])
     prepare_vision(model)  # a vision-language model keeps only its rank's feature rows under SP
     result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config),
                         mixer_layers=len(prepared))

@@ -48,6 +48,7 @@ from .encoder_attention import encoder_forward, is_encoder_call
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
+from .plan_relay import relayed
 from .registry import ATTN_NAME, is_registered, register
 from .sp_attention import sp_forward
 
@@ -116,6 +117,9 @@ def hsap_attention_forward(
         raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
                          "rank's image feature rows: call hf_hsap.check_model(model, sp_size=...) once before the "
                          "first forward (the trainers do)")
+    if hsap_plan is None and "_hsap_relay" in module.__dict__:  # a layer the model's kwargs do not reach
+        hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
+        hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
                                cu_seq_lens_k=cu_seq_lens_k)

@@ -91,7 +91,8 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
     """check_model's SP probe runs an image through the vision tower and finds the kwargs on both decoder layers."""
     from hf_hsap.examples import tiny_vlm
     from hf_hsap.integrations.encoder_attention import is_encoder_module
-    from hf_hsap.integrations.model_check import _calls_attention_interface, _probe_attention
+    from hf_hsap.integrations.model_check import _calls_attention_interface
+    from hf_hsap.integrations.plan_relay import probe_attention
 
     model = tiny_vlm(family)
     encoder_calls = []
@@ -99,7 +100,7 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
         if _calls_attention_interface(m) and is_encoder_module(m):
             m.register_forward_pre_hook(lambda *a: encoder_calls.append(1))
     decoder = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
-    assert _probe_attention(model, decoder) == (2, [])
+    assert probe_attention(model, decoder) == (2, [], True)
     assert encoder_calls  # the probe's image went through the vision tower
 
 

@@ -31,7 +31,7 @@ EXPECT = {
     "qwen3": SUPPORTED,  # GQA with q/k norm
     "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout
-    "nemotron": SP1_ONLY,  # a decoder layer calls the attention without kwargs: the plan cannot reach it
+    "nemotron": SUPPORTED,  # a decoder layer calls the attention without kwargs: check_model relays the plan
     "llama4_text": SP1_ONLY,  # chunked attention (16-token chunks here, documents of 19 and 30), MoE
     "lfm2": SUPPORTED,  # hybrid: a short causal convolution layer beside the attention layer
     "bamba": SUPPORTED,  # hybrid: Mamba2 mixers (SSD scan with a convolution)
@@ -43,8 +43,8 @@ EXPECT = {
     "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
     # before Transformers 5.25 its own attention table: check_config refuses it before construction; from 5.25 it runs
     # Transformers' AttentionInterface, but a layer on the way calls the attention without the model's kwargs (as
-    # Nemotron): exact without SP, refused under SP by the 2-token probe
-    "falcon": SP1_ONLY if Version(transformers.__version__) >= Version("5.25") else REFUSED,
+    # Nemotron): the 2-token probe finds it and check_model relays the plan round it
+    "falcon": SUPPORTED if Version(transformers.__version__) >= Version("5.25") else REFUSED,
 }
 
 

@@ -33,7 +33,7 @@ def loops_without_the_plan(sp_size: int) -> dict[str, Any]:
     """Hand-written loops under SP whose forward does not run the plan, and one that does.
 
     Returns the error (or ``None``) of: an sdpa model at the loss helper and at the next ``shard_batch``;
-    a StableLM at ``check_model`` and at ``check_plan_used``; an "hsap" llama that passes only some keys
+    a StableLM at ``check_plan_used`` before ``check_model``, at ``check_model`` and after it; an "hsap" llama that passes only some keys
     (``hsap_plan`` without its record) through the same checks; the sdpa model's wrong loss.
     """
     sp = get_sp(sp_size)
@@ -50,11 +50,13 @@ def loops_without_the_plan(sp_size: int) -> dict[str, Any]:
     sp.pending_plan_use = None
 
     stable = _stablelm()
-    out["stablelm_check_model"] = _error(lambda: check_model(stable, sp_size=sp_size))
-    out["stablelm_check_model_sp1"] = _error(lambda: check_model(stable, sp_size=1))
+    local = shard_batch(batch, sp, check_previous=False)
+    stable(**local)  # never checked: its attention layers do not get the plan
+    out["stablelm_check_plan_used"] = _error(lambda: check_plan_used(local))
+    out["stablelm_check_model"] = _error(lambda: check_model(stable, sp_size=sp_size))  # relays the plan round them
     local = shard_batch(batch, sp, check_previous=False)
     stable(**local)
-    out["stablelm_check_plan_used"] = _error(lambda: check_plan_used(local))
+    out["stablelm_relayed_plan_used"] = _error(lambda: check_plan_used(local, stable))
 
     hsap = make_model("llama")
     local = shard_batch(batch, sp)

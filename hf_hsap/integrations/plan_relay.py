@@ -1,0 +1,137 @@
+"""Which attention layers a model's keyword arguments reach (:func:`probe_attention`), and the plan for those they
+do not reach (Nemotron, StableLM, Falcon: a layer on the way calls the attention without ``**kwargs``).
+
+Under SP the ``"hsap"`` attention needs ``shard_batch``'s ``hsap_plan`` (and its ``hsap_plan_use``, ``hsap_blocks``),
+which ride in the model's keyword arguments. Where :func:`~.model_check.check_model`'s probe finds layers they do not
+reach, :func:`relay_plan` registers a forward pre-hook on the model that keeps them for the forward in flight (and
+its recomputation under gradient checkpointing), and marks those layers: the attention reads the plan there when its
+own keyword arguments lack it. No model code is edited.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..log import get_logger
+from ..multimodal.spec import probe_inputs
+
+logger = get_logger(__name__)
+
+__all__ = ["PlanRelay", "probe_attention", "relay_plan", "relayed"]
+
+RELAYED_KEYS = ("hsap_plan", "hsap_plan_use", "hsap_blocks")
+_ATTR = "_hsap_relay"
+
+
+class PlanRelay:
+    """The plan keyword arguments of a model's forward in flight (``None`` where it had none)."""
+
+    def __init__(self) -> None:
+        self.kwargs: dict[str, Any] = {}
+
+    def capture(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the model: kept until its next forward."""
+        self.kwargs = {k: kwargs.get(k) for k in RELAYED_KEYS}
+
+
+def relay_plan(model: torch.nn.Module, layers: list[torch.nn.Module]) -> PlanRelay:
+    """Give ``layers`` the plan of every forward of ``model`` (idempotent per model).
+
+    Args:
+        model: the model whose forward gets ``shard_batch``'s output. layers: its attention layers the keyword
+            arguments do not reach.
+
+    Returns:
+        The model's :class:`PlanRelay`.
+    """
+    relay = model.__dict__.get(_ATTR)
+    if relay is None:
+        relay = PlanRelay()
+        model.register_forward_pre_hook(relay.capture, with_kwargs=True)
+        model.__dict__[_ATTR] = relay
+    for layer in layers:
+        layer.__dict__[_ATTR] = relay
+    logger.info("relay_plan: %s: %d attention layers the kwargs do not reach get the plan from the model's forward",
+                type(model).__name__, len(layers))
+    return relay
+
+
+def relayed(module: torch.nn.Module, key: str) -> Any:
+    """The relayed value of ``key`` for an attention layer :func:`relay_plan` marked (``None`` otherwise)."""
+    relay = module.__dict__.get(_ATTR)
+    return relay.kwargs.get(key) if relay is not None else None
+
+
+_PROBE_KEY = "hsap_kwargs_probe"
+
+
+def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]
+                     ) -> tuple[int, list[str], bool] | None:
+    """Which attention layers a text forward runs, and which of them a keyword argument of ``model(...)`` does
+    not reach (what the SP plan needs).
+
+    One forward of two tokens (a vision-language model's: with one image between them) with a sentinel keyword
+    argument, watched by pre-hooks on the attention layers: the direct test of "the kwargs reach every attention
+    layer", whatever the decoder layers do.
+    Layers a text forward never runs (a vision tower, cross-attention without images) are not counted.
+
+    Returns:
+        ``(layers run, class names of the run layers the argument did not reach, whether the model takes extra
+        keyword arguments at all)`` (all of them, ``False``, if the model refuses the argument), or ``None`` when
+        the probe cannot run (e.g. weights on the meta device; the per-step check still applies).
+    """
+    called: set[int] = set()
+    reached: set[int] = set()
+
+    def hook(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        called.add(id(module))
+        if _PROBE_KEY in kwargs:
+            reached.add(id(module))
+
+    try:
+        param = next(model.parameters())
+    except StopIteration:
+        logger.info("check_model: %s has no parameters; the 2-token probe is skipped", type(model).__name__)
+        return None
+    if param.device.type == "meta":
+        logger.info("check_model: %s has its weights on the meta device; the 2-token probe is skipped (the plan's "
+                    "use is still checked after every forward)", type(model).__name__)
+        return None
+    if hasattr(param, "ds_id") or hasattr(param, "ds_numel"):
+        # DeepSpeed ZeRO-3 partitions the weights across ranks: the bare module cannot run a forward, and
+        # gathering it would defeat ZeRO-3; the trainers' per-step plan-use check still counts the layers
+        logger.info("check_model: %s has ZeRO-3 partitioned weights; the 2-token probe is skipped",
+                    type(model).__name__)
+        return None
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in attention]
+    try:  # a VLM's probe has an image
+        inputs = probe_inputs(model, param.device, param.dtype)
+    except Exception as e:  # noqa: BLE001 - an image this family's encoder does not take: probe with text only
+        logger.info("check_model: no probe image for %s (%s: %s); the probe runs text only", type(model).__name__,
+                    type(e).__name__, e)
+        inputs = None
+    inputs = inputs or {"input_ids": torch.ones(1, 2, dtype=torch.long, device=param.device)}
+    devices = [param.device] if param.device.type == "cuda" else []
+    # on CUDA the kernels take bf16 / fp16: an fp32 model (trained under autocast) is probed under autocast too
+    autocast = param.device.type == "cuda" and param.dtype in (torch.float32, torch.float64)
+    try:  # the random streams stay as they were (a model with dropout would draw from them)
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), \
+                torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            model(**inputs, use_cache=False, **{_PROBE_KEY: True})
+    except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
+        raise
+    except TypeError as e:
+        if _PROBE_KEY not in str(e):
+            logger.warning("check_model: could not probe %s with a 2-token forward (%s)", type(model).__name__, e)
+            return None
+        logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)
+        return len(attention), sorted({type(m).__name__ for m in attention}), False
+    except Exception as e:  # noqa: BLE001 - an input the model needs besides input_ids: undecided here
+        logger.warning("check_model: could not probe %s with a 2-token forward (%s: %s); the plan's use is still "
+                       "checked after every forward", type(model).__name__, type(e).__name__, e)
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return len(called), sorted({type(m).__name__ for m in attention if id(m) in called and id(m) not in reached}), True
