@@ -21,10 +21,10 @@ MIXER_FAMILIES = frozenset({
     "nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2",  # Mamba2 (SSD)
     "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
     "lfm2", "lfm2_moe", "lfm3",  # short convolutions
+    "minimax",  # lightning attention (no kernel hook: the layer's forward replaced per instance)
 })
 # Why a hybrid family's recurrent layers have no kernel hook (what its refusal says).
 NO_HOOK = {
-    "minimax": "MiniMaxLightningAttention runs its block recurrence in its forward",
     "recurrent_gemma": "the recurrent block's convolution and RG-LRU run in its forward",
     "zaya": "its layers' token mixing runs in their forward",
 }

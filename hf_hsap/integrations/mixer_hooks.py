@@ -7,7 +7,10 @@ wrapper of every kernel function it calls (``use_kernelized_func``, from the ``k
 pre-hook on the model records the batch's layout (``shard_batch``'s plan, else ``position_ids`` /
 ``cu_seq_lens_q``) as a :class:`~hf_hsap.plan.chain.Chain` that every layer of that forward (and its
 recomputation under gradient checkpointing) runs by. A batch of one document per row, without SP, runs the
-kernels unchanged (generation, plain batches). No model source is edited and no class is patched.
+kernels unchanged (generation, plain batches). A layer with no kernel hook (MiniMax's lightning attention,
+:data:`~hf_hsap.mixers.ops.LAYER_OPS`) gets its own ``forward`` replaced per instance, as ``kernelize`` does for
+decorated layers, each segment running the layer's original forward. No model source is edited and no class is
+patched.
 
 :data:`~.model_check.MIXER_FAMILIES` lists the families whose every recurrent layer goes through these hooks, each checked
 against its documents run alone (``tests/model/test_hybrid.py``, ``python scripts/model_zoo.py``).
@@ -22,7 +25,7 @@ import torch
 
 from ..log import get_logger
 from ..mixers.handoff import StateExchange
-from ..mixers.ops import OPS
+from ..mixers.ops import LAYER_OPS, OPS
 from ..plan.chain import Chain, document_chain, state_chain
 from ..plan.layout import document_starts
 from .sharding import text_positions
@@ -50,6 +53,7 @@ class MixerContext:
         self.use: Any = None
         self.layers = layers
         self.config = config
+        self.inside = False  # a whole-layer op running the layer's own forward on one segment
 
     def capture(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of the model: the batch's layout, kept until the next forward (recomputation)."""
@@ -120,10 +124,28 @@ def _replacement(op: Callable, ctx: MixerContext, layer: torch.nn.Module) -> Cal
     return forward
 
 
+def _layer_replacement(op: Callable, ctx: MixerContext) -> Callable:
+    """The ``forward`` of a layer with no kernel hook (:data:`~hf_hsap.mixers.ops.LAYER_OPS`): the document-cut op
+    when the batch has a layout, whose segments call the layer's own forward."""
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if ctx.chain is None or ctx.inside:
+            return type(self).forward(self, *args, **kwargs)
+        ctx.record(self)
+        ctx.inside = True
+        try:
+            return op(self, types.MethodType(type(self).forward, self), args, kwargs, ctx.chain, ctx.exchange)
+        finally:
+            ctx.inside = False
+
+    return forward
+
+
 def mixer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers whose kernel hooks :func:`prepare_mixers` replaces (a private wrapper of a kernel in ``OPS``)."""
-    return [m for m in model.modules()
-            if any(name in OPS for name in (m.__dict__.get("_kernel_funcs") or {}))]
+    """The layers :func:`prepare_mixers` makes document-exact: those holding a private wrapper of a kernel in
+    ``OPS``, and those of a class in ``LAYER_OPS``."""
+    return [m for m in model.modules() if type(m).__name__ in LAYER_OPS
+            or any(name in OPS for name in (m.__dict__.get("_kernel_funcs") or {}))]
 
 
 def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
@@ -143,6 +165,9 @@ def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
         return None
     ctx = MixerContext(layers, getattr(model, "config", None))
     for layer in layers:
+        if type(layer).__name__ in LAYER_OPS:  # no kernel hook: the layer's forward, per instance, as kernelize does
+            layer.forward = types.MethodType(_layer_replacement(LAYER_OPS[type(layer).__name__], ctx), layer)
+            continue
         for name, fn in layer.__dict__["_kernel_funcs"].items():
             if name in OPS:
                 if "forward" in fn.__dict__:

@@ -16,6 +16,10 @@ segment by segment from each segment's initial state (:func:`~.handoff.run_segme
   ``h_T + exp(A * sum dt) * h_0``;
 - the fused training paths (``mamba_split_conv1d_scan_combined``, ``mamba_inner_fn``) return ``None``, which
   makes the layer take the path above (what Transformers does on CPU).
+
+:data:`LAYER_OPS` lists the layers with no kernel hook, whose forward is replaced as a whole (MiniMax's lightning
+attention: each segment runs the layer's own forward, from the zero state or from a handed-over state through the
+one cache method it reads).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 from ..plan.chain import Chain
 from .handoff import SegmentOp, StateExchange, run_segments
 
-__all__ = ["OPS", "LAYOUT_KWARGS"]
+__all__ = ["LAYER_OPS", "LAYOUT_KWARGS", "OPS"]
 
 # Keyword arguments that describe the packed layout to a kernel: hf_hsap gives each segment its own call instead.
 LAYOUT_KWARGS = ("cu_seqlens", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -193,3 +197,46 @@ OPS: dict[str, Callable[..., Any]] = {
     "mamba_inner_fn": fused_off,
 }
 
+
+
+class _SeededState:
+    """The one cache method a lightning-attention layer reads and writes: its running ``K^T V`` state, seeded with
+    the state a split document's previous run ended with (what Transformers' own cache path continues from)."""
+
+    def __init__(self, state: torch.Tensor) -> None:
+        self.state = state
+
+    def get_linear_cache(self, layer_idx: int) -> torch.Tensor:
+        return self.state
+
+    def set_linear_cache(self, layer_idx: int, state: torch.Tensor) -> None:
+        """The layer's final state comes back as its second output; nothing to keep here."""
+
+
+def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
+              exchange: StateExchange | None) -> Any:
+    """MiniMax's lightning attention layer ``(hidden [B, L, C], position_embeddings, attention_mask, cache)``:
+    ``(out [B, L, C], state)``. Each segment runs the layer's own forward: its block algorithm from the zero state at a
+    document's start, its cached recurrence from the handed-over ``[B, H, D, D]`` state otherwise."""
+    names = ("hidden_states", "position_embeddings", "attention_mask")
+    a, rest = _bind(names, args, kwargs)
+    if rest.pop("cache", None) is not None:
+        _refuse_cache("a lightning-attention layer with a cache")
+    x, pe = a["hidden_states"], a.get("position_embeddings")
+    cos, sin = pe if pe is not None else (None, None)
+    params = dict(layer.named_parameters())
+
+    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, cs, ss, *ps = t
+        kw = {"position_embeddings": (cs, ss) if cs is not None else None, "attention_mask": None,
+              "cache": None if init is None else _SeededState(init), **rest}
+        return torch.func.functional_call(layer, dict(zip(params, ps)), (xs,), kw, strict=False)
+
+    heads, dim = layer.num_attention_heads, layer.head_dim
+    out = _run([(x, 1), (cos, 1), (sin, 1), *[(p, None) for p in params.values()]], fn, 1,
+               (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1])
+    return out, None
+
+
+# Layers whose recurrence runs in their own forward, replaced per instance as a whole: class name -> op.
+LAYER_OPS: dict[str, Callable[..., Any]] = {"MiniMaxLightningAttention": lightning}

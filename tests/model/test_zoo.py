@@ -39,7 +39,8 @@ EXPECT = {
     "kimi_linear": SUPPORTED,  # hybrid: Kimi delta attention (KDA) beside MLA, MoE
     "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: the hand-off adds the initial state's share)
     "mamba": SUPPORTED,  # no attention at all: Mamba mixers only
-    "minimax": REFUSED,  # hybrid: lightning attention computed in its own forward (no kernel hook)
+    "minimax": SUPPORTED,  # hybrid: lightning attention (no kernel hook: its forward replaced per instance)
+    "recurrent_gemma": REFUSED,  # hybrid: its convolution and RG-LRU run in its own forward (no kernel hook)
     "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
     # before Transformers 5.25 its own attention table: check_config refuses it before construction; from 5.25 it runs
     # Transformers' AttentionInterface, but a layer on the way calls the attention without the model's kwargs (as

@@ -110,11 +110,25 @@ def float64_casts_kept(on: bool = True) -> Iterator[None]:
 
 
 
+def hybrid(config: Any) -> bool:
+    """Whether the family has recurrent token mixers (linear attention, SSM, short convolutions)."""
+    return hf_hsap.integrations.model_check.has_mixer_layers(config)
+
+
 @contextlib.contextmanager
-def full_precision(config: Any) -> Iterator[None]:
-    """:func:`full_precision_softmax`, and for hybrid models :func:`float64_casts_kept`."""
-    with full_precision_softmax(), float64_casts_kept(hf_hsap.integrations.model_check.has_mixer_layers(config)):
-        yield
+def full_precision(config: Any, dtype: torch.dtype = torch.float64) -> Iterator[None]:
+    """:func:`full_precision_softmax`, and for hybrid models in float64 :func:`float64_casts_kept` with float64 as the
+    default dtype (the decay tables MiniMax computes at construction: float32 ones make its block and recurrent paths
+    agree to float32 rounding only)."""
+    hybrid_fp64 = hybrid(config) and dtype == torch.float64
+    saved = torch.get_default_dtype()
+    if hybrid_fp64:
+        torch.set_default_dtype(torch.float64)
+    try:
+        with full_precision_softmax(), float64_casts_kept(hybrid_fp64):
+            yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -135,7 +149,7 @@ def reference(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dty
     Returns:
         ``{"logits", "loss", "grads", "n_items"}``.
     """
-    with full_precision(config):
+    with full_precision(config, dtype):
         model = ZC.build_model(config, "eager", dtype, state_dict=state_dict)
         batch = global_batch(config.get_text_config().vocab_size)
         ids = batch["input_ids"]
@@ -166,7 +180,7 @@ def packed_run(config: Any, state_dict: dict[str, torch.Tensor], attn: str, dtyp
     Returns:
         ``{"logits" [T, V], "loss", "grads"}``.
     """
-    with full_precision(config):
+    with full_precision(config, dtype):
         return _packed_run(config, state_dict, attn, dtype, via_shard)
 
 
@@ -249,7 +263,7 @@ def worker_sp_modes(family: str, state_dict: dict[str, torch.Tensor], jobs: list
     out = []
     for dtype, mode in jobs:
         try:
-            with full_precision(config):
+            with full_precision(config, DTYPES[dtype]):
                 res = sp_rank_run(config, state_dict, DTYPES[dtype], *SP_MODES[mode])
             rec = {"job": (dtype, mode), "ok": True, **res}
         except Exception as e:  # noqa: BLE001 - every failure is a result

@@ -289,15 +289,16 @@ POST_BUILD: dict[str, str] = {"xmod": "set_default_language('en_XX')"}
 
 
 def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed: int = 0,
-                state_dict: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+                state_dict: dict[str, torch.Tensor] | None = None, draw: torch.dtype = torch.float32) -> torch.nn.Module:
     """The family's causal LM with random weights (seeded) or the given ``state_dict``, in train mode.
 
     Args:
         config: a tiny config from :func:`tiny_config`.
         attn: ``attn_implementation`` (``"hsap"``, ``"eager"``, ``"sdpa"``).
-        dtype: parameter dtype (weights are drawn in float32, then cast).
+        dtype: parameter dtype (weights are drawn in ``draw``, float32 by default, then cast).
         seed: ``torch.manual_seed`` before the random init.
         state_dict: weights to load instead (strict), e.g. the reference's.
+        draw: the dtype the model is built in (what its init computes tables such as decay factors in).
 
     Returns:
         the model, ``.train()`` (all dropouts are 0); float64 models use the eager (loop) MoE experts.
@@ -306,8 +307,9 @@ def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed
 
     torch.manual_seed(seed)
     extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # grouped_mm has no float64
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32, **extra)
-    if state_dict is not None:
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=draw, **extra)
+    model.to(dtype)
+    if state_dict is not None:  # after the cast: a float64 state (a hybrid's) keeps its precision in float64 runs
         model.load_state_dict(state_dict, strict=True)
     if config.model_type == "xmod":  # see POST_BUILD
         model.set_default_language("en_XX")

@@ -143,7 +143,9 @@ def run_family(family: str, pools: PoolManager | None, dtypes: tuple[str, ...] =
     rec: dict[str, Any] = {"family": family, "status": "run", "results": {}, "sanity": {}}
     try:
         config = ZC.tiny_config(family)
-        model = ZC.build_model(config, "eager", torch.float32)
+        # a hybrid's weights and buffers (MiniMax's decay tables) are made in float64: the runs load them
+        draw = torch.float64 if zoo.hybrid(config) else torch.float32
+        model = ZC.build_model(config, "eager", draw, draw=draw)
     except ZC.NotBuildable as e:
         return {**rec, "status": "not buildable", "reason": str(e), "seconds": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001
