@@ -161,7 +161,10 @@ class _HandOff(torch.autograd.Function):
                     init = carry.pop(seg.doc).detach().requires_grad_(grad)
                 parts = [p.detach().requires_grad_(t.requires_grad) if d is not None else p
                          for p, t, d in zip(op.cut(seg, leaves), tensors, op.token_dims)]
-                with torch.set_grad_enabled(grad):
+                # the segment's own graph keeps its tensors: under activation checkpointing (or offloading) the
+                # backward below would otherwise recompute the whole layer, state exchanges included, in a nested
+                # graph task of its own, out of step with the other ranks
+                with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
                     out, final = op.fn(parts, init)
                     final = final.to(op.state_dtype)
                 outs[i] = out.detach()
@@ -210,6 +213,11 @@ class _HandOff(torch.autograd.Function):
         merged = [g if d is not None else pg for g, pg, d in zip(grads, param_grads, op.token_dims)]
         ctx.saved = None
         return (None, None, None, *merged)
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    """Saved-tensor hook that keeps the tensor itself."""
+    return t
 
 
 def _narrow_out(op: SegmentOp, seg: Segment, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
