@@ -121,7 +121,9 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "crash). `eager/sdpa`: Transformers' own packed-row path (no hf_hsap), fp64 "
         "(≈: off by float32 rounding only). "
         "`fp64 tol`: the model computes parts in float32 (its own eager packed run deviates at float32 rounding "
-        "level), so its float64 tolerance is 10x that deviation.",
+        "level), so its float64 tolerance is 10x that deviation. Hybrid models (linear attention, Mamba, short "
+        "convolutions: their eager packed run mixes documents, ✗) are drawn in float64, and their float64 runs "
+        "keep the recurrent kernels' float32 casts in float64, so they are held to the float64 tolerance.",
         "",
         f"**Summary** ({len(run)} families run, {len(records) - len(run)} not run): "
         f"{counts['exact']} exact everywhere, {counts['refused']} refused ({all_refused} in every mode, "
