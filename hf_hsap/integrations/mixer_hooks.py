@@ -54,10 +54,21 @@ class MixerContext:
         self.layers = layers
         self.config = config
         self.inside = False  # a whole-layer op running the layer's own forward on one segment
+        self.outer = False  # the model's forward is in flight (its base model's hook then leaves the layout alone)
 
     def capture(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of the model: the batch's layout, kept until the next forward (recomputation)."""
         self.chain, self.exchange, self.use = layout_chain(args, kwargs)
+        self.outer = True
+
+    def done(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        """Forward hook of the model (also when it raised)."""
+        self.outer = False
+
+    def capture_inner(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the base model: the layout of a call that skips the model's own forward."""
+        if not self.outer:
+            self.chain, self.exchange, self.use = layout_chain(args, kwargs)
 
     def record(self, layer: torch.nn.Module) -> None:
         """A prepared layer ran on the batch's plan."""
@@ -175,6 +186,10 @@ def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
                                 "replaces it (it calls the hook's default dispatch)", type(layer).__name__, name)
                 fn.forward = types.MethodType(_replacement(OPS[name], ctx, layer), fn)
     model.register_forward_pre_hook(ctx.capture, with_kwargs=True)
+    model.register_forward_hook(ctx.done, with_kwargs=True, always_call=True)
+    base = getattr(model, "base_model", model)
+    if base is not model:  # model.model(...) called directly also records its layout
+        base.register_forward_pre_hook(ctx.capture_inner, with_kwargs=True)
     model.__dict__[_ATTR] = ctx
     for m in model.modules():  # what the "hsap" attention checks: this model's recurrent layers see the layout
         m.__dict__["_hsap_mixers_ready"] = True

@@ -26,7 +26,7 @@ import torch
 from ..comm.p2p import P2PExecutor
 from ..plan.chain import Chain, Segment
 
-__all__ = ["SegmentOp", "StateExchange", "run_segments"]
+__all__ = ["SegmentOp", "StateExchange", "run_segments", "run_with_final"]
 
 
 @dataclass
@@ -116,6 +116,27 @@ def _cat(op: SegmentOp, chain: Chain, outs: list[torch.Tensor]) -> torch.Tensor:
 def _run_local(op: SegmentOp, chain: Chain) -> torch.Tensor:
     """Every segment (each starts its document: no state crosses ranks) in local order under autograd."""
     return _cat(op, chain, [op.fn(op.cut(seg, op.tensors), None)[0] for seg in chain.segments])
+
+
+def run_with_final(op: SegmentOp, chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`run_segments` on packed rows without SP, and the final state of every row's last document (what a
+    cache keeps to continue the row: Transformers' evaluation and generation ask for it).
+
+    Returns:
+        ``(output, [B, *state])``.
+
+    Raises:
+        ValueError: states that cross ranks (under SP a rank's last state continues nothing of its own).
+    """
+    if chain.remote:
+        raise ValueError("hf_hsap: a recurrent layer asked for its final state (use_cache=True) under SP; train "
+                         "with use_cache=False (shard_batch's output sets it)")
+    outs, last = [], {}
+    for seg in chain.segments:
+        out, final = op.fn(op.cut(seg, op.tensors), None)
+        outs.append(out)
+        last[seg.start // op.length] = final
+    return _cat(op, chain, outs), torch.cat([last[r] for r in range(op.rows)], dim=0)
 
 
 def run_segments(op: SegmentOp, chain: Chain, exchange: StateExchange | None) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan.chain import Chain
-from .handoff import SegmentOp, StateExchange, run_segments
+from .handoff import SegmentOp, StateExchange, run_segments, run_with_final
 
 __all__ = ["LAYER_OPS", "LAYOUT_KWARGS", "OPS"]
 
@@ -57,14 +57,15 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _refuse_cache(what: str) -> None:
-    raise ValueError(f"hf_hsap: {what} on packed rows / under SP: a recurrent layer's cached state belongs to one "
-                     "document; generate with one document per row (no packing), or train with use_cache=False")
+    raise ValueError(f"hf_hsap: {what} on packed rows / under SP: a cached state continues one document, not a "
+                     "packed row; generate with one document per row (no packing)")
 
 
 def _run(tensors: list[tuple[torch.Tensor | None, int | None]], fn: Callable, out_dim: int,
          state_shape: tuple[int, ...], state_dtype: torch.dtype, chain: Chain, exchange: StateExchange | None,
-         rows: int, length: int) -> torch.Tensor:
-    """:func:`run_segments` over the non-``None`` tensors; ``fn`` gets them back in the same places (``None`` kept)."""
+         rows: int, length: int, final: bool = False) -> Any:
+    """:func:`run_segments` over the non-``None`` tensors; ``fn`` gets them back in the same places (``None`` kept).
+    ``final``: also the final state of every row's last document (:func:`run_with_final`): ``(out, states)``."""
     present = [i for i, (t, _) in enumerate(tensors) if t is not None]
 
     def seg_fn(parts: list[torch.Tensor], init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +76,7 @@ def _run(tensors: list[tuple[torch.Tensor | None, int | None]], fn: Callable, ou
 
     op = SegmentOp([tensors[i][0] for i in present], [tensors[i][1] for i in present], seg_fn, out_dim,  # type: ignore[misc]
                    state_shape, state_dtype, rows, length)
-    return run_segments(op, chain, exchange)
+    return run_with_final(op, chain) if final else run_segments(op, chain, exchange)
 
 
 def conv1d(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain, exchange: StateExchange | None) -> Any:
@@ -102,12 +103,11 @@ def conv1d(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain, ex
 def delta_rule(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
                exchange: StateExchange | None) -> Any:
     """``chunk_gated_delta_rule`` / ``chunk_kda(q, k, v [B, L, H, D], g, beta, initial_state, output_final_state,
-    ...)``: ``(out [B, L, H, Dv], None)``."""
+    ...)``: ``(out [B, L, H, Dv], final state of every row's last document [B, H, Dk, Dv] or None)``."""
     a, rest = _bind(("query", "key", "value", "g", "beta"), args, kwargs)
     if rest.pop("initial_state", None) is not None:
         _refuse_cache("a delta-rule layer continued from a cached state")
-    if rest.pop("output_final_state", False):
-        _refuse_cache("a delta-rule layer asked for its final state (use_cache=True)")
+    want = bool(rest.pop("output_final_state", False))
     q, k, v = a["query"], a["key"], a["value"]
 
     def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,20 +117,20 @@ def delta_rule(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain
 
     state = (1, v.shape[2], k.shape[3], v.shape[3])
     out = _run([(q, 1), (k, 1), (v, 1), (a["g"], 1), (a["beta"], 1)], fn, 1, state, _state_dtype(q), chain,
-               exchange, q.shape[0], q.shape[1])
-    return out, None
+               exchange, q.shape[0], q.shape[1], final=want)
+    return out if want else (out, None)
 
 
 def mamba2_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
                 exchange: StateExchange | None) -> Any:
     """``mamba_chunk_scan_combined(x [B, L, H, P], dt [B, L, H], A [H], B, C [B, L, G, N], chunk_size, D, dt_bias,
-    initial_states, ..., return_final_states)``: ``out [B, L, H, P]``."""
+    initial_states, ..., return_final_states)``: ``out [B, L, H, P]`` (and every row's last document's final state
+    ``[B, H, P, N]`` when asked)."""
     names = ("hidden_states", "dt", "A", "B", "C", "chunk_size", "D", "dt_bias")
     a, rest = _bind(names, args, kwargs)
     if rest.pop("initial_states", None) is not None:
         _refuse_cache("a Mamba2 layer continued from a cached state")
-    if rest.pop("return_final_states", False):
-        _refuse_cache("a Mamba2 layer asked for its final state (use_cache=True)")
+    want = bool(rest.pop("return_final_states", False))
     z = rest.pop("z", None)
     x, B = a["hidden_states"], a["B"]
     fixed = {"chunk_size": a["chunk_size"]}
@@ -143,17 +143,17 @@ def mamba2_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chai
     state = (1, x.shape[2], x.shape[3], B.shape[3])
     return _run([(x, 1), (a["dt"], 1), (a["A"], None), (B, 1), (a["C"], 1), (a.get("D"), None),
                  (a.get("dt_bias"), None), (z, 1)], fn, 1, state, _state_dtype(x), chain, exchange,
-                x.shape[0], x.shape[1])
+                x.shape[0], x.shape[1], final=want)
 
 
 def selective_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
                    exchange: StateExchange | None) -> Any:
     """``selective_scan_fn(x [B, D, L], dt [B, D, L], A [D, N], B, C [B, N, L], D, z [B, D, L], delta_bias,
-    delta_softplus, return_last_state)``: ``[B, D, L]``."""
+    delta_softplus, return_last_state)``: ``[B, D, L]`` (and every row's last document's final state ``[B, D, N]``
+    when asked)."""
     names = ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus")
     a, rest = _bind(names, args, kwargs)
-    if rest.pop("return_last_state", False):
-        _refuse_cache("a Mamba layer asked for its final state (use_cache=True)")
+    want = bool(rest.pop("return_last_state", False))
     softplus = bool(a.get("delta_softplus", False))
     x, A = a["hidden_states"], a["A"]
 
@@ -178,7 +178,7 @@ def selective_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: C
     state = (1, x.shape[1], A.shape[-1])
     return _run([(x, 2), (a["dt"], 2), (A, None), (a["B"], 2), (a["C"], 2), (a.get("D"), None), (a.get("z"), 2),
                  (a.get("delta_bias"), None)], fn, 2, state, _state_dtype(x), chain, exchange,
-                x.shape[0], x.shape[2])
+                x.shape[0], x.shape[2], final=want)
 
 
 def fused_off(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
@@ -220,8 +220,9 @@ def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[
     document's start, its cached recurrence from the handed-over ``[B, H, D, D]`` state otherwise."""
     names = ("hidden_states", "position_embeddings", "attention_mask")
     a, rest = _bind(names, args, kwargs)
-    if rest.pop("cache", None) is not None:
-        _refuse_cache("a lightning-attention layer with a cache")
+    cache = rest.pop("cache", None)
+    if cache is not None and cache.get_linear_cache(layer.layer_idx) is not None:
+        _refuse_cache("a lightning-attention layer continued from a cached state")
     x, pe = a["hidden_states"], a.get("position_embeddings")
     cos, sin = pe if pe is not None else (None, None)
     params = dict(layer.named_parameters())
@@ -233,9 +234,13 @@ def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[
         return torch.func.functional_call(layer, dict(zip(params, ps)), (xs,), kw, strict=False)
 
     heads, dim = layer.num_attention_heads, layer.head_dim
-    out = _run([(x, 1), (cos, 1), (sin, 1), *[(p, None) for p in params.values()]], fn, 1,
-               (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1])
-    return out, None
+    tensors = [(x, 1), (cos, 1), (sin, 1), *[(p, None) for p in params.values()]]
+    if cache is None:
+        return _run(tensors, fn, 1, (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1]), None
+    out, state = _run(tensors, fn, 1, (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1],
+                      final=True)
+    cache.set_linear_cache(layer.layer_idx, state)  # every row's last document continues from here
+    return out, state
 
 
 # Layers whose recurrence runs in their own forward, replaced per instance as a whole: class name -> op.
