@@ -6,6 +6,7 @@ from . import report as rp
 from .analysis import analysis
 from .goals19 import issue19_goal_rows
 from .goals41 import issue41_goal_rows, memory_sections
+from .hybrid_step import hybrid_block
 from .peers import peers_section
 from .soak import soak_section
 from .sweep_render import render_sweep
@@ -300,4 +301,5 @@ def render(res: dict) -> str:
                  else "No GPU was available to this work so far: the cost model runs on its default efficiencies."),
               "## Plots", plots]
     parts += [s for s in [vlm_block()] if s]  # benchmarks/results/vlm_step.json of scripts/bench_vlm.sh, with markers
+    parts += [s for s in [hybrid_block()] if s]  # benchmarks/results/hybrid_step.json of scripts/bench_hybrid.sh, alike
     return "\n\n".join(parts) + "\n"

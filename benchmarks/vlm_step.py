@@ -13,10 +13,8 @@ Usage: ``python -m benchmarks.vlm_step [--quick] [--out benchmarks/results/vlm_s
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,11 +25,13 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import vlm_workers as vw
+from .sections import Markers, step_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "vlm_step.json"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- vlm-step:start -->", "<!-- vlm-step:end -->"
+MARKERS = Markers(START, END)
 # (text before, image grid (t, h, w) in patches or None, text after) per document: about a third placeholders
 SHAPES = ((300, (1, 48, 48), 200), (150, (1, 32, 40), 250), (400, None, 300), (100, (1, 32, 32), 120),
           (60, (1, 24, 24), 80), (200, (1, 16, 24), 150), (50, (1, 16, 16), 90), (90, None, 84))
@@ -193,19 +193,8 @@ def vlm_section(res: dict[str, Any]) -> str:
 
 
 def with_section(text: str, section: str) -> str:
-    """``text`` (BENCHMARKS.md) with ``section`` between the markers; appended with them at the end the first time.
-
-    Args:
-        text: the file's content; section: :func:`vlm_section`'s markdown.
-
-    Returns:
-        The new content: everything outside the markers byte-identical.
-    """
-    block = f"{START}\n{section}{END}"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        return head + block + rest.split(END, 1)[1]
-    return text + ("" if text.endswith("\n") else "\n") + "\n" + block + "\n"
+    """``text`` (BENCHMARKS.md) with ``section`` (:func:`vlm_section`'s markdown) between this benchmark's markers."""
+    return MARKERS.put(text, section)
 
 
 def vlm_block(path: Path = DEFAULT_OUT) -> str:
@@ -213,33 +202,18 @@ def vlm_block(path: Path = DEFAULT_OUT) -> str:
     everything else, where :func:`with_section` puts it the first time); empty without the file."""
     if not Path(path).exists():
         return ""
-    return f"{START}\n{vlm_section(json.loads(Path(path).read_text()))}{END}"
+    return MARKERS.block(vlm_section(json.loads(Path(path).read_text())))
 
 
 def committed_section(text: str) -> str | None:
-    """The section between the markers of ``text``, or ``None`` without them."""
-    if START not in text or END not in text:
-        return None
-    return text.split(START, 1)[1].split(END, 1)[0].removeprefix("\n")
+    """The section between this benchmark's markers of ``text``, or ``None`` without them."""
+    return MARKERS.committed(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure, write the results JSON and (unless ``--no-write-md``) BENCHMARKS.md's section."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, SP 1 and 2, memory only")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
-    p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md alone")
-    args = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cfg = VLMStepConfig().quick() if args.quick else VLMStepConfig()
-    res = run_vlm_step(cfg)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    section = vlm_section(res)
-    if not args.no_write_md and not args.quick:
-        BENCHMARKS_MD.write_text(with_section(BENCHMARKS_MD.read_text(), section))
-    print(section)
-    return 0
+    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) BENCHMARKS.md's section."""
+    return step_main(argv, __doc__.split("\n")[0], lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(),
+                     run_vlm_step, vlm_section, DEFAULT_OUT, MARKERS, BENCHMARKS_MD, "tiny sizes, SP 1 and 2, memory only")
 
 
 if __name__ == "__main__":

@@ -103,3 +103,21 @@ def without_sliced_step(monkeypatch) -> None:
         return pl, tr, best
 
     monkeypatch.setattr(planner, "with_sliced_cuts", unchanged)
+
+
+def environ_kept(fn: Any) -> Any:
+    """``fn`` with the process environment restored after it (a pool rank runs later tests: Accelerate's launch
+    variables, e.g. ``LOCAL_WORLD_SIZE``, would change how they build their SP groups)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        saved = dict(os.environ)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    return run
+

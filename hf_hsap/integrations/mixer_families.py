@@ -14,7 +14,7 @@ MIXER_LAYER_TYPES = RECURRENT_LAYER_TYPES  # `config.layer_types` entries of rec
 # `config.layer_types` entries of layers that mix no tokens (Nemotron-H's MLP-only layers).
 NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
-# their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_hybrid.py).
+# their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_zoo.py).
 MIXER_FAMILIES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini",  # gated delta rule
     "kimi_linear", "bailing_hybrid",  # KDA

@@ -12,8 +12,8 @@ kernels unchanged (generation, plain batches). A layer with no kernel hook (Mini
 decorated layers, each segment running the layer's original forward. No model source is edited and no class is
 patched.
 
-:data:`~.model_check.MIXER_FAMILIES` lists the families whose every recurrent layer goes through these hooks, each checked
-against its documents run alone (``tests/model/test_hybrid.py``, ``python scripts/model_zoo.py``).
+:data:`~.mixer_families.MIXER_FAMILIES` lists the families whose every recurrent layer goes through these hooks, each
+checked against its documents run alone (``python scripts/model_zoo.py``, ``tests/model/test_zoo.py``).
 """
 from __future__ import annotations
 

@@ -29,15 +29,6 @@ def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPo
     assert text.startswith("## VLM training step (issue 42)") and text.count("\n| ") == 3  # header + 2 SP sizes
 
 
-def test_the_section_goes_between_the_markers_and_nothing_else_moves() -> None:
-    text = "# Title\n\nbody\n"
-    first = with_section(text, "## A\n")
-    assert first == text + f"\n{START}\n## A\n{END}\n" and committed_section(first) == "## A\n"
-    second = with_section(first + "tail\n", "## B\nrow\n")
-    assert second == text + f"\n{START}\n## B\nrow\n{END}\ntail\n"
-    assert committed_section(text) is None
-
-
 def test_the_committed_section_renders_from_the_committed_results() -> None:
     res = json.loads(Path(DEFAULT_OUT).read_text())
     assert [r["sp"] for r in res["rows"]] == [1, 2, 4]

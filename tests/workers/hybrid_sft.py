@@ -9,23 +9,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from helpers import environ_kept
+
 from workers.sp_model import VOCAB, make_tokenizer
 
 FAMILY = "qwen3_5_text"
 
 
+@environ_kept
 def hybrid_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 3, **extra: Any) -> dict[str, Any]:
-    """:func:`_losses` with this process's environment restored afterwards (the pool's ranks are reused by later tests:
-    Accelerate's launch variables, e.g. ``LOCAL_WORLD_SIZE``, would change how they build their SP groups)."""
-    saved = dict(os.environ)
-    try:
-        return _losses(sp_size, out_dir, ulysses, steps, **extra)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 3, **extra: Any) -> dict[str, Any]:
     """``steps`` optimizer steps; the logged training losses, what the collator packed and what ran the recurrent
     layers.
 
