@@ -19,6 +19,7 @@ setup(
         "accelerate>=1.10",
         "datasets>=3.0",
         "trl>=1.16",  # trl.kernels.ChunkedLogProbFunction (the chunked loss) and its activation offloading
+        "kernels>=0.19",  # the per-layer kernel hooks hf_hsap replaces to make hybrid models' recurrent layers exact
         "numpy>=1.24",
     ],
     extras_require={

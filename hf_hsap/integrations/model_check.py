@@ -275,8 +275,9 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     left = sorted({type(m).__name__ for m in words if id(m) not in inside and not any(id(x) in ids for x in m.modules())})
     if left and (packed or sp_size > 1):
         raise UnsupportedModelError(
-            f"{family} has non-attention token mixers ({', '.join(left)}) without a kernel hook hf_hsap can replace, "
-            f"so they would mix documents on packed rows and see only local tokens under SP; {_SDPA_FIX}"
+            f"{family} has non-attention token mixers ({', '.join(left)}) without a kernel hook hf_hsap can replace "
+            "(the hooks come with the `kernels` package: pip install kernels), so they would mix documents on packed "
+            f"rows and see only local tokens under SP; {_SDPA_FIX}"
         )
     attention = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
     if not attention and not prepared:
