@@ -22,7 +22,7 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   (``missed_oracle``, ``missed_oracle_sim``: does a placement the search finds meet it, and at what simulated cost);
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); *sim*: auto's slowest
   part with its rounds simulated forward and backward (:func:`hf_hsap.plan.simulation.simulated_time`); *bound*: the
-  lower bound of :func:`hf_hsap.plan.relaxation.relaxed_bound` (at least :func:`hf_hsap.plan.bound.transfer_bound`,
+  lower bound of :func:`benchmarks.relaxation.relaxed_bound` (at least :func:`benchmarks.bound.transfer_bound`,
   ``transfer_bound`` in the row), which also counts the transfers no placement within the token cap avoids and
   the tokens the other documents need (where it exceeds the goal, no placement meets it); tokens and work
   max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
@@ -39,15 +39,15 @@ from typing import Sequence
 
 import numpy as np
 
-from hf_hsap.plan.bound import transfer_bound
+from benchmarks.bound import transfer_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.simulation import simulated_time
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.oracle import optimise_placement
+from benchmarks.oracle import optimise_placement
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK, token_cap
 from hf_hsap.plan.planner import choose_ulysses_size, plan_layout
-from hf_hsap.plan.relaxation import relaxed_bound
+from benchmarks.relaxation import relaxed_bound
 from hf_hsap.plan.transfers import compute_transfers
 
 from .distributions import doc_lengths

@@ -131,7 +131,7 @@ def render_sweep(res: dict) -> str:
 
 
 def _bound_lines(rows: list[dict]) -> list[str]:
-    """auto against the lower bound of every placement within the token cap (:func:`hf_hsap.plan.relaxation.
+    """auto against the lower bound of every placement within the token cap (:func:`benchmarks.relaxation.
     relaxed_bound`): how far above it, on how many layouts no placement meets the goal (by it and by the transfer
     bound alone), and the share that meets the goal among the others."""
     cells = []
@@ -152,7 +152,7 @@ def _bound_lines(rows: list[dict]) -> list[str]:
     if not cells:
         return []
     return ["", "Against a lower bound of every placement within the token cap "
-            "(`hf_hsap.plan.relaxation.relaxed_bound`, at least `hf_hsap.plan.bound.transfer_bound`: a part holding "
+            "(`benchmarks.relaxation.relaxed_bound`, at least `benchmarks.bound.transfer_bound`: a part holding "
             "a row deep in a long document receives most of the keys before it and hides at most its own pairs; a "
             "linear program over the parts that hold the longest document, by the block of their last row, adds "
             "that those parts run out of time before they run out of tokens, so the other documents' tokens fill "

@@ -1,9 +1,7 @@
-"""An offline optimiser of placements under the cost model: what the fast planner is measured against.
-
-Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
-``placement="auto"`` is from the best placement the cost model can express. :func:`polish` is the same
-search from one placement, bounded by a count of moves and of re-priced segments (deterministic, inside the
-planning budget): ``auto`` runs it on its winner for small groups.
+"""A local search of placements under the cost model: :func:`polish`, from one placement, bounded by a count of
+moves and of re-priced segments (deterministic, inside the planning budget): ``auto`` runs it on its winner for
+small groups. The offline optimiser the planner is measured against (the same search from every simpler
+placement, unbounded) is ``benchmarks.oracle.optimise_placement``.
 
 The objective is :func:`.cost.part_times`' step time of the slowest part (one full-attention layer).
 A part's time depends only on its own segments (its tokens, its pairs, the pairs against its own keys
@@ -26,11 +24,10 @@ from .cost import CostModel
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, _finish
 
-__all__ = ["optimise_placement", "part_time", "polish"]
+__all__ = ["part_time", "polish"]
 
 Seg = tuple[int, int, int]  # (document, start, end) in global positions
 SEGMENTS_TRIED = 16  # per move, the slowest part's segments with the latest rows are tried
-ZIGZAG_START_SEGMENTS = 4096  # zigzag is a start only up to this many segments (each move scans a part's)
 
 
 def _doc_terms(rows: list[tuple[int, int]], cost: CostModel) -> tuple[float, float, float, float]:
@@ -106,44 +103,17 @@ class _Part:
         return float(cost.time_of(total[0] + terms[0], total[1] + terms[1], total[2] + terms[2], total[3] + terms[3]))
 
 
-def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Placement | None = None,
-                       token_slack: float = DEFAULT_TOKEN_SLACK, max_moves: int = 2000) -> Placement:
-    """Local search for the placement with the smallest step time of its slowest part (module docstring),
-    from ``start`` and from every simpler placement (``zigzag`` up to 4096 segments, ``balanced``, ``density``,
-    ``contiguous``): the best of the local optima.
-
-    Args:
-        layout: the documents. n_parts: parts P. cost: the cost model (priced as the plan's).
-        start: a placement to start from as well (e.g. ``auto``'s).
-        token_slack: no part holds more than ``ceil(T/P) * (1 + token_slack)`` tokens.
-        max_moves: the most moves made from each start.
-
-    Returns:
-        The best placement found (name ``"oracle"``); never slower than any start by the cost model.
-    """
-    from .balanced import balanced
-    from .density import density
-    from .placement import contiguous, zigzag
-
-    starts = [zigzag(layout, n_parts)] if 2 * n_parts * layout.n_docs <= ZIGZAG_START_SEGMENTS else []
-    starts += [balanced(layout, n_parts, token_slack),
-              density(layout, n_parts, cost.token_cost, token_slack),
-              density(layout, n_parts, cost.token_cost, token_slack, spread="all"), contiguous(layout, n_parts)]
-    starts += [start] if start is not None else []
-    found = [_descend(layout, n_parts, cost, s, token_slack, max_moves) for s in starts]
-    return min(found, key=lambda f: f[0])[1]
-
-
 def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float = DEFAULT_TOKEN_SLACK,
            max_moves: int = 30, max_rows: int = 20000) -> tuple[float, Placement]:
-    """A bounded local search from one placement (the same moves as :func:`optimise_placement`): what
+    """A bounded local search from one placement (the moves of the module docstring): what
     ``placement="auto"`` runs on its winner for small groups, inside the planning budget.
 
     Deterministic (every rank must find the same plan): it stops after ``max_moves`` moves or once its
     re-pricings have read ``max_rows`` segments in all, never by a clock.
 
     Args:
-        layout, n_parts, cost, token_slack: as :func:`optimise_placement`. start: the placement to improve.
+        layout: the documents. n_parts: parts P. cost: the cost model (priced as the plan's).
+        token_slack: no part holds more than ``ceil(T/P) * (1 + token_slack)`` tokens. start: the placement to improve.
         max_moves: the most moves. max_rows: the most segments read by :func:`part_time` in all.
 
     Returns:

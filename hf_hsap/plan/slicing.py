@@ -6,7 +6,7 @@ receives most of the keys before them, whatever else it holds, and those rows ar
 out of time long before it runs out of tokens. :mod:`.cutting`'s contiguous cuts give such a part nothing else,
 and the parts that hold only short documents are full at the token cap with time to spare, so the row runs out
 of parts; the greedy splits of :mod:`.balanced` and :mod:`.density` pair an early and a late chunk of every split
-document on every holder, so most holders receive most of it. :func:`.relaxation.relaxed_bound` shows what is
+document on every holder, so most holders receive most of it. :func:`benchmarks.relaxation.relaxed_bound` shows what is
 possible: deep parts take a short slice of a long document and fill up with short documents to the cap, paying
 their transfer once each while every part's tokens are used.
 

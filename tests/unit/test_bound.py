@@ -1,4 +1,4 @@
-"""The transfer-counting lower bound (``hf_hsap.plan.bound``): no placement within the token cap is faster than
+"""The transfer-counting lower bound (``benchmarks.bound``): no placement within the token cap is faster than
 it by the cost model, it is at least the compute bound, it only falls as the cap grows, and on a sweep row where
 one document holds most of the pairs it proves the network goal out of every placement's reach."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import built_placements, ci_examples, cu_of
-from hf_hsap.plan.bound import BOUND_TOLERANCE, transfer_bound
-from hf_hsap.plan.relaxation import relaxed_bound
+from benchmarks.bound import BOUND_TOLERANCE, transfer_bound
+from benchmarks.relaxation import relaxed_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.cutting import priced_cuts
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.oracle import optimise_placement
+from benchmarks.oracle import optimise_placement
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.planner import _place, plan_layout
 
@@ -28,7 +28,7 @@ COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvli
 SLACK = 0.10
 
 
-BOUNDS = {"transfer": transfer_bound,  # and hf_hsap.plan.relaxation's, at least it (coarse blocks: fast)
+BOUNDS = {"transfer": transfer_bound,  # and benchmarks.relaxation's, at least it (coarse blocks: fast)
           "relaxed": lambda layout, P, cost, cap: relaxed_bound(layout, P, cost, cap, blocks=8)}
 
 

@@ -12,7 +12,8 @@ from hf_hsap.plan.cost import CostModel, balance_bound, part_times, step_time, z
 from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.oracle import optimise_placement, part_time
+from benchmarks.oracle import optimise_placement
+from hf_hsap.plan.oracle import part_time
 from hf_hsap.plan.placement import zigzag
 from hf_hsap.plan.planner import plan_layout
 from hf_hsap.plan.transfers import compute_transfers

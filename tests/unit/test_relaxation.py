@@ -1,4 +1,4 @@
-"""The linear-programming lower bound (``hf_hsap.plan.relaxation``): no placement within the token cap is faster
+"""The linear-programming lower bound (``benchmarks.relaxation``): no placement within the token cap is faster
 by the cost model (every placement of small rows enumerated here; every placement the planner builds and the
 oracle's on random rows in tests/unit/test_bound.py, beside the transfer bound), and on a sweep row where one
 document holds most of the pairs it proves more of the network goal out of reach than the transfer bound does."""
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from helpers import cu_of
-from hf_hsap.plan.bound import transfer_bound
+from benchmarks.bound import transfer_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import _finish, token_cap
 from hf_hsap.plan.planner import plan_layout
-from hf_hsap.plan.relaxation import RELAXED_TOLERANCE, relaxed_bound
+from benchmarks.relaxation import RELAXED_TOLERANCE, relaxed_bound
 
 SLACK = 0.10
 

@@ -93,7 +93,7 @@ def test_auto_takes_the_slices_on_a_dominant_document(monkeypatch):
     simulated; the deep parts hold a short slice of the document and short documents up to the cap. The linear
     bound of every placement is 1.22 x LB."""
     from benchmarks.sweep import sweep_lengths
-    from hf_hsap.plan.relaxation import relaxed_bound
+    from benchmarks.relaxation import relaxed_bound
 
     P, T = 24, 49152
     layout = make_layout(cu_of(sweep_lengths("one-dominant", T, 0).tolist()))

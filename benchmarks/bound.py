@@ -1,6 +1,6 @@
 """A lower bound of the one-layer step time that counts the transfers no placement can avoid.
 
-:func:`.cost.balance_bound` (the sweep's ``LB``) assumes every part equally loaded and nothing received. On
+:func:`hf_hsap.plan.cost.balance_bound` (the sweep's ``LB``) assumes every part equally loaded and nothing received. On
 rows where one or a few long documents hold most of the pairs and KV is dear (one GPU per node), no placement
 comes near it: every part that holds a row deep inside a long document must receive most of the keys before
 that row, and a part can hide a transfer only behind the pairs among its own rows. :func:`transfer_bound`
@@ -35,8 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from .cost import CostModel, balance_bound
-from .layout import Layout
+from hf_hsap.plan.cost import CostModel, balance_bound
+from hf_hsap.plan.layout import Layout
 
 BOUND_TOLERANCE = 1e-5  # the bisection stops when the bound is known to this share
 
@@ -50,7 +50,7 @@ def transfer_bound(layout: Layout, n_parts: int, cost: CostModel, token_cap: flo
         token_cap: the most tokens a part may hold (``>= T / n_parts``).
 
     Returns:
-        The bound, at least :func:`.cost.balance_bound`.
+        The bound, at least :func:`hf_hsap.plan.cost.balance_bound`.
     """
     lb = balance_bound(layout, n_parts, cost)
     cap = int(token_cap)

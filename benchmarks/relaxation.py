@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hf_hsap.plan.cost import CostModel
+from hf_hsap.plan.layout import Layout
+
 from .bound import document_exposure, largest_infeasible, transfer_bound
-from .cost import CostModel
-from .layout import Layout
 
 RELAXED_BLOCKS = 32  # blocks per structured document: on the sweep 16 proves 75 network rows out of reach, 32 78 (29 s)
 RELAXED_DOCS = 2  # the longest documents structured, one at a time
