@@ -2,8 +2,7 @@
 
 One object travels from where users configure (``HSAPTrainingArguments`` / ``HSAPSFTConfig``, the
 ``hsap-sft`` command line, a recipe's flags) to the group (:func:`~hf_hsap.init_sequence_parallel`), the
-sharding hook, the SP data loader, the trainers and ``hsap-plan``; it replaces the ``plan_options`` /
-``sp_plan_options`` dicts and the cost model set on a group after its creation::
+sharding hook, the SP data loader, the trainers and ``hsap-plan``::
 
     cfg = HSAPConfig(sp_size=4, ulysses_size=2, recv_budget_tokens=8192, model_config=model.config)
     sp = hf_hsap.init_sequence_parallel(cfg)            # groups + the model's cost model
@@ -12,7 +11,6 @@ sharding hook, the SP data loader, the trainers and ``hsap-plan``; it replaces t
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +19,7 @@ import torch
 from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import attention_windows, layer_windows
 
-__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "deprecated_property", "parse_dtype", "warn_deprecated"]
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "parse_dtype"]
 
 ROUNDS = ("auto", "batched", "by_peer")
 ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
@@ -45,23 +43,6 @@ def parse_dtype(value: Any) -> torch.dtype | None:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {value!r}; use one of {sorted(_DTYPES)} or None")
     return _DTYPES[name]
-
-
-def warn_deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    """One ``FutureWarning`` for an old spelling that still works for one release (``stacklevel``: 3 names
-    the caller of the function that calls this)."""
-    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}", FutureWarning,
-                  stacklevel=stacklevel)
-
-
-def deprecated_property(old: str, new: str, read: Any) -> property:
-    """A read-only attribute kept for one release: ``read(self)`` with a ``FutureWarning`` naming ``new``."""
-
-    def getter(self: Any) -> Any:
-        warn_deprecated(old, new, stacklevel=3)
-        return read(self)
-
-    return property(getter, doc=f"Deprecated (one release): {new}.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,20 +177,3 @@ class HSAPConfig:
         if windows is not None:
             options["windows"] = windows
         return options
-
-    def with_plan_options(self, placement: str | None = None, options: dict[str, Any] | None = None) -> "HSAPConfig":
-        """This config with an old-style ``placement`` / ``plan_options`` dict applied (the deprecated
-        spellings of the loader, the hook and the trainers).
-
-        Raises:
-            ValueError: a key that no field holds.
-        """
-        changes: dict[str, Any] = {} if placement is None else {"placement": placement}
-        for key, value in dict(options or {}).items():
-            if key == "cost":
-                key = "cost_model"
-            if key not in {"rounds", "recv_budget_tokens", "token_slack", "cost_model"}:
-                raise ValueError(f"plan option {key!r} has no HSAPConfig field; HSAPConfig takes placement, rounds, "
-                                 "recv_budget_tokens, token_slack and cost_model")
-            changes[key] = value
-        return self.replace(**changes) if changes else self

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .collector import collector_paused
 from .comm.p2p import raise_comm_error
 from .plan.cache import PlanCache
 from .plan.cost import CostModel
@@ -114,6 +115,13 @@ def plan_sequence(
     Raises:
         ValueError: bad ``cu_seqlens`` or options, fewer tokens than ranks, ranks with different layouts.
     """
+    with collector_paused():  # the planner's passes allocate many young lists the collector would walk
+        return _plan_sequence(cu_seqlens, sp, placement, total_tokens, cost, verify, cache, options)
+
+
+def _plan_sequence(cu_seqlens: Any, sp: Any, placement: str, total_tokens: int | None, cost: CostModel | None,
+                   verify: bool, cache: PlanCache | None, options: dict[str, Any]) -> Plan:
+    """:func:`plan_sequence`'s body (the collector paused)."""
     unknown = set(options) - _OPTIONS
     if unknown:
         raise TypeError(f"plan_sequence() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; "

@@ -93,26 +93,3 @@ def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequen
     if direction not in _OPS:
         raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
     return AllToAll.apply(x, direction, group, tuple(token_counts), rank, stats)
-
-
-class _DeprecatedDirection:
-    """``SeqToHead`` / ``HeadToSeq`` of the previous release: ``.apply(x, group, piece_sizes, rank, stats)``
-    now runs :class:`AllToAll` in that direction, with a deprecation warning."""
-
-    def __init__(self, name: str, direction: str) -> None:
-        self.name, self.direction = name, direction
-
-    def apply(self, x: torch.Tensor, group: Any, piece_sizes: Sequence[int], rank: int, stats: Any = None) -> torch.Tensor:
-        import warnings
-
-        warnings.warn(f"hf_hsap.comm.all_to_all.{self.name} is deprecated and will be removed in the next release; "
-                      f"use all_to_all(x, {self.direction!r}, group, token_counts, rank, stats)", FutureWarning,
-                      stacklevel=2)
-        return all_to_all(x, self.direction, group, piece_sizes, rank, stats)
-
-
-def __getattr__(name: str) -> Any:
-    """The two autograd classes of the previous release, for one release (see :class:`_DeprecatedDirection`)."""
-    if name in ("SeqToHead", "HeadToSeq"):
-        return _DeprecatedDirection(name, "seq_to_head" if name == "SeqToHead" else "head_to_seq")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

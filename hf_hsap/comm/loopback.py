@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..deprecation import moved_names
 from .p2p import CommStats, HSAPCommError, Splits
 
 
@@ -114,6 +113,3 @@ class LoopbackExecutor:
 
 
 __all__: Sequence[str] = ("LoopbackHub", "LoopbackExecutor")
-
-
-__getattr__ = moved_names(__name__, {"run_plan_loopback": ("hf_hsap.loopback", "it runs the runtime, a layer above comm")})

@@ -27,7 +27,6 @@ import torch
 
 from accelerate.utils import send_to_device
 
-from ..config import deprecated_property
 from ..log import get_logger
 from .batch_gather import gather_batches
 from .sharding import LAYOUT_KEYS, shard_batch
@@ -48,7 +47,6 @@ class SPDataLoader:
         sp: the :class:`~hf_hsap.SPGroup`.
         placement: overrides the config's placement.
         config: the :class:`~hf_hsap.HSAPConfig` to plan with (default the group's ``sp.config``).
-        plan_options: deprecated (one release): a dict of ``plan_sequence`` options; use ``config``.
         keep_num_items: keep ``num_items_in_batch`` (the SP group's count) in the yielded batches; the HSAP
             trainers drop it because Transformers' Trainer computes the count over all ranks itself.
         verify: compare batch digests across the group at every step (the gather makes them equal already).
@@ -72,28 +70,20 @@ class SPDataLoader:
 
     def __init__(self, dataloader: Any, sp: Any, placement: str | None = None, keep_num_items: bool = True,
                  verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False,
-                 plan_options: dict[str, Any] | None = None, check_previous: bool = True,
-                 config: Any = None) -> None:
-        from ..config import HSAPConfig, warn_deprecated
+                 check_previous: bool = True, config: Any = None) -> None:
+        from ..config import HSAPConfig
 
         if skip_batches < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
-        if plan_options:
-            warn_deprecated("SPDataLoader(plan_options=...)", "SPDataLoader(config=HSAPConfig(...))")
         self.dataloader = dataloader
         self.sp = sp
         base = config or getattr(sp, "config", None) or HSAPConfig()
-        self.config = base.with_plan_options(placement, plan_options)
+        self.config = base.replace(placement=placement) if placement is not None else base
         self.check_previous = check_previous
         self.keep_num_items = keep_num_items
         self.verify = verify
         self.skip_batches = int(skip_batches)
         self.skip_first_pass_only = skip_first_pass_only
-
-    placement = deprecated_property("SPDataLoader.placement", "SPDataLoader.config.placement",
-                                    lambda self: self.config.placement)
-    plan_options = deprecated_property("SPDataLoader.plan_options", "SPDataLoader.config",
-                                       lambda self: self.config.plan_options())
 
     def __len__(self) -> int:
         full = len(self.dataloader) * int(self.sp.size)

@@ -142,19 +142,13 @@ def _check_previous_batch(sp: Any) -> None:
                                "SPDataLoader.)")
 
 
-def _plan_kwargs(sp: Any, config: Any, placement: str | None, plan_options: Mapping[str, Any] | None) -> dict:
-    """``plan_sequence`` keyword arguments from the config (the group's unless given), a placement override
-    and the deprecated ``plan_options`` dict."""
-    from ..config import HSAPConfig, warn_deprecated
+def _plan_kwargs(sp: Any, config: Any, placement: str | None) -> dict:
+    """``plan_sequence`` keyword arguments from the config (the group's unless given) and a placement override."""
+    from ..config import HSAPConfig
 
     config = config or getattr(sp, "config", None) or HSAPConfig()
-    if plan_options:
-        warn_deprecated("shard_batch(plan_options=...) / SPDataLoader(plan_options=...)",
-                        "an HSAPConfig (init_sequence_parallel(HSAPConfig(...)) or config=)", stacklevel=4)
-    options = dict(plan_options or {})
-    direct = {k: options.pop(k) for k in ("cache", "gpus_per_node", "total_tokens", "ulysses_size") if k in options}
-    config = config.with_plan_options(placement, options)
-    kwargs = {"placement": config.placement, **config.plan_options(), **direct}
+    config = config.replace(placement=placement) if placement is not None else config  # validated there
+    kwargs = {"placement": config.placement, **config.plan_options()}
     if config.cost_model is not None:
         kwargs["cost"] = config.cost_model
     return kwargs
@@ -166,7 +160,6 @@ def shard_batch(
     placement: str | None = None,
     verify: bool = True,
     ignore_index: int = IGNORE_INDEX,
-    plan_options: Mapping[str, Any] | None = None,
     check_previous: bool = True,
     config: Any = None,
 ) -> dict[str, Any]:
@@ -185,7 +178,6 @@ def shard_batch(
         placement: overrides the config's placement (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
         config: the :class:`~hf_hsap.HSAPConfig` to plan with (placement, rounds, receive budget, token
             slack); default the group's ``sp.config``.
-        plan_options: deprecated (one release): a dict of ``plan_sequence`` options; use ``config``.
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
         check_previous: under SP, first check that the forward of the group's previous batch from
@@ -229,7 +221,7 @@ def shard_batch(
     if verify and size > 1:
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
-    plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement, plan_options))
+    plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement))
     vision = batch.get(VISION_LAYOUT_KEY)
     blocks = image_blocks(vision, ids, cu) if vision is not None and vision.image_blocks else None
     if blocks is not None:  # Gemma 3: an image's tokens see each other both ways; each image inside one part

@@ -34,7 +34,6 @@ from typing import Any, Iterable
 import torch
 
 from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, resolve_checkpoint, rotate
-from ..config import deprecated_property
 from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
@@ -60,7 +59,6 @@ class HSAPTrainerMixin:
     Args:
         sp: an :class:`~hf_hsap.SPGroup`, an int SP size, or ``None`` (from ``args`` / ``hsap_config``).
         hsap_config: an :class:`~hf_hsap.HSAPConfig` (its ``model_config`` defaults to the model's).
-        sp_placement, sp_plan_options: deprecated (one release): use ``hsap_config`` or the ``hsap_*`` args.
         preemption_signals: signals that stop ``train`` after the current step with a checkpoint (default
             SIGTERM and SIGUSR1; ``()``: none, the process keeps its own handlers).
         *args, **kwargs: the Trainer's own arguments.
@@ -70,11 +68,8 @@ class HSAPTrainerMixin:
             refuse, before the first step.
     """
 
-    def __init__(self, *args: Any, sp: Any = None, hsap_config: Any = None, sp_placement: str | None = None,
-                 sp_plan_options: dict[str, Any] | None = None,
+    def __init__(self, *args: Any, sp: Any = None, hsap_config: Any = None,
                  preemption_signals: Iterable[int] = PREEMPTION_SIGNALS, **kwargs: Any) -> None:
-        from ..config import warn_deprecated
-
         register()
         _no_offloading_without_accelerator(kwargs.get("args", args[1] if len(args) > 1 else None))
         super().__init__(*args, **kwargs)
@@ -83,14 +78,11 @@ class HSAPTrainerMixin:
         self.add_callback(_PreemptionCallback(self))
         model = self.accelerator.unwrap_model(self.model)
         config = model.config
-        if sp_placement is not None or sp_plan_options:
-            warn_deprecated("HSAPTrainer(sp_placement=..., sp_plan_options=...)",
-                            "hsap_config=HSAPConfig(...) or the hsap_* fields of HSAPTrainingArguments / HSAPSFTConfig")
         self._hsap_prepare_data(model)
         check_trainer_setup(self)
         self.sp, cfg = self._hsap_group(sp, hsap_config, config)
         sp = self.sp
-        self.hsap_config = cfg.with_plan_options(sp_placement, sp_plan_options)
+        self.hsap_config = cfg
         _use_hsap_in_decoder(model)
         # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
         self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
@@ -158,11 +150,6 @@ class HSAPTrainerMixin:
         if sp.grad_comm_dtype is None:
             sp.grad_comm_dtype = cfg.grad_comm_dtype
         return sp, cfg
-
-    sp_placement = deprecated_property("HSAPTrainer.sp_placement", "HSAPTrainer.hsap_config.placement",
-                                       lambda self: self.hsap_config.placement)
-    sp_plan_options = deprecated_property("HSAPTrainer.sp_plan_options", "HSAPTrainer.hsap_config",
-                                          lambda self: self.hsap_config.plan_options())
 
     def get_total_train_batch_size(self, args: Any) -> int:
         """Rows per optimizer step over the world: the ranks of an SP group share each row, so Trainer's

@@ -40,7 +40,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..deprecation import moved_names
 from ..hardware import cost_model_kinds, gpu_kind
 from .chain import part_steps, recurrent_layers
 from .layout import Layout
@@ -141,7 +140,7 @@ class CostModel:
                          mixer_token_cost=recurrent_layers * token_s / pair_s, handoff_cost=handoff_s / pair_s)
 
     @staticmethod
-    def from_config(config: Any, link: str = "network", hardware: str | None = None) -> "CostModel":
+    def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
         """Cost model for a Transformers model config on a GPU kind, with SAP's KV over a link.
 
         What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
@@ -154,9 +153,7 @@ class CostModel:
             link: ``"nvlink"`` or ``"network"`` (e.g. ``sp.sap_link``).
             hardware: a key of :data:`HARDWARE_LINKS` (``"A100"``, ``"H100"``, ...: peak, NVLink and
                 per-GPU network bandwidth from :mod:`hf_hsap.hardware`); for this process's GPU pass
-                :func:`hf_hsap.devices.detect_hardware`. Leaving it out (or ``"auto"``) still asks the
-                device for one release, with a ``FutureWarning``: the planner does not query devices,
-                and the default will become ``"A100"``.
+                :func:`hf_hsap.devices.detect_hardware` (the planner queries no device).
 
         Returns:
             The cost model.
@@ -165,8 +162,6 @@ class CostModel:
             ValueError: an unknown hardware or link, or a config without positive head counts and
                 hidden size.
         """
-        if hardware is None or hardware == "auto":
-            hardware = _deprecated_auto_hardware()
         if hardware not in HARDWARE_LINKS:
             raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
         if link not in ("nvlink", "network"):
@@ -243,19 +238,6 @@ class CostModel:
 
 # CostModel.for_link's models, built once at import (read-only)
 _LINK_MODELS: Mapping[str, CostModel] = MappingProxyType({"nvlink": CostModel.nvlink(), "network": CostModel.default()})
-
-
-def _deprecated_auto_hardware() -> str:
-    """``hardware="auto"`` (the old default) for one release: warn, then ask :mod:`hf_hsap.devices`. The
-    import is dynamic so that the planner package keeps no static edge to the device query (the import
-    contract); it goes with the deprecation."""
-    import importlib
-    import warnings
-
-    warnings.warn("CostModel.from_config without hardware= (or with 'auto') queries the device, which the "
-                  "planner no longer does: pass hardware=hf_hsap.devices.detect_hardware() (or a key such as "
-                  "'A100'); the default becomes 'A100' in the next release", FutureWarning, stacklevel=3)
-    return importlib.import_module("hf_hsap.devices").detect_hardware()
 
 
 def part_times(layout: Layout, pl: Placement, tr: Transfers | None, cost: CostModel,
@@ -383,8 +365,3 @@ def choose_placement(layout: Layout, candidates: Sequence[Placement],
     times = [step_time(layout, c, t if isinstance(t, Mapping) else {None: t}, layers, cost)
              for c, t in zip(candidates, transfers)]
     return int(np.argmin(times))
-
-
-__getattr__ = moved_names(__name__, {"detect_hardware": ("hf_hsap.devices", "the planner does not query devices"),
-                                     **{n: ("hf_hsap.plan.simulation", "the round simulation has its own module")
-                                        for n in ("round_order_times", "round_order", "simulated_time")}})

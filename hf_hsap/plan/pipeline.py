@@ -27,7 +27,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..deprecation import moved_names
 POST, WAIT, LOCAL, COMPUTE, RETURN, COLLECT = "post", "wait", "local", "compute", "return", "collect"
 OPS = (POST, WAIT, LOCAL, COMPUTE, RETURN, COLLECT)
 
@@ -252,8 +251,3 @@ def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, pee
     n = xfer.shape[1]
     shape = PipelineShape(n, 1, refetch, 1 if refetch else max(n, 1))
     return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)
-
-
-# moved to hf_hsap.plan.rounds (round_tables now returns a RoundTables): one release with a warning
-__getattr__ = moved_names(__name__, {n: ("hf_hsap.plan.rounds", "") for n in
-                                     ("split_rounds", "round_tables", "piece_remote_work", "ROUND_ORDERS")})

@@ -16,12 +16,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..deprecation import moved_names
 from .balanced import balanced, balanced_greedies
 from .density import DensityFigures, density, density_figures, density_greedies
 from .greedy import Greedy
 from .cache import PlanCache
-from .collector import collector_paused
 from .cutting import with_priced_cuts
 from .exposure import Simulations, simulated_orders
 from .cost import CostModel, contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
@@ -263,11 +261,10 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
     sims: Simulations = {}  # what auto's checks simulated: the final plan's round orders, if among them
-    with collector_paused():  # (.collector: the collector would walk every young list of the passes)
-        pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
-                         budget=recv_budget_tokens, rounds=rounds, sims=sims)
-        per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w],
-                                 None if w is not None else simulated_orders(sims, pl, trs[w])) for w in kinds}
+    pl, trs = _place(layout, group.n_parts, placement, token_slack, cost, min_tokens=U, layers=layers,
+                     budget=recv_budget_tokens, rounds=rounds, sims=sims)
+    per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w],
+                             None if w is not None else simulated_orders(sims, pl, trs[w])) for w in kinds}
     for w, k in per_kind.items():
         logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "
                      "rounds %r (%d), %d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U,
@@ -396,6 +393,3 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
         raise ValueError(f"no Ulysses degree divides sp_size={sp_size} and num_heads={num_heads} (and fits a node of "
                          f"{gpus_per_node} ranks) for {layout.total_tokens} tokens")
     return fastest_degree(plans, (num_heads, num_kv_heads or num_heads) if memory_cap else None)
-
-
-__getattr__ = moved_names(__name__, {"check_same_layout": ("hf_hsap.sp_plan", "the planner runs no collective")})

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..deprecation import moved_names
 from ..kernels.base import Segment, VarlenSpec
 from .layout import Layout
 from .pipeline import PipelineShape, pipeline_shape
@@ -267,6 +266,3 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: i
         items = _remote_items(layout, q_doc, q_start, q_end, q_local, io.k_start, io.k_end, io.k_off)
         rounds.append(io.round(items))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)
-
-
-__getattr__ = moved_names(__name__, {"split_rounds": ("hf_hsap.plan.rounds", "")})  # one release

@@ -8,7 +8,6 @@ JSON form.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,44 +61,6 @@ class PlanStats:
         """The figures as a plain (JSON-ready) dict keyed by attribute name."""
         return dataclasses.asdict(self)
 
-    # ----------------------------------------------------------------- the old dict spelling, one release
-    def __getitem__(self, key: str) -> Any:
-        """Deprecated dict-style access (``stats["tokens"]``); use the attribute (``stats.tokens``)."""
-        _warn_dict(f"Plan.stats()[{key!r}]", f"Plan.stats().{key}")
-        return self._get(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Deprecated ``stats.get(key)``; use ``getattr`` / the attribute."""
-        _warn_dict("Plan.stats().get(...)", "the attribute")
-        return self._get(key) if key in _FIELDS else default
-
-    def __contains__(self, key: object) -> bool:
-        """Deprecated ``key in stats`` (every field is always present)."""
-        _warn_dict("`key in Plan.stats()`", "the attribute (every field is always present)")
-        return key in _FIELDS
-
-    def keys(self) -> list[str]:
-        """Deprecated ``stats.keys()``; ``to_dict()`` gives a dict."""
-        _warn_dict("Plan.stats().keys()", "PlanStats.to_dict()")
-        return list(_FIELDS)
-
-    def items(self) -> list[tuple[str, Any]]:
-        """Deprecated ``stats.items()``; ``to_dict()`` gives a dict."""
-        _warn_dict("Plan.stats().items()", "PlanStats.to_dict()")
-        return list(self.to_dict().items())
-
-    def __iter__(self):
-        """Deprecated iteration over the keys (``dict(stats)``, ``for k in stats``)."""
-        _warn_dict("iterating Plan.stats()", "PlanStats.to_dict()")
-        return iter(_FIELDS)
-
-    def _get(self, key: str) -> Any:
-        if key not in _FIELDS:
-            raise KeyError(key)
-        if key == "kinds":  # the dict spelling is the JSON form all through
-            return {name: dataclasses.asdict(k) for name, k in self.kinds.items()}
-        return getattr(self, key)
-
 
 @dataclass(frozen=True)
 class KindStats:
@@ -127,11 +88,3 @@ class KindStats:
 def kind_name(window: int | None) -> str:
     """The key of a mask kind in :attr:`PlanStats.kinds`: ``"full"`` or ``"window=<W>"``."""
     return "full" if window is None else f"window={window}"
-
-
-def _warn_dict(old: str, new: str) -> None:
-    warnings.warn(f"{old} (dict-style Plan.stats()) is deprecated and will be removed in the next release; read "
-                  f"{new} instead", FutureWarning, stacklevel=3)
-
-
-_FIELDS = tuple(f.name for f in dataclasses.fields(PlanStats))

@@ -69,7 +69,7 @@ def test_sft_without_packing_is_refused(tmp_path: Path) -> None:
                        processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())))
 
 
-def test_args_carry_the_hsap_config_and_old_spellings_warn(tmp_path: Path) -> None:
+def test_args_carry_the_hsap_config_and_the_old_spellings_are_gone(tmp_path: Path) -> None:
     args = _args(tmp_path, HSAPTrainingArguments, hsap_placement="zigzag", hsap_rounds="batched",
                  hsap_recv_budget_tokens=64)
     trainer = _trainer(tmp_path, args=args)
@@ -79,9 +79,8 @@ def test_args_carry_the_hsap_config_and_old_spellings_warn(tmp_path: Path) -> No
     assert trainer.get_total_train_batch_size(trainer.args) == 4  # SP 1: Trainer's own figure
     local = next(iter(trainer.get_train_dataloader()))
     assert local["hsap_plan"].recv_budget_tokens == 64 and local["hsap_plan"].round_order == "batched"
-    with pytest.warns(FutureWarning, match="sp_placement"):
-        old = _trainer(tmp_path, sp_placement="contiguous", sp_plan_options={"rounds": "batched"})
-    assert (old.hsap_config.placement, old.hsap_config.rounds) == ("contiguous", "batched")
+    with pytest.raises(TypeError, match="sp_placement"):  # the unreleased spelling is gone: hsap_config
+        _trainer(tmp_path, sp_placement="contiguous")
     explicit = _trainer(tmp_path, hsap_config=HSAPConfig(placement="balanced"))
     assert explicit.hsap_config.placement == "balanced"
 
@@ -127,24 +126,14 @@ def test_positional_output_dir_and_wrapped_packing(tmp_path: Path) -> None:
                        processing_class=AutoTokenizer.from_pretrained(str(tokenizer_path())))
 
 
-def test_old_plan_options_keep_the_plan_sequence_keys() -> None:
+def test_the_old_spellings_are_gone(tmp_path: Path) -> None:
+    """The unreleased dict / attribute spellings are gone: HSAPConfig carries the options."""
     import hf_hsap
 
     batch = {"input_ids": torch.arange(20).reshape(1, 20), "position_ids": torch.arange(20).reshape(1, 20)}
-    with pytest.warns(FutureWarning) as record:
-        local = hf_hsap.shard_batch(batch, None, plan_options={"cache": hf_hsap.PlanCache(), "rounds": "batched"})
-    assert local["hsap_plan"].round_order == "batched"
-    assert record[0].filename == __file__  # the warning names the caller's line
-
-
-def test_removed_attributes_still_read_with_a_warning(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="plan_options"):
+        hf_hsap.shard_batch(batch, None, plan_options={"rounds": "batched"})
     trainer = _trainer(tmp_path, hsap_config=HSAPConfig(placement="balanced", rounds="batched"))
-    with pytest.warns(FutureWarning, match="sp_placement"):
-        assert trainer.sp_placement == "balanced"
-    with pytest.warns(FutureWarning, match="sp_plan_options"):
-        assert trainer.sp_plan_options["rounds"] == "batched"
     loader = trainer.get_train_dataloader()
-    with pytest.warns(FutureWarning, match="SPDataLoader.placement"):
-        assert loader.placement == "balanced"
-    with pytest.warns(FutureWarning, match="SPDataLoader.plan_options"):
-        assert loader.plan_options["rounds"] == "batched"
+    assert not hasattr(trainer, "sp_placement") and not hasattr(loader, "plan_options")
+    assert loader.config.placement == "balanced" and loader.config.rounds == "batched"

@@ -1,5 +1,5 @@
-"""The planner pauses Python's cyclic garbage collector while it plans (``hf_hsap.plan.collector``) and leaves it
-exactly as it found it: enabled or disabled, after a plan or an exception."""
+"""``hf_hsap.plan_sequence`` pauses Python's cyclic garbage collector while it plans (``hf_hsap.collector``) and
+leaves it exactly as it found it: enabled or disabled, after a plan or an exception."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +7,8 @@ import gc
 import pytest
 
 from helpers import cu_of
-from hf_hsap.plan.collector import collector_paused
+import hf_hsap
+from hf_hsap.collector import collector_paused
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 
@@ -47,12 +48,12 @@ def test_a_plan_runs_with_the_collector_paused_and_restores_it(restore_gc, monke
 
     monkeypatch.setattr(planner, "_place", spy)
     (gc.enable if enabled else gc.disable)()
-    plan = planner.plan_layout(make_layout(cu_of([300, 20, 900, 45])), GroupSpec.offline(4), "auto")
+    plan = hf_hsap.plan_sequence(cu_of([300, 20, 900, 45]), 4)
     assert seen == [False] and gc.isenabled() == enabled
     assert plan.placement.tokens_per_part().sum() == 1265
     monkeypatch.setattr(planner, "_place", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        planner.plan_layout(make_layout(cu_of([300, 20])), GroupSpec.offline(2), "auto")
+        hf_hsap.plan_sequence(cu_of([300, 20]), 2)
     assert gc.isenabled() == enabled
 
 

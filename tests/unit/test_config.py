@@ -121,27 +121,6 @@ def test_plan_options() -> None:
     assert type(default["token_slack"]) is float
 
 
-def test_with_plan_options() -> None:
-    cost = CostModel(token_cost=1.0)
-    cfg = HSAPConfig(sp_size=2, rounds="batched")
-    assert cfg.with_plan_options() is cfg and cfg.with_plan_options(None, {}) is cfg
-    new = cfg.with_plan_options("contiguous", {"rounds": "by_peer", "recv_budget_tokens": 64, "token_slack": 0.5,
-                                               "cost": cost})
-    assert (new.placement, new.rounds, new.recv_budget_tokens, new.token_slack) == ("contiguous", "by_peer", 64, 0.5)
-    assert new.cost_model is cost and new.sp_size == 2
-    assert cfg.placement == "auto" and cfg.cost_model is None  # unchanged
-    assert cfg.with_plan_options(options={"cost_model": cost}).cost_model is cost
-    assert cfg.with_plan_options("zigzag").placement == "zigzag"
-    with pytest.raises(ValueError, match="plan option 'budget' has no HSAPConfig field"):
-        cfg.with_plan_options(options={"budget": 8})
-    with pytest.raises(ValueError, match="plan option 'sp_size'"):
-        cfg.with_plan_options(options={"sp_size": 4})
-    with pytest.raises(ValueError, match=r"HSAPConfig\.rounds="):
-        cfg.with_plan_options(options={"rounds": "ring"})  # validated like the constructor
-    with pytest.raises(ValueError, match=r"HSAPConfig\.placement="):
-        cfg.with_plan_options("spread")
-
-
 def test_cost_for() -> None:
     cfg = HSAPConfig(model_config=MODEL_CONFIG)
     assert cfg.num_heads == 8

@@ -138,10 +138,10 @@ def test_from_config_takes_an_explicit_hardware():
         want = CostModel.from_shapes(32, 8, 128, params, net * 0.8, peak, alpha_s=20e-6, a2a_bytes_per_s=nvl * 0.8)
         assert CostModel.from_config(LLAMA3, "network", hw) == want
     assert CostModel.from_config(LLAMA3, "nvlink", "B200") != CostModel.from_config(LLAMA3, "nvlink", "H100")
-    for old in ((), ("auto",)):  # the old default asks the device for one release, with a warning
-        with pytest.warns(FutureWarning, match=r"hf_hsap\.devices\.detect_hardware\(\)"):
-            got = CostModel.from_config(LLAMA3, "network", *old)
-        assert got == CostModel.from_config(LLAMA3, "network", detect_hardware())
+    # the planner queries no device: the default is a fixed kind, this process's GPU is passed explicitly
+    assert CostModel.from_config(LLAMA3, "network") == CostModel.from_config(LLAMA3, "network", "A100")
+    with pytest.raises(ValueError, match="unknown hardware 'auto'"):
+        CostModel.from_config(LLAMA3, "network", "auto")
     with pytest.raises(ValueError, match="unknown hardware 'L40S'"):
         CostModel.from_config(LLAMA3, "network", "L40S")  # in the table, but without link figures
 

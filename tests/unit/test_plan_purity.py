@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
-import warnings
 
 import numpy as np
 import pytest
@@ -98,57 +97,19 @@ def test_stats_are_typed() -> None:
     st = hf_hsap.plan_sequence([0, 100, 300], 2, "zigzag").stats()
     assert isinstance(st, PlanStats) and st.placement == "zigzag" and sum(st.tokens) == 300
     assert st.to_dict()["tokens"] == st.tokens and set(st.to_dict()) == {f.name for f in dataclasses.fields(PlanStats)}
-    with pytest.warns(FutureWarning, match=r"Plan.stats\(\).tokens"):
-        assert st["tokens"] == st.tokens  # the old spelling, for one release
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with pytest.raises(KeyError):
-            st["nope"]
+    with pytest.raises(TypeError):  # the unreleased dict spelling is gone
+        st["tokens"]  # noqa: B018
 
 
-def test_dict_style_stats_still_work_for_one_release() -> None:
-    st = hf_hsap.plan_sequence([0, 100, 300], 2, "zigzag").stats()
-    with pytest.warns(FutureWarning):
-        assert "tokens" in st and "nope" not in st
-    with pytest.warns(FutureWarning):
-        assert st.get("rounds") == st.rounds and st.get("nope", 7) == 7
-    with pytest.warns(FutureWarning):
-        assert dict(st) == st.to_dict()
-    with pytest.warns(FutureWarning):
-        assert dict(st.items()) == st.to_dict() and list(st.keys()) == list(st.to_dict())
-
-
-@pytest.mark.parametrize("module,name,new", [
-    ("hf_hsap.plan.pipeline", "split_rounds", "hf_hsap.plan.rounds"),
-    ("hf_hsap.plan.pipeline", "round_tables", "hf_hsap.plan.rounds"),
-    ("hf_hsap.plan.pipeline", "piece_remote_work", "hf_hsap.plan.rounds"),
-    ("hf_hsap.plan.schedule", "split_rounds", "hf_hsap.plan.rounds"),
-    ("hf_hsap.plan.cost", "detect_hardware", "hf_hsap.devices"),
-    ("hf_hsap.plan.cost", "simulated_time", "hf_hsap.plan.simulation"),
-    ("hf_hsap.plan.cost", "round_order_times", "hf_hsap.plan.simulation"),
-    ("hf_hsap.plan.cost", "round_order", "hf_hsap.plan.simulation"),
-    ("hf_hsap.plan.planner", "check_same_layout", "hf_hsap.sp_plan"),
-    ("hf_hsap.comm.loopback", "run_plan_loopback", "hf_hsap.loopback"),
+@pytest.mark.parametrize("module,name", [
+    ("hf_hsap.plan.pipeline", "split_rounds"), ("hf_hsap.plan.schedule", "split_rounds"),
+    ("hf_hsap.plan.cost", "detect_hardware"), ("hf_hsap.plan.cost", "simulated_time"),
+    ("hf_hsap.plan.planner", "check_same_layout"), ("hf_hsap.comm.loopback", "run_plan_loopback"),
+    ("hf_hsap.comm.all_to_all", "SeqToHead"),
 ])
-def test_moved_names_work_for_one_release(module: str, name: str, new: str) -> None:
+def test_the_unreleased_aliases_are_gone(module: str, name: str) -> None:
+    """Names that moved before the first release live only where they are now."""
     import importlib
 
-    with pytest.warns(FutureWarning, match=new.replace(".", r"\.")):
-        got = getattr(importlib.import_module(module), name)
-    assert got is getattr(importlib.import_module(new), name)
-
-
-def test_the_old_all_to_all_classes_warn_and_forward(monkeypatch) -> None:
-    import torch
-
-    from hf_hsap.comm import all_to_all as a2a
-
-    calls = []
-    monkeypatch.setattr(a2a, "all_to_all", lambda x, direction, *rest: calls.append(direction) or x)
-    x = torch.randn(5, 6)
-    for name, direction in (("SeqToHead", "seq_to_head"), ("HeadToSeq", "head_to_seq")):
-        with pytest.warns(FutureWarning, match=f"all_to_all\\(x, '{direction}'"):
-            assert getattr(a2a, name).apply(x, None, (5,), 0) is x
-    assert calls == ["seq_to_head", "head_to_seq"]
     with pytest.raises(AttributeError):
-        a2a.Nope  # noqa: B018
+        getattr(importlib.import_module(module), name)

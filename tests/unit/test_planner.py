@@ -218,14 +218,10 @@ def test_shard_batch_plans_with_its_config():
     cfg = hf_hsap.HSAPConfig(rounds="by_peer", recv_budget_tokens=8)
     plan = hf_hsap.shard_batch(batch, None, config=cfg)["hsap_plan"]
     assert plan.round_order == "by_peer" and plan.recv_budget_tokens == 8
-    # the old dict still works for one release, with a FutureWarning, and is validated the same way
-    with pytest.warns(FutureWarning, match="plan_options"):
-        old = hf_hsap.shard_batch(batch, None, plan_options={"rounds": "by_peer", "recv_budget_tokens": 8})
-    assert old["hsap_plan"].round_order == "by_peer" and old["hsap_plan"].recv_budget_tokens == 8
-    with pytest.raises(ValueError, match="rounds='ring'"), pytest.warns(FutureWarning):
-        hf_hsap.shard_batch(batch, None, plan_options={"rounds": "ring"})
-    with pytest.raises(ValueError, match="no HSAPConfig field"), pytest.warns(FutureWarning):
-        hf_hsap.shard_batch(batch, None, plan_options={"roundz": "batched"})
+    # a placement override is validated by the config
+    assert hf_hsap.shard_batch(batch, None, "zigzag", config=cfg)["hsap_plan"].placement_name == "zigzag"
+    with pytest.raises(ValueError, match=r"HSAPConfig\.placement="):
+        hf_hsap.shard_batch(batch, None, "spread", config=cfg)
 
 
 def test_cost_model_from_config():

@@ -1,4 +1,5 @@
-"""The planner's pause of Python's cyclic garbage collector.
+"""The pause of Python's cyclic garbage collector while a plan is made (:func:`hf_hsap.plan_sequence`; the planner
+package itself stays free of process-wide state).
 
 A plan allocates thousands of lists and tuples in its greedy passes, refinements and searches (plain Python
 scalars: :mod:`.balanced`, :mod:`.density`, :mod:`.refine`, :mod:`.cutting`) and keeps many of them until it
