@@ -42,7 +42,6 @@ import numpy as np
 from .balanced import _fill_by_headroom, _split
 from .greedy import Greedy
 from .layout import Layout
-from .lpt import BATCH_MIN_PARTS, least_loaded_batch
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
 from .shares import share_room
 
@@ -102,10 +101,8 @@ class DensityFigures:
         self.order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
         self.order = self.order_a.tolist()
         self.lens, self.pairs, self.loads = lengths.tolist(), self.pairs_a.tolist(), loads_a.tolist()
-        self.lens_by_order_a = lengths[self.order_a].astype(np.float64)  # in `order` (the batched LPT's)
-        self.pairs_by_order_a = self.pairs_a[self.order_a]
-        self.lens_by_order = lengths[self.order_a].tolist()
-        self.pairs_by_order = self.pairs_by_order_a.tolist()
+        self.lens_by_order = lengths[self.order_a].tolist()  # in `order`
+        self.pairs_by_order = self.pairs_a[self.order_a].tolist()
         # the builtin sum: left to right, as the figures were first written
         self.sum_loads, self.sum_pairs = sum(self.loads), sum(self.pairs)
 
@@ -207,11 +204,8 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
             part_load[p] = wrk[p] + token_cost * tok[p]
     light = order[heavy_end:]
     segs = (seg_doc, seg_start, seg_end, seg_part)
-    if P >= BATCH_MIN_PARTS:  # (.lpt: the same choices, by batches)
-        whole_part, no_room = _least_loaded_batched(light, heavy_end, fig, P, cap_t, tok, wrk, *segs)
-    else:
-        whole_part, no_room = _least_loaded(light, fig.lens_by_order[heavy_end:], fig.pairs_by_order[heavy_end:], cu,
-                                            P, token_cost, cap_t, tok, wrk, *segs)
+    whole_part, no_room = _least_loaded(light, fig.lens_by_order[heavy_end:], fig.pairs_by_order[heavy_end:], cu,
+                                        P, token_cost, cap_t, tok, wrk, *segs)
     # "all" splits evenly already (and has many boundaries, each move costs more): fewer refining moves
     g = Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
                cap_t, max_moves=(4 if spread == "fit" else 1) * P, whole_doc_ids=fig.order_a[heavy_end:], cu_list=cu)
@@ -251,39 +245,6 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
         tok[p], wrk[p], out[i] = t, w, p
         replace(heap, (w + token_cost * t, p))
     return out, no_room
-
-
-def _least_loaded_batched(docs: list[int], first: int, fig: DensityFigures, P: int, cap_t: float, tok: list[float],
-                          wrk: list[float], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-                          seg_part: list[int]) -> tuple[list[int], bool]:
-    """:func:`_least_loaded` by batches (:func:`.lpt.least_loaded_batch`), a document without room on its
-    least-loaded part by the heap (:func:`_no_room`): the same parts and figures.
-
-    Args:
-        docs: the documents, ``fig.order[first:]``. first: where they start in ``fig``'s order. fig: the figures.
-        P, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part: as :func:`_least_loaded`.
-
-    Returns:
-        As :func:`_least_loaded`.
-    """
-    lens_a, pairs_a = fig.lens_by_order_a[first:], fig.pairs_by_order_a[first:]
-    tc, cu, n = fig.token_cost, fig.cu, len(docs)
-    out = np.full(n, -1, dtype=np.int64)
-    tok_a, wrk_a = np.array(tok, dtype=np.float64), np.array(wrk, dtype=np.float64)
-    no_room = False
-    i = least_loaded_batch(lens_a, pairs_a, tc, cap_t, tok_a, wrk_a, out)
-    while i < n:  # document i has no room on its least-loaded part (rare): the heap's way, then batches again
-        no_room = True
-        tok[:], wrk[:] = tok_a.tolist(), wrk_a.tolist()
-        heap = [(wrk[p] + tc * tok[p], p) for p in range(P)]
-        heapq.heapify(heap)
-        d = docs[i]
-        out[i] = _no_room(d, fig.lens_by_order[first + i], fig.pairs_by_order[first + i], cu[d], tc, cap_t, heap,
-                          tok, wrk, seg_doc, seg_start, seg_end, seg_part)
-        tok_a, wrk_a = np.array(tok, dtype=np.float64), np.array(wrk, dtype=np.float64)
-        i += 1 + least_loaded_batch(lens_a[i + 1:], pairs_a[i + 1:], tc, cap_t, tok_a, wrk_a, out[i + 1:])
-    tok[:], wrk[:] = tok_a.tolist(), wrk_a.tolist()
-    return out.tolist(), no_room
 
 
 def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],
