@@ -121,3 +121,12 @@ def environ_kept(fn: Any) -> Any:
 
     return run
 
+
+def adopt_process_group(sp_size: int) -> None:
+    """Under SP, the launch variables that make Accelerate adopt a pool rank's existing process group."""
+    import torch.distributed as dist
+
+    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
+                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+

@@ -1,16 +1,12 @@
 """Which hybrid families hf_hsap runs exactly, and how a config shows recurrent token mixers (data only).
 
 A family joins :data:`MIXER_FAMILIES` after its exactness run in the zoo (``python scripts/model_zoo.py``) and
-``tests/model/test_hybrid.py``; its recurrent layers are prepared by :mod:`.mixer_hooks`.
+``tests/model/test_zoo.py``; its recurrent layers are prepared by :mod:`.mixer_hooks`.
 """
 from __future__ import annotations
 
-from ..plan.chain import RECURRENT_LAYER_TYPES
+__all__ = ["FAMILY_REASONS", "MIXER_CLASS_WORDS", "MIXER_FAMILIES", "MIXER_FIELDS", "NON_MIXING_LAYER_TYPES", "NO_HOOK"]
 
-__all__ = ["FAMILY_REASONS", "MIXER_CLASS_WORDS", "MIXER_FAMILIES", "MIXER_FIELDS", "MIXER_LAYER_TYPES",
-           "NON_MIXING_LAYER_TYPES", "NO_HOOK"]
-
-MIXER_LAYER_TYPES = RECURRENT_LAYER_TYPES  # `config.layer_types` entries of recurrent token mixers
 # `config.layer_types` entries of layers that mix no tokens (Nemotron-H's MLP-only layers).
 NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against

@@ -29,14 +29,15 @@ import torch
 
 from ..log import get_logger
 from ..multimodal import prepare_vision
+from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
 from .plan_relay import probe_attention, relay_plan
-from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, MIXER_LAYER_TYPES,
-                             NO_HOOK, NON_MIXING_LAYER_TYPES)
+from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, NO_HOOK,
+                             NON_MIXING_LAYER_TYPES)
 
 logger = get_logger(__name__)
 
-__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "MIXER_LAYER_TYPES", "ModelCheck", "UnsupportedModelError",
+__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "UnsupportedModelError",
            "attention_layer_count", "check_config", "check_mixers_prepared", "check_model", "chunked_attention_size",
            "disable_attention_dropout", "has_mixer_layers", "layer_type", "sliding_window_size",
            "uses_attention_interface"]
@@ -154,7 +155,7 @@ def has_mixer_layers(config: Any) -> bool:
     text = _text_config(config)
     types = getattr(text, "layer_types", None)
     if types:
-        return bool({str(t) for t in types} & MIXER_LAYER_TYPES)
+        return bool({str(t) for t in types} & RECURRENT_LAYER_TYPES)
     return any(getattr(text, name, None) is not None for name in MIXER_FIELDS)
 
 
@@ -169,9 +170,9 @@ def _mixer_reason(config: Any) -> str | None:
     hooks = ("hf_hsap makes recurrent layers document-exact through Transformers' kernel hooks, and this family "
              f"computes them in its own code ({NO_HOOK.get(family, 'no kernel hook to replace')})")
     if types:
-        allowed = ATTENTION_LAYER_TYPES | (MIXER_LAYER_TYPES | NON_MIXING_LAYER_TYPES if known else frozenset())
+        allowed = ATTENTION_LAYER_TYPES | (RECURRENT_LAYER_TYPES | NON_MIXING_LAYER_TYPES if known else frozenset())
         other = sorted({str(t) for t in types} - allowed)
-        unknown = [t for t in other if t not in MIXER_LAYER_TYPES | NON_MIXING_LAYER_TYPES]
+        unknown = [t for t in other if t not in RECURRENT_LAYER_TYPES | NON_MIXING_LAYER_TYPES]
         if unknown:
             return f"layers of type {unknown} (config.layer_types) that are not softmax attention"
         if other:

@@ -53,13 +53,13 @@ class SegmentOp:
     length: int
 
     def cut(self, seg: Segment, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The segment's slices of ``tensors`` (row ``start // L``, columns inside it)."""
+        """The segment's slices of ``tensors`` (a tensor without a token dimension whole)."""
+        return [t if d is None else self.slice(seg, t, d) for t, d in zip(tensors, self.token_dims)]
+
+    def slice(self, seg: Segment, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """``t``'s slice of the segment: row ``start // L``, its columns along ``dim`` (default: the output's)."""
         row, a = divmod(seg.start, self.length)
-        b = a + (seg.end - seg.start)
-        out = []
-        for t, d in zip(tensors, self.token_dims):
-            out.append(t if d is None else t.narrow(0, row, 1).narrow(d, a, b - a))
-        return out
+        return t.narrow(0, row, 1).narrow(self.out_dim if dim is None else dim, a, seg.end - seg.start)
 
 
 class StateExchange:
@@ -216,7 +216,7 @@ class _HandOff(torch.autograd.Function):
                 if seg.step != step:
                     continue
                 parts, init, out, final = saved[i]
-                g_out = _narrow_out(op, seg, grad_out)
+                g_out = op.slice(seg, grad_out)
                 outs, gs = [out], [g_out]
                 g_fin = grad_final.pop(seg.doc, None) if seg.next >= 0 else None
                 if g_fin is not None and final.requires_grad:
@@ -226,7 +226,7 @@ class _HandOff(torch.autograd.Function):
                     torch.autograd.backward(outs, gs)
                 for j, (p, d) in enumerate(zip(parts, op.token_dims)):
                     if d is not None and grads[j] is not None and p.grad is not None:
-                        _narrow_out(op, seg, grads[j], dim=d).copy_(p.grad)
+                        op.slice(seg, grads[j], d).copy_(p.grad)
                 if init is not None:
                     back.append((seg.prev, seg.doc, init.grad if init.grad is not None else torch.zeros_like(init)))
         param_grads = [leaf.grad if d is None and leaf.requires_grad else None
@@ -240,8 +240,3 @@ def _keep(t: torch.Tensor) -> torch.Tensor:
     """Saved-tensor hook that keeps the tensor itself."""
     return t
 
-
-def _narrow_out(op: SegmentOp, seg: Segment, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """``t``'s slice of the segment along ``dim`` (default: the output's token dimension)."""
-    row, a = divmod(seg.start, op.length)
-    return t.narrow(0, row, 1).narrow(op.out_dim if dim is None else dim, a, seg.end - seg.start)

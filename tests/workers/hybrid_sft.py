@@ -3,14 +3,11 @@ layers beside full attention) on a generated plain-text set with ``packing=True`
 one process and under SP."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from helpers import environ_kept
-
+from helpers import adopt_process_group, environ_kept
 from workers.sp_model import VOCAB, make_tokenizer
 
 FAMILY = "qwen3_5_text"
@@ -31,9 +28,7 @@ def hybrid_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int
     from hf_hsap.integrations import HSAPSFTConfig, HSAPSFTTrainer, register
     from workers.zoo_configs import build_model, tiny_config
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:  # Accelerate adopts the existing process group
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    adopt_process_group(sp_size)  # Accelerate adopts the existing process group
     register()
     model = build_model(tiny_config(FAMILY), "hsap", torch.float32, seed=0)
     g = torch.Generator().manual_seed(7)

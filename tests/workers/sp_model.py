@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from helpers import adopt_process_group
+
 import hf_hsap
 from hf_hsap.integrations import register, shard_batch
 
@@ -157,9 +159,7 @@ def sft_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> list
 
     from hf_hsap.integrations import HSAPSFTTrainer
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:  # Accelerate adopts the existing process group
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    adopt_process_group(sp_size)  # Accelerate adopts the existing process group
     tokenizer = make_tokenizer()
     g = torch.Generator().manual_seed(5)
     lens = torch.randint(1, 40, (48,), generator=g).tolist()
@@ -190,9 +190,7 @@ def _trainer_rows(sp_size: int, seed: int, n: int) -> Any:
     reads to join the already initialised process group."""
     from datasets import Dataset
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    adopt_process_group(sp_size)  # Accelerate adopts the existing process group
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, 50, (n,), generator=g).tolist()
     return Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (k,), generator=g).tolist()} for k in lens])

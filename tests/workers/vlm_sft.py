@@ -2,13 +2,11 @@
 ``packing=True`` through ``HSAPSFTTrainer``, at one process and under SP."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from helpers import environ_kept
+from helpers import adopt_process_group, environ_kept
 
 
 @environ_kept
@@ -25,9 +23,7 @@ def vlm_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 
     from hf_hsap.examples import tiny_vlm_config, tiny_vlm_processor, vlm_sft_rows
     from hf_hsap.integrations import HSAPSFTConfig, HSAPSFTTrainer
 
-    if sp_size > 1 and "MASTER_ADDR" not in os.environ:  # Accelerate adopts the existing process group
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", RANK=str(dist.get_rank()),
-                          WORLD_SIZE=str(dist.get_world_size()), LOCAL_RANK=str(dist.get_rank()))
+    adopt_process_group(sp_size)  # Accelerate adopts the existing process group
     processor = tiny_vlm_processor()
     config = tiny_vlm_config("llava", vocab_size=len(processor.tokenizer))
     torch.manual_seed(0)
