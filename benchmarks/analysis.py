@@ -1,5 +1,5 @@
-"""The analysis section of ``BENCHMARKS.md`` ("Where hf_hsap loses, and why"): text around the computed
-figures of the results dict of :mod:`benchmarks.run`."""
+"""The analysis detail file ``benchmarks/results/analysis.md`` ("Where hf_hsap loses, and why"): text around the
+computed figures of the results dict of :mod:`benchmarks.run`."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,9 +76,10 @@ def _cpu_analysis(res: dict) -> str:
     shapes = (f" (8 heads, causal squares, fwd + bwd, one call / default: {k8[0]['nq']}: "
               f"{k8[0]['whole_mpairs_per_s']:.0f} / {k8[0]['default_mpairs_per_s']:.0f}, {k8[-1]['nq']}: "
               f"{k8[-1]['whole_mpairs_per_s']:.0f} / {k8[-1]['default_mpairs_per_s']:.0f} M pairs·head/s, "
-              "table below)" if len(k8) >= 2 else "")
-    return ("**CPU.** Every schedule computes the same pairs with 4 processes on 2 cores, so wall time follows "
-            "the total and the busiest rank's CPU work; messages are memory copies. On longtail, schedule / hsap "
+              "the kernel table of [cpu.md](cpu.md))" if len(k8) >= 2 else "")
+    world = (res.get("measure_config") or {}).get("world", 4)
+    return (f"**CPU.** Every schedule computes the same pairs with {world} processes on {res['meta']['cores']} "
+            "cores, so wall time follows the total and the busiest rank's CPU work; messages are memory copies. On longtail, schedule / hsap "
             "wall time: "
             + "; ".join(parts) + ". Ring and all-gather lose by moving and merging every block. Ulysses splits "
             f"work exactly by heads; hf_hsap's busiest rank holds {work.max() / work.mean():.3f} × the mean "
@@ -90,9 +91,8 @@ def _cpu_analysis(res: dict) -> str:
             "hf_hsap's compute path "
             "(local causal item, remote items on the receive buffer, LSE merges, gradient returns) reaches this "
             f"fraction of one causal varlen call over the same pairs: {kp_txt}. The CPU kernel runs every work "
-            "item in place (segments on the un-gathered rows: no gathers, scatters or per-item gradient buffers); "
-            "a `torch.profiler` run of the longtail hkv=8 path (2026-11-30) put 94 % of it in the flash op calls "
-            "(91 % before, with 7 % in copies). What remains is the shape of the calls: split documents give "
+            "item in place (segments on the un-gathered rows: no gathers, scatters or per-item gradient buffers). "
+            "What remains is the shape of the calls: split documents give "
             "shorter causal squares, and PyTorch's CPU flash op computes about 256 masked keys per query row of a "
             "causal square. The kernel halves squares in the backward (down to 128 rows at ≥ 4 query heads, 256 "
             "below: Ulysses' calls gain too)" + shapes + "; it keeps the forward whole, where the merges cost "
@@ -100,7 +100,15 @@ def _cpu_analysis(res: dict) -> str:
 
 
 def analysis(res: dict) -> str:
-    """The "Where hf_hsap loses, and why" section of ``BENCHMARKS.md``."""
+    """The "Where hf_hsap loses, and why" section (the detail file ``benchmarks/results/analysis.md``).
+
+    Args:
+        res: the results dict of :mod:`benchmarks.run` (``traffic_rows``, ``traffic_goals``, ``cost_rows``, and
+            optionally ``measured``, ``kernel_paths``, ``kernel_shapes``).
+
+    Returns:
+        Markdown.
+    """
     tg = res["traffic_goals"]
     mixed = [g for g in tg if g["dist"] == "mixed"]
     ideal = [r["ideal_over_hsap"] for r in res["cost_rows"]]
@@ -142,7 +150,8 @@ def analysis(res: dict) -> str:
         "",
         f"5. **Distance to the model's ideal.** Ideal / hf_hsap TGS (perfect balance, all communication hidden, "
         f"same kernel efficiencies): {rp.span(ideal)} for the default, {rp.span(ideal_b)} for the best U. The physical-bound goal "
-        "(≤ 1.15×) is out of reach for every schedule while the model assumes the kernel efficiencies below.",
+        "(≤ 1.15×) is out of reach for every schedule while the model assumes the kernel efficiencies of "
+        "[cost_model.md](cost_model.md).",
     ]
     if res.get("measured"):
         parts += ["", "6. " + _cpu_analysis(res)]

@@ -1,5 +1,5 @@
-"""Issue 41's goals (million-token memory) in one table, and the memory model's section of BENCHMARKS.md, from the
-results of ``bash scripts/bench_memory.sh`` (``benchmarks/results/memory_levers.json`` of
+"""Issue 41's goals (million-token memory) in one table, and the memory sections (the detail file
+``benchmarks/results/memory.md``), from the results of ``bash scripts/bench_memory.sh`` (``benchmarks/results/memory_levers.json`` of
 :mod:`benchmarks.memory_levers`, ``memory_model.json`` of :mod:`benchmarks.memory_model`). A goal whose figures
 are missing gets no row."""
 from __future__ import annotations
@@ -97,7 +97,14 @@ def memory_model_section(model: dict[str, Any]) -> str:
 
 
 def memory_sections(res: dict[str, Any]) -> list[str]:
-    """BENCHMARKS.md's sections of ``bash scripts/bench_memory.sh`` (empty when it has not run)."""
+    """The sections of ``bash scripts/bench_memory.sh``: the levers, then the memory model.
+
+    Args:
+        res: a results dict with ``memory_levers`` / ``memory_model`` (either may be missing or ``None``).
+
+    Returns:
+        The markdown sections (empty when it has not run).
+    """
     out = []
     if res.get("memory_levers"):
         out.append(levers_section(res["memory_levers"]))

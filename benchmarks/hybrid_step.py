@@ -15,13 +15,12 @@ against the formula ``hand-offs x (C * (k - 1) * 4 + H * D_k * D_v * 4)`` per la
 (:func:`benchmarks.hybrid_workers.state_formula`).
 
 Usage: ``python -m benchmarks.hybrid_step [--quick] [--out benchmarks/results/hybrid_step.json] [--no-write-md]``
-(``bash scripts/bench_hybrid.sh``). Writes the results JSON and the section between the markers of BENCHMARKS.md
-(:func:`with_section`: appended the first time, the rest of the file untouched).
+(``bash scripts/bench_hybrid.sh``). Writes the results JSON, then renders it (:func:`hybrid_section`) into the detail
+file ``benchmarks/results/hybrid.md`` and ``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -33,13 +32,10 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import hybrid_workers as hw
-from .sections import Markers, step_main
+from .sections import step_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "hybrid_step.json"
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-START, END = "<!-- hybrid-step:start -->", "<!-- hybrid-step:end -->"
-MARKERS = Markers(START, END)
 # tokens per document: two long enough to be split at SP 4 (a rank holds a quarter of the row), a tail of short ones
 LENGTHS = (1536, 1024, 512, 384, 256, 192, 128, 64)
 HYBRIDS = tuple(n for n, (kind, _) in hw.VARIANTS.items() if kind == "hybrid")  # the variants with recurrent layers
@@ -205,7 +201,7 @@ def _doc_ranks(doc_ranks: dict[str, list[int]]) -> str:
 
 
 def hybrid_section(res: dict[str, Any]) -> str:
-    """The markdown of BENCHMARKS.md's section (without the markers) from :func:`run_hybrid_step`'s results."""
+    """The markdown of the detail file ``benchmarks/results/hybrid.md`` from :func:`run_hybrid_step`'s results."""
     cfg, m, f, rows = res["config"], res["model"], res["model"]["formula"], res["rows"]
     one = rows[0]
     kinds = ", ".join(f"{m['layer_types'].count(t)} {t}" for t in dict.fromkeys(m["layer_types"]))
@@ -299,28 +295,18 @@ def _priced_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def with_section(text: str, section: str) -> str:
-    """``text`` (BENCHMARKS.md) with ``section`` (:func:`hybrid_section`'s markdown) between this benchmark's markers."""
-    return MARKERS.put(text, section)
-
-
-def hybrid_block(path: Path = DEFAULT_OUT) -> str:
-    """The section with its markers from the results file (for a renderer of the whole BENCHMARKS.md to append
-    after the VLM section, where :func:`with_section` puts it the first time); empty without the file."""
-    if not Path(path).exists():
-        return ""
-    return MARKERS.block(hybrid_section(json.loads(Path(path).read_text())))
-
-
-def committed_section(text: str) -> str | None:
-    """The section between this benchmark's markers of ``text``, or ``None`` without them."""
-    return MARKERS.committed(text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) BENCHMARKS.md's section."""
+    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) publish it
+    (``benchmarks/results/hybrid.md`` and ``BENCHMARKS.md``).
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
     return step_main(argv, __doc__.split("\n")[0], lambda quick: HybridStepConfig().quick() if quick else HybridStepConfig(),
-                     run_hybrid_step, hybrid_section, DEFAULT_OUT, MARKERS, BENCHMARKS_MD, "tiny sizes, SP 1 and 2, no timing")
+                     run_hybrid_step, hybrid_section, DEFAULT_OUT, "tiny sizes, SP 1 and 2, no timing")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ chunked loss is the default): the largest rank's peak resident set per token per
 DeepSpeed is not an hf_hsap dependency: ``bash scripts/bench_memory.sh`` runs this in DeepSpeed's environment
 (``.venv-ds``); without DeepSpeed the ``alst`` scheme is left out, with the reason in the results.
 
-Usage: ``python -m benchmarks.memory_levers [--quick] [--out benchmarks/results/memory_levers.json]``.
+Usage: ``python -m benchmarks.memory_levers [--quick] [--out benchmarks/results/memory_levers.json]
+[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`levers_section`) into the detail file ``benchmarks/results/memory.md`` and ``BENCHMARKS.md``'s headline
+(:mod:`benchmarks.publish`).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPool, launch_env
 
 from . import lever_workers as lw
+from .publish import publish_after, stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "memory_levers.json"
@@ -118,7 +122,14 @@ def _fmt_mib(x: float) -> str:
 
 
 def levers_section(res: dict[str, Any]) -> str:
-    """The markdown of BENCHMARKS.md's memory-lever section from :func:`main`'s results."""
+    """The memory levers' section of the detail file ``benchmarks/results/memory.md``.
+
+    Args:
+        res: :func:`main`'s results (``levers``, ``recipe``, ``seconds``; the results JSON).
+
+    Returns:
+        Markdown.
+    """
     rows, lines = res["levers"]["rows"], []
     cfg = res["levers"]["config"]
     m = cfg["model"]
@@ -160,10 +171,18 @@ def levers_section(res: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run both parts and write the results JSON."""
+    """Run both parts, write the results JSON and publish it.
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one round, no recipe runs")
     p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     cfg = LeversConfig().quick() if args.quick else LeversConfig()
@@ -171,9 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     res: dict[str, Any] = {"levers": run_levers(cfg)}
     res["recipe"] = None if args.quick else run_recipe_growth()
     res["seconds"] = time.perf_counter() - t0
+    res.update(stamp())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(levers_section(res))
+    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
     return 0
 
 

@@ -15,9 +15,12 @@ block); the largest rank's figure under SP.
 Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
 MLP, recomputed norms), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
-of them per GPU count, beside ALST's published figures. The full run takes about 3 minutes on 2 cores.
+of them per GPU count, beside ALST's published figures.
 
-Usage: ``python -m benchmarks.memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]``.
+Usage: ``python -m benchmarks.memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
+[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`benchmarks.goals41.memory_model_section`) into the detail file ``benchmarks/results/memory.md`` and
+``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from typing import Any, Sequence
 from hf_hsap.memory.fit import longest_row
 from hf_hsap.memory.levers import MemoryLevers
 from hf_hsap.memory.model import predict_step_memory
+
+from .publish import publish_after, stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "memory_model.json"
@@ -301,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--quick", action="store_true", help="two configurations only (a check that it runs)")
     p.add_argument("--no-measure", action="store_true", help="only the longest-row table")
+    p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
@@ -320,10 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
            "validation": validation, "max_abs_error": max((abs(v["error"]) for v in validation), default=None),
            "longest_rows": rows, "best_rows": best, "gpu_memory_gib": 80.0, "reserve_gib": 4.0,
            "levers": ALL_LEVERS.names, "alst_published": {f"{m} x {g}": v for (m, g), v in ALST_PUBLISHED.items()},
-           "seconds": time.perf_counter() - t0}
+           "seconds": time.perf_counter() - t0, **stamp()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")
     print(f"wrote {args.out} in {res['seconds']:.0f} s")
+    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
     return 0
 
 

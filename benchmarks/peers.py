@@ -12,12 +12,13 @@ a step per scheme (after a warm-up step, the median of three interleaved rounds)
 DeepSpeed is not an hf_hsap dependency: run this in the environment of ``scripts/bench_peers.sh``
 (``.venv-ds``). Without DeepSpeed only the hf_hsap schemes run.
 
-Usage: ``python -m benchmarks.peers [--quick] [--out benchmarks/results/peers.json] [--T N] [--reps N]``.
+Usage: ``python -m benchmarks.peers [--quick] [--out benchmarks/results/peers.json] [--T N] [--reps N]
+[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`peers_section`) into the detail file ``benchmarks/results/peers.md`` and ``BENCHMARKS.md``'s headline
+(:mod:`benchmarks.publish`).
 
-Duration on the 2-core machine (4 ranks share the 2 cores; the single document dominates, quadratic in ``T``):
-the default ``T = 8192`` took 11 minutes with other jobs on the machine (load 6 to 12); ``--T 16384`` is about 3.4
-times the work (estimated 25 minutes on an idle machine); ``--quick`` (``T = 1024``, 3 rounds) is mostly process
-start-up, 1 to 2 minutes.
+The single document dominates the time (quadratic in ``T``); ``--quick`` (``T = 1024``, 3 rounds) checks that
+everything runs and is mostly process start-up.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from hf_hsap.testing import DistPool
 from . import peer_workers as pw
 from . import report as rp
 from .distributions import cu_seqlens, doc_lengths, useful_pairs
+from .publish import publish_after, stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "peers.json"
@@ -59,7 +61,7 @@ class PeersConfig:
     """
 
     world: int = 4
-    T: int = 8192  # the issue's 16384 is about 25 minutes on the 2-core machine; --T 16384 runs it
+    T: int = 8192  # the issue's 16384 is about 3.4 times the work: --T 16384 runs it
     hq: int = 8
     kv_heads: tuple[int, ...] = (8, 2)
     d: int = 64
@@ -71,7 +73,7 @@ class PeersConfig:
     schemes: tuple[str, ...] = pw.SCHEMES
 
 
-QUICK = PeersConfig(T=1024, reps=3)  # a check that everything runs (about a minute), not a measurement
+QUICK = PeersConfig(T=1024, reps=3)  # a check that everything runs, not a measurement
 
 
 def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
@@ -138,7 +140,7 @@ def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: boo
     """Measure every scheme on every (row, key/value heads) of the configuration.
 
     Args:
-        quick: the small configuration (:data:`QUICK`, T = 2048) when ``cfg`` is not given.
+        quick: the small configuration (:data:`QUICK`, T = 1024) when ``cfg`` is not given.
         cfg: the configuration (default: :class:`PeersConfig` or :data:`QUICK`); progress: print a line per run.
         pool: ranks to run on (``cfg.world`` of them, left open, their glibc settings put back after the memory
             runs); default: a fresh :class:`~hf_hsap.testing.DistPool`, closed at the end.
@@ -222,7 +224,7 @@ def _err(v: dict) -> str:
 
 
 def peers_section(results: dict) -> str:
-    """The Markdown section of :func:`run_peers`'s results for ``BENCHMARKS.md``.
+    """The Markdown of :func:`run_peers`'s results (the detail file ``benchmarks/results/peers.md``).
 
     Args:
         results: what :func:`run_peers` returns (or ``benchmarks/results/peers.json``).
@@ -254,7 +256,7 @@ def peers_section(results: dict) -> str:
         "the Ulysses degree, 1 to the world size, whose plan the cost model prices fastest among those whose modelled "
         "activation memory is at most the world size's (`hf_hsap.plan.degree`); placement auto; the U column), "
         "**hsap_flat** (the same at U = 1, flat SAP), **hsap_ulysses** "
-        "(hf_hsap's own Ulysses baseline of the measured section), **deepspeed_ulysses** (DeepSpeed's "
+        "(hf_hsap's own Ulysses baseline of the CPU measurements, [cpu.md](cpu.md)), **deepspeed_ulysses** (DeepSpeed's "
         "`deepspeed.sequence.layer.DistributedAttention` around a local module that runs the kernel over the whole "
         "row with the document mask; it asserts key/value heads ≥ world size, so 2 key/value heads are repeated to "
         "4 before the call, as hsap_ulysses does), **alst** (DeepSpeed's Arctic Long Sequence Training attention "
@@ -310,6 +312,11 @@ def peers_section(results: dict) -> str:
 
 # ----------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
+    """The command-line options of ``python -m benchmarks.peers``.
+
+    Returns:
+        The parser.
+    """
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"T = {QUICK.T}, {QUICK.reps} rounds (a check that "
                    "everything runs, not a measurement)")
@@ -320,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", default=None, help="comma-separated distributions (default longtail,single,sft)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     p.add_argument("--markdown", default=None, help="also write the Markdown section here")
+    p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone "
+                   "(--quick leaves them alone too)")
     return p
 
 
@@ -334,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         over["memory"] = False
     cfg = dataclasses.replace(cfg, **over)
     res = run_peers(args.quick, cfg, progress=True)
+    res.update(stamp())
     res["command"] = "python -m benchmarks.peers" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
     out = Path(args.out).resolve()
     res["out"] = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
@@ -344,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.markdown).write_text(text + "\n")
     print(text)
     print(f"wrote {args.out} in {res['seconds']:.0f} s")
+    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
     return 0 if res["all_exact"] else 1
 
 

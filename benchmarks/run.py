@@ -1,21 +1,19 @@
-"""One command for every benchmark: ``python -m benchmarks.run [--quick] [--skip-cpu]``.
+"""One command for every benchmark: ``python -m benchmarks.run [--quick] [--skip-cpu]`` (``bash scripts/bench.sh``).
 
-Writes ``BENCHMARKS.md`` (repository root), PNG plots in ``benchmarks/plots/`` and the raw numbers in
-``benchmarks/results/results.json``. Sections: exact traffic and balance (no clock), sliding windows
+Writes the raw numbers to ``benchmarks/results/results.json`` and PNG plots to ``benchmarks/plots/``, then renders
+``BENCHMARKS.md`` (the page) and the detail files ``benchmarks/results/*.md`` from every results JSON there
+(:func:`benchmarks.publish.publish`). Measured: exact traffic and balance (no clock), sliding windows
 (:mod:`benchmarks.windows`, no clock), the placement sweep (:mod:`benchmarks.sweep`, no clock), cost-model
-predictions, planning time, and (unless ``--skip-cpu``)
-the CPU measurements (4 spawned gloo ranks) and peak memory. ``--quick`` shrinks everything for development
-(one seed, a short CPU row).
+predictions, planning time, and (unless ``--skip-cpu``) the CPU measurements (4 spawned gloo ranks) and peak memory.
+``--quick`` shrinks everything for development (one seed, a short CPU row); ``--render-only`` measures nothing.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,22 +26,12 @@ from .cost_model import DEFAULT_CALIBRATION, load_assumptions
 from .measured import MeasureConfig, run_kernel_paths, run_kernel_shapes, run_measured, run_memory
 from .planning import PlanningConfig, run_planning
 from .predictions import CostConfig, cost_goals, run_predictions
-from .render import render
+from .publish import publish, stamp
 from .traffic import TrafficConfig, run_traffic, summarize_traffic, traffic_goals
 from .sweep import SweepConfig, run_sweep
 from .windows import WindowConfig, run_windows
 
 ROOT = Path(__file__).resolve().parent.parent
-# Results written by other commands, rendered beside this run's: scripts/bench_peers.sh (peers.json) and
-# scripts/bench_memory.sh (memory_levers.json, memory_model.json), both in DeepSpeed's environment
-SIDE_RESULTS = {"peers": "peers.json", "memory_levers": "memory_levers.json", "memory_model": "memory_model.json"}
-
-
-def side_results() -> dict:
-    """The results of :data:`SIDE_RESULTS` that exist (None for the others)."""
-    folder = ROOT / "benchmarks" / "results"
-    return {k: json.loads((folder / f).read_text()) if (folder / f).exists() else None
-            for k, f in SIDE_RESULTS.items()}
 
 
 def machine_info() -> dict:
@@ -54,14 +42,8 @@ def machine_info() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
-            "cores": os.cpu_count(), "load_start": list(os.getloadavg()), "torch": torch.__version__,
-            "numpy": np.__version__, "python": platform.python_version(), "commit": commit}
+    return {**stamp(), "cpu": cpu, "cores": os.cpu_count(), "load_start": list(os.getloadavg()),
+            "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()}
 
 
 def run_tables(tcfg: TrafficConfig, ccfg: CostConfig, progress: bool = False) -> dict:
@@ -144,23 +126,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes for development (one seed, T=4096 on CPU)")
     p.add_argument("--skip-cpu", action="store_true", help="skip the CPU timing and memory runs")
-    p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="the page (default BENCHMARKS.md)")
     p.add_argument("--plots", default=str(ROOT / "benchmarks" / "plots"))
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "results.json"))
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "results.json"),
+                   help="the results JSON; the detail files go beside it, and the other commands' JSON is read there")
     p.add_argument("--render-only", action="store_true",
-                   help="run nothing: rewrite the report and plots from the --results file of an earlier run")
+                   help="run nothing: redraw the plots and rewrite the page and the detail files from the JSON of "
+                   "earlier runs")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run everything and write the report. Returns 0."""
+    """Run everything (or nothing, ``--render-only``), write the results and publish them.
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
     args = build_parser().parse_args(argv)
+    results_path = Path(args.results)
     if args.render_only:
-        results = json.loads(Path(args.results).read_text())
-        results.update(side_results())
-        results["plots"] = make_plots(results, Path(args.plots))
-        Path(args.out).write_text(render(results))
-        print(f"wrote {args.out} and {len(results['plots'])} plots from {args.results}")
+        results = json.loads(results_path.read_text())
+        plots = make_plots(results, Path(args.plots))
+        written = publish(results_path.parent, Path(args.out), results_path.name)
+        print(f"wrote {len(plots)} plots and {len(written)} files ({', '.join(p.name for p in written)}) from the "
+              f"JSON in {results_path.parent}")
         return 0
     t_start = time.perf_counter()
     meta = machine_info()
@@ -199,13 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["meta"] = meta
     results["calibrated"] = DEFAULT_CALIBRATION.exists()
     results["plots"] = make_plots(results, Path(args.plots))
-    results.update(side_results())
-    Path(args.out).write_text(render(results))
-    for key in SIDE_RESULTS:  # kept in their own files
-        results.pop(key)
-    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.results).write_text(json.dumps(compact(results), default=float) + "\n")
-    print(f"wrote {args.out}, {len(results['plots'])} plots, {args.results} in {meta['seconds']:.0f}s")
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(compact(results), default=float) + "\n")
+    written = publish(results_path.parent, Path(args.out), results_path.name)
+    print(f"wrote {args.results}, {len(results['plots'])} plots and {len(written)} files "
+          f"({', '.join(p.name for p in written)}) in {meta['seconds']:.0f}s")
     return 0
 
 

@@ -10,7 +10,7 @@ step of a 2-layer Llama, and samples what could accumulate over a long run: the
 resident set size, the group's plan cache, its communication counters and the loggers' ``log_once`` sets.
 The run fails (exit 1) when one of them is not bounded or the throughput drifts; CI runs a short version as a
 test (``tests/distributed/test_soak.py``) that checks the bounds but never the clock.
-:func:`soak_section` renders the result for ``BENCHMARKS.md``.
+:func:`soak_markdown` renders the result (``benchmarks/results/soak.md``, linked from ``BENCHMARKS.md``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .publish import publish_after
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
 RSS_GROWTH_MIB = 64.0  # resident memory may grow at most this much after the warm-up (allocator noise)
@@ -156,10 +158,28 @@ def check_bounded(s: dict[str, Any], rss_growth_mib: float = RSS_GROWTH_MIB) -> 
 
 
 def soak_section(path: Path = RESULTS) -> str:
-    """The ``BENCHMARKS.md`` section of the last soak (``benchmarks/results/soak.json``); empty without one."""
+    """:func:`soak_markdown` of the soak results file.
+
+    Args:
+        path: the results (default ``benchmarks/results/soak.json``).
+
+    Returns:
+        Markdown; empty without the file.
+    """
     if not path.exists():
         return ""
-    s = json.loads(path.read_text())
+    return soak_markdown(json.loads(path.read_text()))
+
+
+def soak_markdown(s: dict[str, Any]) -> str:
+    """The soak's section (the detail file ``benchmarks/results/soak.md``).
+
+    Args:
+        s: what :func:`summarize` returns, with ``when``, ``commit`` and ``seconds`` (the results JSON).
+
+    Returns:
+        Markdown: the run and one row per bounded quantity.
+    """
     return "\n".join([
         "## Soak: a long run with a new layout every step",
         "",
@@ -191,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
@@ -203,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(s, indent=1) + "\n")
     print(soak_section(args.out))
+    publish_after(args.out, RESULTS, args.no_write_md)
     try:
         check_bounded(s)
         assert abs(s["drift"]) <= DRIFT_TOL, f"throughput drifted by {s['drift'] * 100:+.1f}%"

@@ -8,13 +8,12 @@ interleaved timed rounds after a warm-up), the images and pixel rows its vision 
 own forward + backward time on those pixels. Reported: the busiest rank (max over ranks).
 
 Usage: ``python -m benchmarks.vlm_step [--quick] [--out benchmarks/results/vlm_step.json] [--no-write-md]``
-(``bash scripts/bench_vlm.sh``). Writes the results JSON and the section between the markers of BENCHMARKS.md
-(:func:`write_section`: appended the first time, the rest of the file untouched).
+(``bash scripts/bench_vlm.sh``). Writes the results JSON, then renders it (:func:`vlm_section`) into the detail file
+``benchmarks/results/vlm.md`` and ``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -25,13 +24,10 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import vlm_workers as vw
-from .sections import Markers, step_main
+from .sections import step_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "vlm_step.json"
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-START, END = "<!-- vlm-step:start -->", "<!-- vlm-step:end -->"
-MARKERS = Markers(START, END)
 # (text before, image grid (t, h, w) in patches or None, text after) per document: about a third placeholders
 SHAPES = ((300, (1, 48, 48), 200), (150, (1, 32, 40), 250), (400, None, 300), (100, (1, 32, 32), 120),
           (60, (1, 24, 24), 80), (200, (1, 16, 24), 150), (50, (1, 16, 16), 90), (90, None, 84))
@@ -158,7 +154,7 @@ def _encoded(s: dict[str, Any]) -> str:
 
 
 def vlm_section(res: dict[str, Any]) -> str:
-    """The markdown of BENCHMARKS.md's section (without the markers) from :func:`run_vlm_step`'s results."""
+    """The markdown of the detail file ``benchmarks/results/vlm.md`` from :func:`run_vlm_step`'s results."""
     cfg, row, m = res["config"], res["row"], res["model"]
     hs, bl = "hf_hsap", "baseline"
     worst_loss = max(r[bl]["loss_err"] for r in res["rows"])
@@ -192,28 +188,18 @@ def vlm_section(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def with_section(text: str, section: str) -> str:
-    """``text`` (BENCHMARKS.md) with ``section`` (:func:`vlm_section`'s markdown) between this benchmark's markers."""
-    return MARKERS.put(text, section)
-
-
-def vlm_block(path: Path = DEFAULT_OUT) -> str:
-    """The section with its markers from the results file (what :func:`benchmarks.render.render` appends after
-    everything else, where :func:`with_section` puts it the first time); empty without the file."""
-    if not Path(path).exists():
-        return ""
-    return MARKERS.block(vlm_section(json.loads(Path(path).read_text())))
-
-
-def committed_section(text: str) -> str | None:
-    """The section between this benchmark's markers of ``text``, or ``None`` without them."""
-    return MARKERS.committed(text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) BENCHMARKS.md's section."""
+    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) publish it
+    (``benchmarks/results/vlm.md`` and ``BENCHMARKS.md``).
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status.
+    """
     return step_main(argv, __doc__.split("\n")[0], lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(),
-                     run_vlm_step, vlm_section, DEFAULT_OUT, MARKERS, BENCHMARKS_MD, "tiny sizes, SP 1 and 2, memory only")
+                     run_vlm_step, vlm_section, DEFAULT_OUT, "tiny sizes, SP 1 and 2, memory only")
 
 
 if __name__ == "__main__":

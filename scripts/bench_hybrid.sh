@@ -4,9 +4,9 @@
 # packed text row at SP 1, 2 and 4, and the recurrent state bytes a split document moves against their formula; the
 # hybrid both on the SP group's default plan (attention priced only) and on a plan priced for its recurrent layers
 # (CostModel.from_config(config, "network", "H100")) (benchmarks/hybrid_step.py). Writes
-# benchmarks/results/hybrid_step.json and the section between the hybrid-step markers of BENCHMARKS.md (the rest of
-# the file untouched). Arguments go to `python -m benchmarks.hybrid_step`
-# (e.g. --quick: tiny sizes, no timing, BENCHMARKS.md left alone; pair it with --out).
+# benchmarks/results/hybrid_step.json, then renders it into benchmarks/results/hybrid.md and BENCHMARKS.md's headline
+# (benchmarks/publish.py). Arguments go to `python -m benchmarks.hybrid_step`
+# (e.g. --quick: tiny sizes, no timing, the pages left alone; pair it with --out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -2,7 +2,8 @@
 # hf_hsap beside DeepSpeed's own sequence parallelism (DistributedAttention and ALST's UlyssesSPAttentionHF) on
 # CPU: world 4 on gloo, one attention layer fwd + bwd, every scheme over hf_hsap's CPU kernel, checked against a
 # float64 reference, then timed interleaved and its peak memory measured (benchmarks/peers.py). Writes
-# benchmarks/results/peers.json; arguments go to `python -m benchmarks.peers` (e.g. --quick, --T 8192).
+# benchmarks/results/peers.json, then renders it into benchmarks/results/peers.md and BENCHMARKS.md; arguments go
+# to `python -m benchmarks.peers` (e.g. --quick, --T 8192, --no-write-md).
 # DeepSpeed is not an hf_hsap dependency, so this uses its own virtual environment (HSAP_DS_VENV, default
 # .venv-ds, shared with scripts/deepspeed_cpu_check.sh): the CPU torch wheel, hf_hsap (editable), then deepspeed
 # with DS_BUILD_OPS=0 (nothing compiled at install). deepspeed.init_distributed still JIT-compiles DeepSpeed's

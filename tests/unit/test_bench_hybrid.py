@@ -1,6 +1,6 @@
 """benchmarks/hybrid_step.py: its measurement in --quick mode on spawned ranks (never timed): the report's structure,
 both hybrids' (default and priced plan) measured state bytes equal to the formula, the priced plan's config, and
-BENCHMARKS.md's section against the committed results."""
+its detail file (benchmarks/results/hybrid.md) against the committed results."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 import hf_hsap
-from benchmarks.hybrid_step import (BENCHMARKS_MD, DEFAULT_OUT, END, HYBRIDS, START, HybridStepConfig,
-                                    committed_section, hybrid_section, model_facts, run_hybrid_step, with_section)
+from benchmarks.hybrid_step import DEFAULT_OUT, HYBRIDS, HybridStepConfig, hybrid_section, model_facts, run_hybrid_step
 from benchmarks.hybrid_workers import VARIANTS, model_config, plan_config, priced_cost, state_formula
 from hf_hsap.testing import DistPools
 
@@ -75,8 +74,9 @@ def test_quick_run_measures_the_state_bytes_of_the_formula(pools: DistPools) -> 
     assert "### The hybrid, planned for it" in text
 
 
-def test_the_committed_section_renders_from_the_committed_results() -> None:
+def test_the_detail_file_renders_from_the_committed_results() -> None:
     res = json.loads(Path(DEFAULT_OUT).read_text())
     assert [r["sp"] for r in res["rows"]] == [1, 2, 4]
     assert all(r[name]["states"]["equal"] for r in res["rows"] for name in HYBRIDS)
-    assert committed_section(BENCHMARKS_MD.read_text()) == hybrid_section(res)
+    detail = (Path(DEFAULT_OUT).parent / "hybrid.md").read_text()
+    assert detail.startswith("# Hybrid model training step") and hybrid_section(res).strip() in detail

@@ -1,11 +1,14 @@
-"""The clock-free part of the benchmark runner: traffic / cost tables for a tiny configuration."""
+"""The clock-free part of the benchmark runner: traffic / cost tables for a tiny configuration, and the page and
+detail files rendered from them."""
 import numpy as np
 import pytest
 
 from benchmarks.measured import summarize_times
 from benchmarks.planning import PlanningConfig, planning_lengths, run_planning
 from benchmarks.predictions import CostConfig
-from benchmarks.render import render
+from benchmarks.analysis import analysis
+from benchmarks.page import MAX_LINES, render_page
+from benchmarks.render import cost_detail, cpu_detail, goals_detail, planning_detail, traffic_detail
 from benchmarks.run import run_tables
 from benchmarks.traffic import TrafficConfig, recv_floor
 from hf_hsap import plan_sequence
@@ -99,10 +102,17 @@ def test_render_and_measured_summary(tables):
     res["memory"] = None
     res["meta"] = {"date": "today", "commit": "abc", "cpu": "cpu", "cores": 2, "load_start": [0.1, 0, 0],
                    "load_end": [0.2, 0, 0], "torch": "x", "numpy": "y", "python": "z", "command": "cmd", "seconds": 1.0}
-    md = render(res)
+    md = "\n\n".join(f(res) for f in (goals_detail, traffic_detail, cost_detail, planning_detail, cpu_detail, analysis))
     for heading in ("## Goals of issue 6", "## Exact traffic and balance", "## Cost model", "## Planning time",
                     "## Measured on CPU", "#### longtail, T = 131072 (128K), P = 8", "#### A100, 1 node(s)"):
         assert heading in md
     assert "**not met**" in md  # mixed cannot reach 0.35 of ring's
     assert "does not run on CPU / gloo" in md
     assert "busiest rank holds 1.100 × the mean pairs" in md  # 110 against the mean of 90 and 110
+    assert "2026-" not in md and "profiler" not in md  # no dated remarks in the generated text
+    page = render_page(res, {"traffic": "benchmarks/results/traffic.md"})  # no side results: their sections drop
+    assert page.count("\n") <= MAX_LINES
+    assert "[Exact traffic and balance (no clock)](benchmarks/results/traffic.md)" in page
+    assert "### Goals of issue 6" in page and "## Planning time" in page and "## Against the peers" in page
+    assert "### Goals of issue 41" not in page and "## Model coverage" not in page
+    assert "\nCommand: `bash scripts/bench.sh` (`cmd`): `plan_sequence`" in page
