@@ -91,8 +91,8 @@ def render_sweep(res: dict) -> str:
                 "layer when its own previous one is done; a part also waits for the dK/dV its keys get back), "
                 "auto's slowest part / LB: " + "; ".join(sim_cells) + ". The one-layer "
                 "est above charges a transfer to the part that receives it, never to the part that sent the keys and "
-                "waits for their dK/dV; `auto` evens out its winner's exposed transfers only where both models agree "
-                "(`hf_hsap.plan.exposure`)."]
+                "waits for their dK/dV; `auto` takes a refinement only where both models agree "
+                "(`hf_hsap.plan.search.Search.accepts`)."]
     out += _bound_lines(rows)
     out += _oracle_gap_lines(rows)
     out += ["", "By distribution (est/LB of auto, median / worst over P, U and seeds; the placement auto chose "
@@ -183,8 +183,7 @@ def _oracle_gap_lines(rows: list[dict]) -> list[str]:
     return ["", f"Where auto is more than 2 % above the oracle ({len(gap)} layouts: {by_link}), the oracle's placement "
             f"is slower than auto's with the rounds simulated on {len(slower)} of them"
             + (f" (by a median {_q(slower, .5) * 100:.1f} %, at most {max(slower) * 100:.1f} %)" if slower else "")
-            + ": there the one-layer optimum is not a faster plan by the fuller model. `auto` keeps a search's result "
-            "(its winner's, or from `density` and `contiguous` on groups of at most 16 parts) only where both models "
-            "agree (`hf_hsap.plan.polishing`)."]
+            + ": there the one-layer optimum is not a faster plan by the fuller model. `auto` keeps its local search's "
+            "result (groups of at most 16 parts) only where both models agree (`hf_hsap.plan.search`)."]
 
 

@@ -86,23 +86,24 @@ def built_placements(layout, P: int, cost, slack: float) -> list:
     from hf_hsap.plan.cutting import priced_cuts
     from hf_hsap.plan.placement import token_cap
     from hf_hsap.plan.planner import _place
+    from hf_hsap.plan.search import Search
     from hf_hsap.plan.slicing import sliced_cuts
 
     cap = token_cap(layout.total_tokens, P, slack)
-    out = [_place(layout, P, name, slack, cost)[0] for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
+    out = [_place(Search(layout, P, cost, slack), name)[0]
+           for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
     cuts = (priced_cuts(layout, P, cost, cap, 1e30), sliced_cuts(layout, P, cost, cap, 1e30))
     return out + [c for c in cuts if c is not None]
 
 
-def without_sliced_step(monkeypatch) -> None:
-    """Leave ``auto``'s last step (:func:`hf_hsap.plan.slicing.with_sliced_cuts`) out: it returns the plan it is
-    given, so that a test of an earlier step sees that step's plan."""
-    import hf_hsap.plan.planner as planner
+def without_refinement(monkeypatch, name: str) -> None:
+    """Leave one of ``auto``'s refinements (:data:`hf_hsap.plan.search.REFINEMENTS`, by function name, e.g.
+    ``"_sliced_cuts"``) out, so that a test sees the plan the search reaches without it."""
+    import hf_hsap.plan.search as search
 
-    def unchanged(layout, n_parts, cost, token_slack, min_tokens, layers, pl, tr, best, *rest):
-        return pl, tr, best
-
-    monkeypatch.setattr(planner, "with_sliced_cuts", unchanged)
+    kept = tuple(r for r in search.REFINEMENTS if r.__name__ != name)
+    assert len(kept) == len(search.REFINEMENTS) - 1, f"no refinement {name!r}"
+    monkeypatch.setattr(search, "REFINEMENTS", kept)
 
 
 def environ_kept(fn: Any) -> Any:

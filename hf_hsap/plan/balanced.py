@@ -1,25 +1,12 @@
-"""The ``balanced`` placement: document-aware packing of documents onto parts.
+"""The ``balanced`` placement: document-aware packing of documents onto parts, like LPT for two resources.
 
-Short documents stay whole on one part (no transfer at all); a long document is cut into ``2k``
-chunks over ``k`` parts (chunk ``i`` and ``2k-1-i`` on the i-th of them, which gives each of the k
-parts the same attention work), with ``k`` as small as keeps every part within its token cap
-(activation memory) and its work cap (time). Documents are placed longest first onto the parts with
-the lowest load, like LPT scheduling for two resources.
-
-Last, :func:`.refine.refine_work` (:meth:`.greedy.Greedy.placement`) evens out the work left unequal by
-sliding boundaries of split documents between parts: at unchanged token counts, or, given the cost
-model's price of a token, evening out ``work + token_cost * tokens`` within the token cap.
-
-Caps: tokens ``ceil(T/P) * (1 + token_slack)``, work ``mean_work * (1 + work_slack)``. When a document
-fits nowhere within both caps it is cut contiguously over the parts with the most free tokens
-(the token cap is never exceeded; only the work cap may be).
-
-Speed: this greedy runs on every batch (the planning budget is 20 ms for 2,000 documents and P = 64,
-with three slacks tried), so its loop uses plain Python scalars and lists: one document at a time, numpy's
-per-call overhead would dominate (the parts of a document that does not fit its fewest are chosen in numpy,
-:mod:`.shares`); the slacks share one pass while their decisions agree
-(:func:`balanced_greedies`). The split arithmetic mirrors :func:`.placement._zigzag_chunks` /
-``_zigzag_segments`` for one document (tests check they agree).
+Short documents stay whole on one part (no transfer); a long document is cut into ``2k`` chunks over ``k`` parts
+(chunks ``i`` and ``2k-1-i`` on the i-th, so each holds the same attention work), ``k`` as small as keeps every part
+within its token cap ``ceil(T/P) * (1 + token_slack)`` (activation memory) and work cap ``mean * (1 + work_slack)``
+(time). Documents go longest first onto the least loaded parts; one that fits nowhere is cut contiguously over the
+parts with the most free tokens (only the work cap may be exceeded). :meth:`.greedy.Greedy.placement` then slides the
+boundaries of split documents (:mod:`.refine`). It runs on every batch, so the loop uses plain Python scalars and
+lists (numpy's per-call overhead would dominate), and several token slacks share one pass (:func:`balanced_greedies`).
 """
 from __future__ import annotations
 
@@ -38,12 +25,10 @@ from .shares import cap_binds, choose
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
-    """Chunk sizes ``[2k]`` of the dual-chunk split of one document of length ``L`` over ``k`` parts,
-    and the next rotation: ``_zigzag_chunks(np.array([L]), k, rot)`` for one document."""
+    """``_zigzag_chunks(np.array([L]), k, rot)`` for one document: chunk sizes ``[2k]`` and the next rotation."""
     two_k = 2 * k
     base, rem = divmod(L, two_k)
-    # the order slots rot, rot + 1, ... (cyclic) hand their extra token to chunk j (j < k) or 3k-1-j: slot
-    # sizes first (a cyclic range of them gets one more), then the chunks are the first k slots and the rest reversed
+    # slots rot, rot + 1, ... (cyclic) get the extra tokens; the chunks are the first k slots and the rest reversed
     slots = [base] * two_k
     rot %= two_k  # (the rotation a split of another k left)
     end = rot + rem
@@ -62,27 +47,20 @@ def _pair_work(sizes: list[int]) -> list[int]:
 
 
 def _pair_recv(sizes: list[int]) -> list[int]:
-    """KV tokens the holder of each chunk pair needs. ``sizes [2k] -> [k]``: everything before the end of
-    its second chunk except its own two chunks."""
+    """KV tokens the holder of each chunk pair needs: everything before the end of its second chunk but its own
+    chunks. ``sizes [2k] -> [k]``."""
     ends = list(accumulate(sizes))
     return [ends[-1 - i] - sizes[i] - sizes[-1 - i] for i in range(len(sizes) // 2)]
 
 
 def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
              work_slack: float = DEFAULT_WORK_SLACK, token_cost: float | None = None) -> Placement:
-    """Document-aware placement (see module docstring).
+    """Document-aware placement (module docstring).
 
     Args:
-        layout: the documents.
-        n_parts: number of parts P.
-        token_slack: epsilon of the token cap ``ceil(T/P) * (1 + eps)``.
-        work_slack: slack of the work cap over the mean.
-        token_cost: price of a token in attention pairs (``CostModel.token_cost``). Given, the refinement
-            evens out ``work + token_cost * tokens`` and may also move tokens between parts (within the
-            cap); ``None``: it evens out the work at unchanged token counts.
-
-    Returns:
-        The placement.
+        layout: the documents. n_parts: parts P. token_slack, work_slack: the caps' slacks.
+        token_cost: a token's price in pairs: the refinement evens out ``work + token_cost * tokens`` within the
+            token cap; ``None``: it evens out the work at unchanged token counts.
     """
     return balanced_variants(layout, n_parts, (token_cost,), token_slack, work_slack)[0]
 
@@ -90,56 +68,31 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
 def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float | None],
                       token_slack: float = DEFAULT_TOKEN_SLACK,
                       work_slack: float = DEFAULT_WORK_SLACK) -> list[Placement]:
-    """:func:`balanced` for several ``token_cost`` values at the price of one greedy pass (only the
-    refinement differs).
-
-    Args:
-        layout, n_parts, token_slack, work_slack: as for :func:`balanced`.
-        token_costs: one refinement per entry (``None``: token-neutral).
-
-    Returns:
-        One placement per entry of ``token_costs``.
-    """
+    """:func:`balanced` for each of ``token_costs`` at the price of one greedy pass (only the refinement differs)."""
     g = balanced_greedy(layout, n_parts, token_slack, work_slack)
     return [g.placement(token_cost) for token_cost in token_costs]
 
 
 def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
                     work_slack: float = DEFAULT_WORK_SLACK) -> Greedy:
-    """The greedy pass of :func:`balanced`, before its refinement.
-
-    Args:
-        layout, n_parts, token_slack, work_slack: as for :func:`balanced`.
-
-    Returns:
-        The pass (:class:`.greedy.Greedy`, name ``"balanced"``); ``.placement(token_cost)`` refines it.
-    """
+    """The greedy pass of :func:`balanced` (name ``"balanced"``); ``.placement(token_cost)`` refines it."""
     return balanced_greedies(layout, n_parts, (token_slack,), work_slack)[0]
 
 
 def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float],
                       work_slack: float = DEFAULT_WORK_SLACK) -> list[Greedy]:
-    """:func:`balanced_greedy` at several token slacks, sharing the pass while the slacks' decisions agree.
+    """:func:`balanced_greedy` at each of ``token_slacks`` (any order), sharing the pass while their decisions agree.
 
-    The token cap enters a decision only where a part's token count nears it: the fast path's room test,
-    the split's part count and room tests, and a part's score ``max(tok / cap_t, wrk / cap_w)`` once its
-    token term leads. While every step's outcome is the same at every cap of a group (:func:`_run` checks
-    the smallest and the largest; the tests are monotone in the cap, so the ones between agree), the group
-    runs one pass; where they part, the smallest cap goes on alone and the rest stay a group. Every part's
-    score is a function of its figures alone, so a pass resumes from the figures (``_State``).
-
-    Args:
-        layout, n_parts, work_slack: as for :func:`balanced`. token_slacks: the slacks (any order).
-
-    Returns:
-        One pass per slack, equal to ``balanced_greedy`` at it; a pass equal to one at a smaller slack is
-        marked so (``Greedy.same_as``), so that a refinement the cap did not shorten is built once.
+    The cap enters a decision only where a part's tokens near it. While every step's outcome is the same at the
+    smallest and the largest cap of a group (the tests are monotone in the cap, so the caps between agree), the group
+    runs one pass (:func:`_run`); where they part, the smallest cap goes on alone from a copy of the state. A pass
+    equal to one at a smaller slack is marked ``same_as``, so a refinement the cap did not shorten is built once.
     """
     fig = _Figures(layout, n_parts, work_slack)
     caps = [token_cap(layout.total_tokens, n_parts, eps) for eps in token_slacks]
     out: dict[int, Greedy] = {}
     # (pass so far, next document, its group: indices into caps, ascending cap); a work list, not a recursive
-    # closure: that would be a reference cycle, keeping the figures and passes for the garbage collector
+    # closure, which would be a reference cycle left to the garbage collector
     todo = [(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))]
     while todo:
         st, i, group = todo.pop()
@@ -157,8 +110,7 @@ def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float
 
 
 class _Figures:
-    """The per-document figures of a balanced pass, the same at every token cap (plain Python lists, in
-    placing order: longest first)."""
+    """The per-document figures of a balanced pass, the same at every token cap (lists, longest first)."""
 
     def __init__(self, layout: Layout, n_parts: int, work_slack: float) -> None:
         lengths = layout.doc_lengths
@@ -182,8 +134,8 @@ class _Figures:
 
 @dataclass
 class _State:
-    """A balanced pass so far: every part's tokens, work and received KV, the whole documents' parts (in
-    placing order, -1: not whole), the split segments and the split rotation."""
+    """A balanced pass so far: every part's tokens, work and received KV, the whole documents' parts (placing
+    order, -1: not whole), the split segments and the split rotation."""
 
     tok: list[float]
     wrk: list[float]
@@ -207,22 +159,17 @@ class _State:
 
 
 def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> int:
-    """Place the documents ``i0, ...`` (placing order) alike at every token cap in ``[cap_lo, cap_hi]``,
-    updating ``st``; stop at the first step whose outcome may depend on the cap (with one cap: never).
-
-    Args:
-        st: the pass so far (updated). fig: the documents' figures. i0: the first document to place.
-        cap_lo, cap_hi: the smallest and largest token cap of the group (equal: one pass).
+    """Place documents ``i0, ...`` (placing order) into ``st`` alike at every token cap in ``[cap_lo, cap_hi]``,
+    stopping at the first step whose outcome may depend on the cap (with one cap: never).
 
     Returns:
-        The index of the next document to place: ``len(fig.docs)`` when done; else the caps part there (the
-        document before it placed, possibly leaving a part whose score differs between the caps).
+        The next document to place: ``len(fig.docs)`` when done, else where the caps part.
     """
     P, cap_w, mean_t = fig.n_parts, fig.cap_w, fig.mean_t
     tok, wrk, whole_part = st.tok, st.wrk, st.whole_part
     shared = cap_hi > cap_lo
-    # every part's score, max(tok / cap_t, wrk / cap_w): least loaded first, ties by index (rebuilt from the
-    # figures: only the heap's entries decide, not its layout)
+    # every part's score, max(tok / cap_t, wrk / cap_w): least loaded first, ties by index (only the heap's
+    # entries decide, not its layout, so it is rebuilt from the figures)
     heap = [(max(t / cap_lo, w / cap_w), p) for p, (t, w) in enumerate(zip(tok, wrk))]
     if shared and any(t / cap_lo > w / cap_w for t, w in zip(tok, wrk)):  # a token term leads: scores differ
         return i0
@@ -232,9 +179,8 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
     replace = heapq.heapreplace
     n = len(fig.docs)
     for i, L, w, rho in zip(range(i0, n), fig.lens[i0:], fig.works[i0:], fig.rhos[i0:]):
-        # the fast path: the least loaded part takes the document whole (.shares' test at k = 1 for the
-        # first part, inlined; its within-caps tests are implied: rho * free >= 0, and so are L <= cap_t and
-        # w <= cap_w, the general path's k0 == 1, since tok and wrk are >= 0)
+        # the fast path: the least loaded part takes the document whole (.shares' test at k = 1, inlined; the
+        # other tests are implied since rho * free, tok and wrk are >= 0)
         best = heap[0][1]
         t_0 = tok[best]
         t_b, w_b = t_0 + L, wrk[best] + w
@@ -278,12 +224,11 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
     return n
 
 
-def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float],
-           recv: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-           seg_part: list[int]) -> int:
-    """Cut document ``d`` (global start ``s0``, length ``L``) in ``2k`` chunks over the parts ``chosen``
-    (``k`` of them): the chunk pair that needs the most KV goes to the part that receives the least so far.
-    Appends the segments, updates the per-part tokens, work and received KV; returns the next rotation."""
+def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float], recv: list[int],
+           seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> int:
+    """Cut document ``d`` (start ``s0``, length ``L``) in ``2k`` chunks over the ``k`` parts ``chosen``, the pair
+    needing the most KV to the part receiving the least so far; appends the segments, updates the part figures and
+    returns the next rotation."""
     k = len(chosen)
     sizes, rot = _chunk_sizes(L, k, rot)
     need = _pair_recv(sizes)
@@ -312,8 +257,8 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
 
 def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: list,
                       seg_doc: list, seg_start: list, seg_end: list, seg_part: list) -> None:
-    """Cut a document contiguously over the parts with the most free tokens (fallback; rare: only
-    when the token caps leave no room for equal shares)."""
+    """Cut a document contiguously over the parts with the most free tokens (when the caps leave no room for
+    equal shares)."""
     free = sorted(range(len(tok)), key=lambda p: tok[p] - cap_t)
     pos = 0
     for p in free:

@@ -1,19 +1,16 @@
 """Bidirectional blocks inside causal documents: Gemma 3's image tokens see each other both ways.
 
-The mask of such a layer is: same document AND (causal OR same block). A query of block ``[s, e)`` at position
-``i`` sees what a causal query sees plus the block's later keys ``(i, e)``. That extra set is one causal kernel
-call over the *reversed* blocks: with the rows of every block reversed (position ``e - 1`` first), a query at
-reversed offset ``r`` needs the keys at reversed offsets ``< r``, which is bottom-right aligned causal attention
-of ``n`` queries over the first ``n - 1`` reversed keys::
+The mask is: same document AND (causal OR same block). A query at ``i`` in block ``[s, e)`` sees what a causal
+query sees plus the block's later keys ``(i, e)``. With every block's rows reversed (``e - 1`` first), a query at
+reversed offset ``r`` needs the keys at reversed offsets ``< r``: one bottom-right aligned causal call of ``n``
+queries over the first ``n - 1`` reversed keys::
 
     block rows   s  s+1 s+2 s+3        reversed   q: e-1 e-2 e-3 e-4 (= s+3 s+2 s+1 s)
     later keys   of s: s+1..s+3                   k: e-1 e-2 e-3        query r sees keys 0..r-1
 
-The call is one more work item against the part's own keys (:attr:`~.schedule.Schedule.extra_local`), merged by
-log-sum-exp like every other partial result, forward and backward. So a block must lie whole inside one part:
-:func:`keep_blocks_whole` moves every cut of the placement that falls inside a block to the block's nearer edge
-and plans the transfers again over that placement (the causal needed-KV rule is then exact: the earlier keys a
-block query needs are those of its first token's causal prefix, which the causal rule already fetches).
+That call is one more item against the part's own keys (:attr:`~.schedule.Schedule.extra_local`), merged by
+log-sum-exp, so a block must lie whole in one part: :func:`keep_blocks_whole` snaps the cuts inside blocks to
+their nearer edge and plans the transfers again (the causal rule already fetches the keys a block needs).
 """
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ import torch
 
 from ..kernels.base import VarlenSpec
 from .kinds import plan_kind
-from .layout import Layout
 from .placement import Placement
 from .schedule import Schedule, WorkItem
 
@@ -34,13 +30,9 @@ __all__ = ["Blocks", "block_schedule", "blocks_from_mask", "keep_blocks_whole"]
 
 @dataclass(frozen=True)
 class Blocks:
-    """Bidirectional blocks over the flattened ``B * L`` tokens (each inside one document, at least 2 tokens).
+    """Bidirectional blocks over the flattened ``B * L`` tokens (each inside one document, at least 2 tokens)."""
 
-    Attributes:
-        starts, ends: global ``[start, end)`` of every block, ascending (plain ints: hashable, picklable).
-    """
-
-    starts: tuple[int, ...]
+    starts: tuple[int, ...]  # global [start, end) of every block, ascending (plain ints: hashable, picklable)
     ends: tuple[int, ...]
 
     def __len__(self) -> int:
@@ -48,15 +40,9 @@ class Blocks:
 
 
 def blocks_from_mask(in_block: np.ndarray | torch.Tensor, cu_seqlens: np.ndarray | torch.Tensor) -> Blocks:
-    """The maximal runs of ``in_block`` tokens, cut at document starts; runs of one token are dropped (a token
-    alone in its block sees nothing a causal token does not).
-
-    Args:
-        in_block: ``[B * L]`` bool, e.g. ``token_type_ids == 1`` (image tokens). cu_seqlens: ``[n + 1]`` documents.
-
-    Returns:
-        The :class:`Blocks`.
-    """
+    """The maximal runs of ``in_block`` tokens, cut at document starts; runs of one token are dropped (they see
+    nothing a causal token does not). Shapes: in_block ``[B * L]`` bool (e.g. ``token_type_ids == 1``), cu_seqlens
+    ``[n + 1]``."""
     flag = np.asarray(torch.as_tensor(in_block).detach().to("cpu").reshape(-1), dtype=bool)
     cu = np.asarray(torch.as_tensor(cu_seqlens).detach().to("cpu"), dtype=np.int64)
     doc_start = np.zeros(flag.shape[0], dtype=bool)
@@ -104,17 +90,11 @@ def _snapped_placement(pl: Placement, blocks: Blocks) -> Placement | None:
 
 
 def keep_blocks_whole(plan, blocks: Blocks):
-    """``plan``, or a plan over the same documents whose placement keeps every block inside one part.
-
-    Args:
-        plan: a :class:`~.plan.Plan`. blocks: the layout's bidirectional blocks.
-
-    Returns:
-        ``plan`` itself when no cut falls inside a block, else a new :class:`~.plan.Plan` (same group, cost,
-        receive budget, mask kinds and round option; transfers and rounds planned over the new placement).
+    """``plan`` (a :class:`~.plan.Plan`) if no cut falls inside a block, else the same plan over a placement that
+    keeps every block in one part, its transfers and rounds planned again.
 
     Raises:
-        ValueError: a part left with fewer tokens than its ``U`` ranks.
+        ValueError: a part is left with fewer tokens than its ``U`` ranks.
     """
     from .plan import Plan
 
@@ -158,16 +138,8 @@ def _block_item(part_tokens: np.ndarray, blocks: Blocks, part: int) -> WorkItem 
 
 
 def block_schedule(plan, sched: Schedule, part: int, blocks: Blocks, device: torch.device | None = None) -> Schedule:
-    """``sched`` with the part's blocks as one more local work item (cached on the plan per part, mask kind and
-    blocks).
-
-    Args:
-        plan: the plan ``sched`` is of; sched: the part's schedule of one mask kind; part: the part;
-        blocks: the layout's bidirectional blocks; device: where the index tensors go.
-
-    Returns:
-        The extended :class:`~.schedule.Schedule`.
-    """
+    """``sched`` (``part``'s schedule of one mask kind in ``plan``) with the part's blocks as one more local work
+    item, its index tensors on ``device``; cached on the plan per part, mask kind and blocks."""
     key = ("blocks", part, sched.window, blocks, None if device is None else str(device))
     cached = plan._schedules.get(key)
     if cached is None:
@@ -178,12 +150,3 @@ def block_schedule(plan, sched: Schedule, part: int, blocks: Blocks, device: tor
         cached = dataclasses.replace(sched, extra_local=extra)
         plan._schedules[key] = cached
     return cached
-
-
-def check_layout(layout: Layout, blocks: Blocks) -> None:
-    """Refuse blocks that cross a document boundary (a block must lie inside one document)."""
-    cu = layout.cu_seqlens
-    for s, e in zip(blocks.starts, blocks.ends):
-        d = int(np.searchsorted(cu, s, side="right")) - 1
-        if e > cu[d + 1]:
-            raise ValueError(f"bidirectional block [{s}, {e}) crosses the end of its document at {int(cu[d + 1])}")

@@ -6,9 +6,7 @@ from typing import Any, Callable, Hashable
 
 
 class PlanCache:
-    """Least-recently-used cache. One lives on every SP group (``SPGroup.plan_cache``, holding that
-    group's bound plans); offline planning (an int group size or a GroupSpec) caches only in a cache the
-    caller passes. Plain data: it never talks to other ranks."""
+    """Least-recently-used cache (plain data); an SP group holds one (``SPGroup.plan_cache``), offline planning none."""
 
     def __init__(self, maxsize: int = 64) -> None:
         if maxsize < 1:

@@ -1,33 +1,12 @@
-"""The cost estimate that ``placement="auto"`` minimises.
-
-Step time of a part (forward + backward of one layer), in units of one (query, key) pair of
-attention work::
+"""The cost that ``placement="auto"`` minimises: a part's step time (fwd + bwd of one layer) in attention pairs::
 
     t_r = token_cost * tokens_r + max(local_work_r, kv_token_cost * recv_r) + remote_work_r
 
-* ``tokens_r``: tokens held; every other layer of the block (projections, MLP) costs per token.
-* ``local_work_r``: pairs of queries against the part's own keys: run while the needed KV is in
-  flight. ``remote_work_r``: pairs against received keys: wait for them.
-* ``recv_r``: KV tokens received (forward KV, backward dK/dV travel back).
-* ``overlap`` (1 by default): the share of the transfer the local work hides; below 1 the middle term
-  becomes ``local + kv - overlap * min(local, kv)`` (CPU ranks sharing cores: 0, nothing hidden).
-* ``diag_block`` (optional, 0 by default): a causal piece of ``n`` rows also computes ``n * min(n, b) / 2``
-  masked pairs on its diagonal blocks; added to ``local_work_r`` and the work, it prices what splitting a
-  document costs in the kernel (more, shorter causal pieces).
-* With Ulysses inside the SP group (``U > 1``) every token's q, k, v and output (and their gradients)
-  also cross the intra all-to-all, which nothing overlaps: :meth:`CostModel.for_ulysses` adds
-  ``a2a_token_cost * (U - 1) / U`` to ``token_cost`` (a rank computes ``1 / U`` of its part's heads,
-  so every term of a rank's time is its part's divided by ``U``).
-
-Defaults (:meth:`CostModel.default`): Llama-3-8B shapes (32 q heads, 8 kv heads, head dim 128,
-218 M parameters per layer) on A100 nodes with InfiniBand (25 GB/s per GPU, 80% reached) between
-them; kernels at 55% (attention) and 70% (GEMM) of 312 TFLOP/s; fwd + bwd attention = 3.5x forward
-FLOPs; K, V sent and dK, dV returned in bf16 (the runtime's default ``grad_comm_dtype``).
-:meth:`CostModel.nvlink` is the same over NVLink (300 GB/s): what a plan uses when every SAP peer is
-in one node (:func:`CostModel.for_link`). ``benchmarks/cost_model.py`` documents the same figures;
-:meth:`CostModel.from_shapes` builds one for other models and links. GPU figures (peak, NVLink and
-network bytes/s per GPU) come from the one table of :mod:`hf_hsap.hardware` (:data:`HARDWARE_LINKS`);
-this package never queries a device: the process's GPU is :func:`hf_hsap.devices.detect_hardware`.
+Tokens pay the projections and MLP; pairs against the part's own keys run while the received KV (``recv_r`` tokens)
+is in flight, pairs against received keys wait for it. :class:`CostModel` adds partial overlap, masked diagonal
+blocks, Ulysses' all-to-all and recurrent layers. Defaults: Llama-3-8B on A100 nodes, KV over InfiniBand;
+:meth:`CostModel.from_config` prices other models and GPUs from :mod:`hf_hsap.hardware` (assumptions:
+``benchmarks/cost_model.py``). The planner never queries a device.
 """
 from __future__ import annotations
 
@@ -36,7 +15,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -48,8 +27,7 @@ from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
 
 
-# (peak FLOP/s, NVLink B/s, network B/s) per GPU of every hardware key that can price a plan, read
-# from the one table (hf_hsap.hardware.GPU_KINDS); read-only.
+# (peak FLOP/s, NVLink B/s, network B/s) per GPU of every hardware key that can price a plan; read-only.
 HARDWARE_LINKS: Mapping[str, tuple[float, float, float]] = MappingProxyType({
     k: (gpu_kind(k).peak_bf16_flops, gpu_kind(k).nvlink_bytes_per_s, gpu_kind(k).network_bytes_per_s)
     for k in cost_model_kinds()})
@@ -64,29 +42,20 @@ class CostModel:
     """Relative costs in units of one attention pair (fwd + bwd).
 
     Args:
-        token_cost: cost of one token through the non-attention parts of a layer.
-        kv_token_cost: cost of receiving one KV token (and returning its gradient).
-        round_cost: latency of one communication round (fwd + bwd), in pairs.
-        a2a_token_cost: cost of one token's q, k, v and output and their gradients through a whole
-            all-to-all (fwd + bwd, over NVLink); only plans with ``U > 1`` pay it (:meth:`for_ulysses`).
-        diag_block: the kernel's key block on a causal piece: a part's causal piece of ``n`` rows of one
-            document (its own tokens of it, one kernel call) also computes about ``n * min(n, diag_block) / 2``
-            masked pairs on its diagonal blocks (:meth:`masked_pairs`); what splitting a document costs in
-            the kernel. 0 (default): not priced. PyTorch's CPU flash attention walks keys in blocks of 512
-            (``benchmarks/measured.run_kernel_shapes`` measures it: one call on a 512-row causal square reaches
-            about half the throughput of a 4096-row one).
-        overlap: the share of the KV transfer that the part's local work hides (1, default: a GPU's copy engines
-            and links move KV while its SMs compute, ``max(local, kv)``; 0: every transferred byte costs the
-            same processors the attention needs, ``local + kv``, as with gloo ranks sharing CPU cores).
-        qkv_share: the share of ``token_cost`` in the query, key and value projections (Llama-3-8B: 0.115): their
-            forward runs before the attention, their backward after it (where :func:`.simulation.simulated_time` puts a
-            part's work between its attentions). Not in the one-layer formula.
-        mixer_token_cost: cost of one token through all of a hybrid model's recurrent layers (linear attention,
-            SSM, short convolutions); 0 (default): no such layers. A document split over parts runs its runs one
-            hand-off step after the other (:mod:`.chain`), so these layers cost
-            ``mixer_token_cost * sum over steps of the busiest part's tokens`` (:func:`mixer_time`).
-        handoff_cost: latency and state bytes of one hand-off step's exchanges, summed over the recurrent layers
-            (fwd + bwd); paid once per step after the first.
+        token_cost: one token through the non-attention parts of a layer.
+        kv_token_cost: receiving one KV token (and returning its gradient).
+        round_cost: latency of one communication round (fwd + bwd).
+        a2a_token_cost: one token's q, k, v, output and gradients through Ulysses' all-to-all, which nothing
+            overlaps; paid by plans with ``U > 1`` only (:meth:`for_ulysses`).
+        diag_block: the kernel's key block: a causal piece of ``n`` rows also computes ``n * min(n, diag_block) / 2``
+            masked pairs (:meth:`masked_pairs`), the kernel's price of splitting a document; 0: not priced.
+        overlap: the share of the KV transfer the local work hides: 1 (GPU copy engines) gives ``max(local, kv)``,
+            0 (CPU ranks sharing cores) ``local + kv``.
+        qkv_share: the share of ``token_cost`` in the q, k, v projections, which :mod:`.simulation` places around
+            the attention; not in the one-layer formula.
+        mixer_token_cost: one token through all of a hybrid model's recurrent layers (0: none); a split document
+            runs them one hand-off step after another (:func:`mixer_time`).
+        handoff_cost: latency and state bytes of one hand-off step, over the recurrent layers (fwd + bwd).
     """
 
     token_cost: float = 17930.0
@@ -115,21 +84,22 @@ class CostModel:
 
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
-                    peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70,
-                    dtype_bytes: int = 2, grad_bytes: int = 2, alpha_s: float = 20e-6,
-                    a2a_bytes_per_s: float | None = None, hidden_size: int | None = None, recurrent_layers: int = 0,
-                    state_bytes: float = 0.0) -> "CostModel":
-        """Cost model for a model shape, a link (per GPU, per direction, as reached), its latency per
-        round ``alpha_s`` (paid in forward and backward), a GPU peak and the all-to-all's link inside a
-        node (``a2a_bytes_per_s``, default ``link_bytes_per_s``); ``hidden_size`` (default ``q_heads * head_dim``)
-        sizes the q, k, v projections' share of ``params_per_layer`` (``qkv_share``). A hybrid model's
-        ``recurrent_layers`` (each a token's work like an attention layer's non-attention part) hand ``state_bytes``
-        per split document and layer (``mixer_token_cost``, ``handoff_cost``)."""
+                    peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70, dtype_bytes: int = 2,
+                    grad_bytes: int = 2, alpha_s: float = 20e-6, a2a_bytes_per_s: float | None = None,
+                    hidden_size: int | None = None, recurrent_layers: int = 0, state_bytes: float = 0.0) -> "CostModel":
+        """Cost model for a model shape on a GPU and a link.
+
+        Args:
+            link_bytes_per_s: per GPU and direction, as reached. alpha_s: latency of one round (paid fwd and bwd).
+            a2a_bytes_per_s: the all-to-all's link inside a node (default ``link_bytes_per_s``).
+            hidden_size: sizes the q, k, v projections' share of ``params_per_layer`` (default ``q_heads *
+                head_dim``). recurrent_layers, state_bytes: a hybrid model's recurrent layers and the state bytes
+                each hands over per split document.
+        """
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
         kv_s = 2 * kv_heads * head_dim * (dtype_bytes + grad_bytes) / link_bytes_per_s
-        # forward q, k, v, out; backward dout, dq, dk, dv, all in the activations' dtype (kv heads as given:
-        # replication for a U that does not divide them is not counted)
+        # forward q, k, v, out; backward dout, dq, dk, dv, in the activations' dtype (no kv-head replication)
         a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
         a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
         qkv = (hidden_size or q_heads * head_dim) * head_dim * (q_heads + 2 * kv_heads)  # q, k, v projection weights
@@ -141,26 +111,17 @@ class CostModel:
 
     @staticmethod
     def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
-        """Cost model for a Transformers model config on a GPU kind, with SAP's KV over a link.
-
-        What the trainers use, so that ``auto`` weighs KV bytes against compute for the real model
-        (Llama-2-7B moves 4x the KV bytes per pair of Llama-3-8B) and GPU (an H100 computes 3.2x
-        faster than an A100 but its links are only 1.5-2x faster).
+        """Cost model for a Transformers model config on a GPU kind, with SAP's KV over a link: what the trainers
+        use, so that ``auto`` weighs KV bytes against compute for the real model and GPU.
 
         Args:
             config: ``num_attention_heads``, ``hidden_size``, optional ``num_key_value_heads``,
-                ``intermediate_size`` and ``head_dim``.
+                ``intermediate_size``, ``head_dim`` and ``layer_types``.
             link: ``"nvlink"`` or ``"network"`` (e.g. ``sp.sap_link``).
-            hardware: a key of :data:`HARDWARE_LINKS` (``"A100"``, ``"H100"``, ...: peak, NVLink and
-                per-GPU network bandwidth from :mod:`hf_hsap.hardware`); for this process's GPU pass
-                :func:`hf_hsap.devices.detect_hardware` (the planner queries no device).
-
-        Returns:
-            The cost model.
+            hardware: a key of :data:`HARDWARE_LINKS`; this process's GPU is :func:`hf_hsap.devices.detect_hardware`.
 
         Raises:
-            ValueError: an unknown hardware or link, or a config without positive head counts and
-                hidden size.
+            ValueError: an unknown hardware or link, or a config without positive head counts and hidden size.
         """
         if hardware not in HARDWARE_LINKS:
             raise ValueError(f"unknown hardware {hardware!r}; choose one of {', '.join(HARDWARE_LINKS)}")
@@ -185,28 +146,27 @@ class CostModel:
 
     @staticmethod
     def default() -> "CostModel":
-        """Llama-3-8B on A100, KV over InfiniBand (the module docstring)."""
+        """Llama-3-8B on A100, KV over InfiniBand."""
         return CostModel()
 
     @staticmethod
     def nvlink() -> "CostModel":
-        """Llama-3-8B on A100, KV over NVLink (300 GB/s per GPU, 80% reached)."""
+        """Llama-3-8B on A100, KV over NVLink (every SAP peer in one node)."""
         return CostModel(token_cost=17930.0, kv_token_cost=102.0, round_cost=60000.0)
 
     def time_of(self, tokens, work, local, recv):
-        """The step time of a part (the module docstring's formula; the one place it is written).
+        """The step time of a part: the module docstring's formula, the one place it is written.
 
         Args:
-            tokens: tokens held. work: pairs of its queries. local: pairs against its own keys (they run
-                while the KV is in flight). recv: KV tokens received. Scalars or ``[n_parts]`` arrays.
+            tokens: tokens held. work: pairs of its queries. local: pairs against its own keys. recv: KV tokens
+                received. Scalars or ``[n_parts]`` arrays.
 
         Returns:
-            ``token_cost * tokens + max(local, kv_token_cost * recv) + (work - local)``, elementwise; with
-            ``overlap < 1`` the middle term is ``local + kv - overlap * min(local, kv)`` (``kv = kv_token_cost *
-            recv``; at ``overlap = 1`` that is the max).
+            ``token_cost * tokens + max(local, kv) + (work - local)`` elementwise, ``kv = kv_token_cost * recv``;
+            with ``overlap < 1`` the middle term is ``local + kv - overlap * min(local, kv)``.
         """
         kv = self.kv_token_cost * recv
-        scalar = isinstance(kv, (int, float)) and isinstance(local, (int, float))  # Python's max: 20x numpy's here
+        scalar = isinstance(kv, (int, float)) and isinstance(local, (int, float))  # Python's max: faster on scalars
         hi, lo = (max, min) if scalar else (np.maximum, np.minimum)
         if self.overlap == 1:
             exposed = hi(local, kv)
@@ -215,13 +175,12 @@ class CostModel:
         return self.token_cost * tokens + exposed + (work - local)
 
     def masked_pairs(self, rows):
-        """Masked pairs a causal piece of ``rows`` rows computes on its diagonal blocks (see ``diag_block``):
-        ``rows * min(rows, diag_block) / 2``, elementwise (scalars or arrays)."""
+        """Masked pairs a causal piece of ``rows`` rows computes on its diagonal blocks, elementwise."""
         return rows * np.minimum(rows, self.diag_block) / 2
 
     def for_ulysses(self, ulysses_size: int) -> "CostModel":
-        """This model for plans with Ulysses size ``U``: every token also pays its share of the all-to-all,
-        ``token_cost + a2a_token_cost * (U - 1) / U`` (the model itself for ``U == 1``)."""
+        """This model for Ulysses size ``U``: every token also pays ``a2a_token_cost * (U - 1) / U`` (a rank
+        computes ``1 / U`` of its part's heads, so every term is its part's divided by ``U``)."""
         if ulysses_size <= 1:
             return self
         extra = self.a2a_token_cost * (ulysses_size - 1) / ulysses_size
@@ -229,8 +188,8 @@ class CostModel:
 
     @staticmethod
     def for_link(link: str) -> "CostModel":
-        """The default cost model for the link that carries SAP's KV: ``"nvlink"`` or ``"network"`` (one shared,
-        frozen instance per link: a cached plan call builds none)."""
+        """The default model for the link that carries SAP's KV, ``"nvlink"`` or ``"network"`` (a shared frozen
+        instance: a cached plan call builds none)."""
         if link not in _LINK_MODELS:
             raise ValueError(f"unknown link {link!r}; use 'nvlink' (one node) or 'network' (between nodes)")
         return _LINK_MODELS[link]
@@ -242,15 +201,17 @@ _LINK_MODELS: Mapping[str, CostModel] = MappingProxyType({"nvlink": CostModel.nv
 
 def part_times(layout: Layout, pl: Placement, tr: Transfers | None, cost: CostModel,
                window: Window = None) -> np.ndarray:
-    """``[n_parts]`` estimated step time of every part for one layer of a mask kind (module docstring; a
-    window counts only the pairs it keeps). ``tr``: the transfers of that kind; None on a full layer: the
-    received KV read from the segments (:func:`part_recv`, the same figures without building transfers)."""
+    """``[n_parts]`` estimated step time of every part for one layer of a mask kind.
+
+    Args:
+        layout, pl: the documents and placement. tr: the transfers of that kind; None on a full layer (the
+            received KV is read from the segments, :func:`part_recv`). cost: the model. window: the kind.
+    """
     work = work_per_part(layout, pl, window)
     local = local_work_per_part(layout, pl, window)
     if cost.diag_block:  # the masked pairs of every (part, document) causal piece run with the local work
         first, rows = pl.runs  # [pieces] own tokens of each
-        masked = np.bincount(pl.part[first], weights=cost.masked_pairs(rows.astype(np.float64)),
-                             minlength=pl.n_parts)
+        masked = np.bincount(pl.part[first], weights=cost.masked_pairs(rows.astype(np.float64)), minlength=pl.n_parts)
         work, local = work + masked, local + masked
     if tr is None:
         if window is not None:
@@ -262,9 +223,8 @@ def part_times(layout: Layout, pl: Placement, tr: Transfers | None, cost: CostMo
 
 
 def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
-    """``[n_parts]`` KV tokens every part receives on a full-attention layer, from the segments alone: in every
-    document it holds, every key before the end of its last segment there but its own (:mod:`.transfers`'
-    rule; equal to the received lengths of :func:`.transfers.compute_transfers`, as float64 sums of integers)."""
+    """``[n_parts]`` KV tokens every part receives on a full-attention layer, without building transfers: in every
+    document it holds, every key before the end of its last segment there but its own."""
     first, own = pl.runs  # [runs] first segment; tokens of the run's document the part holds
     last = np.concatenate([first[1:], [pl.doc.shape[0]]]) - 1
     recv = pl.end[last] - layout.cu_seqlens[pl.doc[first]] - own  # every key before its last one, but its own
@@ -272,20 +232,15 @@ def part_recv(layout: Layout, pl: Placement) -> np.ndarray:
 
 
 def balance_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
-    """The compute lower bound of :func:`part_times`' slowest part on one *full-attention* layer over every
-    placement: ``(token_cost * T + sum_d L_d (L_d + 1) / 2) / n_parts``, every part equally loaded and no
-    communication (a part's time is at least ``token_cost * tokens + work``, and the slowest at least the mean;
-    ``diag_block``'s masked pairs and ``overlap`` below 1 only add); what the placement sweep calls ``LB``. Not a
-    bound of a windowed layer, which computes fewer pairs."""
+    """A lower bound of the slowest part's time on one full-attention layer over every placement (``LB``): every
+    part equally loaded, no communication, ``(token_cost * T + sum_d L_d (L_d + 1) / 2) / n_parts``."""
     lengths = layout.doc_lengths
     return float(cost.token_cost * layout.total_tokens + (lengths * (lengths + 1) // 2).sum()) / n_parts
 
 
 def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
-    """A lower bound of ``part_times(layout, contiguous(layout, n_parts), None, cost).max()`` without building it:
-    the largest ``token_cost * tokens + work`` of a part (its time is at least that: the transfer term is at
-    least the local work). Part ``p`` holds ``[p T // P, (p + 1) T // P)``; its pairs are the difference of the
-    pairs of every row before its two ends (exact integers, as :meth:`.placement.Placement.work_per_part`)."""
+    """A lower bound of the ``contiguous`` placement's slowest part time without building it: the largest
+    ``token_cost * tokens + work`` of a part, part ``p`` holding ``[p T // P, (p + 1) T // P)``."""
     cu = layout.cu_seqlens
     ends = np.arange(n_parts + 1, dtype=np.int64) * layout.total_tokens // n_parts
     d = np.minimum(np.searchsorted(cu, ends, side="right") - 1, layout.n_docs - 1)  # the document of each end
@@ -297,11 +252,9 @@ def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> floa
 
 
 def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
-    """A lower bound of ``zigzag_part_times(layout, n_parts, cost).max()`` in O(documents): the mean over
-    parts of ``token_cost * tokens + kv_token_cost * recv`` (a part's time is at least that), with every
-    chunk of a document of length ``L`` between ``b = L // 2P`` and ``b + 1`` tokens, so part ``i``
-    receives at least ``(2P - 2 - i) b - 1`` of its keys. What lets ``auto`` skip building zigzag's figures
-    on rows of many documents, where its traffic is hopeless."""
+    """A lower bound of :func:`zigzag_part_times`' maximum in O(documents), so ``auto`` can skip zigzag on rows of
+    many documents: the parts' mean ``token_cost * tokens + kv_token_cost * recv``, part ``i`` receiving at least
+    ``(2P - 2 - i) b - 1`` keys of a document of ``L`` tokens (chunks of at least ``b = L // 2P``)."""
     P = n_parts
     b = layout.doc_lengths // (2 * P)
     recv = np.maximum(0, b * (3 * P * P - 3 * P) // 2 - P).sum()  # sum over i of (2P - 2 - i) b - 1
@@ -309,10 +262,8 @@ def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
 
 
 def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarray:
-    """``[n_parts]`` :func:`part_times` of ``zigzag(layout, n_parts)`` for one full-attention layer, without
-    building it (its transfers grow as documents x parts squared: too many for a candidate that usually
-    loses). Part ``i`` holds chunks ``i`` and ``j = 2P-1-i`` of every document and receives every key
-    before the end of its last non-empty chunk but its own."""
+    """``[n_parts]`` :func:`part_times` of ``zigzag(layout, n_parts)`` on one full layer without building it (its
+    transfers grow as documents x parts squared). Part ``i`` holds chunks ``i`` and ``2P-1-i`` of every document."""
     sizes, _ = _zigzag_chunks(layout.doc_lengths, n_parts)  # [n_docs, 2P]
     P = n_parts
     ends = np.cumsum(sizes, axis=1)  # [n_docs, 2P]
@@ -329,39 +280,21 @@ def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarr
 
 def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],
               layers: Mapping[Window, int], cost: CostModel) -> float:
-    """Estimated time of one step of a model's attention layers: for every mask kind, its layers times the
-    slowest part's time of one such layer (each layer waits for its slowest part).
+    """Estimated time of one step of a model's layers: per mask kind, its layers times the slowest part's time
+    (each layer waits for its slowest part), plus :func:`mixer_time`.
 
     Args:
-        layout, pl: the documents and placement. transfers: the placement's transfers of every kind (None for
-            the full kind: read from the segments, :func:`part_times`). layers: layers per kind. cost: the
-            cost model.
+        layout, pl: the documents and placement. transfers: per kind (None for the full kind, read from the
+            segments). layers: layers per kind. cost: the model.
     """
     attention = sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items())
     return float(attention + mixer_time(pl, cost))
 
 
 def mixer_time(pl: Placement, cost: CostModel) -> float:
-    """Estimated time of one step of a hybrid model's recurrent layers on a placement: each hand-off step waits for
-    its busiest part (``cost.mixer_token_cost`` per token), and every step after the first for one exchange
-    (``cost.handoff_cost``). 0 for a model without such layers."""
+    """Estimated time of one step of a hybrid model's recurrent layers: each hand-off step waits for its busiest
+    part, every step after the first for one exchange; 0 without such layers."""
     if not (cost.mixer_token_cost or cost.handoff_cost):
         return 0.0
     steps = part_steps(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)  # [parts, steps]
     return float(cost.mixer_token_cost * steps.max(axis=0).sum() + cost.handoff_cost * (steps.shape[1] - 1))
-
-
-def choose_placement(layout: Layout, candidates: Sequence[Placement],
-                     transfers: Sequence[Transfers | Mapping[Window, Transfers]], cost: CostModel | None = None,
-                     layers: Mapping[Window, int] | None = None) -> int:
-    """Index of the candidate with the smallest estimated step time (first wins ties).
-
-    Args:
-        candidates: the placements. transfers: each one's transfers (of the full kind, or a mapping kind ->
-            transfers). cost: the cost model. layers: layers per mask kind (default: one full layer).
-    """
-    cost = cost or CostModel.default()
-    layers = layers or {None: 1}
-    times = [step_time(layout, c, t if isinstance(t, Mapping) else {None: t}, layers, cost)
-             for c, t in zip(candidates, transfers)]
-    return int(np.argmin(times))

@@ -1,13 +1,5 @@
 """The one rule of the per-batch Ulysses degree: the fastest plan whose activation memory stays within the highest
-degree's (pure, offline; :func:`hf_hsap.plan.planner.choose_ulysses_size` and ``ulysses_size="per_batch"`` groups,
-:func:`hf_hsap.sp_plan.plan_per_batch`, use it).
-
-Time alone is not enough: flat SAP keeps every received ``K|V`` buffer for the backward, so a plan that the cost model
-prices 2 % faster can hold 1.6x the activations of the all-to-all's head shards (a long-tail row with as many
-key/value heads as query heads; activation memory is what bounds the sequence). The highest degree holds the fewest
-received keys (none at ``U = P``, DeepSpeed Ulysses' layout), so it is the cap; with few key/value heads it repeats
-them, and then a lower degree is also the lighter one.
-"""
+degree's (flat SAP keeps every received ``K|V`` for the backward; the highest degree receives the fewest keys)."""
 from __future__ import annotations
 
 import logging
@@ -21,24 +13,15 @@ logger = logging.getLogger("hf_hsap")
 
 
 def rank_step_time(plan: Plan) -> float:
-    """Estimated step time of a rank under ``plan``, in pairs: its slowest part's step time over every mask kind
-    (:func:`.cost.step_time`, with the all-to-all's share of every token when ``U > 1``) divided by ``U`` (a rank
-    computes ``1 / U`` of its part's heads). What compares plans of one layout at different Ulysses degrees."""
+    """A rank's estimated step time under ``plan``, in pairs: :func:`.cost.step_time` over ``U`` (a rank computes
+    ``1 / U`` of its part's heads), comparable across Ulysses degrees."""
     trs = {w: plan.kind(w).transfers for w in plan.windows}
     return step_time(plan.layout, plan.placement, trs, plan.layer_counts, plan.cost) / plan.ulysses_size
 
 
 def fastest_degree(plans: Mapping[int, Plan], heads: tuple[int, int] | None = None) -> tuple[int, dict[int, float]]:
-    """The Ulysses degree whose plan :func:`rank_step_time` prices fastest, among the degrees whose modelled
-    activation memory (:func:`.memory.plan_memory`) is at most the highest degree's when ``heads`` is given.
-
-    Args:
-        plans: one plan of the same layout per degree ``U``.
-        heads: ``(query heads, key/value heads)`` of the model: cap the memory; ``None``: time alone.
-
-    Returns:
-        ``(best U, {U: estimated step time})``; ties go to the smaller U.
-    """
+    """``(best U, {U: rank_step_time})`` over ``plans`` (a plan per degree): the fastest (ties: smaller U) of those
+    whose :func:`.memory.plan_memory` under ``heads`` (query, key/value; None: time alone) is within the highest's."""
     times = {U: rank_step_time(p) for U, p in plans.items()}
     allowed = list(plans)
     if heads is not None:

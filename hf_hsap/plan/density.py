@@ -1,34 +1,12 @@
-"""The ``density`` placement: every document split over as many parts as its *load* needs.
+"""The ``density`` placement: every document split over as many parts as its load needs.
 
-:func:`.balanced.balanced` splits a document over as few parts as its tokens and a work cap allow and
-places documents first-fit; on rows where a few documents hold most of the attention pairs that leaves
-the parts of a work-dense document above the mean, or spills short documents over the caps. Here one
-number decides everything, a document's *load* in attention pairs::
-
-    load_d = L_d (L_d + 1) / 2 + token_cost * L_d        (its pairs, plus its tokens priced per layer)
-
-and the mean load of a part is ``m = sum(load) / P``.
-
-* A document with more pairs than a part's mean share (``work_share`` of it), longer than the token cap or
-  (``spread="fit"``) with a load above ``split_above * m`` is *heavy*: it is cut in
-  ``2k`` chunks over ``k`` parts (chunk ``i`` and ``2k-1-i`` on the i-th, which gives every one of them
-  the same pairs), ``k = max(2, ceil(L / cap_t), ceil(pairs / (mean pairs of a part * work_share)))``;
-  with ``spread="all"`` the 8 heaviest go over all ``P`` parts (zigzag for the heavy, whole for the
-  rest). Heavy documents are placed heaviest first, each on the ``k`` least-loaded parts that still
-  have room for their share of its tokens.
-* The other documents stay whole: heaviest first onto the least-loaded part with room (LPT).
-* :func:`.refine.refine_work` then evens out ``work + token_cost * tokens`` by sliding the boundaries
-  of split documents, within the token cap.
-
-Which ``work_share`` / ``spread`` is cheapest (received KV against balance) is the cost model's choice:
-``placement="auto"`` prices several of them beside the other placements.
-
-Token bound: ``ceil(T / P) * (1 + token_slack)`` per part, never exceeded (a document that fits no
-equal shares is cut over the parts with the most free tokens, as in :mod:`.balanced`).
-
-Speed: plain Python scalars and a heap (one document at a time; it runs per batch, inside the
-planning budget); the per-document figures and the order come from numpy, whole documents are kept apart
-from the split segments (only those are refined).
+Where a few documents hold most of the attention pairs, :mod:`.balanced`'s fewest-parts splits leave the parts of a
+work-dense document above the mean. Here one number decides: a document's load ``L (L + 1) / 2 + token_cost * L``.
+A *heavy* document (more pairs than ``work_share`` of a part's mean, longer than the token cap, or with
+``spread="fit"`` a load above ``split_above`` mean part loads) is cut in ``2k`` chunks over the ``k`` least loaded
+parts with room (as in :mod:`.balanced`); ``spread="all"`` puts the heaviest over all parts. The rest stay whole,
+heaviest first onto the least loaded part with room (LPT). The token cap is never exceeded; the refinement then
+evens out ``work + token_cost * tokens``. ``auto`` prices several ``work_share`` / ``spread`` variants.
 """
 from __future__ import annotations
 
@@ -52,44 +30,28 @@ SPREAD_ALL_DOCS = 8  # spread="all" puts at most this many (the heaviest) docume
 
 def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
             split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Placement:
-    """Load-proportional placement (module docstring): :func:`density_greedy`, refined.
-
-    Args:
-        layout, n_parts, token_cost, token_slack, split_above, spread, work_share: as
-            :func:`density_greedy`.
-
-    Returns:
-        The placement (name ``"density"``).
-    """
+    """Load-proportional placement (module docstring): :func:`density_greedy`, refined."""
     return density_greedy(layout, n_parts, token_cost, token_slack, split_above, spread, work_share).placement(
         token_cost)
 
 
 def density_greedy(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK,
                    split_above: float = 1.0, spread: str = "fit", work_share: float = 1.0) -> Greedy:
-    """The greedy pass of :func:`density` (module docstring), before its refinement.
+    """The greedy pass of :func:`density` (name ``"density"``); ``.placement(token_cost)`` refines it.
 
     Args:
-        layout: the documents.
-        n_parts: number of parts P.
-        token_cost: price of a token in attention pairs (``CostModel.token_cost``).
-        token_slack: epsilon of the token cap ``ceil(T/P) * (1 + eps)``.
-        split_above: a document heavier than ``split_above`` mean part loads ``m`` (or longer than the
-            token cap) is split, over ``max(2, ceil(load / m), ceil(L / cap_t))`` parts.
-        spread: ``"fit"`` (as many parts as the load needs) or ``"all"`` (every heavy document over all
-            parts).
-        work_share: a document with more pairs than this share of a part's mean pairs is heavy, and split
-            over at least ``pairs / (mean pairs * work_share)`` parts.
-
-    Returns:
-        The pass (:class:`.greedy.Greedy`, name ``"density"``): ``.placement(token_cost)`` refines it.
+        layout: the documents. n_parts: parts P. token_cost: a token's price in pairs. token_slack: the cap's slack.
+        split_above: with ``spread="fit"``, a document heavier than this many mean part loads is heavy.
+        spread: ``"fit"`` (a heavy document over ``max(2, ceil(L / cap_t), ceil(pairs / (mean pairs of a part *
+            work_share)))`` parts) or ``"all"`` (the :data:`SPREAD_ALL_DOCS` heaviest over all parts, the rest as fit).
+        work_share: a document with more pairs than this share of a part's mean pairs is heavy.
     """
     return _density_pass(density_figures(layout, token_cost), n_parts, token_slack, split_above, spread, work_share)[0]
 
 
 class DensityFigures:
-    """The per-document figures every density pass of one layout and token cost reads (plain Python lists
-    and numpy arrays; built once when ``auto`` runs several variants: :func:`density_figures`)."""
+    """The per-document figures every density pass of one layout and token cost reads (built once for ``auto``'s
+    variants)."""
 
     def __init__(self, layout: Layout, token_cost: float) -> None:
         self.layout, self.token_cost = layout, token_cost
@@ -108,32 +70,16 @@ class DensityFigures:
 
 
 def density_figures(layout: Layout, token_cost: float) -> DensityFigures:
-    """The figures of :func:`density_greedies` for one layout and token cost, to share between its calls.
-
-    Args:
-        layout: the documents. token_cost: price of a token in attention pairs.
-
-    Returns:
-        The :class:`DensityFigures`.
-    """
+    """The :class:`DensityFigures` of one layout and token cost, to share between :func:`density_greedies` calls."""
     return DensityFigures(layout, token_cost)
 
 
 def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slacks: Sequence[float],
                      spread: str = "fit", work_share: float = 1.0,
                      figures: DensityFigures | None = None) -> list[Greedy]:
-    """:func:`density_greedy` at several token slacks, one pass for as many of them as it can: a pass in
-    which no token cap decided anything (every part it tried had room, no document longer than the cap) is
-    the same pass at any larger cap; only the cap its refinement slides within differs.
-
-    Args:
-        layout, n_parts, token_cost, spread, work_share: as :func:`density_greedy`.
-        token_slacks: the slacks, ascending.
-        figures: :func:`density_figures` of ``layout`` and ``token_cost``, if built already (several variants).
-
-    Returns:
-        One pass per slack (equal to ``density_greedy`` at that slack).
-    """
+    """:func:`density_greedy` at each of ``token_slacks`` (ascending): a pass in which no cap decided anything is
+    the same pass at any larger cap, only its refinement's cap differs. ``figures``: :func:`density_figures`, if
+    built already."""
     if figures is None or figures.layout is not layout or figures.token_cost != token_cost:
         figures = density_figures(layout, token_cost)
     out: list[Greedy] = []
@@ -149,9 +95,8 @@ def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slac
 
 def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_above: float,
                   spread: str, work_share: float) -> tuple[Greedy, bool]:
-    """:func:`density_greedy` (of ``fig``'s layout and token cost), and whether its token cap decided anything
-    (a part skipped for want of room, a document longer than the cap); when not, the pass is the same at any
-    larger cap."""
+    """:func:`density_greedy` of ``fig``, and whether its token cap decided anything (a part skipped for want of
+    room, a document longer than the cap)."""
     if spread not in ("fit", "all"):
         raise ValueError(f"spread must be 'fit' or 'all', got {spread!r}")
     P = n_parts
@@ -215,19 +160,9 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float, split_a
 def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
                   cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
                   seg_end: list[int], seg_part: list[int]) -> tuple[list[int], bool]:
-    """Place ``docs`` whole, in order, each on the least-loaded part (``work + token_cost * tokens``, ties by
-    index) with room for it under ``cap_t`` (LPT); one that fits no part is cut over the parts with the most
-    free tokens (appended to the segments). Updates ``tok`` and ``wrk``.
-
-    Args:
-        docs: the documents, heaviest first. lens, pairs: their tokens and pairs (in ``docs`` order). cu: the
-            document boundaries. P: parts. token_cost: a token's price in pairs. cap_t: the token cap.
-        tok, wrk, seg_doc, seg_start, seg_end, seg_part: the pass's figures and split segments (updated).
-
-    Returns:
-        The part of every document of ``docs`` (-1 for one cut over several parts), and whether the least
-        loaded part ever lacked room.
-    """
+    """Place ``docs`` (heaviest first) whole, each on the least loaded part (``work + token_cost * tokens``, ties by
+    index) with room under ``cap_t``; one that fits no part is cut over the parts with the most free tokens.
+    Updates the figures and segments; returns every document's part (-1: cut) and whether a part lacked room."""
     heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
     heapq.heapify(heap)
     out = [-1] * len(docs)
@@ -250,8 +185,8 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
 def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],
              wrk: list[float], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
              seg_part: list[int]) -> int:
-    """:func:`_least_loaded` for a document the least-loaded part has no room for: the least-loaded part with
-    room (its part returned), or cut over the parts with the most free tokens (-1). Keeps ``heap`` whole."""
+    """:func:`_least_loaded` for a document the least loaded part has no room for: the least loaded part with room
+    (returned), else cut over the parts with the most free tokens (-1). Keeps ``heap`` whole."""
     full = []
     while heap and tok[heap[0][1]] + L > cap_t:  # parts without room for the whole document
         full.append(heapq.heappop(heap))

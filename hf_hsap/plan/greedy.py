@@ -1,9 +1,8 @@
 """What a greedy placement (:mod:`.balanced`, :mod:`.density`) hands over before its refinement.
 
-A greedy pass places every document; :func:`.refine.refine_work` then slides boundaries of split
-documents. ``placement="auto"`` refines and prices several greedy passes; the state in between lets it
-bound a candidate's step time from below before paying for its refinement, finish and transfers
-(:meth:`Greedy.floor`), and refine one pass several ways (:meth:`Greedy.placement`).
+``auto`` prices several greedy passes; keeping the state between a pass and :mod:`.refine` lets it bound a
+candidate's step time from below before paying for the refinement (:meth:`Greedy.floor`), and refine one pass
+several ways (:meth:`Greedy.placement`).
 """
 from __future__ import annotations
 
@@ -18,23 +17,17 @@ from .refine import Sides, boundaries, boundary_sides, refine_floor, refine_move
 
 @dataclass(frozen=True)
 class Greedy:
-    """The segments and per-part figures of one greedy pass (lists, as the greedy appends them; never
-    changed here: every refinement works on copies).
+    """The segments and per-part figures of one greedy pass (lists; never changed: refinements work on copies).
 
     Attributes:
-        name: the placement's name. n_parts: P.
-        cu: the document boundaries (``cu_seqlens``).
-        seg_doc, seg_start, seg_end, seg_part: the segments of the documents cut over several parts, each
-            document's consecutive and in order (what the refinement moves).
-        whole_doc, whole_part: the documents kept whole and their parts (a part of -1: the document is
-            among the segments after all; its entry is ignored).
+        name: the placement's name. n_parts: P. cu: the document boundaries (``cu_seqlens``).
+        seg_doc, seg_start, seg_end, seg_part: the segments of the split documents, each document's consecutive
+            and in order (what the refinement moves).
+        whole_doc, whole_part: the documents kept whole and their parts (-1: among the segments after all).
         tok, wrk: tokens and (query, key) pairs of every part.
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
-        same_as: the same pass at a smaller cap, if it is one (:func:`.density.density_greedies`): a
-            refinement of it that no cap shortened is this one's too.
-        whole_doc_ids: :attr:`whole_doc` as an int64 array, when the pass has one (a list of thousands of
-            documents converts slowly; passes at several slacks share the array).
-        cu_list: :attr:`cu` as a list, when the pass has one (every refinement reads the documents' starts).
+        same_as: the same pass at a smaller cap, if it is one: its refinements that no cap shortened are this one's.
+        whole_doc_ids, cu_list: ``whole_doc`` as int64 and ``cu`` as a list, when at hand (conversions are slow).
     """
 
     name: str
@@ -50,26 +43,17 @@ class Greedy:
     wrk: list[float]
     cap_t: float
     max_moves: int
-    same_as: Greedy | None = field(default=None, compare=False, repr=False)  # this pass at a smaller cap
-    whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)  # whole_doc, int64, if at hand
-    cu_list: list[int] | None = field(default=None, compare=False, repr=False)  # cu as a list, if at hand
+    same_as: Greedy | None = field(default=None, compare=False, repr=False)
+    whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
+    cu_list: list[int] | None = field(default=None, compare=False, repr=False)
 
     def floor(self, token_cost: float, kv_token_cost: float = 0.0) -> float:
-        """A lower bound of the slowest part's step time (one full-attention layer, :mod:`.cost`) after any
-        refinement: the larger of the largest ``work + token_cost * tokens`` of a part (:func:`.refine.refine_floor`)
-        and, with ``kv_token_cost``, the transfer the holder of a split document's last rows cannot avoid
-        (:func:`transfer_floor`).
-
-        Args:
-            token_cost: the price of a token in pairs. kv_token_cost: the price of a received KV token in pairs
-                (0: the work alone).
-
-        Returns:
-            The bound, in pairs.
-        """
+        """A lower bound, in pairs, of the slowest part's time on one full layer after any refinement: the largest
+        ``work + token_cost * tokens`` of a part (:func:`.refine.refine_floor`) and, with ``kv_token_cost`` (a
+        received KV token's price; 0: work alone), :func:`transfer_floor`."""
         if self.same_as is not None:  # the same segments and figures: the same bound
             return self.same_as.floor(token_cost, kv_token_cost)
-        floors = self._floors  # (auto asks once per refinement it lists: two per pass)
+        floors = self._floors  # (auto asks once per refinement it lists)
         key = (token_cost, kv_token_cost)
         if key not in floors:
             load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
@@ -79,27 +63,16 @@ class Greedy:
         return floors[key]
 
     def placement(self, token_cost: float | None) -> Placement:
-        """The refined placement (:meth:`refined`).
-
-        Args:
-            token_cost: as :meth:`refined`.
-
-        Returns:
-            The placement (named :attr:`name`).
-        """
+        """The refined placement (:meth:`refined`), named :attr:`name`."""
         return self.refined(token_cost)[0]
 
     def refined(self, token_cost: float | None) -> tuple[Placement, bool]:
-        """The refined placement, and whether the cap shortened a slide of the refinement (built once per
-        ``token_cost``; the one of :attr:`same_as` when it was built and no cap shortened a slide of it).
+        """``(placement, capped)``: the refined placement, built once per ``token_cost`` (or taken from
+        :attr:`same_as` when no cap shortened its slides), and whether the cap shortened a slide.
 
         Args:
-            token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within
-                ``cap_t``; ``None``: it evens out the work at unchanged token counts.
-
-        Returns:
-            ``(placement, capped)``: the same placement object for a pass and its :attr:`same_as` when not capped,
-            and for two token costs whose refinements end alike.
+            token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within ``cap_t``;
+                ``None``: it evens out the work at unchanged token counts.
         """
         memo = self._memo
         if token_cost not in memo and self.same_as is not None and token_cost in self.same_as._memo:
@@ -128,7 +101,7 @@ class Greedy:
 
     @functools.cached_property
     def _floors(self) -> dict[tuple[float, float], float]:
-        """The bounds of :meth:`floor` so far, by token and KV token cost."""
+        """:meth:`floor`'s bounds so far, by (token cost, KV token cost)."""
         return {}
 
     @functools.cached_property
@@ -138,13 +111,12 @@ class Greedy:
 
     @functools.cached_property
     def _by_segments(self) -> dict[tuple[tuple[int, ...], tuple[int, ...]], Placement]:
-        """The refined placements by their segments' starts and ends (two refinements that end alike share
-        one placement: :func:`._cheapest` prices it once)."""
+        """The refined placements by their segments' bounds (refinements that end alike share one placement)."""
         return {}
 
     @functools.cached_property
     def _boundaries(self) -> list[int]:
-        """:func:`.refine.boundaries` of the segments (the greedy's: every refinement starts from them)."""
+        """:func:`.refine.boundaries` of the segments (every refinement starts from them)."""
         if self.same_as is not None:  # the same segments
             return self.same_as._boundaries
         return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
@@ -158,7 +130,7 @@ class Greedy:
 
     @functools.cached_property
     def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(doc, start, end, part)`` int64 arrays of the whole documents' segments (every refinement's)."""
+        """``(doc, start, end, part)`` int64 arrays of the whole documents' segments."""
         doc = _int64(self.whole_doc) if self.whole_doc_ids is None else self.whole_doc_ids
         part = _int64(self.whole_part)
         keep = part >= 0
@@ -167,36 +139,20 @@ class Greedy:
 
 
 def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
-    """A lower bound of the slowest part's step time after any refinement of ``g``, from the transfers no
-    refinement avoids: the largest of :func:`part_transfer_floors`.
-
-    Args:
-        g: the greedy pass. token_cost, kv_token_cost: the cost model's prices of a token and a received KV token.
-
-    Returns:
-        The bound, in pairs.
-    """
+    """A lower bound, in pairs, of the slowest part's time after any refinement of ``g``: the largest of
+    :func:`part_transfer_floors`."""
     return max(part_transfer_floors(g, token_cost, kv_token_cost))
 
 
 def part_transfer_floors(g: Greedy, token_cost: float, kv_token_cost: float) -> list[float]:
-    """Every part's lower bound of its step time after any refinement of ``g``, from the transfers no refinement
-    avoids.
+    """``[P]`` lower bounds, in pairs, of every part's time after any refinement of ``g``, from the transfers none
+    avoids: ``token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents whose
+    last segment p holds``.
 
-    A refinement never changes a segment's part, never empties a segment (it leaves the giving side a row) and
-    never moves a whole document (:mod:`.refine`). So the part holding a split document's last segment keeps it,
-    receives every key of the document but its ``o >= 1`` own rows (``L - o``), and holds the whole documents it
-    holds now. Its time is at least ``token_cost * tokens + kv_token_cost * recv`` (:meth:`.cost.CostModel.time_of`:
-    the middle term is at least the transfer, at any overlap), and ``token_cost * o + kv_token_cost * (L - o) >=
-    min(token_cost, kv_token_cost) * L``. What it assumes of a greedy pass (every segment holds a row, a
-    document's segments are consecutive in ``seg_doc``, a list) the tests check on every pass they build.
-
-    Args:
-        g: the greedy pass. token_cost, kv_token_cost: the cost model's prices of a token and a received KV token.
-
-    Returns:
-        ``[P]``: ``token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents
-        whose last segment p holds``, in pairs.
+    A refinement never changes a segment's part, empties a segment or moves a whole document (:mod:`.refine`), so
+    the holder of a split document's last segment keeps its ``o >= 1`` rows and receives the other ``L - o``; its
+    time is at least ``token_cost * tokens + kv_token_cost * recv`` at any overlap, and ``token_cost * o +
+    kv_token_cost * (L - o) >= min(token_cost, kv_token_cost) * L``.
     """
     whole = list(g.tok)  # [P] tokens of every part's whole documents: its tokens less its split segments'
     for s, e, p in zip(g.seg_start, g.seg_end, g.seg_part):
@@ -212,5 +168,5 @@ def part_transfer_floors(g: Greedy, token_cost: float, kv_token_cost: float) -> 
 
 
 def _int64(values: list[int]) -> np.ndarray:
-    """``values`` as an int64 array (``np.fromiter``: faster than ``np.asarray`` on a list of ints)."""
+    """``values`` as an int64 array (``np.fromiter``: faster than ``np.asarray`` on a list)."""
     return np.fromiter(values, dtype=np.int64, count=len(values))

@@ -1,10 +1,4 @@
-"""GroupSpec: the plain description of an SP group that the planner needs (no process group).
-
-The planner is pure: it never talks to other ranks and never asks a device anything. Everything it
-needs to know about the group is here; :class:`hf_hsap.topology.SPGroup` describes itself with
-:attr:`~hf_hsap.topology.SPGroup.spec`, and offline planning (benchmarks, ``hsap-plan``) builds one
-from an int size.
-"""
+"""GroupSpec: all the pure planner knows of an SP group, as data (``SPGroup.spec``, or built offline)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,20 +8,12 @@ LINKS = ("nvlink", "network")
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """An SP group as data.
+    """An SP group as data."""
 
-    Attributes:
-        size: P, ranks in the group.
-        ulysses_size: U, ranks of an intra (all-to-all) group; ``R = size // U`` parts.
-        rank: the planning rank's index in the group (``None``: offline, no rank of its own).
-        link: what SAP's KV crosses: ``"nvlink"`` (the whole group inside one node) or ``"network"``;
-            chooses the default cost model.
-    """
-
-    size: int
-    ulysses_size: int = 1
-    rank: int | None = None
-    link: str = "network"
+    size: int  # P, ranks in the group
+    ulysses_size: int = 1  # U, ranks of an all-to-all group (R = P // U parts)
+    rank: int | None = None  # the planning rank's index (None: offline)
+    link: str = "network"  # what SAP's KV crosses: "nvlink" (one node) or "network"; picks the default cost model
 
     def __post_init__(self) -> None:
         size, U = self.size, self.ulysses_size
@@ -47,24 +33,10 @@ class GroupSpec:
 
     @staticmethod
     def offline(size: int, ulysses_size: int = 1, gpus_per_node: int | None = None) -> "GroupSpec":
-        """A group with no rank of its own.
-
-        Args:
-            size: P. ulysses_size: U. gpus_per_node: ranks per node (None: unknown).
-
-        Returns:
-            The spec; its link is ``"nvlink"`` when ``size`` ranks fit in one node (:func:`offline_link`).
-        """
+        """A group of ``size`` ranks with no rank of its own, its link from :func:`offline_link`."""
         return GroupSpec(size, ulysses_size, None, offline_link(size, gpus_per_node))
 
 
 def offline_link(size: int, gpus_per_node: int | None) -> str:
-    """The link SAP's KV crosses for an offline group.
-
-    Args:
-        size: ranks of the group. gpus_per_node: ranks per node (None: unknown).
-
-    Returns:
-        ``"nvlink"`` when the group fits in one node of ``gpus_per_node`` ranks, else ``"network"``.
-    """
+    """``"nvlink"`` when ``size`` ranks fit in one node of ``gpus_per_node`` (None: unknown), else ``"network"``."""
     return "nvlink" if gpus_per_node and gpus_per_node % size == 0 else "network"

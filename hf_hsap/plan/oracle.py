@@ -1,19 +1,11 @@
-"""A local search of placements under the cost model: :func:`polish`, from one placement, bounded by a count of
-moves and of re-priced segments (deterministic, inside the planning budget): ``auto`` runs it on its winner for
-small groups. The offline optimiser the planner is measured against (the same search from every simpler
-placement, unbounded) is ``benchmarks.oracle.optimise_placement``.
+"""A bounded local search of placements under the cost model (:func:`polish`): the ``auto`` search (:mod:`.search`)
+runs it on its best placement for small groups, ``benchmarks.oracle.optimise_placement`` unbounded, offline.
 
-The objective is :func:`.cost.part_times`' step time of the slowest part (one full-attention layer).
-A part's time depends only on its own segments (its tokens, its pairs, the pairs against its own keys
-and the keys before its last query of every document it holds that it does not own), summed over its
-documents, so a move re-prices the one document it touches on the two parts it touches (:class:`_Part`;
-:func:`part_time`, the same sum from scratch, is checked against :func:`.cost.part_times` by the tests).
-
-Search: from each start (every simpler placement, and the caller's), repeatedly take the slowest part
-and try every move of one of its segments (the 16 with the latest rows), whole or a head / tail of 1/2,
-1/4, ..., 1/64 of it, to every
-other part within the token cap; make the move that lowers ``max(t_p, t_q)`` the most; stop when none
-lowers it (a local optimum) or after ``max_moves``. The best local optimum wins.
+The objective is the time of the slowest part (:func:`.cost.part_times`, one full-attention layer). A part's time
+is a sum over its documents of terms that depend only on its own segments, so a move re-prices the one document it
+touches on the two parts it touches (:class:`_Part`). A move takes one of the slowest part's segments (those with
+the latest rows), whole or a head / tail of 1/2 ... 1/64 of it, to another part within the token cap; the search
+makes the move that lowers ``max(t_p, t_q)`` the most, until none does.
 """
 from __future__ import annotations
 
@@ -32,8 +24,8 @@ SEGMENTS_TRIED = 16  # per move, the slowest part's segments with the latest row
 
 def _doc_terms(rows: list[tuple[int, int]], cost: CostModel) -> tuple[float, float, float, float]:
     """One document's share of a part's time: ``(tokens, work, local, recv)`` of the part's rows of it
-    (document-relative ``[a, b)``, any order). Every term is an integer or a half (exact in float64), so a
-    part's sums are the same in any order (what lets :func:`_descend` re-price one document at a time)."""
+    (document-relative ``[a, b)``, any order). Every term is an integer or a half (exact in float64), so a part's
+    sums do not depend on their order, which lets the search re-price one document at a time."""
     if len(rows) == 1:  # one segment (the search's commonest case): the loop's terms at once
         a, b = rows[0]
         n = b - a
@@ -57,19 +49,14 @@ def _time(terms: list[float], cost: CostModel) -> float:
 
 
 def part_time(segs: list[Seg], doc_start: list[int], cost: CostModel) -> float:
-    """The cost model's time of one part holding ``segs`` (one full-attention layer, attention pairs):
-    ``token_cost * tokens + max(local, kv_token_cost * recv) + (work - local)``.
-
-    Args:
-        segs: the part's segments (any order). doc_start: first global position of every document.
-        cost: the cost model.
-    """
+    """The cost model's time of one part holding ``segs`` (any order), from scratch: ``token_cost * tokens +
+    max(local, kv_token_cost * recv) + (work - local)``. ``doc_start``: first global position of every document."""
     return _Part(segs, doc_start, cost).time
 
 
 class _Part:
-    """One part of the search: its segments, each document's rows and terms (:func:`_doc_terms`) and their
-    sums, so that a move re-prices only the document it touches."""
+    """One part of the search: its segments, each document's rows and terms (:func:`_doc_terms`) and their sums,
+    so that a move re-prices only the document it touches."""
 
     def __init__(self, segs: list[Seg], doc_start: list[int], cost: CostModel) -> None:
         self.segs = segs
@@ -83,15 +70,14 @@ class _Part:
 
     def time_with(self, d: int, drop: tuple[int, int] | None, add: tuple[int, int] | None, cost: CostModel) -> float:
         """The part's time with document ``d``'s rows ``drop`` removed and ``add`` added (relative ``[a, b)``).
-        (Written out: the search's inner loop. A document the part does not hold adds its terms to the sums, which
-        is the same float64 result as subtracting zero terms first.)"""
+        Written out: the search's inner loop."""
         have = self.rows.get(d)
         rows = [] if not have else [r for r in have if r != drop] if drop is not None else list(have)
         if add is not None:
             rows.append(add)
         tok, wrk, loc, rcv = new = _doc_terms(rows, cost) if rows else (0, 0.0, 0.0, 0)
         old = self.terms.get(d)
-        if old is None:
+        if old is None:  # the same float64 sums as subtracting zero terms first
             return self.time_plus(new, cost)
         total = self.total
         return float(cost.time_of(total[0] - old[0] + tok, total[1] - old[1] + wrk, total[2] - old[2] + loc,
@@ -105,30 +91,20 @@ class _Part:
 
 def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float = DEFAULT_TOKEN_SLACK,
            max_moves: int = 30, max_rows: int = 20000) -> tuple[float, Placement]:
-    """A bounded local search from one placement (the moves of the module docstring): what
-    ``placement="auto"`` runs on its winner for small groups, inside the planning budget.
-
-    Deterministic (every rank must find the same plan): it stops after ``max_moves`` moves or once its
-    re-pricings have read ``max_rows`` segments in all, never by a clock.
+    """The local search (module docstring) from ``start``. Deterministic, as every rank must find the same plan:
+    it stops at a local optimum, after ``max_moves`` moves or once its re-pricings have read ``max_rows`` segments
+    (a whole part's segments per re-pricing), never by a clock. Moves that cannot bring the peak below the best so
+    far are not priced.
 
     Args:
-        layout: the documents. n_parts: parts P. cost: the cost model (priced as the plan's).
-        token_slack: no part holds more than ``ceil(T/P) * (1 + token_slack)`` tokens. start: the placement to improve.
-        max_moves: the most moves. max_rows: the most segments read by :func:`part_time` in all.
+        layout: the documents. n_parts: parts P. cost: the cost model. start: the placement to improve.
+        token_slack: no part holds more than ``ceil(T/P) * (1 + token_slack)`` tokens.
+        max_moves, max_rows: the bounds above.
 
     Returns:
-        ``(time of the slowest part, placement)``; the placement is ``start``'s segments moved (name
-        ``"oracle"``), never slower than ``start`` by the cost model.
+        ``(time of the slowest part, placement)``: ``start``'s segments moved (name ``"oracle"``), never slower
+        than ``start`` by the cost model.
     """
-    return _descend(layout, n_parts, cost, start, token_slack, max_moves, max_rows)
-
-
-def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float,
-             max_moves: int, max_rows: float = math.inf) -> tuple[float, Placement]:
-    """The local search from one start: (time of the slowest part, placement); it stops at a local optimum,
-    after ``max_moves`` moves or once the re-pricings have read ``max_rows`` segments (counted as a whole
-    part's segments per re-pricing, whatever the incremental pricing reads). Moves that cannot bring the
-    peak below the best found so far are not priced (the same moves are made, with less of the bound)."""
     P = n_parts
     doc_start = layout.cu_seqlens[:-1].tolist()
     cap = math.ceil(layout.total_tokens / P) * (1.0 + token_slack)
@@ -181,8 +157,7 @@ def _descend(layout: Layout, n_parts: int, cost: CostModel, start: Placement, to
 
 def _moves(mine: list[Seg], doc_start: list[int]):
     """The moves tried from a part: ``(index, moved segment, kept segment or None, tokens moved)`` for its
-    :data:`SEGMENTS_TRIED` segments with the latest rows (the most work per row) first, each whole or a head /
-    tail of 1/2 ... 1/64 of it."""
+    :data:`SEGMENTS_TRIED` segments with the latest rows (the most work per row), whole or a head / tail."""
     tries = sorted(range(len(mine)), key=lambda i: -(mine[i][2] - doc_start[mine[i][0]]))[:SEGMENTS_TRIED]
     for i in tries:
         d, a, b = mine[i]

@@ -1,24 +1,13 @@
 """The round pipeline: in which order one part posts, awaits, consumes and returns its rounds.
 
-One description, two interpreters: :func:`hf_hsap.runtime.sap_forward` / ``sap_backward`` execute the
-steps with tensors and a communication executor, and :func:`simulate_steps` times the same steps by
-dataflow for the cost model (``rounds="auto"``, ``placement="auto"`` and ``benchmarks/cost_model.py``).
-A test records the order the runtime really talks to its executor and compares it with these steps.
+One description, two interpreters: the runtime (``sap_forward`` / ``sap_backward``) executes the steps, and
+:func:`simulate_steps` times them by dataflow for the cost model (a test checks that they agree). Steps
+(:class:`Step`, ``t`` a round): ``post t`` starts round ``t``'s KV transfer, ``wait t`` blocks until it has landed,
+``local`` runs the part's own item (while KV is in flight), ``compute t`` the remote items of round ``t``; in the
+backward, ``return t`` sends round ``t``'s dK/dV to their owners and ``collect t`` awaits and adds this part's.
 
-Steps of a part (:class:`Step`), ``t`` a round:
-
-* ``post t``: start the transfer of round ``t``'s KV (send own rows, receive into a new buffer);
-* ``wait t``: block until round ``t``'s KV has landed;
-* ``local``: the part's own item (its queries against its own keys), run while KV is in flight;
-* ``compute t``: the remote items reading round ``t``'s buffer;
-* ``return t`` / ``collect t`` (backward): send the dK/dV of round ``t``'s rows back to their owners /
-  block until this part's own rows' gradients of round ``t`` have come back and add them.
-
-The shape of a run (:func:`pipeline_shape`, the one rule): without a receive budget every round is
-posted at once and its buffers are kept for the backward, whose returns are all collected at the
-end; with a budget, rounds are double-buffered (round ``t + 1`` posted when ``t`` has landed), the
-backward fetches the KV again (unless there is a single round, whose buffer fits the budget) and
-awaits the previous return before sending the next.
+:func:`pipeline_shape` is the one rule: without a receive budget every round is posted at once and kept for the
+backward; with one, rounds are double-buffered and the backward fetches the KV again (unless there is one round).
 """
 from __future__ import annotations
 
@@ -44,19 +33,12 @@ class Step:
 
 @dataclass(frozen=True)
 class PipelineShape:
-    """How a part with ``n_rounds`` rounds runs (:func:`pipeline_shape`).
-
-    Attributes:
-        n_rounds: rounds of the schedule.
-        fetch_ahead: rounds the forward posts before it consumes the first (``n_rounds``: all at once).
-        refetch: the backward fetches the KV again (the forward keeps no receive buffer).
-        returns_in_flight: dK/dV returns the backward lets travel before it awaits the oldest.
-    """
+    """How a part with ``n_rounds`` rounds runs (:func:`pipeline_shape`)."""
 
     n_rounds: int
-    fetch_ahead: int
-    refetch: bool
-    returns_in_flight: int
+    fetch_ahead: int  # rounds the forward posts before it consumes the first (n_rounds: all at once)
+    refetch: bool  # the backward fetches the KV again (the forward keeps no receive buffer)
+    returns_in_flight: int  # dK/dV returns the backward lets travel before it awaits the oldest
 
     @property
     def keep_recv(self) -> bool:
@@ -65,29 +47,15 @@ class PipelineShape:
 
 
 def pipeline_shape(n_rounds: int, bounded: bool) -> PipelineShape:
-    """The one rule for how rounds run (module docstring).
-
-    Args:
-        n_rounds: rounds of the schedule. bounded: the plan has a receive budget.
-
-    Returns:
-        The :class:`PipelineShape`.
-    """
+    """The one rule for how rounds run (module docstring); ``bounded``: the plan has a receive budget."""
     if not bounded:
         return PipelineShape(n_rounds, n_rounds, False, max(n_rounds, 1))
     return PipelineShape(n_rounds, 1, n_rounds > 1, 1)
 
 
 def forward_steps(shape: PipelineShape) -> tuple[Step, ...]:
-    """The forward: post ``fetch_ahead`` rounds, run the local item, then per round wait for it, post
-    the next one not yet posted, and consume it.
-
-    Args:
-        shape: the run's shape.
-
-    Returns:
-        The steps, in order.
-    """
+    """The forward's steps: post ``fetch_ahead`` rounds, run the local item, then per round wait for it, post the
+    next one not yet posted, and consume it."""
     n, ahead = shape.n_rounds, max(shape.fetch_ahead, 1)
     steps = [Step(POST, t) for t in range(min(ahead, n))] + [Step(LOCAL)]
     for t in range(n):
@@ -99,16 +67,9 @@ def forward_steps(shape: PipelineShape) -> tuple[Step, ...]:
 
 
 def backward_steps(shape: PipelineShape) -> tuple[Step, ...]:
-    """The backward: per round (refetch: wait for its KV and post the next fetch) compute it, await the
-    oldest return once ``returns_in_flight`` are travelling, send its dK/dV back; the local item runs
-    after round 0's return has left; every return still travelling is collected at the end.
-
-    Args:
-        shape: the run's shape.
-
-    Returns:
-        The steps, in order.
-    """
+    """The backward's steps: per round (refetch: wait for its KV, post the next fetch) compute it, await the oldest
+    return once ``returns_in_flight`` are travelling, send its dK/dV back; the local item runs after round 0's
+    return has left; the returns still travelling are collected at the end."""
     n, depth = shape.n_rounds, max(shape.returns_in_flight, 1)
     if n == 0:
         return (Step(LOCAL),)
@@ -131,12 +92,7 @@ def backward_steps(shape: PipelineShape) -> tuple[Step, ...]:
 
 
 def run_steps(steps: Sequence[Step], handlers: Mapping[str, Callable[[int], None]]) -> None:
-    """Call ``handlers[step.op](step.round)`` for every step, in order.
-
-    Args:
-        steps: the steps. handlers: op -> function of the round (ops without one are skipped: a forward
-            has no returns).
-    """
+    """Call ``handlers[step.op](step.round)`` for every step, in order (ops without a handler are skipped)."""
     for s in steps:
         h = handlers.get(s.op)
         if h is not None:
@@ -145,19 +101,13 @@ def run_steps(steps: Sequence[Step], handlers: Mapping[str, Callable[[int], None
 
 def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
                    peers: np.ndarray, ret: np.ndarray | None = None, start: np.ndarray | None = None) -> np.ndarray:
-    """``[R]`` finish time of every part running ``steps`` (all parts run the same steps).
+    """``[R]`` each part's clock after running ``steps`` (every part runs the same steps). A transfer starts when
+    both ends have posted it and both ends' links are free; a return, when both ends have sent it. Waiting moves a
+    part's clock to the arrival; compute adds to it.
 
-    Times: ``local`` ``[R]`` the local item; ``xfer`` ``[R, n]`` the transfer of round ``t`` into each
-    part (0: nothing received); ``work`` ``[R, n]`` the remote items; ``ret`` ``[R, n]`` the dK/dV
-    returning to each part in round ``t`` (backward). ``peers`` ``[n, R, R]`` (dst, src). ``start`` ``[R]``:
-    when each part reaches its first step (default: every part at 0).
-
-    A transfer starts when both ends have posted it and both ends' links have delivered their
-    previous fetch; a return starts when both ends have sent it. Waiting moves a part's clock to the
-    arrival; compute adds to it.
-
-    Returns:
-        ``[R]`` each part's clock after its last step.
+    Shapes (times): local ``[R]`` the local item. xfer ``[R, n]`` round ``t``'s transfer into each part (0: none).
+    work ``[R, n]`` the remote items. peers ``[n, R, R]`` bool (dst, src). ret ``[R, n]`` the dK/dV returning to each
+    part (backward). start ``[R]`` when each part reaches its first step (default 0).
     """
     R, n = xfer.shape
     clock = np.zeros(R) if start is None else np.array(start, dtype=np.float64)
@@ -166,7 +116,7 @@ def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, w
     back: dict[int, np.ndarray] = {}
 
     def senders_max(mask: np.ndarray, x: np.ndarray) -> np.ndarray:  # [R] max of x over each row's senders
-        return np.where(mask, x, -np.inf).max(axis=1) if R else x  # (1.8x faster than max(where=) here)
+        return np.where(mask, x, -np.inf).max(axis=1) if R else x  # (faster than max(where=))
 
     def post(t: int) -> None:
         posted[t] = clock.copy()
@@ -208,21 +158,13 @@ STEADY_LAYERS = (1, 1)  # simulate_layers: layers run before the measured ones, 
 def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
                     peers: np.ndarray, ret: np.ndarray | None, before: np.ndarray, after: np.ndarray,
                     layers: tuple[int, int] = STEADY_LAYERS) -> np.ndarray:
-    """``[R]`` every part's time per layer once consecutive layers run the same ``steps`` in steady state.
-
-    No part waits for the others at a layer's start: each starts layer ``l + 1`` when it is done with layer
-    ``l`` (its ``after`` work, e.g. the output projection and MLP) and with its ``before`` work of the next (the
-    q, k, v projections), so a wait for another part's KV or dK/dV costs what it costs in a deep model, where
-    nothing but the transfers themselves ties the parts together (one layer alone, every part starting it at
-    once, charges every lag to every layer). Arrays as :func:`simulate_steps`.
+    """``[R]`` each part's time per layer once consecutive layers run ``steps`` in steady state: each part starts
+    layer ``l + 1`` (its ``before`` work, e.g. q/k/v projections) when done with layer ``l`` (its ``after`` work),
+    not in lockstep, so only the transfers tie the parts together, as in a deep model.
 
     Args:
-        steps: one layer's steps (:func:`forward_steps` or :func:`backward_steps`). local, xfer, work, peers,
-            ret: as :func:`simulate_steps`. before, after: ``[R]`` each part's own work before and after the
-            steps in a layer. layers: ``(warm-up layers, measured layers)``.
-
-    Returns:
-        ``[R]`` each part's clock advance over the measured layers, per layer (steps, ``before`` and ``after``).
+        steps: one layer's steps. local, xfer, work, peers, ret: as :func:`simulate_steps`. before, after: ``[R]``
+            each part's own work before / after the steps. layers: ``(warm-up layers, measured layers)``.
     """
     warm, measured = layers
     clock = np.zeros(len(local))
@@ -236,8 +178,8 @@ def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, 
 
 def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
                      eager: bool = True) -> np.ndarray:
-    """``[R]`` finish time of every part's forward (:func:`forward_steps`; arrays as
-    :func:`simulate_steps`); ``eager``: every round posted at once, else double-buffered."""
+    """``[R]`` finish time of every part's forward (arrays as :func:`simulate_steps`); ``eager``: every round
+    posted at once, else double-buffered."""
     n = xfer.shape[1]
     shape = PipelineShape(n, n if eager else 1, False, max(n, 1))
     return simulate_steps(forward_steps(shape), local, xfer, work, peers)
@@ -245,9 +187,8 @@ def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peer
 
 def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
                       ret: np.ndarray, refetch: bool) -> np.ndarray:
-    """``[R]`` finish time of every part's backward (:func:`backward_steps`; arrays as
-    :func:`simulate_steps`); ``refetch``: the KV is fetched again and one return travels at a time,
-    else the kept buffers are used and every return is collected at the end."""
+    """``[R]`` finish time of every part's backward (arrays as :func:`simulate_steps`); ``refetch``: the KV is
+    fetched again and one return travels at a time, else kept buffers, every return collected at the end."""
     n = xfer.shape[1]
     shape = PipelineShape(n, 1, refetch, 1 if refetch else max(n, 1))
     return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)

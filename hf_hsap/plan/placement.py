@@ -1,21 +1,11 @@
-"""Placements: which part (rank, or rank group under Ulysses) holds which global token.
+"""Placements: which part (a rank, or a rank group under Ulysses) holds which global tokens.
 
-A placement is a set of *segments*: contiguous global token ranges inside one document, each owned
-by one part. A part holds its segments in global order, so its local tokens are sorted by global
-position (this is what lets a part run its own documents with a plain causal kernel).
-
-Placements (``P`` parts, document of length ``L``)::
+A placement is a set of *segments*, contiguous token ranges inside one document, each owned by one part. A part
+holds its segments in global order, so it runs its own documents with a plain causal kernel. The simple placements
+(``P`` parts; ``balanced`` and ``density``, held to :func:`token_cap`, are in :mod:`.balanced` and :mod:`.density`)::
 
     contiguous   |  part 0  |  part 1  |  part 2  |  part 3  |   equal token ranges, documents cut anywhere
     zigzag       |0|1|2|3|3|2|1|0| per document                  2P chunks, chunk i and 2P-1-i on part i
-    balanced     short documents whole on one part; a long document cut in 2k chunks over the k parts
-                 (k as small as memory and work balance allow), chunk i and 2k-1-i on part i
-    density      a document with more pairs than a part's mean share cut the same way over as many parts
-                 as its pairs need (:mod:`.density`); the rest whole, least-loaded part first
-
-Token bound: no part holds more than ``ceil(T / P) * (1 + token_slack)`` tokens; ``contiguous`` and
-``zigzag`` hold at most ``ceil(T / P)`` (slack 0), ``balanced`` and ``density`` use ``token_slack`` (default
-0.10).
 """
 from __future__ import annotations
 
@@ -34,34 +24,21 @@ DEFAULT_WORK_SLACK = 0.03
 
 @dataclass(frozen=True, eq=False)
 class Placement:
-    """Segments sorted by (part, start). All arrays ``[n_segments]`` int64.
-
-    Attributes:
-        name: placement name.
-        n_parts: number of parts.
-        doc, start, end, part: the segments (global ``[start, end)`` inside document ``doc``).
-        part_ptr: ``[n_parts + 1]``; part ``p`` owns segments ``part_ptr[p]:part_ptr[p+1]``.
-        local_start: offset of each segment in its part's local buffer.
-    """
+    """Segments sorted by (part, start); arrays ``[n_segments]`` int64 except ``part_ptr``."""
 
     name: str
     n_parts: int
-    doc: np.ndarray
+    doc: np.ndarray  # a segment is global [start, end) inside document doc, held by part
     start: np.ndarray
     end: np.ndarray
     part: np.ndarray
-    part_ptr: np.ndarray
-    local_start: np.ndarray
+    part_ptr: np.ndarray  # [n_parts + 1]: part p owns segments part_ptr[p]:part_ptr[p + 1]
+    local_start: np.ndarray  # offset of each segment in its part's local buffer
 
     @functools.cached_property
     def runs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The (part, document) runs: segments are sorted by (part, start), so a part's segments of one
-        document are consecutive, and its runs come in document order (computed once: pricing a placement
-        and planning its rounds read them).
-
-        Returns:
-            ``(first, own)``: ``[n_runs]`` index of every run's first segment, and the tokens the run holds.
-        """
+        """The (part, document) runs (a part's segments of one document are consecutive), computed once:
+        ``(first, own)``, ``[n_runs]`` each run's first segment and the tokens it holds."""
         doc, part = self.doc, self.part
         first = np.flatnonzero(np.concatenate([[True], (doc[1:] != doc[:-1]) | (part[1:] != part[:-1])]))
         if doc.shape[0] == 0:
@@ -73,8 +50,7 @@ class Placement:
         return np.bincount(self.part, weights=self.end - self.start, minlength=self.n_parts).astype(np.int64)
 
     def work_per_part(self, layout: Layout) -> np.ndarray:
-        """``[n_parts]`` (query, key) pairs of document-masked causal attention of each part's queries:
-        a query at offset ``x`` of its document attends ``x + 1`` keys."""
+        """``[n_parts]`` (query, key) pairs of causal document-masked attention of each part's queries."""
         doc_start = layout.cu_seqlens[self.doc]
         a = self.start - doc_start
         b = self.end - doc_start
@@ -82,26 +58,19 @@ class Placement:
 
 
 def token_cap(total_tokens: int, n_parts: int, token_slack: float) -> float:
-    """The most tokens a part of ``balanced`` or ``density`` holds: ``ceil(T / P) * (1 + token_slack)``.
-
-    Args:
-        total_tokens: T. n_parts: P. token_slack: epsilon.
-
-    Returns:
-        The cap (a float; parts hold whole tokens up to it).
-    """
+    """The most tokens a part of ``balanced`` or ``density`` holds: ``ceil(T / P) * (1 + token_slack)`` (a float)."""
     return math.ceil(total_tokens / n_parts) * (1.0 + token_slack)
 
 
 def rows_work(u, v):
-    """(query, key) pairs of the rows at document offsets ``[u, v)`` (a row at offset ``x`` attends
-    ``x + 1`` keys): ints or integer arrays, elementwise."""
+    """(query, key) pairs of the rows at document offsets ``[u, v)`` (a row at ``x`` attends ``x + 1`` keys);
+    ints or integer arrays."""
     return (v * (v + 1) - u * (u + 1)) // 2
 
 
 def _finish(name: str, n_parts: int, doc, start, end, part, ordered: bool = False) -> Placement:
-    """The placement of segments ``(doc, start, end, part)`` (any order; empty ones dropped); ``ordered``: they
-    are by (part, start) already and none is empty (no sort)."""
+    """The placement of segments ``(doc, start, end, part)`` in any order, empty ones dropped; ``ordered``: they
+    are by (part, start) already and none is empty."""
     doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))
     if not ordered:
         keep = end > start
@@ -119,8 +88,8 @@ def _finish(name: str, n_parts: int, doc, start, end, part, ordered: bool = Fals
 
 
 def _cut(layout: Layout, bounds: np.ndarray, owner_of_range: np.ndarray, name: str, n_parts: int) -> Placement:
-    """Cut the token line at document boundaries and at ``bounds`` (range ``i`` = ``[bounds[i],
-    bounds[i+1])`` owned by ``owner_of_range[i]``)."""
+    """Cut the tokens at document boundaries and at ``bounds`` (``[bounds[i], bounds[i+1])`` owned by
+    ``owner_of_range[i]``)."""
     cuts = np.sort(np.concatenate([layout.cu_seqlens, bounds]))  # a repeated cut makes an empty range: dropped
     start, end = cuts[:-1], cuts[1:]
     keep = end > start
@@ -140,11 +109,8 @@ def contiguous(layout: Layout, n_parts: int) -> Placement:
 
 
 def _zigzag_chunks(lengths: np.ndarray, k: int, rotate_from: int = 0) -> tuple[np.ndarray, int]:
-    """Chunk sizes ``[n_docs, 2k]`` of a dual-chunk split; chunk ``i`` and ``2k-1-i`` go to part ``i``.
-
-    The ``L mod 2k`` extra tokens of each document go round-robin over the parts (continuing across
-    documents from ``rotate_from``), so parts differ by at most one token per round.
-    """
+    """Chunk sizes ``[n_docs, 2k]`` of a dual-chunk split (chunks ``i`` and ``2k-1-i`` on part ``i``), and the next
+    ``rotate_from``: each document's ``L mod 2k`` extra tokens go round-robin over the parts, across documents."""
     base = lengths // (2 * k)
     rem = lengths % (2 * k)
     # chunk order in which extras are handed out: first chunks of parts 0..k-1, then second chunks
@@ -159,8 +125,8 @@ def _zigzag_chunks(lengths: np.ndarray, k: int, rotate_from: int = 0) -> tuple[n
 
 def _zigzag_segments(doc_ids: np.ndarray, doc_starts: np.ndarray, sizes: np.ndarray,
                      parts_of_doc: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Segments of dual-chunk splits. ``sizes [n, 2k]``; ``parts_of_doc [n, k]`` maps chunk pair i to a
-    part. Returns (doc, start, end, part) arrays."""
+    """(doc, start, end, part) of dual-chunk splits. Shapes: sizes ``[n, 2k]``; parts_of_doc ``[n, k]``, the part of
+    chunk pair ``i``."""
     two_k = sizes.shape[1]
     offs = np.cumsum(sizes, axis=1) - sizes  # [n, 2k]
     start = doc_starts[:, None] + offs

@@ -1,14 +1,10 @@
 """Plan: what the planner decided for one layout and one group, as data.
 
-A :class:`Plan` holds the layout, the :class:`~hf_hsap.plan.group.GroupSpec`, the placement, the
-transfers, the round pieces and the cost model it was made with; compiled schedules and token indices
-are derived from them on first use and cached on the plan. It knows no process group: binding a plan to
-one (and the collectives that need one, such as ``gather``) is :class:`hf_hsap.sp_plan.SPPlan`.
-
-Vocabulary: a *part* is one of the ``R = P / U`` units of the placement (an intra group of ``U`` ranks);
-its tokens are cut into ``U`` consecutive *intra slices*, slice ``u`` on intra rank ``u``
-(:meth:`Plan.intra_bounds`); a *piece* is a run of KV tokens sent in one round
-(:class:`~hf_hsap.plan.rounds.RoundPieces`); a *shard* is one rank's tokens of a global tensor.
+A :class:`Plan` holds the inputs and decisions (layout, group, placement, transfers, round pieces, cost model);
+schedules and token indices are derived on first use and cached. It knows no process group: binding one (and
+collectives such as ``gather``) is :class:`hf_hsap.sp_plan.SPPlan`. Vocabulary: a *part* is one of the
+``R = P / U`` units of the placement (``U`` ranks); its tokens are cut into ``U`` consecutive *intra slices*, slice
+``u`` on intra rank ``u``; a *piece* is a run of KV tokens sent in one round; a *shard* is one rank's tokens.
 """
 from __future__ import annotations
 
@@ -37,36 +33,21 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Plan:
-    """For one layout and one SP group: the placement, the KV each part needs from each peer, and the
-    compiled per-part schedules. Tokens of a rank are in *plan order* (sorted by global position).
-
-    With ``U > 1`` the placement is made at group granularity (``R`` parts of ``U`` ranks); inside a
-    part, the part's tokens are cut into ``U`` consecutive intra slices, slice ``u`` on intra rank ``u``.
-
-    Mask kinds: a plan is made for the attention masks of a model's layers (``windows``: full attention
-    ``None`` and sliding windows, :mod:`~hf_hsap.plan.windows`); all kinds share the placement, and each has
-    its own transfers and rounds (:meth:`kind`), schedules and statistics. ``transfers``, ``pieces`` and
-    ``round_order`` are those of the first kind, ``windows[0]`` (full attention when a layer has it).
-
-    Attributes:
-        layout: the documents. group: the group it was planned for. placement, transfers: what each
-        part holds and receives. pieces: the transfers cut into rounds. round_order: ``"batched"`` or
-        ``"by_peer"``. recv_budget_tokens: the receive budget (None: none). cost: the cost model used.
-        windows: the mask kinds planned for (``None`` first, then ascending windows). layer_counts: layers per
-        kind. rounds_option: the ``rounds`` option the kinds' round orders were chosen with.
-    """
+    """For one layout and one SP group: the placement, the KV each part needs from each peer, and the compiled
+    per-part schedules. A rank's tokens are in *plan order* (sorted by global position). All mask kinds share the
+    placement; each has its own transfers, rounds, schedules and statistics (:meth:`kind`)."""
 
     layout: Layout
     group: GroupSpec
     placement: Placement
-    transfers: Transfers
-    pieces: RoundPieces
-    round_order: str
-    recv_budget_tokens: int | None
+    transfers: Transfers  # the KV each part receives (of windows[0], as pieces and round_order)
+    pieces: RoundPieces  # the transfers cut into rounds
+    round_order: str  # "batched" or "by_peer"
+    recv_budget_tokens: int | None  # None: no receive budget
     cost: CostModel
-    windows: tuple[Window, ...] = (None,)
-    layer_counts: dict = field(default_factory=lambda: {None: 1})
-    rounds_option: str = "auto"
+    windows: tuple[Window, ...] = (None,)  # the mask kinds: None (full attention) first, then ascending windows
+    layer_counts: dict = field(default_factory=lambda: {None: 1})  # layers per kind
+    rounds_option: str = "auto"  # the rounds option the kinds' round orders are chosen with
     _kinds: dict = field(default_factory=dict, init=False, repr=False)
     _schedules: dict = field(default_factory=dict, init=False, repr=False)
     _device_schedules: dict = field(default_factory=dict, init=False, repr=False)
@@ -76,18 +57,9 @@ class Plan:
         self._kinds.setdefault(self.windows[0], KindPlan(self.windows[0], self.transfers, self.pieces,
                                                          self.round_order))
 
-    # ----------------------------------------------------------------------------- mask kinds
     def kind(self, window: Window) -> KindPlan:
-        """The transfers and rounds of the layers with ``window`` (``None``: full attention); a kind the plan
-        was not made for is planned now, exactly, over the same placement, and cached.
-
-        Args:
-            window: the layer's sliding window (Transformers' ``sliding_window``) or ``None``.
-
-        Returns:
-            The :class:`~hf_hsap.plan.kinds.KindPlan` (of :func:`~hf_hsap.plan.windows.kind_of` the window: a
-            window at least the longest document is the full kind).
-        """
+        """The transfers and rounds of the layers with ``window`` (``None``: full attention; a window at least the
+        longest document is the full kind). A kind not planned for is planned now, exactly, and cached."""
         w = kind_of(window, self.layout)
         if w not in self._kinds:
             log_once(logger, logging.INFO, ("kind on demand", w, self.windows),
@@ -106,7 +78,6 @@ class Plan:
         """The round pieces of the layers with ``window`` (:meth:`kind`)."""
         return self.kind(window).pieces
 
-    # ----------------------------------------------------------------------------- the group
     @property
     def size(self) -> int:
         """P: ranks of the group."""
@@ -119,8 +90,7 @@ class Plan:
 
     @property
     def sp(self) -> None:
-        """The process groups: none for a plain plan (an :class:`~hf_hsap.sp_plan.SPPlan` carries its
-        SPGroup here)."""
+        """The process groups: none here (an :class:`~hf_hsap.sp_plan.SPPlan` carries its SPGroup)."""
         return None
 
     @property
@@ -130,7 +100,7 @@ class Plan:
 
     @property
     def n_parts(self) -> int:
-        """R: parts of the placement (SP size / Ulysses size)."""
+        """R: parts of the placement (P / U)."""
         return self.placement.n_parts
 
     @property
@@ -145,7 +115,7 @@ class Plan:
 
     @property
     def shape(self) -> PipelineShape:
-        """How the runtime runs this plan's rounds (:func:`~hf_hsap.plan.pipeline.pipeline_shape`)."""
+        """How the runtime runs this plan's rounds (:func:`~.pipeline.pipeline_shape`)."""
         return pipeline_shape(self.pieces.n_rounds, self.recv_budget_tokens is not None)
 
     def _resolve(self, rank: int | None) -> int:
@@ -156,9 +126,8 @@ class Plan:
             raise ValueError(f"rank {r} out of range for SP size {self.size}")
         return r
 
-    # ----------------------------------------------------------------------------- tokens
     def part_token_indices(self, part: int) -> np.ndarray:
-        """Global positions held by a part, in plan order. Shape ``[n_part_tokens]``."""
+        """``[n_part_tokens]`` global positions held by a part, in plan order."""
         if part not in self._part_tokens:
             lo, hi = self.placement.part_ptr[part], self.placement.part_ptr[part + 1]
             pl = self.placement
@@ -166,19 +135,18 @@ class Plan:
         return self._part_tokens[part]
 
     def intra_bounds(self, part: int) -> np.ndarray:
-        """``[U + 1]`` offsets of the intra slices of a part's tokens (slice ``u`` is
-        ``part_token_indices(part)[b[u]:b[u + 1]]``, held by intra rank ``u``)."""
+        """``[U + 1]`` offsets of a part's intra slices: slice ``u`` is ``part_token_indices(part)[b[u]:b[u + 1]]``."""
         n = self.part_token_indices(part).shape[0]
         U = self.ulysses_size
         return (np.arange(U + 1, dtype=np.int64) * n) // U  # [U + 1]
 
     def intra_sizes(self, part: int) -> tuple[int, ...]:
-        """Tokens of each intra slice of a part (what the intra all-to-all exchanges), ``[U]``."""
+        """``[U]`` tokens of each intra slice of a part (what the intra all-to-all exchanges)."""
         b = self.intra_bounds(part)
         return tuple(int(x) for x in (b[1:] - b[:-1]))
 
     def local_token_indices(self, rank: int | None = None) -> torch.Tensor:
-        """Global positions held by ``rank`` (default: this rank), in local order. ``[T_local]`` int64."""
+        """``[T_local]`` int64 global positions held by ``rank`` (default: this rank), in local order."""
         part, u = divmod(self._resolve(rank), self.ulysses_size)
         b = self.intra_bounds(part)
         return torch.from_numpy(self.part_token_indices(part)[b[u]:b[u + 1]])
@@ -198,7 +166,7 @@ class Plan:
         return x.index_select(dim, idx)
 
     def unshard(self, shards: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
-        """Inverse of :meth:`shard` given every rank's shard (in SP rank order).
+        """Inverse of :meth:`shard` given every rank's shard in SP rank order.
         Shapes: ``P x [..., T_local(r), ...] -> [..., T, ...]``."""
         if len(shards) != self.size:
             raise ValueError(f"unshard needs {self.size} shards (one per SP rank), got {len(shards)}")
@@ -209,19 +177,16 @@ class Plan:
         return cat.index_select(dim, inv)
 
     def gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        """All ranks' shards back in global order. A plan of one rank needs no collective; larger
-        groups gather through the plan bound to their process groups (:class:`hf_hsap.sp_plan.SPPlan`,
-        what ``hf_hsap.plan_sequence(cu_seqlens, sp)`` returns)."""
+        """All ranks' shards in global order: only for one rank here; larger groups gather through
+        :class:`hf_hsap.sp_plan.SPPlan` (what ``hf_hsap.plan_sequence(cu_seqlens, sp)`` returns)."""
         if self.size == 1:
             return self.unshard([x], dim)
         raise ValueError("gather needs a plan made with an SPGroup; offline plans use unshard()")
 
-    # ----------------------------------------------------------------------------- schedule
     def schedule(self, part: int | None = None, device: torch.device | str | None = None, *,
                  window: Window | str = "first") -> Schedule:
-        """The compiled schedule of a part (default: this rank's), built once and cached; with
-        ``device``, a copy whose index tensors live there (cached too: one host-to-device copy per plan).
-        ``window``: the layers' mask kind (``None``: full attention; default the plan's first kind)."""
+        """The compiled schedule of ``part`` (default: this rank's) for the layers with ``window`` (default the first
+        kind), built once and cached; with ``device``, a cached copy whose index tensors live there."""
         if part is None:
             part = self._resolve(None) // self.ulysses_size
         kind = self.kind(self.windows[0] if window == "first" else window)
@@ -240,11 +205,9 @@ class Plan:
             self._device_schedules[key] = sched.to(torch.device(device))
         return self._device_schedules[key]
 
-    # ----------------------------------------------------------------------------- stats
     def stats(self, window: Window | str = "first") -> PlanStats:
-        """Exact per-rank figures of what the runtime executes (:class:`~hf_hsap.plan.stats.PlanStats`): the
-        top-level figures of the layers with ``window`` (default the plan's first kind), and
-        :attr:`~hf_hsap.plan.stats.PlanStats.kinds` for every kind the plan was made for."""
+        """Exact per-rank figures of what the runtime executes: top level for the layers with ``window`` (default
+        the first kind), :attr:`~.stats.PlanStats.kinds` for every kind planned for."""
         kind = self.kind(self.windows[0] if window == "first" else window)
         pl, U = self.placement, self.ulysses_size
         ranks = range(self.size)
@@ -257,22 +220,14 @@ class Plan:
         kinds = {kind_name(w): self._kind_stats(self.kind(w)) for w in self.windows}
         top = kinds.get(kind_name(kind.window)) or self._kind_stats(kind)
         return PlanStats(
-            placement=pl.name,
-            round_order=kind.round_order,
-            tokens=top.tokens,
-            attn_work=top.attn_work,
-            local_attn_work=top.local_attn_work,
-            recv_kv_tokens=top.recv_kv_tokens,
+            placement=pl.name, round_order=kind.round_order, tokens=top.tokens, attn_work=top.attn_work,
+            local_attn_work=top.local_attn_work, recv_kv_tokens=top.recv_kv_tokens,
             send_kv_tokens=top.send_kv_tokens,
             a2a_tokens=[int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
-            rounds=pc.n_rounds,
-            send_kv_pairs=tr.pair_matrix(R).tolist(),
-            round_recv_kv=tab.recv.astype(np.int64).tolist(),
-            round_remote_work=tab.remote_work.tolist(),
+            rounds=pc.n_rounds, send_kv_pairs=tr.pair_matrix(R).tolist(),
+            round_recv_kv=tab.recv.astype(np.int64).tolist(), round_remote_work=tab.remote_work.tolist(),
             round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
-            est_time=[float(t) / U for t in np.repeat(per_part, U)],
-            kinds=kinds,
-        )
+            est_time=[float(t) / U for t in np.repeat(per_part, U)], kinds=kinds)
 
     def _kind_stats(self, kind: KindPlan) -> KindStats:
         """The per-rank figures of one mask kind."""

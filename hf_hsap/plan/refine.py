@@ -1,29 +1,12 @@
-"""Work refinement of a placement: move segment boundaries inside split documents.
-
-A greedy placement leaves some attention-work imbalance (the last documents it places are whole and
-coarse). Where two parts ``p`` and ``q`` meet at two boundaries of split documents (a dual-chunk
-split always gives neighbouring holders one early and one late boundary), ``p`` can hand ``x`` of its
-rows at a late position to ``q`` and take ``x`` of ``q``'s rows at an early position: both keep their
-token counts, and about ``x * (late - early)`` (query, key) pairs of work move from ``p`` to ``q``
-(a row at position ``r`` of its document attends to ``r + 1`` keys).
-
-:func:`refine_work` repeats the best move for the busiest part until it no longer lowers the
-maximum. Exchanges keep token counts; neither move changes segment counts or the set of (part,
-document) pairs, so the KV a part needs changes by at most the rows moved. Plain Python scalars (it
-runs per batch, inside the planning budget).
-
-Priced by a cost model (``tok`` and ``token_cost`` given), a part may also *slide* one boundary: it
-hands ``x`` rows to the neighbour on the other side, which has free tokens under the cap. Its load
-``work + token_cost * tokens`` drops by ``x * token_cost`` plus the rows' work. This reaches parts
-that share only one boundary and trades a little token balance for work balance where attention
-dominates the step (long rows). The set of (part, document) pairs still never changes.
+"""Work refinement of a placement: move boundaries inside split documents to even out the work a greedy pass leaves.
+An *exchange* between parts sharing two boundaries hands ``x`` late rows one way and ``x`` early rows back (tokens
+stay, about ``x * (late - early)`` pairs move); priced by a cost model, a *slide* hands ``x`` rows across one boundary
+to a neighbour with tokens to spare. No move changes the (part, document) pairs. Plain Python scalars: runs per batch.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
-
-import numpy as np
 
 from .placement import rows_work
 
@@ -33,20 +16,14 @@ Sides = tuple[list[list[tuple[int, int, bool]]], dict[int, dict[int, list[int]]]
 def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
                 token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None) -> int:
-    """Lower the largest per-part load by boundary exchanges and slides (module docstring).
+    """Lower the largest part load by repeating the busiest part's best move until none lowers it.
 
     Args:
-        doc_first: global position of every document's first token (``cu_seqlens[:-1]``).
-        seg_doc, seg_start, seg_end, seg_part: the placement's segments (global ``[start, end)``), each
-            document's segments consecutive and in position order (as the greedy appends them);
-            updated in place.
-        wrk: work of every part (pairs), updated in place.
-        max_moves: the most moves made.
-        tok: tokens of every part, updated in place; ``None``: token-neutral exchanges only, the load is
-            the work.
-        token_cost: price of one token in pairs (the load is ``work + token_cost * tokens``).
-        cap_t: no slide takes a part above this many tokens.
-        bounds: :func:`boundaries` of the segments as given, if known (moves never add or remove one).
+        doc_first: every document's first position (``cu_seqlens[:-1]``). max_moves: the most moves.
+        seg_doc, seg_start, seg_end, seg_part: the segments (global ``[start, end)``), each document's consecutive
+            and in order; updated in place. wrk: every part's work (pairs), updated in place.
+        tok: every part's tokens, updated in place (None: exchanges only). token_cost: a token's price in pairs
+            (load: ``work + token_cost * tokens``). cap_t: no slide takes a part above it. bounds: :func:`boundaries`.
 
     Returns:
         The number of moves made.
@@ -58,27 +35,16 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
 def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
                  seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
                  token_cost: float = 0.0, cap_t: float = math.inf,
-                 bounds: list[int] | None = None, extra: list[float] | None = None,
-                 sides: Sides | None = None) -> tuple[int, bool]:
-    """:func:`refine_work`, and whether ``cap_t`` shortened a slide it weighed; when not, the same refinement
-    at any larger cap makes the same moves.
-
-    Args:
-        As :func:`refine_work`, and ``extra``: a fixed offset of every part's load (pairs; None: 0), what a
-            move does not change (:mod:`.exposure`: each part's exposed transfer). sides: :func:`boundary_sides`
-            of ``bounds``, if known (every refinement of one greedy pass reads the same).
-
-    Returns:
-        ``(moves made, whether the cap shortened a slide)``.
-    """
+                 bounds: list[int] | None = None, sides: Sides | None = None) -> tuple[int, bool]:
+    """:func:`refine_work`, returning ``(moves, whether cap_t shortened a slide it weighed)``: if not, any larger
+    cap makes the same moves. ``sides``: :func:`boundary_sides` of ``bounds``, if known."""
     bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
     if not bounds:
         return 0, False
     by_part, by_nbr = boundary_sides(bounds, seg_part, len(wrk)) if sides is None else sides
     capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
-    extra = extra if extra is not None else [0.0] * len(wrk)
-    load = [w + token_cost * t + e for w, t, e in zip(wrk, tokens, extra)]
+    load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
     while moves < max_moves:
         p = load.index(max(load))  # the busiest part (the first of equals)
@@ -90,8 +56,7 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
         exchange = _best_exchange(p, by_nbr[p], doc_first, seg_doc, seg_start, seg_end, seg_part, load)
         slide = None
         if tok is not None:
-            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost,
-                                       cap_t)
+            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost, cap_t)
             capped = capped or short
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
@@ -107,49 +72,21 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
         wrk[p] -= work
         wrk[q] += work
         for i in (p, q):
-            load[i] = wrk[i] + token_cost * tokens[i] + extra[i]
+            load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
     return moves, capped
 
 
 def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
-    """The boundaries a refinement may move, each named by its left segment ``a``: segments ``a`` and
-    ``a + 1`` are adjacent rows of one document on different parts (the greedy appends a document's
-    segments together and in order).
-
-    Args:
-        seg_doc, seg_start, seg_end, seg_part: the segments, as :func:`refine_work` takes them.
-
-    Returns:
-        The ``a`` of every boundary, ascending.
-    """
+    """The movable boundaries, ascending, each named by its left segment ``a``: segments ``a`` and ``a + 1`` are
+    adjacent rows of one document on different parts."""
     return [a for a in range(len(seg_doc) - 1)
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
 
 
-def array_boundaries(seg_doc: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarray,
-                     seg_part: np.ndarray) -> list[int]:
-    """:func:`boundaries` of segments held as ``[n]`` int64 arrays (a placement's, sorted by start), in numpy.
-
-    Returns:
-        The ``a`` of every boundary, ascending.
-    """
-    same = (seg_doc[1:] == seg_doc[:-1]) & (seg_end[:-1] == seg_start[1:]) & (seg_part[1:] != seg_part[:-1])
-    return np.flatnonzero(same).tolist()
-
-
 def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Sides:
-    """Every part's boundaries, as a refinement reads them: moves never change a segment's part, so neither
-    changes while the segments are refined (one greedy pass's refinements share them).
-
-    Args:
-        bounds: :func:`boundaries` of the segments. seg_part: the segments' parts. n_parts: P.
-
-    Returns:
-        ``(by_part, by_nbr)``: ``by_part[p]``, the ``(a, neighbour across it, whether p holds the left
-        segment)`` of every boundary of part ``p``, ascending; ``by_nbr``, a part's boundaries by neighbour, in
-        the order of their first boundary, filled by :func:`refine_moves` for a part when it is first the busiest.
-    """
+    """Every part's boundaries (fixed: moves never change a segment's part): ``(by_part, by_nbr)``, ``by_part[p]`` the
+    ``(a, neighbour, p holds the left segment)`` ascending, ``by_nbr`` empty until :func:`refine_moves` fills it."""
     by_part: list[list[tuple[int, int, bool]]] = [[] for _ in range(n_parts)]
     for a in bounds:
         left, right = seg_part[a], seg_part[a + 1]
@@ -159,18 +96,9 @@ def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Side
 
 
 def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> float:
-    """A lower bound of the largest load any refinement of these segments can reach: every move hands load
-    between two parts that share a boundary and keeps their sum, so the parts joined by boundaries (a
-    connected group) keep their total, and the busiest part of a group holds at least its mean.
-
-    Args:
-        seg_part: the segments' parts. bounds: their :func:`boundaries`.
-        load: ``work + token_cost * tokens`` of every part (any ``token_cost``: moves keep the sum of either).
-
-    Returns:
-        The largest mean load of a connected group of parts (a part without boundaries is one alone).
-    """
-    comp = list(range(len(load)))  # every part's group; a merge relabels the smaller group (at most P - 1 merges)
+    """A lower bound of the largest ``load`` any refinement reaches: moves keep the total of every group of parts
+    joined by ``bounds``, so it is the largest group mean (a part without boundaries is a group alone)."""
+    comp = list(range(len(load)))  # every part's group; a merge relabels the smaller group
     members = [[p] for p in range(len(load))]
     for a in bounds:
         x, y = comp[seg_part[a]], comp[seg_part[a + 1]]
@@ -181,7 +109,7 @@ def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> f
                 comp[p] = x
             members[x] += members[y]
             members[y] = []
-            if len(members[x]) == len(load):  # one group holds every part: the rest joins nothing new
+            if len(members[x]) == len(load):  # one group holds every part
                 break
     return max(sum([load[p] for p in m]) / len(m) for m in members if m)
 
@@ -205,17 +133,16 @@ def _moved(a: int, left_gives: bool, x: int, doc_first: list[int], seg_doc: list
 def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
                    seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
                    load: list[float]) -> tuple[float, int, int, int, int, float] | None:
-    """The exchange of ``p`` with one neighbour that lowers ``max(load[p], load[q])`` the most:
-    ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. ``shared``: ``p``'s boundaries by
-    neighbour (neighbours in the order of their first boundary, each's ascending). Per neighbour only the two
-    latest boundaries are tried for giving and the two earliest for taking (the most work per row moved)."""
+    """The exchange of ``p`` with a neighbour (``shared``: ``p``'s boundaries by neighbour) that lowers the pair's peak
+    most: ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. Only the two latest boundaries give
+    and the two earliest take (the most work per row)."""
     best, best_peak = None, load[p]
     for q, bs in shared.items():
         gap = load[p] - load[q]
         if gap <= 0 or len(bs) < 2:
             continue
         if (load[p] + load[q]) / 2 > best_peak * (1 + 1e-12):  # no exchange with q ends below the pair's mean
-            continue  # (the margin: a peak rounded below the mean by an ulp still never beats best_peak)
+            continue  # (the margin absorbs a peak rounded an ulp below the mean)
         js = sorted([(seg_end[a] - doc_first[seg_doc[a]], a) for a in bs])  # (position in its document, a)
         for pos_g, g in js[-2:]:
             g_left = seg_part[g] == p
@@ -241,18 +168,16 @@ def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
 def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int], seg_doc: list[int],
                 seg_start: list[int], seg_end: list[int], load: list[float], tok: list[float],
                 token_cost: float, cap_t: float) -> tuple[tuple[float, int, int, int, float] | None, bool]:
-    """The slide of one of ``p``'s boundaries that lowers ``max(load[p], load[q])`` the most:
-    ``(new peak, q, x, boundary, work moved)``, or None; and whether ``cap_t`` shortened one it weighed.
-    ``mine``: ``p``'s boundaries ``(a, neighbour, whether p holds the left segment)``. ``p`` keeps at least one
-    row of the segment and ``q`` stays within ``cap_t`` tokens."""
+    """The slide over one of ``p``'s boundaries (``mine``, as ``by_part[p]``) that lowers the pair's peak load most:
+    ``(new peak, q, x, boundary, work moved)`` or None, and whether ``cap_t`` shortened one it weighed. ``p`` keeps
+    a row of the segment; ``q`` stays within ``cap_t`` tokens."""
     best, best_peak = None, load[p]
     capped = False
     nbr = [(load[q], a, q, left) for a, q, left in mine]  # (load, a) sort them: a is unique
     if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour
         return None, False
     nbr.sort()
-    # lightest neighbours first: no slide to q ends below (load[p] + load[q]) / 2, nor below q's load plus a row's
-    # (a row costs its token and >= 0 pairs; neither test depends on cap_t: capped keeps its meaning)
+    # lightest first: no slide to q ends below the pair's mean, nor below q's load plus a row's (neither uses cap_t)
     for load_q, a, q, left in nbr:
         if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:
             break
@@ -282,23 +207,13 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
 
 def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_peak: float, gap: float,
                 estimate: Callable[[], float]) -> tuple[int, ...]:
-    """The slide lengths :func:`_best_slide` weighs over one boundary: none when no slide of at most ``x_max``
-    rows takes ``load_p`` below ``best_peak``, the longest when it stays within half the ``gap``
-    (what :func:`_largest_within` would return), else the longest within half the gap and one row more.
-    What decides whether a token cap changed the outcome: a refinement whose weighed slides are the same
-    below and above the cap makes the same moves at any larger cap.
-
-    Args:
-        delta: the load moved by ``x`` rows (non-decreasing). x_max: the most rows (< 1: none). load_p: the
-            busiest part's load. best_peak: the best peak so far. gap: the two parts' load difference.
-        estimate: a guess of the longest slide within half the gap (called only when needed).
-
-    Returns:
-        The lengths, ascending, without repeats.
-    """
+    """The slide lengths :func:`_best_slide` weighs over one boundary, ascending: none if no slide of at most ``x_max``
+    rows beats ``best_peak``, ``x_max`` if it moves at most half the ``gap``, else the longest within half the gap and
+    one more. ``delta``: the load ``x`` rows move (non-decreasing); ``estimate``: a guess of that longest (called
+    only if needed)."""
     if x_max < 1:
         return ()
-    d_max = delta(x_max)  # the longest slide (delta increases with x: no other moves more)
+    d_max = delta(x_max)  # the longest slide moves the most
     if load_p - d_max >= best_peak:  # no slide ends below the best peak
         return ()
     if d_max <= gap / 2:
@@ -308,17 +223,8 @@ def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_p
 
 
 def _slide_delta(pos: int, left_gives: bool, token_cost: float) -> Callable[[int], float]:
-    """The load moved by sliding ``x`` rows across a boundary at document position ``pos`` (increases with
-    ``x``): the rows' pairs (:func:`_moved`'s ``rows_work``, written out: it runs a few times per neighbour
-    of every move) plus ``token_cost * x``.
-
-    Args:
-        pos: the boundary, in document coordinates. left_gives: the rows below ``pos`` move (else those from
-            ``pos`` on). token_cost: a token's price in pairs.
-
-    Returns:
-        ``x -> load moved``.
-    """
+    """``x -> load moved`` by sliding ``x`` rows across a boundary at document position ``pos``: the rows' pairs
+    (``rows_work`` written out: a hot path) plus ``token_cost * x``; ``left_gives``: the rows below ``pos`` move."""
     tri = pos * (pos + 1)
     if left_gives:
         return lambda x: (tri - (pos - x) * (pos - x + 1)) // 2 + token_cost * x
@@ -326,30 +232,18 @@ def _slide_delta(pos: int, left_gives: bool, token_cost: float) -> Callable[[int
 
 
 def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:
-    """Where the load moved by sliding ``x`` rows across a boundary at document position ``pos`` reaches
-    ``limit``, by the quadratic formula: ``pos x - x (x - 1) / 2`` pairs (rows below ``pos`` given) or
-    ``pos x + x (x + 1) / 2`` (rows from ``pos`` on), plus ``token_cost x``. A starting point only: the
-    rounding of floats makes it off by a row or so (:func:`_largest_within` settles it)."""
+    """Where :func:`_slide_delta` reaches ``limit``, by the quadratic formula: a starting point only (float
+    rounding makes it off by a row or so)."""
     c = pos + 0.5 + token_cost
     disc = c * c - 2 * limit if left_gives else c * c + 2 * limit
-    if disc < 0:  # the left rows never move that much (x <= pos < c: the quadratic grows all the way)
+    if disc < 0:  # the left rows never move that much
         return math.inf
-    return 2 * limit / (c + math.sqrt(disc))  # the smaller root, written so that it keeps its digits
+    return 2 * limit / (c + math.sqrt(disc))  # the smaller root, in a form that keeps its digits
 
 
 def _largest_within(delta, x_max: int, limit: float, estimate: float) -> int:
-    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit``, or 1 when there is none, for a
-    ``delta`` that never decreases: what a binary search over ``[1, x_max]`` returns, found by stepping a few
-    rows from ``estimate`` (two or three calls of ``delta`` instead of ``log2(x_max)``), by the binary search
-    when the estimate is further off.
-
-    Args:
-        delta: the non-decreasing function of ``x``. x_max: the largest ``x``. limit: the bound.
-        estimate: a guess of the answer (any float; clamped to ``[1, x_max]``).
-
-    Returns:
-        The ``x``.
-    """
+    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit`` (1 if none) for a non-decreasing ``delta``:
+    a few steps from ``estimate`` (clamped to ``[1, x_max]``), a binary search when it is further off."""
     x = int(min(max(estimate, 1.0), float(x_max)))
     for _ in range(4):
         if x < x_max and delta(x + 1) <= limit:

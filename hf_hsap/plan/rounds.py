@@ -1,18 +1,13 @@
-"""Rounds: how a plan's KV transfers are grouped in time.
+"""Rounds: how a plan's KV transfers are grouped in time (``plan_sequence(..., rounds=...)``; running them is
+:mod:`.pipeline`).
 
-Two orders (``plan_sequence(..., rounds=...)``):
+* ``"batched"``: every transfer in one round: fewest calls and latencies; a part's remote work waits for all its KV.
+* ``"by_peer"``: round ``t`` carries what each part receives from the part ``t + 1`` places before it on the ring
+  (``src = (dst - t - 1) mod R``), unused rounds dropped: each round is a permutation (no incast), and its remote
+  items run while later rounds are on the wire, a KV ring carrying only the tokens the documents need.
 
-* ``"batched"``: every transfer in one round. Fewest kernel calls and latencies; the remote work of
-  a part waits for *all* its KV.
-* ``"by_peer"``: round ``t`` carries what every part receives from the part ``t + 1`` places before it
-  on the ring of parts (``src = (dst - t - 1) mod R``), rounds nobody uses dropped. Each round is a
-  permutation (one sender and one receiver per part, no incast); the remote items of a round run as
-  soon as that round has landed while later rounds are still on the wire, as in a KV ring, but
-  carrying only the tokens the documents need.
-
-A receive budget then cuts every round further (:func:`split_rounds`). The result is a set of
-:class:`RoundPieces`: a *piece* is one contiguous run of KV tokens that one part sends another in one
-round. How rounds are executed in time (and simulated) is :mod:`hf_hsap.plan.pipeline`.
+A receive budget cuts every round further (:func:`split_rounds`). The result is :class:`RoundPieces`; a *piece* is
+one contiguous run of KV tokens that one part sends another in one round.
 """
 from __future__ import annotations
 
@@ -30,22 +25,14 @@ ROUND_ORDERS = ("auto", "batched", "by_peer")
 
 @dataclass(frozen=True, eq=False)
 class RoundPieces:
-    """The transfers of a plan cut into rounds: ``[n_pieces]`` int64 arrays, sorted by
-    (round, dst, src, start).
+    """The transfers of a plan cut into rounds: ``[n_pieces]`` int64 arrays, sorted by (round, dst, src, start)."""
 
-    Attributes:
-        round: the round of each piece (numbered densely from 0).
-        src / dst: sending and receiving part.
-        start / end: the global token range ``[start, end)`` moved.
-        src_local: the first row of the piece in the sender's local (plan-order) tokens.
-    """
-
-    round: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    start: np.ndarray
+    round: np.ndarray  # numbered densely from 0
+    src: np.ndarray  # sending part
+    dst: np.ndarray  # receiving part
+    start: np.ndarray  # the global token range [start, end) moved
     end: np.ndarray
-    src_local: np.ndarray
+    src_local: np.ndarray  # the piece's first row in the sender's local (plan-order) tokens
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -62,21 +49,10 @@ class RoundPieces:
 
 
 def split_rounds(tr: Transfers, n_parts: int, budget: int | None, order: str = "batched") -> RoundPieces:
-    """Cut the transfers into rounds (``order``, module docstring); with ``budget``, no part receives,
-    nor sends, more than ``budget`` rows in one round.
-
-    Bounding both sides bounds every buffer of a round: the forward KV receive buffer, the send
-    buffer, and in the backward the dK/dV rows that come back (as many as were sent). Greedy: each
-    transfer row goes, piece by piece, to the earliest round (of its base round's group) with room
-    at both its ends.
-
-    Args:
-        tr: the plan's transfers. n_parts: R. budget: rows per round and part (None: no limit).
-        order: ``"batched"`` or ``"by_peer"``.
-
-    Returns:
-        The :class:`RoundPieces`.
-    """
+    """Cut the transfers into rounds of ``order`` (``"batched"`` or ``"by_peer"``); with ``budget``, no part
+    receives or sends more than ``budget`` rows in one round, which bounds every buffer of a round (KV received and
+    sent, dK/dV coming back). Greedy: each transfer goes, piece by piece, to the earliest round (within its base
+    round's group) with room at both ends. ``n_parts``: R."""
     if order not in ("batched", "by_peer"):
         raise ValueError(f"unknown round order {order!r}; use 'batched' or 'by_peer'")
     n = tr.src.shape[0]
@@ -118,13 +94,9 @@ def split_rounds(tr: Transfers, n_parts: int, budget: int | None, order: str = "
 
 
 def piece_remote_work(layout: Layout, pl: Placement, pieces: RoundPieces, window: int | None = None) -> np.ndarray:
-    """``[n_pieces]`` (query, key) pairs the receiving part computes against each piece.
-
-    A piece ``[s, e)`` of document ``d`` lies between the receiver's segments of ``d``, so it is seen
-    in full by every receiver segment that starts at or after ``e``: pairs = ``(e - s) · (tokens of
-    d the receiver holds at positions >= e)``. With a window, the pairs it keeps
-    (:func:`hf_hsap.plan.windows.piece_work`).
-    """
+    """``[n_pieces]`` (query, key) pairs the receiver computes against each piece: a piece ``[s, e)`` of document
+    ``d`` is seen in full by every receiver segment of ``d`` at or after ``e``, so ``(e - s) * (tokens of d the
+    receiver holds at >= e)``; with a window, the pairs it keeps (:func:`.windows.piece_work`)."""
     if len(pieces) == 0:
         return np.zeros(0, dtype=np.float64)
     if window is not None:
@@ -142,31 +114,16 @@ def piece_remote_work(layout: Layout, pl: Placement, pieces: RoundPieces, window
 
 @dataclass(frozen=True, eq=False)
 class RoundTables:
-    """Per-round tables of a set of pieces.
+    """Per-round tables of a set of pieces."""
 
-    Attributes:
-        recv: ``[n_parts, n_rounds]`` KV rows each part receives in each round.
-        sent: ``[n_parts, n_rounds]`` KV rows each part sends (and gets back as dK/dV).
-        remote_work: ``[n_parts, n_rounds]`` pairs against the received rows.
-        peers: ``[n_rounds, n_parts, n_parts]`` bool, ``peers[t, dst, src]`` when src sends dst in round t.
-    """
-
-    recv: np.ndarray
-    sent: np.ndarray
-    remote_work: np.ndarray
-    peers: np.ndarray
+    recv: np.ndarray  # [n_parts, n_rounds] KV rows each part receives in each round
+    sent: np.ndarray  # [n_parts, n_rounds] KV rows each part sends (and gets back as dK/dV)
+    remote_work: np.ndarray  # [n_parts, n_rounds] pairs against the received rows
+    peers: np.ndarray  # [n_rounds, n_parts, n_parts] bool: peers[t, dst, src] when src sends dst in round t
 
 
 def round_tables(pieces: RoundPieces, work: np.ndarray, n_parts: int) -> RoundTables:
-    """Per-round tables of a set of pieces.
-
-    Args:
-        pieces: the round pieces. work: ``[n_pieces]`` pairs against each (:func:`piece_remote_work`).
-        n_parts: R.
-
-    Returns:
-        The :class:`RoundTables`.
-    """
+    """Per-round tables of ``pieces``; ``work``: ``[n_pieces]`` pairs against each (:func:`piece_remote_work`)."""
     n_rounds = pieces.n_rounds
     recv = np.zeros((n_parts, n_rounds))
     sent = np.zeros((n_parts, n_rounds))

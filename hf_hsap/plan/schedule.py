@@ -1,18 +1,12 @@
-"""Compiling a plan into a schedule (the paper's "JIT" step).
+"""Compiling a plan into a per-part schedule (the paper's "JIT" step): flat data, built once per layout, cached
+on the plan and reused by every layer, forward and backward; no Python planning happens per layer.
 
-A :class:`Schedule` is flat data for one part: per round, which local rows to send to whom, how the
-receive buffer is cut by peer, and the work items (one varlen kernel call each) with ready index
-tensors. It is built once per distinct layout, cached on the plan, and reused by every layer, in the
-forward and in the backward pass. No Python planning happens per layer.
-
-Work items of part ``r``:
-
-* the *local* item: all of ``r``'s queries against ``r``'s own keys, causal, one segment per
-  document (local tokens are in global order, so local causal == global causal);
-* per round, *remote* items: queries against received keys, full (non-causal) attention. A query
-  segment ``[a, b)`` of document ``d`` sees the received keys of ``d`` that end at or before ``a``.
-  A document with several query segments on ``r`` (zigzag chunks) needs overlapping key sets, so
-  its k-th segment goes to the k-th remote item ("slot"); each item's key ranges are disjoint.
+A :class:`Schedule` holds, per round, the local rows to send to each peer, how the receive buffer is cut by peer,
+and the work items (one varlen kernel call each). Items of part ``r``: the *local* item, ``r``'s queries against
+its own keys, causal per document (local tokens are in global order, so local causal is global causal); per
+round, *remote* items, queries against received keys, non-causal: a query segment ``[a, b)`` of document ``d``
+sees the received keys of ``d`` that end at or before ``a``. A document with several query segments on ``r``
+needs overlapping key sets, so its k-th segment goes to the k-th remote item ("slot").
 """
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ import torch
 from ..kernels.base import Segment, VarlenSpec
 from .layout import Layout
 from .pipeline import PipelineShape, pipeline_shape
-
 from .placement import Placement
 from .rounds import RoundPieces
 
@@ -46,9 +39,8 @@ Runs = tuple[tuple[int, int], ...]  # (start, stop) of consecutive rows
 
 
 def index_runs(idx: np.ndarray) -> Runs | None:
-    """``idx`` as runs of consecutive rows, ``((start, stop), ...)``, or None when there are more than
-    :data:`MAX_RUNS` (the runtime then gathers with ``index_select``). Slicing is a view for one run
-    and a memcpy-speed concatenation for a few, cheaper than ``index_select`` on CPU."""
+    """``idx`` as runs of consecutive rows, or None beyond :data:`MAX_RUNS` runs (the runtime then uses
+    ``index_select``; slicing a few runs is cheaper)."""
     if idx.shape[0] == 0:
         return ()
     br = np.nonzero(np.diff(idx) != 1)[0] + 1  # [n_runs - 1] positions where a run starts
@@ -72,19 +64,14 @@ def _move(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One kernel call. ``q_index``: rows of the local q (None = all, in order); ``kv_index``: rows of
-    the KV source (None = all); ``kv_source``: ``"local"`` or ``"recv"`` (this round's buffer);
-    ``q_runs`` / ``kv_runs``: the same rows as runs of consecutive rows (:func:`index_runs`), None when
-    there are too many runs (or no index). ``segments``: the same attention as segments on the
-    un-gathered local q and KV source (:data:`~hf_hsap.kernels.base.Segment`, for in-place kernels;
-    a segment whose keys are several runs becomes one segment per run), None beyond
-    :data:`MAX_RUNS` segments."""
+    """One kernel call. ``segments``: the same attention on the un-gathered local q and KV source
+    (:data:`~hf_hsap.kernels.base.Segment`, for in-place kernels; one per key run), None beyond :data:`MAX_RUNS`."""
 
     spec: VarlenSpec
-    kv_source: str
-    q_index: torch.Tensor | None
-    kv_index: torch.Tensor | None
-    q_runs: Runs | None = None
+    kv_source: str  # "local" or "recv" (this round's buffer)
+    q_index: torch.Tensor | None  # rows of the local q (None: all, in order)
+    kv_index: torch.Tensor | None  # rows of the KV source (None: all, in order)
+    q_runs: Runs | None = None  # the same rows as runs (index_runs; None: too many, or no index)
     kv_runs: Runs | None = None
     segments: tuple[Segment, ...] | None = None
 
@@ -95,22 +82,14 @@ class WorkItem:
 
 @dataclass(frozen=True)
 class Round:
-    """One communication round of a part.
+    """One communication round of a part."""
 
-    Attributes:
-        send_index: ``[n_send]`` local rows to send, grouped by peer in ``send_splits`` order.
-        send_splits: ``(peer_part, offset, count)`` into the send buffer.
-        recv_splits: ``(peer_part, offset, count)`` into the receive buffer of ``recv_total`` rows.
-        items: remote work items reading this round's receive buffer.
-        send_runs: ``send_index`` as runs of consecutive rows (:func:`index_runs`; None: too many).
-    """
-
-    send_index: torch.Tensor
-    send_splits: tuple[tuple[int, int, int], ...]
-    recv_splits: tuple[tuple[int, int, int], ...]
+    send_index: torch.Tensor  # [n_send] local rows to send, grouped by peer
+    send_splits: tuple[tuple[int, int, int], ...]  # (peer_part, offset, count) into the send buffer
+    recv_splits: tuple[tuple[int, int, int], ...]  # the same into the receive buffer of recv_total rows
     recv_total: int
-    items: tuple[WorkItem, ...]
-    send_runs: Runs | None = None
+    items: tuple[WorkItem, ...]  # remote work items reading this round's receive buffer
+    send_runs: Runs | None = None  # send_index as runs (index_runs; None: too many)
 
     def to(self, device: torch.device) -> "Round":
         return Round(_move(self.send_index, device), self.send_splits, self.recv_splits, self.recv_total,
@@ -119,31 +98,26 @@ class Round:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Everything one part executes per layer. ``n_local``: its token count; ``keep_recv``: the plan has
-    no receive budget (the received KV is kept for the backward rather than fetched again; with a
-    budget, :attr:`shape` says when it is kept anyway). ``local_item`` covers every local query row;
-    ``extra_local``: further items against the part's own keys, merged into its result (a sliding window
-    between two segments of one document on the part, :mod:`.window_schedule`). ``window``: the mask kind."""
+    """Everything one part executes per layer."""
 
     part: int
-    n_local: int
-    local_item: WorkItem | None
+    n_local: int  # the part's tokens
+    local_item: WorkItem | None  # covers every local query row
     rounds: tuple[Round, ...]
     meta: dict = field(default_factory=dict, compare=False)
-    keep_recv: bool = True
-    extra_local: tuple[WorkItem, ...] = ()
-    window: int | None = None
+    keep_recv: bool = True  # no receive budget: the received KV is kept for the backward (see shape)
+    extra_local: tuple[WorkItem, ...] = ()  # more items against the part's own keys (window_schedule, blocks)
+    window: int | None = None  # the mask kind
 
     def to(self, device: torch.device) -> "Schedule":
-        """A copy whose index tensors live on ``device`` (host plans, device execution)."""
+        """A copy whose index tensors live on ``device``."""
         return Schedule(self.part, self.n_local, None if self.local_item is None else self.local_item.to(device),
                         tuple(r.to(device) for r in self.rounds), self.meta, self.keep_recv,
                         tuple(i.to(device) for i in self.extra_local), self.window)
 
     @property
     def shape(self) -> PipelineShape:
-        """How the runtime runs these rounds (:func:`~hf_hsap.plan.pipeline.pipeline_shape`; a receive
-        budget when ``keep_recv`` is False)."""
+        """How the runtime runs these rounds (:func:`~.pipeline.pipeline_shape`)."""
         return pipeline_shape(len(self.rounds), bounded=not self.keep_recv)
 
     @property
@@ -165,9 +139,7 @@ def _splits(peers: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, int, int
 
 
 def _item_segments(entries: list[tuple[int, int, np.ndarray]]) -> tuple[Segment, ...] | None:
-    """Segments of a remote item on the un-gathered sources: per entry (first local query row, query
-    count, receive-buffer key rows), one segment per run of its key rows; None beyond
-    :data:`MAX_RUNS` segments."""
+    """Segments of a remote item: per entry (first query row, query count, key rows), one per key run."""
     out: list[Segment] = []
     for q0, n, rows in entries:
         runs = index_runs(rows)
@@ -178,8 +150,8 @@ def _item_segments(entries: list[tuple[int, int, np.ndarray]]) -> tuple[Segment,
 
 
 def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end, k_off) -> tuple[WorkItem, ...]:
-    """Remote work items of one round (see the module docstring). ``q_*``: the part's segments;
-    ``k_*``: received pieces with their offset in the receive buffer."""
+    """Remote items of one round (module docstring). ``q_*``: the part's segments; ``k_*``: received pieces and
+    their offsets in the receive buffer."""
     if k_start.shape[0] == 0:
         return ()
     recv_total = int((k_end - k_start).sum())
@@ -211,17 +183,11 @@ def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end
 
 @dataclass(frozen=True)
 class RoundIO:
-    """What one part receives and sends in one round, before its work items are known.
+    """What one part receives and sends in one round, before its work items are known (fields as :class:`Round`)."""
 
-    Attributes:
-        k_start / k_end: ``[n]`` global ranges of the received pieces; k_off: their first row in the receive
-        buffer. send_index: ``[n_send]`` local rows sent. send_splits / recv_splits / recv_total: as
-        :class:`Round`.
-    """
-
-    k_start: np.ndarray
+    k_start: np.ndarray  # [n] global ranges of the received pieces
     k_end: np.ndarray
-    k_off: np.ndarray
+    k_off: np.ndarray  # [n] their first rows in the receive buffer
     send_index: np.ndarray
     send_splits: tuple[tuple[int, int, int], ...]
     recv_splits: tuple[tuple[int, int, int], ...]
@@ -234,8 +200,7 @@ class RoundIO:
 
 
 def round_io(pieces: RoundPieces, part: int, t: int) -> RoundIO:
-    """The receives and sends of ``part`` in round ``t`` (pieces sorted by (round, dst, src, start): the receive
-    buffer is laid out in that order)."""
+    """The receives and sends of ``part`` in round ``t``; the receive buffer follows the pieces' order."""
     in_t = pieces.round == t
     rm = in_t & (pieces.dst == part)
     sm = in_t & (pieces.src == part)
@@ -248,8 +213,7 @@ def round_io(pieces: RoundPieces, part: int, t: int) -> RoundIO:
 
 def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int,
                      keep_recv: bool = True) -> Schedule:
-    """Compile the schedule of ``part`` from a placement and its (round-split) transfers of full attention
-    (a sliding window: :func:`~.window_schedule.compile_window_schedule`)."""
+    """The full-attention schedule of ``part`` (a window: :func:`~.window_schedule.compile_window_schedule`)."""
     lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
     q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
     n_local = int((q_end - q_start).sum())

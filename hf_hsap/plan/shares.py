@@ -1,13 +1,6 @@
-"""Which parts take a document's equal shares in :mod:`.balanced`'s greedy pass: the fewest least-loaded parts
-that can each hold a ``1/k`` share within the token cap and the work cap (:func:`choose`).
-
-Speed: most documents fit one of their fewest part counts, most often in the first parts tried, so those counts are
-tested by a plain Python scan that stops at the ``k``-th part that fits (:func:`_scan`); where they fail, every
-larger count is tested at once in a numpy table (:func:`_table`, :func:`_fits`): a failing count costs a scan of
-every part, and the scalar loop over all counts, up to P^2 tests per document, was most of the planning time at
-P = 64 with a few dozen long documents. Both make the same float64 operations (a test checks they agree with a
-scalar loop over every count).
-"""
+"""Which parts take a document's equal shares in :mod:`.balanced`'s greedy pass (:func:`choose`). The fewest counts
+usually fit, so a Python scan tests them (:func:`_scan`), a numpy table the rest at once (:func:`_table`); both make the
+same float64 operations (a test checks they agree)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,49 +11,21 @@ SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Pyth
 
 
 def split_share_max(L: int, k: int | np.ndarray) -> int | np.ndarray:
-    """The most tokens one part holds of a ``k``-way dual-chunk split of ``L`` tokens (:func:`.balanced._chunk_sizes`:
-    a pair's two chunks take ``2 * (L // 2k)`` tokens and at most ``ceil(rem / k)`` of the ``rem`` left over, so
-    ``ceil(L / k)``): what the token cap is tested against, not the mean share ``L / k``.
-
-    Args:
-        L: the document's tokens. k: parts (an int, or an int array: one figure per count).
-
-    Returns:
-        ``ceil(L / k)``.
-    """
+    """``ceil(L / k)``: the most tokens a part holds of a ``k``-way dual-chunk split of ``L`` tokens."""
     return -(-L // k)
 
 
 def share_room(cap_t: float, L: int, k: int | np.ndarray) -> float | np.ndarray:
-    """The most tokens a part may hold before taking one part of a ``k``-way split of ``L`` tokens within the token
-    cap: ``cap_t - split_share_max(L, k)`` (the one room test of :func:`choose`, :func:`cap_binds` and
-    :mod:`.density`'s heavy documents; exact: the cap's fraction survives subtracting an integer).
-
-    Args:
-        cap_t: the token cap. L: the document's tokens. k: parts (an int, or an int array).
-
-    Returns:
-        The room, per count.
-    """
+    """The most tokens a part may hold before taking a share of a ``k``-way split of ``L`` within the token cap."""
     return cap_t - split_share_max(L, k)
 
 
 def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
            caps: tuple[float, float, float], rho: float) -> tuple[int, list[int]] | None:
-    """The parts a document goes to: the fewest least-loaded parts (``k >= k0``) that can each take a ``1/k`` share
-    within the work cap and the remaining documents' work (``rho``), else within the work cap alone, else at equal
-    work shares (the token cap always); a document that needs most parts anyway goes to all of them (no idle part,
-    best balance). Each of the three at the :data:`SCANNED_COUNTS` fewest counts first (:func:`_scan`), then at
-    every larger one (:func:`_table`).
-
-    Args:
-        by_load: the parts, least loaded first. L, w: the document's tokens and pairs. k0: the fewest parts.
-        P: parts. tok, wrk: every part's tokens and pairs. caps: ``(cap_t, cap_w, mean_t)``. rho: the remaining
-            documents' average work per token (:func:`_fits`).
-
-    Returns:
-        ``(which of the three, the parts)``, or None.
-    """
+    """``(which test, the parts)`` a document of ``L`` tokens and ``w`` pairs goes to, or None: the fewest least-loaded
+    parts (``k >= k0``; ``by_load``: least loaded first) that can each take a ``1/k`` share within the work cap and the
+    remaining documents' work (``rho`` pairs per token), else the work cap alone, else at equal work shares (the token
+    cap always; :func:`_fits`); a document needing most parts goes to all. ``tok``, ``wrk``: every part's figures."""
     k_first = _first_count(k0, P)
     k_last = min(P, L)
     k_table = k_first + SCANNED_COUNTS  # the counts from here on are tested in a table
@@ -78,16 +43,7 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
 
 
 def cap_binds(L: int, k0: int, P: int, tok: list[float], cap_t: float) -> bool:
-    """Whether the token cap ``cap_t`` can turn a part away at any count :func:`choose` tries for this document:
-    when not (every part has room for the largest share, that of the fewest count), ``choose`` chooses alike at
-    every cap from ``cap_t`` up (the cap enters nowhere else).
-
-    Args:
-        L: the document's tokens. k0: the fewest parts. P: parts. tok: every part's tokens. cap_t: the token cap.
-
-    Returns:
-        False when every part holds at most ``cap_t`` minus the share of the fewest count.
-    """
+    """Whether ``cap_t`` can turn a part away at a count :func:`choose` tries (if not, any higher cap chooses alike)."""
     return max(tok) > share_room(cap_t, L, _first_count(k0, P))
 
 
@@ -98,18 +54,7 @@ def _first_count(k0: int, P: int) -> int:
 
 def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk: list[float],
           caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
-    """The first ``k`` parts of ``by_load`` that can each take a ``1/k`` share, at the fewest count ``k`` of ``ks``
-    where there are that many, in plain Python (a scan that stops at the ``k``-th part that fits: most documents fit
-    their fewest counts, most often in the first parts tried). The test is :func:`_fits`', written out for scalars
-    (a test checks the two agree).
-
-    Args:
-        by_load: the parts, least loaded first. ks: the part counts, ascending. tok, wrk: every part's tokens and
-            pairs (by part). L, w, caps, rho: as :func:`_fits`.
-
-    Returns:
-        The parts, or None.
-    """
+    """The first ``k`` parts of ``by_load`` that fit (:func:`_fits`, scalar) at the fewest ``k`` of ``ks`` that can."""
     cap_t, cap_w, mean_t = caps
     for k in ks:
         t, x = L / k, w / k
@@ -132,16 +77,7 @@ def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk
 
 def _table(by_load: np.ndarray, L: int, w: float, ks: np.ndarray, tok: np.ndarray, wrk: np.ndarray,
            caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
-    """:func:`_scan` over many counts at once (:func:`_fits`, a ``[K, P]`` table: a failing count costs a scan
-    of every part, and a document that fits none of its fewest counts often fails many).
-
-    Args:
-        by_load: ``[P]`` the parts, least loaded first. ks: ``[K]`` the part counts, ascending. tok, wrk:
-            ``[P]`` the tokens and pairs of the parts in ``by_load`` order. L, w, caps, rho: as :func:`_fits`.
-
-    Returns:
-        The parts (the first ``k`` of ``by_load`` that fit), or None.
-    """
+    """:func:`_scan` over ``[K]`` counts at once (``by_load``, ``tok``, ``wrk``: ``[P]``, in ``by_load`` order)."""
     fits = _fits(ks, L, w, tok, wrk, caps, rho)  # [K, P]
     enough = np.flatnonzero(np.count_nonzero(fits, axis=1) >= ks)
     if enough.size == 0:
@@ -152,19 +88,8 @@ def _table(by_load: np.ndarray, L: int, w: float, ks: np.ndarray, tok: np.ndarra
 
 def _fits(ks: np.ndarray, L: int, w: float, tok: np.ndarray, wrk: np.ndarray, caps: tuple[float, float, float],
           rho: float | None) -> np.ndarray:
-    """Whether each part can take a ``1/k`` share of the document at each part count ``k``, in the float64
-    operations of :func:`_scan`'s scalar test.
-
-    Args:
-        ks: ``[K]`` part counts. L, w: the document's tokens and pairs. tok, wrk: ``[P]`` every part's tokens and
-            pairs. caps: ``(cap_t, cap_w, mean_t)``.
-        rho: a share fits a part within the token cap and, unless None, within the work cap even once the
-            part is filled up to the mean token count ``mean_t`` with the remaining documents' average work
-            per token ``rho`` (0: the work cap alone).
-
-    Returns:
-        ``[K, P]`` booleans.
-    """
+    """``[K, P]``: whether each part can take a ``1/k`` share at each count of ``ks``: within the token cap and, unless
+    ``rho`` is None, the work cap even once filled up to ``mean_t`` tokens at ``rho`` pairs per token (``caps``)."""
     cap_t, cap_w, mean_t = caps
     room = share_room(cap_t, L, ks)  # [K] a share may be a token or two above L / k
     fits = tok[None, :] <= room[:, None]  # [K, P]

@@ -1,56 +1,22 @@
-"""Sliced cuts: the ``sliced`` candidate of ``placement="auto"``, for rows whose long documents outrun the parts.
-
-Where KV is dear (between nodes a received key costs ~1,200 pairs, a held token's projections and MLP ~18,000)
-and documents longer than the token cap hold many of the pairs, a part holding rows deep in such a document
-receives most of the keys before them, whatever else it holds, and those rows are dense in pairs: the part runs
-out of time long before it runs out of tokens. :mod:`.cutting`'s contiguous cuts give such a part nothing else,
-and the parts that hold only short documents are full at the token cap with time to spare, so the row runs out
-of parts; the greedy splits of :mod:`.balanced` and :mod:`.density` pair an early and a late chunk of every split
-document on every holder, so most holders receive most of it. :func:`benchmarks.relaxation.relaxed_bound` shows what is
-possible: deep parts take a short slice of a long document and fill up with short documents to the cap, paying
-their transfer once each while every part's tokens are used.
-
-:func:`sliced_cuts` builds that. The documents longer than the cap go on one line (longest first), every other
-document on another (row order); part ``p`` holds a contiguous range of each. Left to right, under a target time,
-every part takes as many tokens as the cap allows, the most of the long line that keeps it within the target,
-the rest from the short line; once the short line is used up, the most of the long line alone (the fill,
-:func:`_fill`, priced exactly: :meth:`.cutting._Row.figures` of both ranges summed, one full-attention layer).
-The target is searched as :mod:`.cutting` searches its own (:func:`.cutting._search`). A heuristic: ``auto``
-prices its result like every other plan.
-
-:func:`with_sliced_cuts` is ``auto``'s step after the priced cuts: the slices replace the plan only where the
-one-layer model prices them faster (by more than :data:`.cutting.PRICED_MIN_GAIN`) and the plan's rounds
-simulated forward and backward do not price them slower (:func:`.cutting.replaced_where_both_agree`, the rule of
-both steps), so the step never makes a plan slower by either model. It is tried only where a document is longer
-than the cap and the plan is at least :data:`SLICED_MIN_EXCESS` above the compute bound (so that the 2,000-document
-planning row, just above the bound, pays nothing for it). Where it wins on the placement sweep, and by how much
-against a fill that treats the short documents as divisible (solved exactly by dynamic programming over the slice
-sizes), is in BENCHMARKS.md.
+"""Sliced cuts: the ``sliced`` proposal of ``placement="auto"``, for documents longer than the token cap. Where KV is
+dear, a part deep in such a document receives most of its earlier keys and runs out of time long before tokens, while
+parts of short documents fill the cap with time to spare. :func:`sliced_cuts` lines up the long documents (longest
+first) and the rest (row order); every part holds a range of each, as much of the long line as a target time allows,
+the target searched as in :mod:`.cutting`.
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping
-
 import numpy as np
 
 from .cost import CostModel, balance_bound
-from .cutting import PRICED_TOLERANCE, _Filled, _Row, _search, replaced_where_both_agree
-from .exposure import Simulations
+from .cutting import PRICED_TOLERANCE, _Filled, _Row, _search
 from .layout import Layout, make_layout
-from .placement import Placement, _finish, token_cap
-from .transfers import Transfers
-from .windows import Window
-
-SLICED_MIN_EXCESS = 0.01  # auto tries the slices only on plans at least this far above the compute bound
+from .placement import Placement, _finish
 
 
 class _Lines:
-    """The two lines of a row (module docstring) and the closed form of each (:class:`.cutting._Row`).
-
-    Args:
-        layout: the documents. cost: the cost model. cap: the token cap.
-    """
+    """The row's two lines (module docstring), each priced by a :class:`.cutting._Row` (None when empty)."""
 
     def __init__(self, layout: Layout, cost: CostModel, cap: int) -> None:
         lengths = layout.doc_lengths
@@ -71,8 +37,8 @@ class _Lines:
 
 
 def _most_long(lines: _Lines, a: int, lo: int, hi: int, b: int, b_end, target: float) -> tuple[int, float]:
-    """The largest ``m`` in ``[lo, hi]`` found by bisection with the part's time within ``target`` (``b_end(m)``:
-    the end of its short range) and that time; ``lo`` must fit (its time is returned as found)."""
+    """The largest ``m`` in ``[lo, hi]`` (``lo`` must fit) whose part, ``m`` rows of the long line and the short line up
+    to ``b_end(m)``, keeps within ``target``, and its time: a bisection."""
     t = lines.time(a, a + lo, b, b_end(lo))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -85,13 +51,9 @@ def _most_long(lines: _Lines, a: int, lo: int, hi: int, b: int, b_end, target: f
 
 
 def _fill(lines: _Lines, n_parts: int, target: float, cap: int, min_tokens: int) -> _Filled:
-    """Cut both lines left to right under ``target`` (module docstring): every part as many tokens as the cap
-    allows (and the parts after it their ``min_tokens``) while the short line lasts, the most of the long line
-    within the target; then the long line alone; the last part takes the rest.
-
-    Returns:
-        The :class:`.cutting._Filled`; its cuts are ``(long end, short end)`` pairs, from ``(0, 0)``.
-    """
+    """Cut both lines left to right under ``target``: while the short line lasts, every part takes as many tokens as
+    the cap allows (leaving later parts their ``min_tokens``), the most of the long line within the target; then the
+    long line alone; the last part takes the rest. The :class:`.cutting._Filled` cuts are ``(long, short)`` pairs."""
     A, B = lines.n_long, lines.n_short
     a = b = 0
     cuts = [(0, 0)]
@@ -136,13 +98,12 @@ def _fill(lines: _Lines, n_parts: int, target: float, cap: int, min_tokens: int)
 
 def sliced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float, beat: float,
                 min_tokens: int = 1) -> Placement | None:
-    """The sliced cuts (module docstring) whose slowest part's estimated time (one full-attention layer) is below
-    ``beat``, as low as the fill finds, or None (no document longer than the cap, or none below ``beat``).
+    """The sliced cuts (module docstring) whose slowest part's estimated time (one full-attention layer) is as low as
+    the fill finds below ``beat``, or None (also when no document is longer than the cap).
 
     Args:
-        layout: the documents. n_parts: parts. cost: the cost model (the plan's, all-to-all share included).
-        token_cap: the most tokens a part may hold. beat: the time to beat. min_tokens: the fewest tokens a
-            part may hold.
+        layout: the documents. n_parts: parts. cost: the plan's cost model. beat: the time to beat.
+        token_cap, min_tokens: the most and fewest tokens of a part.
 
     Returns:
         The placement, named ``"sliced"``, or None.
@@ -161,12 +122,7 @@ def sliced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_cap: float,
 
 
 def _placement(layout: Layout, lines: _Lines, cuts: list[tuple[int, int]], n_parts: int) -> Placement:
-    """The segments of every part's two ranges, in the row's positions.
-
-    Shapes:
-        Per line: the cut positions ``[n_parts + 1]``; the pieces between consecutive cuts and document starts,
-        ``[pieces]``; the segments of both lines, ``[segments]``.
-    """
+    """The segments of every part's two ranges (the pieces between cuts and document starts), in row positions."""
     segs = []
     for k, (row, docs) in enumerate(((lines.long, lines.long_docs), (lines.short, lines.short_docs))):
         if row is None:
@@ -182,18 +138,3 @@ def _placement(layout: Layout, lines: _Lines, cuts: list[tuple[int, int]], n_par
         segs.append((doc, start + offset, end + offset, part))
     doc, start, end, part = (np.concatenate(x) for x in zip(*segs))
     return _finish("sliced", n_parts, doc, start, end, part)
-
-
-def with_sliced_cuts(layout: Layout, n_parts: int, cost: CostModel, token_slack: float, min_tokens: int,
-                     layers: Mapping[Window, int], pl: Placement, tr: Mapping[Window, Transfers], best: float,
-                     budget: int | None, rounds: str, sims: Simulations | None = None
-                     ) -> tuple[Placement, Mapping[Window, Transfers], float]:
-    """``auto``'s plan, or the sliced cuts where both models price them faster (module docstring). Full-attention
-    plans only. Arguments and returns as :func:`.cutting.with_priced_cuts`."""
-    if any(w is not None for w in layers):
-        return pl, tr, best
-    if best / layers[None] < (1 + SLICED_MIN_EXCESS) * balance_bound(layout, n_parts, cost):
-        return pl, tr, best
-    cut = sliced_cuts(layout, n_parts, cost, token_cap(layout.total_tokens, n_parts, token_slack),
-                      best / layers[None], min_tokens)
-    return replaced_where_both_agree(layout, cost, layers, (pl, tr, best), cut, budget, rounds, sims)

@@ -1,10 +1,6 @@
-"""Which KV tokens each part needs from which peer: the minimum a plan may send.
-
-Rule: part ``r`` needs key/value token ``j`` of document ``d`` exactly when ``r`` does not hold ``j``
-and holds some query ``i`` of ``d`` with ``i >= j``. Segments partition every document, so a part's
-need in ``d`` is every foreign segment of ``d`` that ends at or before the end of the part's last
-segment in ``d``. Nothing else is ever transmitted.
-"""
+"""Which KV tokens each part needs from which peer, the minimum a plan may send: part ``r`` needs key ``j`` of document
+``d`` exactly when it does not hold ``j`` but holds a query ``i >= j`` of ``d``, i.e. every foreign segment of ``d``
+before the part's last segment in ``d``. Nothing else is ever sent."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,21 +12,14 @@ from .placement import Placement
 
 @dataclass(frozen=True, eq=False)
 class Transfers:
-    """Forward KV transfers, one row per (segment, receiving part), sorted by (dst, src, start).
+    """Forward KV transfers: ``[n]`` int64 arrays, a row per (segment, receiving part), sorted by (dst, src, start)."""
 
-    Attributes:
-        src, dst: owning and receiving part, ``[n]`` int64.
-        seg: index of the segment (into the placement's arrays) that travels, ``[n]``.
-        start, end: its global token range, ``[n]``.
-        src_local: its offset in the owner's local buffer, ``[n]``.
-    """
-
-    src: np.ndarray
-    dst: np.ndarray
-    seg: np.ndarray
-    start: np.ndarray
+    src: np.ndarray  # owning part
+    dst: np.ndarray  # receiving part
+    seg: np.ndarray  # the segment that travels (index into the placement's arrays)
+    start: np.ndarray  # its global token range [start, end)
     end: np.ndarray
-    src_local: np.ndarray
+    src_local: np.ndarray  # its offset in the owner's local buffer
 
     @property
     def lengths(self) -> np.ndarray:
@@ -44,12 +33,8 @@ class Transfers:
 
 
 def compute_transfers(pl: Placement) -> Transfers:
-    """The minimal forward transfers of a placement (see the module docstring).
-
-    Vectorised over all segments: cost O(sum over split documents of segments x parts).
-    """
-    # segments in document order
-    order = np.lexsort((pl.start, pl.doc))
+    """The minimal forward transfers of a placement, vectorised over its segments."""
+    order = np.lexsort((pl.start, pl.doc))  # segments in document order
     doc, part = pl.doc[order], pl.part[order]
     n = order.shape[0]
     if n == 0:

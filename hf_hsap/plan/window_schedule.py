@@ -1,20 +1,6 @@
-"""Compiling the schedule of one part for a sliding-window mask kind.
-
-Same data as the full kind's :class:`~.schedule.Schedule` (rounds of sends and receive buffers, work items of
-one kernel call each), but a window changes which pairs a block of rows keeps:
-
-* the *local* item: every segment of the part against its own rows, causal with the window (the kernels'
-  ``window_left = window - 1``); it covers every local query row (a query sees itself);
-* ``extra_local`` items: a later segment of a document against an earlier segment of it on the same part
-  (non-adjacent in the document: the positions between are on other parts, so local rows are not global
-  distances), cut into blocks by :func:`~.windows.band_blocks`;
-* per round, remote items: every query segment against every received run of its document that the window
-  reaches, cut the same way.
-
-Blocks of one mask (``full``, ``anti``) go to items of that mask; blocks that share query rows go to
-different items (*slots*), so that an item's queries are distinct rows (a gathered item is one varlen call
-whose result is merged row by row).
-"""
+"""The :class:`~.schedule.Schedule` of a part for a sliding-window mask kind: a *local* item (segments on their own
+rows, causal with the window), ``extra_local`` items (against earlier, non-adjacent segments of the document on the
+part) and per round remote items, in :func:`~.windows.band_blocks` grouped so an item's query rows are distinct."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +17,7 @@ Block = tuple[str, int, int, int, int]  # (mask, first query row, query rows, fi
 
 
 def _slots(blocks: list[Block]) -> list[list[Block]]:
-    """Blocks of one mask grouped so that no two of a group share a query row (greedy interval colouring:
-    the fewest groups)."""
+    """Blocks of one mask in the fewest groups whose blocks share no query row (greedy interval colouring)."""
     groups: list[list[Block]] = []
     ends: list[int] = []
     for b in sorted(blocks, key=lambda b: (b[1], b[3])):
@@ -65,22 +50,14 @@ def _items(blocks: list[Block], kv_source: str, kv_total: int) -> tuple[WorkItem
 
 
 def _blocks(qa: int, qb: int, q_row: int, ka: int, kb: int, k_row: int, window: int) -> list[Block]:
-    """:func:`~.windows.band_blocks` of queries ``[qa, qb)`` (first row ``q_row``) against keys ``[ka, kb)``
-    (first row ``k_row``), as rows."""
+    """:func:`~.windows.band_blocks` of queries ``[qa, qb)``, keys ``[ka, kb)``, as rows from ``q_row``, ``k_row``."""
     return [(m, q_row + a - qa, b - a, k_row + c - ka, d - c) for m, a, b, c, d in band_blocks(qa, qb, ka, kb, window)]
 
 
 def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: int, keep_recv: bool,
                             window: int) -> Schedule:
-    """The schedule of ``part`` for the layers with a sliding ``window`` (module docstring).
-
-    Args:
-        layout, pl: the documents and placement. pieces: the kind's round pieces. part: the part.
-        keep_recv: keep the receive buffers for the backward. window: the window (Transformers' convention).
-
-    Returns:
-        The :class:`~.schedule.Schedule`.
-    """
+    """The schedule of ``part`` for the layers with a sliding ``window`` (Transformers' convention) over the kind's
+    round ``pieces``; ``keep_recv``: keep the receive buffers for the backward."""
     lo, hi = int(pl.part_ptr[part]), int(pl.part_ptr[part + 1])
     q_doc, q_start, q_end, q_local = pl.doc[lo:hi], pl.start[lo:hi], pl.end[lo:hi], pl.local_start[lo:hi]
     n_local = int((q_end - q_start).sum())

@@ -1,18 +1,10 @@
-"""Mask kinds: full causal attention and sliding windows, as geometry on global token positions.
+"""Mask kinds (full causal attention and sliding windows) as geometry on global token positions.
 
-Convention (Transformers' ``sliding_window``, ``masking_utils.sliding_window_overlay``): with a window ``W``
-a query at position ``i`` of a document sees the keys ``j`` of that document with ``i - W < j <= i`` (the
-``W`` keys ending at itself); ``None`` is full causal attention (``j <= i``). A window at least as long as
-the longest document of a layout hides nothing there: it is the full kind (:func:`mask_kinds`).
-
-Everything the planner counts or moves for a windowed kind is here, in closed forms over ranges:
-
-* :func:`pairs`: (query, key) pairs a window keeps between a query range and a key range;
-* :func:`window_transfers`: the minimal KV of a placement with a window (part ``r`` receives key ``j`` of
-  document ``d`` exactly when it does not hold ``j`` and holds a query of ``d`` that sees ``j``);
-* :func:`work_per_part`, :func:`local_work_per_part`, :func:`piece_work`: the pairs the runtime computes;
-* :func:`band_blocks`: the cut of the pairs between a key run and a later query range into kernel blocks
-  of one mask each (``full`` rectangles and ``anti``-causal squares, see :data:`BLOCK_MASKS`).
+With a window ``W`` a query at position ``i`` of a document sees the keys ``j`` of that document with ``i - W < j <=
+i`` (Transformers' ``sliding_window``); ``None`` is full causal attention. A window at least as long as a layout's
+longest document is the full kind there. Everything the planner counts or moves for a windowed kind is here, in
+closed forms over ranges: pairs kept (:func:`pairs`), minimal KV transfers (:func:`window_transfers`), work per part
+and per received run, and the cut of a band into kernel blocks of one mask each (:func:`band_blocks`).
 """
 from __future__ import annotations
 
@@ -32,40 +24,22 @@ BLOCK_MASKS = {"full": (False, None), "anti": (False, 0)}
 
 
 def check_window(window: Window) -> Window:
-    """``window`` as an int >= 1 or ``None``; raise ``ValueError`` otherwise (the rule of
-    :func:`hf_hsap.kernels.base.window_left`, the one conversion to the kernels' convention).
-
-    Args:
-        window: a sliding window in tokens (Transformers' ``sliding_window``) or ``None``.
-
-    Returns:
-        The window.
-    """
+    """``window`` (tokens, or ``None``) checked by :func:`hf_hsap.kernels.base.window_left`; ``ValueError`` if bad."""
     left = window_left(window)
     return None if left is None else left + 1
 
 
 def kind_of(window: Window, layout: Layout) -> Window:
-    """The mask kind of ``window`` on ``layout``: ``None`` when the window hides nothing there.
-
-    Args:
-        window: the layer's window or ``None``. layout: the documents.
-
-    Returns:
-        ``window``, or ``None`` when it is at least the longest document.
-    """
+    """The mask kind of ``window`` on ``layout``: ``None`` when it is at least the longest document."""
     window = check_window(window)
     return None if window is None or window >= layout.longest_doc else window
 
 
 def layer_windows(windows: Sequence[Window] | Mapping[Window, int]) -> dict[Window, int]:
-    """A model's layer masks, validated, as a mapping window -> layers (what :func:`mask_kinds` also accepts).
+    """A model's layer masks, validated, as a mapping window -> layers.
 
     Args:
         windows: every layer's window (``None``: full attention), or a mapping window -> layer count.
-
-    Returns:
-        Layers per window (windows checked by :func:`check_window`, counts ints >= 0).
 
     Raises:
         ValueError: a bad window or count. TypeError: neither a sequence nor a mapping.
@@ -90,15 +64,13 @@ def mask_kinds(windows: Sequence[Window] | Mapping[Window, int] | None,
     """The distinct mask kinds of a model's layers on a layout, and how many layers each has.
 
     Args:
-        windows: every layer's window (``None``: full attention), or a mapping window -> layer count;
-            ``None``: full attention only.
-        layout: the documents (windows at least their longest document are full attention).
+        windows: as :func:`layer_windows`; ``None``: full attention only. layout: the documents.
 
     Returns:
-        ``(kinds, layers)``: kinds sorted with ``None`` first, then ascending; layers per kind (>= 1 each).
+        ``(kinds, layers)``: kinds with ``None`` first, then ascending; layers per kind (>= 1 each).
 
     Raises:
-        ValueError: a bad window, a negative count, or no layer at all.
+        ValueError: a bad window or count, or no layer at all.
     """
     if windows is None:
         return (None,), {None: 1}
@@ -134,12 +106,8 @@ def _pairs_at_distance(qa: np.ndarray, qb: np.ndarray, ka: np.ndarray, kb: np.nd
 
 def pairs(qa: np.ndarray | int, qb: np.ndarray | int, ka: np.ndarray | int, kb: np.ndarray | int,
           window: Window) -> np.ndarray:
-    """(query, key) pairs of queries ``[qa, qb)`` and keys ``[ka, kb)`` (global positions, one document)
-    with ``j <= i`` and, for a window, ``i - j < window``. Ints or int64 arrays, elementwise.
-
-    Returns:
-        int64 array of pair counts.
-    """
+    """int64 count of (query, key) pairs of queries ``[qa, qb)`` and keys ``[ka, kb)`` (global positions, one
+    document) with ``j <= i`` and, for a window, ``i - j < window``; elementwise over ints or int64 arrays."""
     qa, qb, ka, kb = (np.asarray(x, dtype=np.int64) for x in (qa, qb, ka, kb))
     causal = _pairs_at_distance(qa, qb, ka, kb, 0)
     if window is None:
@@ -154,15 +122,9 @@ def _doc_order(pl: Placement) -> np.ndarray:
 
 def _window_pairs_of_segments(pl: Placement, layout: Layout, window: int,
                               same_part: bool | None) -> tuple[np.ndarray, np.ndarray]:
-    """Every (later segment s, earlier-or-same segment g) of one document whose keys a window lets s see.
-
-    Args:
-        same_part: keep only pairs on the same part (True), on different parts (False), or all (None).
-
-    Returns:
-        ``(s, g)`` segment indices into the placement's arrays, ``[n]`` each (``g == s`` included when
-        ``same_part`` is not False).
-    """
+    """``(s, g)``, ``[n]`` segment indices each: every segment ``s`` and earlier-or-same segment ``g`` of its
+    document whose keys the window lets ``s`` see; ``same_part``: only pairs on the same part (True), on different
+    parts (False), or all (None)."""
     o = _doc_order(pl)
     start, end, doc = pl.start[o], pl.end[o], pl.doc[o]
     n = o.shape[0]
@@ -180,16 +142,11 @@ def _window_pairs_of_segments(pl: Placement, layout: Layout, window: int,
 
 
 def window_transfers(pl: Placement, layout: Layout, window: Window) -> Transfers:
-    """The minimal forward KV transfers of a placement for one mask kind (module docstring).
+    """The minimal forward KV transfers of a placement for one mask kind, sorted by (dst, src, start).
 
-    A key run of a foreign segment ``g`` is needed by part ``r`` from the earliest window start of ``r``'s
-    later segments of the document to ``g``'s end; the run of every (``r``, ``g``) is one transfer row.
-
-    Args:
-        pl: the placement. layout: its documents. window: the kind (``None``: :func:`compute_transfers`).
-
-    Returns:
-        The :class:`~hf_hsap.plan.transfers.Transfers`, sorted by (dst, src, start).
+    Part ``r`` receives key ``j`` exactly when it does not hold it and holds a query that sees it: one row per
+    (``r``, foreign segment ``g``), from the earliest window start of ``r``'s later segments to ``g``'s end.
+    ``window=None``: :func:`compute_transfers`.
     """
     if window is None:
         return compute_transfers(pl)
@@ -205,8 +162,7 @@ def window_transfers(pl: Placement, layout: Layout, window: Window) -> Transfers
     src = pl.part[g]
     o = np.lexsort((lo, src, dst))
     dst, src, g, lo = dst[o], src[o], g[o], lo[o]
-    return Transfers(src=src, dst=dst, seg=g, start=lo, end=pl.end[g],
-                     src_local=pl.local_start[g] + (lo - pl.start[g]))
+    return Transfers(src=src, dst=dst, seg=g, start=lo, end=pl.end[g], src_local=pl.local_start[g] + (lo - pl.start[g]))
 
 
 def work_per_part(layout: Layout, pl: Placement, window: Window) -> np.ndarray:
@@ -219,9 +175,8 @@ def work_per_part(layout: Layout, pl: Placement, window: Window) -> np.ndarray:
 
 
 def local_work_per_part(layout: Layout, pl: Placement, window: Window = None) -> np.ndarray:
-    """``[n_parts]`` pairs of each part's queries against its own keys under one mask kind: the work that
-    overlaps the KV transfers. Full kind: per (part, document), causal over the part's ``n`` tokens of it,
-    ``n (n + 1) / 2``."""
+    """``[n_parts]`` pairs of each part's queries against its own keys under one mask kind (the work that overlaps
+    the KV transfers)."""
     if window is None:
         first, own = pl.runs  # one per (part, document), in (part, document) order
         n = own.astype(np.float64)
@@ -233,12 +188,8 @@ def local_work_per_part(layout: Layout, pl: Placement, window: Window = None) ->
 
 def piece_work(layout: Layout, pl: Placement, dst: np.ndarray, start: np.ndarray, end: np.ndarray,
                window: int) -> np.ndarray:
-    """``[n]`` pairs the receiving part ``dst`` computes against the key run ``[start, end)`` (a window).
-
-    Args:
-        layout, pl: the plan's documents and placement. dst, start, end: ``[n]`` receiving part and run.
-        window: the window (the full kind is :func:`hf_hsap.plan.rounds.piece_remote_work`).
-    """
+    """``[n]`` pairs the receiving part ``dst`` computes against the key run ``[start, end)`` under a window (the
+    full kind is :func:`.rounds.piece_remote_work`)."""
     if dst.shape[0] == 0:
         return np.zeros(0, dtype=np.float64)
     span = layout.total_tokens + 1
@@ -257,18 +208,10 @@ def piece_work(layout: Layout, pl: Placement, dst: np.ndarray, start: np.ndarray
 
 
 def band_blocks(qa: int, qb: int, ka: int, kb: int, window: int) -> list[tuple[str, int, int, int, int]]:
-    """The pairs between queries ``[qa, qb)`` and an earlier key run ``[ka, kb)`` (``kb <= qa``, one
-    document) that a window keeps, as kernel blocks of one mask each.
-
-    Query ``i`` sees the keys ``[max(ka, i - window + 1), kb)``: the first queries see the whole run (a
-    ``full`` rectangle), later ones a shrinking suffix (an ``anti`` square, where the block's query ``t`` sees
-    its keys ``t'`` with ``t' >= t``, plus a ``full`` rectangle of the keys every one of them sees), the
-    last ones nothing.
-
-    Returns:
-        ``(mask, q_lo, q_hi, k_lo, k_hi)`` in global positions, ``mask`` a key of :data:`BLOCK_MASKS`;
-        blocks sharing a query have disjoint keys.
-    """
+    """The pairs a window keeps between queries ``[qa, qb)`` and an earlier key run ``[ka, kb)`` of one document,
+    as kernel blocks ``(mask, q_lo, q_hi, k_lo, k_hi)`` (``mask`` a key of :data:`BLOCK_MASKS`, disjoint keys per
+    query): the first queries see the whole run (``full``), later ones a shrinking suffix (an ``anti`` square, its
+    query ``t`` seeing keys ``t' >= t``, beside a ``full`` rectangle), the last ones nothing."""
     out: list[tuple[str, int, int, int, int]] = []
     full_end = min(qb, ka + window)  # queries i < ka + window see every key of the run
     if full_end > qa:
@@ -283,20 +226,12 @@ def band_blocks(qa: int, qb: int, ka: int, kb: int, window: int) -> list[tuple[s
 
 
 def attention_windows(config) -> list[Window]:
-    """The sliding window of every attention layer of a Transformers model config (``None``: full attention),
-    what ``plan_sequence(..., windows=...)`` plans for.
+    """The sliding window of every attention layer of a Transformers config (``None``: full), for
+    ``plan_sequence(..., windows=...)``; one entry when the config has no layer count.
 
-    Read as the layers read it: ``config.layer_types`` (``"sliding_attention"`` layers have
-    ``config.sliding_window``, every other attention layer none), else ``config.sliding_window`` on every
-    layer unless ``use_sliding_window`` is False (Mistral-style). Composite configs use their text config.
-    Pure attribute reads: no model is built. A layer whose window differs from this at run time is still
-    exact (its mask kind is planned on demand), only not weighed by ``placement="auto"``.
-
-    Args:
-        config: a Transformers ``PretrainedConfig`` (or any object with those attributes).
-
-    Returns:
-        One window per layer, ``[num_hidden_layers]`` (one entry when the config has no layer count).
+    Read as the layers read it, attributes only: ``layer_types`` (``"sliding_attention"`` layers have
+    ``sliding_window``), else ``sliding_window`` on every layer unless ``use_sliding_window`` is False; composite
+    configs use their text config. A layer that differs at run time is still exact, only not weighed by ``auto``.
     """
     get = getattr(config, "get_text_config", None)
     if callable(get):
@@ -318,18 +253,12 @@ def attention_windows(config) -> list[Window]:
 
 def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, int], token_cost: float,
                         token_cap: int, min_tokens: int = 1) -> Placement:
-    """Contiguous ranges cut at equal estimated cost of a model's layers: a token at offset ``x`` of its
-    document costs ``sum over kinds of layers * (token_cost + keys it sees)`` (``min(x + 1, W)`` with a
-    window), so parts of short documents (fewer keys per token under a window) get more tokens, within
-    ``[min_tokens, token_cap]`` tokens each. A candidate of ``placement="auto"`` for windowed models (it
-    moves at most ``W - 1`` keys per cut and window).
+    """Contiguous ranges cut at equal estimated cost (:func:`_token_costs`), within ``[min_tokens, token_cap]``
+    tokens each: under a window, parts of short documents get more tokens. ``auto``'s candidate for windowed models
+    (it moves at most ``W - 1`` keys per cut and window); named ``"contiguous-cost"``.
 
     Args:
-        layout: the documents. n_parts: R. layers: layers per mask kind. token_cost: the cost model's price
-            of a token in attention pairs. token_cap: the most tokens a part may hold. min_tokens: the least.
-
-    Returns:
-        The placement, named ``"contiguous-cost"`` (contiguous ranges, cuts moved off equal token counts).
+        layout: the documents. n_parts: parts P. layers: layers per mask kind. token_cost: a token's price in pairs.
     """
     T = layout.total_tokens
     cum = np.cumsum(_token_costs(layout, layers, token_cost))  # [T]
@@ -345,8 +274,8 @@ def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, in
 
 
 def _token_costs(layout: Layout, layers: Mapping[Window, int], token_cost: float) -> np.ndarray:
-    """``[T]`` estimated cost of every token over a model's layers: ``sum over kinds of layers * (token_cost +
-    keys it sees)``, ``min(x + 1, W)`` keys at offset ``x`` of its document under a window, ``x + 1`` without."""
+    """``[T]`` cost of every token over a model's layers: ``sum over kinds of layers * (token_cost + keys it
+    sees)``, ``min(x + 1, W)`` keys at offset ``x`` of its document under a window, ``x + 1`` without."""
     T = layout.total_tokens
     offset = np.arange(T, dtype=np.int64) - np.repeat(layout.cu_seqlens[:-1], layout.doc_lengths)  # [T]
     weight = np.zeros(T, dtype=np.float64)

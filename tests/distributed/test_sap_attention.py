@@ -50,19 +50,15 @@ NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the
 
 
 @pytest.mark.parametrize("lengths,polished", [([161, 34, 165, 197, 137], "balanced+polish"),
-                                              ([336, 28], "density+polish"),
+                                              ([352, 338, 111, 77, 34], "density+polish"),
+                                              ([386, 335, 344, 562], "contiguous+polish"),
                                               ([82, 129, 552], "contiguous-priced"),
                                               ([442, 28], "sliced"),
-                                              ([81, 180, 41, 100], "contiguous+polish"),
-                                              ([276, 535, 272], "contiguous+polish"),
-                                              ([63, 173, 85], "contiguous+polish")])
+                                              ([276, 535, 272], "sliced")])
 def test_polished_auto_placement_is_exact(pools, lengths, polished):
-    """auto's polished winner (exposure.refine_exposure slides boundaries of split documents, oracle.polish moves
-    pieces of segments between parts) stays exact; on [276, 535, 272] the first step moves boundaries
-    (tests/unit/test_exposure.py checks that it does), on [63, 173, 85] the plan is searched from another start
-    (contiguous) than the winner (density: polishing.searched_from_others); on [82, 129, 552] the priced
-    contiguous cuts (plan.cutting) replace the polished winner, on [442, 28] the sliced cuts (plan.slicing: a part
-    holds a range of the long document and a range of the short ones)."""
+    """Every refinement of auto's search (plan.search) stays exact: the local search (oracle.polish moves pieces
+    of segments between parts) from each kind of winner, the priced contiguous cuts (plan.cutting) and the sliced
+    cuts (plan.slicing: a part holds a range of the long documents and a range of the short ones)."""
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,
                        "auto", None, None, False, True, NETWORK)
     assert_exact(res, "float64")

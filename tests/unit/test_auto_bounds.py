@@ -13,7 +13,8 @@ from hf_hsap.plan.cost import CostModel, step_time
 from hf_hsap.plan.density import density, density_figures, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import contiguous
-from hf_hsap.plan.planner import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, _best_candidate
+from hf_hsap.plan.candidates import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, cheapest_candidate
+from hf_hsap.plan.search import Search
 from hf_hsap.plan.windows import window_transfers
 
 LENGTHS = st.lists(st.one_of(st.integers(1, 200), st.integers(500, 4000)), min_size=1, max_size=40)
@@ -164,7 +165,7 @@ def test_skipping_by_the_floor_never_changes_the_choice(lengths, P, link, token_
     base = CostModel.for_link(link)
     cost = CostModel(token_cost=base.token_cost * tc_scale, kv_token_cost=base.kv_token_cost * kv_scale,
                      overlap=overlap, diag_block=diag)
-    pl, _, _ = _best_candidate(layout, P, token_slack, cost, 1, {None: 1})  # before the polish
+    pl = cheapest_candidate(Search(layout, P, cost, token_slack)).placement  # before any refinement
     if pl.name == "zigzag":  # priced after the others, in closed form (test_placement_sweep)
         return
     ref = _auto_by_pricing_everything(layout, P, token_slack, cost)

@@ -18,6 +18,7 @@ from hf_hsap.plan.layout import make_layout
 from benchmarks.oracle import optimise_placement
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.planner import _place, plan_layout
+from hf_hsap.plan.search import Search
 
 LENGTHS = st.one_of(
     st.lists(st.one_of(st.integers(1, 200), st.integers(1000, 6000)), min_size=1, max_size=30),
@@ -59,7 +60,7 @@ def test_the_offline_optimiser_does_not_beat_the_bound(bound_of, lengths, P):
     if layout.total_tokens < P:
         return
     cost = CostModel.for_link("network")
-    start = _place(layout, P, "auto", SLACK, cost)[0]
+    start = _place(Search(layout, P, cost, SLACK), "auto")[0]
     best = optimise_placement(layout, P, cost, start, max_moves=40)
     cap = token_cap(layout.total_tokens, P, SLACK)
     if best.tokens_per_part().max() <= cap:
@@ -122,7 +123,7 @@ def test_the_bound_holds_on_dense_sweep_rows():
                 cost = CostModel.for_link(link)
                 bound = transfer_bound(layout, P, cost, cap)
                 plan = plan_layout(layout, GroupSpec.offline(P, 1, P if link == "nvlink" else 1), "auto")
-                others = [plan.placement, _place(layout, P, "balanced", SLACK, cost)[0]]
+                others = [plan.placement, _place(Search(layout, P, cost, SLACK), "balanced")[0]]
                 cut = priced_cuts(layout, P, cost, cap, 1e30)
                 for pl in others + ([cut] if cut is not None else []):
                     assert float(part_times(layout, pl, None, cost).max()) >= bound, (dist, P, link, pl.name)

@@ -342,42 +342,28 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
 
 
 def test_auto_polishes_its_winner_on_small_groups():
-    """The winner of a small network-priced group is polished when that is faster (polishing.polished: the
-    search, oracle.polish; polishing.exposure_evened: the exposed transfers evened out first, then searched,
-    where both cost models agree; polishing.searched_from_others: the search from other starts, where both
-    agree: on this row it ends 0.4 % faster than the second step); a big group gets the second step only, a
-    windowed plan none (the planning budget)."""
+    """The winner of a small network-priced group is searched locally (oracle.polish) and the result kept where
+    the search's rule accepts it; a group above POLISH_MAX_PARTS is not searched, a windowed plan not refined."""
     from benchmarks.sweep import sweep_lengths
-    from hf_hsap.plan.cutting import with_priced_cuts
+    from hf_hsap.plan.candidates import cheapest_candidate
     from hf_hsap.plan.oracle import polish
-    from hf_hsap.plan.planner import _best_candidate
-    from hf_hsap.plan.polishing import POLISH_MAX_PARTS, exposure_evened, polished, searched_from_others
+    from hf_hsap.plan.search import MARGIN, POLISH_MAX_PARTS, REFINEMENTS, Search
 
-    layout = make_layout(cu_of(sweep_lengths("one-dominant", 6 * 2048, 0)))
+    layout = make_layout(cu_of(sweep_lengths("lognormal-0.5", 6 * 2048, 0)))
     group = GroupSpec.offline(6, 1, 1)  # one rank per node: SAP's KV over the network
     cost = CostModel.for_link(group.link)
     plan = plan_layout(layout, group, "auto", cost=cost)
-    winner, tr, t_winner = _best_candidate(layout, 6, 0.10, cost, 1, {None: 1})
+    s = Search(layout, 6, cost, 0.10)
+    winner = cheapest_candidate(s)
+    found = s.price(REFINEMENTS[0](s, winner))
+    t_searched = polish(layout, 6, cost, winner.placement, 0.10)[0]  # the winner searched alone
+    assert found.time == pytest.approx(t_searched) and found.time < winner.time * (1 - MARGIN)
+    assert s.accepts(winner, found) and plan.placement_name == f"{winner.placement.name}+polish"
     t_auto = float(part_times(layout, plan.placement, plan.transfers, cost).max())
-    assert plan.placement_name.endswith("+polish") and t_auto < t_winner * 0.99
-    t_searched = polish(layout, 6, cost, winner, 0.10)[0]  # the winner searched alone
     assert t_auto <= t_searched * (1 + 1e-12)
-    plain = polished(layout, 6, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)
-    assert plain[2] == pytest.approx(t_searched)
-    evened = exposure_evened(layout, 6, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
-    assert t_auto < evened[2] * 0.999
-    assert t_auto == searched_from_others(layout, 6, cost, 0.10, 1, {None: 1}, winner, evened, None, "auto")[2]
     assert_covers_once(layout, plan.placement)
-    P = POLISH_MAX_PARTS + 2
-    big = plan_layout(layout, GroupSpec.offline(P, 1, 1), "auto", cost=cost)
-    winner, tr, t_winner = _best_candidate(layout, P, 0.10, cost, 1, {None: 1})
-    plain = (winner, tr, t_winner)
-    assert polished(layout, P, cost, 0.10, 1, {None: 1}, winner, tr, t_winner)[0] is winner  # not searched
-    evened = exposure_evened(layout, P, cost, 0.10, 1, {None: 1}, winner, t_winner, plain, None, "auto")
-    # then, from CUT_MIN_PARTS parts, the priced contiguous cuts where both models price them faster (plan.cutting)
-    final, _, t = with_priced_cuts(layout, P, cost, 0.10, 1, {None: 1}, *evened, None, "auto")
-    assert np.array_equal(big.placement.start, final.start) and np.array_equal(big.placement.part, final.part)
-    assert float(part_times(layout, big.placement, big.transfers, cost).max()) == t
+    big = Search(layout, POLISH_MAX_PARTS + 2, cost, 0.10)
+    assert REFINEMENTS[0](big, cheapest_candidate(big)) is None  # not searched
     windowed = plan_layout(layout, group, "auto", cost=cost, windows=[None, 512])
     assert not windowed.placement_name.endswith("+polish")
 

@@ -193,24 +193,3 @@ def test_two_token_costs_that_refine_alike_share_one_placement() -> None:
         same = all(np.array_equal(getattr(x, f), getattr(y, f)) for f in ("doc", "start", "end", "part"))
         assert (x is y) == same
     assert a is b  # at no token cost a slide moves nothing an exchange would not: the same moves
-
-
-@settings(max_examples=ci_examples(100), deadline=None)
-@given(st.lists(st.integers(1, 3000), min_size=1, max_size=40), st.integers(2, 16),
-       st.sampled_from(["balanced", "density", "zigzag", "contiguous"]))
-def test_the_array_boundaries_are_the_list_ones(lengths, P, name) -> None:
-    """``array_boundaries`` (numpy, what the exposure refinement reads) names the boundaries ``boundaries`` (lists)
-    names, on every placement's segments sorted by start."""
-    from hf_hsap.plan.planner import _place
-    from hf_hsap.plan.refine import array_boundaries, boundaries
-
-    layout = make_layout(np.concatenate([[0], np.cumsum(lengths)]))
-    if layout.total_tokens < P:
-        return
-    pl = _place(layout, P, name, 0.03, None)[0]
-    order = np.argsort(pl.start, kind="stable")
-    arrays = [x[order] for x in (pl.doc, pl.start, pl.end, pl.part)]
-    found = array_boundaries(*arrays)
-    assert found == boundaries(*(x.tolist() for x in arrays))
-    assert len(found) == sum(1 for a in range(len(order) - 1) if arrays[0][a] == arrays[0][a + 1]
-                             and arrays[3][a] != arrays[3][a + 1])  # sorted by start: adjacent rows always meet

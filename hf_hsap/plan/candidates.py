@@ -1,0 +1,112 @@
+"""``auto``'s candidate placements, each priced by the cost model; the cheapest starts the search (:mod:`.search`).
+
+``balanced`` at small token slacks (each at most ``token_slack``) and at ``token_slack``, token-neutral and priced;
+``density`` (every document over as many parts as its pairs need, or 0.6 of a share, at the two largest slacks; its
+heaviest over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
+equal estimated cost. Small slacks pay because tokens cost every linear layer. A greedy pass bounds its candidates'
+time from below (:meth:`.greedy.Greedy.floor`), and ``contiguous`` and ``zigzag`` have closed-form bounds: on full
+attention a candidate that cannot beat the best so far is never built.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .balanced import balanced_greedies
+from .cost import contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
+from .density import density_figures, density_greedies
+from .placement import Placement, contiguous, zigzag
+from .windows import weighted_contiguous, window_transfers
+
+if TYPE_CHECKING:
+    from .search import Option, Search
+
+__all__ = ["AUTO_TOKEN_SLACKS", "DENSITY_VARIANTS", "cheapest_candidate"]
+
+AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates' slacks (capped by token_slack; token_slack is added)
+DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of the density candidates
+ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
+FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
+Candidate = tuple[float, Callable[[], Placement]]  # (lower bound of its time on one full layer, builder)
+
+
+def cheapest_candidate(s: Search) -> Option:
+    """Every candidate (module docstring), priced by :func:`.cost.step_time`; the cheapest (the first of equals).
+
+    Args:
+        s: the search.
+
+    Returns:
+        The winner's :class:`.search.Option`.
+    """
+    layout, n_parts, tc = s.layout, s.n_parts, s.cost.token_cost
+    slacks = sorted({min(x, s.token_slack) for x in AUTO_TOKEN_SLACKS} | {s.token_slack})
+    greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
+    fig = density_figures(layout, tc)  # shared by the variants
+    dense = {}
+    for spread, share in DENSITY_VARIANTS:
+        eps = slacks[-2:] if spread == "fit" else slacks[-1:]
+        passes = density_greedies(layout, n_parts, tc, eps, spread=spread, work_share=share, figures=fig)
+        dense.update({(e, spread, share): g for e, g in zip(eps, passes)})
+    greedy += [(dense[e, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
+               for e in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or e == slacks[-1]]
+    kv = 0.0 if not s.full else s.cost.kv_token_cost  # the bounds prune full layers only
+    cands: list[Candidate] = [(g.floor(tc, kv), functools.partial(g.placement, c)) for g, c in greedy]
+    cands.append((contiguous_time_bound(layout, n_parts, s.cost) if s.full else 0.0,
+                  functools.partial(contiguous, layout, n_parts)))
+    if not s.full:  # contiguous cuts at equal estimated cost, within the small slacks' cap
+        eps = min(AUTO_TOKEN_SLACKS[-1], s.token_slack)
+        cap = int(math.ceil(layout.total_tokens / n_parts * (1 + eps)))
+        cands.append((0.0, functools.partial(weighted_contiguous, layout, n_parts, s.layers, tc, cap, s.min_tokens)))
+    best = _cheapest(s, cands)
+    return _zigzag_if_cheaper(s, best) or best
+
+
+def _cheapest(s: Search, cands: Sequence[Candidate]) -> Option:
+    """The cheapest candidate (the first of equals), built and priced in the order of their bounds; on full
+    attention one whose bound is above the best time so far is never built, and full layers are priced from the
+    segments (:func:`.cost.part_times`), only the winner's transfers built. A candidate that leaves a part below
+    ``s.min_tokens`` tokens is dropped."""
+    from .search import Option
+
+    n_full = sum(s.layers.values())
+    best: tuple[float, int] = (math.inf, len(cands))
+    out = None
+    built: list[Placement] = []
+    for i in sorted(range(len(cands)), key=lambda j: cands[j][0]):
+        bound, build = cands[i]
+        if s.full and n_full * bound > best[0] * (1 + FLOOR_MARGIN):
+            break  # so are the bounds of the rest
+        pl = build()
+        if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
+            continue
+        built.append(pl)
+        if pl.tokens_per_part().min() < s.min_tokens:
+            continue
+        tr = {w: None if w is None else window_transfers(pl, s.layout, w) for w in s.layers}
+        t = step_time(s.layout, pl, tr, s.layers, s.cost)
+        if (t, i) < best:
+            best, out = (t, i), (pl, tr)
+    assert out is not None, "contiguous leaves every part a token when T >= P"
+    pl, tr = out
+    return Option(pl, {w: window_transfers(pl, s.layout, w) if x is None else x for w, x in tr.items()}, best[0])
+
+
+def _zigzag_if_cheaper(s: Search, best: Option) -> Option | None:
+    """``zigzag`` priced, if its step time is below ``best``'s, else None. Built only past its closed-form bounds
+    (full attention), or when small enough to price by building (windowed layers)."""
+    from .search import Option
+
+    layout, n_parts, cost = s.layout, s.n_parts, s.cost
+    bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None
+                     else cost.token_cost * math.floor(layout.total_tokens / n_parts)) for w, n in s.layers.items())
+    if bound >= best.time or (s.full and s.layers[None] * float(zigzag_part_times(layout, n_parts, cost).max())
+                              >= best.time):
+        return None
+    if not s.full and 2 * n_parts * layout.n_docs > ZIGZAG_WINDOWED_SEGMENTS:
+        return None
+    pl = zigzag(layout, n_parts)
+    tr = {w: window_transfers(pl, layout, w) for w in s.layers}
+    t = step_time(layout, pl, tr, s.layers, cost)  # with a hybrid's hand-off steps, beyond the closed form
+    return Option(pl, tr, t) if t < best.time and pl.tokens_per_part().min() >= s.min_tokens else None
