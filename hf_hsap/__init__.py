@@ -2,7 +2,7 @@
 
 Public API:
     HSAPConfig(sp_size, ulysses_size, placement, rounds, recv_budget_tokens, ...)   (every option, validated)
-    init_sequence_parallel(sp_size_or_config, ulysses_size="auto") -> SPGroup   (groups from a DeviceMesh)
+    init_sequence_parallel(sp_size_or_config, ulysses_size=None) -> SPGroup   (groups from a DeviceMesh)
     plan_sequence(cu_seqlens, sp, placement="auto") -> Plan
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
     check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)

@@ -55,6 +55,8 @@ class HSAPConfig:
             ``"auto"`` (one degree by the node rule, :func:`~hf_hsap.topology.auto_ulysses_size`) or
             ``"per_batch"`` (groups for every degree that divides P, the heads and a node; every batch runs
             the degree whose plan the cost model prices fastest, :func:`hf_hsap.sp_plan.plan_per_batch`).
+            ``None`` (default): ``"per_batch"`` when the model's query heads are known (``model_config`` or
+            ``num_heads``), else ``"auto"`` (:func:`~hf_hsap.topology.resolve_ulysses_size`).
         per_batch_memory_cap: with ``"per_batch"``, a batch runs only at a degree whose modelled activation memory
             per rank is at most the highest degree's (:func:`hf_hsap.plan.degree.fastest_degree`; flat SAP keeps its
             received keys for the backward); ``False``: the fastest degree, whatever it holds.
@@ -79,7 +81,7 @@ class HSAPConfig:
     """
 
     sp_size: int = 1
-    ulysses_size: int | str = "auto"
+    ulysses_size: int | str | None = None
     placement: str = "auto"
     rounds: str = "auto"
     recv_budget_tokens: int | None = None
@@ -110,8 +112,8 @@ class HSAPConfig:
         if isinstance(self.sp_size, bool) or not isinstance(self.sp_size, int) or self.sp_size < 1:
             raise bad("sp_size", "must be a positive int")
         u = self.ulysses_size
-        if u not in ULYSSES_MODES and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
-            raise bad("ulysses_size", f"must be a positive int or one of {ULYSSES_MODES}")
+        if u is not None and u not in ULYSSES_MODES and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
+            raise bad("ulysses_size", f"must be a positive int, one of {ULYSSES_MODES} or None (the default)")
         if isinstance(u, int) and self.sp_size % u:
             raise bad("ulysses_size", f"does not divide sp_size={self.sp_size}; pick a divisor (e.g. the GPUs per node)")
         if self.placement not in PLACEMENTS:

@@ -26,7 +26,7 @@ from .plan.cache import PlanCache
 from .plan.group import GroupSpec
 
 __all__ = ["SPGroup", "auto_ulysses_size", "check_parallelism_config", "finish_distributed", "init_sequence_parallel",
-           "ulysses_degrees"]
+           "resolve_ulysses_size", "ulysses_degrees"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,29 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
     return best
 
 
+def resolve_ulysses_size(ulysses_size: int | str | None, num_heads: int | None, sp_size: int) -> int | str:
+    """The degree option a group is built with: ``ulysses_size`` as given, or for the default (``None``)
+    ``"per_batch"`` when the model's query heads are known and ``"auto"`` otherwise. Why: with the heads known,
+    every batch can run at the degree the cost model prices fastest, up to Ulysses itself, so the default is
+    never the slower of flat SAP and Ulysses on a batch; the cost is a set of process groups per degree and one
+    plan per degree for every new layout (cached like any plan).
+
+    Args:
+        ulysses_size: the option (an int, ``"auto"``, ``"per_batch"`` or None). num_heads: query heads, or None.
+        sp_size: P (a group of one rank has one degree: ``"auto"``).
+
+    Returns:
+        An int, ``"auto"`` or ``"per_batch"``.
+    """
+    if ulysses_size is not None:
+        return ulysses_size
+    chosen = "per_batch" if num_heads and sp_size > 1 else "auto"
+    if sp_size > 1:
+            logger.info("hf_hsap: ulysses_size not set: %r (%s)", chosen,
+                    f"the model has {num_heads} query heads" if num_heads else "the model's heads are unknown")
+    return chosen
+
+
 def ulysses_degrees(sp_size: int, gpus_per_node: int, num_heads: int | None) -> list[int]:
     """The Ulysses degrees ``ulysses_size="per_batch"`` builds groups for: every ``U`` that divides ``sp_size``
     and the query heads and keeps the all-to-all inside a node (divides ``gpus_per_node``), up to
@@ -201,7 +224,7 @@ def _gpus_per_node(world: int) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else world
 
 
-def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str = "auto", group: Any = None,
+def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str | None = None, group: Any = None,
                            timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
                            gpus_per_node: int | None = None, grad_comm_dtype: Any = None,
                            num_kv_heads: int | None = None) -> SPGroup:
@@ -217,11 +240,11 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
         sp_size: P, ranks sharing one packed batch, or an :class:`~hf_hsap.HSAPConfig` (then the other
             arguments are taken from it and must be left at their defaults).
         ulysses_size: U, the all-to-all degree inside each SP group (must divide ``sp_size``),
-            ``"auto"`` (default): :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads``
-            (1 when the SP group fits in one node, else Ulysses inside each node and SAP between), or
-            ``"per_batch"``: groups for every degree of :func:`ulysses_degrees` (``num_heads`` needed), each
-            batch planned for the fastest by the cost model (``SPGroup.degrees``, :func:`hf_hsap.sp_plan.plan_per_batch`); the
-            returned group is the ``"auto"`` degree's.
+            ``"auto"``: :func:`auto_ulysses_size` with ``gpus_per_node`` and ``num_heads`` (1 when the SP group
+            fits in one node, else Ulysses inside each node and SAP between), or ``"per_batch"``: groups for
+            every degree of :func:`ulysses_degrees` (``num_heads`` needed), each batch planned for the fastest by
+            the cost model (``SPGroup.degrees``, :func:`hf_hsap.sp_plan.plan_per_batch`); the returned group is
+            the ``"auto"`` degree's. ``None`` (default): :func:`resolve_ulysses_size`.
         group: must be ``None`` or span the whole world (the mesh is built over the world).
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.
@@ -246,7 +269,7 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
     """
     if isinstance(sp_size, HSAPConfig):
         config = sp_size
-        extra = {k: v for k, v, d in (("ulysses_size", ulysses_size, "auto"), ("group", group, None),
+        extra = {k: v for k, v, d in (("ulysses_size", ulysses_size, None), ("group", group, None),
                                        ("timeout_s", timeout_s, DEFAULT_TIMEOUT_S), ("gpus_per_node", gpus_per_node, None),
                                        ("grad_comm_dtype", grad_comm_dtype, None)) if v != d}
         if extra:
@@ -261,7 +284,7 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
     heads = (num_heads, num_kv_heads) if num_heads else None
     world_now = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     gpus_per_node = config.gpus_per_node or _gpus_per_node(world_now)
-    ulysses_size = config.ulysses_size
+    ulysses_size = resolve_ulysses_size(config.ulysses_size, num_heads, sp_size)
     per_batch = ulysses_size == "per_batch"
     if per_batch:
         degrees = ulysses_degrees(sp_size, gpus_per_node, num_heads) if sp_size > 1 else [1]

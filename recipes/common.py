@@ -61,11 +61,11 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
     g.add_argument("--max_samples", type=int, default=None, help="use only the first N examples of the dataset")
     g.add_argument("--max_length", type=int, default=default_max_length, help="tokens per packed row")
     g.add_argument("--sp_size", type=int, default=1, help="P: ranks sharing one packed batch (divides the world)")
-    g.add_argument("--ulysses_size", type=_ulysses_size, default="auto",
-                   help="U: all-to-all degree inside the SP group (divides P), or 'auto' (default: 1 when the "
-                        "SP group fits in one node, else the largest divisor of P that fits in a node and "
-                        "divides the model's heads), or 'per_batch' (every batch at the degree the cost model "
-                        "prices fastest)")
+    g.add_argument("--ulysses_size", type=_ulysses_size, default=None,
+                   help="U: all-to-all degree inside the SP group (divides P), or 'auto' (1 when the SP group "
+                        "fits in one node, else the largest divisor of P that fits in a node and divides the "
+                        "model's heads), or 'per_batch' (every batch at the degree the cost model prices "
+                        "fastest; the default, as the recipe knows the model's heads)")
     g.add_argument("--placement", default="auto", help="token placement: auto, balanced, contiguous or zigzag")
     g.add_argument("--rounds", default="auto", choices=["auto", "batched", "by_peer"],
                    help="how SAP's transfers are grouped in time (hf_hsap.plan_sequence rounds=)")

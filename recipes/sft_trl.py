@@ -59,7 +59,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--rows_per_step", type=int, default=8, help="packed rows in the global batch of one step")
     p.add_argument("--micro_batch_rows", type=int, default=1, help="packed rows per micro-batch")
     p.add_argument("--sp_size", type=int, default=1, help="alias of --hsap_sp_size")
-    p.add_argument("--ulysses_size", default="auto", help="alias of --hsap_ulysses_size")
+    p.add_argument("--ulysses_size", default=None,
+                   help="alias of --hsap_ulysses_size (default: per_batch, the model's heads being known)")
     p.add_argument("--eval_every", type=int, default=0, help="evaluate every N steps (0 = never)")
     p.add_argument("--save_every", type=int, default=0, help="save a checkpoint every N steps (0 = never)")
     p.add_argument("--resume_from_checkpoint", default=None,
@@ -173,7 +174,8 @@ def hsap_sft_argv(args: argparse.Namespace, rest: list[str], model: str, data: s
         "--lr_scheduler_kwargs", json.dumps({"min_lr_rate": 0.1}), "--warmup_steps", str(max(1, args.max_steps // 10)),
         "--weight_decay", "0.1", "--adam_beta2", "0.95", "--logging_steps", "1", "--report_to", "none",
         "--bf16", str(cuda), "--use_cpu", str(not cuda), "--dataloader_num_workers", "0",
-        "--hsap_sp_size", str(args.sp_size), "--hsap_ulysses_size", str(args.ulysses_size),
+        "--hsap_sp_size", str(args.sp_size),
+        *(["--hsap_ulysses_size", str(args.ulysses_size)] if args.ulysses_size is not None else []),
         *(["--assistant_only_loss", "true"] if chat else ["--completion_only_loss", "true"]),
         *(["--eval_strategy", "steps", "--eval_steps", str(args.eval_every)] if args.eval_every else []),
         *(["--save_strategy", "steps", "--save_steps", str(args.save_every)] if args.save_every

@@ -35,10 +35,11 @@ class HSAPArguments:
 
     hsap_sp_size: int = field(default=1, metadata={
         "help": "HSAP: ranks sharing one packed batch (sequence parallel size; divides the number of processes)"})
-    hsap_ulysses_size: str = field(default="auto", metadata={
+    hsap_ulysses_size: str | None = field(default=None, metadata={
         "help": "HSAP: Ulysses all-to-all degree inside the SP group (divides hsap_sp_size and the heads), "
                 "'auto' (1 inside one node, else Ulysses inside each node) or 'per_batch' (every batch at the degree "
-                "the cost model prices fastest within hsap_per_batch_memory_cap)"})
+                "the cost model prices fastest within hsap_per_batch_memory_cap); default: per_batch when the "
+                "model's heads are known (the trainers pass its config), else auto"})
     hsap_placement: str = field(default="auto", metadata={"help": f"HSAP: token placement, one of {PLACEMENTS}"})
     hsap_rounds: str = field(default="auto", metadata={"help": f"HSAP: SAP round order, one of {ROUNDS}"})
     hsap_recv_budget_tokens: int | None = field(default=None, metadata={

@@ -25,9 +25,12 @@ CASES = [  # (document lengths, cost fields, expected degree)
 ]
 
 
-def test_groups_of_every_degree(pools):
-    res = pools(4).run(describe_degrees, 4)
+@pytest.mark.parametrize("ulysses", ["per_batch", None])
+def test_groups_of_every_degree(pools, ulysses):
+    """A per_batch group, and the default when the model's heads are known (the same groups)."""
+    res = pools(4).run(describe_degrees, 4, ulysses)
     for r in res:
+        assert r["mode"] == "per_batch"
         g = r["rank"]
         assert sorted(r["degrees"]) == [1, 2, 4]
         assert r["default"] == 1  # "auto"'s degree (the group fits in one node): flat SAP

@@ -22,7 +22,7 @@ MODEL_CONFIG = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2, hid
 # ------------------------------------------------------------------------------------------- HSAPConfig
 def test_defaults() -> None:
     cfg = HSAPConfig()
-    assert (cfg.sp_size, cfg.ulysses_size, cfg.placement, cfg.rounds) == (1, "auto", "auto", "auto")
+    assert (cfg.sp_size, cfg.ulysses_size, cfg.placement, cfg.rounds) == (1, None, "auto", "auto")
     assert cfg.recv_budget_tokens is None and cfg.grad_comm_dtype is None and cfg.gpus_per_node is None
     assert cfg.token_slack == DEFAULT_TOKEN_SLACK and cfg.timeout_s == DEFAULT_TIMEOUT_S
     assert cfg.cost_model is None and cfg.model_config is None and cfg.num_heads is None
@@ -177,7 +177,7 @@ def test_training_arguments_from_the_command_line(tmp_path) -> None:
     assert cfg.model_config is MODEL_CONFIG and cfg.num_heads == 8
     assert cfg.cost_for("network") == CostModel.from_config(MODEL_CONFIG, "network", detect_hardware())
     (plain,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(_common(tmp_path))
-    assert plain.hsap_config().sp_size == 1 and plain.hsap_config().ulysses_size == "auto"
+    assert plain.hsap_config().sp_size == 1 and plain.hsap_config().ulysses_size is None
     (per_batch,) = HfArgumentParser(HSAPTrainingArguments).parse_args_into_dataclasses(
         _common(tmp_path) + ["--hsap_sp_size", "4", "--hsap_ulysses_size", "per_batch"])
     assert per_batch.hsap_config(MODEL_CONFIG).ulysses_size == "per_batch"
@@ -315,3 +315,19 @@ def test_placements_and_rounds_lists() -> None:
 def test_every_bad_value_is_a_value_error_naming_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"HSAPConfig.{field}="):
         HSAPConfig(**{field: value})
+
+
+def test_the_default_degree_is_per_batch_when_the_heads_are_known(caplog) -> None:
+    """ulysses_size unset: per_batch when the query heads are known and the group has several ranks (logged), else
+    auto; a degree the user gave is kept as given."""
+    import logging
+
+    from hf_hsap.topology import resolve_ulysses_size
+
+    with caplog.at_level(logging.INFO, logger="hf_hsap"):
+        assert resolve_ulysses_size(None, 32, 8) == "per_batch"
+    assert "per_batch" in caplog.text and "32 query heads" in caplog.text
+    assert resolve_ulysses_size(None, None, 8) == "auto"
+    assert resolve_ulysses_size(None, 32, 1) == "auto"
+    for given in (1, 4, "auto", "per_batch"):
+        assert resolve_ulysses_size(given, 32, 8) == given

@@ -55,7 +55,7 @@ def mesh_from_config(timeout_s: float) -> dict[str, Any]:
             "config_is_hsap": isinstance(sp.config, hf_hsap.HSAPConfig),
             "ulysses": sp.config.ulysses_size, "ulysses_is_int": type(sp.config.ulysses_size) is int,
             "group_ulysses": sp.ulysses_size, "config_timeout": sp.config.timeout_s,
-            "config_sp_size": sp.config.sp_size, "caller_config_unchanged": cfg.ulysses_size == "auto",
+            "config_sp_size": sp.config.sp_size, "caller_config_unchanged": cfg.ulysses_size is None,
             # the timeout the SP communicator really got (gloo backend options)
             "group_timeout_s": sp.group._get_backend(torch.device("cpu")).options._timeout.total_seconds()}
 

@@ -20,7 +20,7 @@ PER_BATCH_HEADS = 8  # the heads a "per_batch" group's degrees divide (every tes
 def get_sp(sp_size: int, ulysses: int | str) -> hf_hsap.SPGroup:
     key = (sp_size, ulysses)
     if key not in _GROUPS:
-        if ulysses == "per_batch":  # the fastest degree by time alone (the cap: test_degree_memory_measured.py)
+        if ulysses in ("per_batch", None):  # the fastest degree by time alone (the cap: test_degree_memory_measured.py)
             config = hf_hsap.HSAPConfig(sp_size=sp_size, ulysses_size=ulysses, per_batch_memory_cap=False)
             _GROUPS[key] = hf_hsap.init_sequence_parallel(config, num_heads=PER_BATCH_HEADS)
         else:
@@ -168,15 +168,17 @@ def heads_not_divisible() -> str:
     return "no error"
 
 
-def describe_degrees(sp_size: int) -> dict:
-    """The groups of every degree of a ``ulysses_size="per_batch"`` group on this rank."""
-    sp = get_sp(sp_size, "per_batch")
+def describe_degrees(sp_size: int, ulysses: str | None = "per_batch") -> dict:
+    """The groups of every degree of a ``ulysses_size="per_batch"`` group on this rank (``ulysses=None``: the
+    default, the query heads given)."""
+    sp = get_sp(sp_size, ulysses)
     ranks = lambda g: None if g is None else dist.get_process_group_ranks(g)  # noqa: E731
     degrees = {u: {"intra": ranks(g.intra_group), "inter": ranks(g.inter_group), "sp": ranks(g.group)}
                for u, g in sp.degrees.items()}
     shared = all(g.group is sp.group and g.plan_cache is sp.plan_cache and g.comm_stats is sp.comm_stats
                  and g.rank == sp.rank and g.ulysses_size == u for u, g in sp.degrees.items())
-    return {"rank": dist.get_rank(), "degrees": degrees, "default": sp.ulysses_size, "shared": shared}
+    return {"rank": dist.get_rank(), "degrees": degrees, "default": sp.ulysses_size, "shared": shared,
+            "mode": sp.config.ulysses_size}
 
 
 def per_batch_without_heads() -> str:
