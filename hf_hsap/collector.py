@@ -4,10 +4,10 @@ package itself stays free of process-wide state).
 A plan allocates thousands of lists and tuples in its greedy passes, refinements and searches (plain Python
 scalars: :mod:`.balanced`, :mod:`.density`, :mod:`.refine`, :mod:`.cutting`) and keeps many of them until it
 returns, so the collector's youngest generation fills during every plan; each collection then walks every young
-list element by element: on the planning benchmark's 2,000-document row at P = 64 about one collection per plan,
-a few per cent of its time. The planner makes no reference cycles (a test holds it to that), and
-reference counting frees what it drops, so nothing is lost by pausing the collector while it plans, and a paused
-plan triggers no collection when it ends either (what it leaves alive is its plan). No library offers this (it is the
+list element by element, a cost that grows with the plan and frees nothing (see BENCHMARKS.md, planning time).
+The planner makes no reference cycles (a test holds it to that), and reference counting frees what it drops, so
+nothing is lost by pausing the collector while it plans, and a paused plan triggers no collection when it ends
+either (what it leaves alive is its plan). No library offers this (it is the
 standard library's ``gc.disable`` / ``gc.enable``, restored exactly).
 """
 from __future__ import annotations

@@ -13,27 +13,24 @@ Where the figures come from (vendor datasheets, per GPU):
   H100 SXM 989 TFLOP/s (NVIDIA A100 / H100 datasheets); H200, H800 and GH200 have the H100's Hopper
   compute. B200 2.25 and GB200 2.5 PFLOP/s (NVIDIA DGX B200 / GB200 NVL72 datasheets: half the
   sparse figure). L40S 362, L4 121, A10G 70, RTX 4090 165, RTX 3090 71, V100 125 (fp16; V100 has no
-  bf16), MI300X 1307 TFLOP/s (AMD datasheet): the MFU table the recipes had; L40 181 TFLOP/s (NVIDIA
-  L40 datasheet), which the recipes' first-match lookup took for an L4.
+  bf16), MI300X 1307 TFLOP/s (AMD datasheet), L40 181 TFLOP/s (NVIDIA L40 datasheet); an L40 is its own
+  kind, not an L4 (the longest name that matches wins).
 * ``nvlink_bytes_per_s``: per GPU, per direction = half the datasheet's bidirectional NVLink figure:
   A100 600 GB/s -> 300e9, H100 900 GB/s -> 450e9, B200 / GB200 (NVLink 5) 1.8 TB/s -> 900e9.
 * ``network_bytes_per_s``: one InfiniBand NIC per GPU, per direction, as in the DGX reference nodes:
   A100 HDR 200 Gb/s -> 25e9; H100, B200, GB200 NDR / ConnectX-7 400 Gb/s -> 50e9.
 
-Disagreements of the former four tables, resolved here (one value each):
+Kinds and name variants (one value each, for every user of the table):
 
-* B200 / GB200: the planner priced them as an H100 (989 TFLOP/s, 450 GB/s NVLink), the calibration
-  script did not know them, the recipes used 2.25 / 2.5 PFLOP/s. They are now kinds of their own with
-  the Blackwell figures above, so the planner on a B200 weighs its faster compute and NVLink.
-* H200, H800, GH200: priced as an ``"H100"`` everywhere (same compute and, except the export-limited
-  H800 NVLink, same links): they stay name variants of the ``"H100"`` kind. H100 PCIe (756 TFLOP/s)
-  is also matched as an H100 SXM, as before.
-* A800: the recipes counted it as an A100 (312 TFLOP/s), the calibration script did not know it: a
-  name variant of ``"A100"``.
+* B200 / GB200: kinds of their own with the Blackwell figures above, so the planner on a B200 weighs its
+  faster compute and NVLink.
+* H200, H800, GH200: name variants of the ``"H100"`` kind (same compute and, except the export-limited
+  H800 NVLink, same links). An H100 PCIe (756 TFLOP/s) is matched as an H100 SXM too.
+* A800: a name variant of ``"A100"``.
 
 Only kinds with both link figures can price a plan (:func:`cost_model_kinds`: ``"A100"``, ``"H100"``,
-``"B200"``, ``"GB200"``); ``"A100"`` and ``"H100"`` keep exactly the numbers the cost model always had.
-Every other GPU, and a process without one, is priced as :data:`DEFAULT_HARDWARE` (``"A100"``).
+``"B200"``, ``"GB200"``). Every other GPU, and a process without one, is priced as
+:data:`DEFAULT_HARDWARE` (``"A100"``).
 """
 from __future__ import annotations
 

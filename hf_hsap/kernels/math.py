@@ -26,8 +26,8 @@ def _block_rows(lq: int, lk: int, hq: int, causal: bool, window_left: int | None
     """Query rows per block so that ``hq * rows * keys <= budget`` (at least 1 row).
 
     A block of ``r`` rows sees ``lk`` keys, or ``r + window_left`` under a causal window; there blocks of
-    about ``max(64, window_left + 1)`` rows compute at most about twice the visible pairs (64 rows: few
-    enough calls; measured on CPU, 32 to 64 rows are the fastest for windows below 64 keys)."""
+    about ``max(64, window_left + 1)`` rows compute at most about twice the visible pairs; the floor of 64 rows
+    keeps the number of calls small for narrow windows."""
     per_row = max(1, budget // max(hq, 1))  # scores per head-row budget: rows * keys <= per_row
     if causal and window_left is not None:
         c = window_left + 1  # r * (r + c) <= per_row
