@@ -5,10 +5,10 @@ Takes the :class:`~benchmarks.traffic.LayoutResult` of the traffic grid (the exa
 topology of ``n`` nodes uses the layouts with ``P = 8 n``. Figures are medians over seeds; ratios are
 ratios of those medians.
 
-Names in the rows: ``hsap`` is hf_hsap's default (``ulysses_size="auto"``: ``U = 1`` on one node,
-``U = 8`` across nodes; placement and rounds ``auto``); ``hsap_batched`` the same in one batched round;
+Names in the rows: ``hsap`` is ``ulysses_size="auto"`` (``U = 1`` on one node, ``U = 8`` across nodes; placement
+and rounds ``auto``; the default when the model's heads are unknown); ``hsap_batched`` the same in one batched round;
 ``hsap_U1`` flat SAP over every GPU; ``hsap_bestU`` the best of ``U`` ∈ {1, 2, 4, 8} with placement
-``auto`` (an oracle choice of ``U`` per layout); ``usp_best`` / ``te_a2a_p2p_best`` the best ``U`` of
+``auto`` (a choice of ``U`` per layout, as the default ``"per_batch"`` makes with the heads known); ``usp_best`` / ``te_a2a_p2p_best`` the best ``U`` of
 those families.
 """
 from __future__ import annotations

@@ -161,9 +161,10 @@ def _assumptions(res: dict) -> str:
         "defaults to the inputs' dtype; `torch.float32` doubles that term).",
         "- hf_hsap rows come from the real plans (`plan_sequence(..., placement, ulysses_size=U, rounds=...)`), each "
         "model planned with its own `CostModel.from_config` for the row's GPU (A100 or H100) as the trainers do, KV "
-        "priced at NVLink speed when the SP group fits in one node; the traffic tables show the A100 plans; `hsap` is the default (`ulysses_size=\"auto\"`: U = 1 on one node, U = 8 "
-        "across nodes; rounds `auto`), `hsap_batched` the same in one batched round, `hsap_U1` flat SAP, "
-        "`hsap_bestU` the best of U ∈ {1, 2, 4, 8}.",
+        "priced at NVLink speed when the SP group fits in one node; the traffic tables show the A100 plans; `hsap` is `ulysses_size=\"auto\"` (U = 1 on one node, U = 8 "
+        "across nodes; rounds `auto`; the default when the model's heads are unknown), `hsap_batched` the same in one "
+        "batched round, `hsap_U1` flat SAP, `hsap_bestU` the best of U ∈ {1, 2, 4, 8} (what the default, "
+        "`\"per_batch\"` with the heads known, chooses per batch, up to its memory cap).",
     ]
     return "\n".join(lines)
 

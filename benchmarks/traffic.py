@@ -1,7 +1,7 @@
 """Exact traffic and balance of hf_hsap's plans beside every scheme of :mod:`benchmarks.schemes` (no clock).
 
 For every layout of the spec (distribution × ``T`` × ``P`` × seed) this module plans the row with
-hf_hsap (the defaults: ``ulysses_size="auto"``, placement ``auto``, rounds ``auto``; the same with one
+hf_hsap (``ulysses_size="auto"``, placement ``auto``, rounds ``auto``; the same with one
 batched round; flat ``U = 1`` with placement ``auto``, ``balanced`` and ``contiguous``; and ``U`` ∈
 {2, 4, 8} with placement ``auto``), as on nodes of 8 GPUs, turns each plan into a :class:`~benchmarks.schemes.SchemeStats` and puts it beside
 the baselines of :func:`benchmarks.schemes.all_schemes`, for both model shapes of the spec. The same
