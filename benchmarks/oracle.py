@@ -39,7 +39,7 @@ def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Pla
     starts = [zigzag(layout, n_parts)] if 2 * n_parts * layout.n_docs <= ZIGZAG_START_SEGMENTS else []
     starts += [balanced(layout, n_parts, token_slack),
               density(layout, n_parts, cost.token_cost, token_slack),
-              density(layout, n_parts, cost.token_cost, token_slack, spread="all"), contiguous(layout, n_parts)]
+              contiguous(layout, n_parts)]
     starts += [start] if start is not None else []
     found = [polish(layout, n_parts, cost, s, token_slack, max_moves, max_rows=math.inf) for s in starts]
     return min(found, key=lambda f: f[0])[1]

@@ -1,8 +1,7 @@
 """``auto``'s candidate placements, each priced by the cost model; the cheapest starts the search (:mod:`.search`).
 
 ``balanced`` at small token slacks (each at most ``token_slack``) and at ``token_slack``, token-neutral and priced;
-``density`` (every document over as many parts as its pairs need, or 0.6 of a share, at the two largest slacks; its
-heaviest over all parts at ``token_slack``); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
+``density`` (every document over as many parts as its pairs need, at the two largest slacks); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
 equal estimated cost. Small slacks pay because tokens cost every linear layer. A greedy pass bounds its candidates'
 time from below (:meth:`.greedy.Greedy.floor`), and ``contiguous`` and ``zigzag`` have closed-form bounds: on full
 attention a candidate that cannot beat the best so far is never built.
@@ -15,17 +14,16 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .balanced import balanced_greedies
 from .cost import contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
-from .density import density_figures, density_greedies
+from .density import density_greedies
 from .placement import Placement, contiguous, zigzag
 from .windows import weighted_contiguous, window_transfers
 
 if TYPE_CHECKING:
     from .search import Option, Search
 
-__all__ = ["AUTO_TOKEN_SLACKS", "DENSITY_VARIANTS", "cheapest_candidate"]
+__all__ = ["AUTO_TOKEN_SLACKS", "cheapest_candidate"]
 
 AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates' slacks (capped by token_slack; token_slack is added)
-DENSITY_VARIANTS = (("fit", 1.0), ("fit", 0.6), ("all", 1.0))  # (spread, work_share) of the density candidates
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
 FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
 Candidate = tuple[float, Callable[[], Placement]]  # (lower bound of its time on one full layer, builder)
@@ -43,14 +41,7 @@ def cheapest_candidate(s: Search) -> Option:
     layout, n_parts, tc = s.layout, s.n_parts, s.cost.token_cost
     slacks = sorted({min(x, s.token_slack) for x in AUTO_TOKEN_SLACKS} | {s.token_slack})
     greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
-    fig = density_figures(layout, tc)  # shared by the variants
-    dense = {}
-    for spread, share in DENSITY_VARIANTS:
-        eps = slacks[-2:] if spread == "fit" else slacks[-1:]
-        passes = density_greedies(layout, n_parts, tc, eps, spread=spread, work_share=share, figures=fig)
-        dense.update({(e, spread, share): g for e, g in zip(eps, passes)})
-    greedy += [(dense[e, spread, share], tc)  # in the order the candidates were first listed (ties: the first)
-               for e in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or e == slacks[-1]]
+    greedy += [(g, tc) for g in density_greedies(layout, n_parts, tc, slacks[-2:])]
     kv = 0.0 if not s.full else s.cost.kv_token_cost  # the bounds prune full layers only
     cands: list[Candidate] = [(g.floor(tc, kv), functools.partial(g.placement, c)) for g, c in greedy]
     cands.append((contiguous_time_bound(layout, n_parts, s.cost) if s.full else 0.0,

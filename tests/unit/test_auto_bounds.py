@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from helpers import ci_examples, cu_of
 from hf_hsap.plan.balanced import balanced_greedies, balanced_greedy, balanced_variants
 from hf_hsap.plan.cost import CostModel, step_time
-from hf_hsap.plan.density import density, density_figures, density_greedies, density_greedy
+from hf_hsap.plan.density import DensityFigures, density, density_greedies, density_greedy
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import contiguous
-from hf_hsap.plan.candidates import AUTO_TOKEN_SLACKS, DENSITY_VARIANTS, cheapest_candidate
+from hf_hsap.plan.candidates import AUTO_TOKEN_SLACKS, cheapest_candidate
 from hf_hsap.plan.search import Search
 from hf_hsap.plan.windows import window_transfers
 
@@ -21,15 +21,14 @@ LENGTHS = st.lists(st.one_of(st.integers(1, 200), st.integers(500, 4000)), min_s
 
 
 @settings(max_examples=ci_examples(40))
-@given(lengths=LENGTHS, P=st.integers(2, 12), slack=st.sampled_from([0.0, 0.01, 0.03, 0.1]),
-       spread=st.sampled_from(["fit", "all"]), share=st.sampled_from([0.6, 1.0]))
-def test_the_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, spread, share):
+@given(lengths=LENGTHS, P=st.integers(2, 12), slack=st.sampled_from([0.0, 0.01, 0.03, 0.1]))
+def test_the_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack):
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
     tc = CostModel.default().token_cost
     passes = [(balanced_greedy(layout, P, slack), (tc, None)),
-              (density_greedy(layout, P, tc, slack, spread=spread, work_share=share), (tc,))]
+              (density_greedy(layout, P, tc, slack), (tc,))]
     for g, costs in passes:
         floor = g.floor(tc)
         for c in costs:
@@ -55,12 +54,11 @@ def _assert_floor_preconditions(g):
 
 @settings(max_examples=ci_examples(60))
 @given(lengths=LENGTHS, P=st.integers(2, 24), slack=st.sampled_from([0.0, 0.01, 0.1]),
-       spread=st.sampled_from(["fit", "all"]), share=st.sampled_from([0.6, 1.0]),
        link=st.sampled_from(["nvlink", "network"]), diag=st.sampled_from([0.0, 64.0]),
        overlap=st.sampled_from([0.0, 0.5, 1.0]), kv_scale=st.sampled_from([1.0, 30.0]),
        tc_scale=st.sampled_from([1.0, 0.01]))
-def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, spread, share, link, diag,
-                                                                        overlap, kv_scale, tc_scale):
+def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, P, slack, link, diag, overlap,
+                                                                        kv_scale, tc_scale):
     """Every part's floor (not only the largest) holds for every refinement of balanced passes (alone and shared over
     slacks, as auto builds them) and density passes, at prices where a received token is cheaper or dearer than a
     held one."""
@@ -75,7 +73,7 @@ def test_the_transfer_floor_of_a_greedy_pass_holds_for_its_refinements(lengths, 
                      diag_block=diag, overlap=overlap)
     tc, kv = cost.token_cost, cost.kv_token_cost
     passes = [*balanced_greedies(layout, P, sorted({0.01, 0.03, slack})), balanced_greedy(layout, P, slack),
-              density_greedy(layout, P, tc, slack, spread=spread, work_share=share)]
+              density_greedy(layout, P, tc, slack)]
     for g in passes:
         _assert_floor_preconditions(g)
         floor = g.floor(tc, kv)
@@ -98,7 +96,7 @@ def test_the_transfer_floor_sees_a_document_spread_over_every_part():
     layout = make_layout(cu_of([40000] + [100] * 880))
     cost = CostModel.for_link("network")
     tc, kv = cost.token_cost, cost.kv_token_cost
-    g = density_greedy(layout, 64, tc, 0.1, spread="all", work_share=1.0)
+    g = density_greedy(layout, 64, tc, 0.1)
     assert len({p for p, d in zip(g.seg_part, g.seg_doc) if d == 0}) == 64  # the long document is over every part
     whole = g.floor(tc)
     bound = transfer_floor(g, tc, kv)
@@ -143,8 +141,7 @@ def _auto_by_pricing_everything(layout, P, token_slack, cost):
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
     cands = [c for eps in slacks for c in balanced_variants(layout, P, (tc, None), eps)]
-    cands += [density(layout, P, tc, eps, spread=spread, work_share=share)
-              for eps in slacks[-2:] for spread, share in DENSITY_VARIANTS if spread == "fit" or eps == slacks[-1]]
+    cands += [density(layout, P, tc, eps) for eps in slacks[-2:]]
     cands.append(contiguous(layout, P))
     cands = [c for c in cands if c.tokens_per_part().min() >= 1]  # every part holds a token
     times = [step_time(layout, c, {None: window_transfers(c, layout, None)}, {None: 1}, cost) for c in cands]
@@ -175,17 +172,14 @@ def test_skipping_by_the_floor_never_changes_the_choice(lengths, P, link, token_
 
 
 @settings(max_examples=ci_examples(40))
-@given(lengths=LENGTHS, P=st.integers(2, 12), spread=st.sampled_from(["fit", "all"]),
-       share=st.sampled_from([0.6, 1.0]), slacks=st.sampled_from([(0.0, 0.03), (0.01, 0.03, 0.1), (0.03, 0.1)]))
-def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, spread, share, slacks):
+@given(lengths=LENGTHS, P=st.integers(2, 12), slacks=st.sampled_from([(0.0, 0.03), (0.01, 0.03, 0.1), (0.03, 0.1)]))
+def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, slacks):
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
     tc = CostModel.default().token_cost
-    figures = density_figures(layout, tc)  # as auto shares them between its variants
-    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, spread=spread, work_share=share,
-                                                    figures=figures)):
-        alone = density_greedy(layout, P, tc, eps, spread=spread, work_share=share)
+    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, figures=DensityFigures(layout, tc))):
+        alone = density_greedy(layout, P, tc, eps)
         assert shared == alone  # every field: segments, whole documents, figures, cap
         # refined in slack order, as auto does: a larger cap's refinement may be the smaller one's, reused
         a, b = shared.placement(tc), alone.placement(tc)

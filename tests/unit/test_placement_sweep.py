@@ -79,13 +79,12 @@ def test_auto_is_never_worse_with_windowed_layers(lengths, P, W, full):
 
 
 @settings(max_examples=ci_examples(60))
-@given(lengths=layouts(), P=st.integers(1, 16), spread=st.sampled_from(["fit", "all"]),
-       share=st.sampled_from([1.0, 0.6]), slack=st.sampled_from([0.0, 0.03, 0.10]))
-def test_density_is_a_placement_within_the_token_cap(lengths, P, spread, share, slack):
+@given(lengths=layouts(), P=st.integers(1, 16), slack=st.sampled_from([0.0, 0.03, 0.10]))
+def test_density_is_a_placement_within_the_token_cap(lengths, P, slack):
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
         return
-    pl = density(layout, P, CostModel.nvlink().token_cost, slack, spread=spread, work_share=share)
+    pl = density(layout, P, CostModel.nvlink().token_cost, slack)
     assert_covers_once(layout, pl)
     assert pl.tokens_per_part().max() <= math.ceil(layout.total_tokens / P) * (1 + slack)
 
@@ -377,7 +376,7 @@ def test_split_shares_keep_the_token_cap_on_tiny_rows(lengths, P):
     layout = make_layout(cu_of(lengths))
     for eps in (0.0, 0.01, 0.1):
         cap = math.ceil(layout.total_tokens / P) * (1 + eps)
-        for pl in (balanced(layout, P, eps), density(layout, P, 0.0, eps), density(layout, P, 0.0, eps, spread="all")):
+        for pl in (balanced(layout, P, eps), density(layout, P, 0.0, eps), density(layout, P, 1e3, eps)):
             assert_covers_once(layout, pl)
             assert pl.tokens_per_part().max() <= cap, (pl.name, eps)
 
@@ -392,5 +391,5 @@ def test_balanced_and_density_never_exceed_the_token_cap(lengths, P, eps):
     if layout.total_tokens < P:
         return
     cap = math.ceil(layout.total_tokens / P) * (1 + eps)
-    for pl in (balanced(layout, P, eps), density(layout, P, 0.0, eps), density(layout, P, 1e3, eps, spread="all")):
+    for pl in (balanced(layout, P, eps), density(layout, P, 0.0, eps), density(layout, P, 1e3, eps)):
         assert pl.tokens_per_part().max() <= cap, (pl.name, eps)
