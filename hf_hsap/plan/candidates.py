@@ -1,19 +1,18 @@
 """``auto``'s candidate placements, each priced by the cost model; the cheapest starts the search (:mod:`.search`).
 
 ``balanced`` at small token slacks (each at most ``token_slack``) and at ``token_slack``, token-neutral and priced;
-``density`` (every document over as many parts as its pairs need, at the two largest slacks); ``contiguous``; ``zigzag``; with windowed layers, contiguous cuts at
-equal estimated cost. Small slacks pay because tokens cost every linear layer. A greedy pass bounds its candidates'
-time from below (:meth:`.greedy.Greedy.floor`), and ``contiguous`` and ``zigzag`` have closed-form bounds: on full
-attention a candidate that cannot beat the best so far is never built.
+``density`` at the two largest slacks; ``contiguous``; ``zigzag`` (priced in closed form on full attention, built
+only if it wins: its transfers grow as documents x parts squared); with windowed layers, contiguous cuts at equal
+estimated cost. Small slacks pay because tokens cost every linear layer.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 from .balanced import balanced_greedies
-from .cost import contiguous_time_bound, step_time, zigzag_part_times, zigzag_time_bound
+from .cost import step_time, zigzag_part_times, zigzag_time_bound
 from .density import density_greedies
 from .placement import Placement, contiguous, zigzag
 from .windows import weighted_contiguous, window_transfers
@@ -25,8 +24,6 @@ __all__ = ["AUTO_TOKEN_SLACKS", "cheapest_candidate"]
 
 AUTO_TOKEN_SLACKS = (0.01, 0.03)  # the balanced candidates' slacks (capped by token_slack; token_slack is added)
 ZIGZAG_WINDOWED_SEGMENTS = 65536  # with windowed layers zigzag is priced by building it, up to this many segments
-FLOOR_MARGIN = 1e-9  # a candidate is skipped when its lower bound exceeds the best time by this relative margin
-Candidate = tuple[float, Callable[[], Placement]]  # (lower bound of its time on one full layer, builder)
 
 
 def cheapest_candidate(s: Search) -> Option:
@@ -42,33 +39,25 @@ def cheapest_candidate(s: Search) -> Option:
     slacks = sorted({min(x, s.token_slack) for x in AUTO_TOKEN_SLACKS} | {s.token_slack})
     greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
     greedy += [(g, tc) for g in density_greedies(layout, n_parts, tc, slacks[-2:])]
-    kv = 0.0 if not s.full else s.cost.kv_token_cost  # the bounds prune full layers only
-    cands: list[Candidate] = [(g.floor(tc, kv), functools.partial(g.placement, c)) for g, c in greedy]
-    cands.append((contiguous_time_bound(layout, n_parts, s.cost) if s.full else 0.0,
-                  functools.partial(contiguous, layout, n_parts)))
+    cands: list[Callable[[], Placement]] = [functools.partial(g.placement, c) for g, c in greedy]
+    cands.append(functools.partial(contiguous, layout, n_parts))
     if not s.full:  # contiguous cuts at equal estimated cost, within the small slacks' cap
         eps = min(AUTO_TOKEN_SLACKS[-1], s.token_slack)
         cap = int(math.ceil(layout.total_tokens / n_parts * (1 + eps)))
-        cands.append((0.0, functools.partial(weighted_contiguous, layout, n_parts, s.layers, tc, cap, s.min_tokens)))
+        cands.append(functools.partial(weighted_contiguous, layout, n_parts, s.layers, tc, cap, s.min_tokens))
     best = _cheapest(s, cands)
     return _zigzag_if_cheaper(s, best) or best
 
 
-def _cheapest(s: Search, cands: Sequence[Candidate]) -> Option:
-    """The cheapest candidate (the first of equals), built and priced in the order of their bounds; on full
-    attention one whose bound is above the best time so far is never built, and full layers are priced from the
-    segments (:func:`.cost.part_times`), only the winner's transfers built. A candidate that leaves a part below
+def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
+    """The cheapest candidate (the first of equals). Full layers are priced from the segments
+    (:func:`.cost.part_times`), only the winner's transfers built; a candidate that leaves a part below
     ``s.min_tokens`` tokens is dropped."""
     from .search import Option
 
-    n_full = sum(s.layers.values())
-    best: tuple[float, int] = (math.inf, len(cands))
-    out = None
+    best, out = math.inf, None
     built: list[Placement] = []
-    for i in sorted(range(len(cands)), key=lambda j: cands[j][0]):
-        bound, build = cands[i]
-        if s.full and n_full * bound > best[0] * (1 + FLOOR_MARGIN):
-            break  # so are the bounds of the rest
+    for build in cands:
         pl = build()
         if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
             continue
@@ -77,20 +66,20 @@ def _cheapest(s: Search, cands: Sequence[Candidate]) -> Option:
             continue
         tr = {w: None if w is None else window_transfers(pl, s.layout, w) for w in s.layers}
         t = step_time(s.layout, pl, tr, s.layers, s.cost)
-        if (t, i) < best:
-            best, out = (t, i), (pl, tr)
+        if t < best:
+            best, out = t, (pl, tr)
     assert out is not None, "contiguous leaves every part a token when T >= P"
     pl, tr = out
-    return Option(pl, {w: window_transfers(pl, s.layout, w) if x is None else x for w, x in tr.items()}, best[0])
+    return Option(pl, {w: window_transfers(pl, s.layout, w) if x is None else x for w, x in tr.items()}, best)
 
 
 def _zigzag_if_cheaper(s: Search, best: Option) -> Option | None:
-    """``zigzag`` priced, if its step time is below ``best``'s, else None. Built only past its closed-form bounds
+    """``zigzag`` priced, if its step time is below ``best``'s, else None. Built only past its closed-form price
     (full attention), or when small enough to price by building (windowed layers)."""
     from .search import Option
 
     layout, n_parts, cost = s.layout, s.n_parts, s.cost
-    bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None
+    bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None  # cheap, before the closed form
                      else cost.token_cost * math.floor(layout.total_tokens / n_parts)) for w, n in s.layers.items())
     if bound >= best.time or (s.full and s.layers[None] * float(zigzag_part_times(layout, n_parts, cost).max())
                               >= best.time):

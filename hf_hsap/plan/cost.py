@@ -238,19 +238,6 @@ def balance_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
     return float(cost.token_cost * layout.total_tokens + (lengths * (lengths + 1) // 2).sum()) / n_parts
 
 
-def contiguous_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
-    """A lower bound of the ``contiguous`` placement's slowest part time without building it: the largest
-    ``token_cost * tokens + work`` of a part, part ``p`` holding ``[p T // P, (p + 1) T // P)``."""
-    cu = layout.cu_seqlens
-    ends = np.arange(n_parts + 1, dtype=np.int64) * layout.total_tokens // n_parts
-    d = np.minimum(np.searchsorted(cu, ends, side="right") - 1, layout.n_docs - 1)  # the document of each end
-    lengths = np.diff(cu)
-    before = np.concatenate([[0], np.cumsum(lengths * (lengths + 1) // 2)])  # pairs of the documents before d
-    x = ends - cu[d]  # rows of document d before the end (its length at T)
-    pairs = before[d] + x * (x + 1) // 2
-    return float((cost.token_cost * np.diff(ends) + np.diff(pairs)).max())
-
-
 def zigzag_time_bound(layout: Layout, n_parts: int, cost: CostModel) -> float:
     """A lower bound of :func:`zigzag_part_times`' maximum in O(documents), so ``auto`` can skip zigzag on rows of
     many documents: the parts' mean ``token_cost * tokens + kv_token_cost * recv``, part ``i`` receiving at least

@@ -1,8 +1,7 @@
 """What a greedy placement (:mod:`.balanced`, :mod:`.density`) hands over before its refinement.
 
-``auto`` prices several greedy passes; keeping the state between a pass and :mod:`.refine` lets it bound a
-candidate's step time from below before paying for the refinement (:meth:`Greedy.floor`), and refine one pass
-several ways (:meth:`Greedy.placement`).
+``auto`` prices several greedy passes; keeping the state between a pass and :mod:`.refine` lets it refine one pass
+several ways (:meth:`Greedy.placement`) and share a pass between token caps where no cap decided anything.
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .placement import Placement, _finish
-from .refine import Sides, boundaries, boundary_sides, refine_floor, refine_moves
+from .refine import Sides, boundaries, boundary_sides, refine_moves
 
 
 @dataclass(frozen=True)
@@ -46,21 +45,6 @@ class Greedy:
     same_as: Greedy | None = field(default=None, compare=False, repr=False)
     whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
     cu_list: list[int] | None = field(default=None, compare=False, repr=False)
-
-    def floor(self, token_cost: float, kv_token_cost: float = 0.0) -> float:
-        """A lower bound, in pairs, of the slowest part's time on one full layer after any refinement: the largest
-        ``work + token_cost * tokens`` of a part (:func:`.refine.refine_floor`) and, with ``kv_token_cost`` (a
-        received KV token's price; 0: work alone), :func:`transfer_floor`."""
-        if self.same_as is not None:  # the same segments and figures: the same bound
-            return self.same_as.floor(token_cost, kv_token_cost)
-        floors = self._floors  # (auto asks once per refinement it lists)
-        key = (token_cost, kv_token_cost)
-        if key not in floors:
-            load = [w + token_cost * t for w, t in zip(self.wrk, self.tok)]
-            floors[key] = refine_floor(self.seg_part, self._boundaries, load)
-            if kv_token_cost > 0:
-                floors[key] = max(floors[key], transfer_floor(self, token_cost, kv_token_cost))
-        return floors[key]
 
     def placement(self, token_cost: float | None) -> Placement:
         """The refined placement (:meth:`refined`), named :attr:`name`."""
@@ -100,11 +84,6 @@ class Greedy:
         return self._by_segments[key], capped
 
     @functools.cached_property
-    def _floors(self) -> dict[tuple[float, float], float]:
-        """:meth:`floor`'s bounds so far, by (token cost, KV token cost)."""
-        return {}
-
-    @functools.cached_property
     def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
         """The refinements built so far, by token cost."""
         return {}
@@ -136,35 +115,6 @@ class Greedy:
         keep = part >= 0
         doc, part = doc[keep], part[keep]
         return doc, self.cu[doc], self.cu[doc + 1], part
-
-
-def transfer_floor(g: Greedy, token_cost: float, kv_token_cost: float) -> float:
-    """A lower bound, in pairs, of the slowest part's time after any refinement of ``g``: the largest of
-    :func:`part_transfer_floors`."""
-    return max(part_transfer_floors(g, token_cost, kv_token_cost))
-
-
-def part_transfer_floors(g: Greedy, token_cost: float, kv_token_cost: float) -> list[float]:
-    """``[P]`` lower bounds, in pairs, of every part's time after any refinement of ``g``, from the transfers none
-    avoids: ``token_cost * whole_tokens_p + min(token_cost, kv_token_cost) * sum of L over the split documents whose
-    last segment p holds``.
-
-    A refinement never changes a segment's part, empties a segment or moves a whole document (:mod:`.refine`), so
-    the holder of a split document's last segment keeps its ``o >= 1`` rows and receives the other ``L - o``; its
-    time is at least ``token_cost * tokens + kv_token_cost * recv`` at any overlap, and ``token_cost * o +
-    kv_token_cost * (L - o) >= min(token_cost, kv_token_cost) * L``.
-    """
-    whole = list(g.tok)  # [P] tokens of every part's whole documents: its tokens less its split segments'
-    for s, e, p in zip(g.seg_start, g.seg_end, g.seg_part):
-        whole[p] -= e - s
-    last = [0] * g.n_parts  # [P] rows of the split documents whose last segment each part holds
-    docs, cu = g.seg_doc, g.cu_list if g.cu_list is not None else g.cu.tolist()
-    # a document's segments are consecutive and in order: its last is followed by another document's (or none)
-    for d, after, p in zip(docs, docs[1:] + [-1], g.seg_part):
-        if d != after:
-            last[p] += cu[d + 1] - cu[d]
-    per_row = min(token_cost, kv_token_cost)
-    return [token_cost * w + per_row * x for w, x in zip(whole, last)]
 
 
 def _int64(values: list[int]) -> np.ndarray:

@@ -95,25 +95,6 @@ def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Side
     return by_part, {}
 
 
-def refine_floor(seg_part: list[int], bounds: list[int], load: list[float]) -> float:
-    """A lower bound of the largest ``load`` any refinement reaches: moves keep the total of every group of parts
-    joined by ``bounds``, so it is the largest group mean (a part without boundaries is a group alone)."""
-    comp = list(range(len(load)))  # every part's group; a merge relabels the smaller group
-    members = [[p] for p in range(len(load))]
-    for a in bounds:
-        x, y = comp[seg_part[a]], comp[seg_part[a + 1]]
-        if x != y:
-            if len(members[x]) < len(members[y]):
-                x, y = y, x
-            for p in members[y]:
-                comp[p] = x
-            members[x] += members[y]
-            members[y] = []
-            if len(members[x]) == len(load):  # one group holds every part
-                break
-    return max(sum([load[p] for p in m]) / len(m) for m in members if m)
-
-
 def _shift(a: int, left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:
     """Move ``x`` rows across boundary ``a``: from the left segment to the right one, or back."""
     d = -x if left_gives else x
