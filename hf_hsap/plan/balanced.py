@@ -6,7 +6,7 @@ within its token cap ``ceil(T/P) * (1 + token_slack)`` (activation memory) and w
 (time). Documents go longest first onto the least loaded parts; one that fits nowhere is cut contiguously over the
 parts with the most free tokens (only the work cap may be exceeded). :meth:`.greedy.Greedy.placement` then slides the
 boundaries of split documents (:mod:`.refine`). It runs on every batch, so the loop uses plain Python scalars and
-lists (numpy's per-call overhead would dominate), and several token slacks share one pass (:func:`balanced_greedies`).
+lists (numpy's per-call overhead would dominate).
 """
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ import heapq
 import math
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Sequence
-
 import numpy as np
 
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
-from .shares import cap_binds, choose
+from .shares import choose
 
 
 def _chunk_sizes(L: int, k: int, rot: int) -> tuple[list[int], int]:
@@ -62,51 +60,18 @@ def balanced(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SL
         token_cost: a token's price in pairs: the refinement evens out ``work + token_cost * tokens`` within the
             token cap; ``None``: it evens out the work at unchanged token counts.
     """
-    return balanced_variants(layout, n_parts, (token_cost,), token_slack, work_slack)[0]
-
-
-def balanced_variants(layout: Layout, n_parts: int, token_costs: Sequence[float | None],
-                      token_slack: float = DEFAULT_TOKEN_SLACK,
-                      work_slack: float = DEFAULT_WORK_SLACK) -> list[Placement]:
-    """:func:`balanced` for each of ``token_costs`` at the price of one greedy pass (only the refinement differs)."""
-    g = balanced_greedy(layout, n_parts, token_slack, work_slack)
-    return [g.placement(token_cost) for token_cost in token_costs]
+    return balanced_greedy(layout, n_parts, token_slack, work_slack).placement(token_cost)
 
 
 def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_TOKEN_SLACK,
                     work_slack: float = DEFAULT_WORK_SLACK) -> Greedy:
     """The greedy pass of :func:`balanced` (name ``"balanced"``); ``.placement(token_cost)`` refines it."""
-    return balanced_greedies(layout, n_parts, (token_slack,), work_slack)[0]
-
-
-def balanced_greedies(layout: Layout, n_parts: int, token_slacks: Sequence[float],
-                      work_slack: float = DEFAULT_WORK_SLACK) -> list[Greedy]:
-    """:func:`balanced_greedy` at each of ``token_slacks`` (any order), sharing the pass while their decisions agree.
-
-    The cap enters a decision only where a part's tokens near it. While every step's outcome is the same at the
-    smallest and the largest cap of a group (the tests are monotone in the cap, so the caps between agree), the group
-    runs one pass (:func:`_run`); where they part, the smallest cap goes on alone from a copy of the state. A pass
-    equal to one at a smaller slack is marked ``same_as``, so a refinement the cap did not shorten is built once.
-    """
     fig = _Figures(layout, n_parts, work_slack)
-    caps = [token_cap(layout.total_tokens, n_parts, eps) for eps in token_slacks]
-    out: dict[int, Greedy] = {}
-    # (pass so far, next document, its group: indices into caps, ascending cap); a work list, not a recursive
-    # closure, which would be a reference cycle left to the garbage collector
-    todo = [(_State.empty(n_parts, len(fig.docs)), 0, sorted(range(len(caps)), key=caps.__getitem__))]
-    while todo:
-        st, i, group = todo.pop()
-        i = _run(st, fig, i, caps[group[0]], caps[group[-1]])
-        if i < len(fig.docs):  # the group's caps part at document i: the smallest goes on alone
-            todo += [(st, i, group[1:]), (st.copy(), i, group[:1])]
-            continue
-        prev = None
-        for g in group:
-            out[g] = prev = Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end,
-                                   st.seg_part, fig.docs, st.whole_part, st.tok, st.wrk, caps[g],
-                                   max_moves=4 * n_parts, same_as=prev, whole_doc_ids=fig.order,
-                                   cu_list=fig.cu)
-    return [out[g] for g in range(len(caps))]
+    cap_t = token_cap(layout.total_tokens, n_parts, token_slack)
+    st = _State.empty(n_parts, len(fig.docs))
+    _run(st, fig, cap_t)
+    return Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end, st.seg_part, fig.docs,
+                  st.whole_part, st.tok, st.wrk, cap_t, max_moves=4 * n_parts, whole_doc_ids=fig.order, cu_list=fig.cu)
 
 
 class _Figures:
@@ -152,60 +117,37 @@ class _State:
         """Nothing placed yet."""
         return _State([0.0] * n_parts, [0.0] * n_parts, [0] * n_parts, [-1] * n_docs, [], [], [], [])
 
-    def copy(self) -> "_State":
-        """A copy to go on from (every list copied)."""
-        return _State(*(list(x) for x in (self.tok, self.wrk, self.recv, self.whole_part, self.seg_doc,
-                                          self.seg_start, self.seg_end, self.seg_part)), rot=self.rot)
 
-
-def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> int:
-    """Place documents ``i0, ...`` (placing order) into ``st`` alike at every token cap in ``[cap_lo, cap_hi]``,
-    stopping at the first step whose outcome may depend on the cap (with one cap: never).
-
-    Returns:
-        The next document to place: ``len(fig.docs)`` when done, else where the caps part.
-    """
+def _run(st: _State, fig: _Figures, cap_t: float) -> None:
+    """Place every document (placing order) into ``st`` within the token cap ``cap_t``."""
     P, cap_w, mean_t = fig.n_parts, fig.cap_w, fig.mean_t
     tok, wrk, whole_part = st.tok, st.wrk, st.whole_part
-    shared = cap_hi > cap_lo
     # every part's score, max(tok / cap_t, wrk / cap_w): least loaded first, ties by index (only the heap's
     # entries decide, not its layout, so it is rebuilt from the figures)
-    heap = [(max(t / cap_lo, w / cap_w), p) for p, (t, w) in enumerate(zip(tok, wrk))]
-    if shared and any(t / cap_lo > w / cap_w for t, w in zip(tok, wrk)):  # a token term leads: scores differ
-        return i0
+    heap = [(max(t / cap_t, w / cap_w), p) for p, (t, w) in enumerate(zip(tok, wrk))]
     heapq.heapify(heap)
     scores = [0.0] * P  # every part's score (current in the heap)
-    caps = (cap_lo, cap_w, mean_t)
+    caps = (cap_t, cap_w, mean_t)
     replace = heapq.heapreplace
-    n = len(fig.docs)
-    for i, L, w, rho in zip(range(i0, n), fig.lens[i0:], fig.works[i0:], fig.rhos[i0:]):
+    for i, L, w, rho in zip(range(len(fig.docs)), fig.lens, fig.works, fig.rhos):
         # the fast path: the least loaded part takes the document whole (.shares' test at k = 1, inlined; the
         # other tests are implied since rho * free, tok and wrk are >= 0)
         best = heap[0][1]
         t_0 = tok[best]
         t_b, w_b = t_0 + L, wrk[best] + w
         free = mean_t - t_0 - L
-        fits = w_b + rho * (free if free > 0.0 else 0.0) <= cap_w
-        if fits and t_b <= cap_lo:
+        if w_b + rho * (free if free > 0.0 else 0.0) <= cap_w and t_b <= cap_t:
             tok[best], wrk[best], whole_part[i] = t_b, w_b, best
-            s_t, s_w = t_b / cap_lo, w_b / cap_w
-            if s_t > s_w and shared:  # its token term leads: its score differs between the caps
-                return i + 1
+            s_t, s_w = t_b / cap_t, w_b / cap_w
             replace(heap, (s_t if s_t >= s_w else s_w, best))
             continue
-        if shared and fits and t_b <= cap_hi:  # a larger cap takes the document whole here
-            return i
         for score, p in heap:  # the general path (split, or whole where the least loaded part has no room)
             scores[p] = score  # reads the scores the fast path kept in the heap alone
-        k0 = max(1, math.ceil(L / cap_lo), math.ceil(w / cap_w))
+        k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
         chosen = choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
-        if shared and (chosen is None or k0 != max(1, math.ceil(L / cap_hi), math.ceil(w / cap_w))
-                       or cap_binds(L, k0, P, tok, cap_lo)
-                       and chosen != choose(by_load, L, w, k0, P, tok, wrk, (cap_hi, cap_w, mean_t), rho)):
-            return i  # (the headroom fill reads the cap; so may the part count and the parts chosen)
         if chosen is None:
-            _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_lo, tok, wrk, st.seg_doc, st.seg_start,
+            _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_t, tok, wrk, st.seg_doc, st.seg_start,
                               st.seg_end, st.seg_part)
         elif len(chosen[1]) == 1:
             p = whole_part[i] = chosen[1][0]
@@ -215,13 +157,9 @@ def _run(st: _State, fig: _Figures, i0: int, cap_lo: float, cap_hi: float) -> in
             st.rot = _split(fig.docs[i], fig.starts[i], L, chosen[1], st.rot, tok, wrk, st.recv, st.seg_doc,
                             st.seg_start, st.seg_end, st.seg_part)
         for p in range(P) if chosen is None else chosen[1]:  # the parts this document changed
-            s_t, s_w = tok[p] / cap_lo, wrk[p] / cap_w
-            if s_t > s_w and shared:
-                return i + 1
-            scores[p] = max(s_t, s_w)
+            scores[p] = max(tok[p] / cap_t, wrk[p] / cap_w)
         heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
-    return n
 
 
 def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float], recv: list[int],

@@ -11,9 +11,9 @@ import functools
 import math
 from typing import TYPE_CHECKING, Callable
 
-from .balanced import balanced_greedies
+from .balanced import balanced_greedy
 from .cost import step_time, zigzag_part_times, zigzag_time_bound
-from .density import density_greedies
+from .density import density_greedy
 from .placement import Placement, contiguous, zigzag
 from .windows import weighted_contiguous, window_transfers
 
@@ -37,8 +37,8 @@ def cheapest_candidate(s: Search) -> Option:
     """
     layout, n_parts, tc = s.layout, s.n_parts, s.cost.token_cost
     slacks = sorted({min(x, s.token_slack) for x in AUTO_TOKEN_SLACKS} | {s.token_slack})
-    greedy = [(g, c) for g in balanced_greedies(layout, n_parts, slacks) for c in (tc, None)]
-    greedy += [(g, tc) for g in density_greedies(layout, n_parts, tc, slacks[-2:])]
+    greedy = [(g, c) for g in (balanced_greedy(layout, n_parts, e) for e in slacks) for c in (tc, None)]
+    greedy += [(density_greedy(layout, n_parts, tc, e), tc) for e in slacks[-2:]]
     cands: list[Callable[[], Placement]] = [functools.partial(g.placement, c) for g, c in greedy]
     cands.append(functools.partial(contiguous, layout, n_parts))
     if not s.full:  # contiguous cuts at equal estimated cost, within the small slacks' cap
@@ -59,7 +59,7 @@ def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
     built: list[Placement] = []
     for build in cands:
         pl = build()
-        if any(pl is b for b in built):  # one pass refined alike at two caps: priced once, the first wins ties
+        if any(pl is b for b in built):  # one pass refined alike two ways: priced once, the first wins ties
             continue
         built.append(pl)
         if pl.tokens_per_part().min() < s.min_tokens:

@@ -9,10 +9,8 @@ is never exceeded; the refinement then evens out ``work + token_cost * tokens``.
 """
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
-from typing import Sequence
 
 import numpy as np
 
@@ -22,7 +20,7 @@ from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
 from .shares import share_room
 
-__all__ = ["DensityFigures", "density", "density_greedies", "density_greedy"]
+__all__ = ["density", "density_greedy"]
 
 
 def density(layout: Layout, n_parts: int, token_cost: float, token_slack: float = DEFAULT_TOKEN_SLACK) -> Placement:
@@ -37,57 +35,17 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float,
     Args:
         layout: the documents. n_parts: parts P. token_cost: a token's price in pairs. token_slack: the cap's slack.
     """
-    return _density_pass(DensityFigures(layout, token_cost), n_parts, token_slack)[0]
-
-
-class DensityFigures:
-    """The per-document figures every density pass of one layout and token cost reads (built once for the passes at
-    ``auto``'s slacks)."""
-
-    def __init__(self, layout: Layout, token_cost: float) -> None:
-        self.layout, self.token_cost = layout, token_cost
-        lengths = layout.doc_lengths
-        self.cu = layout.cu_seqlens.tolist()
-        # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
-        self.pairs_a = lengths * (lengths + 1) / 2
-        loads_a = self.pairs_a + token_cost * lengths
-        self.order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
-        self.order = self.order_a.tolist()
-        self.lens, self.pairs, self.loads = lengths.tolist(), self.pairs_a.tolist(), loads_a.tolist()
-        self.lens_by_order = lengths[self.order_a].tolist()  # in `order`
-        self.pairs_by_order = self.pairs_a[self.order_a].tolist()
-        # the builtin sum: left to right, as the figures were first written
-        self.sum_loads, self.sum_pairs = sum(self.loads), sum(self.pairs)
-
-
-def density_greedies(layout: Layout, n_parts: int, token_cost: float, token_slacks: Sequence[float],
-                     figures: DensityFigures | None = None) -> list[Greedy]:
-    """:func:`density_greedy` at each of ``token_slacks`` (ascending): a pass in which no cap decided anything is
-    the same pass at any larger cap, only its refinement's cap differs. ``figures``: :func:`density_figures`, if
-    built already (:class:`DensityFigures`)."""
-    if figures is None or figures.layout is not layout or figures.token_cost != token_cost:
-        figures = DensityFigures(layout, token_cost)
-    out: list[Greedy] = []
-    capped = True
-    for eps in token_slacks:
-        if capped:
-            g, capped = _density_pass(figures, n_parts, eps)
-        else:
-            g = dataclasses.replace(g, cap_t=token_cap(layout.total_tokens, n_parts, eps), same_as=g)
-        out.append(g)
-    return out
-
-
-def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float) -> tuple[Greedy, bool]:
-    """:func:`density_greedy` of ``fig``, and whether its token cap decided anything (a part skipped for want of
-    room, a document longer than the cap)."""
     P = n_parts
-    layout, token_cost, cu = fig.layout, fig.token_cost, fig.cu
-    T = cu[-1]
-    cap_t = token_cap(T, P, token_slack)
-    order, lens, loads = fig.order, fig.lens, fig.loads
-    limit = fig.sum_loads / P
-    mean_w = fig.sum_pairs / P
+    lengths = layout.doc_lengths
+    cu = layout.cu_seqlens.tolist()
+    cap_t = token_cap(cu[-1], P, token_slack)
+    # per document, as floats: its pairs and its load (numpy rounds L (L + 1) / 2 + token_cost * L as Python does)
+    pairs_a = lengths * (lengths + 1) / 2
+    loads_a = pairs_a + token_cost * lengths
+    order_a = np.argsort(-loads_a, kind="stable")  # heaviest first, ties by index
+    order, lens, loads = order_a.tolist(), lengths.tolist(), loads_a.tolist()
+    limit = sum(loads) / P  # the builtin sum: left to right
+    mean_w = sum(pairs_a.tolist()) / P
     tok = [0.0] * P
     wrk = [0.0] * P
     recv = [0] * P
@@ -104,12 +62,10 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float) -> tupl
     while heavy_end < len(order) and (lens[order[heavy_end]] > cap_t or dense(lens[order[heavy_end]],
                                                                                loads[order[heavy_end]])):
         heavy_end += 1
-    capped = False  # whether the cap decided anything (a document heavy or cut in more parts for its length alone)
     part_load = [0.0] * P  # wrk + token_cost * tok of every part, kept for the parts a split changes
     for d in order[:heavy_end]:
         L = lens[d]
         by_tokens, by_pairs = math.ceil(L / cap_t), math.ceil(L * (L + 1) / 2 / mean_w)
-        capped = capped or by_tokens > max(2, by_pairs) or not dense(L, loads[d])
         k = min(P, L, max(2, by_tokens, by_pairs))  # >= 2: heavier than a part's limit, or longer than its token cap (T >= P)
         by_load = sorted(range(P), key=part_load.__getitem__)
         room = share_room(cap_t, L, k)  # a part of the split holds at most split_share_max tokens
@@ -119,7 +75,6 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float) -> tupl
                 chosen.append(p)
                 if len(chosen) == k:
                     break
-        capped = capped or chosen != by_load[:k]
         if len(chosen) < k:
             _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
             chosen = range(P)
@@ -129,36 +84,33 @@ def _density_pass(fig: DensityFigures, n_parts: int, token_slack: float) -> tupl
             part_load[p] = wrk[p] + token_cost * tok[p]
     light = order[heavy_end:]
     segs = (seg_doc, seg_start, seg_end, seg_part)
-    whole_part, no_room = _least_loaded(light, fig.lens_by_order[heavy_end:], fig.pairs_by_order[heavy_end:], cu,
-                                        P, token_cost, cap_t, tok, wrk, *segs)
-    g = Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
-               cap_t, max_moves=4 * P, whole_doc_ids=fig.order_a[heavy_end:], cu_list=cu)
-    return g, capped or no_room
+    whole_part = _least_loaded(light, lengths[order_a[heavy_end:]].tolist(), pairs_a[order_a[heavy_end:]].tolist(), cu,
+                               P, token_cost, cap_t, tok, wrk, *segs)
+    return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
+                  cap_t, max_moves=4 * P, whole_doc_ids=order_a[heavy_end:], cu_list=cu)
 
 
 def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
                   cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
-                  seg_end: list[int], seg_part: list[int]) -> tuple[list[int], bool]:
+                  seg_end: list[int], seg_part: list[int]) -> list[int]:
     """Place ``docs`` (heaviest first) whole, each on the least loaded part (``work + token_cost * tokens``, ties by
     index) with room under ``cap_t``; one that fits no part is cut over the parts with the most free tokens.
-    Updates the figures and segments; returns every document's part (-1: cut) and whether a part lacked room."""
+    Updates the figures and segments; returns every document's part (-1: cut)."""
     heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
     heapq.heapify(heap)
     out = [-1] * len(docs)
-    no_room = False
     replace = heapq.heapreplace
     for i, (L, pair) in enumerate(zip(lens, pairs)):
         p = heap[0][1]
         t = tok[p] + L
         if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
-            no_room = True
             out[i] = _no_room(docs[i], L, pair, cu[docs[i]], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start,
                               seg_end, seg_part)
             continue
         w = wrk[p] + pair
         tok[p], wrk[p], out[i] = t, w, p
         replace(heap, (w + token_cost * t, p))
-    return out, no_room
+    return out
 
 
 def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],

@@ -25,7 +25,6 @@ class Greedy:
         whole_doc, whole_part: the documents kept whole and their parts (-1: among the segments after all).
         tok, wrk: tokens and (query, key) pairs of every part.
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
-        same_as: the same pass at a smaller cap, if it is one: its refinements that no cap shortened are this one's.
         whole_doc_ids, cu_list: ``whole_doc`` as int64 and ``cu`` as a list, when at hand (conversions are slow).
     """
 
@@ -42,51 +41,28 @@ class Greedy:
     wrk: list[float]
     cap_t: float
     max_moves: int
-    same_as: Greedy | None = field(default=None, compare=False, repr=False)
     whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
     cu_list: list[int] | None = field(default=None, compare=False, repr=False)
 
     def placement(self, token_cost: float | None) -> Placement:
-        """The refined placement (:meth:`refined`), named :attr:`name`."""
-        return self.refined(token_cost)[0]
-
-    def refined(self, token_cost: float | None) -> tuple[Placement, bool]:
-        """``(placement, capped)``: the refined placement, built once per ``token_cost`` (or taken from
-        :attr:`same_as` when no cap shortened its slides), and whether the cap shortened a slide.
+        """The refined placement, named :attr:`name`; refinements that end alike are one object.
 
         Args:
             token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within ``cap_t``;
                 ``None``: it evens out the work at unchanged token counts.
         """
-        memo = self._memo
-        if token_cost not in memo and self.same_as is not None and token_cost in self.same_as._memo:
-            pl, capped = self.same_as._memo[token_cost]
-            if not capped:
-                memo[token_cost] = pl, capped
-        if token_cost not in memo:
-            memo[token_cost] = self._refine(token_cost)
-        return memo[token_cost]
-
-    def _refine(self, token_cost: float | None) -> tuple[Placement, bool]:
-        """:meth:`refined`, built."""
         starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
         doc_first = self.cu[:-1].tolist() if self.cu_list is None else self.cu_list  # (its last entry unread)
-        _, capped = refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk),
-                                 max_moves=self.max_moves, tok=None if token_cost is None else list(self.tok),
-                                 token_cost=token_cost or 0.0, cap_t=self.cap_t, bounds=self._boundaries,
-                                 sides=self._sides)
+        refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk), max_moves=self.max_moves,
+                     tok=None if token_cost is None else list(self.tok), token_cost=token_cost or 0.0,
+                     cap_t=self.cap_t, bounds=self._boundaries, sides=self._sides)
         key = (tuple(starts), tuple(ends))  # moves never change a segment's part: equal bounds, equal placement
         if key not in self._by_segments:
             doc, start, end, part = self._whole
             self._by_segments[key] = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
                                              np.concatenate([_int64(starts), start]),
                                              np.concatenate([_int64(ends), end]), np.concatenate([_int64(parts), part]))
-        return self._by_segments[key], capped
-
-    @functools.cached_property
-    def _memo(self) -> dict[float | None, tuple[Placement, bool]]:
-        """The refinements built so far, by token cost."""
-        return {}
+        return self._by_segments[key]
 
     @functools.cached_property
     def _by_segments(self) -> dict[tuple[tuple[int, ...], tuple[int, ...]], Placement]:
@@ -96,15 +72,11 @@ class Greedy:
     @functools.cached_property
     def _boundaries(self) -> list[int]:
         """:func:`.refine.boundaries` of the segments (every refinement starts from them)."""
-        if self.same_as is not None:  # the same segments
-            return self.same_as._boundaries
         return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
 
     @functools.cached_property
     def _sides(self) -> Sides:
         """:func:`.refine.boundary_sides` of the segments (every refinement of the pass reads them)."""
-        if self.same_as is not None:  # the same segments
-            return self.same_as._sides
         return boundary_sides(self._boundaries, self.seg_part, self.n_parts)
 
     @functools.cached_property

@@ -13,9 +13,10 @@ from .placement import rows_work
 Sides = tuple[list[list[tuple[int, int, bool]]], dict[int, dict[int, list[int]]]]  # what boundary_sides returns
 
 
-def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-                seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
-                token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None) -> int:
+def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
+                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
+                 token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None,
+                 sides: Sides | None = None) -> int:
     """Lower the largest part load by repeating the busiest part's best move until none lowers it.
 
     Args:
@@ -24,25 +25,15 @@ def refine_work(doc_first: list[int], seg_doc: list[int], seg_start: list[int], 
             and in order; updated in place. wrk: every part's work (pairs), updated in place.
         tok: every part's tokens, updated in place (None: exchanges only). token_cost: a token's price in pairs
             (load: ``work + token_cost * tokens``). cap_t: no slide takes a part above it. bounds: :func:`boundaries`.
+        sides: :func:`boundary_sides` of ``bounds``, if known.
 
     Returns:
         The number of moves made.
     """
-    return refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, max_moves, tok, token_cost, cap_t,
-                        bounds)[0]
-
-
-def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
-                 token_cost: float = 0.0, cap_t: float = math.inf,
-                 bounds: list[int] | None = None, sides: Sides | None = None) -> tuple[int, bool]:
-    """:func:`refine_work`, returning ``(moves, whether cap_t shortened a slide it weighed)``: if not, any larger
-    cap makes the same moves. ``sides``: :func:`boundary_sides` of ``bounds``, if known."""
     bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
     if not bounds:
-        return 0, False
+        return 0
     by_part, by_nbr = boundary_sides(bounds, seg_part, len(wrk)) if sides is None else sides
-    capped = False
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
@@ -56,8 +47,7 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
         exchange = _best_exchange(p, by_nbr[p], doc_first, seg_doc, seg_start, seg_end, seg_part, load)
         slide = None
         if tok is not None:
-            slide, short = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost, cap_t)
-            capped = capped or short
+            slide = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost, cap_t)
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
             _shift(a, seg_part[a] == p, x, seg_start, seg_end)
@@ -68,13 +58,13 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
             _shift(give, seg_part[give] == p, x, seg_start, seg_end)
             _shift(take, seg_part[take] == q, x, seg_start, seg_end)
         else:
-            return moves, capped
+            return moves
         wrk[p] -= work
         wrk[q] += work
         for i in (p, q):
             load[i] = wrk[i] + token_cost * tokens[i]
         moves += 1
-    return moves, capped
+    return moves
 
 
 def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
@@ -148,17 +138,16 @@ def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
 
 def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int], seg_doc: list[int],
                 seg_start: list[int], seg_end: list[int], load: list[float], tok: list[float],
-                token_cost: float, cap_t: float) -> tuple[tuple[float, int, int, int, float] | None, bool]:
+                token_cost: float, cap_t: float) -> tuple[float, int, int, int, float] | None:
     """The slide over one of ``p``'s boundaries (``mine``, as ``by_part[p]``) that lowers the pair's peak load most:
-    ``(new peak, q, x, boundary, work moved)`` or None, and whether ``cap_t`` shortened one it weighed. ``p`` keeps
-    a row of the segment; ``q`` stays within ``cap_t`` tokens."""
+    ``(new peak, q, x, boundary, work moved)`` or None. ``p`` keeps a row of the segment; ``q`` stays within ``cap_t``
+    tokens."""
     best, best_peak = None, load[p]
-    capped = False
     nbr = [(load[q], a, q, left) for a, q, left in mine]  # (load, a) sort them: a is unique
     if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour
-        return None, False
+        return None
     nbr.sort()
-    # lightest first: no slide to q ends below the pair's mean, nor below q's load plus a row's (neither uses cap_t)
+    # lightest first: no slide to q ends below the pair's mean, nor below q's load plus a row's
     for load_q, a, q, left in nbr:
         if (load[p] + load_q) / 2 >= best_peak or load_q + token_cost >= best_peak:
             break
@@ -173,17 +162,12 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
         def estimate() -> float:
             return _slide_estimate(pos, left, token_cost, gap / 2)
 
-        xs = _slide_rows(delta, min(x_max, x_cap), load[p], best_peak, gap, estimate)
-        if x_cap < x_max:  # the cap shortened the slide: did it change what is weighed?
-            capped = capped or _slide_rows(delta, x_max, load[p], best_peak, gap, estimate) != xs
-        if not xs:
-            continue
-        for x in xs:
+        for x in _slide_rows(delta, min(x_max, x_cap), load[p], best_peak, gap, estimate):
             d = delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
                 best, best_peak = (peak, q, x, a, float(d - token_cost * x)), peak
-    return best, capped
+    return best
 
 
 def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_peak: float, gap: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SCANNED_COUNTS", "cap_binds", "choose", "share_room", "split_share_max"]
+__all__ = ["SCANNED_COUNTS", "choose", "share_room", "split_share_max"]
 
 SCANNED_COUNTS = 4  # choose() scans this many of the fewest part counts in Python before a numpy table of the rest
 
@@ -40,11 +40,6 @@ def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[floa
         if chosen is not None:
             return j, chosen
     return None
-
-
-def cap_binds(L: int, k0: int, P: int, tok: list[float], cap_t: float) -> bool:
-    """Whether ``cap_t`` can turn a part away at a count :func:`choose` tries (if not, any higher cap chooses alike)."""
-    return max(tok) > share_room(cap_t, L, _first_count(k0, P))
 
 
 def _first_count(k0: int, P: int) -> int:

@@ -1,5 +1,5 @@
 """``placement="auto"``'s candidates (:mod:`hf_hsap.plan.candidates`): the cheapest of every placement the
-planner builds, with balanced and density passes shared over slacks (the shared passes are the separate ones)."""
+planner builds."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import ci_examples, cu_of
-from hf_hsap.plan.balanced import balanced_greedies, balanced_variants
+from hf_hsap.plan.balanced import balanced
 from hf_hsap.plan.cost import CostModel, step_time
-from hf_hsap.plan.density import DensityFigures, density, density_greedies, density_greedy
+from hf_hsap.plan.density import density
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import contiguous
 from hf_hsap.plan.candidates import AUTO_TOKEN_SLACKS, cheapest_candidate
@@ -23,7 +23,7 @@ def _auto_by_pricing_everything(layout, P, token_slack, cost):
     """Every candidate built and priced in turn, with its transfers; the first cheapest wins."""
     slacks = sorted({min(s, token_slack) for s in AUTO_TOKEN_SLACKS} | {token_slack})
     tc = cost.token_cost
-    cands = [c for eps in slacks for c in balanced_variants(layout, P, (tc, None), eps)]
+    cands = [balanced(layout, P, eps, token_cost=c) for eps in slacks for c in (tc, None)]
     cands += [density(layout, P, tc, eps) for eps in slacks[-2:]]
     cands.append(contiguous(layout, P))
     cands = [c for c in cands if c.tokens_per_part().min() >= 1]  # every part holds a token
@@ -52,39 +52,6 @@ def test_the_winner_is_the_cheapest_of_every_candidate_priced(lengths, P, link, 
     assert pl.name == ref.name
     for a, b in ((pl.doc, ref.doc), (pl.start, ref.start), (pl.end, ref.end), (pl.part, ref.part)):
         assert np.array_equal(a, b)
-
-
-@settings(max_examples=ci_examples(40))
-@given(lengths=LENGTHS, P=st.integers(2, 12), slacks=st.sampled_from([(0.0, 0.03), (0.01, 0.03, 0.1), (0.03, 0.1)]))
-def test_density_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, slacks):
-    layout = make_layout(cu_of(lengths))
-    if layout.total_tokens < P:
-        return
-    tc = CostModel.default().token_cost
-    for eps, shared in zip(slacks, density_greedies(layout, P, tc, slacks, figures=DensityFigures(layout, tc))):
-        alone = density_greedy(layout, P, tc, eps)
-        assert shared == alone  # every field: segments, whole documents, figures, cap
-        # refined in slack order, as auto does: a larger cap's refinement may be the smaller one's, reused
-        a, b = shared.placement(tc), alone.placement(tc)
-        for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
-            assert np.array_equal(x, y)
-
-
-@settings(max_examples=ci_examples(40))
-@given(lengths=LENGTHS, P=st.integers(2, 12),
-       slacks=st.sampled_from([(0.01, 0.03, 0.1), (0.1, 0.0, 0.03), (0.0, 0.2), (0.05,)]))
-def test_balanced_passes_shared_over_slacks_are_the_passes_at_each_slack(lengths, P, slacks):
-    layout = make_layout(cu_of(lengths))
-    if layout.total_tokens < P:
-        return
-    tc = CostModel.default().token_cost
-    for eps, shared in zip(slacks, balanced_greedies(layout, P, slacks)):
-        alone = balanced_greedies(layout, P, (eps,))[0]  # one cap: never shared
-        assert shared == alone  # every field: segments, whole documents, figures, cap
-        for c in (tc, None):  # a larger cap's refinement may be a smaller one's, reused
-            a, b = shared.placement(c), alone.placement(c)
-            for x, y in ((a.doc, b.doc), (a.start, b.start), (a.end, b.end), (a.part, b.part)):
-                assert np.array_equal(x, y)
 
 
 @settings(max_examples=ci_examples(40))

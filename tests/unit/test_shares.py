@@ -104,28 +104,3 @@ def test_a_larger_count_meets_the_caps_exactly(scanned, monkeypatch):
     for rho in (0.0, 2.0, None):
         case = ([0, 1, 2], L, w, 1, 3, tok, [0.0, 0.0, 0.0], (1000.0, 90150.0, 750.0), rho)
         assert choose(*case) == (0, [0, 1]) == _reference(*case)
-
-
-@settings(max_examples=ci_examples(300), deadline=None)
-@given(_cases(), st.sampled_from([1.0, 1.02, 1.3]))
-def test_where_the_cap_binds_no_part_a_larger_cap_chooses_alike(case, rise):
-    """What lets balanced's passes at several slacks skip the second choose: where ``cap_binds`` says the cap
-    turns no part away at this cap, the reference chooses alike at any larger cap; and where it says it binds, some
-    part is above the room of the fewest count's share (the cap can decide)."""
-    by_load, L, w, k0, P, tok, wrk, (cap_t, cap_w, mean_t), rho = case
-    binds = shares.cap_binds(L, k0, P, tok, cap_t)
-    k_first = P if 2 * k0 > P else k0
-    assert binds == any(t > cap_t - -(-L // k_first) for t in tok)
-    if not binds:
-        larger = (by_load, L, w, k0, P, tok, wrk, (cap_t * rise + 5, cap_w, mean_t), rho)
-        assert _reference(*larger) == _reference(*case)
-
-
-def test_a_part_just_short_of_the_fewest_counts_room_makes_the_cap_bind():
-    # 2 shares of 600 tokens need 300 tokens of room: part 0 (the least loaded) holds 701 of a 1000-token cap, so the
-    # cap turns it away at k = 2 (the document goes to parts 1 and 2) but not at a cap of 1001: the cap decides
-    tok, wrk = [701.0, 600.0, 600.0, 600.0], [0.0, 200.0, 200.0, 200.0]
-    case = ([0, 1, 2, 3], 600, 600 * 601 / 2, 2, 4, tok, wrk, (1000.0, 1e12, 1000.0), 0.0)
-    larger = case[:7] + ((1001.0, 1e12, 1000.0), 0.0)
-    assert shares.cap_binds(600, 2, 4, tok, 1000.0)
-    assert _reference(*case) == (0, [1, 2]) != _reference(*larger) == (0, [0, 1])
