@@ -23,7 +23,7 @@ from .cutting import priced_cuts
 from .layout import Layout
 from .oracle import polish
 from .placement import Placement, token_cap
-from .simulation import RoundOrderTimes, simulated, simulated_floor
+from .simulation import RoundOrderTimes, simulated
 from .slicing import sliced_cuts
 from .transfers import Transfers
 from .windows import Window, window_transfers
@@ -37,7 +37,6 @@ MARGIN = 1e-3  # a proposal must be faster than the plan by more than this share
 POLISH_MAX_PARTS = 16  # the local search runs on groups of at most this many parts
 POLISH_MAX_SEGMENTS = 512  # ... from a plan of at most this many segments (it reads every part's)
 SLICED_MIN_EXCESS = 0.01  # sliced cuts are tried only on plans this far above the compute bound
-FLOOR_ROUNDING = 1e-9  # a simulation is skipped only below the other plan's floor by more than rounding
 
 
 class Option(NamedTuple):
@@ -87,17 +86,12 @@ class Search:
         return Option(pl, tr, step_time(self.layout, pl, tr, self.layers, self.cost))
 
     def accepts(self, current: Option, found: Option) -> bool:
-        """The one rule by which a proposal replaces the plan (module docstring). The simulation of ``current`` is
-        skipped where ``found``'s lies below its floor (:func:`.simulation.simulated_floor`: the same answer)."""
+        """The one rule by which a proposal replaces the plan (module docstring); each plan is simulated once."""
         if found.time >= current.time * (1 - MARGIN):
             return False
         if not self.full:
             return True
-        t_found = self._simulated(found)
-        if self._memo(current) is None and t_found < simulated_floor(self.layout, current.placement, self.cost) * (
-                1 - FLOOR_ROUNDING):
-            return True
-        t_current = self._simulated(current)
+        t_found, t_current = self._simulated(found), self._simulated(current)
         if t_found > t_current:
             logger.debug("auto: kept %r: %r is faster by the one-layer model but slower with the rounds simulated "
                          "(%.6g against %.6g)", current.placement.name, found.placement.name, t_found, t_current)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost import CostModel, part_recv
+from .cost import CostModel
 from .layout import Layout
 from .pipeline import backward_steps, forward_steps, pipeline_shape, simulate_layers, simulate_steps
 from .placement import Placement
@@ -13,7 +13,7 @@ from .rounds import RoundPieces, RoundTables, piece_remote_work, round_tables, s
 from .transfers import Transfers
 from .windows import Window, local_work_per_part, work_per_part
 
-__all__ = ["RoundOrderTimes", "round_order_times", "round_order", "simulated", "simulated_floor", "simulated_time"]
+__all__ = ["RoundOrderTimes", "round_order_times", "round_order", "simulated", "simulated_time"]
 
 ATTENTION_FWD, ATTENTION_BWD = 1 / 3.5, 2.5 / 3.5  # shares of a layer's attention work: backward 2.5x the forward
 Simulated = tuple[float, RoundPieces, np.ndarray, tuple[RoundTables, np.ndarray, np.ndarray]]
@@ -87,13 +87,3 @@ def simulated(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, bud
     bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
                           gemm * (1 - qkv) * 2 / 3, gemm * qkv * 2 / 3)
     return float((fwd + bwd).max()), {order: sim[:3] for order, sim in times.items()}
-
-
-def simulated_floor(layout: Layout, pl: Placement, cost: CostModel) -> float:
-    """A lower bound of :func:`simulated_time` of ``pl`` at any budget and round order, from its segments alone (so
-    :meth:`.search.Search.accepts` can skip a simulation): waits only add, and a part's forward fetches run in turn and
-    land before its forward ends, so it takes ``gemm + BWD * pairs + max(FWD * pairs, kv_token_cost * recv / 2)``."""
-    pairs = pl.work_per_part(layout).astype(np.float64)  # [n_parts]
-    gemm = cost.token_cost * pl.tokens_per_part().astype(np.float64)
-    fetch = cost.kv_token_cost * part_recv(layout, pl) / 2
-    return float((gemm + ATTENTION_BWD * pairs + np.maximum(ATTENTION_FWD * pairs, fetch)).max())

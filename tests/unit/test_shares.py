@@ -1,18 +1,13 @@
-"""The parts a document's shares go to (hf_hsap.plan.shares): the scan of the fewest counts and the numpy table of
-the larger ones choose what one scalar loop over every count and part chooses (the rule as first written), wherever
-the scan hands over to the table (SCANNED_COUNTS)."""
+"""The parts a document's shares go to (hf_hsap.plan.shares): what one scalar loop over every count and part chooses
+(the rule written out here)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import ci_examples
-import hf_hsap.plan.shares as shares
 from hf_hsap.plan.shares import choose
-
-HANDOVERS = (0, 1, shares.SCANNED_COUNTS, 64)  # all counts in the table ... all scanned
 
 
 def _reference(by_load, L, w, k0, P, tok, wrk, caps, rho):
@@ -60,16 +55,12 @@ def _cases(draw):
 
 
 @settings(max_examples=ci_examples(300), deadline=None)
-@given(_cases(), st.sampled_from(HANDOVERS))
-def test_the_table_chooses_what_the_scalar_loop_chooses(case, scanned):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(shares, "SCANNED_COUNTS", scanned)
-        assert choose(*case) == _reference(*case)
+@given(_cases())
+def test_choose_is_the_scalar_loop(case):
+    assert choose(*case) == _reference(*case)
 
 
-@pytest.mark.parametrize("scanned", HANDOVERS)
-def test_a_document_that_misses_its_fewest_parts_goes_to_more(scanned, monkeypatch):
-    monkeypatch.setattr(shares, "SCANNED_COUNTS", scanned)
+def test_a_document_that_misses_its_fewest_parts_goes_to_more():
     # two parts are nearly full: a 600-token document fits none of them whole, nor 2 shares of 300, but 4 shares
     # of 150 fit the four emptier parts (the table's rows, not the scan of the fewest count)
     tok = [900.0, 900.0, 850.0, 850.0, 850.0, 850.0]
@@ -79,9 +70,7 @@ def test_a_document_that_misses_its_fewest_parts_goes_to_more(scanned, monkeypat
     assert choose(*case) == (0, [2, 3, 4, 5]) == _reference(*case)
 
 
-@pytest.mark.parametrize("scanned", HANDOVERS)
-def test_the_caps_hold_a_share_that_meets_them_exactly(scanned, monkeypatch):
-    monkeypatch.setattr(shares, "SCANNED_COUNTS", scanned)
+def test_the_caps_hold_a_share_that_meets_them_exactly():
     # part 0 sits exactly at the token room (cap 1000 - 600) and, with its share, exactly at the work cap once
     # filled to the mean: 1000 - 400 - 600 = 0 free tokens; part 1 is one token over the room
     L, w = 600, 180300.0
@@ -94,9 +83,7 @@ def test_the_caps_hold_a_share_that_meets_them_exactly(scanned, monkeypatch):
     assert choose(*case) == (0, [0, 1]) == _reference(*case)
 
 
-@pytest.mark.parametrize("scanned", HANDOVERS)
-def test_a_larger_count_meets_the_caps_exactly(scanned, monkeypatch):
-    monkeypatch.setattr(shares, "SCANNED_COUNTS", scanned)
+def test_a_larger_count_meets_the_caps_exactly():
     # no part has room for the document whole (400 tokens left of 1000); two shares of 300 fit, each at exactly the
     # work cap and, filled to the mean of 750 tokens, with no free token left (the table's boundary)
     L, w = 600, 180300.0
