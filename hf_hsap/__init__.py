@@ -14,7 +14,8 @@ from .config import HSAPConfig
 from .kernels import reference_attention, select_kernel, varlen_attention
 from .plan.cache import PlanCache
 from .plan.cost import CostModel
-from .plan.layout import Layout, cu_seqlens_from_position_ids, make_layout
+from .data.positions import cu_seqlens_from_position_ids
+from .plan.layout import Layout, make_layout
 from .plan.group import GroupSpec
 from .plan.plan import Plan
 from .plan.stats import KindStats, PlanStats

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..log import get_logger, log_once
-from ..plan.layout import cu_seqlens_from_position_ids
+from .positions import cu_seqlens_from_position_ids
 from .vision import PIXEL_KEYS, check_vision_example, vision_batch
 
 __all__ = [
@@ -102,7 +102,7 @@ def shift_labels_packed(
     """Next-token targets for packed rows, never crossing a document boundary.
 
     ``shift[..., i] = labels[..., i + 1]`` when token ``i + 1`` belongs to the same document as token ``i``
-    (:func:`hf_hsap.plan.layout.document_starts`: the position continues), else ``ignore_index``; the last
+    (:func:`hf_hsap.data.positions.document_starts`: the position continues), else ``ignore_index``; the last
     position of each row is ``ignore_index``.
 
     Args:

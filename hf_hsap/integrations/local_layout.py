@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.layout import document_starts
+from ..data.positions import document_starts
 
 __all__ = ["LocalLayout", "document_ids", "document_starts", "layout_cached", "layout_from_cu",
            "layout_same_length"]

@@ -27,7 +27,7 @@ from ..log import get_logger
 from ..mixers.handoff import StateExchange
 from ..mixers.ops import LAYER_OPS, OPS
 from ..plan.chain import Chain, document_chain, state_chain
-from ..plan.layout import document_starts
+from ..data.positions import document_starts
 from .sharding import text_positions
 
 logger = get_logger(__name__)

@@ -25,7 +25,7 @@ from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
 from ..multimodal import image_blocks, shard_vision, vision_keys
 from ..plan.blocks import keep_blocks_whole
-from ..plan.layout import check_position_ids, document_starts
+from ..data.positions import check_position_ids, document_starts
 from ..sp_plan import SPPlan
 from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse

@@ -9,7 +9,8 @@ from helpers import ci_examples
 
 import hf_hsap
 from hf_hsap import CostModel, PlanCache, plan_sequence
-from hf_hsap.plan.layout import check_position_ids, cu_seqlens_from_position_ids, make_layout
+from hf_hsap.data.positions import check_position_ids, cu_seqlens_from_position_ids
+from hf_hsap.plan.layout import make_layout
 
 PLACEMENTS = ["contiguous", "zigzag", "balanced", "density", "auto"]
 
