@@ -10,7 +10,7 @@ Public API:
     vision_spec(model) -> VisionSpec   (PackingCollator(..., vision=...) for packed image / video + text rows)
 """
 from .attention import hsap_attn_func
-from .config import HSAPConfig
+from .config import HSAPConfig, attention_windows
 from .kernels import reference_attention, select_kernel, varlen_attention
 from .plan.cache import PlanCache
 from .plan.cost import CostModel
@@ -19,7 +19,6 @@ from .plan.layout import Layout, make_layout
 from .plan.group import GroupSpec
 from .plan.plan import Plan
 from .plan.stats import KindStats, PlanStats
-from .plan.windows import attention_windows
 from .sp_plan import SPPlan, plan_sequence
 from .plan.planner import choose_ulysses_size
 from .topology import SPGroup, init_sequence_parallel

@@ -14,12 +14,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
-from .plan.windows import attention_windows, layer_windows
+from .plan.windows import Window, layer_windows
 
-__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "parse_dtype"]
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "attention_windows", "parse_dtype"]
 
 ROUNDS = ("auto", "batched", "by_peer")
 ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
@@ -179,3 +180,29 @@ class HSAPConfig:
         if windows is not None:
             options["windows"] = windows
         return options
+
+
+def attention_windows(config: Any) -> list[Window]:
+    """The sliding window of every attention layer of a Transformers config (``None``: full), for
+    ``plan_sequence(..., windows=...)``; one entry when the config has no layer count.
+
+    Read as the layers read it, attributes only: ``layer_types`` (``"sliding_attention"`` layers have
+    ``sliding_window``), else ``sliding_window`` on every layer unless ``use_sliding_window`` is False; composite
+    configs use their text config. A layer that differs at run time is still exact, only not weighed by ``auto``.
+    """
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            config = get(decoder=True)
+        except (TypeError, ValueError):  # older signature, or several text configs
+            pass
+    window = getattr(config, "sliding_window", None)
+    window = window if isinstance(window, (int, np.integer)) and not isinstance(window, bool) and window >= 1 else None
+    n_layers = getattr(config, "num_hidden_layers", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        types = list(types)[:n_layers] if isinstance(n_layers, int) else list(types)
+        return [window if str(t) == "sliding_attention" else None for t in types]
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    return [window] * (n_layers if isinstance(n_layers, int) and n_layers > 0 else 1)

@@ -32,7 +32,7 @@ from .memory.advice import LEVER_ORDER, MEMORY_MODELS, levers_from_names, max_le
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, choose_ulysses_size, offline_link, plan_sequence
-from .plan.windows import attention_windows
+from .config import attention_windows
 
 DISTS = DISTRIBUTIONS
 _L3 = MODEL_SHAPES["llama3-8b"]  # the default model of --config: the one table's Llama-3-8B

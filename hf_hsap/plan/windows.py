@@ -225,32 +225,6 @@ def band_blocks(qa: int, qb: int, ka: int, kb: int, window: int) -> list[tuple[s
     return out
 
 
-def attention_windows(config) -> list[Window]:
-    """The sliding window of every attention layer of a Transformers config (``None``: full), for
-    ``plan_sequence(..., windows=...)``; one entry when the config has no layer count.
-
-    Read as the layers read it, attributes only: ``layer_types`` (``"sliding_attention"`` layers have
-    ``sliding_window``), else ``sliding_window`` on every layer unless ``use_sliding_window`` is False; composite
-    configs use their text config. A layer that differs at run time is still exact, only not weighed by ``auto``.
-    """
-    get = getattr(config, "get_text_config", None)
-    if callable(get):
-        try:
-            config = get(decoder=True)
-        except (TypeError, ValueError):  # older signature, or several text configs
-            pass
-    window = getattr(config, "sliding_window", None)
-    window = window if isinstance(window, (int, np.integer)) and not isinstance(window, bool) and window >= 1 else None
-    n_layers = getattr(config, "num_hidden_layers", None)
-    types = getattr(config, "layer_types", None)
-    if types:
-        types = list(types)[:n_layers] if isinstance(n_layers, int) else list(types)
-        return [window if str(t) == "sliding_attention" else None for t in types]
-    if getattr(config, "use_sliding_window", True) is False:
-        window = None
-    return [window] * (n_layers if isinstance(n_layers, int) and n_layers > 0 else 1)
-
-
 def weighted_contiguous(layout: Layout, n_parts: int, layers: Mapping[Window, int], token_cost: float,
                         token_cap: int, min_tokens: int = 1) -> Placement:
     """Contiguous ranges cut at equal estimated cost (:func:`_token_costs`), within ``[min_tokens, token_cap]``
