@@ -174,21 +174,3 @@ def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, 
             mark = clock
         clock = simulate_steps(steps, local, xfer, work, peers, ret, clock + before) + after
     return (clock - mark) / measured
-
-
-def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
-                     eager: bool = True) -> np.ndarray:
-    """``[R]`` finish time of every part's forward (arrays as :func:`simulate_steps`); ``eager``: every round
-    posted at once, else double-buffered."""
-    n = xfer.shape[1]
-    shape = PipelineShape(n, n if eager else 1, False, max(n, 1))
-    return simulate_steps(forward_steps(shape), local, xfer, work, peers)
-
-
-def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
-                      ret: np.ndarray, refetch: bool) -> np.ndarray:
-    """``[R]`` finish time of every part's backward (arrays as :func:`simulate_steps`); ``refetch``: the KV is
-    fetched again and one return travels at a time, else kept buffers, every return collected at the end."""
-    n = xfer.shape[1]
-    shape = PipelineShape(n, 1, refetch, 1 if refetch else max(n, 1))
-    return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)

@@ -158,11 +158,7 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
         pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
         delta = _slide_delta(pos, left, token_cost)
         x_cap = int(cap_t - tok[q]) if math.isfinite(cap_t) else x_max
-
-        def estimate() -> float:
-            return _slide_estimate(pos, left, token_cost, gap / 2)
-
-        for x in _slide_rows(delta, min(x_max, x_cap), load[p], best_peak, gap, estimate):
+        for x in _slide_rows(delta, min(x_max, x_cap), load[p], best_peak, gap):
             d = delta(x)
             peak = max(load[p] - d, load[q] + d)
             if peak < best_peak:
@@ -170,12 +166,11 @@ def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int],
     return best
 
 
-def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_peak: float, gap: float,
-                estimate: Callable[[], float]) -> tuple[int, ...]:
+def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_peak: float,
+                gap: float) -> tuple[int, ...]:
     """The slide lengths :func:`_best_slide` weighs over one boundary, ascending: none if no slide of at most ``x_max``
     rows beats ``best_peak``, ``x_max`` if it moves at most half the ``gap``, else the longest within half the gap and
-    one more. ``delta``: the load ``x`` rows move (non-decreasing); ``estimate``: a guess of that longest (called
-    only if needed)."""
+    one more. ``delta``: the load ``x`` rows move (non-decreasing)."""
     if x_max < 1:
         return ()
     d_max = delta(x_max)  # the longest slide moves the most
@@ -183,7 +178,7 @@ def _slide_rows(delta: Callable[[int], float], x_max: int, load_p: float, best_p
         return ()
     if d_max <= gap / 2:
         return (x_max,)
-    lo = _largest_within(delta, x_max, gap / 2, estimate())
+    lo = _largest_within(delta, x_max, gap / 2)
     return (lo,) if lo >= x_max else (lo, lo + 1)
 
 
@@ -196,27 +191,8 @@ def _slide_delta(pos: int, left_gives: bool, token_cost: float) -> Callable[[int
     return lambda x: ((pos + x) * (pos + x + 1) - tri) // 2 + token_cost * x
 
 
-def _slide_estimate(pos: int, left_gives: bool, token_cost: float, limit: float) -> float:
-    """Where :func:`_slide_delta` reaches ``limit``, by the quadratic formula: a starting point only (float
-    rounding makes it off by a row or so)."""
-    c = pos + 0.5 + token_cost
-    disc = c * c - 2 * limit if left_gives else c * c + 2 * limit
-    if disc < 0:  # the left rows never move that much
-        return math.inf
-    return 2 * limit / (c + math.sqrt(disc))  # the smaller root, in a form that keeps its digits
-
-
-def _largest_within(delta, x_max: int, limit: float, estimate: float) -> int:
-    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit`` (1 if none) for a non-decreasing ``delta``:
-    a few steps from ``estimate`` (clamped to ``[1, x_max]``), a binary search when it is further off."""
-    x = int(min(max(estimate, 1.0), float(x_max)))
-    for _ in range(4):
-        if x < x_max and delta(x + 1) <= limit:
-            x += 1
-        elif x > 1 and delta(x) > limit:
-            x -= 1
-        else:
-            return x
+def _largest_within(delta: Callable[[int], float], x_max: int, limit: float) -> int:
+    """The largest ``x`` in ``[1, x_max]`` with ``delta(x) <= limit`` (1 if none) for a non-decreasing ``delta``."""
     lo, hi = 1, x_max
     while lo < hi:
         mid = (lo + hi + 1) // 2

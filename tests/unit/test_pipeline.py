@@ -7,9 +7,27 @@ from hypothesis import strategies as st
 from helpers import ci_examples
 
 import hf_hsap
-from hf_hsap.plan.pipeline import (forward_steps, pipeline_shape, simulate_backward, simulate_forward,
-                                   simulate_layers, simulate_steps)
+from hf_hsap.plan.pipeline import (PipelineShape, backward_steps, forward_steps, pipeline_shape, simulate_layers,
+                                   simulate_steps)
 from hf_hsap.plan.rounds import piece_remote_work, round_tables, split_rounds
+
+
+def simulate_forward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
+                     eager: bool = True) -> np.ndarray:
+    """``[R]`` finish time of every part's forward (arrays as ``simulate_steps``); ``eager``: every round posted at
+    once, else double-buffered."""
+    n = xfer.shape[1]
+    shape = PipelineShape(n, n if eager else 1, False, max(n, 1))
+    return simulate_steps(forward_steps(shape), local, xfer, work, peers)
+
+
+def simulate_backward(local: np.ndarray, xfer: np.ndarray, work: np.ndarray, peers: np.ndarray,
+                      ret: np.ndarray, refetch: bool) -> np.ndarray:
+    """``[R]`` finish time of every part's backward (arrays as ``simulate_steps``); ``refetch``: the KV is fetched
+    again and one return travels at a time, else kept buffers, every return collected at the end."""
+    n = xfer.shape[1]
+    shape = PipelineShape(n, 1, refetch, 1 if refetch else max(n, 1))
+    return simulate_steps(backward_steps(shape), local, xfer, work, peers, ret)
 
 
 def _plan(lengths, P, placement="zigzag", U=1):

@@ -141,9 +141,10 @@ def test_a_slide_far_from_the_document_start_is_sized_exactly() -> None:
        st.floats(0.0, 1e13))
 def test_the_slide_length_is_the_binary_search_one(pos: int, left: bool, token_cost: float, x_max: int,
                                                     limit: float) -> None:
-    """_best_slide's largest x within half the gap: found from the quadratic's estimate, as bisection finds it."""
+    """_best_slide's largest x within half the gap, on the delta the refinement uses, is the bisection's over
+    rows_work (the closed form written out)."""
     from hf_hsap.plan.placement import rows_work
-    from hf_hsap.plan.refine import _largest_within, _slide_estimate
+    from hf_hsap.plan.refine import _largest_within, _slide_delta
 
     x_max = min(x_max, pos) if left else x_max  # a slide never gives more rows than lie below the boundary
     delta = (lambda x: rows_work(pos - x, pos) + token_cost * x) if left else \
@@ -152,7 +153,7 @@ def test_the_slide_length_is_the_binary_search_one(pos: int, left: bool, token_c
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if delta(mid) <= limit else (lo, mid - 1)
-    assert _largest_within(delta, x_max, limit, _slide_estimate(pos, left, token_cost, limit)) == lo
+    assert _largest_within(_slide_delta(pos, left, token_cost), x_max, limit) == lo
 
 
 def test_two_token_costs_that_refine_alike_share_one_placement() -> None:
