@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..log import log_once
-from .cost import CostModel, part_times
+from .cost import CostModel
 from .group import GroupSpec
 from .kinds import KindPlan, plan_kind
 from .layout import Layout
 from .pipeline import PipelineShape, pipeline_shape
 from .placement import Placement
-from .rounds import RoundPieces, piece_remote_work, round_tables
+from .rounds import RoundPieces
 from .schedule import Schedule, compile_schedule, ranges_to_index
-from .stats import KindStats, PlanStats, kind_name
 from .transfers import Transfers
 from .window_schedule import compile_window_schedule
-from .windows import Window, kind_of, local_work_per_part, work_per_part
+from .windows import Window, kind_of
+
+if TYPE_CHECKING:
+    from ..plan_stats import PlanStats
 
 logger = logging.getLogger(__name__)
 
@@ -206,44 +209,7 @@ class Plan:
         return self._device_schedules[key]
 
     def stats(self, window: Window | str = "first") -> PlanStats:
-        """Exact per-rank figures of what the runtime executes: top level for the layers with ``window`` (default
-        the first kind), :attr:`~.stats.PlanStats.kinds` for every kind planned for."""
-        kind = self.kind(self.windows[0] if window == "first" else window)
-        pl, U = self.placement, self.ulysses_size
-        ranks = range(self.size)
-        tr, pc, R = kind.transfers, kind.pieces, pl.n_parts
-        ptok = pl.tokens_per_part()
-        tab = round_tables(pc, piece_remote_work(self.layout, pl, pc, kind.window), R)
-        mat = np.zeros((pc.n_rounds, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
-        np.add.at(mat, (pc.round, pc.dst, pc.src), pc.lengths)
-        per_part = part_times(self.layout, pl, tr, self.cost, kind.window)  # [R]
-        kinds = {kind_name(w): self._kind_stats(self.kind(w)) for w in self.windows}
-        top = kinds.get(kind_name(kind.window)) or self._kind_stats(kind)
-        return PlanStats(
-            placement=pl.name, round_order=kind.round_order, tokens=top.tokens, attn_work=top.attn_work,
-            local_attn_work=top.local_attn_work, recv_kv_tokens=top.recv_kv_tokens,
-            send_kv_tokens=top.send_kv_tokens,
-            a2a_tokens=[int(ptok[r // U] - self.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
-            rounds=pc.n_rounds, send_kv_pairs=tr.pair_matrix(R).tolist(),
-            round_recv_kv=tab.recv.astype(np.int64).tolist(), round_remote_work=tab.remote_work.tolist(),
-            round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
-            est_time=[float(t) / U for t in np.repeat(per_part, U)], kinds=kinds)
+        """Exact per-rank figures of what the runtime executes (:func:`hf_hsap.plan_stats.plan_stats`)."""
+        from ..plan_stats import plan_stats
 
-    def _kind_stats(self, kind: KindPlan) -> KindStats:
-        """The per-rank figures of one mask kind."""
-        pl, U, w = self.placement, self.ulysses_size, kind.window
-        work = work_per_part(self.layout, pl, w)
-        local = local_work_per_part(self.layout, pl, w)
-        lengths = kind.transfers.lengths
-        recv = np.bincount(kind.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
-        send = np.bincount(kind.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
-        ranks = range(self.size)
-
-        def per_rank(x: np.ndarray) -> list:
-            return [float(x[r // U]) / U if U > 1 else int(x[r]) for r in ranks]
-
-        return KindStats(window=w, layers=int(self.layer_counts.get(w, 0)),
-                         tokens=[self.num_local_tokens(r) for r in ranks], attn_work=per_rank(work),
-                         local_attn_work=per_rank(local), recv_kv_tokens=[int(recv[r // U]) for r in ranks],
-                         send_kv_tokens=[int(send[r // U]) for r in ranks], rounds=kind.pieces.n_rounds,
-                         round_order=kind.round_order)
+        return plan_stats(self, window)

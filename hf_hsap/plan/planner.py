@@ -1,10 +1,7 @@
-"""The planner: layout + group description -> :class:`~hf_hsap.plan.plan.Plan` (placement, minimal
-transfers, rounds).
-
-Pure and device-free: numpy on the host, no ``torch.distributed``, no device queries, no process
-groups. Every rank computes the same plan from the same layout; checking that the ranks of a group
-really were given the same layout, and binding the plan to the group's process groups, is the runtime
-side's job (:func:`hf_hsap.sp_plan.plan_sequence`, what ``hf_hsap.plan_sequence`` is).
+"""The planner: layout + group description -> :class:`~hf_hsap.plan.plan.Plan` (placement, minimal transfers,
+rounds). Pure and device-free: every rank computes the same plan from the same layout; checking that the ranks were
+given the same layout and binding the plan to process groups is the runtime's job (:func:`hf_hsap.sp_plan.plan_sequence`,
+what ``hf_hsap.plan_sequence`` is).
 """
 from __future__ import annotations
 
@@ -75,14 +72,7 @@ def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) ->
 def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, recv_budget_tokens: int | None = None,
                 rounds: str = "auto", token_slack: float = DEFAULT_TOKEN_SLACK, cost: CostModel | None = None,
                 windows: Sequence[Window] | Mapping[Window, int] | None = None) -> Plan:
-    """Plan one layout for one group (no cache, no validation of the options: :func:`plan_sequence`).
-
-    Args:
-        layout: the documents. group: the group. The other arguments as :func:`plan_sequence`.
-
-    Returns:
-        A new :class:`Plan`.
-    """
+    """Plan one layout for one group: a new :class:`Plan` (no cache, no validation: :func:`plan_sequence`)."""
     U = group.ulysses_size
     cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
@@ -121,43 +111,29 @@ def plan_sequence(
     """Plan document-masked attention of one packed batch over a group (pure; see the module docstring).
 
     Args:
-        cu_seqlens: ``[n_docs + 1]`` document boundaries over the flattened batch (host or device
-            tensor, numpy array or list; or a :class:`~hf_hsap.plan.layout.Layout`); ``0 < ... < T``.
-        sp: a :class:`~hf_hsap.plan.group.GroupSpec`, or an int group size for offline planning
-            (inspection, benchmarks). ``hf_hsap.plan_sequence`` also takes an SPGroup.
-        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"``, ``"density"`` or ``"auto"``: the cheapest
-            by ``cost`` of every placement the planner builds, refined (:mod:`.search`), never worse than any.
-        ulysses_size: U for an int ``sp`` (a GroupSpec carries its own).
-        recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round);
-            more is moved in further rounds, and the backward fetches the KV again instead of keeping
-            it. ``None``: no limit.
-        rounds: how transfers are grouped in time (:mod:`hf_hsap.plan.rounds`): ``"batched"`` (one
-            round with every peer), ``"by_peer"`` (one ring distance per round: later peers' KV
-            arrives while this peer's remote items run) or ``"auto"``: ``by_peer`` when ``cost``
-            predicts it at least 1% faster for the slowest part (forward + backward, simulated with
-            the runtime's own steps, :mod:`hf_hsap.plan.pipeline`), else ``batched``.
-        token_slack: epsilon of the ``balanced`` token cap ``ceil(T/P) * (1 + eps)``; for ``auto``, the
-            largest slack its candidates may use.
-        total_tokens: if given, must equal ``cu_seqlens[-1]``.
-        cost: the cost model ``auto`` minimises. Default: ``CostModel.for_link(group.link)``
-            (offline: ``"nvlink"`` when ``size`` divides ``gpus_per_node``, else ``"network"``).
-        gpus_per_node: for an int ``sp``, the ranks per node.
-        cache: plan cache (equal layouts and options return the same object); none by default.
-        bind: applied to the new plan before it is cached (the runtime binds plans to its process
-            groups this way).
-        windows: the attention mask of every layer of the model (:mod:`hf_hsap.plan.windows`): a per-layer
-            sequence of sliding windows (Transformers' ``sliding_window``; ``None`` = full attention) or a
-            mapping window -> layer count; ``hf_hsap.attention_windows(model.config)`` reads it from a
-            config. The plan gets one set of transfers and rounds per distinct kind over one placement, and
-            ``auto`` weighs the kinds by their layers. Default: full attention only. Other kinds are planned
-            on demand (exact, but not weighed).
+        cu_seqlens: ``[n_docs + 1]`` document boundaries over the flattened batch (tensor, array, list or
+            :class:`~hf_hsap.plan.layout.Layout`); ``0 < ... < T``.
+        sp: a :class:`~hf_hsap.plan.group.GroupSpec`, or an int group size for offline planning.
+        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"``, ``"density"`` or ``"auto"`` (:mod:`.search`: the
+            cheapest by ``cost`` of every placement the planner builds, refined; never worse than any).
+        ulysses_size: U for an int ``sp``. gpus_per_node: the ranks per node for an int ``sp``.
+        recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round); more moves in
+            further rounds and the backward fetches the KV again. ``None``: no limit.
+        rounds: ``"batched"`` (one round with every peer), ``"by_peer"`` (one ring distance per round) or ``"auto"``
+            (``by_peer`` where the simulated step, :mod:`.pipeline`, is at least 1 % faster).
+        token_slack: epsilon of the token cap ``ceil(T/P) * (1 + eps)``. total_tokens: if given, ``cu_seqlens[-1]``.
+        cost: the cost model ``auto`` minimises (default: ``CostModel.for_link(group.link)``).
+        cache: equal layouts and options return the same plan. bind: applied to a new plan before it is cached.
+        windows: every layer's attention mask (:mod:`.windows`): a per-layer sequence of sliding windows (``None`` =
+            full) or a mapping window -> layer count (``hf_hsap.attention_windows(config)``); one set of transfers
+            and rounds per kind over one placement, weighed by layers. Other kinds are planned on demand.
 
     Returns:
         The :class:`Plan`.
 
     Raises:
-        ValueError: bad ``cu_seqlens``, unknown placement or round order, fewer tokens than ranks, a
-            non-positive budget.
+        ValueError: bad ``cu_seqlens``, unknown placement or round order, fewer tokens than ranks, a non-positive
+            budget.
     """
     layout = make_layout(cu_seqlens, total_tokens)
     group = _group(sp, ulysses_size, gpus_per_node)
@@ -187,14 +163,10 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
                         gpus_per_node: int | None = None, cost: CostModel | None = None, placement: str = "auto",
                         windows: Sequence[Window] | Mapping[Window, int] | None = None, num_kv_heads: int | None = None,
                         memory_cap: bool = True) -> tuple[int, dict[int, float]]:
-    """The Ulysses degree ``U`` whose plan of this layout the cost model prices fastest (pure, offline), among
-    those whose activation memory stays within the highest degree's (:func:`.degree.fastest_degree`).
-
-    Every ``U`` that divides ``sp_size`` and ``num_heads`` and keeps the all-to-all inside a node (divides
-    ``gpus_per_node`` when it is given) is planned, up to ``U = sp_size`` (DeepSpeed Ulysses: one part, no
-    SAP). A rank's time is its part's step time divided by ``U`` (:func:`.cost.step_time`, with the
-    all-to-all's share of every token, :meth:`.cost.CostModel.for_ulysses`). What a per-batch choice of the
-    hierarchy would gain; the runtime's groups have one ``U`` (``init_sequence_parallel(ulysses_size=...)``).
+    """The Ulysses degree ``U`` whose plan of this layout the cost model prices fastest (offline; what a
+    ``"per_batch"`` group decides per batch), among those whose activation memory stays within the highest degree's
+    (:func:`.degree.fastest_degree`). Every ``U`` dividing ``sp_size``, ``num_heads`` and the node is planned, up to
+    ``U = sp_size`` (Ulysses itself); a rank's time is its part's step time divided by ``U``.
 
     Args:
         cu_seqlens: the layout. sp_size: P. num_heads: query heads of the model.
