@@ -13,7 +13,8 @@ def _sweep_row(link, lb, auto, bound, others=None, oracle=None, tokens=1.0, T=40
 
 def _peer_config(hsap_mib, ds_ratio, alst_ratio, ds_mib=50.0, alst_mib=60.0):
     def scheme(ratio, mib):
-        return {"ratio": ratio, "ratio_q1": ratio - 0.02, "noise": 0.05, "tensor_mib": mib, "peak_mib": mib * 2}
+        return {"ratio": ratio, "ratio_q1": ratio - 0.02, "noise": 0.05, "tensor_mib": mib, "peak_mib": mib * 2,
+                "cpu_ratio": ratio}
 
     return {"results": {"hsap": scheme(1.0, hsap_mib), "deepspeed_ulysses": scheme(ds_ratio, ds_mib),
                         "alst": scheme(alst_ratio, alst_mib)}}
@@ -29,7 +30,7 @@ def test_every_goal_met():
     peers = {"configs": [_peer_config(40.0, 1.02, 1.00), _peer_config(30.0, 1.2, 1.1)]}
     planning = [{"P": 64, "placement": "auto", "cold_cpu_ms": 19.0, "cached_ms": 0.05}]
     rows = issue19_goal_rows({"sweep": sweep, "peers": peers, "planning": planning})
-    assert len(rows) == 9 and all(status.startswith("**met**") for _, _, status in rows), rows
+    assert len(rows) == 10 and all(status.startswith("**met**") for _, _, status in rows), rows
     goals = _by_goal(rows)
     tokens = next(v for g, v in goals.items() if g.startswith("tokens"))
     assert "worst 1.1001; above the cap on 0 layouts" in tokens[0]  # 1502 tokens = floor(1.10 · 1366)
@@ -46,6 +47,8 @@ def test_each_goal_fails_on_its_own_figure():
     assert all(s.startswith("**not met**") for s in statuses), rows
     goals = _by_goal(rows)
     assert "slower than one of them on 1 of 2 layouts" in next(v for g, v in goals.items() if g.startswith("`auto`"))[0]
+    default = next(s for g, (_, s) in goals.items() if g.startswith("the default"))
+    assert default == "**not met** (1/2)"  # ALST's CPU time below hf_hsap's on the row
     network = next(v for g, v in goals.items() if "network pricing" in g)[0]
     assert network.startswith("0.0%; no placement within the token cap can on 100.0%")
     assert "(1/2)" in next(v for g, v in goals.items() if g.startswith("CPU measured"))[1]
