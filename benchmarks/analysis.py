@@ -51,7 +51,7 @@ def _one_node(res: dict) -> str:
     return ("**One node (8×A100).** Every balanced schedule is close to the model's ideal: ideal / Ulysses "
             f"{rp.span(iu)}, ideal / hf_hsap {rp.span(ih)}. So ≥ 1.2–1.3× Ulysses cannot be reached in this model "
             "(NVLink makes Ulysses' all-to-all cheap and it splits work exactly by heads); hf_hsap / best other is "
-            f"{rp.span(vo)} there. On one node the default is flat SAP (`ulysses_size=\"auto\"` gives U = 1) and `auto` "
+            f"{rp.span(vo)} there. On one node `ulysses_size=\"auto\"` gives flat SAP (U = 1) and `auto` "
             "prices KV at NVLink speed, so it keeps tokens balanced (tokens max/mean "
             f"{rp.span(tok, 3)} at P = 8; hsap / Ulysses GEMM ms of the slowest GPU {rp.span(g, 3)}); its refinement "
             "evens out each GPU's priced load (GEMM tokens + attention pairs), so at 512K, where attention "
@@ -116,7 +116,7 @@ def analysis(res: dict) -> str:
     parts = [
         "## Where hf_hsap loses, and why",
         "",
-        "1. **Received KV on `mixed` on one node.** With flat SAP (the default inside one node) the rank holding "
+        "1. **Received KV on `mixed` on one node.** With flat SAP (`ulysses_size=\"auto\"` inside one node) the rank holding "
         "the last token of the T/2 document needs every earlier token of it that it does not hold, and it holds at "
         "most the token cap (1.10 · T/P): the *recv floor* column is that bound. "
         + ("; ".join(f"P={g['P']}: floor {g['recv_floor']:.3f}, hf_hsap {g['recv']:.3f}"
@@ -132,7 +132,7 @@ def analysis(res: dict) -> str:
         "each holder's two chunks at about 1 : 2 (and it must go to every holder); hf_hsap does not do it.",
         "2. **Several nodes: the hierarchy is the default.** Flat SAP (U = 1) treats all ranks alike, so split "
         "documents send KV over InfiniBand (25 GB/s per GPU on A100) although NVLink is 12× faster. "
-        "`ulysses_size=\"auto\"` (the default of `init_sequence_parallel`) therefore runs Ulysses inside each "
+        "`ulysses_size=\"auto\"` (the default of `init_sequence_parallel` when the model's heads are unknown) therefore runs Ulysses inside each "
         "node (U = 8) and SAP between nodes when an SP group spans nodes, which keeps most traffic on NVLink. "
         "Llama-3-8B, MB received per GPU per layer (fwd + bwd):\n\n"
         + _inter_node(res),

@@ -39,7 +39,7 @@ RECV_SHAPE = "llama3-8b"  # recv_kv is reported in full-KV units of this shape (
 @dataclass(frozen=True)
 class HsapVariant:
     """One way of running hf_hsap: a placement, a Ulysses degree ``U`` (``R = P / U`` SAP parts;
-    ``0``: ``ulysses_size="auto"``, the default) and the round order. Every variant plans as it would
+    ``0``: ``ulysses_size="auto"``) and the round order. Every variant plans as it would
     on nodes of ``gpus_per_node`` GPUs: the cost model ``auto`` minimises follows the SAP link
     (NVLink when the group fits in one node, else the network)."""
 

@@ -139,7 +139,8 @@ def _validate(world: int, sp_size: int, ulysses_size: int) -> None:
 
 
 def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = None) -> int:
-    """The ``ulysses_size="auto"`` rule (the default of :func:`init_sequence_parallel`).
+    """The ``ulysses_size="auto"`` rule (the default of :func:`init_sequence_parallel` when the model's heads are
+    unknown).
 
     * The SP group fits in one node (``sp_size`` divides ``gpus_per_node``): ``U = 1``, pure SAP. Every
       link is NVLink, SAP moves only the KV that documents need and balances work, and it has no
@@ -170,9 +171,8 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
 def resolve_ulysses_size(ulysses_size: int | str | None, num_heads: int | None, sp_size: int) -> int | str:
     """The degree option a group is built with: ``ulysses_size`` as given, or for the default (``None``)
     ``"per_batch"`` when the model's query heads are known and ``"auto"`` otherwise. Why: with the heads known,
-    every batch can run at the degree the cost model prices fastest, up to Ulysses itself, so the default is
-    never the slower of flat SAP and Ulysses on a batch; the cost is a set of process groups per degree and one
-    plan per degree for every new layout (cached like any plan).
+    every batch can run at the degree the cost model prices fastest, from flat SAP up to Ulysses itself; the cost
+    is a set of process groups per degree and one plan per degree for every new layout (cached like any plan).
 
     Args:
         ulysses_size: the option (an int, ``"auto"``, ``"per_batch"`` or None). num_heads: query heads, or None.
@@ -185,7 +185,7 @@ def resolve_ulysses_size(ulysses_size: int | str | None, num_heads: int | None, 
         return ulysses_size
     chosen = "per_batch" if num_heads and sp_size > 1 else "auto"
     if sp_size > 1:
-            logger.info("hf_hsap: ulysses_size not set: %r (%s)", chosen,
+        logger.info("hf_hsap: ulysses_size not set: %r (%s)", chosen,
                     f"the model has {num_heads} query heads" if num_heads else "the model's heads are unknown")
     return chosen
 

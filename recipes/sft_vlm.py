@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     writer = MetricsWriter(training_args.output_dir, state.is_main_process)
     if state.is_main_process:
         print(f"[hf_hsap] VLM SFT: world {state.num_processes}, sp {training_args.hsap_sp_size} "
-              f"(ulysses {training_args.hsap_ulysses_size}) | model {model} | data {data} | rows of "
+              f"(ulysses {training_args.hsap_ulysses_size or 'default'}) | model {model} | data {data} | rows of "
               f"{training_args.max_length} tokens | assistant-only loss {training_args.assistant_only_loss}",
               flush=True)
     trainer = run_sft(*parsed, callbacks=[lambda t: StepLogCallback(t, writer)], trainer_class=VLMRecipeTrainer)

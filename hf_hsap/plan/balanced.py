@@ -75,7 +75,7 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
 
 
 class _Figures:
-    """The per-document figures of a balanced pass, the same at every token cap (lists, longest first)."""
+    """The per-document figures of a balanced pass (lists, longest first)."""
 
     def __init__(self, layout: Layout, n_parts: int, work_slack: float) -> None:
         lengths = layout.doc_lengths

@@ -1,7 +1,7 @@
 """What a greedy placement (:mod:`.balanced`, :mod:`.density`) hands over before its refinement.
 
-``auto`` prices several greedy passes; keeping the state between a pass and :mod:`.refine` lets it refine one pass
-several ways (:meth:`Greedy.placement`) and share a pass between token caps where no cap decided anything.
+Keeping the state between a pass and :mod:`.refine` lets ``auto`` refine one pass several ways
+(:meth:`Greedy.placement`: evening out work alone, or work and tokens).
 """
 from __future__ import annotations
 

@@ -5,10 +5,10 @@
    (:func:`.oracle.polish`, small groups), contiguous cuts priced with their transfers (:mod:`.cutting`) and
    sliced cuts (:mod:`.slicing`). A proposal replaces the plan only under :meth:`Search.accepts`: faster by the
    one-layer model (:func:`.cost.step_time`) by more than :data:`MARGIN`, and, on full attention, no slower with
-   the plan's rounds simulated forward and backward (:func:`.simulation.simulated_time`).
+   the plan's rounds simulated forward and backward (:func:`.simulation.simulated`).
 
-So ``auto`` is never slower than any simpler placement by the cost model, and no refinement makes a plan slower
-by either model. The refinements are those the placement sweep justifies (BENCHMARKS.md, ``benchmarks/sweep.py``);
+So ``auto`` is never slower than any simpler placement by the cost model (with windowed layers, zigzag is weighed up
+to a size: :mod:`.candidates`), and no refinement makes a plan slower by either model. The refinements are those the placement sweep justifies (BENCHMARKS.md, ``benchmarks/sweep.py``);
 windowed plans are priced per mask kind and take no refinement.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ __all__ = ["MARGIN", "Option", "REFINEMENTS", "Search", "auto"]
 
 logger = logging.getLogger(__name__)
 
-MARGIN = 1e-3  # a proposal must be faster than the plan by more than this share: a smaller gain is within
-# the model's error, and the cuts would trade real work balance for it (the traffic section's SFT rows)
+MARGIN = 1e-3  # a proposal must be faster than the plan by more than this share: a smaller gain is within the
+# model's error, and a refinement may trade real work balance for it
 POLISH_MAX_PARTS = 16  # the local search runs on groups of at most this many parts
 POLISH_MAX_SEGMENTS = 512  # ... from a plan of at most this many segments (it reads every part's)
 SLICED_MIN_EXCESS = 0.01  # sliced cuts are tried only on plans this far above the compute bound
