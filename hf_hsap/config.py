@@ -11,6 +11,7 @@ sharding hook, the SP data loader, the trainers and ``hsap-plan``::
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,10 @@ import torch
 from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import Window, layer_windows
 
-__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "attention_windows", "parse_dtype"]
+__all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "attention_windows", "parse_dtype",
+           "resolve_ulysses_size"]
+
+logger = logging.getLogger(__name__)
 
 ROUNDS = ("auto", "batched", "by_peer")
 ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
@@ -57,7 +61,7 @@ class HSAPConfig:
             ``"per_batch"`` (groups for every degree that divides P, the heads and a node; every batch runs
             the degree whose plan the cost model prices fastest, :func:`hf_hsap.sp_plan.plan_per_batch`).
             ``None`` (default): ``"per_batch"`` when the model's query heads are known (``model_config`` or
-            ``num_heads``), else ``"auto"`` (:func:`~hf_hsap.topology.resolve_ulysses_size`).
+            ``num_heads``), else ``"auto"`` (:func:`resolve_ulysses_size`).
         per_batch_memory_cap: with ``"per_batch"``, a batch runs only at a degree whose modelled activation memory
             per rank is at most the highest degree's (:func:`hf_hsap.plan.degree.fastest_degree`; flat SAP keeps its
             received keys for the backward); ``False``: the fastest degree, whatever it holds.
@@ -206,3 +210,25 @@ def attention_windows(config: Any) -> list[Window]:
     if getattr(config, "use_sliding_window", True) is False:
         window = None
     return [window] * (n_layers if isinstance(n_layers, int) and n_layers > 0 else 1)
+
+
+def resolve_ulysses_size(ulysses_size: int | str | None, num_heads: int | None, sp_size: int) -> int | str:
+    """The degree option a group is built with: ``ulysses_size`` as given, or for the default (``None``)
+    ``"per_batch"`` when the model's query heads are known and ``"auto"`` otherwise. Why: with the heads known,
+    every batch can run at the degree the cost model prices fastest, from flat SAP up to Ulysses itself; the cost
+    is a set of process groups per degree and one plan per degree for every new layout (cached like any plan).
+
+    Args:
+        ulysses_size: the option (an int, ``"auto"``, ``"per_batch"`` or None). num_heads: query heads, or None.
+        sp_size: P (a group of one rank has one degree: ``"auto"``).
+
+    Returns:
+        An int, ``"auto"`` or ``"per_batch"``.
+    """
+    if ulysses_size is not None:
+        return ulysses_size
+    chosen = "per_batch" if num_heads and sp_size > 1 else "auto"
+    if sp_size > 1:
+        logger.info("hf_hsap: ulysses_size not set: %r (%s)", chosen,
+                    f"the model has {num_heads} query heads" if num_heads else "the model's heads are unknown")
+    return chosen

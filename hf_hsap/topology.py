@@ -20,13 +20,13 @@ from typing import Any
 import torch.distributed as dist
 
 from .comm.p2p import CommStats, P2PExecutor
-from .config import DEFAULT_TIMEOUT_S, ULYSSES_MODES, HSAPConfig
+from .config import DEFAULT_TIMEOUT_S, ULYSSES_MODES, HSAPConfig, resolve_ulysses_size
 from .launch_checks import check_accelerate_world, check_parallelism_config
 from .plan.cache import PlanCache
 from .plan.group import GroupSpec
 
 __all__ = ["SPGroup", "auto_ulysses_size", "check_parallelism_config", "finish_distributed", "init_sequence_parallel",
-           "resolve_ulysses_size", "ulysses_degrees"]
+           "ulysses_degrees"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,28 +168,6 @@ def auto_ulysses_size(sp_size: int, gpus_per_node: int, num_heads: int | None = 
     return best
 
 
-def resolve_ulysses_size(ulysses_size: int | str | None, num_heads: int | None, sp_size: int) -> int | str:
-    """The degree option a group is built with: ``ulysses_size`` as given, or for the default (``None``)
-    ``"per_batch"`` when the model's query heads are known and ``"auto"`` otherwise. Why: with the heads known,
-    every batch can run at the degree the cost model prices fastest, from flat SAP up to Ulysses itself; the cost
-    is a set of process groups per degree and one plan per degree for every new layout (cached like any plan).
-
-    Args:
-        ulysses_size: the option (an int, ``"auto"``, ``"per_batch"`` or None). num_heads: query heads, or None.
-        sp_size: P (a group of one rank has one degree: ``"auto"``).
-
-    Returns:
-        An int, ``"auto"`` or ``"per_batch"``.
-    """
-    if ulysses_size is not None:
-        return ulysses_size
-    chosen = "per_batch" if num_heads and sp_size > 1 else "auto"
-    if sp_size > 1:
-        logger.info("hf_hsap: ulysses_size not set: %r (%s)", chosen,
-                    f"the model has {num_heads} query heads" if num_heads else "the model's heads are unknown")
-    return chosen
-
-
 def ulysses_degrees(sp_size: int, gpus_per_node: int, num_heads: int | None) -> list[int]:
     """The Ulysses degrees ``ulysses_size="per_batch"`` builds groups for: every ``U`` that divides ``sp_size``
     and the query heads and keeps the all-to-all inside a node (divides ``gpus_per_node``), up to
@@ -244,7 +222,7 @@ def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | st
             fits in one node, else Ulysses inside each node and SAP between), or ``"per_batch"``: groups for
             every degree of :func:`ulysses_degrees` (``num_heads`` needed), each batch planned for the fastest by
             the cost model (``SPGroup.degrees``, :func:`hf_hsap.sp_plan.plan_per_batch`); the returned group is
-            the ``"auto"`` degree's. ``None`` (default): :func:`resolve_ulysses_size`.
+            the ``"auto"`` degree's. ``None`` (default): :func:`hf_hsap.config.resolve_ulysses_size`.
         group: must be ``None`` or span the whole world (the mesh is built over the world).
         timeout_s: timeout of the created groups: a peer that died or stalls makes the others raise
             after this many seconds instead of hanging.

@@ -322,7 +322,7 @@ def test_the_default_degree_is_per_batch_when_the_heads_are_known(caplog) -> Non
     auto; a degree the user gave is kept as given."""
     import logging
 
-    from hf_hsap.topology import resolve_ulysses_size
+    from hf_hsap.config import resolve_ulysses_size
 
     with caplog.at_level(logging.INFO, logger="hf_hsap"):
         assert resolve_ulysses_size(None, 32, 8) == "per_batch"
