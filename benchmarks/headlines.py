@@ -239,8 +239,8 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     vlm = res.get("vlm_step")
     if vlm:
         body = [[r["sp"], f"{r['hf_hsap']['peak_mib']:,.0f} / {r['baseline']['peak_mib']:,.0f}",
-                 _ratio(r["hf_hsap"]["peak_mib"], r["baseline"]["peak_mib"]),
-                 _ratio(r["hf_hsap"]["cpu_s"], r["baseline"]["cpu_s"])] for r in vlm["rows"]]
+                 rp.ratio(r["hf_hsap"]["peak_mib"], r["baseline"]["peak_mib"]),
+                 rp.ratio(r["hf_hsap"]["cpu_s"], r["baseline"]["cpu_s"])] for r in vlm["rows"]]
         out += ["", "Command: `bash scripts/bench_vlm.sh`: one training step of a small Qwen2.5-VL on a packed "
                 f"image + text row of {vlm['row']['tokens']:,} tokens ({vlm['row']['images']} images), hf_hsap "
                 "against every rank encoding every image; busiest rank.", "",
@@ -248,7 +248,7 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     hyb = res.get("hybrid_step")
     if hyb:
         body = [[r["sp"], f"{r['hybrid']['peak_mib']:,.0f} / {r['attention']['peak_mib']:,.0f}",
-                 _ratio(r["hybrid"]["cpu_s"], r["attention"]["cpu_s"]),
+                 rp.ratio(r["hybrid"]["cpu_s"], r["attention"]["cpu_s"]),
                  f"{r['hybrid']['handoffs']} → {r['hybrid_priced']['handoffs']}",
                  "yes" if all(r[n]["states"]["equal"] for n in ("hybrid", "hybrid_priced")) else "**no**"]
                 for r in hyb["rows"]]
@@ -265,8 +265,3 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
                 f"warm-up, plan cache at most {soak['cache_max']} entries, throughput drift "
                 f"{soak['drift'] * 100:+.1f}%."]
     return out if len(out) > 1 else []
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    """``a / b`` with two decimals (``–`` when either is missing)."""
-    return "–" if a is None or b is None or not b else f"{a / b:.2f}"

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import hybrid_workers as hw
+from .report import mib, ratio, secs
 from .sections import step_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,18 +180,6 @@ def run_hybrid_step(cfg: HybridStepConfig, pools: DistPools | None = None,
             "seconds": time.perf_counter() - t0, "load": [load0, os.getloadavg()[0]], "cpus": os.cpu_count()}
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "–" if a is None or b is None or not b else f"{a / b:.2f}"
-
-
-def _mib(x: float) -> str:
-    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
-
-
-def _secs(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
-
-
 def _kib(x: float) -> str:
     return f"{x / 1024:,.0f}" if x >= 10 * 1024 or not x else f"{x / 1024:.1f}"
 
@@ -227,12 +216,12 @@ def hybrid_section(res: dict[str, Any]) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         a, b = r["hybrid"], r["attention"]
-        lines.append(f"| {r['sp']} | {_mib(a['peak_mib'])} | {_mib(b['peak_mib'])} | "
-                     f"{_ratio(a['peak_mib'], b['peak_mib'])} | {_secs(a['cpu_s'])} | {_secs(b['cpu_s'])} | "
-                     f"{_ratio(a['cpu_s'], b['cpu_s'])} | {_ratio(a['peak_mib'], one['hybrid']['peak_mib'])} | "
-                     f"{_ratio(b['peak_mib'], one['attention']['peak_mib'])} | "
-                     f"{_ratio(a['cpu_s'], one['hybrid']['cpu_s'])} | "
-                     f"{_ratio(b['cpu_s'], one['attention']['cpu_s'])} |")
+        lines.append(f"| {r['sp']} | {mib(a['peak_mib'])} | {mib(b['peak_mib'])} | "
+                     f"{ratio(a['peak_mib'], b['peak_mib'])} | {secs(a['cpu_s'])} | {secs(b['cpu_s'])} | "
+                     f"{ratio(a['cpu_s'], b['cpu_s'])} | {ratio(a['peak_mib'], one['hybrid']['peak_mib'])} | "
+                     f"{ratio(b['peak_mib'], one['attention']['peak_mib'])} | "
+                     f"{ratio(a['cpu_s'], one['hybrid']['cpu_s'])} | "
+                     f"{ratio(b['cpu_s'], one['attention']['cpu_s'])} |")
     equal = all(r["hybrid"]["states"]["equal"] for r in rows)
     lines += ["", f"State hand-offs of the hybrid: per hand-off and {f['mixer_layers']} linear-attention layer(s), the "
               f"convolution's last {m['conv_kernel'] - 1} inputs (C = {f['conv'] // (4 * (m['conv_kernel'] - 1))} "
@@ -255,7 +244,7 @@ def hybrid_section(res: dict[str, Any]) -> str:
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         a, s = r["hybrid"], r["hybrid"]["states"]
-        share = _ratio(s["step"]["measured"], a["comm_bytes"]) if a["comm_bytes"] else "–"
+        share = ratio(s["step"]["measured"], a["comm_bytes"]) if a["comm_bytes"] else "–"
         lines.append(f"| {r['sp']} | {a['split_docs']} | {a['handoffs']} | {a['chain_steps']} | "
                      f"{_kib(s['layer']['total']['measured'])} | {_kib(s['layer']['total']['formula'])} | "
                      f"{_kib(s['step']['measured'])} | {_kib(s['step']['formula'])} | {_kib(a['comm_bytes'])} | "
@@ -286,9 +275,9 @@ def _priced_lines(res: dict[str, Any]) -> list[str]:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         a, b = r["hybrid"], r["hybrid_priced"]
-        lines.append(f"| {r['sp']} | {_mib(a['peak_mib'])} | {_mib(b['peak_mib'])} | {_secs(a['cpu_s'])} | "
-                     f"{_secs(b['cpu_s'])} | {_ratio(b['cpu_s'], a['cpu_s'])} | {a['handoffs']} | {b['handoffs']} | "
-                     f"{_ratio(b['handoffs'], a['handoffs'])} | {a['chain_steps']} | {b['chain_steps']} | "
+        lines.append(f"| {r['sp']} | {mib(a['peak_mib'])} | {mib(b['peak_mib'])} | {secs(a['cpu_s'])} | "
+                     f"{secs(b['cpu_s'])} | {ratio(b['cpu_s'], a['cpu_s'])} | {a['handoffs']} | {b['handoffs']} | "
+                     f"{ratio(b['handoffs'], a['handoffs'])} | {a['chain_steps']} | {b['chain_steps']} | "
                      f"{_kib(b['states']['step']['measured'])} | {_kib(b['states']['step']['formula'])} | "
                      f"{a['split_docs']} | {b['split_docs']} | {_doc_ranks(a['doc_ranks'])} | "
                      f"{_doc_ranks(b['doc_ranks'])} |")

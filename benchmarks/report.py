@@ -20,6 +20,21 @@ def span(vals: list[float], nd: int = 2) -> str:
     return f"{min(vals):.{nd}f}–{max(vals):.{nd}f}" if vals else "–"
 
 
+def ratio(a: float | None, b: float | None) -> str:
+    """``a / b`` with two decimals (``–`` when either is missing or ``b`` is 0)."""
+    return "–" if a is None or b is None or not b else f"{a / b:.2f}"
+
+
+def mib(x: float) -> str:
+    """MiB: whole above 10, two decimals below."""
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
+
+
+def secs(x: float | None) -> str:
+    """Seconds with two decimals (``–`` when missing)."""
+    return "–" if x is None else f"{x:.2f}"
+
+
 def _f(x: float, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import vlm_workers as vw
+from .report import mib, ratio, secs
 from .sections import step_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,18 +137,6 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
             "seconds": time.perf_counter() - t0}
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "–" if a is None or b is None or not b else f"{a / b:.2f}"
-
-
-def _mib(x: float) -> str:
-    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
-
-
-def _secs(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
-
-
 def _encoded(s: dict[str, Any]) -> str:
     i = max(range(len(s["pixel_rows"])), key=lambda r: s["pixel_rows"][r])
     return f"{s['images'][i]} ({s['pixel_rows'][i]:,})"
@@ -181,9 +170,9 @@ def vlm_section(res: dict[str, Any]) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         a, b = r[hs], r[bl]
-        lines.append(f"| {r['sp']} | {_mib(a['peak_mib'])} | {_mib(b['peak_mib'])} | "
-                     f"{_ratio(a['peak_mib'], b['peak_mib'])} | {_secs(a['cpu_s'])} | {_secs(b['cpu_s'])} | "
-                     f"{_ratio(a['cpu_s'], b['cpu_s'])} | {_secs(a['vision_cpu_s'])} | {_secs(b['vision_cpu_s'])} | "
+        lines.append(f"| {r['sp']} | {mib(a['peak_mib'])} | {mib(b['peak_mib'])} | "
+                     f"{ratio(a['peak_mib'], b['peak_mib'])} | {secs(a['cpu_s'])} | {secs(b['cpu_s'])} | "
+                     f"{ratio(a['cpu_s'], b['cpu_s'])} | {secs(a['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
                      f"{_encoded(a)} | {_encoded(b)} |")
     return "\n".join(lines) + "\n"
 

@@ -99,17 +99,18 @@ class Search:
 
     def orders(self, pl: Placement, tr: Transfers) -> RoundOrderTimes | None:
         """The round orders' times the search simulated for this placement and full transfers, else None."""
-        held = self.sims.get(id(pl))
-        return held[3] if held is not None and held[0] is pl and held[1] is tr else None
+        held = self._held(pl, tr)
+        return None if held is None else held[1]
 
-    def _memo(self, opt: Option) -> float | None:
-        held = self.sims.get(id(opt.placement))
-        return held[2] if held is not None and held[0] is opt.placement and held[1] is opt.transfers[None] else None
+    def _held(self, pl: Placement, tr: Transfers) -> tuple[float, RoundOrderTimes] | None:
+        """``(simulated time, round orders' times)`` of these very objects, if the search simulated them."""
+        held = self.sims.get(id(pl))
+        return held[2:] if held is not None and held[0] is pl and held[1] is tr else None
 
     def _simulated(self, opt: Option) -> float:
-        held = self._memo(opt)
+        held = self._held(opt.placement, opt.transfers[None])
         if held is not None:
-            return held
+            return held[0]
         t, orders = simulated(self.layout, opt.placement, opt.transfers[None], self.cost, self.budget, self.rounds)
         self.sims[id(opt.placement)] = (opt.placement, opt.transfers[None], t, orders)  # objects kept: ids stay
         return t
