@@ -55,7 +55,8 @@ def peers_headline(res: dict[str, Any]) -> list[str]:
             cells = [c["label"], c["hkv"], f"{h['ms']:.0f} (U {', '.join(map(str, us)) or '–'})"]
             for n in PEERS:
                 v = r.get(n, {})
-                cells.append(f"{v['ratio']:.2f} / {v['cpu_ratio']:.2f}" if "ratio" in v else "–")
+                cpu = f"{v['cpu_ratio']:.2f}" + (f" ({v['cpu_lo']:.2f}–{v['cpu_hi']:.2f})" if "cpu_hi" in v else "")
+                cells.append(f"{v['ratio']:.2f} / {cpu}" if "ratio" in v else "–")
                 ratios += [v["ratio"]] if "ratio" in v else []
             cells.append(" / ".join(f"{r[n]['tensor_mib']:.1f}" if "tensor_mib" in r.get(n, {}) else "–"
                                     for n in ("hsap", *PEERS)))
@@ -64,7 +65,9 @@ def peers_headline(res: dict[str, Any]) -> list[str]:
                 f"{cfg['T']}, {cfg['hq']} query heads, one attention layer forward + backward, every scheme on "
                 "hf_hsap's CPU kernel and checked against float64 first; time = median over "
                 f"{cfg['reps']} interleaved rounds of scheme / hf_hsap in the same round, CPU = process time summed "
-                "over ranks, scheme / hf_hsap (> 1: hf_hsap faster); tensors = the largest rank's exact tensor peak.",
+                "over ranks, the same median, with the interval of that median in brackets (≥ 95 % confidence; "
+                "holding 1: a tie within the noise) (> 1: hf_hsap faster); tensors = the largest rank's exact tensor "
+                "peak.",
                 "", rp.table(["row", "kv heads", "hf_hsap ms (U)",
                               *(f"{PEER_NAMES[n]} time / CPU vs hf_hsap" for n in PEERS),
                               "tensors MiB hf_hsap / " + " / ".join(PEER_NAMES[n] for n in PEERS)], body)]

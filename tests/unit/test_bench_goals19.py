@@ -59,6 +59,19 @@ def test_each_goal_fails_on_its_own_figure():
     assert oracle[0].endswith("slower with the rounds simulated on 1 of the 1 misses")
 
 
+def test_the_default_is_judged_by_the_interval_of_its_cpu_ratio():
+    """A median CPU ratio below 1 whose interval holds 1 is a tie (met); an interval wholly below 1 is slower."""
+    def default_status(hi):
+        cfg = _peer_config(40.0, 1.02, 0.98)
+        cfg["results"]["alst"]["cpu_hi"] = hi
+        rows = _by_goal(issue19_goal_rows({"peers": {"configs": [cfg]}}))
+        return next(v for g, v in rows.items() if g.startswith("the default"))
+
+    value, status = default_status(1.01)
+    assert status == "**met** (2/2)" and "≥ 1.00 on 1/2" in value
+    assert default_status(0.995)[1] == "**not met** (1/2)"
+
+
 def test_missing_figures_give_no_rows():
     assert issue19_goal_rows({}) == []
     assert issue19_goal_rows({"planning": [{"P": 8, "placement": "auto", "cold_cpu_ms": 1, "cached_ms": 0.01}]}) == []

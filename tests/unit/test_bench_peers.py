@@ -56,6 +56,27 @@ def test_summarize_ratios_noise_and_memory():
     assert s["hsap"]["tensor_mib"] == pytest.approx(4.0) and s["deepspeed_ulysses"]["tensor_mib"] == pytest.approx(2.0)
 
 
+def test_median_interval_is_the_order_statistics_of_the_binomial_tail():
+    # n = 15: P(Binomial(15, 1/2) <= 3) = 576 / 32768 = 1.8 % <= 2.5 % < P(<= 4) = 5.9 %: x_(4) and x_(12)
+    x = np.random.default_rng(0).permutation(np.arange(1.0, 16.0))
+    assert peers.median_interval(x) == (4.0, 8.0, 12.0)
+    assert peers.median_interval(x, confidence=0.80) == (5.0, 8.0, 11.0)  # P(<= 4) = 5.9 % <= 10 %
+    assert peers.median_interval(np.array([3.0, 1.0, 2.0])) == (1.0, 2.0, 3.0)  # too few rounds: the whole range
+    assert peers.median_interval(np.array([0.9])) == (0.9, 0.9, 0.9)
+
+
+def test_the_cpu_ratio_is_the_median_of_per_round_ratios_with_its_interval():
+    hsap = [1.0] * 15
+    peer = [0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09, 1.1, 2.0]
+    s = peers.summarize([_per_rank({"hsap": hsap, "alst": peer}, {"hsap": hsap, "alst": peer[::-1]})])
+    assert s["alst"]["cpu_ratio"] == pytest.approx(1.04)
+    assert (s["alst"]["cpu_lo"], s["alst"]["cpu_hi"]) == pytest.approx((1.0, 1.08))  # x_(4), x_(12)
+    text = peers.peers_section(_results([{"dist": "sft", "label": "SFT", "T": 128, "hq": 8, "hkv": 8, "d": 64,
+                                          "n_docs": 4, "pairs": 1, "check_s": 0.1, "seconds": 1.0, "results": s}],
+                                        {"deepspeed": "0.x", "deepspeed_ulysses": "ok", "alst": "ok"}))
+    assert "| 1.04 (1.00–1.08) |" in text and "measurably slower by CPU time in 0/1" in text
+
+
 def test_peers_section_renders_the_table():
     per_rank = [_per_rank({"hsap": [1.0, 1.0, 1.0], "hsap_ulysses": [1.2, 1.2, 1.2],
                            "deepspeed_ulysses": [1.5, 1.5, 1.5]},
@@ -74,9 +95,10 @@ def test_peers_section_renders_the_table():
     assert text.startswith("## hf_hsap beside DeepSpeed")
     assert "DeepSpeed 0.19.8" in text and "`python -m benchmarks.peers --quick`" in text
     assert "wall times are noisy" in text  # load 5 on 2 cores
-    assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | – | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 | " \
-           "3.0e-07 | 30 | – |" in text  # no tensor peak for this scheme
-    assert "| SFT (many short documents) | 5 | 2 | hsap | 2 | 1000 | 0.00 | 1 (base) | 1.00 | 1.0e-07 | 10 | 5.0 |" in text
+    assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | – | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 (2.00–2.00) " \
+           "| 3.0e-07 | 30 | – |" in text  # no tensor peak for this scheme
+    assert "| SFT (many short documents) | 5 | 2 | hsap | 2 | 1000 | 0.00 | 1 (base) | 1.00 (1.00–1.00) | 1.0e-07 | 10 | " \
+           "5.0 |" in text
     assert "| hsap_ulysses | – | 1200 |" in text and "| 20 | 0.5 |" in text
     assert "| alst | – | not timed |" in text and "**not exact**" in text
     assert "Some schemes were not exact" in text
