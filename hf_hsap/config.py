@@ -22,7 +22,7 @@ from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import Window, layer_windows
 
 __all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "attention_windows", "parse_dtype",
-           "resolve_ulysses_size"]
+           "resolve_ulysses_size", "text_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,13 +151,14 @@ class HSAPConfig:
 
     @property
     def num_heads(self) -> int | None:
-        """Query heads of ``model_config`` (what ``ulysses_size="auto"`` / ``"per_batch"`` degrees divide), or None."""
-        return getattr(self.model_config, "num_attention_heads", None)
+        """Query heads of ``model_config``'s decoder (:func:`text_config`; what ``ulysses_size="auto"`` /
+        ``"per_batch"`` degrees divide), or None."""
+        return getattr(text_config(self.model_config), "num_attention_heads", None)
 
     @property
     def num_kv_heads(self) -> int | None:
-        """Key/value heads of ``model_config`` (``num_key_value_heads``, else its query heads), or None."""
-        return getattr(self.model_config, "num_key_value_heads", None) or self.num_heads
+        """Key/value heads of ``model_config``'s decoder (``num_key_value_heads``, else its query heads), or None."""
+        return getattr(text_config(self.model_config), "num_key_value_heads", None) or self.num_heads
 
     def cost_for(self, sap_link: str) -> Any:
         """The cost model of a group whose SAP links are ``sap_link``: ``cost_model``, else one built from
@@ -165,7 +166,7 @@ class HSAPConfig:
         (:func:`hf_hsap.devices.detect_hardware`), else None (the planner's default)."""
         if self.cost_model is not None:
             return self.cost_model
-        cfg = self.model_config
+        cfg = text_config(self.model_config)
         if cfg is not None and hasattr(cfg, "num_attention_heads") and hasattr(cfg, "hidden_size"):
             from .devices import detect_hardware
             from .plan.cost import CostModel
@@ -186,6 +187,19 @@ class HSAPConfig:
         return options
 
 
+def text_config(config: Any) -> Any:
+    """The decoder's config of a Transformers config: ``get_text_config(decoder=True)`` of a composite
+    (vision-language) config, else ``config`` itself (also when the call fails: an older signature, or several
+    text configs). The one place hf_hsap reads a model's language part from its config."""
+    get = getattr(config, "get_text_config", None)
+    if not callable(get):
+        return config
+    try:
+        return get(decoder=True)
+    except (TypeError, ValueError):
+        return config
+
+
 def attention_windows(config: Any) -> list[Window]:
     """The sliding window of every attention layer of a Transformers config (``None``: full), for
     ``plan_sequence(..., windows=...)``; one entry when the config has no layer count.
@@ -194,12 +208,7 @@ def attention_windows(config: Any) -> list[Window]:
     ``sliding_window``), else ``sliding_window`` on every layer unless ``use_sliding_window`` is False; composite
     configs use their text config. A layer that differs at run time is still exact, only not weighed by ``auto``.
     """
-    get = getattr(config, "get_text_config", None)
-    if callable(get):
-        try:
-            config = get(decoder=True)
-        except (TypeError, ValueError):  # older signature, or several text configs
-            pass
+    config = text_config(config)
     window = getattr(config, "sliding_window", None)
     window = window if isinstance(window, (int, np.integer)) and not isinstance(window, bool) and window >= 1 else None
     n_layers = getattr(config, "num_hidden_layers", None)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..config import text_config
 from ..log import get_logger
 from ..multimodal import prepare_vision
 from ..plan.chain import RECURRENT_LAYER_TYPES
@@ -74,24 +75,13 @@ class ModelCheck:
     mixer_layers: int = 0
 
 
-def _text_config(config: Any) -> Any:
-    """The decoder's config (``get_text_config()`` for composite configs)."""
-    get = getattr(config, "get_text_config", None)
-    if not callable(get):
-        return config
-    try:
-        return get(decoder=True)
-    except (TypeError, ValueError):  # older signature, or several text configs: use the config itself
-        return config
-
-
 def _family(config: Any) -> str:
     return str(getattr(config, "model_type", type(config).__name__))
 
 
 def layer_type(config: Any, layer_idx: int | None) -> str | None:
     """``config.layer_types[layer_idx]`` (``None`` when the config has no layer types or no index)."""
-    types = getattr(_text_config(config), "layer_types", None)
+    types = getattr(text_config(config), "layer_types", None)
     if not types or layer_idx is None or not 0 <= layer_idx < len(types):
         return None
     return str(types[layer_idx])
@@ -99,7 +89,7 @@ def layer_type(config: Any, layer_idx: int | None) -> str | None:
 
 def chunked_attention_size(config: Any) -> int | None:
     """``attention_chunk_size`` when the model has chunked-attention layers, else ``None``."""
-    text = _text_config(config)
+    text = text_config(config)
     if "chunked_attention" not in {str(t) for t in (getattr(text, "layer_types", None) or [])}:
         return None
     return getattr(text, "attention_chunk_size", None)
@@ -108,13 +98,13 @@ def chunked_attention_size(config: Any) -> int | None:
 def sliding_window_size(config: Any) -> int | None:
     """``sliding_window`` of the decoder's config: the window ``masking_utils`` builds the sliding layers' mask
     with (``None``: no window)."""
-    return getattr(_text_config(config), "sliding_window", None)
+    return getattr(text_config(config), "sliding_window", None)
 
 
 def attention_layer_count(config: Any) -> int | None:
     """Attention layers a text forward runs, from the config: the attention entries of ``layer_types``, else
     ``num_hidden_layers`` less cross-attention layers (``None`` when the config says neither)."""
-    text = _text_config(config)
+    text = text_config(config)
     types = getattr(text, "layer_types", None)
     n_layers = getattr(text, "num_hidden_layers", None)
     if types:
@@ -147,12 +137,12 @@ def _interface_of_config_class(config_class: type) -> bool | None:
 def uses_attention_interface(config: Any) -> bool | None:
     """Whether the model family of ``config`` runs its attention through the AttentionInterface
     (``None``: unknown, e.g. a custom model)."""
-    return _interface_of_config_class(type(_text_config(config)))
+    return _interface_of_config_class(type(text_config(config)))
 
 
 def has_mixer_layers(config: Any) -> bool:
     """Whether the config's model has recurrent token mixers (linear attention, SSM, short convolutions)."""
-    text = _text_config(config)
+    text = text_config(config)
     types = getattr(text, "layer_types", None)
     if types:
         return bool({str(t) for t in types} & RECURRENT_LAYER_TYPES)
@@ -161,7 +151,7 @@ def has_mixer_layers(config: Any) -> bool:
 
 def _mixer_reason(config: Any) -> str | None:
     """Why the config's model has token mixers hf_hsap cannot run exactly (a phrase), or ``None``."""
-    text = _text_config(config)
+    text = text_config(config)
     types = getattr(text, "layer_types", None)
     family = _family(text)
     known = family in MIXER_FAMILIES
@@ -195,7 +185,7 @@ def check_mixers_prepared(module: torch.nn.Module, config: Any, sp_size: int = 1
     if "_hsap_mixers_ready" not in module.__dict__ and has_mixer_layers(config):
         where = f"under sequence parallelism (sp_size={sp_size})" if sp_size > 1 else "on packed rows"
         raise UnsupportedModelError(
-            f"{_family(_text_config(config))}'s linear-attention / state-space / convolution layers would mix the "
+            f"{_family(text_config(config))}'s linear-attention / state-space / convolution layers would mix the "
             f"documents {where}: call hf_hsap.check_model(model, sp_size={sp_size}) once before the first forward "
             "(the trainers do); it makes them exact")
 
@@ -212,13 +202,13 @@ def check_config(config: Any, *, packed: bool = True, sp_size: int = 1) -> None:
         UnsupportedModelError: non-attention token mixers (on packed rows or under SP), or a family that
             computes attention outside the AttentionInterface.
     """
-    family = _family(_text_config(config))
+    family = _family(text_config(config))
     if uses_attention_interface(config) is False:
         raise UnsupportedModelError(
             f"{family} computes attention in its own code, outside Transformers' AttentionInterface, so "
             f"attn_implementation='hsap' would never run (and its mask would be wrong); {_SDPA_FIX}"
         )
-    text = _text_config(config)
+    text = text_config(config)
     for name in _DENSE_BIAS_FIELDS:
         if getattr(text, name, None) is not None:
             raise UnsupportedModelError(
@@ -263,7 +253,7 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
         UnsupportedModelError: with the family, the reason and a fix (see the module docstring).
     """
     config = model.config
-    family = _family(_text_config(config))
+    family = _family(text_config(config))
     check_config(config, packed=packed, sp_size=sp_size)
     from .mixer_hooks import prepare_mixers  # (mixer_hooks reads the plan-use record, which imports this module)
 
@@ -345,7 +335,7 @@ def disable_attention_dropout(model: torch.nn.Module) -> int:
                 elif isinstance(dropout, (int, float)) and dropout > 0:
                     setattr(m, name, 0.0)
             changed += 1
-    text = _text_config(model.config)
+    text = text_config(model.config)
     for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
         if getattr(text, name, None):
             setattr(text, name, 0.0)

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import torch
 
 from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, resolve_checkpoint, rotate
+from ..config import text_config
 from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
@@ -267,7 +268,7 @@ def _use_hsap_in_decoder(model: Any) -> None:
     """Give the decoder ``attn_implementation="hsap"`` unless it has it; the other sub-models (vision, audio
     towers) keep the implementation the user chose for them (``"hsap"`` serves their bidirectional calls too)."""
     config = model.config
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     current = getattr(text, "_attn_implementation", None)
     if current == ATTN_NAME:
         return

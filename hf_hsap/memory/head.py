@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import text_config
 from ..log import get_logger
 from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
 
@@ -51,7 +52,7 @@ def logit_transform(config: Any) -> tuple[float | None, float]:
         ``final_logit_softcapping`` (or None) and the multiplier before it (``logit_scale``, ``output_multiplier``,
         ``lm_head_multiplier``, ``1 / logits_scaling``; 1.0 when none is set).
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     softcap = getattr(text, "final_logit_softcapping", None)
     scale = None
     for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..config import text_config
+
 __all__ = ["ModelShape", "model_shape"]
 
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # families with per-head q / k RMSNorms
@@ -73,8 +75,7 @@ def model_shape(config: Any) -> ModelShape:
     Returns:
         The shape.
     """
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
+    config = text_config(config)
     H, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
     experts = int(_get(config, "num_experts", None) or _get(config, "num_local_experts", None) or 0)
     inter = int(_get(config, "intermediate_size", 0) or 0)

@@ -86,6 +86,21 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
     assert sum(r["local_items"].get(key, 0) for r in results) > items
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+@pytest.mark.parametrize("kv_token_cost", [None, 1e6])
+def test_sp4_default_degree_from_the_text_config(family: str, kv_token_cost: float | None, pools) -> None:
+    """No degree given, the model's config in HSAPConfig: the group is per_batch over the decoder's heads (degrees
+    1, 2 and 4 of 4 heads) and the row, at the degree it ran at, matches the documents alone; priced with moving
+    a key/value token dearer than anything else, the row runs at Ulysses itself (U = 4)."""
+    cost = None if kv_token_cost is None else {"kv_token_cost": kv_token_cost}
+    results = pools(4, TIMEOUT_S).run(W.vlm_forward_backward, family, 4, None, "auto", False, cost)
+    check(family, results)
+    assert all(r["degrees"] == [1, 2, 4] for r in results)
+    assert len({r["ulysses"] for r in results}) == 1
+    if cost is not None:
+        assert results[0]["ulysses"] == 4
+
+
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3"])
 def test_check_model_probe_runs_an_image(family: str) -> None:
     """check_model's SP probe runs an image through the vision tower and finds the kwargs on both decoder layers."""

@@ -331,3 +331,21 @@ def test_the_default_degree_is_per_batch_when_the_heads_are_known(caplog) -> Non
     assert resolve_ulysses_size(None, 32, 1) == "auto"
     for given in (1, 4, "auto", "per_batch"):
         assert resolve_ulysses_size(given, 32, 8) == given
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava"])
+def test_a_vision_language_config_gives_its_decoders_heads_and_cost(family: str) -> None:
+    """A composite config has no top-level heads: the heads, the cost model and the windows come from its text
+    config, so the default degree of a VLM is per_batch like a language model's."""
+    from hf_hsap.config import resolve_ulysses_size, text_config
+    from hf_hsap.examples import tiny_vlm_config
+
+    config = tiny_vlm_config(family)
+    assert getattr(config, "num_attention_heads", None) is None  # what the heads were read from before
+    text = text_config(config)
+    assert text is not config and text.num_attention_heads == 4
+    cfg = HSAPConfig(sp_size=4, model_config=config)
+    assert (cfg.num_heads, cfg.num_kv_heads) == (4, 2)
+    assert resolve_ulysses_size(cfg.ulysses_size, cfg.num_heads, cfg.sp_size) == "per_batch"
+    assert cfg.cost_for("nvlink") is not None  # priced from the decoder's shapes
+    assert text_config(text) is text and text_config({"num_attention_heads": 2}) == {"num_attention_heads": 2}

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hf_hsap
 from hf_hsap.data.packing import best_fit_decreasing
-from hf_hsap.examples import tiny_vlm, vlm_documents
+from hf_hsap.examples import tiny_vlm, tiny_vlm_config, vlm_documents
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 
 DTYPE = torch.float64
@@ -21,11 +21,16 @@ VIDEO_SHAPES = [(9, (2, 8, 8), 13), (2, (1, 4, 4), 4), (4, (2, 2, 4), 3)]
 _GROUPS: dict = {}
 
 
-def get_sp(sp_size: int, ulysses: int) -> hf_hsap.SPGroup:
-    """This process's SP group of that shape (cached per worker process)."""
-    key = (sp_size, ulysses)
+def get_sp(sp_size: int, ulysses: int | None, family: str | None = None,
+           cost: dict | None = None) -> hf_hsap.SPGroup:
+    """This process's SP group of that shape (cached per worker process); ``ulysses=None``: the default degree of
+    ``family``'s config (the heads of its text config), priced by ``cost`` (CostModel fields; None: the model's)."""
+    key = (sp_size, ulysses, family if ulysses is None else None, None if cost is None else tuple(sorted(cost.items())))
     if key not in _GROUPS:
-        _GROUPS[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(sp_size=sp_size, ulysses_size=ulysses))
+        model_config = tiny_vlm_config(family) if ulysses is None else None
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
+            sp_size=sp_size, ulysses_size=ulysses, model_config=model_config,
+            cost_model=None if cost is None else hf_hsap.CostModel(**cost)))
     return _GROUPS[key]
 
 
@@ -82,11 +87,13 @@ def alone_backward(model: torch.nn.Module, docs: list[dict[str, Any]]) -> tuple[
     return logits.detach(), float(loss.detach()), n_items
 
 
-def vlm_forward_backward(family: str, sp_size: int, ulysses: int = 1, placement: str = "auto",
-                         video: bool = False) -> dict[str, Any]:
+def vlm_forward_backward(family: str, sp_size: int, ulysses: int | None = 1, placement: str = "auto",
+                         video: bool = False, cost: dict | None = None) -> dict[str, Any]:
     """The packed row through ``shard_batch`` + ``model(**local)`` ("hsap"): local logits with their global
-    indices, the loss, the gradients summed over the SP group, and how many local items were split."""
-    sp = get_sp(sp_size, ulysses) if sp_size > 1 else 1
+    indices, the loss, the gradients summed over the SP group, how many local items were split, the degree the
+    row ran at and the group's degrees (``ulysses=None``: the default of the family's config; ``cost``: see
+    :func:`get_sp`)."""
+    sp = get_sp(sp_size, ulysses, family, cost) if sp_size > 1 else 1
     ref, docs = documents(family, video)
     model = tiny_vlm(family, DTYPE, attn="hsap")
     check = hf_hsap.check_model(model, sp_size=sp_size)
@@ -112,7 +119,8 @@ def vlm_forward_backward(family: str, sp_size: int, ulysses: int = 1, placement:
         dist.all_reduce(loss, group=sp.group)
     return {"index": idx, "logits": out.logits.detach()[0], "loss": float(loss), "grads": grads, "real": real,
             "num_items": int(local["num_items_in_batch"]), "layers": check.attention_layers,
-            "placement": plan.placement.name,
+            "placement": plan.placement.name, "ulysses": plan.ulysses_size,
+            "degrees": sorted(sp.degrees) if sp_size > 1 else [],
             "local_rows": {k: int(v.numel()) for k, v in rows.items() if ":" not in k},
             "local_items": {k: int(local[key].shape[0]) for k, key in (("image", "image_grid_thw"),
                                                                          ("video", "video_grid_thw"),
