@@ -86,8 +86,7 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
     assert sum(r["local_items"].get(key, 0) for r in results) > items
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
-@pytest.mark.parametrize("kv_token_cost", [None, 1e6])
+@pytest.mark.parametrize("family,kv_token_cost", [("qwen3_vl", None), ("gemma3", 1e6)])
 def test_sp4_default_degree_from_the_text_config(family: str, kv_token_cost: float | None, pools) -> None:
     """No degree given, the model's config in HSAPConfig: the group is per_batch over the decoder's heads (degrees
     1, 2 and 4 of 4 heads) and the row, at the degree it ran at, matches the documents alone; priced with moving
