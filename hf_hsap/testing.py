@@ -164,8 +164,8 @@ def _worker(rank: int, world: int, init_method: str, tasks, results, pg_timeout_
     results.join_thread()  # every result written to the pipe
     sys.stdout.flush()
     sys.stderr.flush()
-    # skip the interpreter's teardown (a second or more of module finalisation per rank on 2 cores, paid by every
-    # pool's close): the rank holds nothing that needs it once its group is gone and its results are flushed
+    # skip the interpreter's teardown (module finalisation, which every pool's close would wait for): the rank holds
+    # nothing that needs it once its group is gone and its results and output are flushed
     os._exit(0)
 
 
