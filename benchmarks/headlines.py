@@ -55,8 +55,7 @@ def peers_headline(res: dict[str, Any]) -> list[str]:
             cells = [c["label"], c["hkv"], f"{h['ms']:.0f} (U {', '.join(map(str, us)) or '–'})"]
             for n in PEERS:
                 v = r.get(n, {})
-                cpu = f"{v['cpu_ratio']:.2f}" + (f" ({v['cpu_lo']:.2f}–{v['cpu_hi']:.2f})" if "cpu_hi" in v else "")
-                cells.append(f"{v['ratio']:.2f} / {cpu}" if "ratio" in v else "–")
+                cells.append(f"{v['ratio']:.2f} / {rp.cpu_cell(v)}" if "ratio" in v else "–")
                 ratios += [v["ratio"]] if "ratio" in v else []
             cells.append(" / ".join(f"{r[n]['tensor_mib']:.1f}" if "tensor_mib" in r.get(n, {}) else "–"
                                     for n in ("hsap", *PEERS)))

@@ -248,13 +248,6 @@ def _ratio(v: dict) -> str:
     return f"{v['ratio']:.2f} ({v['ratio_q1']:.2f}–{v['ratio_q3']:.2f})"
 
 
-def _cpu(v: dict) -> str:
-    """The CPU ratio with its median interval (``–`` untimed; the bare ratio from results without the interval)."""
-    if "cpu_ratio" not in v:
-        return "–"
-    return f"{v['cpu_ratio']:.2f}" + (f" ({v['cpu_lo']:.2f}–{v['cpu_hi']:.2f})" if "cpu_hi" in v else "")
-
-
 def _err(v: dict) -> str:
     return f"{max(v['error'].values()):.1e}"
 
@@ -335,7 +328,7 @@ def peers_section(results: dict) -> str:
             body.append([c["label"], c["n_docs"], c["hkv"], n, ", ".join(map(str, us)) or "–",
                          f"{v['ms']:.0f}" if "ms" in v else "not timed",
                          f"{v['noise']:.2f}" if "noise" in v else "–", "1 (base)" if n == "hsap" else _ratio(v),
-                         _cpu(v),
+                         rp.cpu_cell(v),
                          _err(v) + ("" if v["exact"] else " **not exact**"),
                          f"{v['peak_mib']:.0f}" if "peak_mib" in v else "–",
                          f"{v['tensor_mib']:.1f}" if "tensor_mib" in v else "–"])

@@ -25,6 +25,14 @@ def ratio(a: float | None, b: float | None) -> str:
     return "–" if a is None or b is None or not b else f"{a / b:.2f}"
 
 
+def cpu_cell(v: dict) -> str:
+    """A peers row's CPU ratio with the interval of its median (``–`` untimed; the bare ratio from results
+    without the interval)."""
+    if "cpu_ratio" not in v:
+        return "–"
+    return f"{v['cpu_ratio']:.2f}" + (f" ({v['cpu_lo']:.2f}–{v['cpu_hi']:.2f})" if "cpu_hi" in v else "")
+
+
 def mib(x: float) -> str:
     """MiB: whole above 10, two decimals below."""
     return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
