@@ -5,8 +5,9 @@ Public API:
     init_sequence_parallel(sp_size_or_config, ulysses_size=None) -> SPGroup   (groups from a DeviceMesh)
     plan_sequence(cu_seqlens, sp, placement="auto") -> Plan
     hsap_attn_func(q, k, v, plan, softmax_scale=None) -> out
-    check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly)
-    apply_memory_levers(model, MemoryLevers(...))   (chunked loss, checkpointing, offloading, tiled MLP)
+    prepare_model(model, sp_size=1, levers=MemoryLevers(...)) -> PreparedModel   (the one step that changes a
+        model: recurrent layers, plan relay, vision rows, memory levers; .undo() restores it)
+    check_model(model, sp_size=1) -> ModelCheck   (refuses what "hsap" cannot run exactly; only reads)
     vision_spec(model) -> VisionSpec   (PackingCollator(..., vision=...) for packed image / video + text rows)
 """
 from .attention import hsap_attn_func
@@ -22,9 +23,10 @@ from .plan_stats import KindStats, PlanStats
 from .sp_plan import SPPlan, plan_sequence
 from .plan.planner import choose_ulysses_size
 from .topology import SPGroup, init_sequence_parallel
-from .integrations import check_config, check_model, check_plan_used, disable_attention_dropout, register, shard_batch  # noqa: E402
+from .integrations import (PreparedModel, check_config, check_model, check_plan_used, prepare_model,  # noqa: E402
+                           register, shard_batch)
 from .data import PackingCollator
-from .memory import MemoryLevers, apply_memory_levers
+from .memory import MemoryLevers
 from .multimodal import vision_spec
 
 register()
@@ -41,18 +43,18 @@ __all__ = [
     "KindStats",
     "SPPlan",
     "SPGroup",
-    "apply_memory_levers",
+    "PreparedModel",
     "attention_windows",
     "check_config",
     "check_model",
     "check_plan_used",
     "choose_ulysses_size",
     "cu_seqlens_from_position_ids",
-    "disable_attention_dropout",
     "hsap_attn_func",
     "init_sequence_parallel",
     "make_layout",
     "PackingCollator",
+    "prepare_model",
     "register",
     "shard_batch",
     "plan_sequence",

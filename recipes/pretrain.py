@@ -227,9 +227,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--docs_per_step {args.docs_per_step} < dp_size {sp.dp_size} x grad_accum {args.grad_accum}")
 
     model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
-    hf_hsap.check_model(model, sp_size=sp.size)  # refuse before the first step what "hsap" cannot run exactly
+    # the one step that changes the model (recurrent layers, plan relay, memory levers), before accelerator.prepare
+    # (DDP / FSDP wrap what it did); it refuses before the first step what "hsap" cannot run exactly
+    offload = hf_hsap.prepare_model(model, sp_size=sp.size, levers=memory_levers(args)).offload
     check_row_fits(args, model.config, sp, accelerator)  # ... and a row that cannot fit, naming the lever that would
-    offload = hf_hsap.apply_memory_levers(model, memory_levers(args))  # before prepare: DDP / FSDP wrap the levers
     config, n_matmul = model.config, matmul_params(model)
     optimizer, scheduler = make_optimizer(model, args)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers import zoo_run
 
     families = [f for f in args.families.split(",") if f] or ZC.families()
-    checks = ", ".join(n for n in ("check_model", "check_plan_used") if hasattr(hf_hsap, n)) or "absent"
+    checks = ", ".join(n for n in ("prepare_model", "check_plan_used") if hasattr(hf_hsap, n)) or "absent"
     header = {"command": "python scripts/model_zoo.py" + (f" --families {args.families}" if args.families else ""),
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "transformers": transformers.__version__,
               "torch": torch.__version__, "checks": checks, "json": os.path.relpath(args.json, ROOT), "seconds": 0.0}

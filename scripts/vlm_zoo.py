@@ -130,7 +130,7 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "Mllama) is built from a tiny config (`tests/workers/vlm_zoo_configs.py`). `vision_spec(model)` either "
         "refuses it (`refused`, with the fix its message names: one document per row, which is what the reference "
         "runs) or the family runs one packed row of 5 image + text documents through "
-        "`PackingCollator(vision=vision_spec(model))`, `check_model`, `shard_batch(batch, sp)` and `model(**local)` "
+        "`PackingCollator(vision=vision_spec(model))`, `prepare_model`, `shard_batch(batch, sp)` and `model(**local)` "
         "with `attn_implementation=\"hsap\"` in float64: `sp1` in one process, and on 4 gloo ranks SP 2 (as DP 2 x "
         "SP 2) and SP 4, each with Ulysses U = 1 and 2 (an image split across ranks). Compared with the same weights "
         "on each document alone (SDPA, eager where the family has no SDPA): logits of every token, the loss and "

@@ -7,7 +7,8 @@ import HSAPTrainer, HSAPSFTConfig``).
 from typing import Any
 
 from .dataloader import SPDataLoader
-from .model_check import ModelCheck, UnsupportedModelError, check_config, check_model, disable_attention_dropout
+from .model_check import ModelCheck, UnsupportedModelError, check_config, check_model
+from .prepare import PreparedModel, prepare_model
 from .plan_use import PlanNotUsedError, PlanUse, check_plan_used
 from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, hsap_model_loss, reduce_loss_for_logging
 from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
@@ -28,13 +29,13 @@ __all__ = [
     "ModelCheck",
     "PlanNotUsedError",
     "PlanUse",
+    "PreparedModel",
     "SPDataLoader",
     "UnsupportedModelError",
     "batch_cu_seqlens",
     "check_config",
     "check_model",
     "check_plan_used",
-    "disable_attention_dropout",
     "document_starts",
     "dp_grad_scale",
     "global_num_items",
@@ -43,6 +44,7 @@ __all__ = [
     "hsap_model_loss",
     "hsap_mask_function",
     "is_registered",
+    "prepare_model",
     "reduce_loss_for_logging",
     "register",
     "shard_batch",

@@ -72,8 +72,8 @@ def check_supported(module: torch.nn.Module, dropout: float, *, is_causal: bool 
     name = type(module).__name__
     if dropout and dropout > 0:
         raise ValueError(
-            f"attn_implementation='hsap' has no attention dropout ({name} asked for p={dropout}); call "
-            "hf_hsap.disable_attention_dropout(model) or load the model with attention_dropout=0.0 (setting "
+            f"attn_implementation='hsap' has no attention dropout ({name} asked for p={dropout}); pass "
+            "disable_attention_dropout=True to hf_hsap.prepare_model or load the model with attention_dropout=0.0 (setting "
             "model.config.attention_dropout afterwards does not reach the layers; other dropout is unaffected)"
         )
     if is_causal is None:

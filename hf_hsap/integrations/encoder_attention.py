@@ -60,7 +60,7 @@ def encoder_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if cu_seq_lens_q is not None:
         if dropout and dropout > 0:
             raise ValueError(f"{type(module).__name__}: attention dropout on packed encoder calls is not implemented; "
-                             "call hf_hsap.disable_attention_dropout(model)")
+                             "pass disable_attention_dropout=True to hf_hsap.prepare_model")
         b, h, n, d = query.shape
         q = query.transpose(1, 2).reshape(b * n, h, d)  # [B, H, L, D] -> [B*L, H, D]
         k = key.transpose(1, 2).reshape(b * n, key.shape[1], d)

@@ -107,7 +107,8 @@ def hsap_model_loss(
     ``[T_local, V]`` logits, their log-softmax and their gradient.
 
     Args:
-        model: the model (wrapped or not); :func:`hf_hsap.memory.apply_memory_levers` gives it the chunked head.
+        model: the model (wrapped or not); :func:`hf_hsap.prepare_model` (``levers=``) gives it the chunked
+            head.
         local: this rank's batch (:func:`~.sharding.shard_batch` / :class:`~.dataloader.SPDataLoader`): every key
             but the targets and counts goes to the model, ``shift_labels`` ``[1, T_local]`` to the loss.
         num_items_in_batch: ``N`` (:func:`global_num_items`). grad_scale: ``W`` (:func:`dp_grad_scale`).
@@ -131,7 +132,7 @@ def hsap_model_loss(
     head = find_chunked_head(model)
     if head is None:
         get_logger(__name__).info("hf_hsap: the model has no chunked LM head; the loss comes from the full logits "
-                                  "(hf_hsap.memory.apply_memory_levers gives it one)")
+                                  "(hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers()) gives it one)")
         return hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], num_items_in_batch, grad_scale,
                                    sp=sp)
     with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale) as request:

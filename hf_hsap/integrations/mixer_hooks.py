@@ -2,9 +2,9 @@
 
 Transformers runs these layers' recurrent kernels through its kernel hooks: each layer instance holds a private
 wrapper of every kernel function it calls (``use_kernelized_func``, from the ``kernels`` package), whose
-``forward`` ``kernelize`` replaces per instance. :func:`prepare_mixers` replaces it the same way with
-:mod:`hf_hsap.mixers.ops`' document-cut versions, bound to a :class:`MixerContext` of the model: a forward
-pre-hook on the model records the batch's layout (``shard_batch``'s plan, else ``position_ids`` /
+``forward`` ``kernelize`` replaces per instance. :func:`prepare_mixers` (called by ``prepare_model``) replaces it
+the same way with :mod:`hf_hsap.mixers.ops`' document-cut versions, bound to a :class:`MixerContext` of the model: a
+forward pre-hook on the model records the batch's layout (``shard_batch``'s plan, else ``position_ids`` /
 ``cu_seq_lens_q``) as a :class:`~hf_hsap.plan.chain.Chain` that every layer of that forward (and its
 recomputation under gradient checkpointing) runs by. A batch of one document per row, without SP, runs the
 kernels unchanged (generation, plain batches). A layer with no kernel hook (MiniMax's lightning attention,
@@ -25,16 +25,17 @@ import torch
 
 from ..log import get_logger
 from ..mixers.handoff import StateExchange
+from ..mixers.layers import mixer_layers
 from ..mixers.ops import LAYER_OPS, OPS
+from ..model_state import MIXERS, MIXERS_READY, ModelChanges, state_of
 from ..plan.chain import Chain, document_chain, state_chain
 from ..data.positions import document_starts
+from .plan_use import PLAN_USE_KEY, plan_use_of
 from .sharding import text_positions
 
 logger = get_logger(__name__)
 
-__all__ = ["MixerContext", "layout_chain", "mixer_layers", "prepare_mixers"]
-
-_ATTR = "_hsap_mixers"  # the model's MixerContext
+__all__ = ["MixerContext", "layout_chain", "prepare_mixers"]
 
 
 class MixerContext:
@@ -86,8 +87,6 @@ def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, Sta
     Returns:
         ``(chain, exchange, plan use)``; ``chain`` is ``None`` for one document per row without SP.
     """
-    from .plan_use import PLAN_USE_KEY, plan_use_of
-
     plan = kwargs.get("hsap_plan")
     if plan is not None:
         if plan.size == 1:
@@ -152,23 +151,20 @@ def _layer_replacement(op: Callable, ctx: MixerContext) -> Callable:
     return forward
 
 
-def mixer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers :func:`prepare_mixers` makes document-exact: those holding a private wrapper of a kernel in
-    ``OPS``, and those of a class in ``LAYER_OPS``."""
-    return [m for m in model.modules() if type(m).__name__ in LAYER_OPS
-            or any(name in OPS for name in (m.__dict__.get("_kernel_funcs") or {}))]
+def prepare_mixers(model: torch.nn.Module, changes: ModelChanges) -> MixerContext | None:
+    """Make a hybrid model's recurrent layers document-exact on packed rows and under SP.
 
-
-def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
-    """Make a hybrid model's recurrent layers document-exact on packed rows and under SP (idempotent).
+    Called by :func:`~.prepare.prepare_model` (the one place that changes a model); every change goes through
+    ``changes``, so ``PreparedModel.undo()`` takes it away.
 
     Args:
         model: a Transformers model (the one whose forward is called: the layout is read from its arguments).
+        changes: the preparation's journal.
 
     Returns:
         The model's :class:`MixerContext`, or ``None`` when it has no such layer.
     """
-    ctx = model.__dict__.get(_ATTR)
+    ctx = state_of(model, MIXERS)
     if ctx is not None:
         return ctx
     layers = mixer_layers(model)
@@ -177,22 +173,23 @@ def prepare_mixers(model: torch.nn.Module) -> MixerContext | None:
     ctx = MixerContext(layers, getattr(model, "config", None))
     for layer in layers:
         if type(layer).__name__ in LAYER_OPS:  # no kernel hook: the layer's forward, per instance, as kernelize does
-            layer.forward = types.MethodType(_layer_replacement(LAYER_OPS[type(layer).__name__], ctx), layer)
+            changes.set(layer, "forward",
+                        types.MethodType(_layer_replacement(LAYER_OPS[type(layer).__name__], ctx), layer))
             continue
         for name, fn in layer.__dict__["_kernel_funcs"].items():
             if name in OPS:
                 if "forward" in fn.__dict__:
                     logger.info("prepare_mixers: %s.%s had a kernelized forward; hf_hsap's document-cut version "
                                 "replaces it (it calls the hook's default dispatch)", type(layer).__name__, name)
-                fn.forward = types.MethodType(_replacement(OPS[name], ctx, layer), fn)
-    model.register_forward_pre_hook(ctx.capture, with_kwargs=True)
-    model.register_forward_hook(ctx.done, with_kwargs=True, always_call=True)
+                changes.set(fn, "forward", types.MethodType(_replacement(OPS[name], ctx, layer), fn))
+    changes.hook(model.register_forward_pre_hook(ctx.capture, with_kwargs=True))
+    changes.hook(model.register_forward_hook(ctx.done, with_kwargs=True, always_call=True))
     base = getattr(model, "base_model", model)
     if base is not model:  # model.model(...) called directly also records its layout
-        base.register_forward_pre_hook(ctx.capture_inner, with_kwargs=True)
-    model.__dict__[_ATTR] = ctx
+        changes.hook(base.register_forward_pre_hook(ctx.capture_inner, with_kwargs=True))
+    changes.put(model, MIXERS, ctx)
     for m in model.modules():  # what the "hsap" attention checks: this model's recurrent layers see the layout
-        m.__dict__["_hsap_mixers_ready"] = True
+        changes.put(m, MIXERS_READY, True)
     logger.info("prepare_mixers: %s: %d recurrent layers run document by document (%s)", type(model).__name__,
                 len(layers), ", ".join(sorted({type(m).__name__ for m in layers})))
     return ctx

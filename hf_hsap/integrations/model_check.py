@@ -15,8 +15,9 @@ of models break that, and each is refused here with its reason and a fix that wo
   two-token forward with a sentinel argument.
 
 :func:`check_config` needs only the config (the mask function and the attention function call it on every
-forward, so direct calls and hand-written loops are covered); :func:`check_model` also inspects the modules
-(the trainers call it, and users can: ``hf_hsap.check_model(model, sp_size=...)``).
+forward, so direct calls and hand-written loops are covered); :func:`check_model` also inspects the modules. Both
+only read: what hf_hsap changes on a model (its recurrent layers, the plan relay, the vision rows, the memory levers)
+is :func:`~.prepare.prepare_model`'s, which calls :func:`check_model` first.
 """
 from __future__ import annotations
 
@@ -29,18 +30,19 @@ import torch
 
 from ..config import text_config
 from ..log import get_logger
-from ..multimodal import prepare_vision
+from ..mixers.layers import mixer_layers
+from ..model_state import MIXERS_READY, state_of
 from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
-from .plan_relay import probe_attention, relay_plan
+from .plan_relay import probe_attention
 from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, NO_HOOK,
                              NON_MIXING_LAYER_TYPES)
 
 logger = get_logger(__name__)
 
-__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "UnsupportedModelError",
-           "attention_layer_count", "check_config", "check_mixers_prepared", "check_model", "chunked_attention_size",
-           "disable_attention_dropout", "has_mixer_layers", "layer_type", "sliding_window_size",
+__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "UnsupportedModelError", "attention_dropout_layers",
+           "attention_layer_count", "attention_modules", "check_config", "check_mixers_prepared", "check_model",
+           "chunked_attention_size", "has_mixer_layers", "layer_type", "sliding_window_size",
            "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
@@ -65,14 +67,17 @@ class ModelCheck:
             SP counted by the probe, else the modules that call the attention interface; a vision / audio
             encoder's layers are not counted).
         chunk_size: ``attention_chunk_size`` of chunked layers (``None``: no chunked layers).
-        mixer_layers: recurrent layers (linear attention, SSM, short convolution) made document-exact by
-            :func:`~.mixer_hooks.prepare_mixers` (each records the plan under SP).
+        mixer_layers: recurrent layers (linear attention, SSM, short convolution) that
+            :func:`~.prepare.prepare_model` makes document-exact (each records the plan under SP).
+        unreached_layers: class names of the attention layers the model's keyword arguments do not reach under SP
+            (found by the probe; :func:`~.prepare.prepare_model` relays the plan to them).
     """
 
     family: str
     attention_layers: int
     chunk_size: int | None = None
     mixer_layers: int = 0
+    unreached_layers: tuple[str, ...] = ()
 
 
 def _family(config: Any) -> str:
@@ -176,17 +181,17 @@ def _mixer_reason(config: Any) -> str | None:
 
 
 def check_mixers_prepared(module: torch.nn.Module, config: Any, sp_size: int = 1) -> None:
-    """Refuse a packed / sharded forward of a hybrid model whose recurrent layers :func:`check_model` did not prepare.
+    """Refuse a packed / sharded forward of a hybrid model whose recurrent layers ``prepare_model`` did not prepare.
 
     Args:
-        module: an attention layer of the model (``check_model`` marks every module of the models it prepares).
+        module: an attention layer of the model (``prepare_model`` marks every module of the models it prepares).
         config: the layer's config. sp_size: the plan's SP size.
     """
-    if "_hsap_mixers_ready" not in module.__dict__ and has_mixer_layers(config):
+    if state_of(module, MIXERS_READY) is None and has_mixer_layers(config):
         where = f"under sequence parallelism (sp_size={sp_size})" if sp_size > 1 else "on packed rows"
         raise UnsupportedModelError(
             f"{_family(text_config(config))}'s linear-attention / state-space / convolution layers would mix the "
-            f"documents {where}: call hf_hsap.check_model(model, sp_size={sp_size}) once before the first forward "
+            f"documents {where}: call hf_hsap.prepare_model(model, sp_size={sp_size}) once before the first forward "
             "(the trainers do); it makes them exact")
 
 
@@ -238,8 +243,17 @@ def _forward_uses_interface(cls: type) -> bool:
         return False
 
 
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's attention layers of ``model``: modules whose forward calls the AttentionInterface, less a vision
+    or audio encoder's."""
+    return [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
+
+
 def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
-    """Refuse, before the first step, a model that ``attn_implementation="hsap"`` cannot run exactly.
+    """Refuse, before the first step, a model that ``attn_implementation="hsap"`` cannot run exactly; only reads.
+
+    Under SP a two-token probe forward (with an image for a vision-language model) finds the attention layers the
+    keyword arguments reach; it leaves the model as it was (hooks removed, random streams forked, no gradients).
 
     Args:
         model: a Transformers model (e.g. ``AutoModelForCausalLM.from_pretrained(..., attn_implementation="hsap")``).
@@ -255,14 +269,11 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     config = model.config
     family = _family(text_config(config))
     check_config(config, packed=packed, sp_size=sp_size)
-    from .mixer_hooks import prepare_mixers  # (mixer_hooks reads the plan-use record, which imports this module)
-
     words = [m for m in model.modules() if any(w in type(m).__name__ for w in MIXER_CLASS_WORDS)
              and "Norm" not in type(m).__name__ and not _calls_attention_interface(m)]
-    ctx = prepare_mixers(model) if family in MIXER_FAMILIES else None
-    prepared = ctx.layers if ctx is not None else []
-    ids = {id(p) for p in prepared}
-    inside = {id(x) for p in prepared for x in p.modules()}  # a prepared layer, its parts and its parents count
+    mixers = mixer_layers(model) if family in MIXER_FAMILIES else []
+    ids = {id(p) for p in mixers}
+    inside = {id(x) for p in mixers for x in p.modules()}  # a recurrent layer, its parts and its parents count
     left = sorted({type(m).__name__ for m in words if id(m) not in inside and not any(id(x) in ids for x in m.modules())})
     if left and (packed or sp_size > 1):
         raise UnsupportedModelError(
@@ -270,17 +281,17 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
             "(the hooks come with the `kernels` package: pip install kernels), so they would mix documents on packed "
             f"rows and see only local tokens under SP; {_SDPA_FIX}"
         )
-    attention = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
-    if not attention and not prepared:
+    attention = attention_modules(model)
+    if not attention and not mixers:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
                                     f"attn_implementation='hsap' would never run; {_SDPA_FIX}")
-    dropout = sorted({type(m).__name__ for m in attention if _dropout_p(m) > 0})
+    dropout = sorted({type(m).__name__ for m in attention_dropout_layers(model)})
     if dropout:  # checked in eval mode too: from_pretrained returns eval mode, training turns it on
         raise UnsupportedModelError(
-            f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; call "
-            "hf_hsap.disable_attention_dropout(model) (or load with attention_dropout=0.0)"
+            f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; pass "
+            "disable_attention_dropout=True to hf_hsap.prepare_model (or load with attention_dropout=0.0)"
         )
-    n_layers = len(attention)
+    n_layers, missing = len(attention), []
     if sp_size == 1:
         logger.debug("check_model: sp_size=1, so no probe of whether the keyword arguments reach the attention")
     else:
@@ -291,16 +302,14 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
                 f"{family}: the model's forward takes no extra keyword arguments, so shard_batch's plan cannot reach "
                 f"{', '.join(missing)} and every rank would attend to its own tokens only; use sp_size=1 (packed rows "
                 "are exact there) or a family whose forward takes **kwargs (Llama, Qwen2/3, Mistral, ...)")
-        if missing:  # a layer on the way calls the attention without **kwargs: the plan goes round it
-            relay_plan(model, [m for m in attention if type(m).__name__ in missing])
-    prepare_vision(model)  # a vision-language model keeps only its rank's feature rows under SP
     result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config),
-                        mixer_layers=len(prepared))
+                        mixer_layers=len(mixers), unreached_layers=tuple(missing))
     logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result
 
 
 _DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "dropout")  # where attention layers keep their p
+DROPOUT_CONFIG_FIELDS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")  # and configs theirs
 
 
 def _dropout_p(module: torch.nn.Module) -> float:
@@ -314,29 +323,19 @@ def _dropout_p(module: torch.nn.Module) -> float:
     return 0.0
 
 
-def disable_attention_dropout(model: torch.nn.Module) -> int:
-    """Set the attention dropout of every attention layer (and the config) to 0.
+def attention_dropout_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention layers of ``model`` with a dropout probability above 0 (what ``"hsap"`` does not implement)."""
+    return [m for m in model.modules() if _calls_attention_interface(m) and _dropout_p(m) > 0]
 
-    Changing ``model.config.attention_dropout`` after construction does nothing: each layer copied the value.
 
-    Args:
-        model: a Transformers model.
-
-    Returns:
-        The number of layers changed.
-    """
-    changed = 0
-    for m in model.modules():
-        if _calls_attention_interface(m) and _dropout_p(m) > 0:
-            for name in _DROPOUT_ATTRS:
-                dropout = getattr(m, name, None)
-                if isinstance(dropout, torch.nn.Dropout):  # e.g. Persimmon, GPT-2, BERT pass its .p
-                    dropout.p = 0.0
-                elif isinstance(dropout, (int, float)) and dropout > 0:
-                    setattr(m, name, 0.0)
-            changed += 1
-    text = text_config(model.config)
-    for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
-        if getattr(text, name, None):
-            setattr(text, name, 0.0)
-    return changed
+def dropout_settings(module: torch.nn.Module) -> list[tuple[Any, str]]:
+    """Where an attention layer keeps a dropout probability above 0: ``(object, attribute)`` pairs, an
+    ``nn.Dropout``'s ``p`` (Persimmon, GPT-2, BERT) or a number on the layer."""
+    found = []
+    for name in _DROPOUT_ATTRS:
+        dropout = getattr(module, name, None)
+        if isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
+            found.append((dropout, "p"))
+        elif isinstance(dropout, (int, float)) and dropout > 0:
+            found.append((module, name))
+    return found

@@ -3,7 +3,7 @@ do not reach (Nemotron, StableLM, Falcon: a layer on the way calls the attention
 
 Under SP the ``"hsap"`` attention needs ``shard_batch``'s ``hsap_plan`` (and its ``hsap_plan_use``, ``hsap_blocks``),
 which ride in the model's keyword arguments. Where :func:`~.model_check.check_model`'s probe finds layers they do not
-reach, :func:`relay_plan` registers a forward pre-hook on the model that keeps them for the forward in flight (and
+reach, :func:`relay_plan` (called by ``prepare_model``) registers a forward pre-hook on the model that keeps them for the forward in flight (and
 its recomputation under gradient checkpointing), and marks those layers: the attention reads the plan there when its
 own keyword arguments lack it. No model code is edited.
 """
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..log import get_logger
+from ..model_state import PROBE_KEY, RELAY, ModelChanges, state_of
 from ..multimodal.spec import probe_inputs
 
 logger = get_logger(__name__)
@@ -21,7 +22,6 @@ logger = get_logger(__name__)
 __all__ = ["PlanRelay", "probe_attention", "relay_plan", "relayed"]
 
 RELAYED_KEYS = ("hsap_plan", "hsap_plan_use", "hsap_blocks")
-_ATTR = "_hsap_relay"
 
 
 class PlanRelay:
@@ -35,23 +35,23 @@ class PlanRelay:
         self.kwargs = {k: kwargs.get(k) for k in RELAYED_KEYS}
 
 
-def relay_plan(model: torch.nn.Module, layers: list[torch.nn.Module]) -> PlanRelay:
-    """Give ``layers`` the plan of every forward of ``model`` (idempotent per model).
+def relay_plan(model: torch.nn.Module, layers: list[torch.nn.Module], changes: ModelChanges) -> PlanRelay:
+    """Give ``layers`` the plan of every forward of ``model`` (one relay per model).
 
     Args:
         model: the model whose forward gets ``shard_batch``'s output. layers: its attention layers the keyword
-            arguments do not reach.
+            arguments do not reach. changes: the preparation's journal (``PreparedModel.undo()`` removes the relay).
 
     Returns:
         The model's :class:`PlanRelay`.
     """
-    relay = model.__dict__.get(_ATTR)
+    relay = state_of(model, RELAY)
     if relay is None:
         relay = PlanRelay()
-        model.register_forward_pre_hook(relay.capture, with_kwargs=True)
-        model.__dict__[_ATTR] = relay
+        changes.hook(model.register_forward_pre_hook(relay.capture, with_kwargs=True))
+        changes.put(model, RELAY, relay)
     for layer in layers:
-        layer.__dict__[_ATTR] = relay
+        changes.put(layer, RELAY, relay)
     logger.info("relay_plan: %s: %d attention layers the kwargs do not reach get the plan from the model's forward",
                 type(model).__name__, len(layers))
     return relay
@@ -59,11 +59,8 @@ def relay_plan(model: torch.nn.Module, layers: list[torch.nn.Module]) -> PlanRel
 
 def relayed(module: torch.nn.Module, key: str) -> Any:
     """The relayed value of ``key`` for an attention layer :func:`relay_plan` marked (``None`` otherwise)."""
-    relay = module.__dict__.get(_ATTR)
+    relay = state_of(module, RELAY)
     return relay.kwargs.get(key) if relay is not None else None
-
-
-_PROBE_KEY = "hsap_kwargs_probe"
 
 
 def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]
@@ -86,7 +83,7 @@ def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]
 
     def hook(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         called.add(id(module))
-        if _PROBE_KEY in kwargs:
+        if PROBE_KEY in kwargs:
             reached.add(id(module))
 
     try:
@@ -118,11 +115,11 @@ def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]
     try:  # the random streams stay as they were (a model with dropout would draw from them)
         with torch.no_grad(), torch.random.fork_rng(devices=devices), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            model(**inputs, use_cache=False, **{_PROBE_KEY: True})
+            model(**inputs, use_cache=False, **{PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
         raise
     except TypeError as e:
-        if _PROBE_KEY not in str(e):
+        if PROBE_KEY not in str(e):
             logger.warning("check_model: could not probe %s with a 2-token forward (%s)", type(model).__name__, e)
             return None
         logger.info("check_model: %s refuses extra keyword arguments (%s)", type(model).__name__, e)

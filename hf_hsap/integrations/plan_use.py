@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..plan.plan import Plan
+from ..model_state import PREPARED, state_of
 from .model_check import attention_layer_count, check_model, has_mixer_layers
 
 __all__ = ["PLAN_USE_KEY", "PlanNotUsedError", "PlanUse", "check_plan_used", "plan_use_of"]
@@ -76,7 +77,7 @@ class PlanUse:
 
         Args:
             expected: the model's attention layers (default: counted from the recorded config).
-            expected_mixers: the model's recurrent layers prepared by ``check_model`` (default: at least one when
+            expected_mixers: the model's recurrent layers prepared by ``prepare_model`` (default: at least one when
                 the recorded config has such layers).
         """
         if not self.layers and not self.mixers:
@@ -84,21 +85,22 @@ class PlanUse:
                     "attn_implementation='hsap', or its layers drop the keyword arguments, so every rank attended "
                     "to its own tokens only. Load it with AutoModelForCausalLM.from_pretrained(..., "
                     "attn_implementation='hsap') (or model.set_attn_implementation('hsap')), pass every key of "
-                    "shard_batch's output to model(**local), and check the model with hf_hsap.check_model(model, "
+                    "shard_batch's output to model(**local), and prepare the model with hf_hsap.prepare_model(model, "
                     "sp_size=...)")
         if expected_mixers is None and self.config is not None and has_mixer_layers(self.config):
             expected_mixers = 1
         if expected_mixers and len(self.mixers) < expected_mixers:
             return (f"only {len(self.mixers)} of the model's {expected_mixers} linear-attention / state-space / "
                     "convolution layers ran on the sequence-parallel plan; the others mixed this rank's tokens "
-                    "only. Call hf_hsap.check_model(model, sp_size=...) once before the first forward (the "
+                    "only. Call hf_hsap.prepare_model(model, sp_size=...) once before the first forward (the "
                     "trainers do): it prepares them")
         if expected is None and self.config is not None:
             expected = attention_layer_count(self.config)
         if expected is not None and len(self.layers) < expected:
             return (f"only {len(self.layers)} of the model's {expected} attention layers consumed the sequence-parallel "
                     f"plan ({sorted(set(self.layers.values()))}); the others attended to this rank's tokens only. "
-                    "Check the model with hf_hsap.check_model(model, sp_size=...) for the layers that drop kwargs")
+                    "Prepare the model with hf_hsap.prepare_model(model, sp_size=...): it relays the plan to the layers "
+                    "that drop the keyword arguments")
         return None
 
 
@@ -128,7 +130,8 @@ def check_plan_used(batch: Mapping[str, Any] | PlanUse | None, model: torch.nn.M
     Args:
         batch: the local batch from :func:`~.sharding.shard_batch` (or its ``hsap_plan_use`` record), after
             ``model(**batch)``; a batch without a record (SP size 1, or built by hand) passes.
-        model: the model, to count its attention layers exactly (:func:`~.model_check.check_model`).
+        model: the model, to count its attention layers exactly (its :func:`~.prepare.prepare_model` record, else
+            :func:`~.model_check.check_model`; both only read).
         expected_layers: that count, if known (wins over ``model``).
 
     Raises:
@@ -140,7 +143,9 @@ def check_plan_used(batch: Mapping[str, Any] | PlanUse | None, model: torch.nn.M
     expected_mixers = None
     if expected_layers is None and model is not None:  # a loop calling this every step: pass expected_layers
         model = getattr(model, "module", model)  # DDP / Accelerate wrappers
-        found = check_model(model, sp_size=use.sp_size)
+        prepared = state_of(model, PREPARED)
+        found = (prepared.check if prepared is not None and prepared.sp_size == use.sp_size
+                 else check_model(model, sp_size=use.sp_size))
         expected_layers, expected_mixers = found.attention_layers, found.mixer_layers
     use.checked = True
     problem = use.problem(expected_layers, expected_mixers)

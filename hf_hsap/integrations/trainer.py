@@ -7,7 +7,8 @@ The mixin changes four things and leaves the training loop alone:
    global batches and every step's batch is sharded by :func:`~.sharding.shard_batch` (``hsap_plan``,
    ``shift_labels`` computed on the global batch);
 3. every forward is checked to have run the plan through all of the model's attention layers
-   (:func:`~.plan_use.check_plan_used`, after :func:`~.model_check.check_model` at construction);
+   (:func:`~.plan_use.check_plan_used`, after :func:`~.prepare.prepare_model` at construction, whose record is
+   ``trainer.hsap_prepared``: ``trainer.hsap_prepared.undo()`` restores the model);
 4. the loss is exact: Trainer counts valid ``shift_labels`` over all ranks (``average_tokens_across_devices``
    must stay on, its default), each rank's loss is ``sum(local CE) / N * W``, DDP averages over the ``W`` ranks. The
    logged loss (Trainer's mean over ranks) is then the loss one process would log for the same batches.
@@ -34,16 +35,15 @@ from typing import Any, Iterable
 import torch
 
 from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, resolve_checkpoint, rotate
-from ..config import text_config
 from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
 from .loss import global_num_items, hsap_model_loss
 from .memory_fit import check_trainer_row_fits
-from .model_check import check_model
 from .plan_use import check_plan_used
+from .prepare import prepare_model
 from .trainer_checks import check_trainer_setup
-from .transformers import ATTN_NAME, register
+from .transformers import register
 
 __all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
 
@@ -65,7 +65,7 @@ class HSAPTrainerMixin:
         *args, **kwargs: the Trainer's own arguments.
 
     Raises:
-        ValueError: what :func:`~.trainer_checks.check_trainer_setup` and :func:`~.model_check.check_model`
+        ValueError: what :func:`~.trainer_checks.check_trainer_setup` and :func:`~.prepare.prepare_model`
             refuse, before the first step.
     """
 
@@ -84,10 +84,10 @@ class HSAPTrainerMixin:
         self.sp, cfg = self._hsap_group(sp, hsap_config, config)
         sp = self.sp
         self.hsap_config = cfg
-        _use_hsap_in_decoder(model)
-        # refuse before the first step what "hsap" cannot run exactly; the count checks every forward
-        self._hsap_attention_layers = check_model(model, sp_size=sp.size).attention_layers
-        self._hsap_offload = self._hsap_apply_levers(model)
+        # refuses before the first step what "hsap" cannot run exactly; its count checks every forward
+        self.hsap_prepared = prepare_model(model, sp_size=sp.size, levers=self._hsap_levers())
+        self._hsap_attention_layers = self.hsap_prepared.check.attention_layers
+        self._hsap_offload = self.hsap_prepared.offload
         check_trainer_row_fits(self, model, sft=_SFTTrainer is not None and isinstance(self, _SFTTrainer))
         logger.info("hf_hsap: %s, world %d = dp %d x sp %d (ulysses %d x ring %d)", type(self).__name__,
                     self.accelerator.num_processes, sp.dp_size, sp.size, sp.ulysses_size, sp.ring_size)
@@ -95,19 +95,18 @@ class HSAPTrainerMixin:
     def _hsap_prepare_data(self, model: Any) -> None:
         """After the base trainer's constructor: what a subclass changes in the data path (nothing here)."""
 
-    def _hsap_apply_levers(self, model: Any) -> Any:
-        """The memory levers of ``args`` (:class:`~hf_hsap.MemoryLevers`) on the unwrapped model; returns the
-        context of every training step (activation offloading).
+    def _hsap_levers(self) -> Any:
+        """The memory levers of ``args`` (:class:`~hf_hsap.MemoryLevers`) that :func:`~.prepare.prepare_model`
+        applies to the unwrapped model.
 
         The Trainer enables gradient checkpointing itself (``gradient_checkpointing``). ``HSAPSFTTrainer`` keeps
         TRL's fused LM head (its loss and metrics never build the logits either) and TRL's own offloading."""
-        from ..memory import MemoryLevers, apply_memory_levers
+        from ..memory import MemoryLevers
 
         levers = self.args.memory_levers() if hasattr(self.args, "memory_levers") else MemoryLevers()
         sft = _SFTTrainer is not None and isinstance(self, _SFTTrainer)
-        levers = levers.replace(gradient_checkpointing=False, chunked_loss=levers.chunked_loss and not sft,
-                                activation_offloading=levers.activation_offloading and not sft)
-        return apply_memory_levers(model, levers)
+        return levers.replace(gradient_checkpointing=False, chunked_loss=levers.chunked_loss and not sft,
+                              activation_offloading=levers.activation_offloading and not sft)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Trainer's step inside the activation offloading context (``activation_offloading``)."""
@@ -262,24 +261,6 @@ class HSAPTrainerMixin:
                                       num_items_in_batch=num_items_in_batch)
         check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
         return result
-
-
-def _use_hsap_in_decoder(model: Any) -> None:
-    """Give the decoder ``attn_implementation="hsap"`` unless it has it; the other sub-models (vision, audio
-    towers) keep the implementation the user chose for them (``"hsap"`` serves their bidirectional calls too)."""
-    config = model.config
-    text = text_config(config)
-    current = getattr(text, "_attn_implementation", None)
-    if current == ATTN_NAME:
-        return
-    composite = text is not config
-    logger.info("hf_hsap: %s's decoder was loaded with attn_implementation=%r; switching it to %r%s",
-                type(model).__name__, current, ATTN_NAME, " (the other sub-models keep theirs)" if composite else "")
-    if composite:
-        name = next((k for k in getattr(config, "sub_configs", {}) if getattr(config, k, None) is text), "text_config")
-        model.set_attn_implementation({name: ATTN_NAME})
-    else:
-        model.set_attn_implementation(ATTN_NAME)
 
 
 def _no_offloading_without_accelerator(args: Any) -> None:

@@ -42,6 +42,7 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
+from ..model_state import RELAY, state_of
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .encoder_attention import encoder_forward, is_encoder_call
@@ -115,9 +116,9 @@ def hsap_attention_forward(
     """
     if kwargs.get("hsap_vision_rows") is not None:  # no pre-hook took them: the model was not prepared
         raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
-                         "rank's image feature rows: call hf_hsap.check_model(model, sp_size=...) once before the "
-                         "first forward (the trainers do)")
-    if hsap_plan is None and "_hsap_relay" in module.__dict__:  # a layer the model's kwargs do not reach
+                         "rank's image feature rows: call hf_hsap.prepare_model(model, sp_size=...) once before "
+                         "the first forward (the trainers do)")
+    if hsap_plan is None and state_of(module, RELAY) is not None:  # a layer the model's kwargs do not reach
         hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
         hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention

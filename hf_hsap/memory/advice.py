@@ -7,13 +7,11 @@ from typing import Any
 
 from ..hardware import MODEL_SHAPES, DecoderShape
 from .fit import longest_row
-from .levers import MemoryLevers
+from .levers import LEVER_ORDER, MemoryLevers
 from .model import predict_step_memory
 
 __all__ = ["LEVER_ORDER", "check_row_fits", "levers_from_names", "max_length_lines", "MEMORY_MODELS"]
 
-# The order levers are suggested in: each costs more step time than the one before it
-LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms", "activation_offloading")
 GIB = 2**30
 
 

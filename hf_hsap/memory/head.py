@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import text_config
 from ..log import get_logger
+from ..model_state import ModelChanges
 from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
 
 __all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_head", "logit_transform",
@@ -155,11 +156,13 @@ def find_chunked_head(model: nn.Module) -> ChunkedLMHead | None:
     return None
 
 
-def enable_chunked_loss(model: nn.Module, tile_tokens: int | None = None, verify: bool = True) -> ChunkedLMHead:
-    """Put a :class:`ChunkedLMHead` in place of ``model``'s output embedding (idempotent; before wrapping).
+def enable_chunked_loss(model: nn.Module, changes: ModelChanges, *, tile_tokens: int | None = None,
+                        verify: bool = True) -> ChunkedLMHead:
+    """Put a :class:`ChunkedLMHead` in place of ``model``'s output embedding (before wrapping).
 
     Args:
         model: a causal LM (``get_output_embeddings()`` an ``nn.Linear``).
+        changes: ``prepare_model``'s journal (its ``undo()`` puts the model's own head back).
         tile_tokens: tokens per tile (default: about ``DEFAULT_TILE_ELEMENTS`` logits per tile).
         verify: check the head against the model's own logits on a short probe (:func:`verify_chunked_head`).
 
@@ -172,7 +175,7 @@ def enable_chunked_loss(model: nn.Module, tile_tokens: int | None = None, verify
     existing = find_chunked_head(model)
     if existing is not None:
         if tile_tokens:
-            existing.tile_tokens = int(tile_tokens)
+            changes.set(existing, "tile_tokens", int(tile_tokens))
         return existing
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear:
@@ -182,7 +185,7 @@ def enable_chunked_loss(model: nn.Module, tile_tokens: int | None = None, verify
     softcap, scale = logit_transform(model.config)
     new = ChunkedLMHead(head, softcap, scale, tile_tokens)
     parent_name, _, attr = next(n for n, m in model.named_modules() if m is head).rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+    changes.set(model.get_submodule(parent_name) if parent_name else model, attr, new)
     logger.info("hf_hsap: %s's LM head computes the loss in tiles of %d tokens (softcap %s, scale %s)",
                 type(model).__name__, new.tile_tokens, softcap, scale)
     if verify:

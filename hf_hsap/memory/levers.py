@@ -1,8 +1,8 @@
-"""The memory levers of a training step, in one object, applied to a model in one call.
+"""The memory levers of a training step, in one object, applied to a model by :func:`hf_hsap.prepare_model`.
 
     levers = MemoryLevers(gradient_checkpointing=True, tiled_mlp=True)      # chunked loss is on by default
-    offload = apply_memory_levers(model, levers)                             # before accelerator.prepare
-    with offload():                                                          # around every forward + backward
+    prepared = hf_hsap.prepare_model(model, sp_size=sp.size, levers=levers)  # before accelerator.prepare
+    with prepared.offload():                                                 # around every forward + backward
         loss = hsap_model_loss(model, local, n, grad_scale=W, sp=sp)
         loss.backward()
 
@@ -28,13 +28,18 @@ import torch
 from torch import nn
 
 from ..log import get_logger
+from ..model_state import ModelChanges
 from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
-__all__ = ["MemoryLevers", "apply_memory_levers", "has_accelerator"]
+__all__ = ["LEVER_ORDER", "MemoryLevers", "apply_memory_levers", "has_accelerator"]
 
 logger = get_logger(__name__)
+
+# The levers by name (MemoryLevers' switches), in the order the fit check suggests them: each costs more step
+# time than the one before it.
+LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms", "activation_offloading")
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,8 @@ class MemoryLevers:
 
     @property
     def names(self) -> list[str]:
-        """The levers that are on, by their command-line names."""
-        return [n for n in ("chunked_loss", "gradient_checkpointing", "activation_offloading", "tiled_mlp",
-                            "recompute_norms") if getattr(self, n)]
+        """The levers that are on, by their command-line names, in :data:`LEVER_ORDER`."""
+        return [n for n in LEVER_ORDER if getattr(self, n)]
 
 
 NOTHING_TO_OFFLOAD = "hf_hsap: activation offloading has nothing to move on CPU (activations are in host memory); off"
@@ -84,13 +88,36 @@ def has_accelerator() -> bool:
     return hasattr(torch, "accelerator") and torch.accelerator.current_accelerator() is not None
 
 
-def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
+def _enable_checkpointing(model: nn.Module, changes: ModelChanges) -> None:
+    """Transformers' gradient checkpointing, non-reentrant, recorded so that undo turns it off exactly as it was."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing in Transformers; "
+                         "train without --gradient_checkpointing")
+    for module in model.modules():  # what Transformers sets on every module that checkpoints
+        if hasattr(module, "gradient_checkpointing"):
+            changes.keep(module, "gradient_checkpointing")
+            changes.keep(module, "_gradient_checkpointing_func")
+    for name in ("_require_grads_hook", "_require_grads_hooks"):  # Transformers' input-embedding hooks, kept here
+        changes.keep(model, name)
+    kwargs = {"use_reentrant": False}
+    with changes.hooks_registered_by(model):  # ... and registered on the input embeddings (their handles kept above)
+        if hasattr(model, "activation_checkpointing_enable"):  # Transformers >= 5.2x; the old name warns there
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if getattr(model.config, "use_cache", None):
+        changes.set(model.config, "use_cache", False)  # a KV cache is not built while training
+
+
+def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelChanges, *,
                         verify: bool = True) -> Callable[[], ContextManager[Any]]:
-    """Apply ``levers`` to ``model`` (unwrapped, before ``accelerator.prepare`` / DDP / FSDP).
+    """Apply ``levers`` to ``model`` (unwrapped, before ``accelerator.prepare`` / DDP / FSDP); the memory part of
+    :func:`hf_hsap.prepare_model`, the one caller.
 
     Args:
         model: a causal LM.
         levers: what to turn on.
+        changes: ``prepare_model``'s journal: every change is recorded there and undone by ``PreparedModel.undo()``.
         verify: check the chunked head against the model's own logits once (:func:`~.head.verify_chunked_head`).
 
     Returns:
@@ -101,22 +128,13 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
         ValueError: a lever this model cannot use (a head that is not linear, a model without checkpointing).
     """
     if levers.chunked_loss:
-        enable_chunked_loss(model, levers.loss_tile_tokens, verify=verify)
+        enable_chunked_loss(model, changes, tile_tokens=levers.loss_tile_tokens, verify=verify)
     if levers.tiled_mlp:
-        enable_tiled_mlp(model, levers.mlp_tile_tokens)
+        enable_tiled_mlp(model, changes, tile_tokens=levers.mlp_tile_tokens)
     if levers.recompute_norms:
-        enable_norm_recompute(model, levers.mlp_tile_tokens)
+        enable_norm_recompute(model, changes, tile_tokens=levers.mlp_tile_tokens)
     if levers.gradient_checkpointing:
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ValueError(f"{type(model).__name__} does not support gradient checkpointing in Transformers; "
-                             "train without --gradient_checkpointing")
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # Transformers >= 5.2x; the old name warns there
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        if getattr(model.config, "use_cache", None):
-            model.config.use_cache = False  # a KV cache is not built while training
+        _enable_checkpointing(model, changes)
     if not levers.activation_offloading:
         return contextlib.nullcontext
     if not has_accelerator():
@@ -124,5 +142,6 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers,
         return contextlib.nullcontext
     from trl.models.activation_offloading import get_act_offloading_ctx_manager
 
-    ctx = get_act_offloading_ctx_manager(model, warn_if_no_head=False)
+    with changes.hooks_registered_by(model):  # TRL keeps no handles of the hooks it puts on the LM head
+        ctx = get_act_offloading_ctx_manager(model, warn_if_no_head=False)
     return lambda: ctx

@@ -12,39 +12,20 @@ gradient is summed over tiles.
 
 Why by hand: ``RMSNorm`` carries Transformers' ``use_kernel_forward_from_hub("RMSNorm")``, but that hook swaps in
 a hub kernel's class, and none keeps only the input; so :func:`enable_norm_recompute` gives each norm instance a
-forward of its own (an instance attribute; :func:`disable_norm_recompute` removes it): the class, the module tree
-and the state dict are unchanged.
+forward of its own (a :class:`~.tiled_mlp.TiledForward` instance attribute, recorded in ``prepare_model``'s journal,
+whose ``undo()`` removes it): the class, the module tree and the state dict are unchanged.
 """
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 from torch import nn
 
 from ..log import get_logger
-from .forwards import has_forward, remove_forwards
-from .tiled_mlp import DEFAULT_TILE_TOKENS, tiled_apply
+from ..model_state import ModelChanges
+from .tiled_mlp import DEFAULT_TILE_TOKENS, TiledForward
 
-__all__ = ["RecomputedNorm", "disable_norm_recompute", "enable_norm_recompute"]
+__all__ = ["enable_norm_recompute"]
 
 logger = get_logger(__name__)
-
-
-class RecomputedNorm:
-    """The forward :func:`enable_norm_recompute` gives one norm instance: the class's forward over tiles of
-    ``tile_tokens`` tokens, recomputed in backward, while training with gradients."""
-
-    def __init__(self, module: nn.Module, tile_tokens: int) -> None:
-        self.module = module
-        self.tile_tokens = int(tile_tokens)
-
-    def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        forward = type(self.module).forward.__get__(self.module)
-        if args or kwargs or not (self.module.training and torch.is_grad_enabled()):
-            return forward(hidden, *args, **kwargs)
-        # the parameters are read at every call: FSDP swaps sharded and unsharded ones around the forward
-        return tiled_apply(forward, hidden, list(self.module.parameters()), self.tile_tokens, always=True)
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
@@ -52,26 +33,22 @@ def _is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and not any(True for _ in module.children())
 
 
-def enable_norm_recompute(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
-    """Recompute every RMSNorm of ``model`` in backward, over tiles of ``tile_tokens`` tokens (module docstring);
-    idempotent.
+def enable_norm_recompute(model: nn.Module, changes: ModelChanges, *, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
+    """Recompute every RMSNorm of ``model`` in backward, over tiles of ``tile_tokens`` tokens (module docstring).
 
     Args:
-        model: the model, before wrapping. tile_tokens: tokens per tile.
+        model: the model, before wrapping.
+        changes: ``prepare_model``'s journal (its ``undo()`` gives the norms their class's forward back).
+        tile_tokens: tokens per tile.
 
     Returns:
         The number of norms changed.
     """
     n = 0
     for module in model.modules():
-        if _is_rms_norm(module) and not has_forward(module, RecomputedNorm):
-            module.forward = RecomputedNorm(module, tile_tokens)
+        if _is_rms_norm(module):
+            changes.set(module, "forward", TiledForward(module, tile_tokens, keep_input_only=True))
             n += 1
     logger.info("hf_hsap: %d RMSNorms of %s keep only their input for the backward (recomputed)", n,
                 type(model).__name__)
     return n
-
-
-def disable_norm_recompute(model: nn.Module) -> int:
-    """Undo :func:`enable_norm_recompute`; returns the number of norms restored."""
-    return remove_forwards(model, RecomputedNorm)

@@ -5,9 +5,9 @@ never exists for more than one tile.
 
 Why by hand: DeepSpeed's ``TiledMLP`` does this inside DeepSpeed (its gradient accumulation assumes ZeRO); Liger and
 Transformers have none. Transformers offers no replacement point for MLPs (``LlamaMLP`` carries no
-``use_kernel_forward_from_hub``), so :func:`enable_tiled_mlp` gives each MLP instance a forward of its own (an
-instance attribute wrapping the class's forward; :func:`disable_tiled_mlp` removes it): the class, the module tree
-and the state dict are unchanged. The parameter gradients of all tiles are summed inside the backward and handed to
+``use_kernel_forward_from_hub``), so :func:`enable_tiled_mlp` gives each MLP instance a forward of its own
+(a :class:`TiledForward` instance attribute wrapping the class's forward, recorded in ``prepare_model``'s journal, whose
+``undo()`` removes it): the class, the module tree and the state dict are unchanged. The parameter gradients of all tiles are summed inside the backward and handed to
 autograd once, so DDP's and FSDP's per-parameter hooks fire once per step as without tiling.
 
 Exact: a per-token function computed tile by tile gives the same values; the parameters' gradients are summed over
@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from ..log import get_logger
-from .forwards import remove_forwards
+from ..model_state import ModelChanges
 
-__all__ = ["TiledForward", "disable_tiled_mlp", "enable_tiled_mlp", "tiled_apply", "DEFAULT_TILE_TOKENS"]
+__all__ = ["TiledForward", "enable_tiled_mlp", "tiled_apply", "DEFAULT_TILE_TOKENS"]
 
 logger = get_logger(__name__)
 
@@ -92,18 +92,29 @@ def tiled_apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, par
 
 
 class TiledForward:
-    """The forward :func:`enable_tiled_mlp` gives one MLP instance: the class's forward, in tiles."""
+    """A module's own forward over tiles of tokens, recomputed in backward: the instance ``forward`` the tiled MLP and
+    the recomputed norms give a module (the one tiled-recompute wrapper of hf_hsap).
 
-    def __init__(self, module: nn.Module, tile_tokens: int) -> None:
+    Args:
+        module: the module (an MLP, an RMSNorm). tile_tokens: tokens per tile.
+        keep_input_only: recompute in backward even when the tokens fit one tile, so that only the input is kept (a
+            norm); then only while training with gradients (elsewhere the class's forward runs as it is).
+    """
+
+    def __init__(self, module: nn.Module, tile_tokens: int, *, keep_input_only: bool = False) -> None:
         self.module = module
         self.tile_tokens = int(tile_tokens)
+        self.keep_input_only = keep_input_only
 
     def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         forward = type(self.module).forward.__get__(self.module)
         if args or kwargs:  # not the per-token call this wraps
             return forward(hidden, *args, **kwargs)
+        if self.keep_input_only and not (self.module.training and torch.is_grad_enabled()):
+            return forward(hidden)
         # the parameters are read at every call: FSDP swaps sharded and unsharded ones around the forward
-        return tiled_apply(forward, hidden, list(self.module.parameters()), self.tile_tokens)
+        return tiled_apply(forward, hidden, list(self.module.parameters()), self.tile_tokens,
+                           always=self.keep_input_only)
 
 
 def _is_dense_mlp(module: nn.Module) -> bool:
@@ -119,11 +130,12 @@ def _is_dense_mlp(module: nn.Module) -> bool:
         True for _ in module.parameters(recurse=False))
 
 
-def enable_tiled_mlp(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
+def enable_tiled_mlp(model: nn.Module, changes: ModelChanges, *, tile_tokens: int = DEFAULT_TILE_TOKENS) -> int:
     """Tile every dense decoder MLP (a submodule named ``mlp``) of ``model`` over ``tile_tokens`` tokens.
 
     Args:
-        model: the model (before wrapping; idempotent, a second call changes the tile).
+        model: the model (before wrapping).
+        changes: ``prepare_model``'s journal (its ``undo()`` gives the MLPs their class's forward back).
         tile_tokens: tokens per tile.
 
     Returns:
@@ -138,15 +150,10 @@ def enable_tiled_mlp(model: nn.Module, tile_tokens: int = DEFAULT_TILE_TOKENS) -
         if not _is_dense_mlp(module):
             skipped.add(type(module).__name__)
             continue
-        module.forward = TiledForward(module, tile_tokens)
+        changes.set(module, "forward", TiledForward(module, tile_tokens))
         done += 1
     if skipped:
         logger.info("hf_hsap: tiled MLP leaves %s alone (not a dense MLP: experts, a router, dropout or norms)",
                     ", ".join(sorted(skipped)))
     logger.info("hf_hsap: %d MLPs of %s run in tiles of %d tokens", done, type(model).__name__, tile_tokens)
     return done
-
-
-def disable_tiled_mlp(model: nn.Module) -> int:
-    """Undo :func:`enable_tiled_mlp`; returns the number of MLPs restored."""
-    return remove_forwards(model, TiledForward)

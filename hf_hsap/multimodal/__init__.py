@@ -3,7 +3,7 @@
 - :func:`vision_spec` (:mod:`.spec`): what the packing collator needs of a model, for the families made exact.
 - :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`.
 - :func:`prepare_vision` (:mod:`.select`): the model keeps only its rank's feature rows; called by
-  :func:`hf_hsap.check_model` and the trainers.
+  :func:`hf_hsap.prepare_model`.
 """
 from .select import prepare_vision, select_rows
 from .shard import ROWS_KEY, image_blocks, shard_vision, vision_keys

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..log import get_logger
+from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
 from .shard import ROWS_KEY, items_key
 from .spec import inner_vlm, vision_spec
 
@@ -23,7 +24,6 @@ __all__ = ["prepare_vision", "select_rows"]
 logger = get_logger(__name__)
 _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
-PROBE_KEY = "hsap_kwargs_probe"  # check_model's probe forward (its image needs no blocks: nothing is computed from it)
 
 
 def _select(value: Any, rows: torch.Tensor) -> Any:
@@ -93,7 +93,7 @@ class _Rows:
 
     def pre(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if self.image_blocks and kwargs.get("pixel_values") is not None and kwargs.get("hsap_blocks") is None \
-                and kwargs.get("token_type_ids") is None and PROBE_KEY not in kwargs:
+                and kwargs.get("token_type_ids") is None and PROBE_KEY not in kwargs:  # the probe's image: no blocks needed
             raise ValueError(
                 f"{self.family}'s image tokens attend to each other bidirectionally, but this forward has pixels and "
                 "neither hsap_blocks nor token_type_ids: they would be causal. Pack with PackingCollator(max_length, "
@@ -130,11 +130,12 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
     return features
 
 
-def prepare_vision(model: torch.nn.Module) -> bool:
-    """Install the row selection on a vision-language model (idempotent).
+def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
+    """Install the row selection on a vision-language model (called by ``prepare_model``).
 
     Args:
         model: the model the training loop calls (before DDP / FSDP wrapping).
+        changes: the preparation's journal (``PreparedModel.undo()`` removes the wrappers and hooks).
 
     Returns:
         Whether ``model`` is a vision-language model (and now prepared).
@@ -142,17 +143,17 @@ def prepare_vision(model: torch.nn.Module) -> bool:
     inner = inner_vlm(model)
     if inner is None:
         return False
-    if getattr(model, "_hsap_vision_rows", None) is not None:
+    if state_of(model, VISION_ROWS) is not None:
         return True
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
     state = _Rows(family, spec is not None and spec.layout.image_blocks)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
-            setattr(inner, method, _wrap(getattr(inner, method), state, name))
+            changes.set(inner, method, _wrap(getattr(inner, method), state, name))
     for m in {model, inner}:
-        m.register_forward_pre_hook(state.pre, with_kwargs=True)
-    model.register_forward_hook(state.post, always_call=True)
-    model._hsap_vision_rows = state
+        changes.hook(m.register_forward_pre_hook(state.pre, with_kwargs=True))
+    changes.hook(model.register_forward_hook(state.post, always_call=True))
+    changes.put(model, VISION_ROWS, state)
     logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
     return True

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import hf_hsap
+from hf_hsap.model_state import MIXERS, state_of
 from helpers import rel_err
 from workers import zoo_configs as ZC
 
@@ -39,7 +40,7 @@ def test_kernels_installed() -> None:
 def test_packed_hybrid_bf16_matches_documents_alone(family: str) -> None:
     config = ZC.tiny_config(family)
     model = ZC.build_model(config, "hsap", torch.float32).to(DEV)
-    assert hf_hsap.check_model(model).mixer_layers > 0
+    assert hf_hsap.prepare_model(model).check.mixer_layers > 0
     vocab = config.get_text_config().vocab_size
     ids = torch.randint(3, vocab, (1, sum(DOC_LENS)), generator=torch.Generator().manual_seed(0))
     pos = torch.cat([torch.arange(n) for n in DOC_LENS]).unsqueeze(0)
@@ -48,7 +49,7 @@ def test_packed_hybrid_bf16_matches_documents_alone(family: str) -> None:
     with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=DEV.type == "cuda"):
         out = model(**local)
     out.loss.backward()
-    ctx = model.__dict__["_hsap_mixers"]
+    ctx = state_of(model, MIXERS)
     assert all(any(p.grad is not None and float(p.grad.abs().max()) > 0 for p in layer.parameters())
                for layer in ctx.layers)  # the loss reaches every recurrent layer
     with torch.no_grad(), torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=DEV.type == "cuda"):

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hf_hsap.integrations import hsap_model_loss, shard_batch
-from hf_hsap.memory import MemoryLevers, apply_memory_levers
+from hf_hsap import prepare_model
+from hf_hsap.memory import MemoryLevers
 from hf_hsap.memory.model import predict_step_memory
 
 DEV = torch.device(os.environ.get("HSAP_CHECK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -46,7 +47,7 @@ def _step(name: str, tokens: int, levers: dict, sizes: dict = SIZES) -> tuple[fl
 
     model = build_model(sizes, "bf16").to(DEV)
     lev = MemoryLevers(**levers)
-    offload = apply_memory_levers(model, lev)
+    offload = prepare_model(model, levers=lev).offload
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, sizes["vocab_size"], (1, tokens), generator=g)
     lens = [tokens // 4] * 4  # four documents

@@ -34,7 +34,7 @@ def _to(doc: dict, device: torch.device) -> dict:
 def test_packed_vlm_bf16_matches_documents_alone(family: str) -> None:
     ref = tiny_vlm(family, torch.float32, attn="sdpa").to(DEV)
     model = tiny_vlm(family, torch.float32, attn="hsap").to(DEV)
-    hf_hsap.check_model(model)
+    hf_hsap.prepare_model(model)
     docs = vlm_documents(model.config, SHAPES)
     total = sum(d["input_ids"].numel() for d in docs)
     batch = hf_hsap.PackingCollator(total, vision=hf_hsap.vision_spec(model))(docs)

@@ -211,9 +211,10 @@ def test_refusals(tmp_path) -> None:
     model(input_ids=ids, position_ids=pos)
     model.train()
     model.config.attention_dropout = 0.0  # what the old message advised: does not reach the layers
-    with pytest.raises(ValueError, match="disable_attention_dropout"):
+    with pytest.raises(ValueError, match="disable_attention_dropout=True to hf_hsap.prepare_model"):
         model(input_ids=ids, position_ids=pos)
-    assert hf_hsap.disable_attention_dropout(model) == len(model.model.layers)  # the fix the message names
+    hf_hsap.prepare_model(model, disable_attention_dropout=True)  # the fix the message names
+    assert all(layer.self_attn.attention_dropout == 0.0 for layer in model.model.layers)
     model(input_ids=ids, position_ids=pos)
     model.eval()
     prompt = torch.randint(1, VOCAB, (2, 6))

@@ -18,7 +18,7 @@ FAMILIES = ["qwen3_5_text", "nemotron_h", "falcon_mamba", "minimax", "lfm2"]
 def _model(family: str) -> torch.nn.Module:
     config = ZC.tiny_config(family)
     model = ZC.build_model(config, "hsap", torch.float64, draw=torch.float64).eval()
-    hf_hsap.check_model(model)
+    hf_hsap.prepare_model(model)
     return model
 
 

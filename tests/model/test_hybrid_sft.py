@@ -16,7 +16,7 @@ RUNS = 2  # TRL's default gradient checkpointing: every step's forward, and its 
 def test_hybrid_packing_sp4_logs_the_sp1_losses(pools, tmp_path) -> None:
     """SP 4 at Ulysses 1 and 2 logs the single-process losses (rel 1e-5); in every run the rows hold several
     documents and each forward and its recomputation ran all 3 recurrent layers document-cut (prepared by
-    check_model)."""
+    prepare_model)."""
     sp1 = W.hybrid_sft_losses(1, str(tmp_path / "sp1"), steps=STEPS)
     assert len(sp1["losses"]) == STEPS and sp1["losses"][0] > sp1["losses"][-1]  # it trains
     assert sp1["attn"] == "hsap"

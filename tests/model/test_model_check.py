@@ -1,4 +1,4 @@
-"""``check_model`` and the config checks on one process: what is refused, with which fix, and what runs.
+"""``check_model``, ``prepare_model`` and the config checks on one process: what is refused, with which fix, and what runs.
 
 References are each document alone in eager attention (float64).
 """
@@ -62,15 +62,20 @@ def test_attention_dropout_is_refused_until_disabled() -> None:
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="hsap").train()
-    with pytest.raises(UnsupportedModelError, match="disable_attention_dropout"):
-        hf_hsap.check_model(model)
-    assert hf_hsap.disable_attention_dropout(model) == 2
-    assert hf_hsap.check_model(model).attention_layers == 2
+    with pytest.raises(UnsupportedModelError, match="disable_attention_dropout=True to hf_hsap.prepare_model"):
+        hf_hsap.prepare_model(model)
+    assert model.model.layers[0].self_attn.attention_dropout == 0.1  # refused: nothing was changed
+    prepared = hf_hsap.prepare_model(model, disable_attention_dropout=True)
+    assert prepared.check.attention_layers == 2
+    assert model.model.layers[0].self_attn.attention_dropout == 0.0 and model.config.attention_dropout == 0.0
+    prepared.undo()
+    assert model.model.layers[1].self_attn.attention_dropout == 0.1 and model.config.attention_dropout == 0.1
 
 
 def test_hybrid_model_unprepared_refused_then_exact_on_packed_rows_given_by_cu_seq_lens_only() -> None:
     """The documents may reach "hsap" only as cu_seq_lens_q (no position_ids): a hybrid whose convolution layers
-    check_model did not prepare is refused then too; prepared, its packed row equals its documents run alone."""
+    prepare_model did not prepare is refused then too (check_model alone changes nothing); prepared, its packed row
+    equals its documents run alone."""
     from transformers import Lfm2Config
 
     config = Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -79,10 +84,13 @@ def test_hybrid_model_unprepared_refused_then_exact_on_packed_rows_given_by_cu_s
     ids, _ = _row()
     cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
     packed = dict(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20, use_cache=False)
-    with pytest.raises(UnsupportedModelError, match="lfm2's linear-attention .* on packed rows: call hf_hsap.check_model"):
+    with pytest.raises(UnsupportedModelError, match="lfm2's linear-attention .* on packed rows: call hf_hsap.prepare_model"):
         model(**packed)
     model(input_ids=ids[:, :5], use_cache=False)  # one document: the convolution sees only it, exact
     assert hf_hsap.check_model(model).mixer_layers == 1
+    with pytest.raises(UnsupportedModelError, match="call hf_hsap.prepare_model"):
+        model(**packed)  # the check only read
+    assert hf_hsap.prepare_model(model).check.mixer_layers == 1
     got = model(**packed).logits[0]
     alone = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits[0] for a, b in zip(cu[:-1], cu[1:])])
     # positions run on through the row here (no position_ids): RoPE's float32 angles differ from each document's own
@@ -97,8 +105,8 @@ def test_gpt2_attention_dropout_found_and_disabled() -> None:
                                                         attn_pdrop=0.1), attn_implementation="hsap")
     with pytest.raises(UnsupportedModelError, match="disable_attention_dropout"):
         hf_hsap.check_model(model.eval())  # eval mode too: training will turn the dropout on
-    assert hf_hsap.disable_attention_dropout(model) == 2
-    hf_hsap.check_model(model.train())
+    hf_hsap.prepare_model(model.train(), disable_attention_dropout=True)
+    assert all(block.attn.attn_dropout.p == 0.0 for block in model.transformer.h)
     ids, _ = _row()
     model(input_ids=ids[:, :6])  # the forward in train mode passes dropout 0 now
 

@@ -2,7 +2,7 @@
 and layers the plan cannot express (chunked attention over a document longer than the chunk) are refused.
 
 A model loaded without ``attn_implementation="hsap"``, or one whose attention drops the keyword arguments
-(StableLM) and that ``check_model`` did not see (it relays the plan round such layers), attends only to each
+(StableLM) and that ``prepare_model`` did not see (it relays the plan round such layers), attends only to each
 rank's own tokens under SP. The error comes in the step itself (the loss
 helper with ``sp=``, ``check_plan_used``, the trainers) and at the latest at the next ``shard_batch``.
 """
@@ -18,9 +18,11 @@ def test_loops_whose_model_does_not_run_the_plan_raise(pools) -> None:
         assert res["sdpa_loss"].startswith("PlanNotUsedError") and "attn_implementation='hsap'" in res["sdpa_loss"]
         assert res["sdpa_next_shard"].startswith("PlanNotUsedError") and "previous batch" in res["sdpa_next_shard"]
         # StableLM's decoder layer calls its attention without the kwargs: unchecked, the plan never reaches it;
-        # check_model relays the plan round that layer, and then every attention layer consumes it
+        # check_model only reads (the plan still misses it); prepare_model relays the plan round that layer, and
+        # then every attention layer consumes it
         assert res["stablelm_check_plan_used"].startswith("PlanNotUsedError")
-        assert res["stablelm_check_model"] is None and res["stablelm_relayed_plan_used"] is None
+        assert res["stablelm_check_model"] is None and res["stablelm_checked_plan_used"].startswith("PlanNotUsedError")
+        assert res["stablelm_prepare_model"] is None and res["stablelm_relayed_plan_used"] is None
         # an "hsap" model is fine however many of shard_batch's keys the loop passes
         assert res["hsap_some_keys_loss"] is None and res["hsap_layers"] == res["hsap_expected"] == 2
         assert res["hsap_all_keys_next_shard"] is None and res["hsap_check_plan_used"] is None

@@ -120,21 +120,22 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
 
 def test_gemma3_images_outside_shard_batch_are_refused() -> None:
     """Gemma 3's image blocks given to model(...) directly: without token_type_ids they would be causal (refused
-    by check_model's hook); with them, "hsap"'s mask refuses the overlay; both name shard_batch."""
+    by prepare_model's hook); with them, "hsap"'s mask refuses the overlay; both name shard_batch."""
     from hf_hsap.examples import tiny_vlm, vlm_documents
 
     import hf_hsap
 
     model = tiny_vlm("gemma3")
-    hf_hsap.check_model(model)
+    hf_hsap.prepare_model(model)
     doc = vlm_documents(model.config, [(3, (1, 4, 4), 5)])[0]
     for extra in ({}, {"token_type_ids": doc["token_type_ids"][None]}):
         with pytest.raises(ValueError, match="shard_batch"):
             model(input_ids=doc["input_ids"][None], pixel_values=doc["pixel_values"], use_cache=False, **extra)
 
 
-def test_a_model_not_prepared_by_check_model_is_refused() -> None:
-    """shard_batch's image rows reaching the attention mean no check_model ran: refused, naming it."""
+def test_a_model_not_prepared_is_refused() -> None:
+    """shard_batch's image rows reaching the attention mean no prepare_model ran (check_model alone changes
+    nothing): refused, naming it."""
     from hf_hsap.examples import tiny_vlm, vlm_documents
 
     import hf_hsap
@@ -142,7 +143,8 @@ def test_a_model_not_prepared_by_check_model_is_refused() -> None:
     model = tiny_vlm("qwen2_5_vl")
     batch = hf_hsap.PackingCollator(64, vision=hf_hsap.vision_spec(model))(
         vlm_documents(model.config, [(3, (1, 4, 4), 5)]))
-    with pytest.raises(ValueError, match="check_model"):
+    hf_hsap.check_model(model)
+    with pytest.raises(ValueError, match="prepare_model"):
         model(**hf_hsap.shard_batch(batch, 1))
 
 
@@ -193,9 +195,7 @@ def test_chunked_loss_on_a_vlm_is_exact_and_never_holds_the_logits() -> None:
 
     def step(levers: bool) -> tuple[float, dict, int]:
         model = tiny_vlm("qwen2_5_vl", torch.float64, vocab_size=8192)
-        hf_hsap.check_model(model)
-        if levers:
-            hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(loss_tile_tokens=16))
+        hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers(loss_tile_tokens=16) if levers else None)
         docs = vlm_documents(model.config, [(30, (1, 8, 8), 20), (25, (1, 4, 4), 10)], dtype=torch.float64)
         local = hf_hsap.shard_batch(hf_hsap.PackingCollator(128, vision=hf_hsap.vision_spec(model))(docs), 1)
         with TensorPeak() as peak:

@@ -7,10 +7,16 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, LlamaConfig, Qwen3MoeConfig
 
 import hf_hsap
-from hf_hsap.memory import MemoryLevers, enable_chunked_loss, enable_tiled_mlp, logit_transform
+from hf_hsap.memory import MemoryLevers, TiledForward, logit_transform
 
 SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _tiled(model: torch.nn.Module, *, keep_input_only: bool) -> list[str]:
+    """Names of the modules with a tiled forward of that kind."""
+    return [n for n, m in model.named_modules() if isinstance(m.__dict__.get("forward"), TiledForward)
+            and m.__dict__["forward"].keep_input_only == keep_input_only]
 
 
 def _model(config) -> torch.nn.Module:
@@ -26,7 +32,7 @@ def test_transforming_families_are_exact(config, transform) -> None:
     """Soft-capped, scaled and tied heads: the loss and every gradient equal the full logits' cross-entropy."""
     assert logit_transform(config) == transform
     full, tiled = _model(config), _model(config)
-    enable_chunked_loss(tiled, tile_tokens=10)  # verifies against the model's own logits
+    hf_hsap.prepare_model(tiled, levers=MemoryLevers(loss_tile_tokens=10))  # verifies against the model's own logits
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.arange(15), torch.arange(25)]).unsqueeze(0)
     batch = hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos, "labels": ids.clone()}, 1)
@@ -43,11 +49,16 @@ def test_transforming_families_are_exact(config, transform) -> None:
 
 
 def test_an_unknown_logit_transform_is_refused() -> None:
-    """A config naming a soft-cap that the family's forward does not apply: the probe sees the difference."""
+    """A config naming a soft-cap that the family's forward does not apply: the probe sees the difference, and the
+    refused preparation leaves the model as it was (its own head, no hf_hsap state)."""
     config = LlamaConfig(**SMALL)
     config.final_logit_softcapping = 2.0  # Llama ignores it; the head would apply it
+    model = _model(config)
+    head = model.lm_head
     with pytest.raises(ValueError, match="chunked_loss=False"):
-        enable_chunked_loss(_model(config))
+        hf_hsap.prepare_model(model, levers=MemoryLevers())
+    assert model.lm_head is head and type(head) is torch.nn.Linear
+    assert not any(k.startswith("_hsap") for m in model.modules() for k in m.__dict__)
 
 
 def test_levers_validate_and_moe_mlps_stay_whole() -> None:
@@ -56,7 +67,8 @@ def test_levers_validate_and_moe_mlps_stay_whole() -> None:
     assert MemoryLevers(tiled_mlp=True).names == ["chunked_loss", "tiled_mlp"]
     moe = _model(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8,
                                 decoder_sparse_step=1, mlp_only_layers=[1], **SMALL))
-    assert enable_tiled_mlp(moe, 8) == 1  # the dense MLP of layer 1; layer 0's experts are left alone
+    hf_hsap.prepare_model(moe, levers=MemoryLevers(chunked_loss=False, tiled_mlp=True, mlp_tile_tokens=8))
+    assert _tiled(moe, keep_input_only=False) == ["model.layers.1.mlp"]  # layer 0's experts are left alone
 
 
 def test_training_arguments_carry_the_levers(tmp_path) -> None:
@@ -101,13 +113,13 @@ def test_fused_cross_entropy_is_exact_in_float64(softcap, scale, bias) -> None:
 
 
 def test_instance_forwards_come_and_go() -> None:
-    """The tiled MLP and the recomputed norms change instances only, and are removed again."""
-    from hf_hsap.memory import disable_norm_recompute, disable_tiled_mlp, enable_norm_recompute
-
+    """The tiled MLP and the recomputed norms change instances only, and undo removes them again."""
     model = _model(LlamaConfig(**SMALL))
     keys = list(model.state_dict())
-    assert enable_tiled_mlp(model, 4) == 2 and enable_norm_recompute(model) == 5  # 2 layers x 2 norms + final
-    assert enable_norm_recompute(model) == 0  # idempotent
+    prepared = hf_hsap.prepare_model(model, levers=MemoryLevers(chunked_loss=False, tiled_mlp=True, mlp_tile_tokens=4,
+                                                                recompute_norms=True))
+    assert len(_tiled(model, keep_input_only=False)) == 2  # 2 MLPs
+    assert len(_tiled(model, keep_input_only=True)) == 5  # 2 layers x 2 norms + final
     assert list(model.state_dict()) == keys and type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
-    assert disable_tiled_mlp(model) == 2 and disable_norm_recompute(model) == 5
-    assert "forward" not in model.model.layers[0].mlp.__dict__
+    prepared.undo()
+    assert not any("forward" in m.__dict__ for m in model.modules())

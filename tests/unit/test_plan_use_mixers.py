@@ -1,5 +1,5 @@
 """The plan-use record of a hybrid model: a forward under SP is complete only when its recurrent layers ran on the
-plan too (``PlanUse.record_mixer``), as many as ``check_model`` prepared."""
+plan too (``PlanUse.record_mixer``), as many as ``prepare_model`` prepared."""
 from __future__ import annotations
 
 import torch
@@ -18,7 +18,7 @@ def test_a_hybrid_forward_needs_its_recurrent_layers_on_the_plan() -> None:
     config = Qwen3_5TextConfig(num_hidden_layers=4)  # 3 gated delta rule layers, 1 attention layer
     use = PlanUse(2)
     use.record(_Layer(config))  # the attention layer consumed the plan
-    assert "check_model" in use.problem(expected=1)  # no recurrent layer did
+    assert "prepare_model" in use.problem(expected=1)  # no recurrent layer did
     mixers = [_Layer(config) for _ in range(3)]
     use.record_mixer(mixers[0], config)
     assert use.problem(expected=1) is None  # at least one (the count is unknown without the model)

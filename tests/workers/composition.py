@@ -34,7 +34,7 @@ def dp_sp_grads(kind: str, wrapper: str, sp_size: int, levers: bool = False) -> 
     sp = get_sp(sp_size)
     model = make_model(kind)
     if levers:
-        hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(
+        hf_hsap.prepare_model(model, sp_size=sp.size, levers=hf_hsap.MemoryLevers(
             loss_tile_tokens=16, gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=8, recompute_norms=True))
     if wrapper == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)

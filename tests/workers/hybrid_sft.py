@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from hf_hsap.model_state import MIXERS, state_of
 from helpers import adopt_process_group, environ_kept
 from workers.sp_model import VOCAB, make_tokenizer
 
@@ -41,7 +42,7 @@ def hybrid_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int
                          hsap_ulysses_size=ulysses if sp_size > 1 else "1", **extra)
     trainer = HSAPSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=make_tokenizer())
-    ctx = model.__dict__.get("_hsap_mixers")  # prepare_mixers' context (check_model, at construction)
+    ctx = state_of(model, MIXERS)  # the recurrent layers' context (prepare_model, at construction)
     cut = []  # every call of a prepared layer that ran document-cut on a batch's layout
     if ctx is not None:
         record = ctx.record
@@ -51,7 +52,7 @@ def hybrid_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int
     pos = probe["position_ids"]
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
             "attn": model.config._attn_implementation,
-            "mixers": hf_hsap.check_model(model, sp_size=sp_size).mixer_layers,
+            "mixers": trainer.hsap_prepared.check.mixer_layers,
             "prepared": None if ctx is None else len(ctx.layers),
             "cut_calls": len(cut), "cut_layers": len(set(cut)), "checkpointing": bool(args.gradient_checkpointing),
             "rows": len(trainer.train_dataset),

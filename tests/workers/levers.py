@@ -17,7 +17,7 @@ from . import sp_model as W
 def levered_model(kind: str, levers: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
     """:func:`sp_model.make_model` in ``dtype`` with :class:`hf_hsap.MemoryLevers` ``levers`` applied."""
     model = W.make_model(kind).to(dtype)
-    hf_hsap.apply_memory_levers(model, hf_hsap.MemoryLevers(**levers))
+    hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers(**levers))
     return model
 
 

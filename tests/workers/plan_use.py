@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StableLmConfig
 
-from hf_hsap.integrations import (PlanNotUsedError, UnsupportedModelError, check_model, check_plan_used,
+from hf_hsap.integrations import (PlanNotUsedError, UnsupportedModelError, check_model, check_plan_used, prepare_model,
                                   global_num_items, hsap_causal_lm_loss, register, shard_batch)
 from workers.sp_model import VOCAB, get_sp, global_batch, make_model
 
@@ -33,7 +33,8 @@ def loops_without_the_plan(sp_size: int) -> dict[str, Any]:
     """Hand-written loops under SP whose forward does not run the plan, and one that does.
 
     Returns the error (or ``None``) of: an sdpa model at the loss helper and at the next ``shard_batch``;
-    a StableLM at ``check_plan_used`` before ``check_model``, at ``check_model`` and after it; an "hsap" llama that passes only some keys
+    a StableLM at ``check_plan_used`` before ``check_model``, at ``check_model``, after it (a check changes nothing),
+    at ``prepare_model`` and after it; an "hsap" llama that passes only some keys
     (``hsap_plan`` without its record) through the same checks; the sdpa model's wrong loss.
     """
     sp = get_sp(sp_size)
@@ -53,7 +54,11 @@ def loops_without_the_plan(sp_size: int) -> dict[str, Any]:
     local = shard_batch(batch, sp, check_previous=False)
     stable(**local)  # never checked: its attention layers do not get the plan
     out["stablelm_check_plan_used"] = _error(lambda: check_plan_used(local))
-    out["stablelm_check_model"] = _error(lambda: check_model(stable, sp_size=sp_size))  # relays the plan round them
+    out["stablelm_check_model"] = _error(lambda: check_model(stable, sp_size=sp_size))  # only reads
+    local = shard_batch(batch, sp, check_previous=False)
+    stable(**local)
+    out["stablelm_checked_plan_used"] = _error(lambda: check_plan_used(local, stable))
+    out["stablelm_prepare_model"] = _error(lambda: prepare_model(stable, sp_size=sp_size))  # relays the plan round them
     local = shard_batch(batch, sp, check_previous=False)
     stable(**local)
     out["stablelm_relayed_plan_used"] = _error(lambda: check_plan_used(local, stable))

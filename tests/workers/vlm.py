@@ -96,7 +96,7 @@ def vlm_forward_backward(family: str, sp_size: int, ulysses: int | None = 1, pla
     sp = get_sp(sp_size, ulysses, family, cost) if sp_size > 1 else 1
     ref, docs = documents(family, video)
     model = tiny_vlm(family, DTYPE, attn="hsap")
-    check = hf_hsap.check_model(model, sp_size=sp_size)
+    check = hf_hsap.prepare_model(model, sp_size=sp_size).check
     batch = packed_batch(family, docs, ref, pad_to=max(sp_size, 1))
     real = sum(d["input_ids"].numel() for d in docs)
     local = hf_hsap.shard_batch(batch, sp, placement=placement)

@@ -205,13 +205,13 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     with zoo.full_precision_softmax():
         model = VC.build_model(config, "hsap", DTYPE, state_dict=state)
         spec = make_spec(model, how, item_keys(docs))
-        layers = hf_hsap.check_model(model, sp_size=sp_size).attention_layers
+        layers = hf_hsap.prepare_model(model, sp_size=sp_size).check.attention_layers
         real = sum(d["input_ids"].numel() for d in docs)
         batch = hf_hsap.PackingCollator(real, pad_to_multiple_of=sp_size, vision=spec)(docs)
         local = hf_hsap.shard_batch(batch, sp)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         out = model(**local)
-        hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it (no second check_model)
+        hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
         loss = F.cross_entropy(logits, local["shift_labels"][0], ignore_index=-100, reduction="sum") / \
             local["num_items_in_batch"]

@@ -190,7 +190,7 @@ def _packed_run(config: Any, state_dict: dict[str, torch.Tensor], attn: str, dty
         hf_hsap.check_config(config, sp_size=1)
     model = ZC.build_model(config, attn, dtype, state_dict=state_dict)
     if attn == "hsap":
-        hf_hsap.check_model(model, sp_size=1)
+        hf_hsap.prepare_model(model, sp_size=1)
     batch = global_batch(config.get_text_config().vocab_size)
     inputs = hf_hsap.shard_batch(batch, 1) if via_shard else {**batch, "use_cache": False}
     out = model(**inputs)
@@ -223,7 +223,7 @@ def sp_rank_run(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
     sp = get_sp(sp_size, ulysses)
     hf_hsap.check_config(config, sp_size=sp_size)
     model = ZC.build_model(config, "hsap", dtype, state_dict=state_dict)
-    hf_hsap.check_model(model, sp_size=sp_size)
+    hf_hsap.prepare_model(model, sp_size=sp_size)
     batch = global_batch(config.get_text_config().vocab_size)
     local = hf_hsap.shard_batch(batch, sp)
     out = model(**local)
