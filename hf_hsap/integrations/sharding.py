@@ -158,6 +158,7 @@ def shard_batch(
     batch: Mapping[str, Any],
     sp: Any,
     placement: str | None = None,
+    *,
     verify: bool = True,
     ignore_index: int = IGNORE_INDEX,
     check_previous: bool = True,
