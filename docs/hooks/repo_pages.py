@@ -1,0 +1,2 @@
+def on_page_markdown(markdown, **kwargs):
+    return markdown
