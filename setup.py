@@ -24,7 +24,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard",
-                 "import-linter>=2.1", "scipy>=1.10"],
+                 "import-linter>=2.1", "scipy>=1.10",
+                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],  # the docs site (tests/docs)
         "bench": ["matplotlib>=3.7", "scipy>=1.10"],
         "gpu": ["flash-attn>=2.6"],
     },

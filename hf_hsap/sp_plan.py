@@ -105,9 +105,11 @@ def plan_sequence(
         cache: plan cache (default: the SPGroup's own; offline planning caches only when given one).
         cost: the cost model ``auto`` minimises (default: the SPGroup's ``cost_model`` if set, else
             ``CostModel.for_link(sp.sap_link)``).
-        placement, total_tokens, options: as :func:`hf_hsap.plan.planner.plan_sequence`
-            (``recv_budget_tokens``, ``rounds``, ``token_slack``; ``ulysses_size`` and ``gpus_per_node``
-            for an int ``sp``); an unknown option raises ``TypeError``.
+        placement: as :func:`hf_hsap.plan.planner.plan_sequence`.
+        total_tokens: as :func:`hf_hsap.plan.planner.plan_sequence`.
+        **options: as :func:`hf_hsap.plan.planner.plan_sequence` (``recv_budget_tokens``, ``rounds``,
+            ``token_slack``; ``ulysses_size`` and ``gpus_per_node`` for an int ``sp``); an unknown option raises
+            ``TypeError``.
 
     Returns:
         The plan (cached: equal layouts and options return the same object).

@@ -60,7 +60,8 @@ class SPDataLoader:
             :func:`~.plan_use.check_plan_used` after each forward instead.
 
     Yields:
-        local batches from :func:`~.sharding.shard_batch`, on the device this rank's batches came on.
+        local (dict[str, Any]): local batches from :func:`~.sharding.shard_batch`, on the device this rank's
+            batches came on.
 
     Every rank of the SP group must iterate the loader in step (it runs one collective per ``P`` batches), and
     the inner loaders should have equal lengths (Accelerate's default ``even_batches=True``): ``len()`` is

@@ -59,7 +59,11 @@ def hsap_mask_function(
       past the last query are not filled and are left out.
 
     Args:
-        batch_size, q_length, kv_length, q_offset, kv_offset: mask geometry.
+        batch_size: mask geometry (rows).
+        q_length: mask geometry (query tokens).
+        kv_length: mask geometry (key tokens).
+        q_offset: mask geometry (Transformers' query offset).
+        kv_offset: mask geometry (Transformers' key offset).
         mask_function: the mask pattern Transformers composed (index-based).
         attention_mask: ``[B, seen + q_length]`` bool padding mask or ``None``.
         config: the model config (checked with :func:`~.model_check.check_config`), or ``None``.

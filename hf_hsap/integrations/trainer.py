@@ -62,7 +62,8 @@ class HSAPTrainerMixin:
         hsap_config: an :class:`~hf_hsap.HSAPConfig` (its ``model_config`` defaults to the model's).
         preemption_signals: signals that stop ``train`` after the current step with a checkpoint (default
             SIGTERM and SIGUSR1; ``()``: none, the process keeps its own handlers).
-        *args, **kwargs: the Trainer's own arguments.
+        *args: the Trainer's own arguments.
+        **kwargs: the Trainer's own keyword arguments.
 
     Raises:
         ValueError: what :func:`~.trainer_checks.check_trainer_setup` and :func:`~.prepare.prepare_model`

@@ -95,8 +95,8 @@ def hsap_attention_forward(
         hsap_plan: the :class:`~hf_hsap.Plan` from :func:`~.sharding.shard_batch` (SP size > 1: sequence
             parallel; SP size 1: its layout gives the documents), or ``None``.
         hsap_plan_use: the :class:`~.plan_use.PlanUse` record next to the plan, or ``None``.
-        cu_seq_lens_q, cu_seq_lens_k: ``[n + 1]`` document boundaries over the flattened ``B * Lq`` /
-            ``B * Lk`` tokens, or ``None``.
+        cu_seq_lens_q: ``[n + 1]`` document boundaries over the flattened ``B * Lq`` tokens, or ``None``.
+        cu_seq_lens_k: ``[n + 1]`` document boundaries over the flattened ``B * Lk`` tokens, or ``None``.
         position_ids: ``[B, Lq]`` (or ``[1, Lq]``) positions; a new document starts where they do not continue.
         sliding_window: the layer's window in tokens, ``None`` (full attention) or not passed (then
             ``module.sliding_window``).

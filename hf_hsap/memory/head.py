@@ -88,7 +88,8 @@ class ChunkedLMHead(nn.Linear):
 
     Args:
         head: the model's ``nn.Linear`` output embedding.
-        softcap, scale: the family's logit transform (:func:`logit_transform`).
+        softcap: the family's logit soft-cap (:func:`logit_transform`).
+        scale: the family's logit scale (:func:`logit_transform`).
         tile_tokens: tokens per tile (default: a ``[tile, V]`` tile of about ``DEFAULT_TILE_ELEMENTS`` logits).
     """
 

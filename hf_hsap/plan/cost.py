@@ -158,12 +158,15 @@ class CostModel:
         """The step time of a part: the module docstring's formula, the one place it is written.
 
         Args:
-            tokens: tokens held. work: pairs of its queries. local: pairs against its own keys. recv: KV tokens
-                received. Scalars or ``[n_parts]`` arrays.
+            tokens (float | np.ndarray): tokens held (a scalar or ``[n_parts]``, as every argument).
+            work (float | np.ndarray): pairs of its queries.
+            local (float | np.ndarray): pairs against its own keys.
+            recv (float | np.ndarray): KV tokens received.
 
         Returns:
-            ``token_cost * tokens + max(local, kv) + (work - local)`` elementwise, ``kv = kv_token_cost * recv``;
-            with ``overlap < 1`` the middle term is ``local + kv - overlap * min(local, kv)``.
+            time (float | np.ndarray): ``token_cost * tokens + max(local, kv) + (work - local)`` elementwise,
+                ``kv = kv_token_cost * recv``; with ``overlap < 1`` the middle term is
+                ``local + kv - overlap * min(local, kv)``.
         """
         kv = self.kv_token_cost * recv
         scalar = isinstance(kv, (int, float)) and isinstance(local, (int, float))  # Python's max: faster on scalars

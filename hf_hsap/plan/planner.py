@@ -172,7 +172,8 @@ def choose_ulysses_size(cu_seqlens: torch.Tensor | np.ndarray | list[int] | Layo
         cu_seqlens: the layout. sp_size: P. num_heads: query heads of the model.
         gpus_per_node: ranks per node (None: unknown, no node limit; SAP's KV priced for the network unless
             the group fits in one node). cost: the cost model (default: ``CostModel.for_link`` of the group).
-        placement, windows: as :func:`plan_sequence`.
+        placement: as :func:`plan_sequence`.
+        windows: as :func:`plan_sequence`.
         num_kv_heads: key/value heads of the model (default ``num_heads``: no grouped-query sharing, the most KV
             memory a received key can cost). memory_cap: ``False``: time alone.
 
