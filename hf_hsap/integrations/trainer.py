@@ -42,8 +42,8 @@ from .loss import global_num_items, hsap_model_loss
 from .memory_fit import check_trainer_row_fits
 from .model_check import check_model
 from .plan_use import check_plan_used
+from .registry import ATTN_NAME, register
 from .trainer_checks import check_trainer_setup
-from .transformers import ATTN_NAME, register
 
 __all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
 
