@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
-from .head import loss_tile_tokens as head_tile_tokens
+from .head import loss_tile_tokens
 from .levers import MemoryLevers
 from .shape import ModelShape, model_shape
 
@@ -203,17 +203,12 @@ def _attention_backward(s: ModelShape, a: int, sp: int, device: str) -> float:
     return 4.0 * q + a * (q + kv) + (2 * a * q if s.kv_heads < s.q_heads else 0)
 
 
-def loss_tile_tokens(vocab: int, levers: MemoryLevers) -> int:
-    """Tokens per tile of the chunked loss (the head's default: about ``2**24`` logits a tile)."""
-    return head_tile_tokens(vocab, levers.loss_tile_tokens)
-
-
 def _loss_bytes(s: ModelShape, t: int, a: int, w: int, levers: MemoryLevers) -> float:
     """The loss's working set for ``t`` tokens (module docstring); ``w`` = bytes of the head's weights."""
     V, H = s.vocab, s.hidden
     if not levers.chunked_loss:  # float32 log-softmax and its two gradients; 16-bit logits are freed by then
         return t * V * 3 * 4
-    n = min(t, loss_tile_tokens(V, levers))
+    n = min(t, loss_tile_tokens(V, levers.loss_tile_tokens))
     tile = n * V * (4 + LOSS_TILE_TEMPS * 4 + (a if a < 4 else 0))
     grads = t * H * a + V * H * 4 + (V * H * a if w != a else 0)  # grad_h, float32 grad_w, the weight's cast
     return tile + grads + LOSS_TOKEN_STATS * t
