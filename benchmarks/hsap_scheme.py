@@ -6,10 +6,11 @@ import numpy as np
 
 from typing import Any, Mapping
 
+from hf_hsap.model_shape import ModelShape
 from hf_hsap.plan.stats import PlanStats
 
 from .distributions import useful_pairs
-from .schemes import (LLAMA3_8B_SHAPE, CommPhase, ModelShape, RoundSchedule, SchemeStats, _heads_ok, _kv_share,
+from .schemes import (LLAMA3_8B_SHAPE, CommPhase, RoundSchedule, SchemeStats, _heads_ok, _kv_share,
                       _split, _ulysses_phases)
 
 

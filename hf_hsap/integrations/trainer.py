@@ -34,10 +34,10 @@ from typing import Any, Iterable
 import torch
 
 from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, resolve_checkpoint, rotate
-from ..config import text_config
 from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
+from ..model_shape import text_config
 from .loss import global_num_items, hsap_model_loss
 from .memory_fit import check_trainer_row_fits
 from .model_check import check_model

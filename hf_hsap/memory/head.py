@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import text_config
 from ..data.packing import IGNORE_INDEX
+from ..model_shape import text_config
 from ..log import get_logger
 from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
 

@@ -61,12 +61,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
 from .head import loss_tile_tokens
 from .levers import MemoryLevers
-from .shape import ModelShape, model_shape
 
-__all__ = ["ModelShape", "StepMemory", "model_shape", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
+__all__ = ["StepMemory", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_TILE_TEMPS = 1  # float32 [tile, V] temporaries beside the tile's logits (logsumexp's exp)
@@ -243,7 +243,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     """The modelled per-GPU peak of one step (forward, backward, optimizer step), term by term.
 
     Args:
-        config: a Transformers config or a dict of its sizes (:func:`model_shape`).
+        config: a Transformers config or a dict of its sizes (:meth:`hf_hsap.model_shape.ModelShape.from_config`).
         row_tokens: tokens of one packed row (sharded over ``sp_size`` ranks).
         world: GPUs in all (``world / sp_size`` data-parallel replicas).
         sp_size: ranks one row is sharded over; ulysses_size: the Ulysses degree within them.
@@ -273,7 +273,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     if sp_size < 1 or world % sp_size or sp_size % ulysses_size:
         raise ValueError(f"need sp_size | world and ulysses_size | sp_size (world {world}, sp {sp_size}, "
                          f"ulysses {ulysses_size})")
-    s = model_shape(config)
+    s = ModelShape.from_config(config)
     w, a = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
     t = math.ceil(row_tokens / sp_size)
     P = s.params
