@@ -38,6 +38,7 @@ from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
 from ..model_shape import text_config
+from ..topology import init_sequence_parallel
 from .loss import global_num_items, hsap_model_loss
 from .memory_fit import check_trainer_row_fits
 from .model_check import check_model
@@ -125,7 +126,6 @@ class HSAPTrainerMixin:
         Raises:
             ValueError: ``sp`` disagrees with the SP size (or Ulysses size, or dK/dV dtype) configured.
         """
-        from .. import init_sequence_parallel
         from ..config import HSAPConfig
         from .arguments import HSAPArguments
 
