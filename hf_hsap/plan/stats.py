@@ -1,7 +1,8 @@
-"""A plan's report: the exact per-rank figures of what its runtime executes, as typed records (:meth:`Plan.stats
-<hf_hsap.plan.plan.Plan.stats>` passes its pieces), for ``hsap-plan``, logs and benchmarks; nothing here plans. Lists are per SP rank
-(``[P]``) unless said otherwise; with ``U > 1`` a rank computes its part's pairs for ``1 / U`` of the heads, so its work
-is the part's over ``U``. With a window, only the pairs it keeps and the keys it sees count."""
+"""A plan's report: the exact per-rank figures of what its runtime executes, as typed records, from the pieces
+:meth:`Plan.stats <hf_hsap.plan.plan.Plan.stats>` passes (this module imports no Plan), for ``hsap-plan``, logs and
+benchmarks; nothing here plans. Lists are per SP rank (``[P]``) unless said otherwise; with ``U > 1`` a rank computes
+its part's pairs for ``1 / U`` of the heads, so its work is the part's over ``U``. With a window, only the pairs it
+keeps and the keys it sees count."""
 from __future__ import annotations
 
 import dataclasses
