@@ -15,8 +15,8 @@ table, :mod:`hf_hsap.hardware`, which the planner's ``CostModel.from_config`` re
 | `ATTN_BWD_FACTOR`   | 2.5     | attention backward FLOPs / forward FLOPs (flash: 5 matmuls vs 2)        |
 
 FLOPs: attention forward ``4 · pairs · head_dim · q_heads`` (QKᵀ and PV; ``pairs`` head-normalised as
-in ``SchemeStats.work``), backward ``2.5×`` that; linear layers ``6 · params_per_layer`` per token
-for fwd + bwd, ``params_per_layer = hidden · head_dim · (2 q_heads + 2 kv_heads) + 3 · hidden · ffn``.
+in ``SchemeStats.work``), backward ``2.5×`` that; linear layers ``6 · layer_linear_params`` per token
+for fwd + bwd, ``layer_linear_params = hidden · head_dim · (2 q_heads + 2 kv_heads) + 3 · hidden · intermediate``.
 Norms, rotary, softmax, embeddings, LM head, optimizer and gradient sync are not modelled: the figure
 is the decoder layer stack. No activation recomputation.
 
@@ -59,10 +59,11 @@ from typing import Mapping
 
 import numpy as np
 
-from hf_hsap.hardware import MODEL_SHAPES, DecoderShape, cost_model_kinds, gpu_kind
+from hf_hsap.hardware import cost_model_kinds, gpu_kind
+from hf_hsap.model_shape import MODEL_SHAPES, ModelShape
 from hf_hsap.plan.pipeline import backward_steps, forward_steps, pipeline_shape, simulate_steps
 
-from .schemes import CommPhase, ModelShape, RingPipeline, SchemeStats
+from .schemes import CommPhase, RingPipeline, SchemeStats
 
 ATTN_EFFICIENCY = 0.55
 GEMM_EFFICIENCY = 0.70
@@ -71,16 +72,6 @@ ALPHA_INTRA_S = 10e-6
 ALPHA_INTER_S = 20e-6
 ATTN_BWD_FACTOR = 2.5
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
-
-
-@dataclass(frozen=True)
-class ModelSpec(DecoderShape):
-    """Decoder shape of the spec's models (:class:`hf_hsap.hardware.DecoderShape`, fields and
-    ``params_per_layer``), with its head shape for :mod:`benchmarks.schemes`."""
-
-    def shape(self) -> ModelShape:
-        """Head shape for :mod:`benchmarks.schemes`."""
-        return ModelShape(self.q_heads, self.kv_heads, self.head_dim, self.dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -129,8 +120,7 @@ class CostAssumptions:
 
 SPEC_HARDWARE = ("A100", "H100")  # the benchmark spec's 8-GPU nodes
 # Both tables are read from hf_hsap.hardware (the one table of GPU and model figures); read-only.
-MODELS: Mapping[str, ModelSpec] = MappingProxyType(
-    {k: ModelSpec(**dataclasses.asdict(v)) for k, v in MODEL_SHAPES.items()})
+MODELS: Mapping[str, ModelShape] = MODEL_SHAPES  # the spec's models (hf_hsap.model_shape's table)
 HARDWARE: Mapping[str, HardwareSpec] = MappingProxyType({k: HardwareSpec.from_table(k) for k in SPEC_HARDWARE})
 
 
@@ -241,13 +231,13 @@ def _phase_time(phases: list[CommPhase], backward: bool, overlap: str, P: int, h
     return out
 
 
-def _resolve(model: ModelSpec | str, hardware: HardwareSpec | str) -> tuple[ModelSpec, HardwareSpec]:
+def _resolve(model: ModelShape | str, hardware: HardwareSpec | str) -> tuple[ModelShape, HardwareSpec]:
     """Look names up in :data:`MODELS` / :data:`HARDWARE`."""
     return (MODELS[model] if isinstance(model, str) else model,
             HARDWARE[hardware] if isinstance(hardware, str) else hardware)
 
 
-def bound(T: int, useful: int, model: ModelSpec | str, hardware: HardwareSpec | str, gpus: int,
+def bound(T: int, useful: int, model: ModelShape | str, hardware: HardwareSpec | str, gpus: int,
           attn_bwd_factor: float = ATTN_BWD_FACTOR) -> dict:
     """Physical bound: all FLOPs at peak on every GPU, communication fully hidden.
 
@@ -263,12 +253,12 @@ def bound(T: int, useful: int, model: ModelSpec | str, hardware: HardwareSpec | 
     """
     m, hw = _resolve(model, hardware)
     attn_per_pair = 2 * 2 * m.head_dim * m.q_heads * (1 + attn_bwd_factor)
-    flops = m.layers * (6.0 * m.params_per_layer * T + attn_per_pair * useful)
+    flops = m.layers * (6.0 * m.layer_linear_params * T + attn_per_pair * useful)
     time_s = flops / (gpus * hw.peak_flops)
     return {"flops": flops, "time_s": time_s, "tgs": T / (gpus * time_s)}
 
 
-def predict(scheme_stats: SchemeStats, model: ModelSpec | str, hardware: HardwareSpec | str, nodes: int,
+def predict(scheme_stats: SchemeStats, model: ModelShape | str, hardware: HardwareSpec | str, nodes: int,
             assumptions: CostAssumptions | None = None) -> dict:
     """Predicted fwd + bwd time of the layer stack and TGS of one scheme, beside the bound.
 
@@ -294,10 +284,10 @@ def predict(scheme_stats: SchemeStats, model: ModelSpec | str, hardware: Hardwar
         raise ValueError(f"{s.name}: stats for P={s.P}, but {nodes} node(s) × {hw.gpus_per_node} = {P}")
     if s.gpus_per_node != hw.gpus_per_node:
         raise ValueError(f"{s.name}: stats for {s.gpus_per_node} GPUs per node, hardware has {hw.gpus_per_node}")
-    if s.shape is not None and s.shape != m.shape():
-        raise ValueError(f"{s.name}: stats built for {s.shape}, model has {m.shape()}")
+    if s.shape is not None and s.shape != m:
+        raise ValueError(f"{s.name}: stats built for {s.shape}, model is {m}")
     pair_s = 4.0 * m.head_dim * m.q_heads / (hw.peak_flops * a.attn_efficiency)
-    gemm = s.tokens * 6.0 * m.params_per_layer / (hw.peak_flops * a.gemm_efficiency)
+    gemm = s.tokens * 6.0 * m.layer_linear_params / (hw.peak_flops * a.gemm_efficiency)
     c_fwd = s.work * pair_s
     bwd = a.attn_bwd_factor
     if s.ring is not None:
@@ -329,7 +319,7 @@ def predict(scheme_stats: SchemeStats, model: ModelSpec | str, hardware: Hardwar
     }
 
 
-def predict_all(stats: dict[str, SchemeStats], model: ModelSpec | str, hardware: HardwareSpec | str, nodes: int,
+def predict_all(stats: dict[str, SchemeStats], model: ModelShape | str, hardware: HardwareSpec | str, nodes: int,
                 assumptions: CostAssumptions | None = None) -> list[dict]:
     """:func:`predict` for every scheme, side by side, plus a ``bound`` row.
 

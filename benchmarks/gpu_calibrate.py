@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: run with --dry-run on CPU")
         device, dtype = torch.device("cuda"), torch.bfloat16
-        T, P, hq, hkv, d, hidden, ffn = args.T, args.P, m.q_heads, m.kv_heads, m.head_dim, m.hidden, m.ffn
+        T, P, hq, hkv, d, hidden, ffn = args.T, args.P, m.q_heads, m.kv_heads, m.head_dim, m.hidden, m.intermediate
         warmup, iters = args.warmup, args.iters
     t0 = time.perf_counter()
     layouts = [calibrate_layout(dist, T, P, hq, hkv, d, dtype, device, warmup, iters)

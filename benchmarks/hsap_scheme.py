@@ -6,15 +6,16 @@ import numpy as np
 
 from typing import Any, Mapping
 
-from hf_hsap.plan_stats import PlanStats
+from hf_hsap.model_shape import ModelShape
+from hf_hsap.plan.stats import PlanStats
 
 from .distributions import useful_pairs
-from .schemes import (LLAMA3_8B_SHAPE, CommPhase, ModelShape, RoundSchedule, SchemeStats, _heads_ok, _kv_share,
+from .schemes import (LLAMA3_8B_SHAPE, CommPhase, RoundSchedule, SchemeStats, _heads_ok, _kv_share,
                       _split, _ulysses_phases)
 
 
 def _field(stats: PlanStats | Mapping[str, Any], name: str) -> Any:
-    """A figure of ``stats``: the attribute of a :class:`~hf_hsap.plan_stats.PlanStats`, or the entry of a
+    """A figure of ``stats``: the attribute of a :class:`~hf_hsap.plan.stats.PlanStats`, or the entry of a
     hand-made mapping (None when absent)."""
     return getattr(stats, name, None) if isinstance(stats, PlanStats) else stats.get(name)
 
@@ -29,7 +30,7 @@ def hsap_stats_from_plan(stats: PlanStats | Mapping[str, Any], shape: ModelShape
     part ``i`` to part ``j`` runs between GPUs of equal index ``u`` in the two groups.
 
     Args:
-        stats: ``Plan.stats()`` (a :class:`~hf_hsap.plan_stats.PlanStats`), or a mapping with the same
+        stats: ``Plan.stats()`` (a :class:`~hf_hsap.plan.stats.PlanStats`), or a mapping with the same
             names (hand-made, e.g. by part): lists ``tokens``, ``attn_work``, ``recv_kv_tokens`` either by SP rank (length ``P``,
             work already divided by ``U``, as ``Plan.stats()`` returns) or by part (length ``R``), and
             ``send_kv_pairs`` (``R × R``: KV tokens part ``i`` sends part ``j`` in the forward pass);

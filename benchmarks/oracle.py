@@ -2,7 +2,7 @@
 
 Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
 ``placement="auto"`` is from the best placement the cost model can express. It runs the library's local search
-(:func:`hf_hsap.plan.oracle.polish`, unbounded) from every simpler placement and the caller's; the best local
+(:func:`hf_hsap.plan.local_search.polish`, unbounded) from every simpler placement and the caller's; the best local
 optimum wins. Never part of planning.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hf_hsap.plan.balanced import balanced
 from hf_hsap.plan.cost import CostModel
 from hf_hsap.plan.density import density
 from hf_hsap.plan.layout import Layout
-from hf_hsap.plan.oracle import polish
+from hf_hsap.plan.local_search import polish
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK, Placement, contiguous, zigzag
 
 __all__ = ["ZIGZAG_START_SEGMENTS", "optimise_placement"]

@@ -41,7 +41,7 @@ def _ideal_tgs(res: LayoutResult, model: str, hw: str, nodes: int, a) -> float:
     m, h = MODELS[model], HARDWARE[hw]
     P = nodes * h.gpus_per_node
     useful = next(iter(res.schemes[model].values())).useful_pairs
-    gemm = 6.0 * m.params_per_layer * res.T / (h.peak_flops * a.gemm_efficiency)
+    gemm = 6.0 * m.layer_linear_params * res.T / (h.peak_flops * a.gemm_efficiency)
     attn = 4.0 * m.head_dim * m.q_heads * (1 + a.attn_bwd_factor) * useful / (h.peak_flops * a.attn_efficiency)
     return res.T / (P * m.layers * (gemm + attn) / P)
 

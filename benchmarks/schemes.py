@@ -51,38 +51,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hf_hsap.hardware import MODEL_SHAPES, DecoderShape
+from hf_hsap.model_shape import MODEL_SHAPES, ModelShape
 
 from .distributions import pair_matrix, per_doc_chunk_matrix, row_chunk_matrix, zigzag_owner
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """Attention head shape of a model (one layer). Bytes are per token, per layer."""
-
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-
-    @property
-    def kv_token_bytes(self) -> int:
-        """Bytes of K and V of one token over all kv heads."""
-        return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def q_token_bytes(self) -> int:
-        """Bytes of Q (equally O) of one token over all q heads."""
-        return self.q_heads * self.head_dim * self.dtype_bytes
-
-
-def head_shape(model: DecoderShape) -> ModelShape:
-    """The attention head shape of a model of the one table (:data:`hf_hsap.hardware.MODEL_SHAPES`)."""
-    return ModelShape(model.q_heads, model.kv_heads, model.head_dim, model.dtype_bytes)
-
-
-LLAMA2_7B_SHAPE = head_shape(MODEL_SHAPES["llama2-7b"])
-LLAMA3_8B_SHAPE = head_shape(MODEL_SHAPES["llama3-8b"])
+LLAMA2_7B_SHAPE = MODEL_SHAPES["llama2-7b"]  # the schemes count bytes with its heads (ModelShape.kv_token_bytes, ...)
+LLAMA3_8B_SHAPE = MODEL_SHAPES["llama3-8b"]
 
 
 @dataclass

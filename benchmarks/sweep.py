@@ -16,7 +16,7 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   sum_d L_d (L_d + 1) / 2) / parts`` (every part equally loaded, no communication; ``token_cost'`` is the
   plan's, with the all-to-all's share when ``U > 1``); *losses*: layouts where ``auto``'s est max exceeds
   another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
-  of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement and every simpler one, run where
+  of :mod:`hf_hsap.plan.local_search` started from ``auto``'s placement and every simpler one, run where
   ``parts <= oracle_max_parts`` (and its placement's rounds simulated, ``oracle_sim``, beside auto's ``sim``),
   and at any size where auto misses the goal (:data:`GOALS`) that the bound below leaves within reach
   (``missed_oracle``, ``missed_oracle_sim``: does a placement the search finds meet it, and at what simulated cost);

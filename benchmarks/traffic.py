@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import hf_hsap
+from hf_hsap.model_shape import ModelShape
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
 from hf_hsap.plan.planner import offline_link
 from hf_hsap.topology import auto_ulysses_size
 
 from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
 from .hsap_scheme import hsap_stats_from_plan
-from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats, all_schemes
+from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, SchemeStats, all_schemes
 
 SHAPES: dict[str, ModelShape] = {"llama2-7b": LLAMA2_7B_SHAPE, "llama3-8b": LLAMA3_8B_SHAPE}
 RECV_SHAPE = "llama3-8b"  # recv_kv is reported in full-KV units of this shape (matters only for Ulysses)
@@ -69,7 +70,7 @@ def planner_cost(shape_key: str, link: str, hardware: str = "A100") -> hf_hsap.C
 
     m = MODELS[shape_key]
     config = SimpleNamespace(num_attention_heads=m.q_heads, num_key_value_heads=m.kv_heads, hidden_size=m.hidden,
-                             head_dim=m.head_dim, intermediate_size=m.ffn)
+                             head_dim=m.head_dim, intermediate_size=m.intermediate)
     return hf_hsap.CostModel.from_config(config, link, hardware)
 
 

@@ -19,7 +19,7 @@ from .data.positions import cu_seqlens_from_position_ids
 from .plan.layout import Layout, make_layout
 from .plan.group import GroupSpec
 from .plan.plan import Plan
-from .plan_stats import KindStats, PlanStats
+from .plan.stats import KindStats, PlanStats
 from .sp_plan import SPPlan, plan_sequence
 from .plan.planner import choose_ulysses_size
 from .topology import SPGroup, init_sequence_parallel

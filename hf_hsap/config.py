@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .model_shape import text_config
 from .plan.placement import DEFAULT_TOKEN_SLACK, PLACEMENTS
 from .plan.windows import Window, layer_windows
 
@@ -185,19 +186,6 @@ class HSAPConfig:
         if windows is not None:
             options["windows"] = windows
         return options
-
-
-def text_config(config: Any) -> Any:
-    """The decoder's config of a Transformers config: ``get_text_config(decoder=True)`` of a composite
-    (vision-language) config, else ``config`` itself (also when the call fails: an older signature, or several
-    text configs). The one place hf_hsap reads a model's language part from its config."""
-    get = getattr(config, "get_text_config", None)
-    if not callable(get):
-        return config
-    try:
-        return get(decoder=True)
-    except (TypeError, ValueError):
-        return config
 
 
 def attention_windows(config: Any) -> list[Window]:

@@ -1,4 +1,4 @@
-"""The one table of GPU kinds and benchmark model shapes (pure: no torch, no device query).
+"""The one table of GPU kinds (pure: no torch, no device query; the benchmark models' shapes: :mod:`.model_shape`).
 
 Every GPU figure of the project is read from :data:`GPU_KINDS`: the planner's cost model
 (:meth:`hf_hsap.CostModel.from_config`, ``HARDWARE_LINKS``), :func:`hf_hsap.devices.detect_hardware`,
@@ -40,10 +40,8 @@ from typing import Mapping
 
 __all__ = [
     "DEFAULT_HARDWARE",
-    "DecoderShape",
     "GPUKind",
     "GPU_KINDS",
-    "MODEL_SHAPES",
     "cost_hardware_for_device_name",
     "cost_model_kinds",
     "gpu_kind",
@@ -166,40 +164,3 @@ def cost_hardware_for_device_name(name: str | None) -> str:
     """
     key = None if name is None else hardware_for_device_name(name)
     return key if key is not None and _BY_KEY[key].has_links else DEFAULT_HARDWARE
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """Decoder shape of a benchmark model.
-
-    Args:
-        name: display name (``"Llama-3-8B"``).
-        layers: decoder layers.
-        hidden: hidden size.
-        q_heads: query heads.
-        kv_heads: key / value heads.
-        head_dim: head dimension.
-        ffn: MLP intermediate size (gated MLP: three matrices).
-        dtype_bytes: bytes of one activation element (bf16: 2).
-    """
-
-    name: str
-    layers: int
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    dtype_bytes: int = 2
-
-    @property
-    def params_per_layer(self) -> int:
-        """Linear parameters of one layer (q, k, v, o projections and the gated MLP)."""
-        return self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads) + 3 * self.hidden * self.ffn
-
-
-# Hugging Face configs of meta-llama/Llama-2-7b-hf and meta-llama/Meta-Llama-3-8B.
-MODEL_SHAPES: Mapping[str, DecoderShape] = MappingProxyType({
-    "llama2-7b": DecoderShape("Llama-2-7B", 32, 4096, 32, 32, 128, 11008),
-    "llama3-8b": DecoderShape("Llama-3-8B", 32, 4096, 32, 8, 128, 14336),
-})

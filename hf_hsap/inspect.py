@@ -27,8 +27,8 @@ import numpy as np
 
 from .config import HSAPConfig
 from .data.lengths import DISTRIBUTIONS, doc_lengths
-from .hardware import MODEL_SHAPES
 from .memory.advice import LEVER_ORDER, MEMORY_MODELS, levers_from_names, max_length_lines
+from .model_shape import MODEL_SHAPES
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
 from .plan.planner import Plan, choose_ulysses_size, offline_link, plan_sequence
@@ -37,7 +37,7 @@ from .config import attention_windows
 DISTS = DISTRIBUTIONS
 _L3 = MODEL_SHAPES["llama3-8b"]  # the default model of --config: the one table's Llama-3-8B
 LLAMA3_8B = SimpleNamespace(num_attention_heads=_L3.q_heads, num_key_value_heads=_L3.kv_heads, hidden_size=_L3.hidden,
-                            intermediate_size=_L3.ffn)
+                            intermediate_size=_L3.intermediate)
 # The benchmark spec's sampler (one implementation: hf_hsap.data.lengths, also benchmarks.distributions):
 # ``[n_docs]`` int64 lengths of one row of ``T`` tokens, for ``--dist``.
 sample_lengths = doc_lengths

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recipes/ helpers whe
 import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE  # noqa: E402
 from hf_hsap.cli.sft import make_parser, run as run_sft  # noqa: E402
+from hf_hsap.data import IGNORE_INDEX  # noqa: E402
 from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from hf_hsap.log import get_logger  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -47,7 +48,6 @@ from common import MetricsWriter, finish_distributed  # noqa: E402
 
 logger = get_logger("hf_hsap.recipes.sft_vlm")
 STATS = ("batches", "rows", "documents", "images", "trained_tokens")  # the packing counters, in this order
-_IGNORE = -100
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -172,7 +172,7 @@ def batch_stats(examples: Sequence[Any], batch: Mapping[str, Any]) -> list[int]:
         images = int(batch["image_grid_thw"].shape[0])
     else:
         images = int(batch["pixel_values"].shape[0]) if batch.get("pixel_values") is not None else 0
-    return [1, rows, len(examples), images, int((batch["labels"] != _IGNORE).sum())]
+    return [1, rows, len(examples), images, int((batch["labels"] != IGNORE_INDEX).sum())]
 
 
 class CountingCollator:

@@ -97,13 +97,13 @@ def built_placements(layout, P: int, cost, slack: float) -> list:
 
 
 def without_refinement(monkeypatch, name: str) -> None:
-    """Leave one of ``auto``'s refinements (:data:`hf_hsap.plan.search.REFINEMENTS`, by function name, e.g.
+    """Leave one of ``auto``'s refinements (:data:`hf_hsap.plan.auto.REFINEMENTS`, by function name, e.g.
     ``"_sliced_cuts"``) out, so that a test sees the plan the search reaches without it."""
-    import hf_hsap.plan.search as search
+    import hf_hsap.plan.auto as auto
 
-    kept = tuple(r for r in search.REFINEMENTS if r.__name__ != name)
-    assert len(kept) == len(search.REFINEMENTS) - 1, f"no refinement {name!r}"
-    monkeypatch.setattr(search, "REFINEMENTS", kept)
+    kept = tuple(r for r in auto.REFINEMENTS if r.__name__ != name)
+    assert len(kept) == len(auto.REFINEMENTS) - 1, f"no refinement {name!r}"
+    monkeypatch.setattr(auto, "REFINEMENTS", kept)
 
 
 def environ_kept(fn: Any) -> Any:

@@ -37,7 +37,7 @@ __all__ = [
     "shift_labels_packed",
 ]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the label of a token without loss (PyTorch's and Transformers' convention)
 _MASK_KEYS = ("completion_mask", "assistant_masks")
 
 logger = get_logger(__name__)

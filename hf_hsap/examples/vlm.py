@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..data.packing import IGNORE_INDEX
+
 __all__ = ["TINY_VLMS", "save_tiny_vlm", "tiny_vlm", "tiny_vlm_config", "tiny_vlm_processor", "vlm_documents",
            "vlm_sft_rows"]
 
@@ -166,7 +168,7 @@ def vlm_documents(config: Any, shapes: list[tuple[int, tuple[int, int, int] | No
         elif config.model_type == "gemma3":
             doc["token_type_ids"] = types
         labels = ids.clone()
-        labels[ids >= special["image_token_id"]] = -100  # no loss on placeholders
+        labels[ids >= special["image_token_id"]] = IGNORE_INDEX  # no loss on placeholders
         doc["labels"] = labels
         docs.append(doc)
     return docs

@@ -12,14 +12,8 @@ from .prepare import PreparedModel, prepare_model
 from .plan_use import PlanNotUsedError, PlanUse, check_plan_used
 from .loss import dp_grad_scale, global_num_items, hsap_causal_lm_loss, hsap_model_loss, reduce_loss_for_logging
 from .sharding import batch_cu_seqlens, shard_batch, shift_labels_global
-from .transformers import (
-    ATTN_NAME,
-    document_starts,
-    hsap_attention_forward,
-    hsap_mask_function,
-    is_registered,
-    register,
-)
+from .registry import ATTN_NAME, is_registered, register
+from .transformers import document_starts, hsap_attention_forward, hsap_mask_function
 
 _TRAINERS = ("HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin")
 _ARGUMENTS = ("HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments")

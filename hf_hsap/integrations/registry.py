@@ -9,6 +9,8 @@ every model whose attention goes through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Qwe
 from __future__ import annotations
 
 from ..log import get_logger
+from .mask import hsap_mask_function
+from .transformers import hsap_attention_forward
 
 __all__ = ["ATTN_NAME", "is_registered", "register"]
 
@@ -29,9 +31,6 @@ def register(name: str = ATTN_NAME) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from .mask import hsap_mask_function
-    from .transformers import hsap_attention_forward  # the dispatcher imports this module: import it here
-
     new = not is_registered(name)
     AttentionInterface.register(name, hsap_attention_forward)
     AttentionMaskInterface.register(name, hsap_mask_function)
@@ -51,9 +50,6 @@ def is_registered(name: str = ATTN_NAME) -> bool:
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-
-    from .mask import hsap_mask_function
-    from .transformers import hsap_attention_forward
 
     return (
         AttentionInterface._global_mapping.get(name) is hsap_attention_forward

@@ -26,7 +26,7 @@ from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
 from ..multimodal import image_blocks, shard_vision, vision_keys
 from ..plan.blocks import keep_blocks_whole
 from ..data.positions import check_position_ids, document_starts
-from ..sp_plan import SPPlan
+from ..sp_plan import SPPlan, plan_sequence
 from .batch_gather import collective_device
 from .plan_use import PLAN_USE_KEY, PlanNotUsedError, PlanUse
 
@@ -203,8 +203,6 @@ def shard_batch(
         PlanNotUsedError: (``check_previous``) the group's previous batch ran through a model whose attention
             layers did not all consume its plan.
     """
-    from .. import plan_sequence
-
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got {tuple(ids.shape)}")

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..attention import hsap_attn_func
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
 from .attention_checks import check_chunked_sp
@@ -47,8 +48,6 @@ def sp_attention(
     Raises:
         ValueError: more than one row, or queries and keys of different lengths (a KV cache).
     """
-    from .. import hsap_attn_func
-
     if query.shape[0] != 1 or query.shape[2] != key.shape[2]:
         raise ValueError(
             "hsap_plan needs one row of local tokens and no KV cache (got query "

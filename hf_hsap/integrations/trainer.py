@@ -38,12 +38,14 @@ from ..checkpoint import PREEMPTION_SIGNALS, PreemptionHandler, atomic_save, res
 from ..log import get_logger
 from .dataloader import SPDataLoader
 from ..memory.head import find_chunked_head
+from ..model_shape import text_config
+from ..topology import init_sequence_parallel
 from .loss import global_num_items, hsap_model_loss
 from .memory_fit import check_trainer_row_fits
 from .plan_use import check_plan_used
 from .prepare import prepare_model
+from .registry import register
 from .trainer_checks import check_trainer_setup
-from .transformers import register
 
 __all__ = ["HSAPSFTTrainer", "HSAPTrainer", "HSAPTrainerMixin"]
 
@@ -125,7 +127,6 @@ class HSAPTrainerMixin:
         Raises:
             ValueError: ``sp`` disagrees with the SP size (or Ulysses size, or dK/dV dtype) configured.
         """
-        from .. import init_sequence_parallel
         from ..config import HSAPConfig
         from .arguments import HSAPArguments
 

@@ -50,11 +50,9 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed
-from .registry import ATTN_NAME, is_registered, register
 from .sp_attention import sp_forward
 
-__all__ = ["ATTN_NAME", "document_starts", "hsap_attention_forward", "hsap_mask_function", "is_registered",
-           "register"]
+__all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
 
 logger = get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hardware import MODEL_SHAPES, DecoderShape
+from ..model_shape import MODEL_SHAPES, ModelShape
 from .fit import longest_row
 from .levers import LEVER_ORDER, MemoryLevers
 from .model import predict_step_memory
@@ -16,18 +16,20 @@ GIB = 2**30
 
 
 
-def _config(shape: DecoderShape, vocab: int, model_type: str) -> dict[str, Any]:
-    """A config dict (config.json's fields) from the cost model's table of shapes, with the vocabulary."""
-    return dict(model_type=model_type, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+def _config(shape: ModelShape, model_type: str) -> dict[str, Any]:
+    """A config dict (config.json's fields) of a dense model's shape."""
+    return dict(model_type=model_type, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                 num_hidden_layers=shape.layers, num_attention_heads=shape.q_heads, num_key_value_heads=shape.kv_heads,
-                head_dim=shape.head_dim, vocab_size=vocab, tie_word_embeddings=False)
+                head_dim=shape.head_dim, vocab_size=shape.vocab, tie_word_embeddings=shape.tied)
 
 
-# Models users train, as config.json fields (no hub): the Llama-3-8B of hf_hsap.hardware's table, and two more
+# Models users train, as config.json fields (no hub): the Llama-3-8B of hf_hsap.model_shape's table, and two more
 MEMORY_MODELS: dict[str, dict[str, Any]] = {
-    "llama-3-8b": _config(MODEL_SHAPES["llama3-8b"], 128256, "llama"),
-    "qwen3-8b": _config(DecoderShape("Qwen3-8B", 36, 4096, 32, 8, 128, 12288), 151936, "qwen3"),
-    "llama-3-70b": _config(DecoderShape("Llama-3-70B", 80, 8192, 64, 8, 128, 28672), 128256, "llama"),
+    "llama-3-8b": _config(MODEL_SHAPES["llama3-8b"], "llama"),
+    "qwen3-8b": _config(ModelShape(name="Qwen3-8B", layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128,
+                                   intermediate=12288, vocab=151936), "qwen3"),
+    "llama-3-70b": _config(ModelShape(name="Llama-3-70B", layers=80, hidden=8192, q_heads=64, kv_heads=8,
+                                      head_dim=128, intermediate=28672, vocab=128256), "llama"),
 }
 
 

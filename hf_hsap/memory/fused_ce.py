@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["fused_linear_cross_entropy", "tile_tokens_for"]
+from ..data.packing import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+__all__ = ["fused_linear_cross_entropy", "tile_tokens_for"]
 
 
 def tile_tokens_for(vocab: int, tile_elements: int) -> int:

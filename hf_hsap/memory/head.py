@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import text_config
+from ..data.packing import IGNORE_INDEX
+from ..model_shape import text_config
 from ..log import get_logger
 from ..model_state import ModelChanges
 from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
@@ -33,7 +34,6 @@ __all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_
 
 logger = get_logger(__name__)
 
-IGNORE_INDEX = -100
 DEFAULT_TILE_ELEMENTS = 1 << 24  # logits of one tile: 64 MiB in float32 (128 tokens of Llama-3's 128,256 vocabulary)
 
 

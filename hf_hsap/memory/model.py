@@ -61,12 +61,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
-from .head import loss_tile_tokens as head_tile_tokens
+from .head import loss_tile_tokens
 from .levers import MemoryLevers
-from .shape import ModelShape, model_shape
 
-__all__ = ["ModelShape", "StepMemory", "model_shape", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
+__all__ = ["StepMemory", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOSS_TILE_TEMPS = 1  # float32 [tile, V] temporaries beside the tile's logits (logsumexp's exp)
@@ -203,17 +203,12 @@ def _attention_backward(s: ModelShape, a: int, sp: int, device: str) -> float:
     return 4.0 * q + a * (q + kv) + (2 * a * q if s.kv_heads < s.q_heads else 0)
 
 
-def loss_tile_tokens(vocab: int, levers: MemoryLevers) -> int:
-    """Tokens per tile of the chunked loss (the head's default: about ``2**24`` logits a tile)."""
-    return head_tile_tokens(vocab, levers.loss_tile_tokens)
-
-
 def _loss_bytes(s: ModelShape, t: int, a: int, w: int, levers: MemoryLevers) -> float:
     """The loss's working set for ``t`` tokens (module docstring); ``w`` = bytes of the head's weights."""
     V, H = s.vocab, s.hidden
     if not levers.chunked_loss:  # float32 log-softmax and its two gradients; 16-bit logits are freed by then
         return t * V * 3 * 4
-    n = min(t, loss_tile_tokens(V, levers))
+    n = min(t, loss_tile_tokens(V, levers.loss_tile_tokens))
     tile = n * V * (4 + LOSS_TILE_TEMPS * 4 + (a if a < 4 else 0))
     grads = t * H * a + V * H * 4 + (V * H * a if w != a else 0)  # grad_h, float32 grad_w, the weight's cast
     return tile + grads + LOSS_TOKEN_STATS * t
@@ -248,7 +243,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     """The modelled per-GPU peak of one step (forward, backward, optimizer step), term by term.
 
     Args:
-        config: a Transformers config or a dict of its sizes (:func:`model_shape`).
+        config: a Transformers config or a dict of its sizes (:meth:`hf_hsap.model_shape.ModelShape.from_config`).
         row_tokens: tokens of one packed row (sharded over ``sp_size`` ranks).
         world: GPUs in all (``world / sp_size`` data-parallel replicas).
         sp_size: ranks one row is sharded over; ulysses_size: the Ulysses degree within them.
@@ -278,7 +273,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     if sp_size < 1 or world % sp_size or sp_size % ulysses_size:
         raise ValueError(f"need sp_size | world and ulysses_size | sp_size (world {world}, sp {sp_size}, "
                          f"ulysses {ulysses_size})")
-    s = model_shape(config)
+    s = ModelShape.from_config(config)
     w, a = DTYPE_BYTES[param_dtype], DTYPE_BYTES[compute_dtype]
     t = math.ceil(row_tokens / sp_size)
     P = s.params

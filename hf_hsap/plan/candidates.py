@@ -1,4 +1,4 @@
-"""``auto``'s candidate placements, each priced by the cost model; the cheapest starts the search (:mod:`.search`).
+"""``auto``'s candidate placements, each priced by the cost model; the cheapest starts the search (:mod:`.auto`).
 
 ``balanced`` at small token slacks (each at most ``token_slack``) and at ``token_slack``, token-neutral and priced;
 ``density`` at the two largest slacks; ``contiguous``; ``zigzag`` (priced in closed form on full attention, built
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .balanced import balanced_greedy
 from .cost import step_time, zigzag_part_times, zigzag_time_bound
 from .density import density_greedy
 from .placement import Placement, contiguous, zigzag
+from .search import Option, Search
 from .windows import weighted_contiguous, window_transfers
-
-if TYPE_CHECKING:
-    from .search import Option, Search
 
 __all__ = ["AUTO_TOKEN_SLACKS", "cheapest_candidate"]
 
@@ -53,8 +51,6 @@ def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
     """The cheapest candidate (the first of equals). Full layers are priced from the segments
     (:func:`.cost.part_times`), only the winner's transfers built; a candidate that leaves a part below
     ``s.min_tokens`` tokens is dropped."""
-    from .search import Option
-
     best, out = math.inf, None
     built: list[Placement] = []
     for build in cands:
@@ -76,8 +72,6 @@ def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
 def _zigzag_if_cheaper(s: Search, best: Option) -> Option | None:
     """``zigzag`` priced, if its step time is below ``best``'s, else None. Built only past its closed-form price
     (full attention), or when small enough to price by building (windowed layers)."""
-    from .search import Option
-
     layout, n_parts, cost = s.layout, s.n_parts, s.cost
     bound = sum(n * (zigzag_time_bound(layout, n_parts, cost) if w is None  # cheap, before the closed form
                      else cost.token_cost * math.floor(layout.total_tokens / n_parts)) for w, n in s.layers.items())

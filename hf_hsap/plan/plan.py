@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,12 +23,10 @@ from .pipeline import PipelineShape, pipeline_shape
 from .placement import Placement
 from .rounds import RoundPieces
 from .schedule import Schedule, compile_schedule, ranges_to_index
+from .stats import PlanStats, plan_stats
 from .transfers import Transfers
 from .window_schedule import compile_window_schedule
 from .windows import Window, kind_of
-
-if TYPE_CHECKING:
-    from ..plan_stats import PlanStats
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +206,10 @@ class Plan:
         return self._device_schedules[key]
 
     def stats(self, window: Window | str = "first") -> PlanStats:
-        """Exact per-rank figures of what the runtime executes (:func:`hf_hsap.plan_stats.plan_stats`)."""
-        from ..plan_stats import plan_stats
-
-        return plan_stats(self, window)
+        """Exact per-rank figures of what the runtime executes (:func:`.stats.plan_stats`): top level for the layers
+        with ``window`` (default the first kind), :attr:`~.stats.PlanStats.kinds` for every kind planned for."""
+        kind = self.kind(self.windows[0] if window == "first" else window)
+        return plan_stats(self.layout, self.placement, kind, [self.kind(w) for w in self.windows], cost=self.cost,
+                          ulysses_size=self.ulysses_size,
+                          local_tokens=[self.num_local_tokens(r) for r in range(self.size)],
+                          layer_counts=self.layer_counts)

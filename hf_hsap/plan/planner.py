@@ -22,7 +22,8 @@ from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
 from .plan import Plan
 from .rounds import ROUND_ORDERS
-from .search import Search, auto
+from .auto import auto
+from .search import Search
 from .transfers import Transfers
 from .windows import Window, mask_kinds, window_transfers
 
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 def _place(s: Search, name: str) -> tuple[Placement, dict[Window, Transfers]]:
-    """Build the named placement for the search's layout and group (``auto``: :func:`.search.auto`) and its
+    """Build the named placement for the search's layout and group (``auto``: :func:`.auto.auto`) and its
     transfers of every kind in ``s.layers``. A document-aware placement that would leave a part with fewer than
     ``s.min_tokens`` tokens (every rank must hold one) is replaced by ``contiguous``, which never does when
     ``T >= P``."""
@@ -114,7 +115,7 @@ def plan_sequence(
         cu_seqlens: ``[n_docs + 1]`` document boundaries over the flattened batch (tensor, array, list or
             :class:`~hf_hsap.plan.layout.Layout`); ``0 < ... < T``.
         sp: a :class:`~hf_hsap.plan.group.GroupSpec`, or an int group size for offline planning.
-        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"``, ``"density"`` or ``"auto"`` (:mod:`.search`: the
+        placement: ``"contiguous"``, ``"zigzag"``, ``"balanced"``, ``"density"`` or ``"auto"`` (:mod:`.auto`: the
             cheapest by ``cost`` of every placement the planner builds, refined; never worse than any).
         ulysses_size: U for an int ``sp``. gpus_per_node: the ranks per node for an int ``sp``.
         recv_budget_tokens: at most this many KV tokens in a receive buffer (and sent per round); more moves in

@@ -56,7 +56,7 @@ NETWORK = dataclasses.asdict(CostModel.for_link("network"))  # the fields of the
                                               ([442, 28], "sliced"),
                                               ([276, 535, 272], "sliced")])
 def test_polished_auto_placement_is_exact(pools, lengths, polished):
-    """Every refinement of auto's search (plan.search) stays exact: the local search (oracle.polish moves pieces
+    """Every refinement of auto's search (plan.auto) stays exact: the local search (local_search.polish moves pieces
     of segments between parts) from each kind of winner, the priced contiguous cuts (plan.cutting) and the sliced
     cuts (plan.slicing: a part holds a range of the long documents and a range of the short ones)."""
     res = pools(4).run(check_attention, cu_of(lengths), 4, 1, "auto", 4, 2, 8, "float64", 17, None, None, None,

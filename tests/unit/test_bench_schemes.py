@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -192,8 +193,9 @@ def test_ulysses_head_limits() -> None:
     assert sc.ulysses(L, 16, GQA).feasible  # 16 > 8 kv heads: kv heads replicated
     assert not sc.ulysses(L, 64, GQA).feasible and not sc.ulysses(L, 64, MHA).feasible
     assert not sc.usp(L, 3, 2, GQA).feasible
-    assert not sc.ulysses(L, 4, sc.ModelShape(24, 6, 64)).feasible  # 4 divides the q heads, not the kv heads
-    assert sc.ulysses(L, 4, sc.ModelShape(24, 2, 64)).feasible  # kv heads replicated twice
+    heads = functools.partial(dataclasses.replace, GQA, head_dim=64)
+    assert not sc.ulysses(L, 4, heads(q_heads=24, kv_heads=6)).feasible  # 4 divides the q heads, not the kv heads
+    assert sc.ulysses(L, 4, heads(q_heads=24, kv_heads=2)).feasible  # kv heads replicated twice
     assert sc.usp(L, 8, 8, GQA).feasible
 
 
@@ -267,7 +269,7 @@ def test_cost_model_bound_and_monotonic(name: str, hw_name: str, nodes: int) -> 
     hw = cm.HARDWARE[hw_name]
     a = cm.CostAssumptions()
     for model in cm.MODELS.values():
-        stats = sc.all_schemes(dist.doc_lengths(name, T, 0), 8 * nodes, model.shape())
+        stats = sc.all_schemes(dist.doc_lengths(name, T, 0), 8 * nodes, model)
         rows = cm.predict_all(stats, model, hw, nodes, a)
         assert rows[-1]["scheme"] == "bound"
         for s, r in zip(stats.values(), rows):
@@ -288,12 +290,12 @@ def test_cost_model_bound_closed_form_and_checks() -> None:
     b = cm.bound(T, T * (T + 1) // 2, m, hw, 8)
     flops = 32 * (6 * params * T + 14 * 128 * 32 * T * (T + 1) / 2)
     assert b["time_s"] == pytest.approx(flops / (8 * 989e12)) and b["tgs"] == pytest.approx(T / (8 * b["time_s"]))
-    s = sc.ring(np.array([T]), 8, m.shape())
+    s = sc.ring(np.array([T]), 8, m)
     with pytest.raises(ValueError):
         cm.predict(s, m, hw, 4)  # P = 8, but 4 nodes x 8
     with pytest.raises(ValueError):
         cm.predict(s, cm.MODELS["llama3-8b"], hw, 1)  # stats built for the other head shape
-    inf = cm.predict(sc.ulysses(np.array([T]), 64, m.shape()), m, hw, 8)
+    inf = cm.predict(sc.ulysses(np.array([T]), 64, m), m, hw, 8)
     assert inf["time_s"] == float("inf") and inf["tgs"] == 0.0
 
 
@@ -301,19 +303,19 @@ def test_ring_and_local_overlap_rules() -> None:
     m, hw = cm.MODELS["llama3-8b"], cm.HARDWARE["A100"]
     a = cm.CostAssumptions()
     L = dist.doc_lengths("single", 131072, 0)
-    z = sc.zigzag_ring(L, 8, m.shape())
+    z = sc.zigzag_ring(L, 8, m)
     free = dataclasses.replace(hw, intra_bw=1e30, inter_bw=1e30)
     r0 = cm.predict(z, m, free, 1, dataclasses.replace(a, alpha_intra_s=0.0, alpha_inter_s=0.0))
     pair_s = 4 * 128 * 32 / (hw.peak_flops * a.attn_efficiency)
     assert r0["layer"]["attn_fwd"] == pytest.approx(z.work.max() * pair_s)  # nothing exposed
     slow = cm.predict(z, m, dataclasses.replace(hw, intra_bw=1e9), 1, a)
-    kv_time = (131072 - 16384) * m.shape().kv_token_bytes / (1e9 * a.link_efficiency)
+    kv_time = (131072 - 16384) * m.kv_token_bytes / (1e9 * a.link_efficiency)
     assert slow["layer"]["attn_fwd"] >= kv_time  # bandwidth-bound ring: the transfers dominate
     # hf_hsap-style batched P2P: hidden behind local work when there is enough of it
     send = np.full((8, 8), 1000) - 1000 * np.eye(8)
     base = {"tokens": [16384] * 8, "attn_work": [1e9] * 8, "recv_kv_tokens": [7000] * 8, "send_kv_pairs": send}
-    hidden = cm.predict(hs.hsap_stats_from_plan({**base, "local_attn_work": [9e8] * 8}, m.shape()), m, hw, 1, a)
-    exposed = cm.predict(hs.hsap_stats_from_plan(base, m.shape()), m, hw, 1, a)
+    hidden = cm.predict(hs.hsap_stats_from_plan({**base, "local_attn_work": [9e8] * 8}, m), m, hw, 1, a)
+    exposed = cm.predict(hs.hsap_stats_from_plan(base, m), m, hw, 1, a)
     assert hidden["layer"]["attn_fwd"] == pytest.approx(1e9 * pair_s)
     assert exposed["layer"]["attn_fwd"] > hidden["layer"]["attn_fwd"]
 
@@ -346,7 +348,7 @@ def test_rounds_dataflow_matches_the_batched_formula_and_credits_pipelining():
     preds = {}
     for rounds in ("batched", "by_peer"):
         plan = hf_hsap.plan_sequence([0, 131072], 64, ulysses_size=8, rounds=rounds)
-        s = hsap_scheme(plan, lengths, m.shape(), 8, rounds)
+        s = hsap_scheme(plan, lengths, m, 8, rounds)
         assert s.rounds is not None and s.rounds.work.shape[1] == (1 if rounds == "batched" else 7)
         preds[rounds] = cm.predict(s, m, hw, 8, a)
         if rounds == "batched":  # the closed form, from the same counts

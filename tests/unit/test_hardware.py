@@ -17,6 +17,7 @@ import benchmarks.gpu_calibrate as gcal
 import hf_hsap.devices as devices
 from hf_hsap import HSAPConfig, hardware
 from hf_hsap.devices import detect_hardware
+from hf_hsap.model_shape import MODEL_SHAPES
 from hf_hsap.plan.cost import HARDWARE_LINKS, CostModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,12 +122,8 @@ def test_benchmark_cost_model_reads_the_table():
         assert (spec.name, spec.peak_flops, spec.intra_bw, spec.inter_bw, spec.gpus_per_node) == (
             key, kind.peak_bf16_flops, kind.nvlink_bytes_per_s, kind.network_bytes_per_s, 8)
         assert HARDWARE_LINKS[key] == (spec.peak_flops, spec.intra_bw, spec.inter_bw)
-    assert set(bcm.MODELS) == set(hardware.MODEL_SHAPES) == {"llama2-7b", "llama3-8b"}
-    for key, m in bcm.MODELS.items():
-        assert dataclasses.asdict(m) == dataclasses.asdict(hardware.MODEL_SHAPES[key])
-        assert m.params_per_layer == hardware.MODEL_SHAPES[key].params_per_layer
-        assert m.shape().kv_heads == m.kv_heads
-    assert bcm.MODELS["llama3-8b"].params_per_layer == 4096 * 128 * (64 + 16) + 3 * 4096 * 14336
+    assert bcm.MODELS is MODEL_SHAPES and set(MODEL_SHAPES) == {"llama2-7b", "llama3-8b"}
+    assert bcm.MODELS["llama3-8b"].layer_linear_params == 4096 * 128 * (64 + 16) + 3 * 4096 * 14336
     assert bcm.HardwareSpec.from_table("B200").peak_flops == 2.25e15
     with pytest.raises(ValueError, match="no link figures"):
         bcm.HardwareSpec.from_table("L40S")
@@ -171,5 +168,6 @@ def test_no_device_query_in_the_planner_and_pure_modules():
         text = f.read_text()
         for query in ("cuda.is_available", "get_device_name", "cuda.current_device", "get_device_properties"):
             assert query not in text, f"{f.name} queries the device ({query})"
-    assert _imports(ROOT / "hf_hsap" / "hardware.py") <= {"__future__", "dataclasses", "types", "typing"}
+    for table in ("hardware.py", "model_shape.py"):
+        assert _imports(ROOT / "hf_hsap" / table) <= {"__future__", "dataclasses", "types", "typing"}
     assert _imports(ROOT / "hf_hsap" / "data" / "lengths.py") <= {"__future__", "types", "typing", "numpy"}

@@ -7,7 +7,8 @@ import pytest
 
 from hf_hsap.memory import MemoryLevers
 from hf_hsap.memory.fit import longest_row
-from hf_hsap.memory.model import TERMS, model_shape, predict_step_memory
+from hf_hsap.memory.model import TERMS, predict_step_memory
+from hf_hsap.model_shape import ModelShape
 
 LLAMA8 = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
               num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False)
@@ -26,8 +27,8 @@ def predict(tokens, config=LLAMA8, **kw):
 
 
 def test_shape_counts_llama3_8b_parameters():
-    assert abs(model_shape(LLAMA8).params / 8.03e9 - 1) < 0.01
-    assert model_shape(MOE).experts == 128 and model_shape(MOE).top_k == 8
+    assert abs(ModelShape.from_config(LLAMA8).params / 8.03e9 - 1) < 0.01
+    assert ModelShape.from_config(MOE).experts == 128 and ModelShape.from_config(MOE).top_k == 8
 
 
 @pytest.mark.parametrize("config", [LLAMA8, MOE])
@@ -64,7 +65,7 @@ def test_sharding_divides_the_states():
     ddp = predict(4096, world=8, sp_size=1, sharding="ddp")
     for sharding in ("fsdp2", "zero3"):
         z = predict(4096, world=8, sp_size=1, sharding=sharding)
-        layer = model_shape(LLAMA8).layer_params * 2
+        layer = ModelShape.from_config(LLAMA8).layer_params * 2
         assert z.states == pytest.approx(ddp.states / 8)
         assert z.weights == pytest.approx(ddp.weights / 8 + layer)
     assert predict(4096, world=64, sp_size=1).states == pytest.approx(ddp.states / 64)

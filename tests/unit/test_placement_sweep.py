@@ -13,7 +13,7 @@ from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from benchmarks.oracle import optimise_placement
-from hf_hsap.plan.oracle import part_time
+from hf_hsap.plan.local_search import part_time
 from hf_hsap.plan.placement import zigzag
 from hf_hsap.plan.planner import plan_layout
 from hf_hsap.plan.transfers import compute_transfers
@@ -320,7 +320,7 @@ def test_auto_never_worse_without_overlap(lengths, P):
 @settings(max_examples=ci_examples(20), deadline=None)
 @given(layouts(max_docs=25), st.integers(2, 8), st.sampled_from(["nvlink", "network", "cpu"]))
 def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
-    from hf_hsap.plan.oracle import polish
+    from hf_hsap.plan.local_search import polish
 
     layout = make_layout(cu_of(lengths))
     if layout.total_tokens < P:
@@ -341,12 +341,13 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
 
 
 def test_auto_polishes_its_winner_on_small_groups():
-    """The winner of a small network-priced group is searched locally (oracle.polish) and the result kept where
+    """The winner of a small network-priced group is searched locally (local_search.polish) and the result kept where
     the search's rule accepts it; a group above POLISH_MAX_PARTS is not searched, a windowed plan not refined."""
     from benchmarks.sweep import sweep_lengths
     from hf_hsap.plan.candidates import cheapest_candidate
-    from hf_hsap.plan.oracle import polish
-    from hf_hsap.plan.search import MARGIN, POLISH_MAX_PARTS, REFINEMENTS, Search
+    from hf_hsap.plan.auto import POLISH_MAX_PARTS, REFINEMENTS
+    from hf_hsap.plan.local_search import polish
+    from hf_hsap.plan.search import MARGIN, Search
 
     layout = make_layout(cu_of(sweep_lengths("lognormal-0.5", 6 * 2048, 0)))
     group = GroupSpec.offline(6, 1, 1)  # one rank per node: SAP's KV over the network

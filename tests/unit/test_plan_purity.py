@@ -13,7 +13,7 @@ import hf_hsap
 from hf_hsap.plan import planner
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.plan import Plan
-from hf_hsap.plan_stats import PlanStats
+from hf_hsap.plan.stats import PlanStats
 from hf_hsap.sp_plan import SPPlan
 
 PLAN_DIR = pathlib.Path(hf_hsap.__file__).parent / "plan"

@@ -1,5 +1,5 @@
-"""``placement="auto"`` as one search (:mod:`hf_hsap.plan.search`): one price, one acceptance rule, refinements
-that never make a plan slower by either cost model."""
+"""``placement="auto"`` as one search (:mod:`hf_hsap.plan.auto`; its state, price and rule: :mod:`hf_hsap.plan.search`):
+one price, one acceptance rule, refinements that never make a plan slower by either cost model."""
 from __future__ import annotations
 
 import dataclasses

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_covers_once, ci_examples, cu_of, without_refinement
-from hf_hsap.plan import search
+from hf_hsap.plan import auto
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.simulation import simulated_time
-from hf_hsap.plan.search import SLICED_MIN_EXCESS
+from hf_hsap.plan.auto import SLICED_MIN_EXCESS
 from hf_hsap.plan.slicing import sliced_cuts
 from hf_hsap.plan.windows import window_transfers
 
@@ -138,7 +138,7 @@ def test_not_tried_near_the_compute_bound(monkeypatch):
     from benchmarks.planning import planning_lengths
     import hf_hsap
 
-    monkeypatch.setattr(search, "sliced_cuts", lambda *a: pytest.fail("cut near the compute bound"))
+    monkeypatch.setattr(auto, "sliced_cuts", lambda *a: pytest.fail("cut near the compute bound"))
     cu = cu_of(planning_lengths(524288, 2000, 0).tolist())
     layout = make_layout(cu)
     assert (layout.doc_lengths > token_cap(524288, 64, 0.1)).any()

@@ -1,4 +1,4 @@
-"""The search's incremental pricing (hf_hsap.plan.oracle._Part): a part's time with one document's rows dropped or
+"""The search's incremental pricing (hf_hsap.plan.local_search._Part): a part's time with one document's rows dropped or
 added, re-priced from that document alone, equals the part priced from scratch with its new segments, exactly
 (the search compares these times; the shortcuts for one segment and for a document the part does not hold are
 where it could drift)."""
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from helpers import ci_examples
 from hf_hsap.plan.cost import CostModel
-from hf_hsap.plan.oracle import _doc_terms, _Part
+from hf_hsap.plan.local_search import _doc_terms, _Part
 
 DOC_START = [0, 1000, 3000, 3500]  # four documents of 1000, 2000, 500 and 1500 tokens
 DOC_LEN = [1000, 2000, 500, 1500]

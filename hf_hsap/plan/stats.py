@@ -1,20 +1,22 @@
-"""A plan's report: the exact per-rank figures of what its runtime executes, as typed records (:meth:`Plan.stats
-<hf_hsap.plan.plan.Plan.stats>`), for ``hsap-plan``, logs and benchmarks; nothing here plans. Lists are per SP rank
-(``[P]``) unless said otherwise; with ``U > 1`` a rank computes its part's pairs for ``1 / U`` of the heads, so its work
-is the part's over ``U``. With a window, only the pairs it keeps and the keys it sees count."""
+"""A plan's report: the exact per-rank figures of what its runtime executes, as typed records, from the pieces
+:meth:`Plan.stats <hf_hsap.plan.plan.Plan.stats>` passes (this module imports no Plan), for ``hsap-plan``, logs and
+benchmarks; nothing here plans. Lists are per SP rank (``[P]``) unless said otherwise; with ``U > 1`` a rank computes
+its part's pairs for ``1 / U`` of the heads, so its work is the part's over ``U``. With a window, only the pairs it
+keeps and the keys it sees count."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .plan.cost import part_times
-from .plan.kinds import KindPlan
-from .plan.plan import Plan
-from .plan.rounds import piece_remote_work, round_tables
-from .plan.windows import Window, local_work_per_part, work_per_part
+from .cost import CostModel, part_times
+from .kinds import KindPlan
+from .layout import Layout
+from .placement import Placement
+from .rounds import piece_remote_work, round_tables
+from .windows import Window, local_work_per_part, work_per_part
 
 __all__ = ["KindStats", "PlanStats", "kind_name", "plan_stats"]
 
@@ -64,45 +66,58 @@ def kind_name(window: int | None) -> str:
     return "full" if window is None else f"window={window}"
 
 
-def plan_stats(plan: Plan, window: Window | str = "first") -> PlanStats:
-    """Exact per-rank figures of what ``plan``'s runtime executes: top level for the layers with ``window`` (default
-    the first kind), :attr:`PlanStats.kinds` for every kind planned for."""
-    kind = plan.kind(plan.windows[0] if window == "first" else window)
-    pl, U = plan.placement, plan.ulysses_size
-    ranks = range(plan.size)
+def plan_stats(layout: Layout, pl: Placement, kind: KindPlan, kinds: Sequence[KindPlan], *, cost: CostModel,
+               ulysses_size: int, local_tokens: Sequence[int], layer_counts: Mapping[Window, int]) -> PlanStats:
+    """Exact per-rank figures of what a plan's runtime executes (what :meth:`hf_hsap.plan.plan.Plan.stats` returns).
+
+    Args:
+        layout: the plan's documents. pl: its placement (``R`` parts).
+        kind: the mask kind of the top-level figures. kinds: every mask kind planned for (:attr:`PlanStats.kinds`).
+        cost: the plan's cost model. ulysses_size: ``U``. local_tokens: ``[P]`` tokens each SP rank holds.
+        layer_counts: the model's layers per mask kind.
+
+    Returns:
+        The figures, top level for ``kind``.
+    """
+    U = ulysses_size
+    ranks = range(len(local_tokens))
     tr, pc, R = kind.transfers, kind.pieces, pl.n_parts
     ptok = pl.tokens_per_part()
-    tab = round_tables(pc, piece_remote_work(plan.layout, pl, pc, kind.window), R)
+    tab = round_tables(pc, piece_remote_work(layout, pl, pc, kind.window), R)
     mat = np.zeros((pc.n_rounds, R, R), dtype=np.int64)  # [round, dst, src] KV tokens
     np.add.at(mat, (pc.round, pc.dst, pc.src), pc.lengths)
-    per_part = part_times(plan.layout, pl, tr, plan.cost, kind.window)  # [R]
-    kinds = {kind_name(w): kind_stats(plan, plan.kind(w)) for w in plan.windows}
-    top = kinds.get(kind_name(kind.window)) or kind_stats(plan, kind)
+    per_part = part_times(layout, pl, tr, cost, kind.window)  # [R]
+    per_kind = {kind_name(k.window): kind_stats(layout, pl, k, ulysses_size=U, local_tokens=local_tokens,
+                                                layers=int(layer_counts.get(k.window, 0))) for k in kinds}
+    top = per_kind.get(kind_name(kind.window)) or kind_stats(
+        layout, pl, kind, ulysses_size=U, local_tokens=local_tokens, layers=int(layer_counts.get(kind.window, 0)))
     return PlanStats(
         placement=pl.name, round_order=kind.round_order, tokens=top.tokens, attn_work=top.attn_work,
         local_attn_work=top.local_attn_work, recv_kv_tokens=top.recv_kv_tokens,
         send_kv_tokens=top.send_kv_tokens,
-        a2a_tokens=[int(ptok[r // U] - plan.num_local_tokens(r)) if U > 1 else 0 for r in ranks],
+        a2a_tokens=[int(ptok[r // U] - local_tokens[r]) if U > 1 else 0 for r in ranks],
         rounds=pc.n_rounds, send_kv_pairs=tr.pair_matrix(R).tolist(),
         round_recv_kv=tab.recv.astype(np.int64).tolist(), round_remote_work=tab.remote_work.tolist(),
         round_transfers=[[[int(d), int(s_), int(m[d, s_])] for d, s_ in np.argwhere(m)] for m in mat],
-        est_time=[float(t) / U for t in np.repeat(per_part, U)], kinds=kinds)
+        est_time=[float(t) / U for t in np.repeat(per_part, U)], kinds=per_kind)
 
-def kind_stats(plan: Plan, kind: KindPlan) -> KindStats:
-    """The per-rank figures of one mask kind."""
-    pl, U, w = plan.placement, plan.ulysses_size, kind.window
-    work = work_per_part(plan.layout, pl, w)
-    local = local_work_per_part(plan.layout, pl, w)
+
+def kind_stats(layout: Layout, pl: Placement, kind: KindPlan, *, ulysses_size: int, local_tokens: Sequence[int],
+               layers: int) -> KindStats:
+    """The per-rank figures of one mask kind (arguments as :func:`plan_stats`'s; ``layers``: the model's layers of
+    this kind)."""
+    U, w = ulysses_size, kind.window
+    work = work_per_part(layout, pl, w)
+    local = local_work_per_part(layout, pl, w)
     lengths = kind.transfers.lengths
     recv = np.bincount(kind.transfers.dst, weights=lengths, minlength=pl.n_parts).astype(np.int64)
     send = np.bincount(kind.transfers.src, weights=lengths, minlength=pl.n_parts).astype(np.int64)
-    ranks = range(plan.size)
+    ranks = range(len(local_tokens))
 
     def per_rank(x: np.ndarray) -> list:
         return [float(x[r // U]) / U if U > 1 else int(x[r]) for r in ranks]
 
-    return KindStats(window=w, layers=int(plan.layer_counts.get(w, 0)),
-                     tokens=[plan.num_local_tokens(r) for r in ranks], attn_work=per_rank(work),
+    return KindStats(window=w, layers=layers, tokens=list(local_tokens), attn_work=per_rank(work),
                      local_attn_work=per_rank(local), recv_kv_tokens=[int(recv[r // U]) for r in ranks],
                      send_kv_tokens=[int(send[r // U]) for r in ranks], rounds=kind.pieces.n_rounds,
                      round_order=kind.round_order)
