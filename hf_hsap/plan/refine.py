@@ -21,7 +21,8 @@ def refine_moves(doc_first: list[int], segs: Segments, wrk: list[float], max_mov
 
     Args:
         doc_first: every document's first position (``cu_seqlens[:-1]``). max_moves: the most moves.
-        segs: the segments, each document's consecutive and in order; their bounds are moved in place. wrk: every part's work (pairs), updated in place.
+        segs: the segments, each document's consecutive and in order; their bounds are moved in place.
+        wrk: every part's work (pairs), updated in place.
         tok: every part's tokens, updated in place (None: exchanges only). token_cost: a token's price in pairs
             (load: ``work + token_cost * tokens``). cap_t: no slide takes a part above it. bounds: :func:`boundaries`.
         sides: :func:`boundary_sides` of ``bounds``, if known.
