@@ -146,7 +146,7 @@ class RingAttention:
                 kv = cur.index_select(0, ki)
                 gq, gk, gv = self.kernel.backward(dout.index_select(0, qi), q.index_select(0, qi), kv[:, :hkv],
                                                   kv[:, hkv:], out.index_select(0, qi), lse.index_select(0, qi),
-                                                  spec, self.scale)
+                                                  spec=spec, scale=self.scale)
                 dq.index_add_(0, qi, gq.float())
                 dcur.index_add_(0, ki, torch.cat([gk, gv], dim=1).float())
             d_works, dnxt = self._exchange(dcur, self._rows(nb), 2)  # the accumulator moves on (home at the end)
@@ -204,7 +204,8 @@ class AllGatherKV:
         """Returns dq ``[n, Hq, D]``, dk, dv ``[n, Hkv, D]`` (dK/dV reduce-scattered to their owners)."""
         hkv = glob.shape[1] // 2
         kvi = glob.index_select(0, self.k_index)
-        dq, gk, gv = self.kernel.backward(dout, q, kvi[:, :hkv], kvi[:, hkv:], out, lse, self.spec, self.scale)
+        dq, gk, gv = self.kernel.backward(dout, q, kvi[:, :hkv], kvi[:, hkv:], out, lse, spec=self.spec,
+                                          scale=self.scale)
         dglob = torch.zeros(glob.shape, dtype=torch.float32)
         dglob.index_add_(0, self.k_index, torch.cat([gk, gv], dim=1).float())  # [T, 2*Hkv, D]
         send = dglob.index_select(0, self.perm)  # rows grouped by owner rank
@@ -268,7 +269,8 @@ class UlyssesAttention:
         doh = seq_to_head(dout.reshape(t, -1), None, self.pieces, self.rank)  # [T, Hq/U * D]
         self._count_s2h(doh.shape[1], doh)
         T = doh.shape[0]
-        gq, gk, gv = self.kernel.backward(doh.reshape(T, hq // U, d), qh, kh, vh, oh, lh, self.spec, self.scale)
+        gq, gk, gv = self.kernel.backward(doh.reshape(T, hq // U, d), qh, kh, vh, oh, lh, spec=self.spec,
+                                          scale=self.scale)
         packed = torch.cat([gq.reshape(T, -1), gk.reshape(T, -1), gv.reshape(T, -1)], dim=1)  # [T, F]
         back = head_to_seq(packed, None, self.pieces, self.rank).reshape(t, U, -1)  # [t, U, F]
         self._count_h2s(packed.shape[1], packed)

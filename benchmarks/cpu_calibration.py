@@ -62,7 +62,7 @@ def measure_cpu_figures(hq: int, hkv: int, d: int, n: int = 2048, runs: int = 5)
 
     def attention() -> None:
         a, b, c = (x.detach().requires_grad_(True) for x in (q, k, v))
-        hf_hsap.varlen_attention(a, b, c, [0, n], [0, n], True, d ** -0.5, kernel).sum().backward()
+        hf_hsap.varlen_attention(a, b, c, [0, n], [0, n], True, softmax_scale=d ** -0.5, kernel=kernel).sum().backward()
 
     kv = torch.cat([k, v], dim=1).reshape(n, -1)  # [n, 2 * Hkv * D]: the rows SAP sends
     kv_in = torch.empty_like(kv)

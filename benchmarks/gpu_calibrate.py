@@ -105,17 +105,17 @@ def calibrate_layout(dist: str, T: int, P: int, hq: int, hkv: int, d: int, dtype
     q, k, v, dout = (torch.randn(n, h, d, generator=g).to(device, dtype) for h in (hq, hkv, hkv, hq))
     kernel = select_kernel(device, dtype)
     ex, scale = ReadyBuffers(), d ** -0.5
-    out, lse, recvs = sap_forward(q, k, v, sched, ex, kernel, scale, keep_recv=True)
-    fwd = timed(lambda: sap_forward(q, k, v, sched, ex, kernel, scale, keep_recv=True), device, warmup, iters, stat)
-    bwd = timed(lambda: sap_backward(dout, q, k, v, out, lse, recvs, sched, ex, kernel, scale), device, warmup, iters,
-                stat)
+    run = {"sched": sched, "executor": ex, "kernel": kernel, "scale": scale}
+    out, lse, recvs = sap_forward(q, k, v, keep_recv=True, **run)
+    fwd = timed(lambda: sap_forward(q, k, v, keep_recv=True, **run), device, warmup, iters, stat)
+    bwd = timed(lambda: sap_backward(dout, q, k, v, out, lse, recvs=recvs, **run), device, warmup, iters, stat)
     pairs = int(plan.stats().attn_work[part])
     n_eq = max(1, int(round((math.sqrt(8 * pairs + 1) - 1) / 2)))  # n (n + 1) / 2 ≈ pairs
     qs, ks, vs, ds = (torch.randn(n_eq, h, d, generator=g).to(device, dtype) for h in (hq, hkv, hkv, hq))
     spec = VarlenSpec((0, n_eq), (0, n_eq), True)
     o1, l1 = kernel.forward(qs, ks, vs, spec, scale)
     s_fwd = timed(lambda: kernel.forward(qs, ks, vs, spec, scale), device, warmup, iters, stat)
-    s_bwd = timed(lambda: kernel.backward(ds, qs, ks, vs, o1, l1, spec, scale), device, warmup, iters, stat)
+    s_bwd = timed(lambda: kernel.backward(ds, qs, ks, vs, o1, l1, spec=spec, scale=scale), device, warmup, iters, stat)
     flops = 4.0 * pairs * d * hq * (1 + 2.5)
     flops_eq = 4.0 * (n_eq * (n_eq + 1) / 2) * d * hq * (1 + 2.5)
     n_items = int(sched.local_item is not None) + sum(len(r.items) for r in sched.rounds)

@@ -144,7 +144,7 @@ def run_kernel_shapes(cfg: MeasureConfig, heads: tuple[int, ...] = (8, 2)) -> li
                 for key, kern in kernels.items():
                     o, lse = kern.forward(q, k, v, spec, scale)
                     f = timed(lambda: kern.forward(q, k, v, spec, scale), cpu, 1, 3, "min")
-                    b = timed(lambda: kern.backward(do, q, k, v, o, lse, spec, scale), cpu, 1, 3, "min")
+                    b = timed(lambda: kern.backward(do, q, k, v, o, lse, spec=spec, scale=scale), cpu, 1, 3, "min")
                     row[f"{key}_fwd_ms"], row[f"{key}_bwd_ms"] = f * 1e3, b * 1e3
                     row[f"{key}_mpairs_per_s"] = pairs * h / (f + b) / 1e6
                 out.append(row)

@@ -111,7 +111,8 @@ def _ds_ulysses_runner(cu: list[int], q, k, v, dout, kernel, scale: float) -> _R
         """The local attention: the whole row, ``H / P`` heads, document mask. ``[T, 1, h, D]`` in and out."""
 
         def forward(self, ql, kl, vl, cu_row):
-            o = hf_hsap.varlen_attention(ql[:, 0], kl[:, 0], vl[:, 0], cu_row, cu_row, True, scale, kernel)
+            o = hf_hsap.varlen_attention(ql[:, 0], kl[:, 0], vl[:, 0], cu_row, cu_row, True, softmax_scale=scale,
+                                         kernel=kernel)
             return o.unsqueeze(1)
 
     attn = DistributedAttention(_Local(), dist.group.WORLD, scatter_idx=2, gather_idx=0)
@@ -140,7 +141,7 @@ def _alst_runner(cu: list[int], q, k, v, dout, kernel, scale: float) -> _Runner:
         come from the gathered position ids."""
         cu_row = hf_hsap.cu_seqlens_from_position_ids(position_ids)
         o = hf_hsap.varlen_attention(qh[0].transpose(0, 1), kh[0].transpose(0, 1), vh[0].transpose(0, 1),
-                                     cu_row, cu_row, True, scale, kernel)
+                                     cu_row, cu_row, True, softmax_scale=scale, kernel=kernel)
         return o.unsqueeze(0), None
 
     attn = UlyssesSPAttentionHF(core_attn, batch_size=1, attn_head_count=hq, attn_head_size=d, kv_head_count=hkv,
@@ -185,7 +186,7 @@ def reference_row(cu: list[int], q, k, v, dout) -> tuple[torch.Tensor, ...]:
         b = k.index_select(1, kv).double().requires_grad_(True)
         c = v.index_select(1, kv).double().requires_grad_(True)
         kernel = TorchCPUFlashKernel(block=0, few_heads_block=0)  # one op call per document
-        out = hf_hsap.varlen_attention(a, b, c, cu, cu, True, d ** -0.5, kernel)
+        out = hf_hsap.varlen_attention(a, b, c, cu, cu, True, softmax_scale=d ** -0.5, kernel=kernel)
         out.backward(dout.index_select(1, h).double())
         for f, x in zip(full, (out.detach(), a.grad, b.grad, c.grad)):
             f[:, h] = x

@@ -10,6 +10,8 @@ Data flow of one call (``U`` = Ulysses size, ``R`` = inter peers)::
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,7 +21,25 @@ from .kernels.dtypes import cast_qkv
 from .kernels.sinks import sinks_grad
 from .plan.blocks import Blocks, block_schedule
 from .plan.plan import Plan
+from .plan.schedule import Schedule
 from .runtime import sap_backward, sap_forward
+
+
+@dataclass(frozen=True)
+class _SAPCall:
+    """What one :class:`_SAPAttention` runs besides its tensors (one object: autograd takes no keywords).
+
+    Attributes:
+        sched: the part's compiled schedule. executor: its inter peers (None without rounds). kernel, scale,
+        softcap: the kernel calls'. grad_dtype: the dtype dK/dV travel back in (None: k's).
+    """
+
+    sched: Schedule
+    executor: Any
+    kernel: AttentionKernel
+    scale: float
+    grad_dtype: torch.dtype | None
+    softcap: float | None
 
 
 class _SAPAttention(torch.autograd.Function):
@@ -27,12 +47,12 @@ class _SAPAttention(torch.autograd.Function):
     of this rank's heads, or None) gets its gradient (:func:`~hf_hsap.kernels.sinks.sinks_grad`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, sched, executor, kernel: AttentionKernel, scale: float, grad_dtype, softcap):
+    def forward(ctx, q, k, v, sinks, call: _SAPCall):
         # buffers kept: sched.shape; out / lse are final (after the sinks), what the backward needs
-        out, lse, recvs = sap_forward(q, k, v, sched, executor, kernel, scale, softcap=softcap, sinks=sinks)
+        out, lse, recvs = sap_forward(q, k, v, sched=call.sched, executor=call.executor, kernel=call.kernel,
+                                      scale=call.scale, softcap=call.softcap, sinks=sinks)
         ctx.save_for_backward(q, k, v, out, lse, sinks, *recvs)
-        ctx.sched, ctx.executor, ctx.kernel, ctx.scale, ctx.grad_dtype = sched, executor, kernel, scale, grad_dtype
-        ctx.softcap = softcap
+        ctx.call = call
         ctx.mark_non_differentiable(lse)
         # the lse has no gradient: without this autograd would fill a zero [T_part, Hq] tensor for it, live through
         # the whole backward (an fp32 copy of the lse at the memory peak; the varlen path has no second output)
@@ -42,12 +62,14 @@ class _SAPAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         if dout is None:  # not materialised (see forward): out got no gradient, so neither do the inputs
-            return (None,) * 10
+            return (None,) * 5
         q, k, v, out, lse, sinks, *recvs = ctx.saved_tensors
-        dq, dk, dv = sap_backward(dout, q, k, v, out, lse, list(recvs), ctx.sched, ctx.executor,
-                                  ctx.kernel, ctx.scale, ctx.grad_dtype, softcap=ctx.softcap)
+        call = ctx.call
+        dq, dk, dv = sap_backward(dout, q, k, v, out, lse, recvs=list(recvs), sched=call.sched, executor=call.executor,
+                                  kernel=call.kernel, scale=call.scale, grad_dtype=call.grad_dtype,
+                                  softcap=call.softcap)
         d_sinks = sinks_grad(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, d_sinks, None, None, None, None, None, None
+        return dq, dk, dv, d_sinks, None
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, n_local: int) -> None:
@@ -83,9 +105,9 @@ def hsap_attn_func(
     plan: Plan,
     softmax_scale: float | None = None,
     kernel: AttentionKernel | None = None,
+    *,
     return_lse: bool = False,
     grad_comm_dtype: torch.dtype | None = None,
-    *,
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -142,8 +164,9 @@ def hsap_attn_func(
     gdt = grad_comm_dtype or (sp.grad_comm_dtype if sp is not None else None)
     U = plan.ulysses_size
     _check_sinks(sinks, q.shape[1])
+    call = _SAPCall(sched, executor, kernel, scale, gdt, softcap)
     if U == 1:
-        out, lse = _SAPAttention.apply(q, k, v, sinks, sched, executor, kernel, scale, gdt, softcap)
+        out, lse = _SAPAttention.apply(q, k, v, sinks, call)
         return (out, lse) if return_lse else out
 
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
@@ -165,7 +188,7 @@ def hsap_attn_func(
     qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
     t_part = qh.shape[0]
     heads_u = None if sinks is None else sinks[sp.intra_rank * (hq // U):(sp.intra_rank + 1) * (hq // U)]  # [Hq/U]
-    out_h, lse_h = _SAPAttention.apply(qh, kh, vh, heads_u, sched, executor, kernel, scale, gdt, softcap)
+    out_h, lse_h = _SAPAttention.apply(qh, kh, vh, heads_u, call)
     out = all_to_all(out_h.reshape(t_part, -1), "head_to_seq", sp.intra_group, slices, sp.intra_rank,
                      sp.comm_stats)  # [T_part, Hq/U*D] -> [T_local, Hq*D]
     out = out.reshape(t, hq, d)

@@ -16,9 +16,9 @@ from .runtime import sap_backward, sap_forward
 __all__ = ["run_plan_loopback"]
 
 
-def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                       kernel: AttentionKernel | None = None, softmax_scale: float | None = None, timeout_s: float = 60.0,
-                      *, window: int | None = None, softcap: float | None = None) -> tuple[torch.Tensor, ...]:
+                      window: int | None = None, softcap: float | None = None) -> tuple[torch.Tensor, ...]:
     """Forward and backward of a whole plan's SAP attention in this process, one thread per part.
 
     Args:
@@ -45,8 +45,9 @@ def run_plan_loopback(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         ql, kl, vl, dl = (x.index_select(0, idx) for x in (q, k, v, dout))
         sched = plan.schedule(p, q.device, window=window)
         ex = hub.executor(p, stats[p])
-        out, lse, recvs = sap_forward(ql, kl, vl, sched, ex, kernel, scale, softcap=softcap)
-        dq, dk, dv = sap_backward(dl, ql, kl, vl, out, lse, recvs, sched, ex, kernel, scale, softcap=softcap)
+        out, lse, recvs = sap_forward(ql, kl, vl, sched=sched, executor=ex, kernel=kernel, scale=scale, softcap=softcap)
+        dq, dk, dv = sap_backward(dl, ql, kl, vl, out, lse, recvs=recvs, sched=sched, executor=ex, kernel=kernel,
+                                  scale=scale, softcap=softcap)
         return out, lse, dq, dk, dv
 
     res = hub.run(part_fn)

@@ -122,13 +122,14 @@ def _cap_kw(softcap: float | None) -> dict:
     return {} if softcap is None else {"softcap": softcap}
 
 
-def _forward_items(items, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+def _forward_items(items, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
                    kernel: AttentionKernel, scale: float, softcap: float | None) -> None:
     """Merge the results of work items (keys in ``k``/``v``: a receive buffer or the part's own) into
     ``out [T_part, Hq, D]`` / ``lse [T_part, Hq]`` by log-sum-exp, in place."""
     for item in items:
         if _in_place(kernel, item):
-            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, **_mask_kw(item, softcap))
+            kernel.forward_into(q, k, v, segments=item.segments, causal=item.spec.causal, scale=scale, out=out, lse=lse,
+                                **_mask_kw(item, softcap))
             continue
         k_i, v_i = _take(k, item.kv_index, item.kv_runs), _take(v, item.kv_index, item.kv_runs)  # [n_k, Hkv, D]
         q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (q, out, lse))
@@ -139,8 +140,8 @@ def _forward_items(items, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
 
 
 def sap_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float, keep_recv: bool | None = None, *, softcap: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sched: Schedule, executor: P2PExecutor | None,
+    kernel: AttentionKernel, scale: float, keep_recv: bool | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Forward of one part (the steps of :func:`~hf_hsap.plan.pipeline.forward_steps`).
@@ -175,12 +176,12 @@ def sap_forward(
         nonlocal out, lse
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
-            kernel.forward_into(q, k, v, item.segments, item.spec.causal, scale, out, lse, fresh=True,
-                                **_mask_kw(item, softcap))
+            kernel.forward_into(q, k, v, segments=item.segments, causal=item.spec.causal, scale=scale, out=out,
+                                lse=lse, fresh=True, **_mask_kw(item, softcap))
         elif item is not None:
             o, l = kernel.forward(q, k, v, item.spec, scale, **_cap_kw(softcap))
             out, lse = o.to(acc), l.to(acc)
-        _forward_items(sched.extra_local, q, k, v, out, lse, kernel, scale, softcap)
+        _forward_items(sched.extra_local, q, k, v, out, lse, kernel=kernel, scale=scale, softcap=softcap)
 
     def post(t: int) -> None:
         pending[t] = _start_fetch(executor, kv, sched.rounds[t], t)
@@ -190,7 +191,8 @@ def sap_forward(
 
     def compute(t: int) -> None:
         recv = landed.pop(t)
-        _forward_items(sched.rounds[t].items, q, recv[:, :hkv], recv[:, hkv:], out, lse, kernel, scale, softcap)
+        _forward_items(sched.rounds[t].items, q, recv[:, :hkv], recv[:, hkv:], out, lse, kernel=kernel, scale=scale,
+                       softcap=softcap)
         if keep:
             kept.append(recv)
 
@@ -200,19 +202,19 @@ def sap_forward(
     return out.to(q.dtype), lse, kept
 
 
-def _backward_items(items, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _backward_items(items, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     out: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
                     kernel: AttentionKernel, scale: float, softcap: float | None) -> None:
     """Add the gradients of work items (keys in ``k``/``v``) to ``dq`` and ``dk``/``dv`` (the keys' rows), in
     place."""
     for item in items:
         if _in_place(kernel, item):
-            kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale, dq, dk, dv,
-                                 **_mask_kw(item, softcap))
+            kernel.backward_into(dout, q, k, v, out, lse, segments=item.segments, causal=item.spec.causal, scale=scale,
+                                 dq=dq, dk=dk, dv=dv, **_mask_kw(item, softcap))
             continue
         d_i, q_i, o_i, l_i = (_take(x, item.q_index, item.q_runs) for x in (dout, q, out, lse))
         k_i, v_i = _take(k, item.kv_index, item.kv_runs), _take(v, item.kv_index, item.kv_runs)  # [n_k, Hkv, D]
-        gq, gk, gv = kernel.backward(d_i, q_i, k_i, v_i, o_i, l_i, item.spec, scale, **_cap_kw(softcap))
+        gq, gk, gv = kernel.backward(d_i, q_i, k_i, v_i, o_i, l_i, spec=item.spec, scale=scale, **_cap_kw(softcap))
         _add_rows(dq, item.q_index, item.q_runs, gq)
         _add_rows(dk, item.kv_index, item.kv_runs, gk)
         _add_rows(dv, item.kv_index, item.kv_runs, gv)
@@ -220,8 +222,8 @@ def _backward_items(items, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 def sap_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
-    kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None, *,
+    lse: torch.Tensor, *, recvs: list[torch.Tensor], sched: Schedule, executor: P2PExecutor | None,
+    kernel: AttentionKernel, scale: float, grad_dtype: torch.dtype | None = None,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of one part (the steps of :func:`~hf_hsap.plan.pipeline.backward_steps`; shapes as
@@ -260,14 +262,15 @@ def sap_backward(
     def local(_: int) -> None:
         item = sched.local_item
         if item is not None and _in_place(kernel, item):
-            kernel.backward_into(dout, q, k, v, out, lse, item.segments, item.spec.causal, scale,
-                                 dq, dk, dv, **_mask_kw(item, softcap))
+            kernel.backward_into(dout, q, k, v, out, lse, segments=item.segments, causal=item.spec.causal, scale=scale,
+                                 dq=dq, dk=dk, dv=dv, **_mask_kw(item, softcap))
         elif item is not None:
-            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, item.spec, scale, **_cap_kw(softcap))
+            gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, spec=item.spec, scale=scale, **_cap_kw(softcap))
             dq.add_(gq.to(acc))
             dk.add_(gk.to(acc))
             dv.add_(gv.to(acc))
-        _backward_items(sched.extra_local, dout, q, k, v, out, lse, dq, dk, dv, kernel, scale, softcap)
+        _backward_items(sched.extra_local, dout, q, k, v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, kernel=kernel,
+                        scale=scale, softcap=softcap)
 
     def post(t: int) -> None:
         fetching[t] = _start_fetch(executor, kv, rounds[t], t)
@@ -278,8 +281,8 @@ def sap_backward(
     def compute(t: int) -> None:
         recv, rnd = landed.pop(t), rounds[t]
         d_recv = torch.zeros((rnd.recv_total, 2 * hkv, k.shape[2]), dtype=acc, device=k.device)
-        _backward_items(rnd.items, dout, q, recv[:, :hkv], recv[:, hkv:], out, lse, dq, d_recv[:, :hkv],
-                        d_recv[:, hkv:], kernel, scale, softcap)
+        _backward_items(rnd.items, dout, q, recv[:, :hkv], recv[:, hkv:], out=out, lse=lse, dq=dq, dk=d_recv[:, :hkv],
+                        dv=d_recv[:, hkv:], kernel=kernel, scale=scale, softcap=softcap)
         d_recvs[t] = d_recv
 
     def send_return(t: int) -> None:  # reverse of the forward transfers: gradients go back to the rows' owners

@@ -118,10 +118,11 @@ def plan_sequence(
         ValueError: bad ``cu_seqlens`` or options, fewer tokens than ranks, ranks with different layouts.
     """
     with collector_paused():  # the planner's passes allocate many young lists the collector would walk
-        return _plan_sequence(cu_seqlens, sp, placement, total_tokens, cost, verify, cache, options)
+        return _plan_sequence(cu_seqlens, sp, placement, total_tokens=total_tokens, cost=cost, verify=verify,
+                              cache=cache, options=options)
 
 
-def _plan_sequence(cu_seqlens: Any, sp: Any, placement: str, total_tokens: int | None, cost: CostModel | None,
+def _plan_sequence(cu_seqlens: Any, sp: Any, placement: str, *, total_tokens: int | None, cost: CostModel | None,
                    verify: bool, cache: PlanCache | None, options: dict[str, Any]) -> Plan:
     """:func:`plan_sequence`'s body (the collector paused)."""
     unknown = set(options) - _OPTIONS

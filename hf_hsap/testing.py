@@ -312,7 +312,7 @@ def check_kernel_against_reference(kernel: Any, dtype: Any, shapes: list[tuple[i
     ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout.double())
     q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
     out, lse = kernel.forward(q, k, v, spec, scale)
-    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec, scale)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, spec=spec, scale=scale)
     seen = torch.isfinite(ref_lse)
     assert lse.shape == ref_lse.shape and out.shape == ref_out.shape
     assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have lse -inf, the others finite"

@@ -202,7 +202,7 @@ def _gpus_per_node(world: int) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() and torch.cuda.device_count() > 0 else world
 
 
-def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str | None = None, group: Any = None,
+def init_sequence_parallel(sp_size: int | HSAPConfig = 1, ulysses_size: int | str | None = None, *, group: Any = None,
                            timeout_s: float = DEFAULT_TIMEOUT_S, num_heads: int | None = None,
                            gpus_per_node: int | None = None, grad_comm_dtype: Any = None,
                            num_kv_heads: int | None = None) -> SPGroup:

@@ -7,6 +7,7 @@ Token counts may differ by rank (``all_to_all_single`` with split sizes).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Sequence
 
@@ -59,22 +60,37 @@ _OPS = MappingProxyType({"seq_to_head": seq_to_head, "head_to_seq": head_to_seq}
 _REVERSE = MappingProxyType({"seq_to_head": "head_to_seq", "head_to_seq": "seq_to_head"})
 
 
+@dataclass(frozen=True)
+class _Route:
+    """Whom an :class:`AllToAll` exchanges rows with (one object: autograd takes no keywords).
+
+    Attributes:
+        group: the intra process group. token_counts: the ``U`` ranks' token counts. rank: this rank's index in
+        the group. stats: counters to update (``a2a_bytes_sent``), or None.
+    """
+
+    group: Any
+    token_counts: tuple[int, ...]
+    rank: int
+    stats: Any = None
+
+
 class AllToAll(torch.autograd.Function):
-    """Differentiable :func:`seq_to_head` / :func:`head_to_seq` (``direction``); the backward is the same
-    all-to-all in the reverse direction. Shapes as the two functions."""
+    """Differentiable :func:`seq_to_head` / :func:`head_to_seq` (``direction``) over a :class:`_Route`; the backward
+    is the same all-to-all in the reverse direction. Shapes as the two functions."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, direction: str, group: Any, token_counts: tuple[int, ...], rank: int,
-                stats: Any = None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, direction: str, route: _Route) -> torch.Tensor:
         """The all-to-all in ``direction`` (the arguments of :func:`all_to_all`)."""
-        ctx.direction, ctx.group, ctx.token_counts, ctx.rank, ctx.stats = direction, group, token_counts, rank, stats
-        return _OPS[direction](x, group, token_counts, rank, stats)
+        ctx.direction, ctx.route = direction, route
+        return _OPS[direction](x, route.group, route.token_counts, route.rank, route.stats)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         """The same all-to-all reversed: the gradient goes back to the ranks its rows came from."""
-        back = _OPS[_REVERSE[ctx.direction]](grad, ctx.group, ctx.token_counts, ctx.rank, ctx.stats)
-        return back, None, None, None, None, None
+        r = ctx.route
+        back = _OPS[_REVERSE[ctx.direction]](grad, r.group, r.token_counts, r.rank, r.stats)
+        return back, None, None
 
 
 def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequence[int], rank: int,
@@ -92,4 +108,4 @@ def all_to_all(x: torch.Tensor, direction: str, group: Any, token_counts: Sequen
     """
     if direction not in _OPS:
         raise ValueError(f"unknown all-to-all direction {direction!r}; use 'seq_to_head' or 'head_to_seq'")
-    return AllToAll.apply(x, direction, group, tuple(token_counts), rank, stats)
+    return AllToAll.apply(x, direction, _Route(group, tuple(token_counts), rank, stats))

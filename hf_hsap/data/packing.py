@@ -213,6 +213,7 @@ class PackingCollator:
         self,
         max_length: int,
         pad_to_multiple_of: int | None = 1,
+        *,
         overflow: str = "split",
         completion_only_loss: bool = False,
         pad_token_id: int = 0,
@@ -387,7 +388,8 @@ class PackingCollator:
         max_len = int(seg.max())
 
         if self.vision is not None:
-            return vision_batch(self.vision, examples, docs, rows, self.row_length, input_ids, labels, position_ids, cu)
+            return vision_batch(self.vision, examples, docs, rows, self.row_length, input_ids=input_ids, labels=labels,
+                                position_ids=position_ids, cu=cu)
         if self.return_tensors == "pt":
             input_ids_t, labels_t, pos_t = map(torch.from_numpy, (input_ids, labels, position_ids))
             cu_q, cu_k = torch.from_numpy(cu), torch.from_numpy(cu.copy())

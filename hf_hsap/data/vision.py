@@ -193,7 +193,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
 
 
 def vision_batch(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
-                 rows: list[list[int]], row_len: int, input_ids: np.ndarray, labels: np.ndarray,
+                 rows: list[list[int]], row_len: int, *, input_ids: np.ndarray, labels: np.ndarray,
                  position_ids: np.ndarray, cu: np.ndarray) -> dict[str, Any]:
     """The packed batch of vision examples (``PackingCollator``'s "Vision examples"): the text part the collator
     built plus :func:`pack_vision`'s.

@@ -69,7 +69,7 @@ class SPDataLoader:
     does (after the other ranks' batches of that round).
     """
 
-    def __init__(self, dataloader: Any, sp: Any, placement: str | None = None, keep_num_items: bool = True,
+    def __init__(self, dataloader: Any, sp: Any, placement: str | None = None, *, keep_num_items: bool = True,
                  verify: bool = False, skip_batches: int = 0, skip_first_pass_only: bool = False,
                  check_previous: bool = True, config: Any = None) -> None:
         from ..config import HSAPConfig

@@ -38,7 +38,7 @@ def is_encoder_call(module: torch.nn.Module, is_causal: bool | None) -> bool:
 
 
 def encoder_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None, dropout: float,
+                    attention_mask: torch.Tensor | None, scaling: float | None, *, dropout: float,
                     cu_seq_lens_q: torch.Tensor | None = None, cu_seq_lens_k: torch.Tensor | None = None,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Bidirectional attention of one encoder call, exactly as SDPA computes it.

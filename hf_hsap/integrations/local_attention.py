@@ -69,7 +69,7 @@ def choose_layout(batch: int, lq: int, lk: int, attention_mask: torch.Tensor | N
     return layout_cached(batch, lq, lk, attention_mask, device), "cached"
 
 
-def _log_branch(module: torch.nn.Module, branch: str, layout: LocalLayout, batch: int,
+def _log_branch(module: torch.nn.Module, branch: str, layout: LocalLayout, batch: int, *,
                 attention_mask: torch.Tensor | None, ids_mask: bool, position_ids: torch.Tensor | None) -> None:
     """Say at DEBUG which layout branch an attention call took, once per distinct case."""
     if attention_mask is None:
@@ -100,10 +100,9 @@ def _effective_window(module: torch.nn.Module, window: int | None, layout: Local
 
 
 def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, scaling: float | None,
-                  variant: AttentionVariant | None = None, *,
-                  plan: Any = None, ids_mask: bool = False, cu_seq_lens_q: torch.Tensor | None = None,
-                  cu_seq_lens_k: torch.Tensor | None = None,
+                  attention_mask: torch.Tensor | None, scaling: float | None, *,
+                  variant: AttentionVariant | None = None, plan: Any = None, ids_mask: bool = False,
+                  cu_seq_lens_q: torch.Tensor | None = None, cu_seq_lens_k: torch.Tensor | None = None,
                   position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The single-device branch of :func:`~.transformers.hsap_attention_forward`.
 
@@ -130,7 +129,8 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                                    cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
                                    position_ids=position_ids)
     if logger.isEnabledFor(logging.DEBUG):  # the cheap guard: nothing else runs when DEBUG is off
-        _log_branch(module, branch, layout, batch, attention_mask, ids_mask, position_ids)
+        _log_branch(module, branch, layout, batch, attention_mask=attention_mask, ids_mask=ids_mask,
+                    position_ids=position_ids)
     variant = variant or AttentionVariant()
     window = _effective_window(module, variant.window, layout, branch)
     config = getattr(module, "config", None)

@@ -61,8 +61,8 @@ def sp_attention(
     return out.unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
 
 
-def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan,
-               scaling: float | None, window: int | None, plan_use: PlanUse | None = None, *,
+def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, *,
+               scaling: float | None, window: int | None, plan_use: PlanUse | None = None,
                softcap: float | None = None, sinks: torch.Tensor | None = None, blocks: Any = None) -> torch.Tensor:
     """The SP branch of :func:`~.transformers.hsap_attention_forward` (also taken at SP size 1 by a batch with
     bidirectional image blocks, which the plan's schedule runs).

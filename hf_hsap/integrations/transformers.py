@@ -120,8 +120,8 @@ def hsap_attention_forward(
         hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
         hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
-        return encoder_forward(module, query, key, value, attention_mask, scaling, dropout, cu_seq_lens_q=cu_seq_lens_q,
-                               cu_seq_lens_k=cu_seq_lens_k)
+        return encoder_forward(module, query, key, value, attention_mask, scaling, dropout=dropout,
+                               cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16
@@ -140,10 +140,11 @@ def hsap_attention_forward(
         raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
                          "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")
     if hsap_plan is not None and (hsap_plan.size > 1 or hsap_blocks is not None):
-        out = sp_forward(module, query, key, value, hsap_plan, scaling, variant.window, hsap_plan_use,
-                         softcap=variant.softcap, sinks=variant.sinks, blocks=hsap_blocks)  # [1, T, Hq, D]
+        out = sp_forward(module, query, key, value, hsap_plan, scaling=scaling, window=variant.window,
+                         plan_use=hsap_plan_use, softcap=variant.softcap, sinks=variant.sinks,
+                         blocks=hsap_blocks)  # [1, T, Hq, D]
     else:
-        out = local_forward(module, query, key, value, attention_mask, scaling, variant, plan=hsap_plan,
+        out = local_forward(module, query, key, value, attention_mask, scaling, variant=variant, plan=hsap_plan,
                             ids_mask=ids_mask, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
                             position_ids=position_ids)  # [B, Lq, Hq, D]
     return out[..., :v_head_dim], None  # [B, Lq, Hq, D] -> [B, Lq, Hq, Dv]

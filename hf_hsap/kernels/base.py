@@ -24,6 +24,10 @@ Optional in-place capability (:class:`InPlaceKernel`, the CPU kernel has it): ``
 (:data:`Segment`) and merge the output into / add the gradients to caller-owned accumulators, so
 the runtime needs no row gathers, scatters or gradient buffers per work item.
 
+Calls pass the tensors positionally and the rest by keyword: ``forward(q, k, v, spec, scale)``,
+``backward(dout, q, k, v, out, lse, spec=, scale=)``, ``forward_into(q, k, v, segments=, causal=, scale=,
+out=, lse=)``, ``backward_into(dout, q, k, v, out, lse, segments=, causal=, scale=, dq=, dk=, dv=)``.
+
 Backward contract (what makes split attention exact): ``backward`` receives the *final* output and
 log-sum-exp of each query (after all partial results were merged), not the partial ones of this call.
 Then the gradients of every partial call add up to the gradient of the whole attention.
@@ -187,9 +191,9 @@ class AttentionKernel(Protocol):
         v: torch.Tensor,
         out: torch.Tensor,
         lse: torch.Tensor,
+        *,
         spec: VarlenSpec,
         scale: float,
-        *,
         softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Args: dout/out ``[Nq, Hq, D]``, lse ``[Nq, Hq]`` (final, merged values).
@@ -204,8 +208,8 @@ class InPlaceKernel(AttentionKernel, Protocol):
     or key rows (their gradients add up)."""
 
     def forward_into(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], causal: bool,
-        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False, *,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, segments: Sequence[Segment], causal: bool,
+        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False,
         window_left: int | None = None, softcap: float | None = None,
     ) -> None:
         """Merge the attention of every segment into ``out`` / ``lse`` by log-sum-exp (in place).
@@ -220,8 +224,8 @@ class InPlaceKernel(AttentionKernel, Protocol):
 
     def backward_into(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor, segments: Sequence[Segment], causal: bool, scale: float,
-        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+        lse: torch.Tensor, *, segments: Sequence[Segment], causal: bool, scale: float,
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
         window_left: int | None = None, softcap: float | None = None,
     ) -> None:
         """Add the segments' gradients to ``dq [Nq, Hq, D]``, ``dk``/``dv [Nk, Hkv, D]`` (in place; any
@@ -316,7 +320,7 @@ class RowsWritten:
         self._hi[i:j] = [b]
 
 
-def store_rows(out: torch.Tensor, lse: torch.Tensor, a: int, b: int, o: torch.Tensor, l: torch.Tensor,
+def store_rows(out: torch.Tensor, lse: torch.Tensor, a: int, b: int, o: torch.Tensor, l: torch.Tensor, *,
                written: RowsWritten | None) -> None:
     """Put a partial result of query rows ``[a, b)`` into the accumulators (in place).
 

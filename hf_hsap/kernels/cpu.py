@@ -106,8 +106,8 @@ class TorchCPUFlashKernel:
         acc = lse_dtype(q.dtype)
         out = torch.zeros(q.shape, dtype=acc)  # rows of no segment stay 0 / -inf
         lse = torch.full(q.shape[:2], float("-inf"), dtype=acc)
-        self.forward_into(q, k, v, spec.segments(), spec.causal, scale, out, lse, fresh=True,
-                          window_left=spec.window_left, softcap=softcap)
+        self.forward_into(q, k, v, segments=spec.segments(), causal=spec.causal, scale=scale, out=out, lse=lse,
+                          fresh=True, window_left=spec.window_left, softcap=softcap)
         return out.to(q.dtype), lse
 
     def backward(
@@ -118,9 +118,9 @@ class TorchCPUFlashKernel:
         v: torch.Tensor,
         out: torch.Tensor,
         lse: torch.Tensor,
+        *,
         spec: VarlenSpec,
         scale: float,
-        *,
         softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """See :class:`hf_hsap.kernels.base.AttentionKernel`; ``out``/``lse`` are the final merged
@@ -129,13 +129,13 @@ class TorchCPUFlashKernel:
         dq = torch.zeros(q.shape, dtype=acc)
         dk = torch.zeros(k.shape, dtype=acc)
         dv = torch.zeros(v.shape, dtype=acc)
-        self.backward_into(dout, q, k, v, out, lse, spec.segments(), spec.causal, scale, dq, dk, dv,
-                           window_left=spec.window_left, softcap=softcap)
+        self.backward_into(dout, q, k, v, out, lse, segments=spec.segments(), causal=spec.causal, scale=scale,
+                           dq=dq, dk=dk, dv=dv, window_left=spec.window_left, softcap=softcap)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
     def forward_into(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], causal: bool,
-        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False, *,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, segments: Sequence[Segment], causal: bool,
+        scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False,
         window_left: int | None = None, softcap: float | None = None,
     ) -> None:
         """See :class:`hf_hsap.kernels.base.InPlaceKernel`. Shapes: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``,
@@ -148,19 +148,19 @@ class TorchCPUFlashKernel:
             if self._by_math(causal, w, softcap):
                 for a, b, o, l in forward_segment(q, k, v, seg, causal, scale, window_left=w, softcap=softcap,
                                                   budget=self.math_budget):
-                    store_rows(out, lse, a, b, o, l, written)
+                    store_rows(out, lse, a, b, o, l, written=written)
                 continue
             for ql, qh, kl, kh, kind in self._cut(qb - qa, kb - ka, causal, w, block):
                 qs, qe, ks, ke = qa + ql, qa + qh, ka + kl, ka + kh
                 flip = kind == ANTI
                 o, l = _FWD(_rows(q, qs, qe, flip), _rows(k, ks, ke, flip), _rows(v, ks, ke, flip), 0.0,
                             bool(kind), scale=scale)[:2]
-                store_rows(out, lse, qs, qe, _back(o, flip), _back(l, flip), written)
+                store_rows(out, lse, qs, qe, _back(o, flip), _back(l, flip), written=written)
 
     def backward_into(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor, segments: Sequence[Segment], causal: bool, scale: float,
-        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+        lse: torch.Tensor, *, segments: Sequence[Segment], causal: bool, scale: float,
+        dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
         window_left: int | None = None, softcap: float | None = None,
     ) -> None:
         """See :class:`hf_hsap.kernels.base.InPlaceKernel`. Shapes: dout/q/out/dq ``[Nq, Hq, D]``,
@@ -172,8 +172,8 @@ class TorchCPUFlashKernel:
             qa, qb, ka, kb = seg
             w = effective_window(kb - ka, window_left)
             if self._by_math(causal, w, softcap):
-                backward_segment(dout, q, k, v, out, lse, seg, causal, scale, dq, dk, dv, window_left=w,
-                                 softcap=softcap, budget=self.math_budget)
+                backward_segment(dout, q, k, v, out, lse, segment=seg, causal=causal, scale=scale, dq=dq, dk=dk,
+                                 dv=dv, window_left=w, softcap=softcap, budget=self.math_budget)
                 continue
             if cast is None:
                 cast = dout.to(q.dtype), out.to(q.dtype)

@@ -84,7 +84,7 @@ class TorchCUDAFlashKernel:
             **self._window_kw(spec))
         return out, _lse_rows(lse)
 
-    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float, *, softcap: float | None = None):
+    def backward(self, dout, q, k, v, out, lse, *, spec: VarlenSpec, scale: float, softcap: float | None = None):
         """Gradients from the final ``out``/``lse`` (see the kernel contract). Shapes as :meth:`forward`."""
         if softcap is not None:
             raise ValueError(_NO_SOFTCAP)
@@ -133,7 +133,7 @@ class FlashAttnKernel:
                         return_softmax=False)
         return res[0], _lse_rows(res[1])
 
-    def backward(self, dout, q, k, v, out, lse, spec: VarlenSpec, scale: float, *, softcap: float | None = None):
+    def backward(self, dout, q, k, v, out, lse, *, spec: VarlenSpec, scale: float, softcap: float | None = None):
         """Gradients from the final ``out``/``lse`` (see the kernel contract)."""
         cu_q, cu_k = spec.cu_tensors(q.device)
         left, right = _windows(spec)

@@ -44,9 +44,10 @@ def _key_span(r0: int, r1: int, off: int, lk: int, causal: bool, w: int | None) 
     return lo, hi
 
 
-def _visible(r0: int, r1: int, lo: int, hi: int, off: int, causal: bool, w: int | None,
+def _visible(r0: int, r1: int, lo: int, hi: int, off: int, *, causal: bool, w: int | None,
              device: torch.device) -> torch.Tensor | None:
-    """``[rows, keys]`` mask of the block (True = visible), ``None`` when every pair is visible."""
+    """``[rows, keys]`` mask of the block of query rows ``[r0, r1)`` and keys ``[lo, hi)`` of a segment whose keys
+    start ``off`` rows before its queries' aligned positions (True = visible), ``None`` when every pair is visible."""
     p_first, p_last = r0 + off, r1 - 1 + off
     needs_causal = causal and p_first < hi - 1  # some row sees fewer than all keys up to hi
     needs_window = w is not None and p_last - w > lo
@@ -119,7 +120,7 @@ def forward_segment(
     acc = lse_dtype(q.dtype)
     for r0, r1, lo, hi in _blocks(lq, lk, hq, causal, window_left, budget):
         s, _ = _scores(_heads(q[qa + r0:qa + r1], hkv, acc), _kv_heads(k[ka + lo:ka + hi], acc), scale, softcap)
-        vis = _visible(r0, r1, lo, hi, lk - lq, causal, window_left, q.device)
+        vis = _visible(r0, r1, lo, hi, lk - lq, causal=causal, w=window_left, device=q.device)
         if vis is not None:
             s = s.masked_fill(~vis, float("-inf"))
         l = torch.logsumexp(s, dim=-1)  # [Hkv, g, rows]: finite, every row sees a key
@@ -131,8 +132,8 @@ def forward_segment(
 
 def backward_segment(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, segment: Segment, causal: bool, scale: float,
-    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+    lse: torch.Tensor, *, segment: Segment, causal: bool, scale: float,
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
     window_left: int | None = None, softcap: float | None = None, budget: int = DEFAULT_BUDGET,
 ) -> None:
     """Add one segment's gradients to ``dq``, ``dk``, ``dv`` (in place), flash style from the FINAL
@@ -152,7 +153,7 @@ def backward_segment(
         qg = _heads(q[rows], hkv, acc)  # [Hkv, g, n, D]
         kg, vg = _kv_heads(k[keys], acc), _kv_heads(v[keys], acc)  # [Hkv, 1, keys, D]
         s, t = _scores(qg, kg, scale, softcap)
-        vis = _visible(r0, r1, lo, hi, lk - lq, causal, window_left, q.device)
+        vis = _visible(r0, r1, lo, hi, lk - lq, causal=causal, w=window_left, device=q.device)
         if vis is not None:
             s = s.masked_fill(~vis, float("-inf"))
         l = lse[rows].to(acc).reshape(n, hkv, g).permute(1, 2, 0)  # [Hkv, g, n]
@@ -195,7 +196,7 @@ class MathKernel:
         for seg in spec.segments():
             for a, b, o, l in forward_segment(q, k, v, seg, spec.causal, scale, window_left=spec.window_left,
                                               softcap=softcap, budget=self.budget):
-                store_rows(out, lse, a, b, o, l, written)
+                store_rows(out, lse, a, b, o, l, written=written)
         return out.to(q.dtype), lse
 
     def backward(
@@ -206,9 +207,9 @@ class MathKernel:
         v: torch.Tensor,
         out: torch.Tensor,
         lse: torch.Tensor,
+        *,
         spec: VarlenSpec,
         scale: float,
-        *,
         softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gradients from the final ``out``/``lse`` (see :func:`backward_segment`). Returns dq ``[Nq, Hq, D]``,
@@ -218,6 +219,6 @@ class MathKernel:
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for seg in spec.segments():
-            backward_segment(dout, q, k, v, out, lse, seg, spec.causal, scale, dq, dk, dv,
-                             window_left=spec.window_left, softcap=softcap, budget=self.budget)
+            backward_segment(dout, q, k, v, out, lse, segment=seg, causal=spec.causal, scale=scale, dq=dq, dk=dk,
+                             dv=dv, window_left=spec.window_left, softcap=softcap, budget=self.budget)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

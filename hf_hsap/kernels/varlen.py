@@ -1,6 +1,7 @@
 """Single-process varlen attention with autograd (the ``sp_size == 1`` path and generation)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -19,24 +20,38 @@ def _cap_kw(softcap: float | None) -> dict:
     return {} if softcap is None else {"softcap": softcap}
 
 
+@dataclass(frozen=True)
+class _VarlenCall:
+    """The kernel call of one :class:`_VarlenAttention` besides its tensors (one object: autograd takes no
+    keywords)."""
+
+    spec: VarlenSpec
+    scale: float
+    kernel: AttentionKernel
+    softcap: float | None
+
+
 class _VarlenAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, spec: VarlenSpec, scale: float, kernel: AttentionKernel, softcap):
+    def forward(ctx, q, k, v, sinks, call: _VarlenCall):
+        spec, scale, kernel, softcap = call.spec, call.scale, call.kernel, call.softcap
         out, lse = kernel.forward(q, k, v, spec, scale, **_cap_kw(softcap))
         if sinks is not None:  # the sink joins each row's denominator once, after the whole attention
             out_f, lse = apply_sinks(out.to(lse_dtype(q.dtype)), lse, sinks)
             out = out_f.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.spec, ctx.scale, ctx.kernel, ctx.softcap = spec, scale, kernel, softcap
+        ctx.call = call
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         # the backward of the final (sunk) out / lse is exactly the gradient with sinks (see .sinks)
-        dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.spec, ctx.scale, **_cap_kw(ctx.softcap))
+        call = ctx.call
+        dq, dk, dv = call.kernel.backward(dout, q, k, v, out, lse, spec=call.spec, scale=call.scale,
+                                          **_cap_kw(call.softcap))
         d_sinks = sinks_grad(dout, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, d_sinks, None, None, None, None
+        return dq, dk, dv, d_sinks, None
 
 
 def varlen_attention(
@@ -46,9 +61,9 @@ def varlen_attention(
     cu_seqlens_q: torch.Tensor | Sequence[int],
     cu_seqlens_k: torch.Tensor | Sequence[int] | None = None,
     causal: bool = True,
+    *,
     softmax_scale: float | None = None,
     kernel: AttentionKernel | None = None,
-    *,
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -81,4 +96,4 @@ def varlen_attention(
     if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
         raise ValueError(f"sinks must hold one logit per query head, shape ({q.shape[1]},), got "
                          f"{tuple(sinks.shape)}")
-    return _VarlenAttention.apply(q, k, v, sinks, spec, scale, kernel, softcap)
+    return _VarlenAttention.apply(q, k, v, sinks, _VarlenCall(spec, scale, kernel, softcap))

@@ -17,6 +17,7 @@ The logits may be transformed as the family does: ``softcap * tanh(scale * z / s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,13 +32,29 @@ def tile_tokens_for(vocab: int, tile_elements: int) -> int:
     return max(1, tile_elements // max(1, vocab))
 
 
+@dataclass(frozen=True)
+class _Tiling:
+    """How :class:`_FusedLinearCE` runs (one object: autograd takes no keywords).
+
+    Attributes:
+        tile: tokens per tile. softcap, scale: the logit transform. grads: the caller's grad mode (the gradients
+        are computed in the forward only then).
+    """
+
+    tile: int
+    softcap: float | None
+    scale: float
+    grads: bool
+
+
 class _FusedLinearCE(torch.autograd.Function):
     """``sum over valid tokens of CE(transform(hidden @ weight.T + bias), labels)``; see the module docstring."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                labels: torch.Tensor, tile: int, softcap: float | None, scale: float, grads: bool) -> torch.Tensor:
-        grads = grads and any(ctx.needs_input_grad[:3])  # the caller's grad mode (a Function's forward runs without)
+                labels: torch.Tensor, how: _Tiling) -> torch.Tensor:
+        tile, softcap, scale = how.tile, how.softcap, how.scale
+        grads = how.grads and any(ctx.needs_input_grad[:3])  # the caller's grad mode (a Function's forward runs without)
         compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         mm = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
             else hidden.dtype  # the matmuls' dtype, as the model's own head would run under autocast
@@ -92,7 +109,7 @@ class _FusedLinearCE(torch.autograd.Function):
         out = []
         for g, present, dtype in zip(ctx.saved_tensors, ctx.present, ctx.dtypes):
             out.append(g.mul_(grad_out.to(g.dtype)).to(dtype) if present else None)  # in place: no [T, H] copy
-        return (*out, None, None, None, None, None)
+        return (*out, None, None)
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -108,5 +125,5 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias:
     Returns:
         0-dim sum of CE over the valid tokens (float32; float64 for float64 inputs).
     """
-    return _FusedLinearCE.apply(hidden, weight, bias, labels, int(tile_tokens), softcap, float(scale),
-                                torch.is_grad_enabled())
+    return _FusedLinearCE.apply(hidden, weight, bias, labels,
+                                _Tiling(int(tile_tokens), softcap, float(scale), torch.is_grad_enabled()))

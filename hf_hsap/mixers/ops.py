@@ -61,10 +61,11 @@ def _refuse_cache(what: str) -> None:
                      "packed row; generate with one document per row (no packing)")
 
 
-def _run(tensors: list[tuple[torch.Tensor | None, int | None]], fn: Callable, out_dim: int,
+def _run(tensors: list[tuple[torch.Tensor | None, int | None]], fn: Callable, *, out_dim: int,
          state_shape: tuple[int, ...], state_dtype: torch.dtype, chain: Chain, exchange: StateExchange | None,
          rows: int, length: int, final: bool = False) -> Any:
-    """:func:`run_segments` over the non-``None`` tensors; ``fn`` gets them back in the same places (``None`` kept).
+    """:func:`run_segments` over the non-``None`` tensors (``(tensor, token dim)`` pairs); ``fn`` gets them back in
+    the same places (``None`` kept). The other arguments as :class:`~.handoff.SegmentOp`'s and :func:`run_segments`'.
     ``final``: also the final state of every row's last document (:func:`run_with_final`): ``(out, states)``."""
     present = [i for i, (t, _) in enumerate(tensors) if t is not None]
 
@@ -96,8 +97,8 @@ def conv1d(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain, ex
         ctx = torch.cat([init.to(xs.dtype), xs], dim=-1)  # [1, C, k - 1 + n]
         return out, ctx[..., ctx.shape[-1] - (k - 1):]
 
-    return _run([(x, 2), (w, None), (bias, None)], fn, 2, (1, x.shape[1], k - 1), x.dtype, chain, exchange,
-                x.shape[0], x.shape[2])
+    return _run([(x, 2), (w, None), (bias, None)], fn, out_dim=2, state_shape=(1, x.shape[1], k - 1),
+                state_dtype=x.dtype, chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[2])
 
 
 def delta_rule(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
@@ -116,8 +117,9 @@ def delta_rule(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain
         return out, final
 
     state = (1, v.shape[2], k.shape[3], v.shape[3])
-    out = _run([(q, 1), (k, 1), (v, 1), (a["g"], 1), (a["beta"], 1)], fn, 1, state, _state_dtype(q), chain,
-               exchange, q.shape[0], q.shape[1], final=want)
+    out = _run([(q, 1), (k, 1), (v, 1), (a["g"], 1), (a["beta"], 1)], fn, out_dim=1, state_shape=state,
+               state_dtype=_state_dtype(q), chain=chain, exchange=exchange, rows=q.shape[0], length=q.shape[1],
+               final=want)
     return out if want else (out, None)
 
 
@@ -142,8 +144,8 @@ def mamba2_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chai
 
     state = (1, x.shape[2], x.shape[3], B.shape[3])
     return _run([(x, 1), (a["dt"], 1), (a["A"], None), (B, 1), (a["C"], 1), (a.get("D"), None),
-                 (a.get("dt_bias"), None), (z, 1)], fn, 1, state, _state_dtype(x), chain, exchange,
-                x.shape[0], x.shape[1], final=want)
+                 (a.get("dt_bias"), None), (z, 1)], fn, out_dim=1, state_shape=state, state_dtype=_state_dtype(x),
+                chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[1], final=want)
 
 
 def selective_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
@@ -177,8 +179,8 @@ def selective_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: C
 
     state = (1, x.shape[1], A.shape[-1])
     return _run([(x, 2), (a["dt"], 2), (A, None), (a["B"], 2), (a["C"], 2), (a.get("D"), None), (a.get("z"), 2),
-                 (a.get("delta_bias"), None)], fn, 2, state, _state_dtype(x), chain, exchange,
-                x.shape[0], x.shape[2], final=want)
+                 (a.get("delta_bias"), None)], fn, out_dim=2, state_shape=state, state_dtype=_state_dtype(x),
+                chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[2], final=want)
 
 
 def fused_off(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
@@ -235,10 +237,11 @@ def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[
 
     heads, dim = layer.num_attention_heads, layer.head_dim
     tensors = [(x, 1), (cos, 1), (sin, 1), *[(p, None) for p in params.values()]]
+    how = {"out_dim": 1, "state_shape": (1, heads, dim, dim), "state_dtype": _state_dtype(x), "chain": chain,
+           "exchange": exchange, "rows": x.shape[0], "length": x.shape[1]}
     if cache is None:
-        return _run(tensors, fn, 1, (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1]), None
-    out, state = _run(tensors, fn, 1, (1, heads, dim, dim), _state_dtype(x), chain, exchange, x.shape[0], x.shape[1],
-                      final=True)
+        return _run(tensors, fn, **how), None
+    out, state = _run(tensors, fn, final=True, **how)
     cache.set_linear_cache(layer.layer_idx, state)  # every row's last document continues from here
     return out, state
 

@@ -19,6 +19,7 @@ import numpy as np
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, DEFAULT_WORK_SLACK, Placement, rows_work, token_cap
+from .segments import Segments
 from .shares import choose
 
 
@@ -70,8 +71,8 @@ def balanced_greedy(layout: Layout, n_parts: int, token_slack: float = DEFAULT_T
     cap_t = token_cap(layout.total_tokens, n_parts, token_slack)
     st = _State.empty(n_parts, len(fig.docs))
     _run(st, fig, cap_t)
-    return Greedy("balanced", n_parts, layout.cu_seqlens, st.seg_doc, st.seg_start, st.seg_end, st.seg_part, fig.docs,
-                  st.whole_part, st.tok, st.wrk, cap_t, max_moves=4 * n_parts, whole_doc_ids=fig.order, cu_list=fig.cu)
+    return Greedy("balanced", n_parts, layout.cu_seqlens, st.segs, fig.docs, st.whole_part, st.tok, st.wrk, cap_t,
+                  max_moves=4 * n_parts, whole_doc_ids=fig.order, cu_list=fig.cu)
 
 
 class _Figures:
@@ -106,16 +107,13 @@ class _State:
     wrk: list[float]
     recv: list[int]
     whole_part: list[int]
-    seg_doc: list[int]
-    seg_start: list[int]
-    seg_end: list[int]
-    seg_part: list[int]
+    segs: Segments
     rot: int = 0
 
     @staticmethod
     def empty(n_parts: int, n_docs: int) -> "_State":
         """Nothing placed yet."""
-        return _State([0.0] * n_parts, [0.0] * n_parts, [0] * n_parts, [-1] * n_docs, [], [], [], [])
+        return _State([0.0] * n_parts, [0.0] * n_parts, [0] * n_parts, [-1] * n_docs, Segments())
 
 
 def _run(st: _State, fig: _Figures, cap_t: float) -> None:
@@ -145,28 +143,28 @@ def _run(st: _State, fig: _Figures, cap_t: float) -> None:
             scores[p] = score  # reads the scores the fast path kept in the heap alone
         k0 = max(1, math.ceil(L / cap_t), math.ceil(w / cap_w))
         by_load = sorted(range(P), key=scores.__getitem__)  # stable: ties by part index
-        chosen = choose(by_load, L, w, k0, P, tok, wrk, caps, rho)
+        chosen = choose(by_load, L, w, k0, n_parts=P, tok=tok, wrk=wrk, caps=caps, rho=rho)
         if chosen is None:
-            _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_t, tok, wrk, st.seg_doc, st.seg_start,
-                              st.seg_end, st.seg_part)
+            _fill_by_headroom(fig.docs[i], fig.starts[i], L, cap_t, tok=tok, wrk=wrk, segs=st.segs)
         elif len(chosen[1]) == 1:
             p = whole_part[i] = chosen[1][0]
             tok[p] += L
             wrk[p] += w
         else:
-            st.rot = _split(fig.docs[i], fig.starts[i], L, chosen[1], st.rot, tok, wrk, st.recv, st.seg_doc,
-                            st.seg_start, st.seg_end, st.seg_part)
+            st.rot = _split(fig.docs[i], fig.starts[i], L, chosen[1], st.rot, tok=tok, wrk=wrk, recv=st.recv,
+                            segs=st.segs)
         for p in range(P) if chosen is None else chosen[1]:  # the parts this document changed
             scores[p] = max(tok[p] / cap_t, wrk[p] / cap_w)
         heap = list(zip(scores, range(P)))
         heapq.heapify(heap)
 
 
-def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float], wrk: list[float], recv: list[int],
-           seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> int:
+def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, *, tok: list[float], wrk: list[float],
+           recv: list[int], segs: Segments) -> int:
     """Cut document ``d`` (start ``s0``, length ``L``) in ``2k`` chunks over the ``k`` parts ``chosen``, the pair
-    needing the most KV to the part receiving the least so far; appends the segments, updates the part figures and
-    returns the next rotation."""
+    needing the most KV to the part receiving the least so far; appends the segments, updates the part figures
+    (``tok``, ``wrk`` and the KV tokens ``recv`` every part receives) and returns the next rotation."""
+    seg_doc, seg_start, seg_end, seg_part = segs.doc, segs.start, segs.end, segs.part
     k = len(chosen)
     sizes, rot = _chunk_sizes(L, k, rot)
     need = _pair_recv(sizes)
@@ -193,10 +191,9 @@ def _split(d: int, s0: int, L: int, chosen: list[int], rot: int, tok: list[float
     return rot
 
 
-def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: list,
-                      seg_doc: list, seg_start: list, seg_end: list, seg_part: list) -> None:
-    """Cut a document contiguously over the parts with the most free tokens (when the caps leave no room for
-    equal shares)."""
+def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, *, tok: list, wrk: list, segs: Segments) -> None:
+    """Cut document ``d`` (start ``s0``, length ``L``) contiguously over the parts with the most free tokens under
+    ``cap_t`` (when the caps leave no room for equal shares); appends the segments and updates ``tok`` / ``wrk``."""
     free = sorted(range(len(tok)), key=lambda p: tok[p] - cap_t)
     pos = 0
     for p in free:
@@ -204,7 +201,7 @@ def _fill_by_headroom(d: int, s0: int, L: int, cap_t: float, tok: list, wrk: lis
         if take <= 0:
             continue
         a, b = pos, pos + take
-        seg_doc.append(d), seg_start.append(s0 + a), seg_end.append(s0 + b), seg_part.append(p)
+        segs.append(d, s0 + a, s0 + b, p)
         tok[p] += take
         wrk[p] += float(rows_work(a, b))
         pos = b

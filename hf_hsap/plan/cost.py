@@ -84,7 +84,7 @@ class CostModel:
 
     @staticmethod
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
-                    peak_flops: float, attn_eff: float = 0.55, gemm_eff: float = 0.70, dtype_bytes: int = 2,
+                    peak_flops: float, *, attn_eff: float = 0.55, gemm_eff: float = 0.70, dtype_bytes: int = 2,
                     grad_bytes: int = 2, alpha_s: float = 20e-6, a2a_bytes_per_s: float | None = None,
                     hidden_size: int | None = None, recurrent_layers: int = 0, state_bytes: float = 0.0) -> "CostModel":
         """Cost model for a model shape on a GPU and a link.

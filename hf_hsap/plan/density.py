@@ -18,6 +18,7 @@ from .balanced import _fill_by_headroom, _split
 from .greedy import Greedy
 from .layout import Layout
 from .placement import DEFAULT_TOKEN_SLACK, Placement, token_cap
+from .segments import Segments
 from .shares import share_room
 
 __all__ = ["density", "density_greedy"]
@@ -49,10 +50,7 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float,
     tok = [0.0] * P
     wrk = [0.0] * P
     recv = [0] * P
-    seg_doc: list[int] = []
-    seg_start: list[int] = []
-    seg_end: list[int] = []
-    seg_part: list[int] = []
+    segs = Segments()
     rot = 0
 
     def dense(L: int, load: float) -> bool:
@@ -76,27 +74,26 @@ def density_greedy(layout: Layout, n_parts: int, token_cost: float,
                 if len(chosen) == k:
                     break
         if len(chosen) < k:
-            _fill_by_headroom(d, cu[d], L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+            _fill_by_headroom(d, cu[d], L, cap_t, tok=tok, wrk=wrk, segs=segs)
             chosen = range(P)
         else:
-            rot = _split(d, cu[d], L, chosen, rot, tok, wrk, recv, seg_doc, seg_start, seg_end, seg_part)
+            rot = _split(d, cu[d], L, chosen, rot, tok=tok, wrk=wrk, recv=recv, segs=segs)
         for p in chosen:
             part_load[p] = wrk[p] + token_cost * tok[p]
     light = order[heavy_end:]
-    segs = (seg_doc, seg_start, seg_end, seg_part)
     whole_part = _least_loaded(light, lengths[order_a[heavy_end:]].tolist(), pairs_a[order_a[heavy_end:]].tolist(), cu,
-                               P, token_cost, cap_t, tok, wrk, *segs)
-    return Greedy("density", P, layout.cu_seqlens, seg_doc, seg_start, seg_end, seg_part, light, whole_part, tok, wrk,
-                  cap_t, max_moves=4 * P, whole_doc_ids=order_a[heavy_end:], cu_list=cu)
+                               token_cost=token_cost, cap_t=cap_t, tok=tok, wrk=wrk, segs=segs)
+    return Greedy("density", P, layout.cu_seqlens, segs, light, whole_part, tok, wrk, cap_t, max_moves=4 * P,
+                  whole_doc_ids=order_a[heavy_end:], cu_list=cu)
 
 
-def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], P: int, token_cost: float,
-                  cap_t: float, tok: list[float], wrk: list[float], seg_doc: list[int], seg_start: list[int],
-                  seg_end: list[int], seg_part: list[int]) -> list[int]:
-    """Place ``docs`` (heaviest first) whole, each on the least loaded part (``work + token_cost * tokens``, ties by
-    index) with room under ``cap_t``; one that fits no part is cut over the parts with the most free tokens.
-    Updates the figures and segments; returns every document's part (-1: cut)."""
-    heap = [(wrk[p] + token_cost * tok[p], p) for p in range(P)]
+def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list[int], *, token_cost: float,
+                  cap_t: float, tok: list[float], wrk: list[float], segs: Segments) -> list[int]:
+    """Place ``docs`` (heaviest first; ``lens``, ``pairs``: theirs) whole, each on the least loaded part
+    (``work + token_cost * tokens``, ties by index) with room under ``cap_t``; one that fits no part is cut over the
+    parts with the most free tokens. Updates the figures (``tok``, ``wrk``: every part's) and ``segs``; returns every
+    document's part (-1: cut)."""
+    heap = [(wrk[p] + token_cost * tok[p], p) for p in range(len(tok))]
     heapq.heapify(heap)
     out = [-1] * len(docs)
     replace = heapq.heapreplace
@@ -104,8 +101,8 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
         p = heap[0][1]
         t = tok[p] + L
         if t > cap_t:  # the least-loaded part has no room (rare): look further, or cut the document
-            out[i] = _no_room(docs[i], L, pair, cu[docs[i]], token_cost, cap_t, heap, tok, wrk, seg_doc, seg_start,
-                              seg_end, seg_part)
+            out[i] = _no_room(docs[i], L, pair, cu[docs[i]], heap, token_cost=token_cost, cap_t=cap_t, tok=tok,
+                              wrk=wrk, segs=segs)
             continue
         w = wrk[p] + pair
         tok[p], wrk[p], out[i] = t, w, p
@@ -113,9 +110,8 @@ def _least_loaded(docs: list[int], lens: list[int], pairs: list[float], cu: list
     return out
 
 
-def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: float, heap: list, tok: list[float],
-             wrk: list[float], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-             seg_part: list[int]) -> int:
+def _no_room(d: int, L: int, pair: float, s0: int, heap: list, *, token_cost: float, cap_t: float, tok: list[float],
+             wrk: list[float], segs: Segments) -> int:
     """:func:`_least_loaded` for a document the least loaded part has no room for: the least loaded part with room
     (returned), else cut over the parts with the most free tokens (-1). Keeps ``heap`` whole."""
     full = []
@@ -128,7 +124,7 @@ def _no_room(d: int, L: int, pair: float, s0: int, token_cost: float, cap_t: flo
         wrk[p] += pair
         heapq.heapreplace(heap, (wrk[p] + token_cost * tok[p], p))
     else:
-        _fill_by_headroom(d, s0, L, cap_t, tok, wrk, seg_doc, seg_start, seg_end, seg_part)
+        _fill_by_headroom(d, s0, L, cap_t, tok=tok, wrk=wrk, segs=segs)
         full = [(wrk[q] + token_cost * tok[q], q) for _, q in full]
     for item in full:
         heapq.heappush(heap, item)

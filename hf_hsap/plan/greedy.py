@@ -12,6 +12,7 @@ import numpy as np
 
 from .placement import Placement, _finish
 from .refine import Sides, boundaries, boundary_sides, refine_moves
+from .segments import Segments
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,8 @@ class Greedy:
 
     Attributes:
         name: the placement's name. n_parts: P. cu: the document boundaries (``cu_seqlens``).
-        seg_doc, seg_start, seg_end, seg_part: the segments of the split documents, each document's consecutive
-            and in order (what the refinement moves).
+        segments: the segments of the split documents, each document's consecutive and in order (what the
+            refinement moves, on copies).
         whole_doc, whole_part: the documents kept whole and their parts (-1: among the segments after all).
         tok, wrk: tokens and (query, key) pairs of every part.
         cap_t: the token cap no slide exceeds. max_moves: the refinement's most moves.
@@ -31,10 +32,7 @@ class Greedy:
     name: str
     n_parts: int
     cu: np.ndarray
-    seg_doc: list[int]
-    seg_start: list[int]
-    seg_end: list[int]
-    seg_part: list[int]
+    segments: Segments
     whole_doc: list[int]
     whole_part: list[int]
     tok: list[float]
@@ -51,15 +49,17 @@ class Greedy:
             token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within ``cap_t``;
                 ``None``: it evens out the work at unchanged token counts.
         """
-        starts, ends, parts = list(self.seg_start), list(self.seg_end), list(self.seg_part)
+        segs = self.segments
+        moved = Segments(segs.doc, list(segs.start), list(segs.end), list(segs.part))
+        starts, ends, parts = moved.start, moved.end, moved.part
         doc_first = self.cu[:-1].tolist() if self.cu_list is None else self.cu_list  # (its last entry unread)
-        refine_moves(doc_first, self.seg_doc, starts, ends, parts, list(self.wrk), max_moves=self.max_moves,
+        refine_moves(doc_first, moved, list(self.wrk), max_moves=self.max_moves,
                      tok=None if token_cost is None else list(self.tok), token_cost=token_cost or 0.0,
                      cap_t=self.cap_t, bounds=self._boundaries, sides=self._sides)
         key = (tuple(starts), tuple(ends))  # moves never change a segment's part: equal bounds, equal placement
         if key not in self._by_segments:
             doc, start, end, part = self._whole
-            self._by_segments[key] = _finish(self.name, self.n_parts, np.concatenate([_int64(self.seg_doc), doc]),
+            self._by_segments[key] = _finish(self.name, self.n_parts, np.concatenate([_int64(segs.doc), doc]),
                                              np.concatenate([_int64(starts), start]),
                                              np.concatenate([_int64(ends), end]), np.concatenate([_int64(parts), part]))
         return self._by_segments[key]
@@ -72,12 +72,12 @@ class Greedy:
     @functools.cached_property
     def _boundaries(self) -> list[int]:
         """:func:`.refine.boundaries` of the segments (every refinement starts from them)."""
-        return boundaries(self.seg_doc, self.seg_start, self.seg_end, self.seg_part)
+        return boundaries(self.segments)
 
     @functools.cached_property
     def _sides(self) -> Sides:
         """:func:`.refine.boundary_sides` of the segments (every refinement of the pass reads them)."""
-        return boundary_sides(self._boundaries, self.seg_part, self.n_parts)
+        return boundary_sides(self._boundaries, self.segments.part, self.n_parts)
 
     @functools.cached_property
     def _whole(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

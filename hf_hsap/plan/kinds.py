@@ -23,7 +23,7 @@ class KindPlan:
     round_order: str  # "batched" or "by_peer"
 
 
-def plan_kind(layout: Layout, pl: Placement, window: Window, cost: CostModel, budget: int | None, rounds: str,
+def plan_kind(layout: Layout, pl: Placement, window: Window, cost: CostModel, budget: int | None, rounds: str, *,
               transfers: Transfers | None = None, order_times: RoundOrderTimes | None = None) -> KindPlan:
     """The :class:`KindPlan` of mask kind ``window``; ``rounds``: ``"auto"`` (:func:`.simulation.round_order`),
     ``"batched"`` or ``"by_peer"``; ``transfers``, ``order_times`` (:func:`round_order_times`): when already known."""

@@ -100,7 +100,7 @@ def run_steps(steps: Sequence[Step], handlers: Mapping[str, Callable[[int], None
 
 
 def simulate_steps(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
-                   peers: np.ndarray, ret: np.ndarray | None = None, start: np.ndarray | None = None) -> np.ndarray:
+                   peers: np.ndarray, ret: np.ndarray | None = None, *, start: np.ndarray | None = None) -> np.ndarray:
     """``[R]`` each part's clock after running ``steps`` (every part runs the same steps). A transfer starts when
     both ends have posted it and both ends' links are free; a return, when both ends have sent it. Waiting moves a
     part's clock to the arrival; compute adds to it.
@@ -156,7 +156,7 @@ STEADY_LAYERS = (1, 1)  # simulate_layers: layers run before the measured ones, 
 
 
 def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, work: np.ndarray,
-                    peers: np.ndarray, ret: np.ndarray | None, before: np.ndarray, after: np.ndarray,
+                    peers: np.ndarray, ret: np.ndarray | None, *, before: np.ndarray, after: np.ndarray,
                     layers: tuple[int, int] = STEADY_LAYERS) -> np.ndarray:
     """``[R]`` each part's time per layer once consecutive layers run ``steps`` in steady state: each part starts
     layer ``l + 1`` (its ``before`` work, e.g. q/k/v projections) when done with layer ``l`` (its ``after`` work),
@@ -172,5 +172,5 @@ def simulate_layers(steps: Sequence[Step], local: np.ndarray, xfer: np.ndarray, 
     for layer in range(warm + measured):
         if layer == warm:
             mark = clock
-        clock = simulate_steps(steps, local, xfer, work, peers, ret, clock + before) + after
+        clock = simulate_steps(steps, local, xfer, work, peers, ret, start=clock + before) + after
     return (clock - mark) / measured

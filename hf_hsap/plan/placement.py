@@ -68,7 +68,7 @@ def rows_work(u, v):
     return (v * (v + 1) - u * (u + 1)) // 2
 
 
-def _finish(name: str, n_parts: int, doc, start, end, part, ordered: bool = False) -> Placement:
+def _finish(name: str, n_parts: int, doc, start, end, part, *, ordered: bool = False) -> Placement:
     """The placement of segments ``(doc, start, end, part)`` in any order, empty ones dropped; ``ordered``: they
     are by (part, start) already and none is empty."""
     doc, start, end, part = (np.asarray(x, dtype=np.int64) for x in (doc, start, end, part))

@@ -79,8 +79,8 @@ def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, re
     kinds, layers = mask_kinds(windows, layout)
     search = Search(layout, group.n_parts, cost, token_slack, U, layers, recv_budget_tokens, rounds)
     pl, trs = _place(search, placement)
-    per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, trs[w],
-                             None if w is not None else search.orders(pl, trs[w])) for w in kinds}
+    per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, transfers=trs[w],
+                             order_times=None if w is not None else search.orders(pl, trs[w])) for w in kinds}
     for w, k in per_kind.items():
         logger.debug("planned %d tokens, %d documents over %d ranks (U=%d), mask %s (%d layers): placement %r, "
                      "rounds %r (%d), %d KV tokens moved", layout.total_tokens, layout.n_docs, group.size, U,

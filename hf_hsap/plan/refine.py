@@ -9,20 +9,20 @@ import math
 from typing import Callable
 
 from .placement import rows_work
+from .segments import Segments
 
 Sides = tuple[list[list[tuple[int, int, bool]]], dict[int, dict[int, list[int]]]]  # what boundary_sides returns
 
 
-def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int], seg_end: list[int],
-                 seg_part: list[int], wrk: list[float], max_moves: int, tok: list[float] | None = None,
-                 token_cost: float = 0.0, cap_t: float = math.inf, bounds: list[int] | None = None,
-                 sides: Sides | None = None) -> int:
+def refine_moves(doc_first: list[int], segs: Segments, wrk: list[float], max_moves: int, *,
+                 tok: list[float] | None = None, token_cost: float = 0.0, cap_t: float = math.inf,
+                 bounds: list[int] | None = None, sides: Sides | None = None) -> int:
     """Lower the largest part load by repeating the busiest part's best move until none lowers it.
 
     Args:
         doc_first: every document's first position (``cu_seqlens[:-1]``). max_moves: the most moves.
-        seg_doc, seg_start, seg_end, seg_part: the segments (global ``[start, end)``), each document's consecutive
-            and in order; updated in place. wrk: every part's work (pairs), updated in place.
+        segs: the segments, each document's consecutive and in order; their bounds are moved in place.
+        wrk: every part's work (pairs), updated in place.
         tok: every part's tokens, updated in place (None: exchanges only). token_cost: a token's price in pairs
             (load: ``work + token_cost * tokens``). cap_t: no slide takes a part above it. bounds: :func:`boundaries`.
         sides: :func:`boundary_sides` of ``bounds``, if known.
@@ -30,10 +30,10 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     Returns:
         The number of moves made.
     """
-    bounds = boundaries(seg_doc, seg_start, seg_end, seg_part) if bounds is None else bounds
+    bounds = boundaries(segs) if bounds is None else bounds
     if not bounds:
         return 0
-    by_part, by_nbr = boundary_sides(bounds, seg_part, len(wrk)) if sides is None else sides
+    by_part, by_nbr = boundary_sides(bounds, segs.part, len(wrk)) if sides is None else sides
     tokens = tok if tok is not None else [0.0] * len(wrk)  # token-neutral: the load is the work
     load = [w + token_cost * t for w, t in zip(wrk, tokens)]
     moves = 0
@@ -44,19 +44,19 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
             by_nbr[p] = {}
             for a, q, _ in mine:  # neighbours in the order of their first boundary
                 by_nbr[p].setdefault(q, []).append(a)
-        exchange = _best_exchange(p, by_nbr[p], doc_first, seg_doc, seg_start, seg_end, seg_part, load)
+        exchange = _best_exchange(p, by_nbr[p], doc_first, segs, load)
         slide = None
         if tok is not None:
-            slide = _best_slide(p, mine, doc_first, seg_doc, seg_start, seg_end, load, tok, token_cost, cap_t)
+            slide = _best_slide(p, mine, doc_first, segs, load, tok=tok, token_cost=token_cost, cap_t=cap_t)
         if slide is not None and (exchange is None or slide[0] < exchange[0]):
             _, q, x, a, work = slide
-            _shift(a, seg_part[a] == p, x, seg_start, seg_end)
+            _shift(a, segs.part[a] == p, x, segs)
             tokens[p] -= x
             tokens[q] += x
         elif exchange is not None:
             _, q, x, give, take, work = exchange
-            _shift(give, seg_part[give] == p, x, seg_start, seg_end)
-            _shift(take, seg_part[take] == q, x, seg_start, seg_end)
+            _shift(give, segs.part[give] == p, x, segs)
+            _shift(take, segs.part[take] == q, x, segs)
         else:
             return moves
         wrk[p] -= work
@@ -67,9 +67,10 @@ def refine_moves(doc_first: list[int], seg_doc: list[int], seg_start: list[int],
     return moves
 
 
-def boundaries(seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int]) -> list[int]:
+def boundaries(segs: Segments) -> list[int]:
     """The movable boundaries, ascending, each named by its left segment ``a``: segments ``a`` and ``a + 1`` are
     adjacent rows of one document on different parts."""
+    seg_doc, seg_start, seg_end, seg_part = segs.doc, segs.start, segs.end, segs.part
     return [a for a in range(len(seg_doc) - 1)
             if seg_doc[a] == seg_doc[a + 1] and seg_end[a] == seg_start[a + 1] and seg_part[a] != seg_part[a + 1]]
 
@@ -85,28 +86,28 @@ def boundary_sides(bounds: list[int], seg_part: list[int], n_parts: int) -> Side
     return by_part, {}
 
 
-def _shift(a: int, left_gives: bool, x: int, seg_start: list[int], seg_end: list[int]) -> None:
+def _shift(a: int, left_gives: bool, x: int, segs: Segments) -> None:
     """Move ``x`` rows across boundary ``a``: from the left segment to the right one, or back."""
     d = -x if left_gives else x
-    seg_end[a] += d
-    seg_start[a + 1] += d
+    segs.end[a] += d
+    segs.start[a + 1] += d
 
 
-def _moved(a: int, left_gives: bool, x: int, doc_first: list[int], seg_doc: list[int],
-           seg_start: list[int], seg_end: list[int]) -> tuple[int, int]:
+def _moved(a: int, left_gives: bool, x: int, doc_first: list[int], segs: Segments) -> tuple[int, int]:
     """Work of the ``x`` rows that would cross boundary ``a``, and the rows left in the giving segment."""
-    pos = seg_end[a] - doc_first[seg_doc[a]]  # the boundary, in document coordinates
+    seg_start, seg_end = segs.start, segs.end
+    pos = seg_end[a] - doc_first[segs.doc[a]]  # the boundary, in document coordinates
     if left_gives:
         return rows_work(pos - x, pos), seg_end[a] - seg_start[a] - x
     return rows_work(pos, pos + x), seg_end[a + 1] - seg_start[a + 1] - x
 
 
-def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
-                   seg_doc: list[int], seg_start: list[int], seg_end: list[int], seg_part: list[int],
+def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int], segs: Segments,
                    load: list[float]) -> tuple[float, int, int, int, int, float] | None:
     """The exchange of ``p`` with a neighbour (``shared``: ``p``'s boundaries by neighbour) that lowers the pair's peak
     most: ``(new peak, q, x, give boundary, take boundary, work moved)``, or None. Only the two latest boundaries give
     and the two earliest take (the most work per row)."""
+    seg_doc, seg_end, seg_part = segs.doc, segs.end, segs.part
     best, best_peak = None, load[p]
     for q, bs in shared.items():
         gap = load[p] - load[q]
@@ -125,8 +126,8 @@ def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
                 for xx in (x - 1, x, x + 1):
                     if xx < 1:
                         continue
-                    w_g, left_g = _moved(g, g_left, xx, doc_first, seg_doc, seg_start, seg_end)
-                    w_t, left_t = _moved(t, t_left, xx, doc_first, seg_doc, seg_start, seg_end)
+                    w_g, left_g = _moved(g, g_left, xx, doc_first, segs)
+                    w_t, left_t = _moved(t, t_left, xx, doc_first, segs)
                     if left_g < 1 or left_t < 1:
                         continue
                     delta = w_g - w_t
@@ -136,12 +137,13 @@ def _best_exchange(p: int, shared: dict[int, list[int]], doc_first: list[int],
     return best
 
 
-def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int], seg_doc: list[int],
-                seg_start: list[int], seg_end: list[int], load: list[float], tok: list[float],
-                token_cost: float, cap_t: float) -> tuple[float, int, int, int, float] | None:
+def _best_slide(p: int, mine: list[tuple[int, int, bool]], doc_first: list[int], segs: Segments,
+                load: list[float], *, tok: list[float], token_cost: float,
+                cap_t: float) -> tuple[float, int, int, int, float] | None:
     """The slide over one of ``p``'s boundaries (``mine``, as ``by_part[p]``) that lowers the pair's peak load most:
     ``(new peak, q, x, boundary, work moved)`` or None. ``p`` keeps a row of the segment; ``q`` stays within ``cap_t``
     tokens."""
+    seg_doc, seg_start, seg_end = segs.doc, segs.start, segs.end
     best, best_peak = None, load[p]
     nbr = [(load[q], a, q, left) for a, q, left in mine]  # (load, a) sort them: a is unique
     if not nbr or min(nbr)[0] + token_cost >= best_peak:  # the loop below would stop at its first neighbour

@@ -149,7 +149,7 @@ def _item_segments(entries: list[tuple[int, int, np.ndarray]]) -> tuple[Segment,
     return tuple(out) if len(out) <= MAX_RUNS else None
 
 
-def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, k_start, k_end, k_off) -> tuple[WorkItem, ...]:
+def _remote_items(layout: Layout, q_doc, q_start, q_end, q_local, *, k_start, k_end, k_off) -> tuple[WorkItem, ...]:
     """Remote items of one round (module docstring). ``q_*``: the part's segments; ``k_*``: received pieces and
     their offsets in the receive buffer."""
     if k_start.shape[0] == 0:
@@ -227,6 +227,7 @@ def compile_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, part: i
     rounds = []
     for t in range(pieces.n_rounds):
         io = round_io(pieces, part, t)
-        items = _remote_items(layout, q_doc, q_start, q_end, q_local, io.k_start, io.k_end, io.k_off)
+        items = _remote_items(layout, q_doc, q_start, q_end, q_local, k_start=io.k_start, k_end=io.k_end,
+                              k_off=io.k_off)
         rounds.append(io.round(items))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv)

@@ -17,21 +17,23 @@ def share_room(cap_t: float, L: int, k: int | np.ndarray) -> float | np.ndarray:
     return cap_t - split_share_max(L, k)
 
 
-def choose(by_load: list[int], L: int, w: float, k0: int, P: int, tok: list[float], wrk: list[float],
+def choose(by_load: list[int], L: int, w: float, k0: int, *, n_parts: int, tok: list[float], wrk: list[float],
            caps: tuple[float, float, float], rho: float) -> tuple[int, list[int]] | None:
     """``(which test, the parts)`` a document of ``L`` tokens and ``w`` pairs goes to, or None: the fewest least-loaded
     parts (``k >= k0``; ``by_load``: least loaded first) that can each take a ``1/k`` share within the work cap and the
     remaining documents' work (``rho`` pairs per token), else the work cap alone, else at equal work shares (the token
-    cap always; :func:`_scan`); a document needing most parts goes to all. ``tok``, ``wrk``: every part's figures."""
+    cap always; :func:`_scan`); a document needing most parts goes to all. ``tok``, ``wrk``: every part's figures
+    (``n_parts`` of each)."""
+    P = n_parts
     ks = range(P if 2 * k0 > P else k0, min(P, L) + 1)  # every part when more than half would take it
     for j, r in enumerate((rho, 0.0, None)):
-        chosen = _scan(by_load, L, w, ks, tok, wrk, caps, r)
+        chosen = _scan(by_load, L, w, ks, tok=tok, wrk=wrk, caps=caps, rho=r)
         if chosen is not None:
             return j, chosen
     return None
 
 
-def _scan(by_load: list[int], L: int, w: float, ks: range, tok: list[float], wrk: list[float],
+def _scan(by_load: list[int], L: int, w: float, ks: range, *, tok: list[float], wrk: list[float],
           caps: tuple[float, float, float], rho: float | None) -> list[int] | None:
     """The first ``k`` parts of ``by_load`` that fit at the fewest ``k`` of ``ks`` that can: within the token cap and,
     unless ``rho`` is None, the work cap even once filled up to ``mean_t`` tokens at ``rho`` pairs per token."""

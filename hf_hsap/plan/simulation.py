@@ -83,7 +83,7 @@ def simulated(layout: Layout, pl: Placement, tr: Transfers, cost: CostModel, bud
     qkv = cost.qkv_share
     f, b = ATTENTION_FWD, ATTENTION_BWD
     fwd = simulate_layers(forward_steps(shape), f * local, xfer, f * tab.remote_work, tab.peers, None,
-                          gemm * qkv / 3, gemm * (1 - qkv) / 3)
+                          before=gemm * qkv / 3, after=gemm * (1 - qkv) / 3)
     bwd = simulate_layers(backward_steps(shape), b * local, xfer, b * tab.remote_work, tab.peers, ret,
-                          gemm * (1 - qkv) * 2 / 3, gemm * qkv * 2 / 3)
+                          before=gemm * (1 - qkv) * 2 / 3, after=gemm * qkv * 2 / 3)
     return float((fwd + bwd).max()), {order: sim[:3] for order, sim in times.items()}

@@ -36,7 +36,7 @@ class _Lines:
         return self.cost.time_of(x[0] + y[0], x[1] + y[1], x[2] + y[2], x[3] + y[3])
 
 
-def _most_long(lines: _Lines, a: int, lo: int, hi: int, b: int, b_end, target: float) -> tuple[int, float]:
+def _most_long(lines: _Lines, a: int, lo: int, hi: int, b: int, b_end, *, target: float) -> tuple[int, float]:
     """The largest ``m`` in ``[lo, hi]`` (``lo`` must fit) whose part, ``m`` rows of the long line and the short line up
     to ``b_end(m)``, keeps within ``target``, and its time: a bisection."""
     t = lines.time(a, a + lo, b, b_end(lo))
@@ -73,17 +73,17 @@ def _fill(lines: _Lines, n_parts: int, target: float, cap: int, min_tokens: int)
                 b, slowest, total = s, max(slowest, t), total + t
                 continue
             m, t = _most_long(lines, a, max(0, min_tokens - (B - b)), min(most, A - a), b,
-                              lambda m: min(b + most - m, B), target)
+                              lambda m: min(b + most - m, B), target=target)
             if t > target:  # its fewest long rows (the short line nearly used up) do not keep within the target
                 return stopped
             s = min(b + most - m, B)
             if s == B and m < min(most - (B - b), A - a):  # the short line ran out: the most of the long alone
-                m, t = _most_long(lines, a, m, min(most - (B - b), A - a), b, lambda m: B, target)
+                m, t = _most_long(lines, a, m, min(most - (B - b), A - a), b, lambda m: B, target=target)
         else:
             s = b
             if lines.time(a, a + min_tokens, b, b) > target:
                 return stopped
-            m, t = _most_long(lines, a, min_tokens, min(most, A - a), b, lambda m: b, target)
+            m, t = _most_long(lines, a, min_tokens, min(most, A - a), b, lambda m: b, target=target)
         a, b = a + m, s
         cuts.append((a, b))
         slowest, total = max(slowest, t), total + t

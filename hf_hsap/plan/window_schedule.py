@@ -49,7 +49,7 @@ def _items(blocks: list[Block], kv_source: str, kv_total: int) -> tuple[WorkItem
     return tuple(items)
 
 
-def _blocks(qa: int, qb: int, q_row: int, ka: int, kb: int, k_row: int, window: int) -> list[Block]:
+def _blocks(qa: int, qb: int, q_row: int, ka: int, kb: int, k_row: int, *, window: int) -> list[Block]:
     """:func:`~.windows.band_blocks` of queries ``[qa, qb)``, keys ``[ka, kb)``, as rows from ``q_row``, ``k_row``."""
     return [(m, q_row + a - qa, b - a, k_row + c - ka, d - c) for m, a, b, c, d in band_blocks(qa, qb, ka, kb, window)]
 
@@ -71,7 +71,7 @@ def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, 
             g = s - 1  # a document's segments are consecutive here (sorted by start, documents contiguous)
             while g >= 0 and q_doc[g] == q_doc[s] and q_end[g] + window - 1 > q_start[s]:
                 extra += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), int(q_start[g]),
-                                 int(q_end[g]), int(q_local[g]), window)
+                                 int(q_end[g]), int(q_local[g]), window=window)
                 g -= 1
     rounds = []
     for t in range(pieces.n_rounds):
@@ -80,7 +80,7 @@ def compile_window_schedule(layout: Layout, pl: Placement, pieces: RoundPieces, 
         blocks: list[Block] = []
         for ks, ke, ko, d in zip(io.k_start.tolist(), io.k_end.tolist(), io.k_off.tolist(), k_doc.tolist()):
             for s in np.nonzero((q_doc == d) & (q_start >= ke) & (q_start < ke + window - 1))[0].tolist():
-                blocks += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), ks, ke, ko, window)
+                blocks += _blocks(int(q_start[s]), int(q_end[s]), int(q_local[s]), ks, ke, ko, window=window)
         rounds.append(io.round(_items(blocks, "recv", io.recv_total)))
     return Schedule(part, n_local, local_item, tuple(rounds), keep_recv=keep_recv,
                     extra_local=_items(extra, "local", n_local), window=window)

@@ -166,7 +166,7 @@ def _masked_check(kernel, dtype: torch.dtype, shapes, causal: bool, window: int 
     q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
     kw = {} if softcap is None else {"softcap": softcap}
     out, lse = kernel.forward(q, k, v, spec, 0.09, **kw)
-    grads = kernel.backward(dout, q, k, v, out, lse, spec, 0.09, **kw)
+    grads = kernel.backward(dout, q, k, v, out, lse, spec=spec, scale=0.09, **kw)
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen), "rows that see no key must have an infinite lse, the others finite"
     assert not bool(out[~seen].abs().any()), "rows that see no key must have output 0"
@@ -225,7 +225,8 @@ def test_sinks_on_every_kernel(window: int | None, softcap: float | None) -> Non
                                                                           and not _torch_op_has_windows())):
             continue  # refused (tested above)
         got = [x.to(dtype).requires_grad_(True) for x in (q, k, v)] + [sinks.clone().requires_grad_(True)]
-        out = varlen_attention(*got[:3], cu, None, True, 0.09, kernel, window=window, softcap=softcap, sinks=got[3])
+        out = varlen_attention(*got[:3], cu, None, True, softmax_scale=0.09, kernel=kernel, window=window,
+                               softcap=softcap, sinks=got[3])
         grads = torch.autograd.grad(out, got, dout.to(dtype))
         assert rel_err(out, ref_out) < tol, f"{kernel.name} out: {rel_err(out, ref_out):.2e}"
         for name, gr, want in zip(("dq", "dk", "dv", "dsinks"), grads, ref):

@@ -132,7 +132,7 @@ def test_lse_output_gets_no_zero_gradient(monkeypatch):
     res = check_attention_local(cu_of([5, 1, 17, 9]), "float64")
     assert seen == [None]
     assert max(res.values()) <= 1e-9
-    assert backward(None, None, None) == (None,) * 10
+    assert backward(None, None, None) == (None,) * 5  # q, k, v, sinks and the call
 
 def check_attention_local(cu, dtype):
     import torch

@@ -61,7 +61,7 @@ def _check(kernel, dtype, shapes, causal: bool, w: int | None, softcap: float | 
     ref = torch.autograd.grad(ref_out, (qr, kr, vr), dout)
     q, k, v, dout = (x.to(dtype) for x in (q, k, v, dout))
     out, lse = kernel.forward(q, k, v, spec, scale, softcap=softcap)
-    grads = kernel.backward(dout, q, k, v, out, lse, spec, scale, softcap=softcap)
+    grads = kernel.backward(dout, q, k, v, out, lse, spec=spec, scale=scale, softcap=softcap)
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen) and not bool(out[~seen].abs().any())
     assert _err(lse[seen], ref_lse[seen]) < tol
@@ -155,7 +155,7 @@ def _record(monkeypatch, kernel, spec, q, k, v, dout):
     monkeypatch.setattr(cpu, "_FWD", fwd)
     monkeypatch.setattr(cpu, "_BWD", bwd)
     out, lse = kernel.forward(q, k, v, spec, 0.3)
-    grads = kernel.backward(dout, q, k, v, out, lse, spec, 0.3)
+    grads = kernel.backward(dout, q, k, v, out, lse, spec=spec, scale=0.3)
     monkeypatch.undo()
     return fwd.calls, bwd.calls, (out, lse, *grads)
 
@@ -237,19 +237,20 @@ def test_in_place_segments_sharing_query_rows(name: str, causal: bool, w: int | 
     # fresh: every segment at once on empty accumulators
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
-    kernel.forward_into(q, k, v, SHARED, causal, scale, out, lse, True, **kw)
+    kernel.forward_into(q, k, v, segments=SHARED, causal=causal, scale=scale, out=out, lse=lse, fresh=True, **kw)
     assert torch.equal(torch.isfinite(lse), seen) and not bool(out[~seen].abs().any())
     assert _err(out, ref_out) < TOL["float64"] and _err(lse[seen], ref_lse[seen]) < TOL["float64"]
     # merged: the first segment fresh, the others merged into it in a second call
     out2 = torch.zeros(q.shape, dtype=torch.float64)
     lse2 = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
-    kernel.forward_into(q, k, v, SHARED[:1], causal, scale, out2, lse2, fresh=True, **kw)
-    kernel.forward_into(q, k, v, SHARED[1:], causal, scale, out2, lse2, **kw)
+    kernel.forward_into(q, k, v, segments=SHARED[:1], causal=causal, scale=scale, out=out2, lse=lse2, fresh=True, **kw)
+    kernel.forward_into(q, k, v, segments=SHARED[1:], causal=causal, scale=scale, out=out2, lse=lse2, **kw)
     assert _err(out2, ref_out) < TOL["float64"] and _err(lse2[seen], ref_lse[seen]) < TOL["float64"]
     # backward: gradients added to what the accumulators held
     base = [torch.full(x.shape, 0.25, dtype=torch.float64) for x in (q, k, v)]
     dq, dk, dv = (b.clone() for b in base)
-    kernel.backward_into(dout, q, k, v, out, lse, SHARED, causal, scale, dq, dk, dv, **kw)
+    kernel.backward_into(dout, q, k, v, out, lse, segments=SHARED, causal=causal, scale=scale, dq=dq, dk=dk, dv=dv,
+                         **kw)
     for name_, got, b, want in zip(("dq", "dk", "dv"), (dq, dk, dv), base, ref):
         assert _err(got - b, want) < TOL["float64"], name_
 
@@ -260,11 +261,11 @@ def test_in_place_positional_contract_unchanged() -> None:
     kernel, segs = TorchCPUFlashKernel(), [(0, 30, 0, 30)]
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
-    kernel.forward_into(q, k, v, segs, True, 0.5, out, lse, True)
+    kernel.forward_into(q, k, v, segments=segs, causal=True, scale=0.5, out=out, lse=lse, fresh=True)
     ref_out, ref_lse = reference_varlen_attention(q, k, v, VarlenSpec.from_lengths([30], [30], True), 0.5)
     assert rel_err(out, ref_out) < TOL["float64"] and rel_err(lse, ref_lse) < TOL["float64"]
     dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float64) for x in (q, k, v))
-    kernel.backward_into(dout, q, k, v, out, lse, segs, True, 0.5, dq, dk, dv)
+    kernel.backward_into(dout, q, k, v, out, lse, segments=segs, causal=True, scale=0.5, dq=dq, dk=dk, dv=dv)
     assert dq.abs().sum() > 0 and dk.abs().sum() > 0 and dv.abs().sum() > 0
 
 
@@ -316,7 +317,8 @@ def test_sinks_through_varlen_attention(name: str, dtype: torch.dtype) -> None:
         ref_out, ref_lse = reference_attention(*leaves[:3], cu, 0.5, window=window, softcap=cap, sinks=leaves[3])
         ref = torch.autograd.grad(ref_out, leaves, dout)
         got_leaves = [x.to(dtype).requires_grad_(True) for x in (q, k, v, sinks)]
-        out = varlen_attention(*got_leaves[:3], cu, None, True, 0.5, KERNELS[name], window=window, softcap=cap,
+        out = varlen_attention(*got_leaves[:3], cu, None, True, softmax_scale=0.5, kernel=KERNELS[name], window=window,
+                               softcap=cap,
                                sinks=got_leaves[3])
         grads = torch.autograd.grad(out, got_leaves, dout.to(dtype))
         assert out.dtype == dtype and _err(out, ref_out) < FTOL[dtype]
@@ -341,7 +343,7 @@ def test_references_agree_with_windows_softcap_and_sinks() -> None:
 
 def test_old_positional_varlen_call_still_works() -> None:
     q, k, v, _ = _inputs(20, 20, seed=8)
-    out = varlen_attention(q, k, v, [0, 12, 20], [0, 12, 20], True, 0.3, MathKernel())
+    out = varlen_attention(q, k, v, [0, 12, 20], [0, 12, 20], True, softmax_scale=0.3, kernel=MathKernel())
     ref, _ = reference_attention(q, k, v, [0, 12, 20], 0.3)
     assert rel_err(out, ref) < TOL["float64"]
 
@@ -354,7 +356,7 @@ def test_torch_cuda_flash_refuses_softcap_and_missing_windows(monkeypatch) -> No
     with pytest.raises(ValueError, match="flash-attn >= 2.7.*prefer='math'"):
         kernel.forward(q, k, v, spec, 0.3, softcap=30.0)
     with pytest.raises(ValueError, match="flash-attn >= 2.7"):
-        kernel.backward(dout, q, k, v, q, q[:, :, 0], spec, 0.3, softcap=30.0)
+        kernel.backward(dout, q, k, v, q, q[:, :, 0], spec=spec, scale=0.3, softcap=30.0)
     from hf_hsap.kernels import cuda
 
     monkeypatch.setattr(cuda, "_has_window_args", lambda op: False)

@@ -27,8 +27,8 @@ class GatheredKernel:
     def forward(self, *args):
         return self.inner.forward(*args)
 
-    def backward(self, *args):
-        return self.inner.backward(*args)
+    def backward(self, *args, **kw):
+        return self.inner.backward(*args, **kw)
 
 
 class CountingKernel(TorchCPUFlashKernel):

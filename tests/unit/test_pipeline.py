@@ -127,8 +127,9 @@ def test_consecutive_layers_charge_a_lag_once():
     before, after = np.array([10.0, 1.0]), np.zeros(2)
     steps = forward_steps(pipeline_shape(1, False))
     assert simulate_steps(steps, local, xfer, work, peers, start=before).tolist() == [11.0, 11.5]
-    assert simulate_layers(steps, local, xfer, work, peers, None, before, after).tolist() == [11.0, 11.0]
-    alone = simulate_layers(steps, local, np.zeros((2, 1)), work, np.zeros_like(peers), None, before, after + 2)
+    assert simulate_layers(steps, local, xfer, work, peers, None, before=before, after=after).tolist() == [11.0, 11.0]
+    alone = simulate_layers(steps, local, np.zeros((2, 1)), work, np.zeros_like(peers), None, before=before,
+                            after=after + 2)
     assert alone.tolist() == [13.0, 5.0]  # before + local + work + after of each part
 
 

@@ -11,6 +11,7 @@ import hf_hsap.plan.greedy as greedy_mod
 from helpers import assert_covers_once, ci_examples
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.refine import refine_moves
+from hf_hsap.plan.segments import Segments
 
 
 def _placements(lengths: list[int], P: int, slack: float, token_cost: float | None = None):
@@ -53,7 +54,8 @@ def test_refinement_evens_out_a_dual_chunk_split() -> None:
     for d, a, b, p in zip(seg_doc, seg_start, seg_end, seg_part):
         wrk[p] += work(a, b, doc_first[d])
     before = list(wrk)
-    moves = refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, max_moves=10)
+    segs = Segments(seg_doc, seg_start, seg_end, seg_part)  # the lists above, moved in place
+    moves = refine_moves(doc_first, segs, wrk, max_moves=10)
     assert moves >= 1
     recomputed = [0.0, 0.0]
     for d, a, b, p in zip(seg_doc, seg_start, seg_end, seg_part):
@@ -104,9 +106,9 @@ def test_a_slide_reaches_a_neighbour_across_one_boundary() -> None:
         tok[p] += b - a
     token_cost = 100.0
     load_before = [w + token_cost * t for w, t in zip(wrk, tok)]
-    assert refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, list(wrk), 10) == 0  # token-neutral
-    moves = refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, 10, tok=tok, token_cost=token_cost,
-                        cap_t=400)
+    segs = Segments(seg_doc, seg_start, seg_end, seg_part)  # the lists above, moved in place
+    assert refine_moves(doc_first, segs, list(wrk), 10) == 0  # token-neutral
+    moves = refine_moves(doc_first, segs, wrk, 10, tok=tok, token_cost=token_cost, cap_t=400)
     assert moves >= 1
     recomputed_w, recomputed_t = [0.0, 0.0], [0.0, 0.0]
     for d, a, b, p in zip(seg_doc, seg_start, seg_end, seg_part):
@@ -131,7 +133,8 @@ def test_a_slide_far_from_the_document_start_is_sized_exactly() -> None:
     wrk = [float(rows_work(100, 2000)), float(rows_work(0, 100) + rows_work(0, 1000))]
     tok = [1900.0, 1100.0]
     before = max(wrk)
-    assert refine_moves(doc_first, seg_doc, seg_start, seg_end, seg_part, wrk, 10, tok=tok, token_cost=0.0) >= 1
+    segs = Segments(seg_doc, seg_start, seg_end, seg_part)  # the lists above, moved in place
+    assert refine_moves(doc_first, segs, wrk, 10, tok=tok, token_cost=0.0) >= 1
     assert max(wrk) < 0.65 * before and abs(wrk[0] - wrk[1]) < 2500  # even within about one row (~1224 pairs)
     assert tok == [2000.0 - seg_end[0], seg_end[0] + 1000.0]
 

@@ -55,22 +55,22 @@ def _recording_kernel(base, log: list[Step]):
                 log.append(Step(LOCAL))
             return super().forward(q, k, v, spec, scale)
 
-        def backward(self, dout, q, k, v, out, lse, spec, scale):
+        def backward(self, dout, q, k, v, out, lse, *, spec, scale):
             if spec.causal:
                 log.append(Step(LOCAL))
-            return super().backward(dout, q, k, v, out, lse, spec, scale)
+            return super().backward(dout, q, k, v, out, lse, spec=spec, scale=scale)
 
     if hasattr(base, "forward_into"):
         class RecordingInPlace(Recording):
-            def forward_into(self, q, k, v, segments, causal, *args, **kwargs):
-                if causal:
+            def forward_into(self, q, k, v, **kwargs):
+                if kwargs["causal"]:
                     log.append(Step(LOCAL))
-                return super().forward_into(q, k, v, segments, causal, *args, **kwargs)
+                return super().forward_into(q, k, v, **kwargs)
 
-            def backward_into(self, dout, q, k, v, out, lse, segments, causal, *args, **kwargs):
-                if causal:
+            def backward_into(self, dout, q, k, v, out, lse, **kwargs):
+                if kwargs["causal"]:
                     log.append(Step(LOCAL))
-                return super().backward_into(dout, q, k, v, out, lse, segments, causal, *args, **kwargs)
+                return super().backward_into(dout, q, k, v, out, lse, **kwargs)
 
         return RecordingInPlace()
     return Recording()
@@ -92,10 +92,10 @@ def _executed(plan, kernel_cls) -> list[tuple[list[Step], list[Step]]]:
         fwd_log, bwd_log = logs[p]
         with lock:
             ex = hub.executor(p)
-        out, lse, recvs = sap_forward(ql, kl, vl, sched, _RecordingExecutor(ex, fwd_log),
-                                      _recording_kernel(kernel_cls(), fwd_log), D ** -0.5)
-        sap_backward(dl, ql, kl, vl, out, lse, recvs, sched, _RecordingExecutor(ex, bwd_log),
-                     _recording_kernel(kernel_cls(), bwd_log), D ** -0.5)
+        out, lse, recvs = sap_forward(ql, kl, vl, sched=sched, executor=_RecordingExecutor(ex, fwd_log),
+                                      kernel=_recording_kernel(kernel_cls(), fwd_log), scale=D ** -0.5)
+        sap_backward(dl, ql, kl, vl, out, lse, recvs=recvs, sched=sched, executor=_RecordingExecutor(ex, bwd_log),
+                     kernel=_recording_kernel(kernel_cls(), bwd_log), scale=D ** -0.5)
 
     hub.run(part_fn)
     return logs
