@@ -113,7 +113,7 @@ class _FusedLinearCE(torch.autograd.Function):
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                               labels: torch.Tensor, tile_tokens: int, softcap: float | None = None,
+                               labels: torch.Tensor, tile_tokens: int, *, softcap: float | None = None,
                                scale: float = 1.0) -> torch.Tensor:
     """Summed cross-entropy of the head's logits without materialising them (module docstring).
 

@@ -140,8 +140,8 @@ class ChunkedLMHead(nn.Linear):
         if labels.numel() != flat.shape[0]:
             raise ValueError(f"shift_labels hold {labels.numel()} targets for {flat.shape[0]} hidden states")
         valid = labels != IGNORE_INDEX
-        nll = fused_linear_cross_entropy(flat, self.weight, self.bias, labels, self.tile_tokens, self.softcap,
-                                         self.scale)
+        nll = fused_linear_cross_entropy(flat, self.weight, self.bias, labels, self.tile_tokens,
+                                         softcap=self.softcap, scale=self.scale)
         n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
         request.loss = nll * request.grad_scale / n
         # The empty logits hang off the loss: a wrapper that finds the used parameters by walking the graph from

@@ -41,7 +41,7 @@ def _polished(s: Search, current: Option) -> Placement | None:
     pl = current.placement
     if s.n_parts > POLISH_MAX_PARTS or pl.doc.size > POLISH_MAX_SEGMENTS:
         return None
-    moved = polish(s.layout, s.n_parts, s.cost, pl, s.token_slack)[1]
+    moved = polish(s.layout, s.n_parts, s.cost, pl, token_slack=s.token_slack)[1]
     return dataclasses.replace(moved, name=pl.name if pl.name.endswith("+polish") else f"{pl.name}+polish")
 
 

@@ -89,8 +89,9 @@ class _Part:
         return float(cost.time_of(total[0] + terms[0], total[1] + terms[1], total[2] + terms[2], total[3] + terms[3]))
 
 
-def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, token_slack: float = DEFAULT_TOKEN_SLACK,
-           max_moves: int = 30, max_rows: int = 20000) -> tuple[float, Placement]:
+def polish(layout: Layout, n_parts: int, cost: CostModel, start: Placement, *,
+           token_slack: float = DEFAULT_TOKEN_SLACK, max_moves: int = 30,
+           max_rows: int = 20000) -> tuple[float, Placement]:
     """The local search (module docstring) from ``start``. Deterministic, as every rank must find the same plan:
     it stops at a local optimum, after ``max_moves`` moves or once its re-pricings have read ``max_rows`` segments
     (a whole part's segments per re-pricing), never by a clock. Moves that cannot bring the peak below the best so

@@ -100,13 +100,13 @@ def test_fused_cross_entropy_is_exact_in_float64(softcap, scale, bias) -> None:
     want = F.cross_entropy(z, y, reduction="sum", ignore_index=-100)
     params = [h, w] + ([b] if bias else [])
     ref = torch.autograd.grad(want * 0.3, params)
-    got = fused_linear_cross_entropy(h, w, b, y, 5, softcap, scale)
+    got = fused_linear_cross_entropy(h, w, b, y, 5, softcap=softcap, scale=scale)
     assert abs(got.item() - want.item()) <= 1e-12 * want.item()
     for a, r in zip(torch.autograd.grad(got * 0.3, params), ref):
         assert torch.allclose(a, r, rtol=1e-12, atol=1e-14)
     with torch.no_grad():
-        assert fused_linear_cross_entropy(h, w, b, y, 4, softcap, scale).item() == pytest.approx(want.item(), 1e-12)
-    twice = fused_linear_cross_entropy(h, w, b, y, 5, softcap, scale)
+        assert fused_linear_cross_entropy(h, w, b, y, 4, softcap=softcap, scale=scale).item() == pytest.approx(want.item(), 1e-12)
+    twice = fused_linear_cross_entropy(h, w, b, y, 5, softcap=softcap, scale=scale)
     twice.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward"):
         twice.backward()

@@ -328,15 +328,15 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
     cost = cost_of(link)
     start = plan_layout(layout, GroupSpec.offline(P, 1, P), "balanced", cost=cost).placement
     t_start = float(part_times(layout, start, compute_transfers(start), cost).max())
-    t, pl = polish(layout, P, cost, start, 0.10)
+    t, pl = polish(layout, P, cost, start, token_slack=0.10)
     assert_covers_once(layout, pl)
     cap = math.ceil(layout.total_tokens / P) * 1.10  # no move fills a part past it (nor does the start)
     assert start.tokens_per_part().max() <= cap and pl.tokens_per_part().max() <= cap
     assert t == pytest.approx(float(part_times(layout, pl, compute_transfers(pl), cost).max()))
     assert t <= t_start * (1 + 1e-12)
-    again = polish(layout, P, cost, start, 0.10)[1]  # deterministic: every rank finds the same plan
+    again = polish(layout, P, cost, start, token_slack=0.10)[1]  # deterministic: every rank finds the same plan
     assert np.array_equal(again.start, pl.start) and np.array_equal(again.part, pl.part)
-    t0, _ = polish(layout, P, cost, start, 0.10, max_rows=0)  # no budget: nothing moves
+    t0, _ = polish(layout, P, cost, start, token_slack=0.10, max_rows=0)  # no budget: nothing moves
     assert t0 == pytest.approx(t_start)
 
 
@@ -356,7 +356,7 @@ def test_auto_polishes_its_winner_on_small_groups():
     s = Search(layout, 6, cost, 0.10)
     winner = cheapest_candidate(s)
     found = s.price(REFINEMENTS[0](s, winner))
-    t_searched = polish(layout, 6, cost, winner.placement, 0.10)[0]  # the winner searched alone
+    t_searched = polish(layout, 6, cost, winner.placement, token_slack=0.10)[0]  # the winner searched alone
     assert found.time == pytest.approx(t_searched) and found.time < winner.time * (1 - MARGIN)
     assert s.accepts(winner, found) and plan.placement_name == f"{winner.placement.name}+polish"
     t_auto = float(part_times(layout, plan.placement, plan.transfers, cost).max())
