@@ -41,5 +41,6 @@ def optimise_placement(layout: Layout, n_parts: int, cost: CostModel, start: Pla
               density(layout, n_parts, cost.token_cost, token_slack),
               contiguous(layout, n_parts)]
     starts += [start] if start is not None else []
-    found = [polish(layout, n_parts, cost, s, token_slack, max_moves, max_rows=math.inf) for s in starts]
+    found = [polish(layout, n_parts, cost, s, token_slack=token_slack, max_moves=max_moves, max_rows=math.inf)
+             for s in starts]
     return min(found, key=lambda f: f[0])[1]
