@@ -34,7 +34,7 @@ from ..mixers.layers import mixer_layers
 from ..model_state import MIXERS_READY, state_of
 from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
-from .plan_relay import probe_attention
+from .plan_relay import Probe, probe_attention
 from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, NO_HOOK,
                              NON_MIXING_LAYER_TYPES)
 
@@ -71,6 +71,8 @@ class ModelCheck:
             :func:`~.prepare.prepare_model` makes document-exact (each records the plan under SP).
         unreached_layers: class names of the attention layers the model's keyword arguments do not reach under SP
             (found by the probe; :func:`~.prepare.prepare_model` relays the plan to them).
+        no_positions_layers: class names of the attention layers that the ``position_ids`` of a direct call do not
+            reach (:func:`~.prepare.prepare_model` relays a packed row's documents to them).
     """
 
     family: str
@@ -78,6 +80,7 @@ class ModelCheck:
     chunk_size: int | None = None
     mixer_layers: int = 0
     unreached_layers: tuple[str, ...] = ()
+    no_positions_layers: tuple[str, ...] = ()
 
 
 def _family(config: Any) -> str:
@@ -252,8 +255,9 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
     """Refuse, before the first step, a model that ``attn_implementation="hsap"`` cannot run exactly; only reads.
 
-    Under SP a two-token probe forward (with an image for a vision-language model) finds the attention layers the
-    keyword arguments reach; it leaves the model as it was (hooks removed, random streams forked, no gradients).
+    Under SP or on packed rows a two-token probe forward (with an image for a vision-language model) finds the
+    attention layers the keyword arguments and the ``position_ids`` reach; it leaves the model as it was (hooks
+    removed, random streams forked, no gradients).
 
     Args:
         model: a Transformers model (e.g. ``AutoModelForCausalLM.from_pretrained(..., attn_implementation="hsap")``).
@@ -291,19 +295,21 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
             f"{family}: {', '.join(dropout)} has attention dropout > 0, which hf_hsap does not implement; pass "
             "disable_attention_dropout=True to hf_hsap.prepare_model (or load with attention_dropout=0.0)"
         )
-    n_layers, missing = len(attention), []
-    if sp_size == 1:
-        logger.debug("check_model: sp_size=1, so no probe of whether the keyword arguments reach the attention")
-    else:
+    probe = None
+    if sp_size > 1 or packed:  # whether the plan (SP) and the documents (a direct packed call) reach the attention
         probe = probe_attention(model, attention)
-        n_layers, missing, accepts = probe if probe is not None else (len(attention), [], True)
-        if missing and not accepts:
-            raise UnsupportedModelError(
-                f"{family}: the model's forward takes no extra keyword arguments, so shard_batch's plan cannot reach "
-                f"{', '.join(missing)} and every rank would attend to its own tokens only; use sp_size=1 (packed rows "
-                "are exact there) or a family whose forward takes **kwargs (Llama, Qwen2/3, Mistral, ...)")
+    else:
+        logger.debug("check_model: one document per row at sp_size=1, so no probe of the attention's arguments")
+    probe = probe or Probe(len(attention), (), True)
+    if sp_size > 1 and probe.unreached and not probe.accepts:
+        raise UnsupportedModelError(
+            f"{family}: the model's forward takes no extra keyword arguments, so shard_batch's plan cannot reach "
+            f"{', '.join(probe.unreached)} and every rank would attend to its own tokens only; use sp_size=1 (packed "
+            "rows are exact there) or a family whose forward takes **kwargs (Llama, Qwen2/3, Mistral, ...)")
+    n_layers = probe.layers if sp_size > 1 else len(attention)
     result = ModelCheck(family=family, attention_layers=n_layers, chunk_size=chunked_attention_size(config),
-                        mixer_layers=len(mixers), unreached_layers=tuple(missing))
+                        mixer_layers=len(mixers), unreached_layers=probe.unreached if sp_size > 1 else (),
+                        no_positions_layers=probe.no_positions)
     logger.info("check_model: %s is supported (%d attention layers, sp_size=%d)", family, n_layers, sp_size)
     return result
 

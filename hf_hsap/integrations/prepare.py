@@ -6,8 +6,8 @@
 2. attention dropout is set to 0 where asked (``disable_attention_dropout=True``);
 3. :func:`~.model_check.check_model` refuses what ``"hsap"`` cannot run exactly (it only reads);
 4. a hybrid model's recurrent layers are made document-exact (:func:`~.mixer_hooks.prepare_mixers`);
-5. the SP plan is relayed to the attention layers the keyword arguments do not reach
-   (:func:`~.plan_relay.relay_plan`);
+5. the SP plan, and a direct packed call's documents, are relayed to the attention layers the model's call does not
+   reach (:func:`~.plan_relay.relay_plan`);
 6. a vision-language model keeps only its rank's feature rows (:func:`hf_hsap.multimodal.prepare_vision`);
 7. the memory levers (:func:`hf_hsap.memory.levers.apply_memory_levers`: the chunked LM head, the tiled MLP, the
    recomputed norms, gradient checkpointing, activation offloading).
@@ -154,9 +154,9 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:
             prepare_mixers(model, changes)
-        if check.unreached_layers:  # a layer on the way calls the attention without **kwargs: the plan goes round it
-            relay_plan(model, [m for m in attention_modules(model) if type(m).__name__ in check.unreached_layers],
-                       changes)
+        relayed = set(check.unreached_layers) | set(check.no_positions_layers)
+        if relayed:  # the plan / the documents go round the layers the model's call does not reach
+            relay_plan(model, [m for m in attention_modules(model) if type(m).__name__ in relayed], changes)
         prepare_vision(model, changes)
         offload = (contextlib.nullcontext if levers is None
                    else apply_memory_levers(model, levers, changes, verify=verify_head))

@@ -49,7 +49,7 @@ from .encoder_attention import encoder_forward, is_encoder_call
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
-from .plan_relay import relayed
+from .plan_relay import relayed, relayed_documents
 from .sp_attention import sp_forward
 
 __all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
@@ -116,9 +116,12 @@ def hsap_attention_forward(
         raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
                          "rank's image feature rows: call hf_hsap.prepare_model(model, sp_size=...) once before "
                          "the first forward (the trainers do)")
-    if hsap_plan is None and state_of(module, RELAY) is not None:  # a layer the model's kwargs do not reach
-        hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
-        hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
+    if state_of(module, RELAY) is not None:  # a layer the model's call does not reach: its plan and its documents
+        if hsap_plan is None:
+            hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
+            hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
+        if position_ids is None and cu_seq_lens_q is None:
+            position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout=dropout,
                                cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
