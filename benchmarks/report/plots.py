@@ -107,3 +107,35 @@ def plot_measured(measured: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def make_plots(results: dict, plots: Path) -> list[str]:
+    """Write the PNGs; returns their paths relative to the repository root."""
+    from hf_hsap import plan_sequence
+    from hf_hsap.inspect import write_png
+
+    from . import plots as pl
+    from .distributions import cu_seqlens, doc_lengths
+
+    plots.mkdir(parents=True, exist_ok=True)
+    out = []
+    for T in sorted({r["T"] for r in results["traffic_rows"]}):
+        p = plots / f"traffic_T{T // 1024}K.png"
+        pl.plot_traffic(results["traffic_rows"], p, T)
+        out.append(p)
+    for hw in sorted({r["hw"] for r in results["cost_rows"]}):
+        for model in sorted({r["model"] for r in results["cost_rows"]}):
+            p = plots / f"tgs_{hw}_{model}.png"
+            pl.plot_tgs(results["cost_rows"], p, model, hw)
+            out.append(p)
+    if results.get("measured"):
+        p = plots / "cpu_measured.png"
+        pl.plot_measured(results["measured"], p)
+        out.append(p)
+    T, P = min(r["T"] for r in results["traffic_rows"]), min(r["P"] for r in results["traffic_rows"])
+    for dist in ("longtail", "mixed"):
+        p = plots / f"plan_{dist}_T{T // 1024}K_P{P}.png"
+        write_png(plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto"), str(p),
+                  f"hf_hsap plan (auto): {dist}, seed 0, T={T}, P={P}")
+        out.append(p)
+    return [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in out]

@@ -154,20 +154,6 @@ def load_results(folder: Path = RESULTS, main: str = MAIN) -> dict[str, Any]:
     return res
 
 
-def stamp() -> dict[str, str]:
-    """When and at which commit a benchmark measured: what a command adds to its results JSON (the page states it).
-
-    Returns:
-        ``{"date": "YYYY-MM-DD HH:MM UTC", "commit": short hash ("" outside a git checkout)}``.
-    """
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit}
-
-
 def _link(target: Path, start: Path) -> str:
     """``target`` relative to the folder ``start`` (a markdown link's path)."""
     return Path(os.path.relpath(target, start)).as_posix()

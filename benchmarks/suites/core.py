@@ -74,38 +74,6 @@ def run_tables(tcfg: TrafficConfig, ccfg: CostConfig, progress: bool = False) ->
     }
 
 
-def make_plots(results: dict, plots: Path) -> list[str]:
-    """Write the PNGs; returns their paths relative to the repository root."""
-    from hf_hsap import plan_sequence
-    from hf_hsap.inspect import write_png
-
-    from . import plots as pl
-    from .distributions import cu_seqlens, doc_lengths
-
-    plots.mkdir(parents=True, exist_ok=True)
-    out = []
-    for T in sorted({r["T"] for r in results["traffic_rows"]}):
-        p = plots / f"traffic_T{T // 1024}K.png"
-        pl.plot_traffic(results["traffic_rows"], p, T)
-        out.append(p)
-    for hw in sorted({r["hw"] for r in results["cost_rows"]}):
-        for model in sorted({r["model"] for r in results["cost_rows"]}):
-            p = plots / f"tgs_{hw}_{model}.png"
-            pl.plot_tgs(results["cost_rows"], p, model, hw)
-            out.append(p)
-    if results.get("measured"):
-        p = plots / "cpu_measured.png"
-        pl.plot_measured(results["measured"], p)
-        out.append(p)
-    T, P = min(r["T"] for r in results["traffic_rows"]), min(r["P"] for r in results["traffic_rows"])
-    for dist in ("longtail", "mixed"):
-        p = plots / f"plan_{dist}_T{T // 1024}K_P{P}.png"
-        write_png(plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto"), str(p),
-                  f"hf_hsap plan (auto): {dist}, seed 0, T={T}, P={P}")
-        out.append(p)
-    return [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in out]
-
-
 def compact(obj: object, keep_layer: tuple[str, ...] = ("hsap", "hsap_batched", "hsap_U1", "hsap_bestU", "ulysses")) -> object:
     """The results made small for ``results.json``: floats to 6 significant digits; per-scheme layer
     times kept only for ``keep_layer`` and each row's best other scheme."""

@@ -42,8 +42,6 @@ from .publish import publish_after, stamp
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "memory_levers.json"
 RECIPE_LENGTHS = (2048, 16384)
-GOAL_GROWTH_KB = 96.0  # issue 41: the recipe with checkpointing grows by at most this per token per rank
-GOAL_TIME = 1.35  # issue 41: the levers cost at most this x the step time of the path without them
 
 
 @dataclass(frozen=True)
@@ -115,59 +113,6 @@ def run_recipe_growth() -> dict[str, Any]:
                                                                             short["tokens_per_rank"])
             out[name] = {"short": short, "long": long, "kb_per_token": growth}
     return out
-
-
-def _fmt_mib(x: float) -> str:
-    return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
-
-
-def levers_section(res: dict[str, Any]) -> str:
-    """The memory levers' section of the detail file ``benchmarks/results/memory.md``.
-
-    Args:
-        res: :func:`main`'s results (``levers``, ``recipe``, ``seconds``; the results JSON).
-
-    Returns:
-        Markdown.
-    """
-    rows, lines = res["levers"]["rows"], []
-    cfg = res["levers"]["config"]
-    m = cfg["model"]
-    lines += ["## Memory levers (issue 41), measured side by side on CPU", "",
-              "Schemes: `full` (full logits, no lever), `checkpointing`, `chunked` (hf_hsap's chunked loss), "
-              "`trl_fused` (TRL's fused LM head, what `HSAPSFTTrainer` inherits), `checkpointing+chunked`, `all` "
-              "(every hf_hsap lever that acts on CPU: chunked loss, checkpointing, tiled MLP, recomputed norms), "
-              "`alst` (DeepSpeed's levers).", "",
-              f"Command: `bash scripts/bench_memory.sh` (DeepSpeed's environment; {res['seconds']:.0f} s). SP "
-              f"{cfg['world']} on gloo, Llama shape: vocabulary {m['vocab']:,}, hidden {m['hidden']}, {m['layers']} "
-              f"layers, {m['heads']} / {m['kv_heads']} heads, MLP {m['inter']}; long-tail packed rows; float32. Peak: "
-              "the exact tensor peak of one forward + backward on the busier rank (TensorPeak); time: its CPU time "
-              f"(median of {cfg['reps']} interleaved rounds). Every scheme's loss and gradients are checked against "
-              "`full` first (largest relative error in the last column). `alst`: DeepSpeed's `TiledMLP` + "
-              "`TiledFusedLogitsLoss` + checkpointing" + ("" if res["levers"]["deepspeed"] == "ok" else
-                                                          f" (not run: {res['levers']['deepspeed']})") + ".", ""]
-    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    lengths = list(dict.fromkeys(r["tokens_per_rank"] for r in rows))
-    by = {(r["tokens_per_rank"], r["scheme"]): r for r in rows}
-    lines += ["| scheme | " + " | ".join(f"MiB at {t:,}" for t in lengths) + " | " +
-              " | ".join(f"time ×full at {t:,}" for t in lengths) + " | worst grad err |",
-              "|---" * (2 * len(lengths) + 2) + "|"]
-    for name in schemes:
-        lines.append(f"| {name} | " + " | ".join(_fmt_mib(by[(t, name)]["peak_mib"]) for t in lengths) + " | " +
-                     " | ".join(f"{by[(t, name)]['cpu_s'] / by[(t, 'full')]['cpu_s']:.2f}" for t in lengths) +
-                     f" | {max(by[(t, name)]['grad_err'] for t in lengths):.1e} |")
-    growth = res.get("recipe")
-    if growth:
-        lines += ["", "The pretraining recipe (tiny-llama, SP 2 on 2 CPU processes, rows of "
-                  f"{RECIPE_LENGTHS[0]:,} and {RECIPE_LENGTHS[1]:,} tokens): the largest rank's peak resident set.", "",
-                  "| run | RSS short (GiB) | RSS long (GiB) | tokens / rank short → long "
-                  "| growth KB / token / rank |",
-                  "|---|---|---|---|---|"]
-        for name, g in growth.items():
-            lines.append(f"| {name} | {g['short']['rss_gib']:.2f} | {g['long']['rss_gib']:.2f} | "
-                         f"{g['short']['tokens_per_rank']:,.0f} → {g['long']['tokens_per_rank']:,.0f} | "
-                         f"{g['kb_per_token']:.1f} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,3 +40,17 @@ def step_main(argv: Sequence[str] | None, description: str, config: Callable[[bo
     print(render(res))
     publish_after(args.out, out, args.no_write_md or args.quick)
     return 0
+
+
+def stamp() -> dict[str, str]:
+    """When and at which commit a benchmark measured: what a command adds to its results JSON (the page states it).
+
+    Returns:
+        ``{"date": "YYYY-MM-DD HH:MM UTC", "commit": short hash ("" outside a git checkout)}``.
+    """
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit}
