@@ -1,8 +1,7 @@
 """The placement sweep: ``placement="auto"`` on layouts nobody tuned for, against every other placement,
-the compute lower bound and the offline optimiser (no clock but planning time).
-
-Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdown (the full run puts it in
-``BENCHMARKS.md``, :mod:`benchmarks.run`).
+the compute lower bound and the offline optimiser (no clock but planning time): its layouts, groups, goals and the
+judgements of a row; :mod:`benchmarks.suites.sweep` runs it (``python -m benchmarks sweep [--quick]`` prints the
+section's markdown; the core suite, :mod:`benchmarks.suites.core`, puts it in ``benchmarks/results/sweep.md``).
 
 * Layouts (:data:`SWEEP_DISTRIBUTIONS`, :func:`sweep_lengths`): log-normal lengths of four spreads,
   Pareto tails, a two-mode mixture, rows where one or two documents hold most of the pairs, many tiny
@@ -16,39 +15,30 @@ Run alone: ``python -m benchmarks.sweep [--quick]`` prints the section's markdow
   sum_d L_d (L_d + 1) / 2) / parts`` (every part equally loaded, no communication; ``token_cost'`` is the
   plan's, with the all-to-all's share when ``U > 1``); *losses*: layouts where ``auto``'s est max exceeds
   another placement's (``contiguous``, ``zigzag``, ``balanced``, ``density``); *oracle*: the local search
-  of :mod:`hf_hsap.plan.oracle` started from ``auto``'s placement and every simpler one, run where
+  of :mod:`benchmarks.analytic.placement_search` started from ``auto``'s placement and every simpler one, run where
   ``parts <= oracle_max_parts`` (and its placement's rounds simulated, ``oracle_sim``, beside auto's ``sim``),
   and at any size where auto misses the goal (:data:`GOALS`) that the bound below leaves within reach
   (``missed_oracle``, ``missed_oracle_sim``: does a placement the search finds meet it, and at what simulated cost);
   recv max / ring (ring attention receives every other part's ``T - T/parts`` KV tokens); *sim*: auto's slowest
   part with its rounds simulated forward and backward (:func:`hf_hsap.plan.simulation.simulated_time`); *bound*: the
-  lower bound of :func:`benchmarks.relaxation.relaxed_bound` (at least :func:`benchmarks.bound.transfer_bound`,
+  lower bound of :func:`benchmarks.analytic.relaxation.relaxed_bound` (at least :func:`benchmarks.analytic.bound.transfer_bound`,
   ``transfer_bound`` in the row), which also counts the transfers no placement within the token cap avoids and
   the tokens the other documents need (where it exceeds the goal, no placement meets it); tokens and work
   max/mean; planning time of ``auto`` (cold, no cache, wall clock); on NVLink with ``U = 1``, every
   Ulysses degree's estimate (:func:`hf_hsap.choose_ulysses_size`, Llama-3-8B's 32 query heads) against
   Ulysses itself (``U = P``); on groups of several 8-GPU nodes, the degree ``ulysses_size="per_batch"`` picks per
-  layout against a rank's share of the bound (:func:`_per_batch_rows`).
+  layout against a rank's share of the bound (:func:`per_batch_rows`).
 """
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from benchmarks.bound import transfer_bound
-from hf_hsap.plan.cost import CostModel, balance_bound, part_times
-from hf_hsap.plan.simulation import simulated_time
-from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.cost import CostModel, balance_bound
 from hf_hsap.plan.layout import make_layout
-from benchmarks.oracle import optimise_placement
-from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK, token_cap
-from hf_hsap.plan.planner import choose_ulysses_size, plan_layout
-from benchmarks.relaxation import relaxed_bound
-from hf_hsap.plan.transfers import compute_transfers
+from hf_hsap.plan.planner import choose_ulysses_size
 
 from .distributions import doc_lengths
 
@@ -128,7 +118,7 @@ def sweep_lengths(name: str, T: int, seed: int) -> np.ndarray:
     raise ValueError(f"unknown sweep distribution {name!r}; choose one of {', '.join(SWEEP_DISTRIBUTIONS)}")
 
 
-def _groups(cfg: SweepConfig):
+def sweep_groups(cfg: SweepConfig):
     """Every (P, U, link) of the sweep with at least two parts."""
     for P in cfg.Ps:
         for U in cfg.Us:
@@ -138,7 +128,7 @@ def _groups(cfg: SweepConfig):
                 yield P, U, link
 
 
-def _per_batch_rows(cfg: SweepConfig) -> list[dict]:
+def per_batch_rows(cfg: SweepConfig) -> list[dict]:
     """What ``ulysses_size="per_batch"`` runs on groups of several :data:`NODE_GPUS`-GPU nodes: per layout, every
     degree dividing P and a node (Ulysses inside nodes, SAP between them over the network) priced by
     :func:`hf_hsap.choose_ulysses_size`; a rank's estimate against the rank's share of the compute lower bound
@@ -181,5 +171,5 @@ def searched(row: dict) -> tuple[float, float] | None:
     return None
 
 
-def _max_mean(x: np.ndarray) -> float:
+def max_over_mean(x: np.ndarray) -> float:
     return float(np.max(x) / np.mean(x))

@@ -1,11 +1,11 @@
-"""Exact traffic and balance of hf_hsap's plans beside every scheme of :mod:`benchmarks.schemes` (no clock).
+"""Exact traffic and balance of hf_hsap's plans beside every scheme of :mod:`benchmarks.analytic.schemes` (no clock).
 
-For every layout of the spec (distribution × ``T`` × ``P`` × seed) this module plans the row with
+For every layout of the spec (distribution × ``T`` × ``P`` × seed) :mod:`benchmarks.suites.traffic` plans the row with
 hf_hsap (``ulysses_size="auto"``, placement ``auto``, rounds ``auto``; the same with one
 batched round; flat ``U = 1`` with placement ``auto``, ``balanced`` and ``contiguous``; and ``U`` ∈
-{2, 4, 8} with placement ``auto``), as on nodes of 8 GPUs, turns each plan into a :class:`~benchmarks.schemes.SchemeStats` and puts it beside
-the baselines of :func:`benchmarks.schemes.all_schemes`, for both model shapes of the spec. The same
-``SchemeStats`` feed the cost model (:mod:`benchmarks.predictions`).
+{2, 4, 8} with placement ``auto``), as on nodes of 8 GPUs, turns each plan into a :class:`~benchmarks.analytic.schemes.SchemeStats` and puts it beside
+the baselines of :func:`benchmarks.analytic.schemes.all_schemes`, for both model shapes of the spec. The same
+``SchemeStats`` feed the cost model (:mod:`benchmarks.analytic.predictions`).
 
 Units of the summary rows (medians over seeds):
 
@@ -17,7 +17,6 @@ Units of the summary rows (medians over seeds):
 """
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from dataclasses import dataclass, field
 
@@ -25,12 +24,10 @@ import numpy as np
 
 import hf_hsap
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
-from hf_hsap.plan.planner import offline_link
-from hf_hsap.topology import auto_ulysses_size
 
-from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
+from .distributions import DISTRIBUTIONS
 from .hsap_scheme import hsap_stats_from_plan
-from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats, all_schemes
+from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats
 
 SHAPES: dict[str, ModelShape] = {"llama2-7b": LLAMA2_7B_SHAPE, "llama3-8b": LLAMA3_8B_SHAPE}
 RECV_SHAPE = "llama3-8b"  # recv_kv is reported in full-KV units of this shape (matters only for Ulysses)

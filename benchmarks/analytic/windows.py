@@ -1,7 +1,7 @@
 """Sliding windows: hf_hsap's traffic and balance on windowed layers beside every scheme (no clock).
 
-Run alone: ``python -m benchmarks.windows [--quick]`` prints the section's markdown (the full run puts it in
-``BENCHMARKS.md``, :mod:`benchmarks.run`).
+Its run: :mod:`benchmarks.suites.windows` (``python -m benchmarks windows [--quick]`` prints the section's markdown;
+the core suite, :mod:`benchmarks.suites.core`, puts it in ``benchmarks/results/windows.md``).
 
 Models (:data:`WINDOW_MODELS`): Mistral-style, ``W = 4096`` on every layer; Gemma-3-style, 5 sliding layers
 of ``W = 1024`` to 1 full-attention layer. Layouts: the spec's distributions at ``T`` ∈ {131072, 524288},
@@ -27,17 +27,13 @@ document with ``j <= i < j + W`` (Transformers' ``sliding_window``).
 """
 from __future__ import annotations
 
-import argparse
-import inspect
-import time
-from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths, zigzag_owner
+from .distributions import DISTRIBUTIONS, zigzag_owner
 from .hsap_scheme import hsap_stats_from_plan
-from .schemes import (LLAMA3_8B_SHAPE, SchemeStats, all_schemes, doc_chunk_segments, row_segments,
+from .schemes import (LLAMA3_8B_SHAPE, SchemeStats, doc_chunk_segments, row_segments,
                       window_rows_work, window_useful_pairs)
 
 WINDOW_MODELS: dict[str, dict] = {
@@ -156,7 +152,7 @@ def placement_window_need(doc: np.ndarray, start: np.ndarray, end: np.ndarray, p
     return out
 
 
-def _hsap_kind(plan, source: str, window: int | None, lengths: np.ndarray, cfg: WindowConfig
+def hsap_kind_stats(plan, source: str, window: int | None, lengths: np.ndarray, cfg: WindowConfig
                ) -> tuple[SchemeStats, float]:
     """hf_hsap's figures of one kind as :class:`SchemeStats`, and the largest per-rank difference between
     the planner's received KV and the placement's minimum (:func:`placement_window_need`; 0 when derived)."""
@@ -180,7 +176,7 @@ def _hsap_kind(plan, source: str, window: int | None, lengths: np.ndarray, cfg: 
 
 
 # ----------------------------------------------------------------------------- one layout
-def _metrics(s: SchemeStats) -> dict:
+def scheme_metrics(s: SchemeStats) -> dict:
     """Per-rank arrays of one scheme on one layer kind."""
     return {"recv": np.asarray(s.recv_kv, dtype=np.float64), "work": np.asarray(s.work, dtype=np.float64),
             "tok": np.asarray(s.tokens, dtype=np.float64), "intra": np.asarray(s.bytes_intra, dtype=np.float64),

@@ -1,15 +1,11 @@
-def soak_section(path: Path = RESULTS) -> str:
-    """:func:`soak_markdown` of the soak results file.
+"""The soak's detail file (``benchmarks/results/soak.md``) from its results JSON."""
+from __future__ import annotations
 
-    Args:
-        path: the results (default ``benchmarks/results/soak.json``).
+from typing import Any
 
-    Returns:
-        Markdown; empty without the file.
-    """
-    if not path.exists():
-        return ""
-    return soak_markdown(json.loads(path.read_text()))
+from ..analytic.soak import DRIFT_TOL, RSS_GROWTH_MIB
+
+__all__ = ["soak_markdown"]
 
 
 def soak_markdown(s: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """A hybrid model's training step under SP on CPU: per-rank tensor peak and step time of one forward + backward of a
 Qwen3.5-like hybrid (gated-delta-rule layers beside full attention) and of a pure-attention model of the same width,
 depth and heads (Qwen3), on one packed text row at SP 1, 2 and 4, and the recurrent state a split document moves
-(:mod:`benchmarks.hybrid_workers`); and the same hybrid on a plan priced for it ("hybrid, planned for it",
+(:mod:`benchmarks.suites.hybrid_workers`); and the same hybrid on a plan priced for it ("hybrid, planned for it",
 ``hybrid_priced``: ``shard_batch(batch, sp, config=HSAPConfig(sp_size=P, cost_model=CostModel.from_config(config,
 "network", "H100")))``), whose cost model prices the recurrent layers' hand-off steps, where the other two run on
 the group's default plan (its cost model prices attention only).
@@ -12,31 +12,28 @@ tensor peak of one step (:class:`benchmarks.tensor_memory.TensorPeak`, in its ow
 step (median of the interleaved timed rounds after a warm-up); reported: the busiest rank (max over ranks). For both
 hybrids, the bytes of state its recurrent layers hand from rank to rank, measured at the exchange (summed over ranks)
 against the formula ``hand-offs x (C * (k - 1) * 4 + H * D_k * D_v * 4)`` per layer and direction
-(:func:`benchmarks.hybrid_workers.state_formula`).
+(:func:`benchmarks.suites.hybrid_workers.state_formula`).
 
-Usage: ``python -m benchmarks.hybrid_step [--quick] [--out benchmarks/results/hybrid_step.json] [--no-write-md]``
-(``bash scripts/bench_hybrid.sh``). Writes the results JSON, then renders it (:func:`hybrid_section`) into the detail
-file ``benchmarks/results/hybrid.md`` and ``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
+Usage: ``python -m benchmarks hybrid [--quick] [--out benchmarks/results/hybrid_step.json] [--no-write-md]``
+(``bash scripts/bench_hybrid.sh``). Writes the results JSON; the entry point then renders it
+(:func:`benchmarks.report.hybrid.hybrid_section`) into the detail file ``benchmarks/results/hybrid.md`` and
+``BENCHMARKS.md``'s headline.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 from hf_hsap.testing import DistPools
 
 from . import hybrid_workers as hw
-from .report import mib, ratio, secs
-from .sections import step_main
+from .output import RESULTS, Outcome, step_main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "hybrid_step.json"
+DEFAULT_OUT = RESULTS / "hybrid_step.json"
 # tokens per document: two long enough to be split at SP 4 (a rank holds a quarter of the row), a tail of short ones
 LENGTHS = (1536, 1024, 512, 384, 256, 192, 128, 64)
 HYBRIDS = tuple(n for n, (kind, _) in hw.VARIANTS.items() if kind == "hybrid")  # the variants with recurrent layers
@@ -180,19 +177,16 @@ def run_hybrid_step(cfg: HybridStepConfig, pools: DistPools | None = None,
             "seconds": time.perf_counter() - t0, "load": [load0, os.getloadavg()[0]], "cpus": os.cpu_count()}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) publish it
-    (``benchmarks/results/hybrid.md`` and ``BENCHMARKS.md``).
+def main(argv: Sequence[str]) -> Outcome:
+    """Measure and write the results JSON (``python -m benchmarks hybrid``; the pages, ``benchmarks/results/hybrid.md``
+    and ``BENCHMARKS.md``, are rendered again unless ``--no-write-md`` or ``--quick``).
 
     Args:
-        argv: the command-line arguments (default: ``sys.argv[1:]``).
+        argv: the command-line arguments.
 
     Returns:
-        The exit status.
+        The outcome.
     """
-    return step_main(argv, __doc__.split("\n")[0], lambda quick: HybridStepConfig().quick() if quick else HybridStepConfig(),
-                     run_hybrid_step, hybrid_section, DEFAULT_OUT, "tiny sizes, SP 1 and 2, no timing")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return step_main(argv, suite="hybrid", description=__doc__.split("\n")[0],
+                     config=lambda quick: HybridStepConfig().quick() if quick else HybridStepConfig(),
+                     run=run_hybrid_step, out=DEFAULT_OUT, quick_help="tiny sizes, SP 1 and 2, no timing")

@@ -1,9 +1,9 @@
-"""The memory levers measured side by side on CPU (issue 41): exact tensor peak and step time per rank against row
+"""The memory levers measured side by side on CPU: exact tensor peak and step time per rank against row
 length, hf_hsap with and without each lever and DeepSpeed's pure-torch ALST levers, on the same model and rows; and
 the pretraining recipe's peak resident memory per rank between a short and a long row.
 
 Part 1 (:func:`run_levers`): SP 2 on spawned gloo ranks, a Llama-shaped model, long-tail packed rows of
-``2 x tokens_per_rank`` tokens; the schemes of :mod:`benchmarks.lever_workers`, each checked against the path without
+``2 x tokens_per_rank`` tokens; the schemes of :mod:`benchmarks.suites.lever_workers`, each checked against the path without
 levers (loss and every gradient) before its tensor peak (:class:`benchmarks.tensor_memory.TensorPeak`) and its
 interleaved timed rounds (this rank's CPU time; median).
 
@@ -14,10 +14,11 @@ chunked loss is the default): the largest rank's peak resident set per token per
 DeepSpeed is not an hf_hsap dependency: ``bash scripts/bench_memory.sh`` runs this in DeepSpeed's environment
 (``.venv-ds``); without DeepSpeed the ``alst`` scheme is left out, with the reason in the results.
 
-Usage: ``python -m benchmarks.memory_levers [--quick] [--out benchmarks/results/memory_levers.json]
-[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
-(:func:`levers_section`) into the detail file ``benchmarks/results/memory.md`` and ``BENCHMARKS.md``'s headline
-(:mod:`benchmarks.publish`).
+Usage: ``python -m benchmarks memory_levers [--quick] [--out benchmarks/results/memory_levers.json]
+[--no-write-md]`` (``python -m benchmarks memory`` runs it, then :mod:`benchmarks.suites.memory_model`). Writes the
+results JSON; the entry point then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`benchmarks.report.memory.levers_section`) into the detail file ``benchmarks/results/memory.md`` and
+``BENCHMARKS.md``'s headline.
 """
 from __future__ import annotations
 
@@ -37,10 +38,9 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPool, launch_env
 
 from . import lever_workers as lw
-from .publish import publish_after, stamp
+from .output import RESULTS, ROOT, Outcome, renders_pages, stamp
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "memory_levers.json"
+DEFAULT_OUT = RESULTS / "memory_levers.json"
 RECIPE_LENGTHS = (2048, 16384)
 
 
@@ -115,16 +115,16 @@ def run_recipe_growth() -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run both parts, write the results JSON and publish it.
+def main(argv: Sequence[str]) -> Outcome:
+    """Run both parts and write the results JSON.
 
     Args:
-        argv: the command-line arguments (default: ``sys.argv[1:]``).
+        argv: the command-line arguments.
 
     Returns:
-        0.
+        The outcome (status 0).
     """
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks memory_levers", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one round, no recipe runs")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone")
@@ -138,10 +138,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     res.update(stamp())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
-    print(levers_section(res))
-    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return Outcome(0, res, renders_pages(args.out, DEFAULT_OUT, args.no_write_md or args.quick))

@@ -1,5 +1,5 @@
 """The memory model (:mod:`hf_hsap.memory.model`) against the exact tensor peak of CPU steps, and the longest rows
-it predicts on H100-80GB clusters (issue 41, item 5).
+it predicts on H100-80GB clusters.
 
 Validation: tiny random Transformers models (Llama with GQA or MHA, Qwen3-MoE), one packed row of one document, the
 attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`),
@@ -17,17 +17,17 @@ MLP, recomputed norms), ZeRO-3, bf16 weights with float32 master weights and Ada
 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
 of them per GPU count, beside ALST's published figures.
 
-Usage: ``python -m benchmarks.memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
-[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
-(:func:`benchmarks.goals41.memory_model_section`) into the detail file ``benchmarks/results/memory.md`` and
-``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
+Usage: ``python -m benchmarks memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
+[--no-write-md]`` (``python -m benchmarks memory`` runs it after :mod:`benchmarks.suites.memory_levers`). Writes the
+results JSON; the entry point then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`benchmarks.report.memory.memory_model_section`) into the detail file ``benchmarks/results/memory.md`` and
+``BENCHMARKS.md``'s headline.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,10 +36,9 @@ from hf_hsap.memory.fit import longest_row
 from hf_hsap.memory.levers import MemoryLevers
 from hf_hsap.memory.model import predict_step_memory
 
-from .publish import publish_after, stamp
+from .output import RESULTS, Outcome, command_line, renders_pages, stamp
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "memory_model.json"
+DEFAULT_OUT = RESULTS / "memory_model.json"
 
 # Hugging Face configs' sizes (no hub access)
 LLAMA3_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -300,9 +299,16 @@ def best_rows(rows: Sequence[dict]) -> list[dict]:
     return list(best.values())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the validation and the longest-row table; write the JSON; print both tables."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.memory_model", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str]) -> Outcome:
+    """Run the validation and the longest-row table; write the JSON; print the longest rows.
+
+    Args:
+        argv: the command-line arguments.
+
+    Returns:
+        The outcome (status 0).
+    """
+    p = argparse.ArgumentParser(prog="python -m benchmarks memory_model", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--quick", action="store_true", help="two configurations only (a check that it runs)")
     p.add_argument("--no-measure", action="store_true", help="only the longest-row table")
@@ -321,8 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in best:
         print(f"  best {r['model']:12s} {r['gpus']:3d} GPUs: {r['tokens'] / 1e6:6.2f}M tokens ({r['scheme']}), "
               f"limited by {r['limiting_term']}")
-    res = {"command": "python -m benchmarks.memory_model" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None
-                                                                                      else argv)),
+    res = {"command": command_line("memory_model", argv),
            "validation": validation, "max_abs_error": max((abs(v["error"]) for v in validation), default=None),
            "longest_rows": rows, "best_rows": best, "gpu_memory_gib": 80.0, "reserve_gib": 4.0,
            "levers": ALL_LEVERS.names, "alst_published": {f"{m} x {g}": v for (m, g), v in ALST_PUBLISHED.items()},
@@ -330,9 +335,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")
     print(f"wrote {args.out} in {res['seconds']:.0f} s")
-    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return Outcome(0, res, renders_pages(args.out, DEFAULT_OUT, args.no_write_md or args.quick))

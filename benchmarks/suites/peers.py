@@ -1,21 +1,21 @@
-"""hf_hsap beside DeepSpeed's own sequence parallelism on CPU (issue 19).
+"""hf_hsap beside DeepSpeed's own sequence parallelism on CPU.
 
 World ``world`` on gloo (spawned processes, one thread each), one packed row of ``T`` tokens, float32,
 forward + backward of one attention layer, every scheme over hf_hsap's CPU kernel (so a ratio shows the
 schedule, not the kernel): ``hsap`` (:func:`hf_hsap.hsap_attn_func`, placement auto), ``hsap_ulysses``
-(hf_hsap's own Ulysses baseline, :class:`benchmarks.cpu_baselines.UlyssesAttention`), ``deepspeed_ulysses``
+(hf_hsap's own Ulysses baseline, :class:`benchmarks.suites.cpu_baselines.UlyssesAttention`), ``deepspeed_ulysses``
 (DeepSpeed's ``DistributedAttention``) and ``alst`` (DeepSpeed's ``UlyssesSPAttentionHF``); the schemes are
-described in :mod:`benchmarks.peer_workers`. Every scheme is checked against a float64 reference of the
+described in :mod:`benchmarks.suites.peer_workers`. Every scheme is checked against a float64 reference of the
 whole row (out, dq, dk, dv) before it is timed; then interleaved rounds; then the peak resident memory of
 a step per scheme (after a warm-up step, the median of three interleaved rounds).
 
 DeepSpeed is not an hf_hsap dependency: run this in the environment of ``scripts/bench_peers.sh``
 (``.venv-ds``). Without DeepSpeed only the hf_hsap schemes run.
 
-Usage: ``python -m benchmarks.peers [--quick] [--out benchmarks/results/peers.json] [--T N] [--reps N]
-[--no-write-md]``. Writes the results JSON, then (unless ``--quick`` or ``--no-write-md``) renders it
-(:func:`peers_section`) into the detail file ``benchmarks/results/peers.md`` and ``BENCHMARKS.md``'s headline
-(:mod:`benchmarks.publish`).
+Usage: ``python -m benchmarks peers [--quick] [--out benchmarks/results/peers.json] [--T N] [--reps N]
+[--no-write-md]``. Writes the results JSON; the entry point then (unless ``--quick`` or ``--no-write-md``) renders it
+(:func:`benchmarks.report.peers.peers_section`) into the detail file ``benchmarks/results/peers.md`` and
+``BENCHMARKS.md``'s headline.
 
 The single document dominates the time (quadratic in ``T``); ``--quick`` (``T = 1024``, 3 rounds) checks that
 everything runs and is mostly process start-up.
@@ -28,7 +28,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +37,11 @@ import numpy as np
 
 from hf_hsap.testing import DistPool
 
+from ..analytic.distributions import cu_seqlens, doc_lengths, useful_pairs
 from . import peer_workers as pw
-from . import report as rp
-from .distributions import cu_seqlens, doc_lengths, useful_pairs
-from .publish import publish_after, stamp
+from .output import RESULTS, ROOT, Outcome, command_line, renders_pages, stamp
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "peers.json"
+DEFAULT_OUT = RESULTS / "peers.json"
 ROW_LABELS = {"longtail": "long-tail", "single": "one long document", "sft": "SFT (many short documents)",
               "mixed": "one long document among short"}
 
@@ -238,17 +235,17 @@ def run_peers(quick: bool = False, cfg: PeersConfig | None = None, progress: boo
             "schemes": list(names), "configs": configs,
             "all_exact": all(v["exact"] for c in configs for v in c["results"].values()),
             "machine": machine, "machine_end": _machine(), "seconds": time.perf_counter() - t0,
-            "command": "python -m benchmarks.peers" + (" --quick" if quick else "")}
+            "command": command_line("peers", ["--quick"] if quick else [])}
 
 
 # ----------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line options of ``python -m benchmarks.peers``.
+    """The command-line options of ``python -m benchmarks peers``.
 
     Returns:
         The parser.
     """
-    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks peers", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"T = {QUICK.T}, {QUICK.reps} rounds (a check that "
                    "everything runs, not a measurement)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results JSON (default benchmarks/results/peers.json)")
@@ -257,14 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
                    f"--quick {QUICK.reps})")
     p.add_argument("--rows", default=None, help="comma-separated distributions (default longtail,single,sft)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
-    p.add_argument("--markdown", default=None, help="also write the Markdown section here")
     p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone "
                    "(--quick leaves them alone too)")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run, write the JSON (and optionally the Markdown), print the section. Returns 1 if a scheme was not exact."""
+def main(argv: Sequence[str]) -> Outcome:
+    """Run and write the JSON.
+
+    Args:
+        argv: the command-line arguments.
+
+    Returns:
+        The outcome: status 1 if a scheme was not exact.
+    """
     args = build_parser().parse_args(argv)
     cfg = QUICK if args.quick else PeersConfig()
     over = {k: v for k, v in (("T", args.T), ("reps", args.reps)) if v is not None}
@@ -275,18 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = dataclasses.replace(cfg, **over)
     res = run_peers(args.quick, cfg, progress=True)
     res.update(stamp())
-    res["command"] = "python -m benchmarks.peers" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    res["command"] = command_line("peers", argv)
     out = Path(args.out).resolve()
     res["out"] = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=float) + "\n")
-    text = peers_section(res)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
-    print(text)
     print(f"wrote {args.out} in {res['seconds']:.0f} s")
-    publish_after(args.out, DEFAULT_OUT, args.no_write_md or args.quick)
-    return 0 if res["all_exact"] else 1
+    return Outcome(0 if res["all_exact"] else 1, res, renders_pages(args.out, DEFAULT_OUT, args.no_write_md or args.quick))
 
 
 if __name__ == "__main__":

@@ -1,3 +1,35 @@
+"""The placement sweep's run (the layouts, groups and figures: :mod:`benchmarks.analytic.sweep`): ``auto`` and every
+simpler placement planned on each layout x group, priced by the planner's cost model, with ``auto``'s planning time.
+
+Run alone: ``python -m benchmarks sweep [--quick]`` prints the section's markdown (the core suite,
+:mod:`benchmarks.suites.core`, puts it in ``benchmarks/results/sweep.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Sequence
+
+import numpy as np
+
+from hf_hsap.plan.cost import CostModel, balance_bound, part_times
+from hf_hsap.plan.group import GroupSpec
+from hf_hsap.plan.layout import make_layout
+from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK, token_cap
+from hf_hsap.plan.planner import choose_ulysses_size, plan_layout
+from hf_hsap.plan.simulation import simulated_time
+from hf_hsap.plan.transfers import compute_transfers
+
+from ..analytic.bound import transfer_bound
+from ..analytic.placement_search import optimise_placement
+from ..analytic.relaxation import relaxed_bound
+from ..analytic.sweep import (MODEL_KV_HEADS, MODEL_Q_HEADS, OTHERS, SweepConfig, sweep_groups, max_over_mean, per_batch_rows,
+                              missed_in_reach, sweep_lengths)
+from .output import Outcome
+
+__all__ = ["main", "run_sweep"]
+
+
 def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
     """Every layout x group of the sweep (module docstring).
 
@@ -6,7 +38,7 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
     """
     t_start = time.perf_counter()
     rows = []
-    for P, U, link in _groups(cfg):
+    for P, U, link in sweep_groups(cfg):
         T = min(cfg.max_T, cfg.tokens_per_rank * P)
         gpn = P if link == "nvlink" else U
         group = GroupSpec.offline(P, U, gpn)
@@ -33,8 +65,8 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
                        "chosen": auto.placement.name, "lb": lb, "bound": bound, "transfer_bound": transfers_only,
                        "est": est, "sim": sim,
                        "plan_ms": plan_ms,
-                       "tokens": _max_mean(auto.placement.tokens_per_part()),
-                       "work": _max_mean(auto.placement.work_per_part(layout)),
+                       "tokens": max_over_mean(auto.placement.tokens_per_part()),
+                       "work": max_over_mean(auto.placement.work_per_part(layout)),
                        "recv_ring": float(np.bincount(auto.transfers.dst, weights=auto.transfers.lengths,
                                                       minlength=parts).max() / (T - T / parts))}
                 if U == 1 and link == "nvlink":  # the hierarchy degree chosen for this layout, up to Ulysses
@@ -52,18 +84,19 @@ def run_sweep(cfg: SweepConfig = SweepConfig(), progress: bool = False) -> dict:
         if progress:
             print(f"  sweep P={P} U={U} {link}: {time.perf_counter() - t_start:.0f} s", flush=True)
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(cfg).items()}
-    return {"rows": rows, "per_batch": _per_batch_rows(cfg), "config": config, "seconds": time.perf_counter() - t_start}
+    return {"rows": rows, "per_batch": per_batch_rows(cfg), "config": config, "seconds": time.perf_counter() - t_start}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str]) -> Outcome:
+    """``python -m benchmarks sweep [--quick]``: run the sweep alone (the entry point prints its section).
+
+    Args:
+        argv: the command-line arguments.
+
+    Returns:
+        The outcome (status 0; the pages are left alone).
+    """
+    ap = argparse.ArgumentParser(prog="python -m benchmarks sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes")
     args = ap.parse_args(argv)
-    from .sweep_render import render_sweep
-
-    print(render_sweep(run_sweep(SweepConfig.quick() if args.quick else SweepConfig(), progress=True)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return Outcome(0, run_sweep(SweepConfig.quick() if args.quick else SweepConfig(), progress=True), False)

@@ -1,3 +1,21 @@
+"""The traffic tables' run (the schemes, the figures and the goals: :mod:`benchmarks.analytic.traffic`): every scheme
+on every layout of the grid, hf_hsap's plans with their planning time."""
+from __future__ import annotations
+
+import time
+
+import hf_hsap
+from hf_hsap.plan.planner import offline_link
+from hf_hsap.topology import auto_ulysses_size
+
+from ..analytic.distributions import cu_seqlens, doc_lengths
+from ..analytic.schemes import all_schemes
+from ..analytic.traffic import (HSAP_VARIANTS, MODEL_Q_HEADS, RECV_SHAPE, SHAPES, LayoutResult, TrafficConfig,
+                                hsap_scheme, planner_cost, recv_floor)
+
+__all__ = ["evaluate_layout", "run_traffic"]
+
+
 def evaluate_layout(dist: str, T: int, P: int, seed: int, cfg: TrafficConfig) -> LayoutResult:
     """Plan one layout with every hf_hsap variant and count every scheme for both shapes.
 

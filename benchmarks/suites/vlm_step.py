@@ -1,34 +1,31 @@
-"""A VLM training step under SP on CPU (issue 42): per-rank tensor peak and step time of one forward + backward of a
+"""A VLM training step under SP on CPU: per-rank tensor peak and step time of one forward + backward of a
 Qwen2.5-VL on one packed image + text row at SP 1, 2 and 4, vision tower included, hf_hsap beside a baseline where
-every rank encodes every image of the row (:mod:`benchmarks.vlm_workers`, whose two schemes are checked equal first).
+every rank encodes every image of the row (:mod:`benchmarks.suites.vlm_workers`, whose two schemes are checked equal first).
 
 Each SP size runs on its own spawned gloo ranks (SP = world size). Per scheme and rank: the exact tensor peak of one
 step (:class:`benchmarks.tensor_memory.TensorPeak`, in its own untimed step), the CPU time of a step (median of the
 interleaved timed rounds after a warm-up), the images and pixel rows its vision tower encodes, and the vision tower's
 own forward + backward time on those pixels. Reported: the busiest rank (max over ranks).
 
-Usage: ``python -m benchmarks.vlm_step [--quick] [--out benchmarks/results/vlm_step.json] [--no-write-md]``
-(``bash scripts/bench_vlm.sh``). Writes the results JSON, then renders it (:func:`vlm_section`) into the detail file
-``benchmarks/results/vlm.md`` and ``BENCHMARKS.md``'s headline (:mod:`benchmarks.publish`).
+Usage: ``python -m benchmarks vlm [--quick] [--out benchmarks/results/vlm_step.json] [--no-write-md]``
+(``bash scripts/bench_vlm.sh``). Writes the results JSON; the entry point then renders it
+(:func:`benchmarks.report.vlm.vlm_section`) into the detail file ``benchmarks/results/vlm.md`` and
+``BENCHMARKS.md``'s headline.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 from hf_hsap.testing import DistPools
 
 from . import vlm_workers as vw
-from .report import mib, ratio, secs
-from .sections import step_main
+from .output import RESULTS, Outcome, step_main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "vlm_step.json"
+DEFAULT_OUT = RESULTS / "vlm_step.json"
 # (text before, image grid (t, h, w) in patches or None, text after) per document: about a third placeholders
 SHAPES = ((300, (1, 48, 48), 200), (150, (1, 32, 40), 250), (400, None, 300), (100, (1, 32, 32), 120),
           (60, (1, 24, 24), 80), (200, (1, 16, 24), 150), (50, (1, 16, 16), 90), (90, None, 84))
@@ -137,19 +134,16 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
             "seconds": time.perf_counter() - t0}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measure, write the results JSON and (unless ``--no-write-md`` or ``--quick``) publish it
-    (``benchmarks/results/vlm.md`` and ``BENCHMARKS.md``).
+def main(argv: Sequence[str]) -> Outcome:
+    """Measure and write the results JSON (``python -m benchmarks vlm``; the pages, ``benchmarks/results/vlm.md``
+    and ``BENCHMARKS.md``, are rendered again unless ``--no-write-md`` or ``--quick``).
 
     Args:
-        argv: the command-line arguments (default: ``sys.argv[1:]``).
+        argv: the command-line arguments.
 
     Returns:
-        The exit status.
+        The outcome.
     """
-    return step_main(argv, __doc__.split("\n")[0], lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(),
-                     run_vlm_step, vlm_section, DEFAULT_OUT, "tiny sizes, SP 1 and 2, memory only")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return step_main(argv, suite="vlm", description=__doc__.split("\n")[0],
+                     config=lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(), run=run_vlm_step,
+                     out=DEFAULT_OUT, quick_help="tiny sizes, SP 1 and 2, memory only")
