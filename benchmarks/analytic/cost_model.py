@@ -70,7 +70,7 @@ LINK_EFFICIENCY = 0.80
 ALPHA_INTRA_S = 10e-6
 ALPHA_INTER_S = 20e-6
 ATTN_BWD_FACTOR = 2.5
-DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[1] / "calibration.json"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The analysis detail file ``benchmarks/results/analysis.md`` ("Where hf_hsap loses, and why"): text around the
-computed figures of the results dict of :mod:`benchmarks.run`."""
+computed figures of the results dict of :mod:`benchmarks.suites.core`."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import report as rp
+from . import format as rp
 
 
 def _losses(res: dict) -> str:
@@ -103,7 +103,7 @@ def analysis(res: dict) -> str:
     """The "Where hf_hsap loses, and why" section (the detail file ``benchmarks/results/analysis.md``).
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``traffic_rows``, ``traffic_goals``, ``cost_rows``, and
+        res: the results dict of :mod:`benchmarks.suites.core` (``traffic_rows``, ``traffic_goals``, ``cost_rows``, and
             optionally ``measured``, ``kernel_paths``, ``kernel_shapes``).
 
     Returns:

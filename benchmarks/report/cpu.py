@@ -1,9 +1,9 @@
-"""The CPU measurements of ``python -m benchmarks.run`` (``bash scripts/bench.sh``) in markdown: the schedules side
+"""The CPU measurements of the core suite (``python -m benchmarks core``, ``bash scripts/bench.sh``) in markdown: the schedules side
 by side, hf_hsap's compute path on one rank, the CPU kernel by segment shape and the peak memory per rank (the detail
 file ``benchmarks/results/cpu.md``; every number is read from the results dict)."""
 from __future__ import annotations
 
-from . import report as rp
+from . import format as rp
 
 __all__ = ["cpu_detail", "measured_section"]
 
@@ -12,7 +12,7 @@ def cpu_detail(res: dict) -> str:
     """The CPU detail file's body: :func:`measured_section`, or a line saying the run skipped it.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run`.
+        res: the results dict of :mod:`benchmarks.suites.core`.
 
     Returns:
         Markdown.
@@ -27,7 +27,7 @@ def measured_section(res: dict) -> str:
     by segment shape and the peak memory per rank.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``measured``, ``measure_config``, ``kernel_paths``,
+        res: the results dict of :mod:`benchmarks.suites.core` (``measured``, ``measure_config``, ``kernel_paths``,
             ``kernel_shapes``, ``memory``, ``meta``).
 
     Returns:

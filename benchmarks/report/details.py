@@ -1,22 +1,23 @@
-"""The detail files of ``python -m benchmarks.run`` (``bash scripts/bench.sh``) in markdown: the goals with their
-figures, exact traffic and balance, the cost model, planning time and the plots (every number is read from the
-results dict; :mod:`benchmarks.publish` writes them, :mod:`benchmarks.page` the page that links them). The CPU
-measurements are :mod:`benchmarks.cpu_render`'s.
+"""The detail files of the core suite (``python -m benchmarks core``, ``bash scripts/bench.sh``) in markdown: the goals
+with their figures, exact traffic and balance, the cost model, planning time and the plots (every number is read from
+the results dict; :mod:`benchmarks.report.publish` writes them, :mod:`benchmarks.report.page` the page that links
+them). The CPU measurements are :mod:`benchmarks.report.cpu`'s.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from . import report as rp
-from .cpu_render import cpu_detail
-from .goals19 import issue19_goal_rows
-from .goals41 import issue41_goal_rows
+from . import format as rp
+from .memory import MEMORY_GOALS, memory_goal_rows
+from .placement_goals import PLACEMENT_GOALS, placement_goal_rows
+from .plots import plot_paths
+from .sources import PLOTS, ROOT
 
-__all__ = ["cost_detail", "cpu_detail", "data_line", "goals_detail", "issue6_goal_rows", "planning_detail",
-           "plots_detail", "traffic_detail"]
+__all__ = ["CORE_GOALS", "busy", "calibration_note", "core_goal_rows", "cost_detail", "data_line", "goals_detail",
+           "planning_detail", "plots_detail", "traffic_detail"]
 
-ROOT = Path(__file__).resolve().parent.parent
+CORE_GOALS = "traffic, balance and speed"  # the topic of the core suite's goals (their heading)
 
 
 def _join(vals) -> str:
@@ -39,7 +40,7 @@ def data_line(res: dict) -> str:
     """Which run the figures of a detail file come from: command, date, commit, machine and software.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``meta``, ``seconds``).
+        res: the results dict of :mod:`benchmarks.suites.core` (``meta``, ``seconds``).
 
     Returns:
         One markdown line.
@@ -51,14 +52,14 @@ def data_line(res: dict) -> str:
             f"{m['load_start'][0]:.1f} at the start, {m['load_end'][0]:.1f} at the end"
             + (" (**other jobs shared the machine: wall times are noisy**)" if busy(m) else "")
             + f"; torch {m['torch']}, numpy {m['numpy']}, Python {m['python']}. Work fixed by "
-            "`shared/BENCHMARK_SPEC.md`; raw numbers in `benchmarks/results/results.json`.")
+            "`benchmarks/SPEC.md`; raw numbers in `benchmarks/results/results.json`.")
 
 
-def issue6_goal_rows(res: dict) -> list[list[str]]:
-    """The rows ``[goal, value, status]`` of issue 6's goals (balance, traffic, predicted TGS, CPU, planning).
+def core_goal_rows(res: dict) -> list[list[str]]:
+    """The rows ``[goal, value, status]`` of the core suite's goals (balance, traffic, predicted TGS, CPU, planning).
 
     Args:
-        res: the results dict of :mod:`benchmarks.run`.
+        res: the results dict of :mod:`benchmarks.suites.core`.
 
     Returns:
         The table's rows; the CPU row only when the run measured on CPU.
@@ -139,7 +140,7 @@ def _parity(configs: list[dict], margin: float = 0.03) -> str:
 
 def _assumptions(res: dict) -> str:
     """The cost model's assumptions, per GPU from the results and the rest as fixed text."""
-    lines = ["Assumptions (from `benchmarks/cost_model.py`, overridable by `benchmarks/calibration.json`):", ""]
+    lines = ["Assumptions (from `benchmarks/analytic/cost_model.py`, overridable by `benchmarks/calibration.json`):", ""]
     for hw, a in res["assumptions"].items():
         lines.append(f"- {hw}: attention kernel at {a['attn_efficiency']:.0%} and GEMMs at {a['gemm_efficiency']:.0%} "
                      f"of dense bf16 peak; links at {a['link_efficiency']:.0%} of nominal; latency "
@@ -170,37 +171,37 @@ def _assumptions(res: dict) -> str:
 
 
 def goals_detail(res: dict) -> str:
-    """The goals of issues 6, 19 and 41 with the figures each is judged on.
+    """Every goal with the figures it is judged on.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` with the side results (``peers``, ``memory_levers``,
-            ``memory_model``) of :func:`benchmarks.publish.load_results`.
+        res: the results dict of :mod:`benchmarks.suites.core` with the side results (``peers``, ``memory_levers``,
+            ``memory_model``) of :func:`benchmarks.report.sources.load_results`.
 
     Returns:
-        Markdown: one table per issue (a goal whose figures are missing has no row).
+        Markdown: one table per topic (a goal whose figures are missing has no row).
     """
-    parts = ["## Goals of issue 6",
-             rp.table(["goal", "value (median over seeds)", "status"], issue6_goal_rows(res))]
-    rows19 = issue19_goal_rows(res)
-    if rows19:
-        parts += ["## Goals of issue 19",
+    parts = [f"## Goals: {CORE_GOALS}",
+             rp.table(["goal", "value (median over seeds)", "status"], core_goal_rows(res))]
+    placement = placement_goal_rows(res)
+    if placement:
+        parts += [f"## Goals: {PLACEMENT_GOALS}",
                   "Placement on layouts nobody tuned for (the placement sweep, [sweep.md](sweep.md)) and hf_hsap "
                   "beside DeepSpeed's sequence parallelism ([peers.md](peers.md)); est = the planner's cost model, "
                   "LB = every part equally loaded, no communication.",
-                  rp.table(["goal", "value", "status"], rows19)]
-    rows41 = issue41_goal_rows(res.get("memory_levers"), res.get("memory_model"))
-    if rows41:
-        parts += ["## Goals of issue 41",
+                  rp.table(["goal", "value", "status"], placement)]
+    memory = memory_goal_rows(res.get("memory_levers"), res.get("memory_model"))
+    if memory:
+        parts += [f"## Goals: {MEMORY_GOALS}",
                   "Million-token training: the memory levers and the memory model ([memory.md](memory.md); "
-                  "`bash scripts/bench_memory.sh`).", rp.table(["goal", "value", "status"], rows41)]
+                  "`bash scripts/bench_memory.sh`).", rp.table(["goal", "value", "status"], memory)]
     return "\n\n".join(parts)
 
 
 def traffic_detail(res: dict) -> str:
-    """Exact traffic and balance: issue 6's goal per distribution and P, then every scheme's table.
+    """Exact traffic and balance: the balance and traffic goals per distribution and P, then every scheme's table.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``traffic_rows``, ``traffic_goals``, ``traffic_config``).
+        res: the results dict of :mod:`benchmarks.suites.core` (``traffic_rows``, ``traffic_goals``, ``traffic_config``).
 
     Returns:
         Markdown.
@@ -213,7 +214,7 @@ def traffic_detail(res: dict) -> str:
         "forward pass (full-KV units of Llama-3-8B: 8 kv heads) / ring's (P − 1)/P · T. work = (query, key) pairs "
         "per rank (a Ulysses rank holding H/U heads counts 1/U), max/mean. tok = tokens held (activation memory), "
         "max/mean. MB = bytes received per GPU per layer, forward + backward, by the busiest GPU, bf16, 8 GPUs per "
-        "node (intra = NVLink, inter = InfiniBand). Schemes: `benchmarks/schemes.py` (counting rules in its "
+        "node (intra = NVLink, inter = InfiniBand). Schemes: `benchmarks/analytic/schemes.py` (counting rules in its "
         "docstring); `usp_UaxRb` and `te_a2a_p2p_UaxRb` are Ulysses a × ring b; `hsap` is hf_hsap's default "
         "(U = 1 on one node, U = 8 across nodes), `hsap_U1` flat SAP, `hsap_balanced` / `hsap_contiguous` its other "
         "placements (U = 1), `hsap_U<U>` the hierarchy with placement auto; the note gives placement / round order. "
@@ -231,7 +232,7 @@ def cost_detail(res: dict) -> str:
     calibration was used.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``cost_rows``, ``cost_goals*``, ``assumptions``,
+        res: the results dict of :mod:`benchmarks.suites.core` (``cost_rows``, ``cost_goals*``, ``assumptions``,
             ``calibrated``).
 
     Returns:
@@ -249,7 +250,7 @@ def cost_detail(res: dict) -> str:
         "(no document mask); infeasible = heads do not divide or memory cap exceeded. Ratios use the medians.",
         rp.cost_tables(res["cost_rows"]),
         "## GPU calibration",
-        "`benchmarks/gpu_calibrate.py` times one rank's work items against one varlen kernel over the same FLOPs "
+        "`benchmarks/suites/gpu_calibrate.py` (`python -m benchmarks calibrate`) times one rank's work items against one varlen kernel over the same FLOPs "
         "on a lent GPU and writes `benchmarks/calibration.json`. " + calibration_note(res),
     ])
 
@@ -258,7 +259,7 @@ def calibration_note(res: dict) -> str:
     """Whether the cost model ran on a GPU calibration or on its default efficiencies.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``calibrated``).
+        res: the results dict of :mod:`benchmarks.suites.core` (``calibrated``).
 
     Returns:
         One sentence.
@@ -270,7 +271,7 @@ def calibration_note(res: dict) -> str:
 
 PLANNING_TEXT = (
     "`plan_sequence` on the host (one process, numpy), T = 524288 with 2,000 documents (longtail-shaped "
-    "lengths scaled to the row, see `benchmarks/planning.py`), median of several runs in this process (15 "
+    "lengths scaled to the row, see `benchmarks/suites/planning.py`), median of several runs in this process (15 "
     "for cold plans), by wall clock and by the planning thread's CPU time (`time.thread_time`; the goal is "
     "judged on the median CPU time: other jobs on the machine inflate wall time), and the minimum of the CPU "
     "times (what the code costs when nothing slows the machine: its speed moves by up to 2x from one minute "
@@ -282,7 +283,7 @@ def planning_detail(res: dict) -> str:
     """Planning time: how it is measured and the table.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``planning``).
+        res: the results dict of :mod:`benchmarks.suites.core` (``planning``).
 
     Returns:
         Markdown.
@@ -294,12 +295,13 @@ def plots_detail(res: dict, folder: Path) -> str:
     """The plots of the run, linked from ``folder``.
 
     Args:
-        res: the results dict of :mod:`benchmarks.run` (``plots``: paths relative to the repository root).
+        res: the results dict of :mod:`benchmarks.suites.core` (its plots: :func:`benchmarks.report.plots.plot_paths`
+            in ``benchmarks/plots/``).
         folder: where the detail file goes (the images' links are relative to it).
 
     Returns:
         Markdown.
     """
-    links = [Path(os.path.relpath(ROOT / p, folder)).as_posix() for p in res["plots"]]
-    return "\n\n".join(["## Plots", "\n".join(f"![{p}]({link})" for p, link in
-                                                                  zip(res["plots"], links))])
+    paths = plot_paths(res, PLOTS)
+    return "\n\n".join(["## Plots", "\n".join(f"![{p.relative_to(ROOT).as_posix()}]"
+                                               f"({Path(os.path.relpath(p, folder)).as_posix()})" for p in paths)])

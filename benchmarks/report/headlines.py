@@ -1,6 +1,6 @@
-"""The headline tables of ``BENCHMARKS.md`` (:mod:`benchmarks.page`), each after the command that made it: against
-the peers, memory and the longest row, planning time, the placement sweep and model coverage. Every figure is read
-from the results JSON (:func:`benchmarks.publish.load_results`); the detail files hold the full tables.
+"""The headline tables of ``BENCHMARKS.md`` (:mod:`benchmarks.report.page`), each after the command that made it:
+against the peers, memory and the longest row, planning time, the placement sweep and model coverage. Every figure is
+read from the results JSON (:func:`benchmarks.report.sources.load_results`); the detail files hold the full tables.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from . import report as rp
-from .goals19 import PEERS
-from .publish import MEMORY_CMD, PEERS_CMD, ROOT, RUN_CMD
-from .sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
+from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
+from . import format as rp
+from .placement_goals import PEERS
+from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, ROOT, RUN_CMD, SOAK_CMD, VLM_CMD
 
 __all__ = ["coverage_headline", "memory_headline", "peers_headline", "planning_headline", "run_cmd",
            "sweep_headline"]
@@ -82,7 +82,7 @@ def peers_headline(res: dict[str, Any]) -> list[str]:
         cfg = res.get("measure_config", {})
         out += ["", f"Command: {run_cmd(res)}, its CPU part: world {cfg.get('world', 4)} on gloo, T = "
                 f"{m['configs'][0]['T']}, one attention layer forward + backward, the other schedules implemented "
-                f"in `benchmarks/cpu_baselines.py` on the same kernel; time / hf_hsap (CPU time / hf_hsap), median "
+                f"in `benchmarks/suites/cpu_baselines.py` on the same kernel; time / hf_hsap (CPU time / hf_hsap), median "
                 f"of {cfg.get('reps', 5)} interleaved rounds.", "",
                 rp.table(["dist", "kv heads", "hf_hsap ms", *names], body)]
     return out if len(out) > 1 else []
@@ -107,7 +107,7 @@ def memory_headline(res: dict[str, Any]) -> list[str]:
                  f"{by[(lengths[-1], s)]['cpu_s'] / by[(lengths[-1], 'full')]['cpu_s']:.2f}",
                  f"{max(by[(t, s)]['grad_err'] for t in lengths):.1e}"]
                 for s in dict.fromkeys(r["scheme"] for r in rows)]
-        out += ["", f"Command: `{MEMORY_CMD}` (`python -m benchmarks.memory_levers`): SP {cfg['world']} on gloo, a "
+        out += ["", f"Command: `{MEMORY_CMD}` (`python -m benchmarks memory_levers`): SP {cfg['world']} on gloo, a "
                 f"Llama shape (vocabulary {cfg['model']['vocab']:,}, {cfg['model']['layers']} layers), long-tail "
                 "rows; the exact tensor peak of one forward + backward on the busier rank, and its CPU time against "
                 "`full` (no lever); `all` = every hf_hsap lever that acts on CPU, `alst` = DeepSpeed's.", "",
@@ -160,7 +160,7 @@ def sweep_headline(res: dict[str, Any]) -> list[str]:
     """The placement sweep per link: est/LB, the share within the goal, losses to simpler placements, the oracle.
 
     Args:
-        res: the results dict (``sweep``: :func:`benchmarks.sweep.run_sweep`'s).
+        res: the results dict (``sweep``: :func:`benchmarks.suites.sweep.run_sweep`'s).
 
     Returns:
         The section's lines.
@@ -181,7 +181,7 @@ def sweep_headline(res: dict[str, Any]) -> list[str]:
                      " / ".join(str(sum(loses_to(r, o) for r in rs)) for o in OTHERS),
                      f"{max(orc):.3f}" if orc else "–",
                      f"{np.mean(np.asarray(orc) <= ORACLE_GOAL):.1%}" if orc else "–"])
-    return ["## Placement sweep (no clock)", "", f"Command: {run_cmd(res)}; `python -m benchmarks.sweep` prints it alone: "
+    return ["## Placement sweep (no clock)", "", f"Command: {run_cmd(res)}; `python -m benchmarks sweep` prints it alone: "
             f"{len(rows)} layouts x groups, {len(cfg['distributions'])} length distributions, P {min(cfg['Ps'])}–"
             f"{max(cfg['Ps'])}, U {min(cfg['Us'])}–{max(cfg['Us'])}; est = the planner's cost model of the slowest "
             "part, LB = every part equally loaded without communication, oracle = a local search.", "",
@@ -243,7 +243,7 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
         body = [[r["sp"], f"{r['hf_hsap']['peak_mib']:,.0f} / {r['baseline']['peak_mib']:,.0f}",
                  rp.ratio(r["hf_hsap"]["peak_mib"], r["baseline"]["peak_mib"]),
                  rp.ratio(r["hf_hsap"]["cpu_s"], r["baseline"]["cpu_s"])] for r in vlm["rows"]]
-        out += ["", "Command: `bash scripts/bench_vlm.sh`: one training step of a small Qwen2.5-VL on a packed "
+        out += ["", f"Command: `{VLM_CMD}`: one training step of a small Qwen2.5-VL on a packed "
                 f"image + text row of {vlm['row']['tokens']:,} tokens ({vlm['row']['images']} images), hf_hsap "
                 "against every rank encoding every image; busiest rank.", "",
                 rp.table(["SP", "peak MiB hf_hsap / baseline", "peak ratio", "step time ratio"], body)]
@@ -254,7 +254,7 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
                  f"{r['hybrid']['handoffs']} → {r['hybrid_priced']['handoffs']}",
                  "yes" if all(r[n]["states"]["equal"] for n in ("hybrid", "hybrid_priced")) else "**no**"]
                 for r in hyb["rows"]]
-        out += ["", "Command: `bash scripts/bench_hybrid.sh`: one training step of a Qwen3.5-like hybrid "
+        out += ["", f"Command: `{HYBRID_CMD}`: one training step of a Qwen3.5-like hybrid "
                 "(linear attention beside full attention) and a pure-attention Qwen3 of the same size on a packed "
                 f"row of {hyb['row']['tokens']:,} tokens; hand-offs = recurrent states a split document passes per "
                 "layer, on the group's default plan → on a plan priced for the recurrent layers.", "",
@@ -262,7 +262,7 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
                           "hand-offs default → priced", "state bytes = formula"], body)]
     soak = res.get("soak")
     if soak:
-        out += ["", f"Command: `python -m benchmarks.soak`: {soak['steps']:,} training steps on {soak['world']} "
+        out += ["", f"Command: `{SOAK_CMD}`: {soak['steps']:,} training steps on {soak['world']} "
                 f"ranks, a new layout every step: resident memory +{soak['rss_growth_mib']:.1f} MiB after the "
                 f"warm-up, plan cache at most {soak['cache_max']} entries, throughput drift "
                 f"{soak['drift'] * 100:+.1f}%."]

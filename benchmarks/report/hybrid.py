@@ -1,5 +1,16 @@
+"""The hybrid model's training step in markdown: the detail file ``benchmarks/results/hybrid.md`` from its results JSON
+(:func:`benchmarks.suites.hybrid_step.run_hybrid_step`'s)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .format import mib, ratio, secs
+
+__all__ = ["hybrid_section"]
+
+
 def hybrid_section(res: dict[str, Any]) -> str:
-    """The markdown of the detail file ``benchmarks/results/hybrid.md`` from :func:`run_hybrid_step`'s results."""
+    """The markdown of the detail file ``benchmarks/results/hybrid.md`` from :func:`benchmarks.suites.hybrid_step.run_hybrid_step`'s results."""
     cfg, m, f, rows = res["config"], res["model"], res["model"]["formula"], res["rows"]
     one = rows[0]
     kinds = ", ".join(f"{m['layer_types'].count(t)} {t}" for t in dict.fromkeys(m["layer_types"]))

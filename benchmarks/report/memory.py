@@ -1,26 +1,28 @@
-"""Issue 41's goals (million-token memory) in one table, and the memory sections (the detail file
-``benchmarks/results/memory.md``), from the results of ``bash scripts/bench_memory.sh`` (``benchmarks/results/memory_levers.json`` of
-:mod:`benchmarks.memory_levers`, ``memory_model.json`` of :mod:`benchmarks.memory_model`). A goal whose figures
-are missing gets no row."""
+"""The memory goals (million-token rows) in one table, and the memory sections (the detail file
+``benchmarks/results/memory.md``), from the results of ``bash scripts/bench_memory.sh``
+(``benchmarks/results/memory_levers.json`` of :mod:`benchmarks.suites.memory_levers`, ``memory_model.json`` of
+:mod:`benchmarks.suites.memory_model`). A goal whose figures are missing gets no row."""
 from __future__ import annotations
 
 from typing import Any
 
-from hf_hsap.memory import MemoryLevers
+from ..analytic.memory import RECIPE_LENGTHS, ROW_GOALS, ROW_GOALS_MODEL
+from .format import table
 
-from .memory_levers import GOAL_GROWTH_KB, GOAL_TIME, levers_section
-from .report import table
+__all__ = ["MEMORY_GOALS", "levers_section", "memory_goal_rows", "memory_model_section", "memory_sections"]
 
+MEMORY_GOALS = "memory for million-token rows"  # the topic of these goals (their heading)
 EXACT_TOL = 1e-4  # float32, against the path without the lever (the tests' tolerance)
 MODEL_TOL = 0.10  # the memory model against the exact tensor peaks
-ROW_GOALS = {8: 4_000_000, 32: 16_000_000}  # Llama-3-8B on 8 / 32 H100-80GB (ALST: 3.7M / 15M)
+GOAL_GROWTH_KB = 96.0  # the recipe with checkpointing grows by at most this per token per rank
+GOAL_TIME = 1.35  # the levers cost at most this x the step time of the path without them
 
 
 def _status(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
-def _best_rows(model: dict[str, Any], name: str = "Llama-3-8B") -> dict[int, dict[str, Any]]:
+def _best_rows(model: dict[str, Any], name: str = ROW_GOALS_MODEL) -> dict[int, dict[str, Any]]:
     """The longest row per GPU count over the SAP setups of ``model``'s table."""
     best: dict[int, dict[str, Any]] = {}
     for r in model.get("longest_rows", []):
@@ -29,7 +31,7 @@ def _best_rows(model: dict[str, Any], name: str = "Llama-3-8B") -> dict[int, dic
     return best
 
 
-def issue41_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None) -> list[list[str]]:
+def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None) -> list[list[str]]:
     """``[goal, value, status]`` rows."""
     rows: list[list[str]] = []
     if levers:
@@ -83,7 +85,7 @@ def memory_model_section(model: dict[str, Any]) -> str:
                 f"{r['terms_gib'].get('host', 0):.0f}", f"{r['alst']:,}" if r.get("alst") else "",
                 f"{r['goal']:,}" if r.get("goal") else ""] for r in model["longest_rows"]]
     return "\n\n".join([
-        "## Memory model and the longest row (issue 41)",
+        "## Memory model and the longest row",
         f"Command: `{model['command']}` ({model['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). "
         "`hf_hsap.memory.model.predict_step_memory` against the exact tensor peak of one CPU step (TensorPeak; the "
         "weights and optimizer states that exist before the step are left out of both):",
@@ -111,10 +113,6 @@ def memory_sections(res: dict[str, Any]) -> list[str]:
     if res.get("memory_model"):
         out.append(memory_model_section(res["memory_model"]))
     return out
-GOAL_GROWTH_KB = 96.0  # issue 41: the recipe with checkpointing grows by at most this per token per rank
-
-
-GOAL_TIME = 1.35  # issue 41: the levers cost at most this x the step time of the path without them
 
 
 def _fmt_mib(x: float) -> str:
@@ -125,7 +123,8 @@ def levers_section(res: dict[str, Any]) -> str:
     """The memory levers' section of the detail file ``benchmarks/results/memory.md``.
 
     Args:
-        res: :func:`main`'s results (``levers``, ``recipe``, ``seconds``; the results JSON).
+        res: :func:`benchmarks.suites.memory_levers.main`'s results (``levers``, ``recipe``, ``seconds``; the results
+            JSON).
 
     Returns:
         Markdown.
@@ -133,7 +132,7 @@ def levers_section(res: dict[str, Any]) -> str:
     rows, lines = res["levers"]["rows"], []
     cfg = res["levers"]["config"]
     m = cfg["model"]
-    lines += ["## Memory levers (issue 41), measured side by side on CPU", "",
+    lines += ["## Memory levers, measured side by side on CPU", "",
               "Schemes: `full` (full logits, no lever), `checkpointing`, `chunked` (hf_hsap's chunked loss), "
               "`trl_fused` (TRL's fused LM head, what `HSAPSFTTrainer` inherits), `checkpointing+chunked`, `all` "
               "(every hf_hsap lever that acts on CPU: chunked loss, checkpointing, tiled MLP, recomputed norms), "

@@ -1,20 +1,21 @@
 """``BENCHMARKS.md``: the one page a user reads. A short header (machine, software, when and at which commit each
 command measured), the goals met or not, then headline tables, each after the command that made it
-(:mod:`benchmarks.headlines`: against the peers, memory and the longest row, planning time, the placement sweep,
-model coverage), and the list of detail files (:func:`benchmarks.publish.details`), which hold the full tables. Every
-figure is read from the results JSON (:func:`benchmarks.publish.load_results`); :func:`benchmarks.publish.publish`
-writes the page.
+(:mod:`benchmarks.report.headlines`: against the peers, memory and the longest row, planning time, the placement
+sweep, model coverage), and the list of detail files (:data:`benchmarks.report.registry.DETAILS`), which hold the full
+tables. Every figure is read from the results JSON (:func:`benchmarks.report.sources.load_results`);
+:func:`benchmarks.report.publish.publish` writes the page.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from . import report as rp
-from .goals19 import issue19_goal_rows
-from .goals41 import issue41_goal_rows
+from . import format as rp
 from .headlines import coverage_headline, memory_headline, peers_headline, planning_headline, run_cmd, sweep_headline
-from .publish import MEMORY_CMD, PEERS_CMD, details
-from .render import busy, calibration_note, issue6_goal_rows
+from .details import CORE_GOALS, busy, calibration_note, core_goal_rows
+from .memory import MEMORY_GOALS, memory_goal_rows
+from .placement_goals import PLACEMENT_GOALS, placement_goal_rows
+from .registry import DETAILS
+from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, SOAK_CMD, VLM_CMD
 
 __all__ = ["MAX_LINES", "render_page"]
 
@@ -42,7 +43,7 @@ def _header(res: dict[str, Any]) -> list[str]:
     """Title, how the page is made, machine, software and the data's commands with their dates.
 
     Args:
-        res: :func:`benchmarks.publish.load_results`'s dict.
+        res: :func:`benchmarks.report.sources.load_results`'s dict.
 
     Returns:
         The header's lines.
@@ -66,8 +67,7 @@ def _header(res: dict[str, Any]) -> list[str]:
     if lev or mod:
         data.append(f"`{MEMORY_CMD}`: " + "; ".join(f"{name} {_when(d)}, {d['seconds']:.0f} s" for name, d in
                                                (("levers", lev), ("memory model", mod)) if d))
-    for key, cmd in (("vlm_step", "bash scripts/bench_vlm.sh"), ("hybrid_step", "bash scripts/bench_hybrid.sh"),
-                     ("soak", "python -m benchmarks.soak")):
+    for key, cmd in (("vlm_step", VLM_CMD), ("hybrid_step", HYBRID_CMD), ("soak", SOAK_CMD)):
         if res.get(key):
             data.append(f"`{cmd}`: {_when(res[key])}, {res[key]['seconds']:.0f} s")
     for key in ("model_zoo", "vlm_zoo"):
@@ -77,9 +77,9 @@ def _header(res: dict[str, Any]) -> list[str]:
     return [
         "# hf_hsap benchmarks", "",
         "Headline figures; each table follows the command that made it, and the [detail files](#detail) hold the "
-        "full tables. Generated from the JSON in `benchmarks/results/` by `python -m benchmarks.publish`, which "
+        "full tables. Generated from the JSON in `benchmarks/results/` by `python -m benchmarks report`, which "
         "each `benchmarks` command below runs after it measures (after the zoo scripts, run it yourself; "
-        "`python -m benchmarks.run --render-only` also redraws the plots); do not edit by hand.", "",
+        "`python -m benchmarks report --plots` also redraws the plots); do not edit by hand.", "",
         f"- **Machine**: {m['cpu']}, {m['cores']} cores, CPU only. {calibration_note(res)}",
         f"- **Software**: {'; '.join(soft)}.",
         "- **Data** (command: date, commit, duration):",
@@ -88,7 +88,7 @@ def _header(res: dict[str, Any]) -> list[str]:
 
 
 def _goals(res: dict[str, Any], links: dict[str, str]) -> list[str]:
-    """One short table per issue: goal and status (the figures are in the goals detail file).
+    """One short table per topic: goal and status (the figures are in the goals detail file).
 
     Args:
         res: the results dict. links: detail file name → link.
@@ -96,15 +96,16 @@ def _goals(res: dict[str, Any], links: dict[str, str]) -> list[str]:
     Returns:
         The section's lines.
     """
-    out = ["## Goals", "", "Every goal of the issues these benchmarks answer, met or not; "
+    out = ["## Goals", "", "Every goal these benchmarks answer, met or not; "
            + (f"[goals.md]({links['goals']}) gives the figures each is judged on." if "goals" in links else "")]
-    tables = ((6, f"Command: {run_cmd(res)}.", issue6_goal_rows(res)),
-              (19, f"Command: {run_cmd(res)} for the sweep and planning rows, `{PEERS_CMD}` for the rows "
-                   "against DeepSpeed.", issue19_goal_rows(res)),
-              (41, f"Command: `{MEMORY_CMD}`.", issue41_goal_rows(res.get("memory_levers"), res.get("memory_model"))))
-    for issue, command, rows in tables:
+    tables = ((CORE_GOALS, f"Command: {run_cmd(res)}.", core_goal_rows(res)),
+              (PLACEMENT_GOALS, f"Command: {run_cmd(res)} for the sweep and planning rows, `{PEERS_CMD}` for the rows "
+                                "against DeepSpeed.", placement_goal_rows(res)),
+              (MEMORY_GOALS, f"Command: `{MEMORY_CMD}`.",
+               memory_goal_rows(res.get("memory_levers"), res.get("memory_model"))))
+    for topic, command, rows in tables:
         if rows:
-            out += ["", f"### Goals of issue {issue}", "", command, "",
+            out += ["", f"### Goals: {topic}", "", command, "",
                     rp.table(["goal", "status"], [[g, s.split(";")[0]] for g, _, s in rows])]
     return out
 
@@ -119,7 +120,7 @@ def _detail_list(links: dict[str, str], models_link: str) -> list[str]:
         The section's lines.
     """
     out = ["## Detail", ""]
-    out += [f"- [{d.title}]({links[d.name]}): {d.command_text()}" for d in details() if d.name in links]
+    out += [f"- [{d.title}]({links[d.name]}): {d.command_text()}" for d in DETAILS if d.name in links]
     return out + [f"- [Model zoo, every family]({models_link}): `python scripts/model_zoo.py`, "
                   "`python scripts/vlm_zoo.py`"]
 
@@ -128,7 +129,7 @@ def render_page(res: dict[str, Any], links: dict[str, str], models_link: str = "
     """The whole ``BENCHMARKS.md``.
 
     Args:
-        res: :func:`benchmarks.publish.load_results`'s dict (the main run's results with ``meta``, and the side
+        res: :func:`benchmarks.report.sources.load_results`'s dict (the main run's results with ``meta``, and the side
             results, ``None`` where missing). links: detail file name → its path relative to the page (only the
             files written). models_link: MODELS.md relative to the page.
 

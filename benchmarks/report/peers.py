@@ -1,4 +1,13 @@
-# ----------------------------------------------------------------------------- Markdown
+"""The peers' detail file (``benchmarks/results/peers.md``) from their results JSON
+(:func:`benchmarks.suites.peers.run_peers`'s)."""
+from __future__ import annotations
+
+from ..analytic.peers import CONFIDENCE, DEEPSPEED_SCHEMES
+from . import format as rp
+
+__all__ = ["peers_section"]
+
+
 def _ratio(v: dict) -> str:
     if "ratio" not in v:
         return "–"
@@ -23,7 +32,7 @@ def peers_section(results: dict) -> str:
     probe = results.get("probe", {})
     ds = results.get("deepspeed")
     busy = max(m["load"][0], me["load"][0]) > (m["cores"] or 1)
-    missing = [f"`{n}`: {probe[n]}" for n in pw.DEEPSPEED_SCHEMES if n in cfg["schemes"] and probe.get(n, "ok") != "ok"]
+    missing = [f"`{n}`: {probe[n]}" for n in DEEPSPEED_SCHEMES if n in cfg["schemes"] and probe.get(n, "ok") != "ok"]
     lines = [
         "## hf_hsap beside DeepSpeed's sequence parallelism (CPU)",
         "",
@@ -91,7 +100,7 @@ def peers_section(results: dict) -> str:
                          f"{v['tensor_mib']:.1f}" if "tensor_mib" in v else "–"])
     lines += ["", rp.table(["row", "docs", "kv heads", "scheme", "U", "ms", "noise", "scheme / hsap", "CPU scheme / hsap",
                             "max rel. error", "peak MiB / rank", "tensors MiB / rank"], body)]
-    peers = [v for c in results["configs"] for n, v in c["results"].items() if n in pw.DEEPSPEED_SCHEMES and "ratio" in v]
+    peers = [v for c in results["configs"] for n, v in c["results"].items() if n in DEEPSPEED_SCHEMES and "ratio" in v]
     if peers:
         r = [v["ratio"] for v in peers]
         slower = sum(v["cpu_hi"] < 1 for v in peers if "cpu_hi" in v)

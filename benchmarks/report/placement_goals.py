@@ -1,7 +1,7 @@
-"""The goals of issue 19 (placement on layouts nobody tuned for; never slower than DeepSpeed's Ulysses) in one
-table of ``BENCHMARKS.md``: every figure is read from the sweep's rows (:func:`benchmarks.sweep.run_sweep`), the
-planning rows (:mod:`benchmarks.planning`) and the peers' results (:func:`benchmarks.peers.run_peers`, its own
-command); a goal whose figures this run lacks gets no row.
+"""The placement and peers goals (placement on layouts nobody tuned for; never slower than DeepSpeed's Ulysses) in
+one table of ``BENCHMARKS.md``: every figure is read from the sweep's rows (:func:`benchmarks.suites.sweep.run_sweep`),
+the planning rows (:mod:`benchmarks.suites.planning`) and the peers' results (:func:`benchmarks.suites.peers.run_peers`,
+its own command); a goal whose figures this run lacks gets no row.
 """
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import math
 
 import numpy as np
 
-from . import report as rp
-from .sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to, searched
+from ..analytic.peers import DEEPSPEED_SCHEMES as PEERS
+from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to, searched
+from . import format as rp
 
-__all__ = ["issue19_goal_rows"]
+__all__ = ["PEERS", "PLACEMENT_GOALS", "placement_goal_rows"]
+
+PLACEMENT_GOALS = "placement and the peers"  # the topic of these goals (their heading)
 
 SHARE_GOAL = 0.95  # est/LB within the link's goal on at least this share of the sweep
 TOKENS_GOAL = 1.10  # tokens max/mean, always
-PEERS = ("deepspeed_ulysses", "alst")  # DeepSpeed's schemes hf_hsap is held against
 
 
 def _sweep_rows(sweep: dict) -> list[list[str]]:
@@ -100,14 +102,14 @@ def _planning_row(planning: list[dict]) -> list[list[str]]:
              rp._met(row["cold_cpu_ms"] <= 20 and row["cached_ms"] <= 0.1)]]
 
 
-def issue19_goal_rows(res: dict) -> list[list[str]]:
-    """The rows ``[goal, value, status]`` of issue 19's goals table.
+def placement_goal_rows(res: dict) -> list[list[str]]:
+    """The rows ``[goal, value, status]`` of the placement and peers goals table.
 
     Args:
-        res: the results dict of :func:`benchmarks.run.main` (``sweep``, ``planning``, optional ``peers``).
+        res: the results dict of :func:`benchmarks.suites.core.main` (``sweep``, ``planning``, optional ``peers``).
 
     Returns:
-        The table's rows, in the issue's order; a goal whose figures ``res`` lacks has none.
+        The table's rows, in the goals' order; a goal whose figures ``res`` lacks has none.
     """
     out = _sweep_rows(res["sweep"]) if res.get("sweep") else []
     out += _peer_rows(res["peers"]) if res.get("peers") else []

@@ -1,9 +1,19 @@
-"""PNG plots of the benchmark results (matplotlib, Agg backend; imported only by the runner)."""
+"""PNG plots of the core suite's results (matplotlib, Agg backend, imported when a plot is drawn), and the plan
+pictures of two layouts (:func:`hf_hsap.inspect.write_png`)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from hf_hsap import plan_sequence
+from hf_hsap.inspect import write_png
+
+from ..analytic.distributions import cu_seqlens, doc_lengths
+
+__all__ = ["draw_plots", "plot_measured", "plot_paths", "plot_tgs", "plot_traffic"]
 
 TRAFFIC_SCHEMES = ("ring", "zigzag_ring", "allgather_kv", "ulysses", "te_p2p", "hsap_contiguous", "hsap_balanced",
                    "hsap_U1", "hsap")
@@ -109,33 +119,48 @@ def plot_measured(measured: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def make_plots(results: dict, plots: Path) -> list[str]:
-    """Write the PNGs; returns their paths relative to the repository root."""
-    from hf_hsap import plan_sequence
-    from hf_hsap.inspect import write_png
-
-    from . import plots as pl
-    from .distributions import cu_seqlens, doc_lengths
-
-    plots.mkdir(parents=True, exist_ok=True)
-    out = []
-    for T in sorted({r["T"] for r in results["traffic_rows"]}):
-        p = plots / f"traffic_T{T // 1024}K.png"
-        pl.plot_traffic(results["traffic_rows"], p, T)
-        out.append(p)
-    for hw in sorted({r["hw"] for r in results["cost_rows"]}):
-        for model in sorted({r["model"] for r in results["cost_rows"]}):
-            p = plots / f"tgs_{hw}_{model}.png"
-            pl.plot_tgs(results["cost_rows"], p, model, hw)
-            out.append(p)
+def _plots(results: dict[str, Any], folder: Path) -> list[tuple[Path, Callable[[Path], None]]]:
+    """Every plot of the core suite's results: its file in ``folder`` and what draws it there."""
+    traffic, cost = results["traffic_rows"], results["cost_rows"]
+    out: list[tuple[Path, Callable[[Path], None]]] = [
+        (folder / f"traffic_T{T // 1024}K.png", lambda p, T=T: plot_traffic(traffic, p, T))
+        for T in sorted({r["T"] for r in traffic})]
+    out += [(folder / f"tgs_{hw}_{model}.png", lambda p, hw=hw, model=model: plot_tgs(cost, p, model, hw))
+            for hw in sorted({r["hw"] for r in cost}) for model in sorted({r["model"] for r in cost})]
     if results.get("measured"):
-        p = plots / "cpu_measured.png"
-        pl.plot_measured(results["measured"], p)
-        out.append(p)
-    T, P = min(r["T"] for r in results["traffic_rows"]), min(r["P"] for r in results["traffic_rows"])
-    for dist in ("longtail", "mixed"):
-        p = plots / f"plan_{dist}_T{T // 1024}K_P{P}.png"
-        write_png(plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto"), str(p),
-                  f"hf_hsap plan (auto): {dist}, seed 0, T={T}, P={P}")
-        out.append(p)
-    return [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in out]
+        out.append((folder / "cpu_measured.png", lambda p: plot_measured(results["measured"], p)))
+    T, P = min(r["T"] for r in traffic), min(r["P"] for r in traffic)
+    out += [(folder / f"plan_{dist}_T{T // 1024}K_P{P}.png",
+             lambda p, dist=dist: write_png(plan_sequence(cu_seqlens(doc_lengths(dist, T, 0)), P, "auto"), str(p),
+                                            f"hf_hsap plan (auto): {dist}, seed 0, T={T}, P={P}"))
+            for dist in ("longtail", "mixed")]
+    return out
+
+
+def plot_paths(results: dict[str, Any], folder: Path) -> list[Path]:
+    """The PNGs of the core suite's results (what :func:`draw_plots` writes), in the plots page's order.
+
+    Args:
+        results: the core suite's results dict (``traffic_rows``, ``cost_rows``, ``measured``).
+        folder: the plots' folder (``benchmarks/plots/``).
+
+    Returns:
+        Their paths.
+    """
+    return [p for p, _ in _plots(results, folder)]
+
+
+def draw_plots(results: dict[str, Any], folder: Path) -> list[Path]:
+    """Draw the PNGs of :func:`plot_paths`.
+
+    Args:
+        results: the core suite's results dict. folder: where they go (made if missing).
+
+    Returns:
+        Their paths.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    plots = _plots(results, folder)
+    for path, draw in plots:
+        draw(path)
+    return [p for p, _ in plots]

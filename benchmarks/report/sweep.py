@@ -1,13 +1,14 @@
-"""The placement sweep's section of ``BENCHMARKS.md``: markdown from :func:`benchmarks.sweep.run_sweep`'s rows
-(no computation beyond the figures' statistics; the module docstring of :mod:`benchmarks.sweep` defines them)."""
+"""The placement sweep's section of ``BENCHMARKS.md``: markdown from :func:`benchmarks.suites.sweep.run_sweep`'s rows
+(no computation beyond the figures' statistics; the module docstring of :mod:`benchmarks.analytic.sweep` defines
+them)."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
 
-from .sweep import GOALS, MODEL_KV_HEADS, MODEL_Q_HEADS, NODE_GPUS, ORACLE_GOAL, OTHERS, loses_to, missed_in_reach, \
-    searched
+from ..analytic.sweep import (GOALS, MODEL_KV_HEADS, MODEL_Q_HEADS, NODE_GPUS, ORACLE_GOAL, OTHERS, loses_to,
+                              missed_in_reach, searched)
 
 __all__ = ["render_sweep"]
 

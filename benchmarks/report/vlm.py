@@ -1,10 +1,21 @@
+"""The VLM training step in markdown: the detail file ``benchmarks/results/vlm.md`` from its results JSON
+(:func:`benchmarks.suites.vlm_step.run_vlm_step`'s)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .format import mib, ratio, secs
+
+__all__ = ["vlm_section"]
+
+
 def vlm_section(res: dict[str, Any]) -> str:
-    """The markdown of the detail file ``benchmarks/results/vlm.md`` from :func:`run_vlm_step`'s results."""
+    """The markdown of the detail file ``benchmarks/results/vlm.md`` from :func:`benchmarks.suites.vlm_step.run_vlm_step`'s results."""
     cfg, row, m = res["config"], res["row"], res["model"]
     hs, bl = "hf_hsap", "baseline"
     worst_loss = max(r[bl]["loss_err"] for r in res["rows"])
     worst_grad = max(r[bl]["grad_err"] for r in res["rows"])
-    lines = ["## VLM training step (issue 42)", "",
+    lines = ["## VLM training step", "",
              f"`bash scripts/bench_vlm.sh` ({res['seconds']:.0f} s): one forward + backward (the model's loss) of a "
              f"random Qwen2.5-VL, text hidden {m['hidden']}, {m['layers']} layers, {m['heads']} / {m['kv_heads']} "
              f"heads, MLP {m['mlp']}, vocabulary {m['vocab']:,}; vision tower depth {m['vision_depth']}, hidden "

@@ -1,4 +1,15 @@
-# ----------------------------------------------------------------------------- rendering
+"""The sliding windows' detail file (``benchmarks/results/windows.md``) from their results
+(:func:`benchmarks.suites.windows.run_windows`'s; the figures are defined in :mod:`benchmarks.analytic.windows`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..analytic.windows import TOK_GOAL, WINDOW_MODELS, WORK_GOAL
+from .format import table
+
+__all__ = ["render_windows"]
+
+
 def _fmt(x: float | None, nd: int = 3) -> str:
     if x is None:
         return "–"
@@ -72,8 +83,6 @@ def standing(res: dict) -> str:
 
 def goal_table(goals: list[dict]) -> str:
     """hf_hsap's windowed kinds against the goal."""
-    from .report import table
-
     body = [[g["model"], _kind_label(g["kind"]), g["dist"], f"{g['T'] // 1024}K", g["P"],
              f"{_fmt(g['goal'], 2)} ({_fmt(g['goal_worst'], 2)})",
              _mark(g["recv_met"]) + ("" if g["recv_met"] else f" {_fmt(g['goal_worst'], 2)}"),
@@ -88,8 +97,6 @@ def goal_table(goals: list[dict]) -> str:
 
 def scheme_tables(rows: list[dict]) -> str:
     """One table per (model, dist, T, P): every scheme, per layer kind (and the model's mean)."""
-    from .report import table
-
     blocks = []
     for model, dist, T, P in dict.fromkeys((r["model"], r["dist"], r["T"], r["P"]) for r in rows):
         sel = [r for r in rows if (r["model"], r["dist"], r["T"], r["P"]) == (model, dist, T, P)]
@@ -135,7 +142,7 @@ def render_windows(res: dict) -> str:
         "holds a piece of (– for head-sharded schemes, inf when a rank receives KV but holds no split document). "
         "`model` rows: every layer's figures averaged over the model's layers (recv and MB: the busiest rank of "
         "each layer; work: Σ layers max / Σ layers mean, as every layer waits for its slowest rank).")
-    goal = ("Goal (issue): received KV on windowed layers at most 2·W tokens per rank per split document it holds "
+    goal = ("Goal: received KV on windowed layers at most 2·W tokens per rank per split document it holds "
             "(judged on every seed), within the unwindowed balance goals (work max/mean ≤ 1.05, tokens max/mean ≤ "
             "1.10, on the median over seeds).")
     return "\n\n".join(["## Sliding windows (no clock)", intro, goal, standing(res), goal_table(res["goals"]),

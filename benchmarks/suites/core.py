@@ -1,11 +1,12 @@
-"""One command for every benchmark: ``python -m benchmarks.run [--quick] [--skip-cpu]`` (``bash scripts/bench.sh``).
+"""The core suite: ``python -m benchmarks core [--quick] [--skip-cpu]`` (``bash scripts/bench.sh``).
 
-Writes the raw numbers to ``benchmarks/results/results.json`` and PNG plots to ``benchmarks/plots/``, then renders
-``BENCHMARKS.md`` (the page) and the detail files ``benchmarks/results/*.md`` from every results JSON there
-(:func:`benchmarks.publish.publish`). Measured: exact traffic and balance (no clock), sliding windows
-(:mod:`benchmarks.windows`, no clock), the placement sweep (:mod:`benchmarks.sweep`, no clock), cost-model
-predictions, planning time, and (unless ``--skip-cpu``) the CPU measurements (4 spawned gloo ranks) and peak memory.
-``--quick`` shrinks everything for development (one seed, a short CPU row); ``--render-only`` measures nothing.
+Writes the raw numbers to ``benchmarks/results/results.json``; the entry point then draws the PNG plots into
+``benchmarks/plots/`` and renders ``BENCHMARKS.md`` (the page) and the detail files ``benchmarks/results/*.md`` from
+every results JSON there (:mod:`benchmarks.report`). Measured: exact traffic and balance (no clock,
+:mod:`benchmarks.suites.traffic`), sliding windows (:mod:`benchmarks.suites.windows`, no clock), the placement sweep
+(:mod:`benchmarks.suites.sweep`, no clock), cost-model predictions, planning time, and (unless ``--skip-cpu``) the CPU
+measurements (4 spawned gloo ranks) and peak memory. ``--quick`` shrinks everything for development (one seed, a
+short CPU row); ``python -m benchmarks report --plots`` measures nothing.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import dataclasses
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -22,16 +22,19 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .cost_model import DEFAULT_CALIBRATION, load_assumptions
+from ..analytic.cost_model import DEFAULT_CALIBRATION, load_assumptions
+from ..analytic.predictions import CostConfig, cost_goals, run_predictions
+from ..analytic.sweep import SweepConfig
+from ..analytic.traffic import TrafficConfig, summarize_traffic, traffic_goals
+from ..analytic.windows import WindowConfig
 from .measured import MeasureConfig, run_kernel_paths, run_kernel_shapes, run_measured, run_memory
+from .output import RESULTS, Outcome, command_line, renders_pages, stamp
 from .planning import PlanningConfig, run_planning
-from .predictions import CostConfig, cost_goals, run_predictions
-from .publish import publish, stamp
-from .traffic import TrafficConfig, run_traffic, summarize_traffic, traffic_goals
-from .sweep import SweepConfig, run_sweep
-from .windows import WindowConfig, run_windows
+from .sweep import run_sweep
+from .traffic import run_traffic
+from .windows import run_windows
 
-ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = RESULTS / "results.json"
 
 
 def machine_info() -> dict:
@@ -90,41 +93,31 @@ def compact(obj: object, keep_layer: tuple[str, ...] = ("hsap", "hsap_batched", 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line options of the runner."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    """The command-line options of the core suite."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks core", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes for development (one seed, T=4096 on CPU)")
     p.add_argument("--skip-cpu", action="store_true", help="skip the CPU timing and memory runs")
-    p.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="the page (default BENCHMARKS.md)")
-    p.add_argument("--plots", default=str(ROOT / "benchmarks" / "plots"))
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "results.json"),
-                   help="the results JSON; the detail files go beside it, and the other commands' JSON is read there")
-    p.add_argument("--render-only", action="store_true",
-                   help="run nothing: redraw the plots and rewrite the page and the detail files from the JSON of "
-                   "earlier runs")
+    p.add_argument("--results", default=str(DEFAULT_OUT),
+                   help="the results JSON (default benchmarks/results/results.json, which the pages read; elsewhere, "
+                   "the pages and the plots are left alone)")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run everything (or nothing, ``--render-only``), write the results and publish them.
+def main(argv: Sequence[str]) -> Outcome:
+    """Run everything and write the results JSON.
 
     Args:
-        argv: the command-line arguments (default: ``sys.argv[1:]``).
+        argv: the command-line arguments.
 
     Returns:
-        0.
+        The outcome (status 0): the pages and the plots are rendered again when the results went to the default
+        file.
     """
     args = build_parser().parse_args(argv)
     results_path = Path(args.results)
-    if args.render_only:
-        results = json.loads(results_path.read_text())
-        plots = make_plots(results, Path(args.plots))
-        written = publish(results_path.parent, Path(args.out), results_path.name)
-        print(f"wrote {len(plots)} plots and {len(written)} files ({', '.join(p.name for p in written)}) from the "
-              f"JSON in {results_path.parent}")
-        return 0
     t_start = time.perf_counter()
     meta = machine_info()
-    meta["command"] = "python -m benchmarks.run" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    meta["command"] = command_line("core", argv)
     tcfg = TrafficConfig(seeds=(0,)) if args.quick else TrafficConfig()
     mcfg = (MeasureConfig(T=4096, reps=3, memory_T=16384) if args.quick else MeasureConfig())
     pcfg = PlanningConfig(cold_runs=3, cached_runs=200) if args.quick else PlanningConfig()
@@ -158,14 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta["seconds"] = time.perf_counter() - t_start
     results["meta"] = meta
     results["calibrated"] = DEFAULT_CALIBRATION.exists()
-    results["plots"] = make_plots(results, Path(args.plots))
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(compact(results), default=float) + "\n")
-    written = publish(results_path.parent, Path(args.out), results_path.name)
-    print(f"wrote {args.results}, {len(results['plots'])} plots and {len(written)} files "
-          f"({', '.join(p.name for p in written)}) in {meta['seconds']:.0f}s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    print(f"wrote {args.results} in {meta['seconds']:.0f}s")
+    return Outcome(0, None, renders_pages(results_path, DEFAULT_OUT, False))

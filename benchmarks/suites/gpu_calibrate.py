@@ -18,8 +18,8 @@ Efficiencies are relative to the nominal dense bf16 peak of the device (the tabl
 ``hardware.<key>`` (``A100``, ``H100``, ...: the table's key for the device) of the calibration file,
 other keys kept.
 
-    python -m benchmarks.gpu_calibrate                 # on a GPU machine
-    python -m benchmarks.gpu_calibrate --dry-run       # on CPU: tiny sizes, float32, prints the JSON only
+    python -m benchmarks calibrate                 # on a GPU machine
+    python -m benchmarks calibrate --dry-run       # on CPU: tiny sizes, float32, prints the JSON only
 """
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ from hf_hsap.hardware import GPU_KINDS, hardware_for_device_name, peak_flops_for
 from hf_hsap.kernels import VarlenSpec, select_kernel
 from hf_hsap.runtime import sap_backward, sap_forward
 
-from .cost_model import DEFAULT_CALIBRATION, MODELS
-from .distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
+from ..analytic.cost_model import DEFAULT_CALIBRATION, MODELS
+from ..analytic.distributions import DISTRIBUTIONS, cu_seqlens, doc_lengths
+from .output import Outcome
 
 # {device-name substring: (hardware key, dense bf16 peak FLOP/s)}, a read-only view of hf_hsap.hardware's table
 PEAKS: Mapping[str, tuple[str, float]] = MappingProxyType(
@@ -167,7 +168,7 @@ def device_peak(device: torch.device, dtype: torch.dtype) -> tuple[str, str, flo
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options of the calibration script."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, float32; print the JSON, write nothing")
     p.add_argument("--dists", default=",".join(DISTRIBUTIONS), help="comma-separated distributions")
     p.add_argument("--T", type=int, default=131072)
@@ -179,8 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the calibration; returns 0."""
+def main(argv: Sequence[str]) -> Outcome:
+    """Run the calibration.
+
+    Args:
+        argv: the command-line arguments.
+
+    Returns:
+        The outcome (status 0; the pages are left alone: the calibration is read when the core suite runs).
+    """
     args = build_parser().parse_args(argv)
     m = MODELS[args.model]
     if args.dry_run:
@@ -204,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = {"attn_efficiency": round(min(1.0, single / peak), 4), "gemm_efficiency": round(min(1.0, gemm * 1e12 / peak), 4)}
     detail = "; ".join(f"{x['dist']}: rank {x['part']} {x['items']} items, plan {x['plan_tflops']:.1f} vs single "
                        f"{x['single_tflops']:.1f} TFLOP/s" for x in layouts)
-    source = (f"{'DRY RUN (CPU, meaningless numbers): ' if args.dry_run else ''}benchmarks/gpu_calibrate.py on "
+    source = (f"{'DRY RUN (CPU, meaningless numbers): ' if args.dry_run else ''}benchmarks/suites/gpu_calibrate.py on "
               f"{name}, {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, torch {torch.__version__}, "
               f"kernel {layouts[0]['kernel']}, {args.model} heads, T={T}, P={P}, {dtype}; plan items reach "
               f"{plan_ratio:.2f}x the single varlen call's throughput; matmul {gemm:.1f} TFLOP/s; {detail}")
@@ -217,8 +225,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out_path is not None:
         out_path.write_text(text + "\n")
         print(f"wrote {out_path} in {time.perf_counter() - t0:.0f}s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return Outcome(0, None, False)

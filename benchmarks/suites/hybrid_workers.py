@@ -25,7 +25,7 @@ import hf_hsap
 from hf_hsap.mixers import handoff
 from hf_hsap.plan.cost import CostModel
 
-from .tensor_memory import TensorPeak
+from ..tensor_memory import TensorPeak
 
 KINDS = ("hybrid", "attention")  # the models built
 # variant -> (model kind, plan): "default" = the SP group's config (its cost model prices attention only), "priced" =

@@ -29,7 +29,7 @@ import hf_hsap
 from hf_hsap.integrations import check_plan_used, hsap_model_loss, shard_batch
 from hf_hsap.integrations.loss import TARGET_KEYS
 
-from .tensor_memory import TensorPeak
+from ..tensor_memory import TensorPeak
 
 SCHEMES = ("full", "checkpointing", "chunked", "trl_fused", "checkpointing+chunked", "all", "alst")
 _GROUPS: dict[int, Any] = {}

@@ -2,7 +2,7 @@
 
 Every schedule runs over the same kernel (:class:`~hf_hsap.kernels.TorchCPUFlashKernel`), so the
 ratio of two times shows the schedule. The ranks are spawned processes (:class:`hf_hsap.testing.DistPool`)
-with one thread each; the worker functions live in :mod:`benchmarks.cpu_workers`.
+with one thread each; the worker functions live in :mod:`benchmarks.suites.cpu_workers`.
 """
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import torch
 
+from hf_hsap.kernels import TorchCPUFlashKernel
+from hf_hsap.kernels.base import VarlenSpec
 from hf_hsap.testing import DistPool
 
+from ..analytic.distributions import cu_seqlens, doc_lengths, useful_pairs
 from . import cpu_workers
-from .distributions import cu_seqlens, doc_lengths, useful_pairs
+from .cpu_workers import ATTENTION_ONLY
+from .gpu_calibrate import calibrate_layout, timed
 
 
 @dataclass(frozen=True)
@@ -83,14 +88,9 @@ def run_kernel_paths(cfg: MeasureConfig) -> list[dict]:
         cfg: sizes (``T``, ``world`` as the SP size, heads, distributions).
 
     Returns:
-        Rows of :func:`benchmarks.gpu_calibrate.calibrate_layout` (float32, CPU, best of 5 after a warm-up)
+        Rows of :func:`benchmarks.suites.gpu_calibrate.calibrate_layout` (float32, CPU, best of 5 after a warm-up)
         with ``hkv`` added.
     """
-    import torch
-
-    from .cpu_workers import ATTENTION_ONLY
-    from .gpu_calibrate import calibrate_layout
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -119,13 +119,6 @@ def run_kernel_shapes(cfg: MeasureConfig, heads: tuple[int, ...] = (8, 2)) -> li
         Rows ``{kind, nq, nk, heads, <v>_fwd_ms, <v>_bwd_ms, <v>_mpairs_per_s}`` for ``v`` in ``whole``,
         ``halved``, ``default`` (million useful (query, key) pairs per head per second, fwd + bwd).
     """
-    import torch
-
-    from hf_hsap.kernels import TorchCPUFlashKernel
-    from hf_hsap.kernels.base import VarlenSpec
-
-    from .gpu_calibrate import timed
-
     kernels = {"whole": TorchCPUFlashKernel(block=0, few_heads_block=0),
                "halved": TorchCPUFlashKernel(halve_forward=True), "default": TorchCPUFlashKernel()}
     threads = torch.get_num_threads()

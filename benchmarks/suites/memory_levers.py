@@ -38,10 +38,10 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPool, launch_env
 
 from . import lever_workers as lw
+from ..analytic.memory import RECIPE_LENGTHS
 from .output import RESULTS, ROOT, Outcome, renders_pages, stamp
 
 DEFAULT_OUT = RESULTS / "memory_levers.json"
-RECIPE_LENGTHS = (2048, 16384)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from hf_hsap.memory.fit import longest_row
 from hf_hsap.memory.levers import MemoryLevers
 from hf_hsap.memory.model import predict_step_memory
 
+from ..analytic.memory import ROW_GOALS, ROW_GOALS_MODEL
 from .output import RESULTS, Outcome, command_line, renders_pages, stamp
 
 DEFAULT_OUT = RESULTS / "memory_model.json"
@@ -53,7 +54,7 @@ LLAMA3_70B = dict(model_type="llama", hidden_size=8192, intermediate_size=28672,
 BIG_MODELS = {"Llama-3-8B": LLAMA3_8B, "Qwen3-8B": QWEN3_8B, "Llama-3-70B": LLAMA3_70B}
 # ALST (Arctic Long Sequence Training, arXiv 2506.13996): Llama-3.1-8B, every lever on, H100-80GB
 ALST_PUBLISHED = {("Llama-3-8B", 1): 500_000, ("Llama-3-8B", 8): 3_700_000, ("Llama-3-8B", 32): 15_000_000}
-GOALS = {("Llama-3-8B", 8): 4_000_000, ("Llama-3-8B", 32): 16_000_000}
+GOALS = {(ROW_GOALS_MODEL, gpus): tokens for gpus, tokens in ROW_GOALS.items()}
 
 # tiny models: small hidden sizes, large vocabularies, activations dominate the weights
 DENSE = dict(model_type="llama", hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -161,7 +162,7 @@ def measure_step(sizes: dict, tokens: int, levers: dict, sp_size: int = 1, dtype
     from hf_hsap.integrations import hsap_model_loss, shard_batch
     from hf_hsap.memory import apply_memory_levers
 
-    from .tensor_memory import TensorPeak
+    from ..tensor_memory import TensorPeak
 
     torch.set_num_threads(1)
     lev = MemoryLevers(**levers)

@@ -40,11 +40,11 @@ import hf_hsap
 from hf_hsap.kernels import TorchCPUFlashKernel
 from hf_hsap.testing import rel_err
 
+from ..analytic.peers import DEEPSPEED_SCHEMES
 from .cpu_calibration import cpu_cost_model, measure_cpu_figures
 from .cpu_workers import _baseline_runner, _hsap_runner, _reset_peak, _Runner, _status_kb
-from .tensor_memory import TensorPeak
+from ..tensor_memory import TensorPeak
 
-DEEPSPEED_SCHEMES = ("deepspeed_ulysses", "alst")
 SCHEMES = ("hsap", "hsap_flat", "hsap_ulysses") + DEEPSPEED_SCHEMES
 TENSORS = ("out", "dq", "dk", "dv")
 

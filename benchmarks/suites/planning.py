@@ -8,6 +8,8 @@ import numpy as np
 
 import hf_hsap
 
+from ..analytic.distributions import planning_lengths
+
 
 @dataclass(frozen=True)
 class PlanningConfig:
@@ -20,23 +22,6 @@ class PlanningConfig:
     cold_runs: int = 15
     cached_runs: int = 2000
     seed: int = 0
-
-
-def planning_lengths(T: int, n_docs: int, seed: int) -> np.ndarray:
-    """``n_docs`` document lengths summing to ``T``: ``longtail`` draws (log-normal, median 2048,
-    sigma 1.6) scaled to the row, each at least 16 tokens; the rounding rest goes to the longest.
-
-    Args:
-        T: row length; n_docs: number of documents; seed: ``numpy.random.default_rng`` seed.
-
-    Returns:
-        ``[n_docs]`` int64 lengths, sum ``T``.
-    """
-    rng = np.random.default_rng(seed)
-    w = rng.lognormal(np.log(2048.0), 1.6, size=n_docs)
-    lengths = np.maximum(16, np.floor(w / w.sum() * T)).astype(np.int64)
-    lengths[np.argmax(lengths)] += T - int(lengths.sum())
-    return lengths
 
 
 def _times_ms(fn, runs: int, clock=time.perf_counter) -> list[float]:

@@ -30,6 +30,7 @@ import torch
 
 from hf_hsap.testing import DistPool
 
+from ..analytic.soak import DRIFT_TOL, check_bounded, summarize
 from .output import RESULTS, ROOT, Outcome, renders_pages
 
 DEFAULT_OUT = RESULTS / "soak.json"

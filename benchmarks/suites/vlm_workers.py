@@ -23,7 +23,7 @@ import hf_hsap
 from hf_hsap.examples import tiny_vlm_config, vlm_documents
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 
-from .tensor_memory import TensorPeak
+from ..tensor_memory import TensorPeak
 
 SCHEMES = ("hf_hsap", "baseline")
 # the global inputs the baseline feeds to model(...) in place of shard_batch's local ones
