@@ -1,4 +1,4 @@
-"""The transfer-counting lower bound (``benchmarks.bound``): no placement within the token cap is faster than
+"""The transfer-counting lower bound (``benchmarks.analytic.bound``): no placement within the token cap is faster than
 it by the cost model, it is at least the compute bound, it only falls as the cap grows, and on a sweep row where
 one document holds most of the pairs it proves the network goal out of every placement's reach."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import built_placements, ci_examples, cu_of
-from benchmarks.bound import BOUND_TOLERANCE, transfer_bound
-from benchmarks.relaxation import relaxed_bound
+from benchmarks.analytic.bound import BOUND_TOLERANCE, transfer_bound
+from benchmarks.analytic.relaxation import relaxed_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.cutting import priced_cuts
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from benchmarks.oracle import optimise_placement
+from benchmarks.analytic.placement_search import optimise_placement
 from hf_hsap.plan.placement import token_cap
 from hf_hsap.plan.planner import _place, plan_layout
 from hf_hsap.plan.search import Search
@@ -29,7 +29,7 @@ COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvli
 SLACK = 0.10
 
 
-BOUNDS = {"transfer": transfer_bound,  # and benchmarks.relaxation's, at least it (coarse blocks: fast)
+BOUNDS = {"transfer": transfer_bound,  # and benchmarks.analytic.relaxation's, at least it (coarse blocks: fast)
           "relaxed": lambda layout, P, cost, cap: relaxed_bound(layout, P, cost, cap, blocks=8)}
 
 
@@ -84,7 +84,7 @@ def test_a_dominant_document_puts_the_network_goal_out_of_reach():
     holding a row deep in that document receives most of it, so no placement within the cap comes within 1.10 of
     LB; auto's plan is within 1.5x of the bound. Over NVLink the same row's bound is within 1.05 of LB (the
     document's late rows are dense in pairs, its transfers cheap) and auto is within 1.15 of it."""
-    from benchmarks.sweep import sweep_lengths
+    from benchmarks.analytic.sweep import sweep_lengths
 
     P, T = 48, 65536
     lengths = sweep_lengths("pareto-1.5", T, 1)
@@ -112,7 +112,7 @@ def test_short_documents_leave_the_compute_bound():
 def test_the_bound_holds_on_dense_sweep_rows():
     """Sweep rows where one document's late rows are dense in pairs (the layouts that decide the bound's token and
     part counts) over both links: auto's plan, balanced's and the priced cuts are never below the bound."""
-    from benchmarks.sweep import sweep_lengths
+    from benchmarks.analytic.sweep import sweep_lengths
 
     for dist, seed in (("pareto-1.5", 1), ("pareto-1.1", 0), ("one-dominant", 0), ("two-dominant", 1)):
         for P in (24, 64):

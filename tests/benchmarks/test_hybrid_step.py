@@ -1,4 +1,4 @@
-"""benchmarks/hybrid_step.py: its measurement in --quick mode on spawned ranks (never timed): the report's structure,
+"""benchmarks/suites/hybrid_step.py: its measurement in --quick mode on spawned ranks (never timed): the report's structure,
 both hybrids' (default and priced plan) measured state bytes equal to the formula, the priced plan's config, and
 its detail file (benchmarks/results/hybrid.md) against the committed results."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import hf_hsap
-from benchmarks.hybrid_step import DEFAULT_OUT, HYBRIDS, HybridStepConfig, hybrid_section, model_facts, run_hybrid_step
-from benchmarks.hybrid_workers import VARIANTS, model_config, plan_config, priced_cost, state_formula
+from benchmarks.report.hybrid import hybrid_section
+from benchmarks.suites.hybrid_step import DEFAULT_OUT, HYBRIDS, HybridStepConfig, model_facts, run_hybrid_step
+from benchmarks.suites.hybrid_workers import VARIANTS, model_config, plan_config, priced_cost, state_formula
 from hf_hsap.testing import DistPools
 
 

@@ -1,6 +1,6 @@
-"""BENCHMARKS.md is one short page (``benchmarks/page.py``): at most :data:`MAX_LINES` lines, every headline table
+"""BENCHMARKS.md is one short page (``benchmarks/report/page.py``): at most :data:`MAX_LINES` lines, every headline table
 right after the command that made it, every detail file under ``benchmarks/results/`` linked and present, and the
-committed page and detail files exactly what ``python -m benchmarks.publish`` renders from the committed JSON."""
+committed page and detail files exactly what ``python -m benchmarks report`` renders from the committed JSON."""
 from __future__ import annotations
 
 import re
@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import page as pg
-from benchmarks.publish import PAGE, RESULTS, ROOT, details, load_results, render_all
+from benchmarks.__main__ import SUITES
+from benchmarks.report import page as pg
+from benchmarks.report.details import CORE_GOALS
+from benchmarks.report.memory import MEMORY_GOALS
+from benchmarks.report.placement_goals import PLACEMENT_GOALS
+from benchmarks.report.publish import render_all
+from benchmarks.report.registry import DETAILS
+from benchmarks.report.sources import PAGE, RESULTS, ROOT, load_results
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
@@ -34,7 +40,7 @@ def test_the_page_is_short_and_every_link_resolves() -> None:
     linked = {link for link in links if link.startswith("benchmarks/results/")}
     generated = {f"benchmarks/results/{p.name}" for p in RESULTS.glob("*.md")}
     assert linked == generated and len(generated) >= 12  # every detail file linked, every link a detail file
-    assert {f"benchmarks/results/{d.name}.md" for d in details()} >= linked
+    assert {f"benchmarks/results/{d.name}.md" for d in DETAILS} >= linked
     assert "MODELS.md" in links
     for path in RESULTS.glob("*.md"):  # and each links back
         back = LINK.findall(path.read_text().split("\n\n", 2)[1])
@@ -49,31 +55,34 @@ def test_each_headline_table_follows_the_command_that_made_it() -> None:
         assert lines[i - 1] == "", lines[i]
         command = lines[i - 2]
         assert command.startswith("Command: `"), (lines[i], command)
-        for cmd in re.findall(r"`((?:bash|python)[^`]*)`", command):  # each names a script that exists
+        for cmd in re.findall(r"`((?:bash|python)[^`]*)`", command):  # each names a script or a suite that exists
             words = cmd.split()
+            if words[:3] == ["python", "-m", "benchmarks"]:
+                assert words[3] in SUITES, cmd
+                continue
             target = (ROOT / words[1] if words[0] == "bash" or words[1] != "-m"
                       else ROOT / (words[2].replace(".", "/") + ".py"))
             assert target.exists(), cmd
 
 
-def test_the_header_states_the_data_and_the_goal_anchors_stay(committed: dict) -> None:
+def test_the_header_states_the_data_and_every_goal_table_is_there(committed: dict) -> None:
     text = PAGE.read_text()
     head = text.split("\n## ", 1)[0]
     meta = committed["meta"]
     assert f"{meta['date']}, commit `{meta['commit']}`" in head and f"{meta['cores']} cores" in head
     assert "torch " in head and "`bash scripts/bench_peers.sh`" in head
-    for issue in (6, 19, 41):  # README links #goals-of-issue-41
-        assert f"\n### Goals of issue {issue}\n" in text
+    for topic in (CORE_GOALS, PLACEMENT_GOALS, MEMORY_GOALS):
+        assert f"\n### Goals: {topic}\n" in text
 
 
 def test_the_committed_files_are_what_publish_renders(committed: dict) -> None:
     out = render_all(committed)
-    assert PAGE in out and len(out) == len(details()) + 1
+    assert PAGE in out and len(out) == len(DETAILS) + 1
     for path, text in out.items():
         if text is None:
             assert not path.exists(), path
         else:
-            assert path.read_text() == text, f"{path.name}: run python -m benchmarks.publish"
+            assert path.read_text() == text, f"{path.name}: run python -m benchmarks report"
 
 
 def test_a_page_over_the_limit_is_refused(committed: dict, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The peers benchmark (hf_hsap beside DeepSpeed, ``benchmarks/peers.py``) without DeepSpeed: its summary and
+"""The peers benchmark (hf_hsap beside DeepSpeed, ``benchmarks/suites/peers.py``) without DeepSpeed: its summary and
 Markdown, the float64 reference and the exactness check, and a tiny end-to-end run of the hf_hsap schemes."""
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import hf_hsap
-from benchmarks import peer_workers as pw
-from benchmarks import peers
-from benchmarks.distributions import doc_lengths
+from benchmarks.suites import peer_workers as pw
+from benchmarks.analytic import peers as peer_figures
+from benchmarks.report.peers import peers_section
+from benchmarks.suites import peers
+from benchmarks.analytic.distributions import doc_lengths
 
 CU = [0, 40, 41, 100, 128]  # a short row: 4 documents, one of a single token
 
@@ -27,7 +29,7 @@ def _results(configs: list[dict], probe: dict, load: float = 0.5) -> dict:
     m = {"cores": 2, "load": [load, load, load], "torch": "2.x", "numpy": "2.x", "python": "3.11", "cpu": "x86_64"}
     return {"config": cfg, "probe": probe, "deepspeed": probe.get("deepspeed"), "schemes": cfg["schemes"],
             "configs": configs, "all_exact": all(v["exact"] for c in configs for v in c["results"].values()),
-            "machine": m, "machine_end": m, "seconds": 12.0, "command": "python -m benchmarks.peers --quick"}
+            "machine": m, "machine_end": m, "seconds": 12.0, "command": "python -m benchmarks peers --quick"}
 
 
 def test_summarize_ratios_noise_and_memory():
@@ -39,7 +41,7 @@ def test_summarize_ratios_noise_and_memory():
             "tensor_peak_bytes": {"hsap": 2**20, "deepspeed_ulysses": 2 * 2**20}},
            {"peak_delta_bytes": {"hsap": 5 * 2**20, "deepspeed_ulysses": 2**20}, "peak_reset": True,
             "tensor_peak_bytes": {"hsap": 4 * 2**20, "deepspeed_ulysses": 2**19}}]
-    s = peers.summarize([r0, r1], mem)
+    s = peer_figures.summarize([r0, r1], mem)
     # slowest rank per round: hsap [1.5, 2, 4], peer [2, 5, 9]
     assert s["hsap"]["ms"] == pytest.approx(2000.0)
     assert s["deepspeed_ulysses"]["ms"] == pytest.approx(5000.0)
@@ -59,19 +61,19 @@ def test_summarize_ratios_noise_and_memory():
 def test_median_interval_is_the_order_statistics_of_the_binomial_tail():
     # n = 15: P(Binomial(15, 1/2) <= 3) = 576 / 32768 = 1.8 % <= 2.5 % < P(<= 4) = 5.9 %: x_(4) and x_(12)
     x = np.random.default_rng(0).permutation(np.arange(1.0, 16.0))
-    assert peers.median_interval(x) == (4.0, 8.0, 12.0)
-    assert peers.median_interval(x, confidence=0.80) == (5.0, 8.0, 11.0)  # P(<= 4) = 5.9 % <= 10 %
-    assert peers.median_interval(np.array([3.0, 1.0, 2.0])) == (1.0, 2.0, 3.0)  # too few rounds: the whole range
-    assert peers.median_interval(np.array([0.9])) == (0.9, 0.9, 0.9)
+    assert peer_figures.median_interval(x) == (4.0, 8.0, 12.0)
+    assert peer_figures.median_interval(x, confidence=0.80) == (5.0, 8.0, 11.0)  # P(<= 4) = 5.9 % <= 10 %
+    assert peer_figures.median_interval(np.array([3.0, 1.0, 2.0])) == (1.0, 2.0, 3.0)  # too few rounds: the whole range
+    assert peer_figures.median_interval(np.array([0.9])) == (0.9, 0.9, 0.9)
 
 
 def test_the_cpu_ratio_is_the_median_of_per_round_ratios_with_its_interval():
     hsap = [1.0] * 15
     peer = [0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09, 1.1, 2.0]
-    s = peers.summarize([_per_rank({"hsap": hsap, "alst": peer}, {"hsap": hsap, "alst": peer[::-1]})])
+    s = peer_figures.summarize([_per_rank({"hsap": hsap, "alst": peer}, {"hsap": hsap, "alst": peer[::-1]})])
     assert s["alst"]["cpu_ratio"] == pytest.approx(1.04)
     assert (s["alst"]["cpu_lo"], s["alst"]["cpu_hi"]) == pytest.approx((1.0, 1.08))  # x_(4), x_(12)
-    text = peers.peers_section(_results([{"dist": "sft", "label": "SFT", "T": 128, "hq": 8, "hkv": 8, "d": 64,
+    text = peers_section(_results([{"dist": "sft", "label": "SFT", "T": 128, "hq": 8, "hkv": 8, "d": 64,
                                           "n_docs": 4, "pairs": 1, "check_s": 0.1, "seconds": 1.0, "results": s}],
                                         {"deepspeed": "0.x", "deepspeed_ulysses": "ok", "alst": "ok"}))
     assert "| 1.04 (1.00–1.08) |" in text and "measurably slower by CPU time in 0/1" in text
@@ -90,10 +92,10 @@ def test_peers_section_renders_the_table():
             "tensor_peak_bytes": {"hsap": 5 * 2**20, "hsap_ulysses": 2**19}}]
     per_rank[0]["info"]["hsap"] = {"ulysses": 2}  # the degree the row ran at: the U column
     c = {"dist": "sft", "label": peers.ROW_LABELS["sft"], "T": 128, "hq": 8, "hkv": 2, "d": 64, "n_docs": 5,
-         "pairs": 100, "results": peers.summarize(per_rank, mem)}
-    text = peers.peers_section(_results([c], {"deepspeed": "0.19.8", "deepspeed_ulysses": "ok", "alst": "ok"}, load=5.0))
+         "pairs": 100, "results": peer_figures.summarize(per_rank, mem)}
+    text = peers_section(_results([c], {"deepspeed": "0.19.8", "deepspeed_ulysses": "ok", "alst": "ok"}, load=5.0))
     assert text.startswith("## hf_hsap beside DeepSpeed")
-    assert "DeepSpeed 0.19.8" in text and "`python -m benchmarks.peers --quick`" in text
+    assert "DeepSpeed 0.19.8" in text and "`python -m benchmarks peers --quick`" in text
     assert "wall times are noisy" in text  # load 5 on 2 cores
     assert "| SFT (many short documents) | 5 | 2 | deepspeed_ulysses | – | 1500 | 0.00 | 1.50 (1.50–1.50) | 2.00 (2.00–2.00) " \
            "| 3.0e-07 | 30 | – |" in text  # no tensor peak for this scheme
@@ -103,7 +105,7 @@ def test_peers_section_renders_the_table():
     assert "| alst | – | not timed |" in text and "**not exact**" in text
     assert "Some schemes were not exact" in text
     assert "hsap faster in 1/1" in text  # alst is not timed, so only deepspeed_ulysses counts
-    quiet = peers.peers_section(_results([c], {"deepspeed": None, "deepspeed_ulysses": "DeepSpeed is not installed",
+    quiet = peers_section(_results([c], {"deepspeed": None, "deepspeed_ulysses": "DeepSpeed is not installed",
                                                "alst": "DeepSpeed is not installed"}))
     assert "DeepSpeed not installed" in quiet and "Not run: `deepspeed_ulysses`: DeepSpeed is not installed" in quiet
     assert "noisy" not in quiet
@@ -141,7 +143,7 @@ FIGURES = {"pair_s": 1e-7, "p2p_bytes_per_s": 5e8, "a2a_bytes_per_s": 5e8, "late
 
 
 def test_cpu_cost_model_from_figures():
-    from benchmarks.cpu_calibration import DIAG_BLOCK, cpu_cost_model
+    from benchmarks.suites.cpu_calibration import DIAG_BLOCK, cpu_cost_model
 
     cost = cpu_cost_model(8, 2, 64, FIGURES)
     # a KV token: K and V of 2 heads x 64 in float32, forward and their gradients back = 2048 bytes over 5e8 B/s,
@@ -183,5 +185,5 @@ def test_run_peers_without_deepspeed(pools):
         assert v["tensor_mib"] >= 1.5, v["tensor_mib"]  # the exact figure holds the same tensors
     assert c["results"]["hsap"]["ratio"] == pytest.approx(1.0)
     assert c["peak_reset"] is True
-    text = peers.peers_section(res)
+    text = peers_section(res)
     assert "| SFT (many short documents) |" in text and ("Not run" in text) != have_ds

@@ -1,6 +1,6 @@
-"""benchmarks.goals19: issue 19's goals table reads its figures from the sweep, the peers' run and the planning
+"""benchmarks.report.placement_goals: the placement and peers goals table reads its figures from the sweep, the peers' run and the planning
 rows, and each status follows the figures (rows built by hand, so a wrong rule flips an asserted status)."""
-from benchmarks.goals19 import issue19_goal_rows
+from benchmarks.report.placement_goals import placement_goal_rows
 
 
 def _sweep_row(link, lb, auto, bound, others=None, oracle=None, tokens=1.0, T=4096, P=4, U=1):
@@ -29,7 +29,7 @@ def test_every_goal_met():
                       _sweep_row("network", 1.0, 1.05, 1.0, oracle=1.04, tokens=1.1001, T=65536, P=48)]}
     peers = {"configs": [_peer_config(40.0, 1.02, 1.00), _peer_config(30.0, 1.2, 1.1)]}
     planning = [{"P": 64, "placement": "auto", "cold_cpu_ms": 19.0, "cached_ms": 0.05}]
-    rows = issue19_goal_rows({"sweep": sweep, "peers": peers, "planning": planning})
+    rows = placement_goal_rows({"sweep": sweep, "peers": peers, "planning": planning})
     assert len(rows) == 10 and all(status.startswith("**met**") for _, _, status in rows), rows
     goals = _by_goal(rows)
     tokens = next(v for g, v in goals.items() if g.startswith("tokens"))
@@ -42,7 +42,7 @@ def test_each_goal_fails_on_its_own_figure():
                       _sweep_row("network", 1.0, 1.2, 1.15, oracle=1.1, tokens=1.2)]}
     peers = {"configs": [_peer_config(60.0, 1.02, 0.98)]}  # slower than ALST, above DeepSpeed's memory
     planning = [{"P": 64, "placement": "auto", "cold_cpu_ms": 21.0, "cached_ms": 0.05}]
-    rows = issue19_goal_rows({"sweep": sweep, "peers": peers, "planning": planning})
+    rows = placement_goal_rows({"sweep": sweep, "peers": peers, "planning": planning})
     statuses = [status for _, _, status in rows]
     assert all(s.startswith("**not met**") for s in statuses), rows
     goals = _by_goal(rows)
@@ -55,7 +55,7 @@ def test_each_goal_fails_on_its_own_figure():
     oracle = next(v for g, v in goals.items() if g.endswith("where it runs (network)"))[0]
     assert oracle.startswith("0.0% of 1 (worst 1.091)") and oracle.endswith("on 0 of the 1 misses")  # nothing simulated
     sweep["rows"][1].update(sim=1.3, oracle_sim=1.4)
-    oracle = _by_goal(issue19_goal_rows({"sweep": sweep}))["est max within 1.02 of the oracle where it runs (network)"]
+    oracle = _by_goal(placement_goal_rows({"sweep": sweep}))["est max within 1.02 of the oracle where it runs (network)"]
     assert oracle[0].endswith("slower with the rounds simulated on 1 of the 1 misses")
 
 
@@ -64,7 +64,7 @@ def test_the_default_is_judged_by_the_interval_of_its_cpu_ratio():
     def default_status(hi):
         cfg = _peer_config(40.0, 1.02, 0.98)
         cfg["results"]["alst"]["cpu_hi"] = hi
-        rows = _by_goal(issue19_goal_rows({"peers": {"configs": [cfg]}}))
+        rows = _by_goal(placement_goal_rows({"peers": {"configs": [cfg]}}))
         return next(v for g, v in rows.items() if g.startswith("the default"))
 
     value, status = default_status(1.01)
@@ -73,5 +73,5 @@ def test_the_default_is_judged_by_the_interval_of_its_cpu_ratio():
 
 
 def test_missing_figures_give_no_rows():
-    assert issue19_goal_rows({}) == []
-    assert issue19_goal_rows({"planning": [{"P": 8, "placement": "auto", "cold_cpu_ms": 1, "cached_ms": 0.01}]}) == []
+    assert placement_goal_rows({}) == []
+    assert placement_goal_rows({"planning": [{"P": 8, "placement": "auto", "cold_cpu_ms": 1, "cached_ms": 0.01}]}) == []

@@ -1,6 +1,6 @@
-"""The linear-programming lower bound (``benchmarks.relaxation``): no placement within the token cap is faster
+"""The linear-programming lower bound (``benchmarks.analytic.relaxation``): no placement within the token cap is faster
 by the cost model (every placement of small rows enumerated here; every placement the planner builds and the
-oracle's on random rows in tests/unit/test_bound.py, beside the transfer bound), and on a sweep row where one
+oracle's on random rows in tests/benchmarks/test_bound.py, beside the transfer bound), and on a sweep row where one
 document holds most of the pairs it proves more of the network goal out of reach than the transfer bound does."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from helpers import cu_of
-from benchmarks.bound import transfer_bound
+from benchmarks.analytic.bound import transfer_bound
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.placement import _finish, token_cap
 from hf_hsap.plan.planner import plan_layout
-from benchmarks.relaxation import RELAXED_TOLERANCE, relaxed_bound
+from benchmarks.analytic.relaxation import RELAXED_TOLERANCE, relaxed_bound
 
 SLACK = 0.10
 
@@ -94,7 +94,7 @@ def test_a_dominant_document_needs_more_than_its_transfers():
     holders deep in the document run out of time before they run out of tokens, so the other documents fill the
     rest to the cap. The relaxation proves 1.22 x LB, where the transfer bound proves 1.08; auto's plan is above
     both, and a hint (a reachable time) gives the same bound as the doubling."""
-    from benchmarks.sweep import sweep_lengths
+    from benchmarks.analytic.sweep import sweep_lengths
 
     P, T = 24, 49152
     lengths = sweep_lengths("one-dominant", T, 0)
@@ -119,7 +119,7 @@ def test_a_solver_that_cannot_tell_never_raises_the_bound(monkeypatch):
 
     import scipy.optimize
 
-    from benchmarks.sweep import sweep_lengths
+    from benchmarks.analytic.sweep import sweep_lengths
 
     calls = []
 

@@ -3,14 +3,17 @@ detail files rendered from them."""
 import numpy as np
 import pytest
 
-from benchmarks.measured import summarize_times
-from benchmarks.planning import PlanningConfig, planning_lengths, run_planning
-from benchmarks.predictions import CostConfig
-from benchmarks.analysis import analysis
-from benchmarks.page import MAX_LINES, render_page
-from benchmarks.render import cost_detail, cpu_detail, goals_detail, planning_detail, traffic_detail
-from benchmarks.run import run_tables
-from benchmarks.traffic import TrafficConfig, recv_floor
+from benchmarks.suites.measured import summarize_times
+from benchmarks.analytic.distributions import planning_lengths
+from benchmarks.suites.planning import PlanningConfig, run_planning
+from benchmarks.analytic.predictions import CostConfig
+from benchmarks.report.analysis import analysis
+from benchmarks.report.page import MAX_LINES, render_page
+from benchmarks.report.cpu import cpu_detail
+from benchmarks.report.details import CORE_GOALS, cost_detail, goals_detail, planning_detail, traffic_detail
+from benchmarks.report.memory import MEMORY_GOALS
+from benchmarks.suites.core import run_tables
+from benchmarks.analytic.traffic import TrafficConfig, recv_floor
 from hf_hsap import plan_sequence
 
 TCFG = TrafficConfig(dists=("longtail", "mixed"), Ts=(131072,), Ps=(8,), seeds=(0,))
@@ -34,9 +37,9 @@ def test_traffic_rows_cover_every_scheme(tables):
 
 
 def test_hsap_row_equals_plan_stats(tables):
-    from benchmarks.distributions import cu_seqlens, doc_lengths
+    from benchmarks.analytic.distributions import cu_seqlens, doc_lengths
 
-    from benchmarks.traffic import RECV_SHAPE, planner_cost
+    from benchmarks.analytic.traffic import RECV_SHAPE, planner_cost
 
     row = next(r for r in tables["traffic_rows"] if r["scheme"] == "hsap" and r["dist"] == "longtail")
     cost = planner_cost(RECV_SHAPE, "nvlink", TCFG.planner_hardware[0])  # the traffic table's plan: P = 8, one node
@@ -103,7 +106,7 @@ def test_render_and_measured_summary(tables):
     res["meta"] = {"date": "today", "commit": "abc", "cpu": "cpu", "cores": 2, "load_start": [0.1, 0, 0],
                    "load_end": [0.2, 0, 0], "torch": "x", "numpy": "y", "python": "z", "command": "cmd", "seconds": 1.0}
     md = "\n\n".join(f(res) for f in (goals_detail, traffic_detail, cost_detail, planning_detail, cpu_detail, analysis))
-    for heading in ("## Goals of issue 6", "## Exact traffic and balance", "## Cost model", "## Planning time",
+    for heading in (f"## Goals: {CORE_GOALS}", "## Exact traffic and balance", "## Cost model", "## Planning time",
                     "## Measured on CPU", "#### longtail, T = 131072 (128K), P = 8", "#### A100, 1 node(s)"):
         assert heading in md
     assert "**not met**" in md  # mixed cannot reach 0.35 of ring's
@@ -113,6 +116,6 @@ def test_render_and_measured_summary(tables):
     page = render_page(res, {"traffic": "benchmarks/results/traffic.md"})  # no side results: their sections drop
     assert page.count("\n") <= MAX_LINES
     assert "[Exact traffic and balance (no clock)](benchmarks/results/traffic.md)" in page
-    assert "### Goals of issue 6" in page and "## Planning time" in page and "## Against the peers" in page
-    assert "### Goals of issue 41" not in page and "## Model coverage" not in page
+    assert f"### Goals: {CORE_GOALS}" in page and "## Planning time" in page and "## Against the peers" in page
+    assert f"### Goals: {MEMORY_GOALS}" not in page and "## Model coverage" not in page
     assert "\nCommand: `bash scripts/bench.sh` (`cmd`): `plan_sequence`" in page

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from helpers import ci_examples, ring_step_matrix
 
-from benchmarks import cost_model as cm
-from benchmarks import distributions as dist
-from benchmarks import hsap_scheme as hs
-from benchmarks import schemes as sc
+from benchmarks.analytic import cost_model as cm
+from benchmarks.analytic import distributions as dist
+from benchmarks.analytic import hsap_scheme as hs
+from benchmarks.analytic import schemes as sc
+from hf_hsap.data.lengths import doc_lengths as lib_doc_lengths
 
 GQA = sc.LLAMA3_8B_SHAPE  # 32 q heads, 8 kv heads, head dim 128, bf16
 MHA = sc.LLAMA2_7B_SHAPE
@@ -338,7 +339,7 @@ def test_rounds_dataflow_matches_the_batched_formula_and_credits_pipelining():
     """One batched round: the round simulation gives the forward of ``max(local, transfer) + remote``;
     on one long document over InfiniBand, ``by_peer`` rounds predict a faster forward than one round."""
     import hf_hsap
-    from benchmarks.traffic import hsap_scheme
+    from benchmarks.analytic.traffic import hsap_scheme
 
     m, hw = cm.MODELS["llama2-7b"], cm.HARDWARE["A100"]
     lengths = np.array([131072])
@@ -353,3 +354,8 @@ def test_rounds_dataflow_matches_the_batched_formula_and_credits_pipelining():
             flat = cm.predict(dataclasses.replace(s, rounds=None), m, hw, 8, a)
             assert preds[rounds]["layer"]["attn_fwd"] == pytest.approx(flat["layer"]["attn_fwd"], rel=1e-9)
     assert preds["by_peer"]["layer"]["attn_fwd"] < 0.8 * preds["batched"]["layer"]["attn_fwd"]
+
+
+def test_the_benchmarks_draw_the_library_s_rows():
+    """One sampler: the benchmarks' document lengths are hf_hsap's (``hsap-plan --dist`` draws the same rows)."""
+    assert dist.doc_lengths is lib_doc_lengths

@@ -1,14 +1,14 @@
-"""benchmarks/soak.py's figures and bounds on made-up samples (no processes, no clock): what the soak and its
-CI test assert, and the BENCHMARKS.md section."""
+"""The soak's figures and bounds (benchmarks/analytic/soak.py) on made-up samples (no processes, no clock): what the
+soak and its CI test assert, and the BENCHMARKS.md section."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.soak import check_bounded, soak_section, summarize
+from benchmarks.analytic.soak import check_bounded, summarize
+from benchmarks.report.soak import soak_markdown
 
 
 def ranks(rss_growth: float = 0.0, cache: int = 4, misses: int = 40, slow_end: float = 1.0) -> list[dict[str, Any]]:
@@ -33,10 +33,8 @@ def test_bounded_figures_pass_and_each_unbounded_one_fails() -> None:
             check_bounded(summarize(bad))
 
 
-def test_the_section_renders_the_result(tmp_path: Path) -> None:
-    assert soak_section(tmp_path / "none.json") == ""
+def test_the_section_renders_the_result() -> None:
     s = dict(summarize(ranks()), when="2026-01-01", commit="abc1234", seconds=1.0)
-    (tmp_path / "soak.json").write_text(json.dumps(s))
-    text = soak_section(tmp_path / "soak.json")
+    text = soak_markdown(json.loads(json.dumps(s)))  # what the results JSON gives back
     assert text.startswith("## Soak") and "40 training steps" in text and "commit abc1234" in text
     assert "| plan cache entries (max) | 4 | <= 4 (LRU size) |" in text

@@ -1,12 +1,14 @@
-"""benchmarks/vlm_step.py (issue 42): its measurement in --quick mode on spawned ranks (memory only, never timed),
+"""benchmarks/suites/vlm_step.py: its measurement in --quick mode on spawned ranks (memory only, never timed),
 and its detail file (benchmarks/results/vlm.md) against the committed results."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks.vlm_step import DEFAULT_OUT, VLMStepConfig, run_vlm_step, vlm_section
-from benchmarks.vlm_workers import SCHEMES
+from benchmarks.report.vlm import vlm_section
+
+from benchmarks.suites.vlm_step import DEFAULT_OUT, VLMStepConfig, run_vlm_step
+from benchmarks.suites.vlm_workers import SCHEMES
 from hf_hsap.testing import DistPools
 
 
@@ -25,7 +27,7 @@ def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPo
     assert one["hf_hsap"]["pixel_rows"] == one["baseline"]["pixel_rows"]
     assert max(two["hf_hsap"]["pixel_rows"]) < max(two["baseline"]["pixel_rows"])
     text = vlm_section(res)
-    assert text.startswith("## VLM training step (issue 42)") and text.count("\n| ") == 3  # header + 2 SP sizes
+    assert text.startswith("## VLM training step") and text.count("\n| ") == 3  # header + 2 SP sizes
 
 
 def test_the_detail_file_renders_from_the_committed_results() -> None:

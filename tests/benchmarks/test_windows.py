@@ -1,5 +1,5 @@
 """Sliding-window benchmark section: windowed work of every baseline against brute force, the placement's
-minimal windowed KV, the goal ratio and the section's rendering (``benchmarks/windows.py``)."""
+minimal windowed KV, the goal ratio and the section's rendering (``benchmarks/analytic/windows.py``, its run and its section)."""
 from __future__ import annotations
 
 import heapq
@@ -8,9 +8,11 @@ import inspect
 import numpy as np
 import pytest
 
-from benchmarks import distributions as dist
-from benchmarks import schemes as sc
-from benchmarks import windows as wn
+from benchmarks.analytic import distributions as dist
+from benchmarks.analytic import schemes as sc
+from benchmarks.analytic import windows as wn
+from benchmarks.report import windows as wrep
+from benchmarks.suites import windows as wrun
 from helpers import ring_step_matrix
 
 GQA = sc.LLAMA3_8B_SHAPE
@@ -217,11 +219,11 @@ def test_derived_hsap_figures_equal_the_planners() -> None:
         pytest.skip("the planner has no windows option yet")
     cfg = wn.WindowConfig()
     L = dist.doc_lengths("longtail", 65536, 1)
-    plan, source, _ = wn._plan(dist.cu_seqlens(L), 16, {512: 5, None: 1}, cfg)
+    plan, source, _ = wrun._plan(dist.cu_seqlens(L), 16, {512: 5, None: 1}, cfg)
     assert source == "planner"
     for window in (512, None):
-        a, diff = wn._hsap_kind(plan, "planner", window, L, cfg)
-        b, _ = wn._hsap_kind(plan, "derived", window, L, cfg)
+        a, diff = wn.hsap_kind_stats(plan, "planner", window, L, cfg)
+        b, _ = wn.hsap_kind_stats(plan, "derived", window, L, cfg)
         assert diff == 0
         for k in ("work", "recv_kv", "tokens", "bytes_intra", "bytes_inter"):
             assert np.allclose(getattr(a, k), getattr(b, k)), k
@@ -235,8 +237,8 @@ def tiny_section():
     mp.setitem(wn.WINDOW_MODELS, "tiny", {"label": "tiny: 5 layers of W = 64, 1 full", "layers": {64: 5, None: 1}})
     mp.setitem(wn.WINDOW_MODELS, "flat", {"label": "flat: W = 32", "layers": {32: 4}})
     cfg = wn.WindowConfig(models=("tiny", "flat"), dists=("longtail", "single"), Ts=(4096,), Ps=(2, 4), seeds=(0, 1))
-    res = wn.run_windows(cfg)
-    md = wn.render_windows(res)
+    res = wrun.run_windows(cfg)
+    md = wrep.render_windows(res)
     yield res, md
     mp.undo()
 
@@ -285,17 +287,17 @@ def test_section_markdown(tiny_section) -> None:
     assert "| **hsap** | model (mean over layers) |" in md
     # a failing goal row prints ✗ and the number
     bad = dict(res["goals"][0], goal=1.2, goal_worst=1.5, recv_met=False)
-    assert "✗ 1.50" in wn.goal_table([bad]) and "✓" in wn.goal_table([res["goals"][0] | {"recv_met": True}])
+    assert "✗ 1.50" in wrep.goal_table([bad]) and "✓" in wrep.goal_table([res["goals"][0] | {"recv_met": True}])
 
 
 def test_section_survives_results_json(tiny_section) -> None:
     """``run.py --render-only`` renders from results.json: the section must render the same from JSON."""
     import json
 
-    from benchmarks.run import compact
+    from benchmarks.suites.core import compact
 
     res, md = tiny_section
     back = json.loads(json.dumps(compact(res), default=float))
-    again = wn.render_windows(back)
+    again = wrep.render_windows(back)
     assert again.split("\n\n")[3:] == md.split("\n\n")[3:]  # tables and paragraph (floats rounded to 6 digits)
     assert again.count("| **hsap** |") == md.count("| **hsap** |") > 0
