@@ -1,6 +1,6 @@
 """Alpha-beta cost model: fwd + bwd time and tokens/s/GPU (TGS) of a full layer stack, per scheme.
 
-It turns the exact counts of :mod:`benchmarks.schemes` into time on the spec's hardware. GPU peaks,
+It turns the exact counts of :mod:`benchmarks.analytic.schemes` into time on the spec's hardware. GPU peaks,
 link bandwidths and model shapes (:data:`HARDWARE`, :data:`MODELS`) are read from the project's one
 table, :mod:`hf_hsap.hardware`, which the planner's ``CostModel.from_config`` reads too. Assumptions
 (module constants; every one can be overridden from ``benchmarks/calibration.json``):
@@ -76,10 +76,10 @@ DEFAULT_CALIBRATION = Path(__file__).resolve().parents[1] / "calibration.json"
 @dataclass(frozen=True)
 class ModelSpec(DecoderShape):
     """Decoder shape of the spec's models (:class:`hf_hsap.hardware.DecoderShape`, fields and
-    ``params_per_layer``), with its head shape for :mod:`benchmarks.schemes`."""
+    ``params_per_layer``), with its head shape for :mod:`benchmarks.analytic.schemes`."""
 
     def shape(self) -> ModelShape:
-        """Head shape for :mod:`benchmarks.schemes`."""
+        """Head shape for :mod:`benchmarks.analytic.schemes`."""
         return ModelShape(self.q_heads, self.kv_heads, self.head_dim, self.dtype_bytes)
 
 
@@ -334,7 +334,7 @@ def predict_all(stats: dict[str, SchemeStats], model: ModelSpec | str, hardware:
     """:func:`predict` for every scheme, side by side, plus a ``bound`` row.
 
     Args:
-        stats: ``{name: SchemeStats}`` (e.g. from :func:`benchmarks.schemes.all_schemes`), all of one layout.
+        stats: ``{name: SchemeStats}`` (e.g. from :func:`benchmarks.analytic.schemes.all_schemes`), all of one layout.
         model, hardware, nodes, assumptions: as :func:`predict`.
 
     Returns:

@@ -1,5 +1,5 @@
-"""hf_hsap's plans as :class:`~benchmarks.schemes.SchemeStats`: per-GPU counts, communication phases
-and the SAP rounds (:class:`~benchmarks.schemes.RoundSchedule`) that the cost model simulates."""
+"""hf_hsap's plans as :class:`~benchmarks.analytic.schemes.SchemeStats`: per-GPU counts, communication phases
+and the SAP rounds (:class:`~benchmarks.analytic.schemes.RoundSchedule`) that the cost model simulates."""
 from __future__ import annotations
 
 import numpy as np

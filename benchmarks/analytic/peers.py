@@ -46,8 +46,8 @@ def summarize(per_rank: list[dict], memory: list[dict] | None = None) -> dict:
     """Per scheme: times over rounds (slowest rank per round), ratios to hf_hsap, errors, peak memory.
 
     Args:
-        per_rank: :func:`benchmarks.peer_workers.peers_task` results, one per rank.
-        memory: :func:`benchmarks.peer_workers.peers_memory_task` results, one per rank (optional).
+        per_rank: :func:`benchmarks.suites.peer_workers.peers_task` results, one per rank.
+        memory: :func:`benchmarks.suites.peer_workers.peers_memory_task` results, one per rank (optional).
 
     Returns:
         ``{name: {"exact", "error": {tensor: err}, "info"} + (timed schemes) {"ms", "runs_ms", "noise", "ratio",

@@ -1,6 +1,6 @@
 """The offline optimiser of placements under the cost model: what the fast planner is measured against.
 
-Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/sweep.py`` use it to report how far
+Slow on purpose (seconds, not milliseconds): tests and ``benchmarks/analytic/sweep.py`` use it to report how far
 ``placement="auto"`` is from the best placement the cost model can express. It runs the library's local search
 (:func:`hf_hsap.plan.oracle.polish`, unbounded) from every simpler placement and the caller's; the best local
 optimum wins. Never part of planning.

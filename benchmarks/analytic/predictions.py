@@ -1,7 +1,7 @@
 """Cost-model tables: predicted TGS of every scheme beside hf_hsap and the physical bound.
 
-Takes the :class:`~benchmarks.traffic.LayoutResult` of the traffic grid (the exact counts) and runs
-:func:`benchmarks.cost_model.predict_all` for every hardware, node count and model of the spec. A
+Takes the :class:`~benchmarks.analytic.traffic.LayoutResult` of the traffic grid (the exact counts) and runs
+:func:`benchmarks.analytic.cost_model.predict_all` for every hardware, node count and model of the spec. A
 topology of ``n`` nodes uses the layouts with ``P = 8 n``. Figures are medians over seeds; ratios are
 ratios of those medians.
 

@@ -262,14 +262,14 @@ def window_pairs(qa, qb, ka, kb, window: int | None) -> np.ndarray:
 
 def window_useful_pairs(lengths: np.ndarray, window: int | None) -> int:
     """(query, key) pairs of document-masked attention with a sliding window over a layout
-    (``window=None``: :func:`~benchmarks.distributions.useful_pairs`)."""
+    (``window=None``: :func:`~benchmarks.analytic.distributions.useful_pairs`)."""
     L = np.asarray(lengths, dtype=np.int64)
     return int(window_rows_work(np.zeros_like(L), L, window).sum())
 
 
 def row_segments(lengths: np.ndarray, n_chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The non-empty pieces of the documents inside the ``n_chunks`` row chunks of
-    :func:`~benchmarks.distributions.row_chunk_matrix` (chunk ``c`` is ``[c T // C, (c + 1) T // C)``).
+    :func:`~benchmarks.analytic.distributions.row_chunk_matrix` (chunk ``c`` is ``[c T // C, (c + 1) T // C)``).
 
     Returns:
         ``(doc, a, b, chunk)`` ``[n_segments]`` int64, ``[a, b)`` offsets inside document ``doc``.
@@ -283,7 +283,7 @@ def row_segments(lengths: np.ndarray, n_chunks: int) -> tuple[np.ndarray, np.nda
 
 
 def doc_chunk_segments(lengths: np.ndarray, n_chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every document cut in ``n_chunks`` equal chunks (:func:`~benchmarks.distributions.per_doc_chunk_matrix`).
+    """Every document cut in ``n_chunks`` equal chunks (:func:`~benchmarks.analytic.distributions.per_doc_chunk_matrix`).
 
     Returns:
         ``(doc, a, b, chunk)`` as :func:`row_segments` (empty chunks of empty documents dropped).

@@ -14,7 +14,7 @@ document with ``j <= i < j + W`` (Transformers' ``sliding_window``).
   KV for the plan's placement (a query range needs the ``W - 1`` keys before it, :func:`placement_window_need`)
   and reports any difference (``check`` column); when the planner has no ``windows`` option, those numbers
   stand in for it (``source`` says which).
-* Baselines (:func:`benchmarks.schemes.all_schemes` with ``window=W``): traffic as without a window (ring
+* Baselines (:func:`benchmarks.analytic.schemes.all_schemes` with ``window=W``): traffic as without a window (ring
   shards still travel the whole ring, Ulysses moves every head's sequence, all-gather gathers all KV, TE as
   today), work counting only the pairs the window keeps (their kernels assumed to skip masked pairs).
 * Goal (``recv / (2W·split)``): the most KV a rank receives on a windowed layer divided by ``2 W`` times the
@@ -44,7 +44,7 @@ WINDOW_MODELS: dict[str, dict] = {
 SHAPE_KEY = "llama3-8b"  # head shape of bytes and recv units, and the planner's cost model (as the traffic tables)
 SKIP_SCHEMES = ("torch_cp",)  # not a scheme of the spec (and wrong on packed rows)
 SHARDED = {"ring", "zigzag_ring", "allgather_kv", "te_p2p", "whole_doc", "hsap"}  # the goal ratio applies
-WORK_GOAL, TOK_GOAL = 1.05, 1.10  # the unwindowed balance goals (benchmarks.traffic.traffic_goals)
+WORK_GOAL, TOK_GOAL = 1.05, 1.10  # the unwindowed balance goals (benchmarks.analytic.traffic.traffic_goals)
 
 
 def kind_key(window: int | None) -> str:

@@ -84,7 +84,7 @@ def _cpu_analysis(res: dict) -> str:
             + "; ".join(parts) + ". Ring and all-gather lose by moving and merging every block. Ulysses splits "
             f"work exactly by heads; hf_hsap's busiest rank holds {work.max() / work.mean():.3f} × the mean "
             "pairs: these runs plan with the cost model of the step they time (`ATTENTION_ONLY` in "
-            "`benchmarks/cpu_workers.py`: one attention layer, so a token costs nothing beyond its pairs; a full "
+            "`benchmarks/suites/cpu_workers.py`: one attention layer, so a token costs nothing beyond its pairs; a full "
             "model's projections and MLP price it at about 18,000 pairs), and the `balanced` placement slides "
             "boundaries of split documents between ranks until the priced load is even "
             "(`hf_hsap/plan/refine.py`). In one process "

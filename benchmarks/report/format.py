@@ -137,7 +137,7 @@ def cost_tables(rows: list[dict]) -> str:
 
 
 def cost_goal_lines(goals: dict, label: str) -> list[str]:
-    """Bullet lines: counts and the misses of :func:`benchmarks.predictions.cost_goals`."""
+    """Bullet lines: counts and the misses of :func:`benchmarks.analytic.predictions.cost_goals`."""
     c = goals["counts"]
     lines = [f"- {label}: ≥ 1.3× / 1.2× Ulysses on 8×A100: {c['ulysses'][0]}/{c['ulysses'][1]} configurations; "
              f"≥ 1.1× the best other scheme: {c['best_other'][0]}/{c['best_other'][1]}; within 1.15× of the bound: "

@@ -77,7 +77,7 @@ def peers_section(results: dict) -> str:
     ]
     cal = results.get("calibration")
     if cal:
-        lines += ["", "hf_hsap's cost model was measured on the ranks before the rows (`benchmarks/cpu_calibration.py`, "
+        lines += ["", "hf_hsap's cost model was measured on the ranks before the rows (`benchmarks/suites/cpu_calibration.py`, "
                       "every rank at once, averaged over ranks): " + "; ".join(
                           f"{h} kv heads: {f['pair_s'] * 1e9:.0f} ns per attention pair (fwd + bwd), point-to-point "
                           f"{f['p2p_bytes_per_s'] / 1e6:.0f} MB/s, all-to-all {f['a2a_bytes_per_s'] / 1e6:.0f} MB/s, "

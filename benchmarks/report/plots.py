@@ -34,7 +34,7 @@ def plot_traffic(rows: list[dict], path: Path, T: int) -> None:
     """Received KV (max over ranks, relative to ring) and work max/mean per scheme, per distribution.
 
     Args:
-        rows: :func:`benchmarks.traffic.summarize_traffic` rows; path: PNG; T: the row length shown.
+        rows: :func:`benchmarks.analytic.traffic.summarize_traffic` rows; path: PNG; T: the row length shown.
     """
     plt = _plt()
     dists = list(dict.fromkeys(r["dist"] for r in rows))
@@ -65,7 +65,7 @@ def plot_tgs(rows: list[dict], path: Path, model: str, hw: str) -> None:
     """Predicted TGS relative to the physical bound, per scheme, for every node count and T.
 
     Args:
-        rows: :func:`benchmarks.predictions.run_predictions` rows; path: PNG; model: model name; hw: hardware.
+        rows: :func:`benchmarks.analytic.predictions.run_predictions` rows; path: PNG; model: model name; hw: hardware.
     """
     plt = _plt()
     sel = [r for r in rows if r["model"] == model and r["hw"] == hw]
@@ -97,7 +97,7 @@ def plot_measured(measured: dict, path: Path) -> None:
     """Measured fwd + bwd wall time (median) and summed CPU time per schedule and configuration.
 
     Args:
-        measured: :func:`benchmarks.measured.run_measured` result; path: PNG.
+        measured: :func:`benchmarks.suites.measured.run_measured` result; path: PNG.
     """
     plt = _plt()
     configs = measured["configs"]

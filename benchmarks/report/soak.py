@@ -20,7 +20,7 @@ def soak_markdown(s: dict[str, Any]) -> str:
     return "\n".join([
         "## Soak: a long run with a new layout every step",
         "",
-        f"`python -m benchmarks.soak` ({s['when']}, commit {s.get('commit', '?')}): {s['steps']:,} training steps of "
+        f"`python -m benchmarks soak` ({s['when']}, commit {s.get('commit', '?')}): {s['steps']:,} training steps of "
         f"a 2-layer Llama on {s['world']} CPU ranks (SP {s['world']}, gloo), one packed row of {s['tokens']} tokens "
         f"with 3-16 random documents every step ({s['distinct_layouts']:,} distinct layouts: every step plans "
         f"anew). Loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}.",

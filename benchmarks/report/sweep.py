@@ -46,8 +46,8 @@ def render_sweep(res: dict) -> str:
     rows = res["rows"]
     cfg = res["config"]
     out = ["## Placement sweep (no clock)",
-           f"`python -m benchmarks.sweep` ({len(rows)} layouts x groups in {res['seconds']:.0f} s; "
-           "`benchmarks/sweep.py` documents the layouts, groups and figures). Distributions: "
+           f"`python -m benchmarks sweep` ({len(rows)} layouts x groups in {res['seconds']:.0f} s; "
+           "`benchmarks/analytic/sweep.py` documents the layouts, groups and figures). Distributions: "
            + ", ".join(f"`{d}`" for d in cfg["distributions"]) + f"; {cfg['seeds']} seeds; P ∈ {cfg['Ps']}, "
            f"U ∈ {cfg['Us']}; T = {cfg['tokens_per_rank']} x P (at most {cfg['max_T']}). est = the planner's "
            "cost model, slowest part, one full-attention layer; LB = no communication, every part equally "
@@ -132,7 +132,7 @@ def render_sweep(res: dict) -> str:
 
 
 def _bound_lines(rows: list[dict]) -> list[str]:
-    """auto against the lower bound of every placement within the token cap (:func:`benchmarks.relaxation.
+    """auto against the lower bound of every placement within the token cap (:func:`benchmarks.analytic.relaxation.
     relaxed_bound`): how far above it, on how many layouts no placement meets the goal (by it and by the transfer
     bound alone), and the share that meets the goal among the others."""
     cells = []
@@ -153,7 +153,7 @@ def _bound_lines(rows: list[dict]) -> list[str]:
     if not cells:
         return []
     return ["", "Against a lower bound of every placement within the token cap "
-            "(`benchmarks.relaxation.relaxed_bound`, at least `benchmarks.bound.transfer_bound`: a part holding "
+            "(`benchmarks.analytic.relaxation.relaxed_bound`, at least `benchmarks.analytic.bound.transfer_bound`: a part holding "
             "a row deep in a long document receives most of the keys before it and hides at most its own pairs; a "
             "linear program over the parts that hold the longest document, by the block of their last row, adds "
             "that those parts run out of time before they run out of tokens, so the other documents' tokens fill "

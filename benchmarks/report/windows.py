@@ -131,7 +131,7 @@ def render_windows(res: dict) -> str:
         "document with j ≤ i < j + W. hf_hsap: `plan_sequence(cu, P, \"auto\", windows=layers)` (one placement for "
         "every layer; each kind has its own minimal transfers and rounds; the planner weighs the kinds by their "
         f"layers; Llama-3-8B cost model on {cfg['hardware']}), figures from `plan.stats(window=W)`. Baselines "
-        "(`benchmarks/schemes.py`, `window=W`): their traffic does not change with a window — ring and zigzag ring "
+        "(`benchmarks/analytic/schemes.py`, `window=W`): their traffic does not change with a window — ring and zigzag ring "
         "pass every KV block round the ring, Ulysses moves every head's full sequence, all-gather gathers all KV, "
         "TE as without a window — but their work counts only the pairs the window keeps (generous: their kernels "
         "are assumed to skip masked pairs). Units as the traffic tables: recv = KV tokens received per layer, "

@@ -14,7 +14,7 @@ does the same (the same contention as a timed step):
 
 Each figure is the median of a few runs, averaged over the ranks (``all_reduce``), so every rank builds the same
 model and plans the same; what the cost model then decides (which placement, which Ulysses degree per batch) is
-what ``benchmarks/peers.py`` measures.
+what ``benchmarks/suites/peers.py`` measures.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch.distributed as dist
 import hf_hsap
 from hf_hsap.kernels import TorchCPUFlashKernel
 
-DIAG_BLOCK = 256  # the CPU kernel's masked pairs on a causal piece's diagonal (benchmarks/cpu_workers.py)
+DIAG_BLOCK = 256  # the CPU kernel's masked pairs on a causal piece's diagonal (benchmarks/suites/cpu_workers.py)
 
 
 def _median_s(fn: Callable[[], None], runs: int) -> float:

@@ -46,7 +46,7 @@ class HybridStepConfig:
     Attributes:
         sp_sizes: the SP sizes (each its own world). sizes: both models' hidden size, MLP, heads, head dim and
             ``layer_types`` (the attention model makes every layer full attention), and the hybrid's ``linear_*``
-            fields (see :func:`benchmarks.hybrid_workers.model_config`). vocab: the vocabulary. lengths: the row's
+            fields (see :func:`benchmarks.suites.hybrid_workers.model_config`). vocab: the vocabulary. lengths: the row's
             documents. pad_to: the row length's multiple. reps: timed rounds (0: memory and bytes only).
             seed: weights and tokens. loss_tol: largest difference of a model's loss at SP n from its loss at SP 1.
             priced_tol: largest relative difference of the priced plan's loss from the hybrid's (same model, row).
@@ -81,7 +81,7 @@ def _states(ranks: list[dict[str, Any]], formula: dict[str, int], handoffs: int)
     """The hybrid's state bytes, summed over ranks, beside the formula.
 
     Args:
-        ranks: every rank's ``hybrid`` record; formula: :func:`benchmarks.hybrid_workers.state_formula`;
+        ranks: every rank's ``hybrid`` record; formula: :func:`benchmarks.suites.hybrid_workers.state_formula`;
         handoffs: states sent between ranks per mixer layer (``Chain.handoffs``).
 
     Returns:
@@ -105,7 +105,7 @@ def _states(ranks: list[dict[str, Any]], formula: dict[str, int], handoffs: int)
 
 
 def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One SP size's row of the results from every rank's :func:`benchmarks.hybrid_workers.run_sp`."""
+    """One SP size's row of the results from every rank's :func:`benchmarks.suites.hybrid_workers.run_sp`."""
     row: dict[str, Any] = {"sp": sp_size}
     for name in hw.VARIANTS:
         rs = [r[name] for r in ranks]

@@ -1,4 +1,4 @@
-"""Worker side of :mod:`benchmarks.hybrid_step`: one training step (forward + backward, the model's own loss) of a
+"""Worker side of :mod:`benchmarks.suites.hybrid_step`: one training step (forward + backward, the model's own loss) of a
 hybrid model (Qwen3.5's text model: gated-delta-rule layers beside full attention) and of a pure-attention model of
 the same width, depth and heads (Qwen3), on one packed text row under HSAP SP (spawned gloo ranks):
 ``model(**shard_batch(batch, sp))`` for both, the same row and plan (the group's default cost model, which prices
@@ -254,7 +254,7 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
     anew (``shard_batch``, untimed).
 
     Args:
-        cfg: :class:`benchmarks.hybrid_step.HybridStepConfig` as a dict (``sizes``, ``layer_types``, ``vocab``,
+        cfg: :class:`benchmarks.suites.hybrid_step.HybridStepConfig` as a dict (``sizes``, ``layer_types``, ``vocab``,
             ``lengths``, ``pad_to``, ``seed``); sp_size: the SP size (the world); reps: timed rounds.
 
     Returns:

@@ -1,4 +1,4 @@
-"""Worker side of :mod:`benchmarks.memory_levers`: one training step (forward + backward) of a Llama-shaped model on
+"""Worker side of :mod:`benchmarks.suites.memory_levers`: one training step (forward + backward) of a Llama-shaped model on
 a packed row under HSAP SP (spawned gloo ranks), with each scheme's memory levers.
 
 Schemes (every one on the same model, row, plan and attention):

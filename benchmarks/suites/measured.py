@@ -54,7 +54,7 @@ def summarize_times(per_rank: list[dict]) -> dict:
     """Per schedule: the median over runs of the slowest rank's time, bytes per rank, errors.
 
     Args:
-        per_rank: the results of :func:`benchmarks.cpu_workers.bench_schedules`, one per rank.
+        per_rank: the results of :func:`benchmarks.suites.cpu_workers.bench_schedules`, one per rank.
 
     Returns:
         ``{name: {"ms", "min_ms", "runs_ms", "ratio", "min_ratio", "cpu_max_ms", "cpu_sum_ms", "cpu_ratio", "bytes_max",

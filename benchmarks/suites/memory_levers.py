@@ -50,7 +50,7 @@ class LeversConfig:
 
     Attributes:
         world: ranks (the SP size). tokens_per_rank: the row lengths, per rank. model: the Llama shape
-        (:func:`benchmarks.lever_workers.model_config`'s fields) and ``tile`` (MLP tile tokens, both tiled MLPs) /
+        (:func:`benchmarks.suites.lever_workers.model_config`'s fields) and ``tile`` (MLP tile tokens, both tiled MLPs) /
         ``loss_tile`` (loss tile tokens; ALST's loss shards get as many tokens). reps: timed rounds. schemes.
     """
 

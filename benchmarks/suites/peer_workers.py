@@ -6,9 +6,9 @@ varlen calls with a :class:`~hf_hsap.kernels.VarlenSpec`, through the differenti
 
 * ``hsap``: :func:`hf_hsap.hsap_attn_func` with ``ulysses_size="per_batch"`` (the row runs at the Ulysses degree,
   1 to ``P``, that the cost model prices fastest), placement auto, the cost model measured on these ranks
-  (:func:`benchmarks.cpu_calibration.cpu_cost_model`; :func:`benchmarks.cpu_workers._hsap_runner`).
+  (:func:`benchmarks.suites.cpu_calibration.cpu_cost_model`; :func:`benchmarks.suites.cpu_workers._hsap_runner`).
 * ``hsap_flat``: the same at ``U = 1`` (flat SAP, what ``hsap`` ran before the per-batch degree).
-* ``hsap_ulysses``: hf_hsap's own Ulysses baseline (:class:`benchmarks.cpu_baselines.UlyssesAttention`,
+* ``hsap_ulysses``: hf_hsap's own Ulysses baseline (:class:`benchmarks.suites.cpu_baselines.UlyssesAttention`,
   explicit forward / backward calls).
 * ``deepspeed_ulysses``: DeepSpeed's ``deepspeed.sequence.layer.DistributedAttention`` (its all-to-alls,
   its autograd), seq-first ``[s/P, 1, H, D]`` inputs, around a local attention module that runs the kernel
@@ -229,7 +229,7 @@ def _inputs(cu: list[int], hq: int, hkv: int, d: int, seed: int):
 
 # ----------------------------------------------------------------------------- tasks
 def calibration_task(hq: int, hkv: int, d: int) -> dict[str, float]:
-    """The CPU figures of the cost model hf_hsap plans with (:func:`benchmarks.cpu_calibration.measure_cpu_figures`;
+    """The CPU figures of the cost model hf_hsap plans with (:func:`benchmarks.suites.cpu_calibration.measure_cpu_figures`;
     the same on every rank)."""
     torch.set_num_threads(1)
     return measure_cpu_figures(hq, hkv, d)
@@ -287,7 +287,7 @@ def peers_task(cu: list[int], hq: int, hkv: int, d: int, seed: int, reps: int, n
 def track_malloc(on: bool = True) -> bool:
     """Make this process's resident set follow its live memory: glibc serves every block of 64 KiB or more by
     ``mmap`` (returned at ``free``) and trims the heap top at once (``mallopt``; the memory runs of
-    :func:`benchmarks.measured.run_memory` set the same through the environment). Run after the timed rounds:
+    :func:`benchmarks.suites.measured.run_memory` set the same through the environment). Run after the timed rounds:
     it lasts until ``track_malloc(False)``, which puts back glibc's initial thresholds (128 KiB both; glibc's
     dynamic raising of them stays off). Returns whether both settings took."""
     try:

@@ -52,7 +52,7 @@ class PeersConfig:
 
     Attributes:
         world: ranks; T: row length (divisible by ``world``); hq, kv_heads, d: query heads, the key/value head
-            counts measured, head dim; rows: distributions of :mod:`benchmarks.distributions`; seed: of the rows
+            counts measured, head dim; rows: distributions of :mod:`benchmarks.analytic.distributions`; seed: of the rows
             and the inputs; reps: timed interleaved rounds; tol: largest relative error (float32 against the
             float64 reference); memory: also measure peak memory; schemes: the schemes wanted (the DeepSpeed
             ones are dropped where DeepSpeed cannot run them, with the reason in the results).

@@ -38,7 +38,7 @@ class VLMStepConfig:
     Attributes:
         sp_sizes: the SP sizes (each its own world). text / vision: the fields of the model's text config and
         vision tower that differ from :func:`hf_hsap.examples.vlm.tiny_vlm_config` (see
-        :func:`benchmarks.vlm_workers.model_config`). vocab: text vocabulary. shapes: the row's documents.
+        :func:`benchmarks.suites.vlm_workers.model_config`). vocab: text vocabulary. shapes: the row's documents.
         pad_to: the row length's multiple (the same row at every SP size). reps: timed rounds (0: memory only).
         seed: weights, tokens and pixels. loss_tol: largest difference of the two schemes' losses.
     """
@@ -67,7 +67,7 @@ def _median(xs: list[float]) -> float | None:
 
 
 def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One SP size's row of the results from every rank's :func:`benchmarks.vlm_workers.run_sp`."""
+    """One SP size's row of the results from every rank's :func:`benchmarks.suites.vlm_workers.run_sp`."""
     row: dict[str, Any] = {"sp": sp_size}
     for name in vw.SCHEMES:
         rs = [r[name] for r in ranks]

@@ -1,4 +1,4 @@
-"""Worker side of :mod:`benchmarks.vlm_step`: one training step (forward + backward, the model's own loss) of a
+"""Worker side of :mod:`benchmarks.suites.vlm_step`: one training step (forward + backward, the model's own loss) of a
 Qwen2.5-VL on one packed image + text row under HSAP SP (spawned gloo ranks), by two schemes on the same model,
 row and plan:
 
@@ -166,7 +166,7 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
     scheme encodes (``reps = 0``: memory only).
 
     Args:
-        cfg: :class:`benchmarks.vlm_step.VLMStepConfig` as a dict (``text``, ``vision``, ``vocab``, ``shapes``,
+        cfg: :class:`benchmarks.suites.vlm_step.VLMStepConfig` as a dict (``text``, ``vision``, ``vocab``, ``shapes``,
             ``pad_to``, ``seed``, ``loss_tol``); sp_size: the SP size (the world); reps: timed rounds.
 
     Returns:

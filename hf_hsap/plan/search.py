@@ -8,7 +8,7 @@
    the plan's rounds simulated forward and backward (:func:`.simulation.simulated`).
 
 So ``auto`` is never slower than any simpler placement by the cost model (with windowed layers, zigzag is weighed up
-to a size: :mod:`.candidates`), and no refinement makes a plan slower by either model. The refinements are those the placement sweep justifies (BENCHMARKS.md, ``benchmarks/sweep.py``);
+to a size: :mod:`.candidates`), and no refinement makes a plan slower by either model. The refinements are those the placement sweep justifies (BENCHMARKS.md, ``benchmarks/analytic/sweep.py``);
 windowed plans are priced per mask kind and take no refinement.
 """
 from __future__ import annotations
