@@ -116,7 +116,7 @@ def run_predictions(results: list[LayoutResult], cfg: CostConfig) -> list[dict]:
 
 
 def cost_goals(rows: list[dict], scheme: str = "hsap") -> dict:
-    """Issue 6's throughput goals for one hf_hsap row, judged on the medians.
+    """The throughput goals for one hf_hsap row, judged on the medians.
 
     Goals: on 8×A100 (1 node) ≥ 1.3× Ulysses at ``T = 524288`` and ≥ 1.2× at ``T = 131072``; ≥ 1.1× the
     best other scheme in every configuration; within 1.15× of the physical bound in every configuration.

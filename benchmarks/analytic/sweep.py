@@ -48,7 +48,7 @@ OTHERS = ("contiguous", "zigzag", "balanced", "density")
 MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
 MODEL_KV_HEADS = 8  # and its key/value heads: what the per-batch degree's memory cap weighs
 NODE_GPUS = 8  # the per-batch degree rows: groups of 8-GPU nodes spanning several nodes
-GOALS = {"nvlink": 1.05, "network": 1.10}  # issue 19's est/LB goal per link pricing
+GOALS = {"nvlink": 1.05, "network": 1.10}  # the est/LB goal per link pricing
 ORACLE_GOAL = 1.02  # ... and auto's est within this factor of the oracle's where the oracle runs
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import hf_hsap
 from hf_hsap.plan.placement import DEFAULT_TOKEN_SLACK
 
+from .cost_model import MODELS
 from .distributions import DISTRIBUTIONS
 from .hsap_scheme import hsap_stats_from_plan
 from .schemes import LLAMA2_7B_SHAPE, LLAMA3_8B_SHAPE, ModelShape, SchemeStats
@@ -62,8 +63,6 @@ MODEL_Q_HEADS = 32  # both spec models: what ulysses_size="auto" divides
 def planner_cost(shape_key: str, link: str, hardware: str = "A100") -> hf_hsap.CostModel:
     """The planner's cost model for a spec model on ``hardware`` (``CostModel.from_config``, as the
     trainers derive it from the model config and the GPU) with SAP's KV over ``link``."""
-    from .cost_model import MODELS
-
     m = MODELS[shape_key]
     config = SimpleNamespace(num_attention_heads=m.q_heads, num_key_value_heads=m.kv_heads, hidden_size=m.hidden,
                              head_dim=m.head_dim, intermediate_size=m.ffn)
@@ -199,7 +198,7 @@ RECV_GOAL = {"longtail": 0.35, "mixed": 0.35, "sft": 0.05}
 
 
 def traffic_goals(rows: list[dict], scheme: str = "hsap") -> list[dict]:
-    """Issue 6's balance / traffic goals for the default placement at ``T = 131072``, ``P`` ∈ {8, 32}.
+    """The balance / traffic goals for the default placement at ``T = 131072``, ``P`` ∈ {8, 32}.
 
     Goal: work max/mean ≤ 1.05, tokens max/mean ≤ 1.10, recv_max ≤ 0.35 (``longtail``, ``mixed``) or
     ≤ 0.05 (``sft``) of ring's. Judged on the median over seeds; the worst seed is reported beside it.

@@ -66,7 +66,7 @@ def _short_pick(pick: str) -> str:
 
 # ----------------------------------------------------------------------------- traffic
 def traffic_goal_table(goals: list[dict]) -> str:
-    """Issue 6's balance / traffic goals, per distribution and P."""
+    """The balance / traffic goals, per distribution and P."""
     rows = []
     for g in goals:
         rows.append([g["dist"], g["P"], f"{_f(g['work'], 3)} ({_f(g['work_worst'], 3)})", _met(g["work_met"]),

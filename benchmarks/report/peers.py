@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from ..analytic.peers import CONFIDENCE, DEEPSPEED_SCHEMES
 from . import format as rp
+from .sources import PEERS_CMD
 
 __all__ = ["peers_section"]
+
+PEERS_SUITE = "python -m benchmarks peers"  # what the suite's recorded command starts with
 
 
 def _ratio(v: dict) -> str:
@@ -36,8 +39,8 @@ def peers_section(results: dict) -> str:
     lines = [
         "## hf_hsap beside DeepSpeed's sequence parallelism (CPU)",
         "",
-        f"- **Command**: `{results['command']}` (equivalently `bash scripts/bench_peers.sh"
-        f"{results['command'][len('python -m benchmarks.peers'):]}`), "
+        f"- **Command**: `{results['command']}` (equivalently `{PEERS_CMD}"
+        f"{results['command'][len(PEERS_SUITE):]}`), "
         f"{results['seconds']:.0f} s; raw numbers in `{results.get('out', 'benchmarks/results/peers.json')}`.",
         f"- **Software**: DeepSpeed {ds or 'not installed'}, torch {m['torch']}, Python {m['python']}.",
         f"- **Machine**: {m['cores']} cores; load average (1 min) {m['load'][0]:.1f} at the start, {me['load'][0]:.1f} "

@@ -1,5 +1,5 @@
 """``ulysses_size="per_batch"``: one set of groups per Ulysses degree, each batch run at the degree the cost model
-prices fastest (issue 19), exact against the float64 reference at every degree it picks. The groups here
+prices fastest, exact against the float64 reference at every degree it picks. The groups here
 choose by time alone (``per_batch_memory_cap=False``); the memory cap has its own test
 (test_degree_memory_measured.py).
 
