@@ -104,15 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Run everything and write the results JSON.
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome (status 0): the pages and the plots are rendered again when the results went to the default
-        file.
-    """
+    """Run everything on the command line ``argv`` and write the results JSON; the outcome (status 0) asks for the
+    pages and the plots when the results went to the default file."""
     args = build_parser().parse_args(argv)
     results_path = Path(args.results)
     t_start = time.perf_counter()

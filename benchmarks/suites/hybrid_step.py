@@ -178,15 +178,7 @@ def run_hybrid_step(cfg: HybridStepConfig, pools: DistPools | None = None,
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Measure and write the results JSON (``python -m benchmarks hybrid``; the pages, ``benchmarks/results/hybrid.md``
-    and ``BENCHMARKS.md``, are rendered again unless ``--no-write-md`` or ``--quick``).
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome.
-    """
+    """``python -m benchmarks hybrid`` with the command line ``argv`` (:func:`benchmarks.suites.output.step_main`)."""
     return step_main(argv, suite="hybrid", description=__doc__.split("\n")[0],
                      config=lambda quick: HybridStepConfig().quick() if quick else HybridStepConfig(),
                      run=run_hybrid_step, out=DEFAULT_OUT, quick_help="tiny sizes, SP 1 and 2, no timing")

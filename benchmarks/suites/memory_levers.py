@@ -116,14 +116,7 @@ def run_recipe_growth() -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Run both parts and write the results JSON.
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome (status 0).
-    """
+    """Run both parts on the command line ``argv`` and write the results JSON (status 0)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks memory_levers", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, one round, no recipe runs")
     p.add_argument("--out", default=str(DEFAULT_OUT))

@@ -301,14 +301,8 @@ def best_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Run the validation and the longest-row table; write the JSON; print the longest rows.
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome (status 0).
-    """
+    """Run the validation and the longest-row table on the command line ``argv``; write the JSON and print the
+    longest rows (status 0)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks memory_model", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--quick", action="store_true", help="two configurations only (a check that it runs)")

@@ -181,14 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Run and write the JSON.
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome: status 1 if a scheme was not exact.
-    """
+    """Run on the command line ``argv`` and write the JSON; the outcome's status is 1 if a scheme was not exact."""
     args = build_parser().parse_args(argv)
     cfg = QUICK if args.quick else PeersConfig()
     over = {k: v for k, v in (("T", args.T), ("reps", args.reps)) if v is not None}

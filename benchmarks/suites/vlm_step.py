@@ -135,15 +135,7 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
 
 
 def main(argv: Sequence[str]) -> Outcome:
-    """Measure and write the results JSON (``python -m benchmarks vlm``; the pages, ``benchmarks/results/vlm.md``
-    and ``BENCHMARKS.md``, are rendered again unless ``--no-write-md`` or ``--quick``).
-
-    Args:
-        argv: the command-line arguments.
-
-    Returns:
-        The outcome.
-    """
+    """``python -m benchmarks vlm`` with the command line ``argv`` (:func:`benchmarks.suites.output.step_main`)."""
     return step_main(argv, suite="vlm", description=__doc__.split("\n")[0],
                      config=lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(), run=run_vlm_step,
                      out=DEFAULT_OUT, quick_help="tiny sizes, SP 1 and 2, memory only")
