@@ -82,10 +82,11 @@ def report(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks report", description=report.__doc__.split("\n")[0])
     p.add_argument("--results", default=str(RESULTS), help="the results folder (default benchmarks/results)")
     p.add_argument("--out", default=str(PAGE), help="the page (default BENCHMARKS.md)")
-    p.add_argument("--plots", action="store_true", help="also redraw the plots into benchmarks/plots/")
+    p.add_argument("--plots", action="store_true",
+                   help="also redraw the plots into benchmarks/plots/ (from benchmarks/results/ only)")
     args = p.parse_args(argv)
     folder = Path(args.results)
-    if args.plots and (folder / MAIN).exists():
+    if args.plots and folder.resolve() == RESULTS.resolve() and (folder / MAIN).exists():
         print(f"wrote {_shown(draw_plots(json.loads((folder / MAIN).read_text()), PLOTS))}")
     print(f"wrote {_shown(publish(folder, Path(args.out)))}")
     return 0
