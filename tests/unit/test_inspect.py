@@ -53,8 +53,7 @@ def test_printed_numbers_equal_plan_stats(capsys, tmp_path, lengths, P, U, place
 
 
 def test_distribution_sampler_is_the_benchmark_spec_one():
-    """One sampler: ``hsap-plan --dist`` calls the library's (the benchmarks' too: tests/benchmarks/test_schemes.py),
-    whose rows are pinned."""
+    """One sampler: ``hsap-plan --dist`` calls the library's, whose rows are pinned."""
     assert sample_lengths is lib_doc_lengths
     pinned = {("longtail", 20000, 0): [2504, 1657, 5706, 2422, 869, 3652, 3190],
               ("sft", 4000, 1): [818, 1256, 807, 185, 934],
