@@ -76,8 +76,8 @@ def _header(res: dict[str, Any]) -> list[str]:
             data.append(f"`{h['command']}`: {_when(res[key])}, {h['seconds']:.0f} s")
     return [
         "# hf_hsap benchmarks", "",
-        "Headline figures; each table follows the command that made it, and the [detail files](#detail) hold the "
-        "full tables. Generated from the JSON in `benchmarks/results/` by `python -m benchmarks report`, which "
+        "Headline figures on the work of the benchmark spec (`benchmarks/SPEC.md`); each table follows the command "
+        "that made it, and the [detail files](#detail) hold the full tables. Generated from the JSON in `benchmarks/results/` by `python -m benchmarks report`, which "
         "each `benchmarks` command below runs after it measures (after the zoo scripts, run it yourself; "
         "`python -m benchmarks report --plots` also redraws the plots); do not edit by hand.", "",
         f"- **Machine**: {m['cpu']}, {m['cores']} cores, CPU only. {calibration_note(res)}",
