@@ -198,8 +198,5 @@ def main(argv: Sequence[str]) -> Outcome:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=float) + "\n")
     print(f"wrote {args.out} in {res['seconds']:.0f} s")
-    return Outcome(0 if res["all_exact"] else 1, res, renders_pages(args.out, DEFAULT_OUT, args.no_write_md or args.quick))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return Outcome(0 if res["all_exact"] else 1, res,
+                   renders_pages(args.out, DEFAULT_OUT, args.no_write_md or args.quick))
