@@ -2,8 +2,8 @@
 
 Every GPU figure of the project is read from :data:`GPU_KINDS`: the planner's cost model
 (:meth:`hf_hsap.CostModel.from_config`, ``HARDWARE_LINKS``), :func:`hf_hsap.devices.detect_hardware`,
-the benchmark cost model (``benchmarks/cost_model.py``), the calibration script
-(``benchmarks/gpu_calibrate.py``) and the recipes' MFU (``recipes/common.py``). A process's GPU is
+the benchmark cost model (``benchmarks/analytic/cost_model.py``), the calibration script
+(``benchmarks/suites/gpu_calibrate.py``) and the recipes' MFU (``recipes/common.py``). A process's GPU is
 identified from its ``torch.cuda.get_device_name()`` by :func:`hardware_for_device_name` (the caller
 queries the device; this module never does).
 

@@ -38,7 +38,7 @@ DISTS = DISTRIBUTIONS
 _L3 = MODEL_SHAPES["llama3-8b"]  # the default model of --config: the one table's Llama-3-8B
 LLAMA3_8B = SimpleNamespace(num_attention_heads=_L3.q_heads, num_key_value_heads=_L3.kv_heads, hidden_size=_L3.hidden,
                             intermediate_size=_L3.intermediate)
-# The benchmark spec's sampler (one implementation: hf_hsap.data.lengths, also benchmarks.distributions):
+# The benchmark spec's sampler (one implementation: hf_hsap.data.lengths, also benchmarks.analytic.distributions):
 # ``[n_docs]`` int64 lengths of one row of ``T`` tokens, for ``--dist``.
 sample_lengths = doc_lengths
 

@@ -1,8 +1,8 @@
 """The one model-shape type: the sizes of a decoder-only LM, read from a Transformers config (pure: no torch).
 
 :class:`ModelShape` is what the memory model prices (:mod:`hf_hsap.memory.model`), what the benchmarks' attention
-schemes count bytes with (``benchmarks/schemes.py``) and what their cost model counts FLOPs with
-(``benchmarks/cost_model.py``); :data:`MODEL_SHAPES` is the table of the benchmark models. :func:`text_config` is
+schemes count bytes with (``benchmarks/analytic/schemes.py``) and what their cost model counts FLOPs with
+(``benchmarks/analytic/cost_model.py``); :data:`MODEL_SHAPES` is the table of the benchmark models. :func:`text_config` is
 the one place hf_hsap reads a model's language part from its config.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Run every benchmark and write benchmarks/results/results.json and benchmarks/plots/*.png, then BENCHMARKS.md and
-# the detail files benchmarks/results/*.md (rendered from every results JSON there: benchmarks/publish.py).
-# Arguments pass through: --quick (small sizes), --skip-cpu (no CPU timing / memory runs), --render-only (measure
-# nothing: redraw the plots and re-render the pages from the JSON).
+# The core benchmarks (python -m benchmarks core: traffic, windows, the placement sweep, the cost model, planning
+# time, the CPU runs); then the plots and every page re-rendered from the JSON in benchmarks/results/. Arguments pass
+# through: --quick (small sizes), --skip-cpu (no CPU timing / memory runs). `python -m benchmarks report` re-renders
+# without measuring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m benchmarks.run "$@"
+exec .venv/bin/python -m benchmarks core "$@"

@@ -22,7 +22,7 @@ vlm_rc=${PIPESTATUS[0]}
 timeout 90 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/check_hybrid.py 2>&1 | tee "$out/hybrid.log"
 hybrid_rc=${PIPESTATUS[0]}
 [ -f benchmarks/calibration.json ] && cp benchmarks/calibration.json "$out/calibration.json"
-timeout 240 python3 -m benchmarks.gpu_calibrate --out "$out/calibration.json" 2>&1 | tee "$out/calibrate.log"
+timeout 240 python3 -m benchmarks calibrate --out "$out/calibration.json" 2>&1 | tee "$out/calibrate.log"
 cal_rc=${PIPESTATUS[0]}
 echo "cuda tests rc=$tests_rc, memory rc=$mem_rc, vlm rc=$vlm_rc, hybrid rc=$hybrid_rc, calibration rc=$cal_rc" \
   | tee -a "$out/device.txt"

@@ -71,7 +71,7 @@ def ci_examples(n: int) -> int:
 
 def ring_step_matrix(s: Any) -> np.ndarray:
     """``[P, P]`` pairs of GPU ``g``'s queries with its ring predecessors' shards, from a
-    ``benchmarks.schemes.SchemeStats``'s ring pipeline (U = 1): row ``g``, column ``(g - step) mod P``."""
+    ``benchmarks.analytic.schemes.SchemeStats``'s ring pipeline (U = 1): row ``g``, column ``(g - step) mod P``."""
     P = s.P
     w = np.zeros((P, P))
     for step in range(P):

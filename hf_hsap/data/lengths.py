@@ -1,6 +1,6 @@
 """Document lengths of one packed row, drawn from the benchmark spec's distributions (pure numpy).
 
-The one sampler of the project: ``benchmarks.distributions.doc_lengths`` and
+The one sampler of the project: ``benchmarks.analytic.distributions.doc_lengths`` and
 ``hf_hsap.inspect.sample_lengths`` (``hsap-plan --dist``) are this :func:`doc_lengths`.
 
 Lengths are drawn with ``numpy.random.default_rng(seed)`` until their running sum reaches ``T``; the

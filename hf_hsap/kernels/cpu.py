@@ -18,7 +18,7 @@ fewer than ``min_heads`` query heads halve down to ``few_heads_block`` (256) row
 is not halved by default: its LSE merges cost more than the masked keys they save, so it runs one call
 per causal square (``halve_forward=True`` halves it too). The measured figures (one call / halved /
 default, by shape and head count) are the CPU kernel table of ``BENCHMARKS.md``
-(``run_kernel_shapes`` in ``benchmarks/measured.py``).
+(``run_kernel_shapes`` in ``benchmarks/suites/measured.py``).
 
 Sliding windows (``window_left``) are exact too: :mod:`hf_hsap.kernels.bands` cuts a windowed segment
 into full rectangles, causal squares and anti-causal squares (the op's causal mask on row-flipped q and

@@ -3,7 +3,7 @@
 :func:`predict_step_memory` models a Transformers decoder-only causal LM (dense Llama / Qwen / Mistral-like or
 Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks with hf_hsap, under the
 :class:`~.levers.MemoryLevers`. Every per-token figure is the tensors the implementation holds (found with
-``benchmarks/tensor_memory.py``'s ``at_peak`` on CPU; ``benchmarks/memory_model.py`` checks the sum):
+``benchmarks/tensor_memory.py``'s ``at_peak`` on CPU; ``benchmarks/suites/memory_model.py`` checks the sum):
 
 * **a layer's saved tensors** (per token, ``a`` = bytes of the activations' dtype): per RMSNorm (two per layer,
   :func:`_norm_saved`) its output (``a H``, the next projection's input), the normalised value cast back

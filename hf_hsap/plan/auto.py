@@ -10,7 +10,7 @@ search's state, its price and its rule: :mod:`.search`).
 
 So ``auto`` is never slower than any simpler placement by the cost model (with windowed layers, zigzag is weighed up
 to a size: :mod:`.candidates`), and no refinement makes a plan slower by either model. The refinements are those
-the placement sweep justifies (BENCHMARKS.md, ``benchmarks/sweep.py``); windowed plans are priced per mask kind and
+the placement sweep justifies (BENCHMARKS.md, ``benchmarks/analytic/sweep.py``); windowed plans are priced per mask kind and
 take no refinement.
 """
 from __future__ import annotations

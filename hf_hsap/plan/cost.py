@@ -6,7 +6,7 @@ Tokens pay the projections and MLP; pairs against the part's own keys run while 
 is in flight, pairs against received keys wait for it. :class:`CostModel` adds partial overlap, masked diagonal
 blocks, Ulysses' all-to-all and recurrent layers. Defaults: Llama-3-8B on A100 nodes, KV over InfiniBand;
 :meth:`CostModel.from_config` prices other models and GPUs from :mod:`hf_hsap.hardware` (assumptions:
-``benchmarks/cost_model.py``). The planner never queries a device.
+``benchmarks/analytic/cost_model.py``). The planner never queries a device.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A bounded local search of placements under the cost model (:func:`polish`): the ``auto`` search (:mod:`.auto`) runs
-it on its best placement for small groups, ``benchmarks.oracle.optimise_placement`` unbounded, offline.
+it on its best placement for small groups, ``benchmarks.analytic.placement_search.optimise_placement``
+unbounded, offline.
 
 The objective is the time of the slowest part (:func:`.cost.part_times`, one full-attention layer). A part's time
 is a sum over its documents of terms that depend only on its own segments, so a move re-prices the one document it

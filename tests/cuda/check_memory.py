@@ -42,7 +42,7 @@ _RESULTS: list[dict] = []
 def _step(name: str, tokens: int, levers: dict, sizes: dict = SIZES) -> tuple[float, int, int]:
     """One warm step's loss, its peak above what was allocated before it (on CPU: the tensor peak), and the resident
     weights + optimizer states."""
-    from benchmarks.memory_model import build_model
+    from benchmarks.suites.memory_model import build_model
     from benchmarks.tensor_memory import TensorPeak
 
     model = build_model(sizes, "bf16").to(DEV)

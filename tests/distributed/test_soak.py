@@ -1,9 +1,11 @@
-"""The soak's short version (``benchmarks/soak.py``; the 2,000-step run is ``python -m benchmarks.soak``): 100
+"""The soak's short version (``benchmarks/suites/soak.py``; the 2,000-step run is ``python -m benchmarks soak``): 100
 training steps on 2 gloo ranks, a new packing layout every step, a plan cache of 8. What must stay bounded is
 checked; the clock is not (the full soak checks the throughput drift)."""
 from __future__ import annotations
 
-from benchmarks.soak import check_bounded, soak_worker, summarize
+from benchmarks.analytic.soak import check_bounded, summarize
+
+from benchmarks.suites.soak import soak_worker
 
 STEPS, CACHE = 100, 8
 

@@ -12,7 +12,7 @@ from workers import zoo_configs as ZC
 LENS = [9, 14, 6]
 # delta rule, Mamba2, Mamba, lightning attention, short convolution (Bamba's and Jamba's tiny configs have no attention
 # layer, and Transformers' own cached forward then fails on their mask)
-FAMILIES = ["qwen3_5_text", "nemotron_h", "falcon_mamba", "minimax", "lfm2"]
+FAMILIES = ["qwen3_5_text", "nemotron_h", "falcon_mamba", "minimax", "lfm2", "granitemoehybrid"]
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -61,10 +61,28 @@ def test_packed_eval_forward_and_its_cache(family: str) -> None:
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
-def test_base_model_called_directly_keeps_documents_apart() -> None:
-    model = _model("qwen3_5_text")
+@pytest.mark.parametrize("family", ["qwen3_5_text", "granitemoehybrid"])
+def test_base_model_called_directly_keeps_documents_apart(family: str) -> None:
+    model = _model(family)
     ids, pos = _row(model.config.vocab_size)
     with torch.no_grad():
         packed = model.model(input_ids=ids, position_ids=pos).last_hidden_state
         alone = torch.cat([model.model(input_ids=d).last_hidden_state for d in ids.split(LENS, dim=1)], 1)
     torch.testing.assert_close(packed, alone, rtol=1e-9, atol=1e-9)
+
+
+def test_documents_reach_an_attention_its_model_gives_no_positions() -> None:
+    """The Granite-4 hybrid hands position_ids neither to its attention nor to its mask: the preparation's probe
+    finds that layer and relays a direct packed call's documents to it (cu_seq_lens_q too); the SP-1 plan carries
+    them anyway. Each is exact against the documents alone."""
+    model = _model("granitemoehybrid")
+    assert hf_hsap.prepare_model(model).check.no_positions_layers == ("GraniteMoeHybridAttention",)
+    ids, pos = _row(model.config.vocab_size)
+    cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=d).logits for d in ids.split(LENS, dim=1)], 1)
+        for packed in (model(input_ids=ids, position_ids=pos),
+                       model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(LENS),
+                             max_length_k=max(LENS)),
+                       model(**hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos}, 1))):
+            torch.testing.assert_close(packed.logits, alone, rtol=1e-9, atol=1e-9)

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import benchmarks.cost_model as bcm
-import benchmarks.gpu_calibrate as gcal
+import benchmarks.analytic.cost_model as bcm
+import benchmarks.suites.gpu_calibrate as gcal
 import hf_hsap.devices as devices
 from hf_hsap import HSAPConfig, hardware
 from hf_hsap.devices import detect_hardware

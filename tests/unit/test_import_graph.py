@@ -158,8 +158,8 @@ def contract_layers() -> set[str]:
     """The modules the layers contract of ``.importlinter`` names (``hf_hsap.<name>``)."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / ".importlinter")
-    (contract,) = [s for s in cfg.sections() if cfg.get(s, "type", fallback="") == "layers"]
-    assert cfg.get(contract, "containers").split() == ["hf_hsap"]
+    (contract,) = [s for s in cfg.sections() if cfg.get(s, "type", fallback="") == "layers"
+                   and cfg.get(s, "containers", fallback="").split() == ["hf_hsap"]]
     return {name.strip() for name in re.split(r"[|:\n]", cfg.get(contract, "layers")) if name.strip()}
 
 

@@ -1,7 +1,6 @@
 """The step memory model (hf_hsap.memory.model) and longest_row: its properties, and one measured CPU step."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -105,18 +104,6 @@ def test_nothing_fits_gives_zero():
     assert longest_row(LLAMA8, gpus=1, memory_per_gpu_gib=8, levers=MemoryLevers(), reserve_gib=1).tokens == 0
 
 
-def test_one_measured_cpu_step_within_ten_percent():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from benchmarks.memory_model import DENSE, measure_step, predict_for
-
-    sizes = dict(DENSE, vocab_size=8192, intermediate_size=1024)
-    levers = dict(loss_tile_tokens=256)
-    measured = measure_step(sizes, 1536, levers)
-    pred = predict_for(sizes, 1536, levers, 1)
-    step = pred.total - pred.weights - pred.states
-    assert abs(step / measured["peak"] - 1) < 0.10, (step, measured)
-
-
 @pytest.mark.parametrize("config", [LLAMA8, MOE, dict(LLAMA8, model_type="qwen3")])
 @pytest.mark.parametrize("levers", LEVERS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -133,14 +120,3 @@ def test_recompute_norms_drops_the_float32_copies_in_16_bit():
     lev = MemoryLevers(gradient_checkpointing=True, tiled_mlp=True)
     off, on = predict(1 << 22, levers=lev), predict(1 << 22, levers=lev.replace(recompute_norms=True))
     assert on.working < off.working and on.stage == off.stage == "layer"
-
-
-def test_one_measured_bf16_step_with_recomputed_norms_within_ten_percent():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from benchmarks.memory_model import BF16, BF16_ALL, measure_step, predict_for
-
-    levers = dict(BF16_ALL, recompute_norms=True)  # 8K tokens: the attention's backward sets the peak
-    measured = measure_step(BF16, 8192, levers, 1, "bf16")
-    pred = predict_for(BF16, 8192, levers, 1, "bf16")
-    step = pred.total - pred.weights - pred.states
-    assert abs(step / measured["peak"] - 1) < 0.10, (step, measured)

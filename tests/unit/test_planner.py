@@ -9,6 +9,7 @@ from helpers import ci_examples
 
 import hf_hsap
 from hf_hsap import CostModel, PlanCache, plan_sequence
+from hf_hsap.data.lengths import doc_lengths
 from hf_hsap.data.positions import check_position_ids, cu_seqlens_from_position_ids
 from hf_hsap.plan.layout import make_layout
 
@@ -83,8 +84,6 @@ def test_plan_is_minimal_partition_and_counts_exactly(lengths, P, U, placement):
 @pytest.mark.parametrize("placement", ["contiguous", "zigzag", "balanced", "density", "auto"])
 @pytest.mark.parametrize("dist", ["longtail", "sft", "mixed", "single"])
 def test_token_bound(placement, dist):
-    from benchmarks.distributions import doc_lengths
-
     T, P = 131072, 8
     plan = plan_sequence(cu_of(doc_lengths(dist, T, 0)), P, placement)
     eps = 0.10 if placement in ("balanced", "density", "auto") else 0.0
@@ -205,9 +204,7 @@ def test_sap_link_and_default_cost():
     with pytest.raises(ValueError, match="unknown link"):
         hf_hsap.CostModel.for_link("pcie")
     # offline: a group inside one node plans with NVLink costs, accepting more KV for less token slack
-    from benchmarks.distributions import cu_seqlens, doc_lengths
-
-    cu = cu_seqlens(doc_lengths("mixed", 131072, 0))
+    cu = cu_of(doc_lengths("mixed", 131072, 0))
     one_node = hf_hsap.plan_sequence(cu, 8, gpus_per_node=8).stats()
     network = hf_hsap.plan_sequence(cu, 8).stats()
     assert one_node == hf_hsap.plan_sequence(cu, 8, cost=hf_hsap.CostModel.nvlink()).stats()

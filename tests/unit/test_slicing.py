@@ -93,8 +93,8 @@ def test_auto_takes_the_slices_on_a_dominant_document(monkeypatch):
     without the step auto's plan is 1.48 x LB; the slices are 1.31 x (11 % faster), and faster with the rounds
     simulated; the deep parts hold a short slice of the document and short documents up to the cap. The linear
     bound of every placement is 1.22 x LB."""
-    from benchmarks.sweep import sweep_lengths
-    from benchmarks.relaxation import relaxed_bound
+    from benchmarks.analytic.sweep import sweep_lengths
+    from benchmarks.analytic.relaxation import relaxed_bound
 
     P, T = 24, 49152
     layout = make_layout(cu_of(sweep_lengths("one-dominant", T, 0).tolist()))
@@ -117,7 +117,7 @@ def test_auto_takes_the_slices_on_a_dominant_document(monkeypatch):
 def test_refused_where_the_simulation_disagrees(monkeypatch):
     """Two dominant documents, 24 parts over the network: the slices are 11 % faster by the one-layer model but
     4 % slower with the rounds simulated; auto keeps its plan."""
-    from benchmarks.sweep import sweep_lengths
+    from benchmarks.analytic.sweep import sweep_lengths
 
     P, T = 24, 49152
     layout = make_layout(cu_of(sweep_lengths("two-dominant", T, 0).tolist()))
@@ -135,7 +135,7 @@ def test_refused_where_the_simulation_disagrees(monkeypatch):
 def test_not_tried_near_the_compute_bound(monkeypatch):
     """The planning row (2,000 documents, P = 64: one document is longer than the cap, auto's plan is within
     SLICED_MIN_EXCESS of LB): the slices are never cut."""
-    from benchmarks.planning import planning_lengths
+    from benchmarks.analytic.distributions import planning_lengths
     import hf_hsap
 
     monkeypatch.setattr(auto, "sliced_cuts", lambda *a: pytest.fail("cut near the compute bound"))

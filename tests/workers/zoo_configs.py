@@ -88,6 +88,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma4_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "global_head_dim": 32},
     "gemma4_unified_text": {"global_head_dim": 32},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # one global + one local layer
+    # the default makes every layer Mamba2: one attention layer too (the family's checkpoints mix them), whose
+    # position_ids the model never hands on (no rotary positions): a direct packed call relays its documents
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # default None: one conv and one attention layer
     "lfm2": {"num_hidden_layers": 2, "full_attn_idxs": [1], "layer_types": ["conv", "full_attention"]},  # layer 0 a short causal convolution (the default makes every layer attention)
     "inkling_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,

@@ -1,0 +1,169 @@
+"""The memory goals (million-token rows) in one table, and the memory sections (the detail file
+``benchmarks/results/memory.md``), from the results of ``bash scripts/bench_memory.sh``
+(``benchmarks/results/memory_levers.json`` of :mod:`benchmarks.suites.memory_levers`, ``memory_model.json`` of
+:mod:`benchmarks.suites.memory_model`). A goal whose figures are missing gets no row."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..analytic.memory import RECIPE_LENGTHS, ROW_GOALS, ROW_GOALS_MODEL
+from .format import table
+
+__all__ = ["MEMORY_GOALS", "levers_section", "memory_goal_rows", "memory_model_section", "memory_sections"]
+
+MEMORY_GOALS = "memory for million-token rows"  # the topic of these goals (their heading)
+EXACT_TOL = 1e-4  # float32, against the path without the lever (the tests' tolerance)
+MODEL_TOL = 0.10  # the memory model against the exact tensor peaks
+GOAL_GROWTH_KB = 96.0  # the recipe with checkpointing grows by at most this per token per rank
+GOAL_TIME = 1.35  # the levers cost at most this x the step time of the path without them
+
+
+def _status(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def _best_rows(model: dict[str, Any], name: str = ROW_GOALS_MODEL) -> dict[int, dict[str, Any]]:
+    """The longest row per GPU count over the SAP setups of ``model``'s table."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in model.get("longest_rows", []):
+        if r["model"] == name and r["tokens"] > best.get(r["gpus"], {}).get("tokens", -1):
+            best[r["gpus"]] = r
+    return best
+
+
+def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None) -> list[list[str]]:
+    """``[goal, value, status]`` rows."""
+    rows: list[list[str]] = []
+    if levers:
+        lrows = levers["levers"]["rows"]
+        worst = max(r["grad_err"] for r in lrows)
+        rows.append(["every lever exact: loss and every gradient against the path without it (float32; the float64 "
+                     "and SP 2 / 4 checks are tests/model/test_memory_levers.py)",
+                     f"worst relative error {worst:.1e} over {len(lrows)} runs", _status(worst <= EXACT_TOL)])
+        growth = (levers.get("recipe") or {}).get("--gradient_checkpointing")
+        if growth:
+            rows.append(["pretraining recipe with --gradient_checkpointing, SP 2 on 2 CPU processes: peak RSS growth "
+                         f"≤ {GOAL_GROWTH_KB:.0f} KB per token per rank",
+                         f"{growth['kb_per_token']:.1f} KB (no levers: "
+                         f"{levers['recipe']['no levers']['kb_per_token']:.1f} KB)",
+                         _status(growth["kb_per_token"] <= GOAL_GROWTH_KB)])
+        by = {(r["tokens_per_rank"], r["scheme"]): r for r in lrows}
+        ratios = [by[(t, "all")]["cpu_s"] / by[(t, "full")]["cpu_s"] for t, s in by if s == "all"]
+        if ratios:
+            rows.append([f"every lever costs ≤ {GOAL_TIME}× the step time without them (CPU, side by side)",
+                         f"{min(ratios):.2f}–{max(ratios):.2f}× over {len(ratios)} row lengths",
+                         _status(max(ratios) <= GOAL_TIME)])
+        trl = [(by[(t, "chunked")]["peak_mib"] / by[(t, "trl_fused")]["peak_mib"]) for t, s in by if s == "trl_fused"]
+        if trl:
+            rows.append(["the chunked loss never worse than TRL's fused LM head (tensor peak, same model and rows)",
+                         f"hf_hsap / TRL {min(trl):.2f}–{max(trl):.2f}", _status(max(trl) <= 1.0)])
+        alst = [(by[(t, "all")]["peak_mib"] / by[(t, "alst")]["peak_mib"]) for t, s in by if s == "alst"]
+        if alst:
+            rows.append(["tensor peak with every lever vs DeepSpeed's ALST levers on the same model and rows",
+                         f"hf_hsap / ALST {min(alst):.2f}–{max(alst):.2f}", _status(max(alst) <= 1.0)])
+    if model:
+        err = model["max_abs_error"]
+        rows.append([f"memory model within {MODEL_TOL:.0%} of the exact tensor peaks",
+                     f"worst {err:.1%} over {len(model['validation'])} configurations", _status(err <= MODEL_TOL)])
+        best = _best_rows(model)
+        for gpus, goal in ROW_GOALS.items():
+            r = best.get(gpus)
+            if r is None:
+                continue
+            rows.append([f"predicted longest packed row, Llama-3-8B on {gpus} × H100-80GB, every lever ≥ "
+                         f"{goal / 1e6:g}M tokens", f"{r['tokens'] / 1e6:.2f}M ({r['scheme']}; limited by "
+                         f"{r['limiting_term']})", _status(r["tokens"] >= goal)])
+    return rows
+
+
+def memory_model_section(model: dict[str, Any]) -> str:
+    """The memory model's validation and its longest rows."""
+    val = [[v["name"], f"{v['tokens']:,}", str(v["sp"]), ", ".join(k for k, on in v["levers"].items() if on is True)
+            or "none", f"{v['measured_mib']:.1f}", f"{v['predicted_mib']:.1f}", f"{v['error']:+.1%}"]
+           for v in model["validation"]]
+    longest = [[r["model"], str(r["gpus"]), r["scheme"], f"{r['tokens']:,}", f"{r['per_gpu']:,}", r["limiting_term"],
+                f"{r['terms_gib'].get('host', 0):.0f}", f"{r['alst']:,}" if r.get("alst") else "",
+                f"{r['goal']:,}" if r.get("goal") else ""] for r in model["longest_rows"]]
+    return "\n\n".join([
+        "## Memory model and the longest row",
+        f"Command: `{model['command']}` ({model['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). "
+        "`hf_hsap.memory.model.predict_step_memory` against the exact tensor peak of one CPU step (TensorPeak; the "
+        "weights and optimizer states that exist before the step are left out of both):",
+        table(["configuration", "tokens", "SP", "levers", "measured MiB", "predicted MiB", "error"], val),
+        f"The longest packed row it predicts (`hsap-plan --max-length`), {model['gpu_memory_gib']:.0f} GiB per GPU "
+        f"less {model['reserve_gib']:.0f} GiB, levers {', '.join(model['levers'])}, ZeRO-3, bf16 weights with "
+        "float32 master weights and AdamW; host = offloaded activations per GPU (GiB); ALST's published figures "
+        "beside:",
+        table(["model", "GPUs", "SAP setup", "tokens", "per GPU", "limited by", "host GiB", "ALST", "goal"], longest),
+    ])
+
+
+def memory_sections(res: dict[str, Any]) -> list[str]:
+    """The sections of ``bash scripts/bench_memory.sh``: the levers, then the memory model.
+
+    Args:
+        res: a results dict with ``memory_levers`` / ``memory_model`` (either may be missing or ``None``).
+
+    Returns:
+        The markdown sections (empty when it has not run).
+    """
+    out = []
+    if res.get("memory_levers"):
+        out.append(levers_section(res["memory_levers"]))
+    if res.get("memory_model"):
+        out.append(memory_model_section(res["memory_model"]))
+    return out
+
+
+def _fmt_mib(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def levers_section(res: dict[str, Any]) -> str:
+    """The memory levers' section of the detail file ``benchmarks/results/memory.md``.
+
+    Args:
+        res: :func:`benchmarks.suites.memory_levers.main`'s results (``levers``, ``recipe``, ``seconds``; the results
+            JSON).
+
+    Returns:
+        Markdown.
+    """
+    rows, lines = res["levers"]["rows"], []
+    cfg = res["levers"]["config"]
+    m = cfg["model"]
+    lines += ["## Memory levers, measured side by side on CPU", "",
+              "Schemes: `full` (full logits, no lever), `checkpointing`, `chunked` (hf_hsap's chunked loss), "
+              "`trl_fused` (TRL's fused LM head, what `HSAPSFTTrainer` inherits), `checkpointing+chunked`, `all` "
+              "(every hf_hsap lever that acts on CPU: chunked loss, checkpointing, tiled MLP, recomputed norms), "
+              "`alst` (DeepSpeed's levers).", "",
+              f"Command: `bash scripts/bench_memory.sh` (DeepSpeed's environment; {res['seconds']:.0f} s). SP "
+              f"{cfg['world']} on gloo, Llama shape: vocabulary {m['vocab']:,}, hidden {m['hidden']}, {m['layers']} "
+              f"layers, {m['heads']} / {m['kv_heads']} heads, MLP {m['inter']}; long-tail packed rows; float32. Peak: "
+              "the exact tensor peak of one forward + backward on the busier rank (TensorPeak); time: its CPU time "
+              f"(median of {cfg['reps']} interleaved rounds). Every scheme's loss and gradients are checked against "
+              "`full` first (largest relative error in the last column). `alst`: DeepSpeed's `TiledMLP` + "
+              "`TiledFusedLogitsLoss` + checkpointing" + ("" if res["levers"]["deepspeed"] == "ok" else
+                                                          f" (not run: {res['levers']['deepspeed']})") + ".", ""]
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    lengths = list(dict.fromkeys(r["tokens_per_rank"] for r in rows))
+    by = {(r["tokens_per_rank"], r["scheme"]): r for r in rows}
+    lines += ["| scheme | " + " | ".join(f"MiB at {t:,}" for t in lengths) + " | " +
+              " | ".join(f"time ×full at {t:,}" for t in lengths) + " | worst grad err |",
+              "|---" * (2 * len(lengths) + 2) + "|"]
+    for name in schemes:
+        lines.append(f"| {name} | " + " | ".join(_fmt_mib(by[(t, name)]["peak_mib"]) for t in lengths) + " | " +
+                     " | ".join(f"{by[(t, name)]['cpu_s'] / by[(t, 'full')]['cpu_s']:.2f}" for t in lengths) +
+                     f" | {max(by[(t, name)]['grad_err'] for t in lengths):.1e} |")
+    growth = res.get("recipe")
+    if growth:
+        lines += ["", "The pretraining recipe (tiny-llama, SP 2 on 2 CPU processes, rows of "
+                  f"{RECIPE_LENGTHS[0]:,} and {RECIPE_LENGTHS[1]:,} tokens): the largest rank's peak resident set.", "",
+                  "| run | RSS short (GiB) | RSS long (GiB) | tokens / rank short → long "
+                  "| growth KB / token / rank |",
+                  "|---|---|---|---|---|"]
+        for name, g in growth.items():
+            lines.append(f"| {name} | {g['short']['rss_gib']:.2f} | {g['long']['rss_gib']:.2f} | "
+                         f"{g['short']['tokens_per_rank']:,.0f} → {g['long']['tokens_per_rank']:,.0f} | "
+                         f"{g['kb_per_token']:.1f} |")
+    return "\n".join(lines) + "\n"

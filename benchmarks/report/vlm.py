@@ -1,0 +1,49 @@
+"""The VLM training step in markdown: the detail file ``benchmarks/results/vlm.md`` from its results JSON
+(:func:`benchmarks.suites.vlm_step.run_vlm_step`'s)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .format import mib, ratio, secs
+
+__all__ = ["vlm_section"]
+
+
+def vlm_section(res: dict[str, Any]) -> str:
+    """The markdown of the detail file ``benchmarks/results/vlm.md`` from :func:`benchmarks.suites.vlm_step.run_vlm_step`'s results."""
+    cfg, row, m = res["config"], res["row"], res["model"]
+    hs, bl = "hf_hsap", "baseline"
+    worst_loss = max(r[bl]["loss_err"] for r in res["rows"])
+    worst_grad = max(r[bl]["grad_err"] for r in res["rows"])
+    lines = ["## VLM training step", "",
+             f"`bash scripts/bench_vlm.sh` ({res['seconds']:.0f} s): one forward + backward (the model's loss) of a "
+             f"random Qwen2.5-VL, text hidden {m['hidden']}, {m['layers']} layers, {m['heads']} / {m['kv_heads']} "
+             f"heads, MLP {m['mlp']}, vocabulary {m['vocab']:,}; vision tower depth {m['vision_depth']}, hidden "
+             f"{m['vision_hidden']}, {m['vision_heads']} heads, MLP {m['vision_mlp']}; float32, `hsap` attention. One "
+             f"packed row of {row['tokens']:,} tokens: {row['documents']} documents, {row['images']} images, "
+             f"{row['placeholders']:,} image placeholders, {row['pixel_rows']:,} pixel rows. SP = world size on "
+             "spawned gloo ranks (CPU). `baseline`: every rank encodes every image and merges it into the global "
+             "row's embeddings; a pre-hook on the language model then cuts `inputs_embeds` and `position_ids` to "
+             f"the rank's tokens (the same plan). Its loss equals hf_hsap's within {worst_loss:.1e} and each "
+             f"rank's gradients within {worst_grad:.1e} (relative). Peak: the exact tensor peak of one step "
+             f"(TensorPeak); time: CPU time of one step, median of {cfg['reps']} interleaved rounds after a "
+             "warm-up; vision: the vision tower's forward + backward alone on the pixels the rank encodes; "
+             "busiest rank of each. Ratio = hf_hsap / baseline. hf_hsap encodes an image split across ranks whole "
+             "on each of them: pixel rows encoded summed over ranks " + ", ".join(
+                 f"{sum(r[hs]['pixel_rows']):,} at SP {r['sp']}" for r in res["rows"]) +
+             f" (the row has {row['pixel_rows']:,}).", "",
+             "| SP | peak MiB hf_hsap | baseline | ratio | step s hf_hsap | baseline | ratio | vision s hf_hsap "
+             "| baseline | images (pixel rows) per rank hf_hsap | baseline |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        a, b = r[hs], r[bl]
+        lines.append(f"| {r['sp']} | {mib(a['peak_mib'])} | {mib(b['peak_mib'])} | "
+                     f"{ratio(a['peak_mib'], b['peak_mib'])} | {secs(a['cpu_s'])} | {secs(b['cpu_s'])} | "
+                     f"{ratio(a['cpu_s'], b['cpu_s'])} | {secs(a['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
+                     f"{_encoded(a)} | {_encoded(b)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _encoded(s: dict[str, Any]) -> str:
+    i = max(range(len(s["pixel_rows"])), key=lambda r: s["pixel_rows"][r])
+    return f"{s['images'][i]} ({s['pixel_rows'][i]:,})"
