@@ -94,7 +94,8 @@ class Probe:
         unreached: class names of the run layers a keyword argument of ``model(...)`` did not reach.
         accepts: whether the model takes extra keyword arguments at all.
         no_positions: class names of the run layers that got neither ``position_ids`` nor ``cu_seq_lens_q`` from a
-            call with ``position_ids`` (a direct packed call's documents would not reach them).
+            text call with ``position_ids`` (a direct packed call's documents would not reach them; not looked for in
+            a vision-language probe).
     """
 
     layers: int
@@ -165,7 +166,8 @@ def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) ->
         logger.info("check_model: no probe image for %s (%s: %s); the probe runs text only", type(model).__name__,
                     type(e).__name__, e)
         inputs = None
-    if not inputs:
+    text_only = not inputs
+    if text_only:
         inputs = {"input_ids": torch.ones(1, 2, dtype=torch.long, device=param.device)}
         if "position_ids" in inspect.signature(model.forward).parameters:  # as a direct packed call passes them
             inputs["position_ids"] = torch.arange(2, device=param.device)[None]
@@ -192,5 +194,8 @@ def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) ->
         for h in handles:
             h.remove()
     run = [m for m in attention if id(m) in called]
+    # a vision-language probe's positions are its family's own (multimodal rotary): its documents reach the attention
+    # through the mask, which the text positions build
+    no_positions = {type(m).__name__ for m in run if id(m) not in positioned} if text_only else set()
     return Probe(len(called), tuple(sorted({type(m).__name__ for m in run if id(m) not in reached})), True,
-                 tuple(sorted({type(m).__name__ for m in run if id(m) not in positioned})))
+                 tuple(sorted(no_positions)))

@@ -114,7 +114,8 @@ def test_check_model_probe_runs_an_image(family: str) -> None:
         if _calls_attention_interface(m) and is_encoder_module(m):
             m.register_forward_pre_hook(lambda *a: encoder_calls.append(1))
     decoder = [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
-    assert probe_attention(model, decoder) == (2, [], True)
+    probe = probe_attention(model, decoder)
+    assert (probe.layers, probe.unreached, probe.accepts, probe.no_positions) == (2, (), True, ())
     assert encoder_calls  # the probe's image went through the vision tower
 
 
