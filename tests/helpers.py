@@ -6,6 +6,9 @@
 * :func:`cu_of`, :func:`assert_exact`, :data:`TOL`: the SAP attention checks (``workers/sap.py`` results).
 * :func:`hypothesis_profile`, :func:`ci_examples`: the Hypothesis profiles (registered in ``conftest.py``).
 * :func:`ring_step_matrix`: a benchmark scheme's ring work per (GPU, ring step) as a ``[P, P]`` matrix.
+* :func:`layouts`, :data:`CPU_KERNEL`, :func:`cost_of`: the placement tests' rows and cost models.
+* :func:`plans_with_and_without`: auto's plan with and without one of its refinements.
+* :data:`DEVICE_NAMES`: device name strings and the hardware table's key for each.
 """
 from __future__ import annotations
 
@@ -14,14 +17,27 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hf_hsap.plan.cost import CostModel
 from hf_hsap.testing import rel_err
 
-__all__ = ["HYPOTHESIS_PROFILE_ENV", "TOL", "assert_covers_once", "assert_exact", "ci_examples", "cu_of",
-           "hypothesis_profile", "rel_err", "ring_step_matrix"]
+__all__ = ["CPU_KERNEL", "DEVICE_NAMES", "HYPOTHESIS_PROFILE_ENV", "TOL", "assert_covers_once", "assert_exact",
+           "ci_examples", "cost_of", "cu_of", "hypothesis_profile", "layouts", "plans_with_and_without", "rel_err",
+           "ring_step_matrix"]
 
 HYPOTHESIS_PROFILE_ENV = "HSAP_HYPOTHESIS_PROFILE"  # "ci" (default) or "long"
 
 TOL = {"float64": 1e-9, "float32": 2e-5}  # largest relative error of the SAP attention checks, per dtype
+
+CPU_KERNEL = CostModel(token_cost=0.0, kv_token_cost=102.0, diag_block=512)  # attention only, CPU's key blocks
+
+DEVICE_NAMES = {  # torch.cuda.get_device_name() strings -> the hardware table's key (None: unknown)
+    "NVIDIA A100-SXM4-80GB": "A100", "NVIDIA A100-PCIE-40GB": "A100", "NVIDIA A800-SXM4-80GB": "A100",
+    "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H100 PCIe": "H100", "NVIDIA H200": "H100", "NVIDIA H800": "H100",
+    "NVIDIA GH200 480GB": "H100", "NVIDIA B200": "B200", "NVIDIA GB200": "GB200", "NVIDIA L40S": "L40S",
+    "NVIDIA L40": "L40", "NVIDIA L4": "L4", "NVIDIA A10G": "A10G", "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "Tesla V100-SXM2-16GB": "V100", "AMD Instinct MI300X": "MI300X",
+    "NVIDIA A10": None, "Tesla T4": None, "NVIDIA H20": None, "cpu": None, "": None,
+}
 
 
 def assert_covers_once(layout, pl) -> None:
@@ -94,6 +110,44 @@ def built_placements(layout, P: int, cost, slack: float) -> list:
            for name in ("contiguous", "zigzag", "balanced", "density", "auto")]
     cuts = (priced_cuts(layout, P, cost, cap, 1e30), sliced_cuts(layout, P, cost, cap, 1e30))
     return out + [c for c in cuts if c is not None]
+
+
+def cost_of(link: str) -> CostModel:
+    """The placement tests' cost model of ``link``: :data:`CPU_KERNEL` for ``"cpu"``, else the planner's default."""
+    return CPU_KERNEL if link == "cpu" else CostModel.for_link(link)
+
+
+def layouts(max_docs: int = 40) -> Any:
+    """Hypothesis strategy of document lengths of several shapes: a few long documents among short ones, one or
+    two dominant, many tiny, any (hypothesis is imported here: it is absent where only ``tests/cuda`` runs)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def rows(draw: Any) -> list[int]:
+        kind = draw(st.sampled_from(["mixed", "dominant", "tiny", "any"]))
+        if kind == "dominant":
+            big = draw(st.lists(st.integers(500, 4000), min_size=1, max_size=2))
+            rest = draw(st.lists(st.integers(1, 300), min_size=0, max_size=max_docs))
+            return big + rest if draw(st.booleans()) else rest + big
+        if kind == "tiny":
+            return draw(st.lists(st.integers(1, 20), min_size=8, max_size=max_docs))
+        if kind == "mixed":
+            return draw(st.lists(st.one_of(st.integers(1, 200), st.integers(1000, 3000)), min_size=1,
+                                 max_size=max_docs))
+        return draw(st.lists(st.integers(1, 2000), min_size=1, max_size=max_docs))
+
+    return rows()
+
+
+def plans_with_and_without(layout, group, monkeypatch, refinement: str) -> tuple:
+    """auto's plan of ``layout`` for ``group``, and its plan without one refinement (:func:`without_refinement`)."""
+    import hf_hsap.plan.planner as planner
+
+    plan = planner.plan_layout(layout, group, "auto")
+    with monkeypatch.context() as m:
+        without_refinement(m, refinement)
+        without = planner.plan_layout(layout, group, "auto")
+    return plan, without
 
 
 def without_refinement(monkeypatch, name: str) -> None:

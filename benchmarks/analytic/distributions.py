@@ -3,8 +3,8 @@
 
 Every distribution returns the lengths of the documents packed into one row of ``T`` tokens. The
 sampler lives in the library, :func:`hf_hsap.data.lengths.doc_lengths` (its docstring holds the
-table of draws); it is re-exported here with ``DISTRIBUTIONS`` and ``MIN_DOC``, so the benchmarks and
-``hsap-plan --dist`` draw the very same rows.
+table of draws); it is re-exported here with ``DISTRIBUTIONS``, ``MIN_DOC`` and :func:`planning_lengths`
+(also the library's), so the benchmarks and ``hsap-plan --dist`` draw the very same rows.
 
 The long document of `mixed` is placed first (global positions ``[0, T // 2)``): contiguous and
 zigzag placements then see it at the start of the row, which is where a data loader that sorts or
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_hsap.data.lengths import DISTRIBUTIONS, MIN_DOC, doc_lengths
+from hf_hsap.data.lengths import DISTRIBUTIONS, MIN_DOC, doc_lengths, planning_lengths
 
 __all__ = ["DISTRIBUTIONS", "MIN_DOC", "cu_seqlens", "doc_lengths", "pair_matrix", "per_doc_chunk_matrix",
            "planning_lengths", "row_chunk_matrix", "useful_pairs", "zigzag_owner"]
@@ -112,19 +112,3 @@ def pair_matrix(chunks: np.ndarray, owner: np.ndarray, n_parts: int) -> np.ndarr
     onehot[np.arange(m.shape[1]), owner] = 1.0  # [C, n_parts]
     return np.rint(onehot.T @ wc @ onehot)
 
-
-def planning_lengths(T: int, n_docs: int, seed: int) -> np.ndarray:
-    """``n_docs`` document lengths summing to ``T``: ``longtail`` draws (log-normal, median 2048,
-    sigma 1.6) scaled to the row, each at least 16 tokens; the rounding rest goes to the longest.
-
-    Args:
-        T: row length; n_docs: number of documents; seed: ``numpy.random.default_rng`` seed.
-
-    Returns:
-        ``[n_docs]`` int64 lengths, sum ``T``.
-    """
-    rng = np.random.default_rng(seed)
-    w = rng.lognormal(np.log(2048.0), 1.6, size=n_docs)
-    lengths = np.maximum(16, np.floor(w / w.sum() * T)).astype(np.int64)
-    lengths[np.argmax(lengths)] += T - int(lengths.sum())
-    return lengths

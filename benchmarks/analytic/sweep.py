@@ -3,9 +3,9 @@ the compute lower bound and the offline optimiser (no clock but planning time): 
 judgements of a row; :mod:`benchmarks.suites.sweep` runs it (``python -m benchmarks sweep [--quick]`` prints the
 section's markdown; the core suite, :mod:`benchmarks.suites.core`, puts it in ``benchmarks/results/sweep.md``).
 
-* Layouts (:data:`SWEEP_DISTRIBUTIONS`, :func:`sweep_lengths`): log-normal lengths of four spreads,
-  Pareto tails, a two-mode mixture, rows where one or two documents hold most of the pairs, many tiny
-  documents, and the spec's ``sft``; seeds ``0..n-1``; ``T = tokens_per_rank * P`` (at most
+* Layouts (:data:`SWEEP_DISTRIBUTIONS`, :func:`sweep_lengths`, both :mod:`hf_hsap.data.lengths`'): log-normal
+  lengths of four spreads, Pareto tails, a two-mode mixture, rows where one or two documents hold most of the pairs,
+  many tiny documents, and the spec's ``sft``; seeds ``0..n-1``; ``T = tokens_per_rank * P`` (at most
   :attr:`SweepConfig.max_T`).
 * Groups: ``P`` ∈ {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64} ranks (not only powers of two), ``U`` ∈ {1, 2, 4,
   8} dividing ``P`` with at least two parts, priced for NVLink (every rank in one node) or for the
@@ -36,14 +36,11 @@ from typing import Sequence
 
 import numpy as np
 
+from hf_hsap.data.lengths import SWEEP_DISTRIBUTIONS, sweep_lengths
 from hf_hsap.plan.cost import CostModel, balance_bound
 from hf_hsap.plan.layout import make_layout
 from hf_hsap.plan.planner import choose_ulysses_size
 
-from .distributions import doc_lengths
-
-SWEEP_DISTRIBUTIONS = ("lognormal-0.5", "lognormal-1.0", "lognormal-1.6", "lognormal-2.2", "pareto-1.1",
-                       "pareto-1.5", "bimodal", "one-dominant", "two-dominant", "tiny", "sft")
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
 MODEL_Q_HEADS = 32  # Llama-3-8B: Ulysses (U = P) runs where P divides the query heads
 MODEL_KV_HEADS = 8  # and its key/value heads: what the per-batch degree's memory cap weighs
@@ -70,52 +67,6 @@ class SweepConfig:
     def quick() -> "SweepConfig":
         return SweepConfig(Ps=(3, 8, 16), Us=(1, 2), seeds=1, tokens_per_rank=2048, oracle_max_parts=8,
                            oracle_moves=100)
-
-
-def _fill(draw, T: int) -> np.ndarray:
-    """Lengths drawn by ``draw(n)`` (an array of ``n`` positive ints) until they reach ``T``; the last cut."""
-    out, acc = [], 0
-    while acc < T:
-        x = np.maximum(1, np.asarray(draw(256), dtype=np.int64))
-        out.append(x)
-        acc += int(x.sum())
-    lens = np.concatenate(out)
-    c = np.cumsum(lens)
-    n = int(np.searchsorted(c, T)) + 1
-    lens = lens[:n].copy()
-    lens[-1] = T - (int(c[n - 2]) if n > 1 else 0)
-    return lens
-
-
-def sweep_lengths(name: str, T: int, seed: int) -> np.ndarray:
-    """Document lengths of one row of the sweep.
-
-    Args:
-        name: one of :data:`SWEEP_DISTRIBUTIONS`. T: row length. seed: ``numpy.random.default_rng`` seed.
-
-    Returns:
-        ``[n_docs]`` int64 lengths summing to ``T``, each ``>= 1``.
-    """
-    rng = np.random.default_rng(seed)
-    if name.startswith("lognormal-"):
-        sigma = float(name.split("-")[1])
-        return _fill(lambda n: np.clip(rng.lognormal(np.log(1024.0), sigma, n), 16, T), T)
-    if name.startswith("pareto-"):
-        alpha = float(name.split("-")[1])
-        return _fill(lambda n: np.clip(16 + 128 * rng.pareto(alpha, n), 16, T), T)
-    if name == "bimodal":  # short chats and long documents of ~T/8
-        return _fill(lambda n: np.where(rng.random(n) < 0.9, rng.lognormal(np.log(300.0), 0.5, n),
-                                        rng.lognormal(np.log(T / 8), 0.3, n)).clip(16, T), T)
-    if name in ("one-dominant", "two-dominant"):  # one or two documents hold most of the pairs
-        k = 1 if name == "one-dominant" else 2
-        big = (T * rng.uniform(0.25, 0.45, k)).astype(np.int64)
-        rest = _fill(lambda n: np.clip(rng.lognormal(np.log(500.0), 1.0, n), 16, T), T - int(big.sum()))
-        return rng.permutation(np.concatenate([big, rest]))
-    if name == "tiny":
-        return _fill(lambda n: rng.integers(16, 65, n), T)
-    if name == "sft":
-        return doc_lengths("sft", T, seed)
-    raise ValueError(f"unknown sweep distribution {name!r}; choose one of {', '.join(SWEEP_DISTRIBUTIONS)}")
 
 
 def sweep_groups(cfg: SweepConfig):

@@ -1,6 +1,8 @@
 """The import graph, read from the source: no cycle among the modules of ``hf_hsap`` or of ``benchmarks`` (imports
 at module level and inside functions, ``TYPE_CHECKING`` ones included, relative ones resolved), and every module of
-``hf_hsap`` under a layer of the import contract (``.importlinter``, which ``test_import_contract.py`` checks)."""
+``hf_hsap`` under a layer of the import contract (``.importlinter``, which ``test_import_contract.py`` checks); the
+unit tests import no ``benchmarks`` module (the tests that check the library against a benchmark tool live under
+``tests/benchmarks``)."""
 from __future__ import annotations
 
 import ast
@@ -171,3 +173,31 @@ def test_every_module_is_in_a_layer_of_the_contract():
     tops = {m.split(".")[1] for m in modules}
     assert not tops - layers, f"modules outside the contract's layers: {sorted(tops - layers)}"
     assert not layers - tops, f"layers naming no module of hf_hsap: {sorted(layers - tops)}"
+
+
+READS_BENCHMARKS_GRAPH = {"test_import_contract.py", "test_import_graph.py"}  # name the package, never import it
+
+
+def imported_packages(source: str) -> set[str]:
+    """Top-level packages a source imports, anywhere in it (relative imports left out)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_unit_tests_import_no_benchmarks():
+    """No file under ``tests/unit`` imports ``benchmarks`` (at module level or inside a function), but the two that
+    read its import graph from the source."""
+    assert {"benchmarks", "numpy"} <= imported_packages(
+        "import numpy\ndef f():\n    from benchmarks.analytic.sweep import SweepConfig\n")
+    assert "benchmarks" in imported_packages("import benchmarks.suites.core as core\n")
+    assert "benchmarks" not in imported_packages("from .benchmarks import x\nfrom hf_hsap import benchmarks\n")
+    files = sorted((ROOT / "tests" / "unit").rglob("*.py"))
+    assert READS_BENCHMARKS_GRAPH <= {f.name for f in files}
+    offending = [str(f.relative_to(ROOT)) for f in files
+                 if f.name not in READS_BENCHMARKS_GRAPH and "benchmarks" in imported_packages(f.read_text())]
+    assert offending == [], f"unit tests importing benchmarks (move them under tests/benchmarks): {offending}"

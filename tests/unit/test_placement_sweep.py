@@ -1,5 +1,6 @@
 """``placement="auto"`` is never worse than a simpler placement by its own cost model; the density
-placement, zigzag's closed-form price and the offline optimiser agree with the figures the plan uses."""
+placement and zigzag's closed-form price agree with the figures the plan uses (the offline optimiser against the
+plan: tests/benchmarks/test_planner_against_bounds.py)."""
 import math
 
 import numpy as np
@@ -7,40 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_covers_once, ci_examples, cu_of
+from helpers import assert_covers_once, ci_examples, cost_of, cu_of, layouts
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times, step_time, zigzag_part_times, zigzag_time_bound
 from hf_hsap.plan.density import density
 from hf_hsap.plan.group import GroupSpec
 from hf_hsap.plan.layout import make_layout
-from hf_hsap.plan.local_search import part_time
 from hf_hsap.plan.placement import zigzag
 from hf_hsap.plan.planner import plan_layout
 from hf_hsap.plan.transfers import compute_transfers
 from hf_hsap.plan.windows import window_transfers
 
-from benchmarks.analytic.placement_search import optimise_placement
-
 OTHERS = ("contiguous", "zigzag", "balanced", "density")
-CPU_KERNEL = CostModel(token_cost=0.0, kv_token_cost=102.0, diag_block=512)  # attention only, CPU's key blocks
-
-
-def cost_of(link: str) -> CostModel:
-    return CPU_KERNEL if link == "cpu" else CostModel.for_link(link)
-
-
-@st.composite
-def layouts(draw, max_docs: int = 40):
-    """Rows of several shapes: a few long documents among short ones, one dominant, many tiny."""
-    kind = draw(st.sampled_from(["mixed", "dominant", "tiny", "any"]))
-    if kind == "dominant":
-        big = draw(st.lists(st.integers(500, 4000), min_size=1, max_size=2))
-        rest = draw(st.lists(st.integers(1, 300), min_size=0, max_size=max_docs))
-        return big + rest if draw(st.booleans()) else rest + big
-    if kind == "tiny":
-        return draw(st.lists(st.integers(1, 20), min_size=8, max_size=max_docs))
-    if kind == "mixed":
-        return draw(st.lists(st.one_of(st.integers(1, 200), st.integers(1000, 3000)), min_size=1, max_size=max_docs))
-    return draw(st.lists(st.integers(1, 2000), min_size=1, max_size=max_docs))
 
 
 @settings(max_examples=ci_examples(60))
@@ -117,26 +95,6 @@ def test_zigzag_closed_form_equals_its_built_figures(lengths, P, link):
     built = part_times(layout, pl, compute_transfers(pl), cost)
     assert np.allclose(zigzag_part_times(layout, P, cost), built, rtol=1e-12)
     assert zigzag_time_bound(layout, P, cost) <= built.max() * (1 + 1e-12)
-
-
-@settings(max_examples=ci_examples(40))
-@given(lengths=layouts(max_docs=15), P=st.integers(2, 6), link=st.sampled_from(["nvlink", "network", "cpu"]),
-       placement=st.sampled_from(["contiguous", "zigzag", "balanced", "density"]))
-def test_oracle_prices_parts_as_the_plan_and_never_loses(lengths, P, link, placement):
-    layout = make_layout(cu_of(lengths))
-    if layout.total_tokens < P:
-        return
-    cost = cost_of(link)
-    start = plan_layout(layout, GroupSpec.offline(P, 1, None), placement, cost=cost).placement
-    starts = layout.cu_seqlens[:-1].tolist()
-    want = part_times(layout, start, compute_transfers(start), cost)
-    got = [part_time([(int(d), int(a), int(b)) for d, a, b, p in zip(start.doc, start.start, start.end, start.part)
-                      if p == q], starts, cost) for q in range(P)]
-    assert np.allclose(got, want, rtol=1e-12)
-    best = optimise_placement(layout, P, cost, start, max_moves=50)
-    assert_covers_once(layout, best)
-    assert best.tokens_per_part().max() <= max(math.ceil(layout.total_tokens / P) * 1.10, start.tokens_per_part().max())
-    assert part_times(layout, best, compute_transfers(best), cost).max() <= want.max() * (1 + 1e-12)
 
 
 def test_diagonal_blocks_price_a_split_document():
@@ -226,7 +184,7 @@ def test_polish_never_loses_keeps_the_cap_and_is_bounded(lengths, P, link):
 def test_auto_polishes_its_winner_on_small_groups():
     """The winner of a small network-priced group is searched locally (local_search.polish) and the result kept where
     the search's rule accepts it; a group above POLISH_MAX_PARTS is not searched, a windowed plan not refined."""
-    from benchmarks.analytic.sweep import sweep_lengths
+    from hf_hsap.data.lengths import sweep_lengths
     from hf_hsap.plan.candidates import cheapest_candidate
     from hf_hsap.plan.auto import POLISH_MAX_PARTS, REFINEMENTS
     from hf_hsap.plan.local_search import polish

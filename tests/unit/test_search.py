@@ -44,7 +44,7 @@ def test_the_search_never_ends_slower_than_its_start_by_either_model(lengths, P,
 
 
 def _row(P=8, link="network"):
-    from benchmarks.analytic.sweep import sweep_lengths
+    from hf_hsap.data.lengths import sweep_lengths
 
     layout = make_layout(cu_of(sweep_lengths("lognormal-1.6", 2048 * P, 0).tolist()))
     return Search(layout, P, CostModel.for_link(link), 0.10)

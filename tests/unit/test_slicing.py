@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_covers_once, ci_examples, cu_of, without_refinement
+from helpers import assert_covers_once, ci_examples, cu_of, plans_with_and_without
 from hf_hsap.plan import auto
 from hf_hsap.plan.cost import CostModel, balance_bound, part_times
 from hf_hsap.plan.group import GroupSpec
@@ -22,17 +22,6 @@ from hf_hsap.plan.windows import window_transfers
 LENGTHS = st.lists(st.one_of(st.integers(1, 300), st.integers(1000, 9000)), min_size=1, max_size=25)
 COSTS = st.sampled_from([CostModel.for_link("network"), CostModel.for_link("nvlink"), CostModel(diag_block=64.0),
                          CostModel(overlap=0.5), CostModel.for_link("network").for_ulysses(4)])
-
-
-def _plans(layout, group, monkeypatch):
-    """auto's plan, and its plan without the sliced step."""
-    import hf_hsap.plan.planner as planner
-
-    plan = planner.plan_layout(layout, group, "auto")
-    with monkeypatch.context() as m:
-        without_refinement(m, "_sliced_cuts")
-        without = planner.plan_layout(layout, group, "auto")
-    return plan, without
 
 
 def _line_ranges(layout, pl, p, cap):
@@ -88,42 +77,16 @@ def test_the_fill_never_goes_below_the_compute_bound():
     assert sliced_cuts(layout, 8, cost, token_cap(layout.total_tokens, 8, 0.1), 3 * lb) is not None
 
 
-def test_auto_takes_the_slices_on_a_dominant_document(monkeypatch):
-    """The sweep's worst network row of 24 parts (one document of 18,549 of 49,152 tokens, one GPU per node):
-    without the step auto's plan is 1.48 x LB; the slices are 1.31 x (11 % faster), and faster with the rounds
-    simulated; the deep parts hold a short slice of the document and short documents up to the cap. The linear
-    bound of every placement is 1.22 x LB."""
-    from benchmarks.analytic.sweep import sweep_lengths
-    from benchmarks.analytic.relaxation import relaxed_bound
-
-    P, T = 24, 49152
-    layout = make_layout(cu_of(sweep_lengths("one-dominant", T, 0).tolist()))
-    cost = CostModel.for_link("network")
-    lb = balance_bound(layout, P, cost)
-    plan, without = _plans(layout, GroupSpec.offline(P, 1, 1), monkeypatch)
-    t, t0 = (float(part_times(layout, p.placement, None, cost).max()) for p in (plan, without))
-    assert plan.placement_name == "sliced" and t < 0.9 * t0 and 1.30 * lb < t < 1.32 * lb
-    assert simulated_time(layout, plan.placement, plan.transfers, cost) < \
-        simulated_time(layout, without.placement, without.transfers, cost)
-    assert relaxed_bound(layout, P, cost, token_cap(T, P, 0.1)) < t
-    pl = plan.placement
-    longest = int(np.argmax(layout.doc_lengths))
-    deep = (pl.doc == longest) & (pl.start - layout.cu_seqlens[longest] > 10000)  # segments deep in it
-    held = pl.tokens_per_part()[np.unique(pl.part[deep])]
-    rows = np.bincount(pl.part[deep], weights=pl.end[deep] - pl.start[deep], minlength=P)[np.unique(pl.part[deep])]
-    assert (rows < 0.5 * held).any() and held.max() <= token_cap(T, P, 0.1)
-
-
 def test_refused_where_the_simulation_disagrees(monkeypatch):
     """Two dominant documents, 24 parts over the network: the slices are 11 % faster by the one-layer model but
     4 % slower with the rounds simulated; auto keeps its plan."""
-    from benchmarks.analytic.sweep import sweep_lengths
+    from hf_hsap.data.lengths import sweep_lengths
 
     P, T = 24, 49152
     layout = make_layout(cu_of(sweep_lengths("two-dominant", T, 0).tolist()))
     cost = CostModel.for_link("network")
     cut = sliced_cuts(layout, P, cost, token_cap(T, P, 0.1), float("inf"))
-    plan, without = _plans(layout, GroupSpec.offline(P, 1, 1), monkeypatch)
+    plan, without = plans_with_and_without(layout, GroupSpec.offline(P, 1, 1), monkeypatch, "_sliced_cuts")
     assert float(part_times(layout, cut, None, cost).max()) < 0.9 * float(part_times(layout, plan.placement, None,
                                                                                        cost).max())
     assert simulated_time(layout, cut, window_transfers(cut, layout, None), cost) > \
@@ -135,8 +98,8 @@ def test_refused_where_the_simulation_disagrees(monkeypatch):
 def test_not_tried_near_the_compute_bound(monkeypatch):
     """The planning row (2,000 documents, P = 64: one document is longer than the cap, auto's plan is within
     SLICED_MIN_EXCESS of LB): the slices are never cut."""
-    from benchmarks.analytic.distributions import planning_lengths
     import hf_hsap
+    from hf_hsap.data.lengths import planning_lengths
 
     monkeypatch.setattr(auto, "sliced_cuts", lambda *a: pytest.fail("cut near the compute bound"))
     cu = cu_of(planning_lengths(524288, 2000, 0).tolist())
