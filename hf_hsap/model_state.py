@@ -111,15 +111,17 @@ class ModelChanges:
             model: an ``nn.Module``.
         """
         before = {id(m): (set(m._forward_pre_hooks), set(m._forward_hooks)) for m in model.modules()}
-        yield
-        for m in model.modules():
-            pre, post = before.get(id(m), (set(), set()))
-            for key in set(m._forward_pre_hooks) - pre:
-                self._undo.append(lambda m=m, key=key: [d.pop(key, None) for d in (
-                    m._forward_pre_hooks, m._forward_pre_hooks_with_kwargs)])
-            for key in set(m._forward_hooks) - post:
-                self._undo.append(lambda m=m, key=key: [d.pop(key, None) for d in (
-                    m._forward_hooks, m._forward_hooks_with_kwargs, m._forward_hooks_always_called)])
+        try:
+            yield
+        finally:  # also when the call raised half-way: what it registered is still recorded
+            for m in model.modules():
+                pre, post = before.get(id(m), (set(), set()))
+                for key in set(m._forward_pre_hooks) - pre:
+                    self._undo.append(lambda m=m, key=key: [d.pop(key, None) for d in (
+                        m._forward_pre_hooks, m._forward_pre_hooks_with_kwargs)])
+                for key in set(m._forward_hooks) - post:
+                    self._undo.append(lambda m=m, key=key: [d.pop(key, None) for d in (
+                        m._forward_hooks, m._forward_hooks_with_kwargs, m._forward_hooks_always_called)])
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the changes are undone (a change made by a library call that has its own inverse)."""
