@@ -65,6 +65,7 @@ def soak_worker(steps: int, tokens: int = 256, cache_size: int = 64, seed: int =
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import hf_hsap
+    from hf_hsap.data.packing import IGNORE_INDEX
     from hf_hsap.integrations import hsap_causal_lm_loss, reduce_loss_for_logging
 
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -89,7 +90,7 @@ def soak_worker(steps: int, tokens: int = 256, cache_size: int = 64, seed: int =
         pos = torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).unsqueeze(0)
         ids = torch.from_numpy(rng.integers(1, config.vocab_size, tokens)).unsqueeze(0)
         labels = ids.clone()
-        labels[pos == 0] = -100
+        labels[pos == 0] = IGNORE_INDEX
         local = hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos, "labels": labels}, sp, verify=False)
         logits = model(input_ids=local["input_ids"], position_ids=local["position_ids"], use_cache=False,
                        hsap_plan=local["hsap_plan"], hsap_plan_use=local.get("hsap_plan_use")).logits

@@ -73,3 +73,16 @@ def test_sft_trainer_refuses_a_row_that_cannot_fit(tmp_path) -> None:
         HSAPSFTTrainer(model=model, args=args, train_dataset=rows, processing_class=make_tokenizer())
     args = HSAPSFTConfig(output_dir=str(tmp_path), hsap_memory_per_device_gib=need[False] * 1.01, **common)
     HSAPSFTTrainer(model=make_model("llama"), args=args, train_dataset=rows, processing_class=make_tokenizer())
+
+
+def test_every_spelling_of_the_levers_names_each_lever_once() -> None:
+    """The levers are listed once (LEVER_ORDER); the recipes' and the trainers' flags spell each of them."""
+    import dataclasses
+    import importlib
+
+    from hf_hsap.integrations.memory_fit import TRAINER_LEVER_FLAGS
+    from hf_hsap.memory import LEVER_ORDER, MemoryLevers
+
+    recipes = importlib.import_module("recipes.common")
+    assert set(TRAINER_LEVER_FLAGS) == set(recipes.LEVER_FLAGS) == set(LEVER_ORDER)
+    assert set(LEVER_ORDER) <= {f.name for f in dataclasses.fields(MemoryLevers)}
