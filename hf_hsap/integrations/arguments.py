@@ -57,8 +57,8 @@ class HSAPArguments:
                 "exceeds the highest degree's (False: the fastest degree by time alone)"})
 
     hsap_chunked_loss: bool = field(default=True, metadata={
-        "help": "HSAP: the LM head and the loss in tiles, never the full logits (HSAPTrainer; HSAPSFTTrainer keeps "
-                "TRL's own fused LM head)"})
+        "help": "HSAP: the LM head and the loss in tiles, never the full logits (HSAPSFTTrainer: TRL's entropy and "
+                "mean token accuracy from the same tiles; TRL's fused LM head where its loss is not plain NLL)"})
     hsap_loss_tile_tokens: int | None = field(default=None, metadata={
         "help": "HSAP: tokens of one tile of the chunked loss (default: about 16M logits per tile)"})
     hsap_tiled_mlp: bool = field(default=False, metadata={

@@ -98,6 +98,8 @@ def hsap_model_loss(
     num_items_in_batch: torch.Tensor | int,
     grad_scale: float = 1.0,
     sp: Any = None,
+    *,
+    metrics: Any = None,
     **model_kwargs: Any,
 ) -> torch.Tensor:
     """The model's forward on a sharded batch and its loss: through the chunked LM head when the model has one (the
@@ -113,6 +115,7 @@ def hsap_model_loss(
             but the targets and counts goes to the model, ``shift_labels`` ``[1, T_local]`` to the loss.
         num_items_in_batch: ``N`` (:func:`global_num_items`). grad_scale: ``W`` (:func:`dp_grad_scale`).
         sp: the SP group: check that the forward ran the plan through every attention layer.
+        metrics: token metrics (entropy, top-1 accuracy) the chunked head fills from its tiles (``None``: none).
         **model_kwargs: more model inputs (they override ``local``'s).
 
     Returns:
@@ -135,7 +138,7 @@ def hsap_model_loss(
                                   "(hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers()) gives it one)")
         return hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], num_items_in_batch, grad_scale,
                                    sp=sp)
-    with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale) as request:
+    with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale, metrics=metrics) as request:
         model(**inputs)
     use = getattr(sp, "pending_plan_use", None)
     if use is not None and not use.checked:

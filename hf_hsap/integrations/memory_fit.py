@@ -57,7 +57,8 @@ def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
 
     Args:
         trainer: the HSAP trainer (its ``args``, ``accelerator`` and ``sp``). model: the unwrapped model.
-        sft: the trainer is ``HSAPSFTTrainer`` (TRL's fused LM head: the loss never builds the logits).
+        sft: the trainer is ``HSAPSFTTrainer`` (hf_hsap's chunked loss, or TRL's fused LM head where the chunked
+            loss is off: the loss never builds the logits).
 
     Raises:
         ValueError: the modelled step exceeds the device, naming the levers that would make it fit.
@@ -70,7 +71,7 @@ def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
     autocast = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
     check_device_row_fits(trainer.accelerator, model.config, int(max_length) * int(args.per_device_train_batch_size),
                           memory_gib=getattr(args, "hsap_memory_per_device_gib", None), sp=trainer.sp,
-                          levers=args.memory_levers().replace(chunked_loss=True),  # TRL's fused head: no logits
+                          levers=args.memory_levers().replace(chunked_loss=True),  # either head: no logits
                           param_dtype="bf16" if half else "fp32", master_weights=False,
                           compute_dtype="bf16" if half or autocast else "fp32",
                           recv_budget_tokens=args.hsap_recv_budget_tokens, spelling=TRAINER_LEVER_FLAGS)

@@ -103,13 +103,26 @@ class HSAPTrainerMixin:
         applies to the unwrapped model.
 
         The Trainer enables gradient checkpointing itself (``gradient_checkpointing``). ``HSAPSFTTrainer`` keeps
-        TRL's fused LM head (its loss and metrics never build the logits either) and TRL's own offloading."""
+        TRL's own offloading, and TRL's fused LM head where its loss is not plain next-token cross-entropy
+        (:meth:`_hsap_chunked_loss_fits`)."""
         from ..memory import MemoryLevers
 
         levers = self.args.memory_levers() if hasattr(self.args, "memory_levers") else MemoryLevers()
         sft = _SFTTrainer is not None and isinstance(self, _SFTTrainer)
-        return levers.replace(gradient_checkpointing=False, chunked_loss=levers.chunked_loss and not sft,
+        return levers.replace(gradient_checkpointing=False,
+                              chunked_loss=levers.chunked_loss and self._hsap_chunked_loss_fits(),
                               activation_offloading=levers.activation_offloading and not sft)
+
+    def _hsap_chunked_loss_fits(self) -> bool:
+        """Whether this trainer's loss is what the chunked head computes (the Trainer's own: always)."""
+        return True
+
+    def _hsap_token_metrics(self) -> Any:
+        """The token metrics the chunked head fills for this trainer's logs (``None``: none logged)."""
+        return None
+
+    def _hsap_log_token_metrics(self, metrics: Any, inputs: dict[str, Any]) -> None:
+        """Log what the chunked head measured (:meth:`_hsap_token_metrics`); nothing for the Trainer."""
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Trainer's step inside the activation offloading context (``activation_offloading``)."""
@@ -256,8 +269,11 @@ class HSAPTrainerMixin:
         if not return_outputs and inputs.get("shift_labels") is not None and find_chunked_head(model) is not None:
             # the chunked head (no logits); Trainer's scale: its mean over ranks is the single-process loss
             scale = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
-            loss = hsap_model_loss(model, inputs, num_items_in_batch, grad_scale=scale)
+            metrics = self._hsap_token_metrics()
+            loss = hsap_model_loss(model, inputs, num_items_in_batch, grad_scale=scale, metrics=metrics)
             check_plan_used(inputs, expected_layers=getattr(self, "_hsap_attention_layers", None))
+            if metrics is not None:
+                self._hsap_log_token_metrics(metrics, inputs)
             return loss
         result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                       num_items_in_batch=num_items_in_batch)
@@ -350,6 +366,42 @@ if _SFTTrainer is not None:
             self.padding_free = True
             self.data_collator = VisionPackingCollator(self.data_collator, model, self.args.max_length,
                                                        self.args.pad_to_multiple_of)
+
+        def _hsap_chunked_loss_fits(self) -> bool:
+            """hf_hsap's chunked loss is TRL's plain next-token loss (``loss_type="nll"``); TRL's fused LM head stays
+            for the losses it computes otherwise (DFT, label smoothing, a ``compute_loss_func``, an MoE
+            auxiliary loss), logged."""
+            other = [what for what, on in ((f"loss_type={self.args.loss_type!r}", self.args.loss_type != "nll"),
+                                           ("label smoothing", self.label_smoother is not None),
+                                           ("a compute_loss_func", self.compute_loss_func is not None),
+                                           ("the MoE auxiliary loss", bool(getattr(self, "aux_loss_enabled", False))))
+                     if on]
+            if other:
+                logger.info("hf_hsap: %s keeps TRL's fused LM head (%s); hf_hsap's chunked loss computes the plain "
+                            "next-token loss only", type(self).__name__, ", ".join(other))
+            return not other
+
+        def _hsap_token_metrics(self) -> Any:
+            """TRL's logged token metrics (entropy, mean token accuracy), from the chunked head's tiles."""
+            from ..memory.fused_ce import TokenMetrics
+
+            return TokenMetrics()
+
+        def _hsap_log_token_metrics(self, metrics: Any, inputs: dict[str, Any]) -> None:
+            """Log ``entropy``, ``mean_token_accuracy`` and ``num_tokens`` as TRL's ``compute_loss`` does (sums over
+            every rank, then the means)."""
+            mode = "train" if self.model.training else "eval"
+            gather = self.accelerator.gather_for_metrics
+            valid = gather(metrics.valid.reshape(1)).sum()
+            entropy = gather(metrics.entropy.detach().float().reshape(1)).sum()
+            correct = gather(metrics.correct.reshape(1)).sum()
+            self._metrics[mode]["entropy"].append((entropy / valid).item() if valid > 0 else 0.0)
+            self._metrics[mode]["mean_token_accuracy"].append((correct / valid).item() if valid > 0 else 0.0)
+            if mode == "train":  # TRL's count: a padded batch's mask, else the row's positions
+                mask, positions = inputs.get("attention_mask"), inputs["position_ids"]
+                local = mask.sum() if mask is not None else torch.tensor(positions.size(1), device=positions.device)
+                self._total_train_tokens += int(gather(local.reshape(1)).sum().item()) // self._tp_size
+            self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
 
 else:  # pragma: no cover
 

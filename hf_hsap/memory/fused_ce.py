@@ -14,22 +14,41 @@ Memory: one ``[tile, V]`` logits tile in the compute dtype (the softmax and its 
 float64 inputs: a float64 model's loss is exact to float64 rounding.
 
 The logits may be transformed as the family does: ``softcap * tanh(scale * z / softcap)`` (or ``scale * z``).
+
+Token metrics (what TRL's SFT trainer logs: the mean entropy of the predicted distribution and the share of targets
+that are its top-1) come from the same tiles when asked for (:class:`TokenMetrics`): sums over the valid tokens,
+no gradient, one more ``[tile, V]`` temporary while a tile's entropy is formed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..data.packing import IGNORE_INDEX
 
-__all__ = ["fused_linear_cross_entropy", "tile_tokens_for"]
+__all__ = ["TokenMetrics", "fused_linear_cross_entropy", "tile_tokens_for"]
 
 
 def tile_tokens_for(vocab: int, tile_elements: int) -> int:
     """Tokens per tile so that a ``[tile, vocab]`` tile holds about ``tile_elements`` logits (at least 1)."""
     return max(1, tile_elements // max(1, vocab))
+
+
+@dataclass
+class TokenMetrics:
+    """Sums over the valid tokens of one fused loss, filled by :func:`fused_linear_cross_entropy` (no gradient).
+
+    Attributes:
+        entropy: sum of the entropy of each token's predicted distribution (the transformed logits' softmax).
+        correct: tokens whose target is the logits' argmax.
+        valid: tokens with a target.
+    """
+
+    entropy: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
+    correct: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.long))
+    valid: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.long))
 
 
 @dataclass(frozen=True)
@@ -38,13 +57,14 @@ class _Tiling:
 
     Attributes:
         tile: tokens per tile. softcap, scale: the logit transform. grads: the caller's grad mode (the gradients
-        are computed in the forward only then).
+        are computed in the forward only then). metrics: where to add the token metrics (``None``: not asked).
     """
 
     tile: int
     softcap: float | None
     scale: float
     grads: bool
+    metrics: TokenMetrics | None = None
 
 
 class _FusedLinearCE(torch.autograd.Function):
@@ -61,6 +81,10 @@ class _FusedLinearCE(torch.autograd.Function):
         w = weight.to(mm)
         b = None if bias is None else bias.to(compute)
         total = torch.zeros((), dtype=compute, device=hidden.device)
+        metrics = how.metrics
+        if metrics is not None:
+            entropy = torch.zeros((), dtype=compute, device=hidden.device)
+            correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         need_h, need_w, need_b = (grads and n for n in ctx.needs_input_grad[:3])
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32 if compute == torch.float32 else compute,
@@ -82,6 +106,9 @@ class _FusedLinearCE(torch.autograd.Function):
             safe = y.clamp(min=0).unsqueeze(1)  # [n, 1]
             picked = z.gather(1, safe).squeeze(1)
             total += ((lse - picked) * valid).sum()
+            if metrics is not None:  # the softmax's entropy, lse - sum(p * z), and whether the target is the argmax
+                entropy += ((lse - (torch.softmax(z, dim=-1) * z).sum(-1)) * valid).sum()
+                correct += ((z.argmax(-1) == y) & valid).sum()
             if not grads:
                 continue
             z.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place
@@ -96,6 +123,10 @@ class _FusedLinearCE(torch.autograd.Function):
                 grad_w.addmm_(z.t().to(grad_w.dtype), h.to(grad_w.dtype))
             if grad_b is not None:
                 grad_b += z.sum(0)
+        if metrics is not None:
+            metrics.entropy = metrics.entropy.to(entropy) + entropy
+            metrics.correct = metrics.correct.to(correct.device) + correct
+            metrics.valid = metrics.valid.to(correct.device) + (labels != IGNORE_INDEX).sum()
         ctx.save_for_backward(*(g if g is not None else torch.empty(0) for g in (grad_h, grad_w, grad_b)))
         ctx.present = (grad_h is not None, grad_w is not None, grad_b is not None)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -114,16 +145,17 @@ class _FusedLinearCE(torch.autograd.Function):
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                labels: torch.Tensor, tile_tokens: int, *, softcap: float | None = None,
-                               scale: float = 1.0) -> torch.Tensor:
+                               scale: float = 1.0, metrics: TokenMetrics | None = None) -> torch.Tensor:
     """Summed cross-entropy of the head's logits without materialising them (module docstring).
 
     Args:
         hidden: ``[N, H]`` hidden states. weight: ``[V, H]`` the head. bias: ``[V]`` or None.
         labels: ``[N]`` targets (``-100``: none). tile_tokens: tokens per tile.
         softcap, scale: the family's logit transform.
+        metrics: add this call's token metrics to it (``None``: none computed).
 
     Returns:
         0-dim sum of CE over the valid tokens (float32; float64 for float64 inputs).
     """
     return _FusedLinearCE.apply(hidden, weight, bias, labels,
-                                _Tiling(int(tile_tokens), softcap, float(scale), torch.is_grad_enabled()))
+                                _Tiling(int(tile_tokens), softcap, float(scale), torch.is_grad_enabled(), metrics))

@@ -27,7 +27,7 @@ from ..data.packing import IGNORE_INDEX
 from ..model_shape import text_config
 from ..log import get_logger
 from ..model_state import ModelChanges
-from .fused_ce import fused_linear_cross_entropy, tile_tokens_for
+from .fused_ce import TokenMetrics, fused_linear_cross_entropy, tile_tokens_for
 
 __all__ = ["ChunkedLMHead", "LossRequest", "enable_chunked_loss", "find_chunked_head", "logit_transform",
            "verify_chunked_head", "loss_tile_tokens", "DEFAULT_TILE_ELEMENTS"]
@@ -73,12 +73,14 @@ class LossRequest:
         shift_labels: ``[B, T]`` next-token targets of the rows the head sees (``-100`` = none).
         num_items: the divisor ``N`` (global valid targets; values < 1 count as 1).
         grad_scale: multiplies the loss (``W`` under a DP wrapper averaging over ``W`` ranks).
+        metrics: the token metrics to fill (entropy, top-1 accuracy; ``None``: not asked for).
         loss: filled by the head's forward: ``grad_scale * sum(CE) / N``, 0-dim float32.
     """
 
     shift_labels: torch.Tensor
     num_items: torch.Tensor | int
     grad_scale: float = 1.0
+    metrics: TokenMetrics | None = None
     loss: torch.Tensor | None = None
 
 
@@ -103,13 +105,14 @@ class ChunkedLMHead(nn.Linear):
         self._request: LossRequest | None = None
 
     @contextmanager
-    def loss_for(self, shift_labels: torch.Tensor, num_items: torch.Tensor | int,
-                 grad_scale: float = 1.0) -> Iterator[LossRequest]:
+    def loss_for(self, shift_labels: torch.Tensor, num_items: torch.Tensor | int, grad_scale: float = 1.0, *,
+                 metrics: TokenMetrics | None = None) -> Iterator[LossRequest]:
         """Within the block, the next forward through this head computes the loss instead of the logits.
 
         Args:
             shift_labels: ``[B, T]`` targets, one per position the head sees.
             num_items: ``N``, the loss's divisor. grad_scale: the loss's factor.
+            metrics: token metrics to fill from the same tiles (entropy, top-1 accuracy), or ``None``.
 
         Yields:
             The :class:`LossRequest`, whose ``loss`` is set once the model's forward has run.
@@ -117,7 +120,7 @@ class ChunkedLMHead(nn.Linear):
         Raises:
             RuntimeError: (on exit) the forward did not reach the head.
         """
-        request = LossRequest(shift_labels, num_items, grad_scale)
+        request = LossRequest(shift_labels, num_items, grad_scale, metrics)
         self._request = request
         try:
             yield request
@@ -141,7 +144,7 @@ class ChunkedLMHead(nn.Linear):
             raise ValueError(f"shift_labels hold {labels.numel()} targets for {flat.shape[0]} hidden states")
         valid = labels != IGNORE_INDEX
         nll = fused_linear_cross_entropy(flat, self.weight, self.bias, labels, self.tile_tokens,
-                                         softcap=self.softcap, scale=self.scale)
+                                         softcap=self.softcap, scale=self.scale, metrics=request.metrics)
         n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
         request.loss = nll * request.grad_scale / n
         # The empty logits hang off the loss: a wrapper that finds the used parameters by walking the graph from

@@ -87,3 +87,29 @@ def _trainer_levers(out_dir: str, levers: dict) -> dict:
 
 def _sft_levers(out_dir: str, levers: dict) -> list:
     return W.sft_losses(2, out_dir, **levers)
+
+
+def test_sft_trainer_logs_trls_metrics_from_the_chunked_loss(pools, tmp_path) -> None:
+    """HSAPSFTTrainer runs hf_hsap's chunked loss by default and logs what TRL's own SFTTrainer logs on one process:
+    the loss, the entropy and the mean token accuracy (from the loss's tiles) and the tokens seen, at SP 1 and SP 2.
+    A loss type the chunked head does not compute (DFT) keeps TRL's fused LM head, and its losses."""
+    trl_logs = W.sft_logs(1, str(tmp_path / "trl"), plain_trl=True)
+    assert trl_logs["head"] == "Linear"
+    one = W.sft_logs(1, str(tmp_path / "sp1"))
+    assert one["head"] == "ChunkedLMHead"
+    keys = ("loss", "entropy", "mean_token_accuracy")
+    for got, want in zip(one["logs"], trl_logs["logs"], strict=True):
+        assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, rel=1e-5)
+        assert got["num_tokens"] == want["num_tokens"]
+    for res in pools(2, TIMEOUT_S).run(_sft_logs, str(tmp_path / "sp2")):
+        assert res["head"] == "ChunkedLMHead"
+        for got, want in zip(res["logs"], trl_logs["logs"], strict=True):
+            assert {k: got[k] for k in keys} == pytest.approx({k: want[k] for k in keys}, rel=1e-5)
+    dft = W.sft_logs(1, str(tmp_path / "dft"), loss_type="dft")
+    dft_trl = W.sft_logs(1, str(tmp_path / "dft_trl"), plain_trl=True, loss_type="dft")
+    assert dft["head"] == "Linear"
+    assert [h["loss"] for h in dft["logs"]] == pytest.approx([h["loss"] for h in dft_trl["logs"]], rel=1e-5)
+
+
+def _sft_logs(out_dir: str) -> dict:
+    return W.sft_logs(2, out_dir)

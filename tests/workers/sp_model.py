@@ -174,6 +174,35 @@ def sft_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> list
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
+def sft_logs(sp_size: int, out_dir: str, *, plain_trl: bool = False, steps: int = 3,
+             **extra: Any) -> dict[str, Any]:
+    """The training logs of :func:`sft_losses`'s run (loss, entropy, mean token accuracy, tokens per logged step),
+    by ``HSAPSFTTrainer`` or, with ``plain_trl``, by TRL's own ``SFTTrainer`` on one process (its fused LM head,
+    sdpa attention), and the class of the model's output embedding after training."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from hf_hsap.integrations import HSAPSFTConfig, HSAPSFTTrainer
+
+    adopt_process_group(sp_size)
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 40, (48,), generator=g).tolist()
+    rows = [{"input_ids": torch.randint(3, VOCAB, (n,), generator=g).tolist()} for n in lens]
+    config_class = SFTConfig if plain_trl else HSAPSFTConfig
+    args = config_class(output_dir=out_dir, packing=True, max_length=96, per_device_train_batch_size=2,
+                        max_steps=steps, logging_steps=1, learning_rate=1e-2, report_to=[], use_cpu=True,
+                        save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True,
+                        bf16=False, dataset_num_proc=None, **extra)
+    model = make_model("llama", attn="sdpa" if plain_trl else "hsap")
+    kwargs = {} if plain_trl else {"sp": sp_size}
+    trainer = (SFTTrainer if plain_trl else HSAPSFTTrainer)(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                                            processing_class=make_tokenizer(), **kwargs)
+    trainer.train()
+    keys = ("loss", "entropy", "mean_token_accuracy", "num_tokens")
+    return {"logs": [{k: h[k] for k in keys} for h in trainer.state.log_history if "loss" in h],
+            "head": type(model.get_output_embeddings()).__name__}
+
+
 def make_tokenizer() -> Any:
     """A word-level tokenizer built in memory (no hub): ids 0 pad, 1 eos, 2 unk, 3.. words."""
     from tokenizers import Tokenizer, models, pre_tokenizers
