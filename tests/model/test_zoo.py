@@ -31,20 +31,23 @@ EXPECT = {
     "qwen3": SUPPORTED,  # GQA with q/k norm
     "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout
-    "nemotron": SUPPORTED,  # a decoder layer calls the attention without kwargs: check_model relays the plan
+    "nemotron": SUPPORTED,  # a decoder layer calls the attention without kwargs: prepare_model relays the plan
     "llama4_text": SP1_ONLY,  # chunked attention (16-token chunks here, documents of 19 and 30), MoE
     "lfm2": SUPPORTED,  # hybrid: a short causal convolution layer beside the attention layer
-    "bamba": SUPPORTED,  # hybrid: Mamba2 mixers (SSD scan with a convolution)
+    "bamba": SUPPORTED,  # hybrid: Mamba2 mixers (SSD scan with a convolution) beside an attention layer
+    # hybrid: Mamba2 mixers beside an attention layer that the model's position_ids never reach (no rotary
+    # positions): prepare_model relays a direct packed call's documents to it
+    "granitemoehybrid": SUPPORTED,
     "qwen3_5_text": SUPPORTED,  # hybrid: gated delta rule layers (with a convolution) beside gated attention
     "kimi_linear": SUPPORTED,  # hybrid: Kimi delta attention (KDA) beside MLA, MoE
-    "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: the hand-off adds the initial state's share)
+    "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: the hand-off adds the initial state's share), attention
     "mamba": SUPPORTED,  # no attention at all: Mamba mixers only
     "minimax": SUPPORTED,  # hybrid: lightning attention (no kernel hook: its forward replaced per instance)
     "recurrent_gemma": REFUSED,  # hybrid: its convolution and RG-LRU run in its own forward (no kernel hook)
     "bloom": REFUSED,  # attention in its own code (no AttentionInterface), ALiBi
     # before Transformers 5.25 its own attention table: check_config refuses it before construction; from 5.25 it runs
     # Transformers' AttentionInterface, but a layer on the way calls the attention without the model's kwargs (as
-    # Nemotron): the 2-token probe finds it and check_model relays the plan round it
+    # Nemotron): the 2-token probe finds it and prepare_model relays the plan round it
     "falcon": SUPPORTED if Version(transformers.__version__) >= Version("5.25") else REFUSED,
 }
 

@@ -91,6 +91,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # the default makes every layer Mamba2: one attention layer too (the family's checkpoints mix them), whose
     # position_ids the model never hands on (no rotary positions): a direct packed call relays its documents
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    # the defaults' first layers are all Mamba: one attention layer too, as in the families' checkpoints
+    "bamba": {"num_hidden_layers": 2, "attn_layer_indices": [1]},
+    "jamba": {"num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # default None: one conv and one attention layer
     "lfm2": {"num_hidden_layers": 2, "full_attn_idxs": [1], "layer_types": ["conv", "full_attention"]},  # layer 0 a short causal convolution (the default makes every layer attention)
     "inkling_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
