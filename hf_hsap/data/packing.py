@@ -281,6 +281,7 @@ class PackingCollator:
             raise ValueError("PackingCollator got an empty batch; use a DataLoader batch_size >= 1")
         docs: list[tuple[np.ndarray, np.ndarray]] = []
         too_long = cut_tokens = unmasked = 0  # for the log: over-long documents, tokens truncated, no masks
+        seen: dict[str, tuple[int, Any]] = {}  # what earlier vision examples fixed for the batch
         for n, ex in enumerate(examples):
             if not isinstance(ex, Mapping) or "input_ids" not in ex:
                 raise ValueError(f"example {n} must be a dict with an 'input_ids' key; tokenize the dataset first")
@@ -311,7 +312,7 @@ class PackingCollator:
                     labels[mask == 0] = self.label_pad
             bounds = [ids.size]
             if self.vision is not None:
-                check_vision_example(ex, n, ids.size, self.max_length)
+                check_vision_example(ex, n, ids, spec=self.vision, max_length=self.max_length, seen=seen)
             elif any(ex.get(key) is not None for key in PIXEL_KEYS):
                 raise ValueError(
                     f"example {n} has pixels but the collator has no vision spec: build it as "
