@@ -180,7 +180,8 @@ class PackingCollator:
 
     Vision examples (with ``vision``): also the processor's pixels and per-item keys (``pixel_values``,
     ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ...) and optionally ``mm_token_type_ids`` /
-    ``token_type_ids``; a document longer than ``max_length`` is refused (its image would be cut). The batch then
+    ``token_type_ids``; a document longer than ``max_length`` is refused (its image would be cut), and so is one whose
+    pixels, grids, per-item keys, token types and placeholders disagree (the message names the example). The batch then
     also holds the pixels and items concatenated in the order of the documents in the rows, the token types
     ``[B, L]``, the ``hsap_vision`` layout that :func:`hf_hsap.shard_batch` reads and, for multimodal-rotary
     families (Qwen-VL), ``position_ids [4, B, L]``: Transformers' packed convention, row 0 the text positions
