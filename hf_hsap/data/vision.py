@@ -234,13 +234,14 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
         raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
                          "example (TRL's packing=False datasets), PackingCollator packs them")
     if ids.size > max_length:
-        raise ValueError(f"example {n} has {ids.size} tokens, more than max_length={max_length}, and a vision document "
-                         "is never split (its image would be cut); raise max_length or drop such examples, e.g. "
-                         f"dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")
+        raise ValueError(f"example {n} has {ids.size} tokens, more than max_length={max_length}, and a vision "
+                         "document is never split (its image would be cut); raise max_length or drop such examples, "
+                         f"e.g. dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")
     key = spec.token_type_key
-    if key and ex.get(key) is not None and torch.as_tensor(ex[key]).numel() != ids.size:
-        raise ValueError(f"example {n}: {key} has {torch.as_tensor(ex[key]).numel()} entries for {ids.size} input_ids; "
-                         f"give one per token (the processor's {key}) or leave it out (the collator fills it)")
+    types = None if not key or ex.get(key) is None else torch.as_tensor(ex[key])
+    if types is not None and types.numel() != ids.size:
+        raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
+                         f"token (the processor's {key}) or leave it out (the collator fills it)")
     for m in spec.layout.modalities:
         placeholders = int((ids == m.token_id).sum())
         if m.grid_key is not None:
@@ -249,22 +250,27 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
             items = _uniform_items(m, ex, n, placeholders, seen)
         if not items:
             continue
-        pixels = torch.as_tensor(ex[m.pixel_key])
-        _same_in_batch(seen, f"{m.pixel_key} shape", n, tuple(pixels.shape[1:]),
-                       lambda first, k: f"example {n}: its {m.pixel_key} rows are {'x'.join(map(str, pixels.shape[1:]))}"
-                                        f" where example {k}'s are {'x'.join(map(str, first))}; give every document "
-                                        "pixels from the same processor")
+        rows = tuple(torch.as_tensor(ex[m.pixel_key]).shape[1:])
+        _same_in_batch(seen, f"{m.pixel_key} shape", n, rows,
+                       lambda first, k: f"example {n}: its {m.pixel_key} rows are {_dims(rows)} where example {k}'s "
+                                        f"are {_dims(first)}; give every document pixels from the same processor")
         for item_key in m.item_keys:
             if item_key == m.grid_key:
                 continue
-            given = ex.get(item_key)
-            if given is not None and torch.as_tensor(given).reshape(-1).numel() != items:
-                raise ValueError(f"example {n}: {item_key} has {torch.as_tensor(given).numel()} entries for its {items} "
-                                 f"{m.name}(s); give one per {m.name}, as the processor does")
+            given = None if ex.get(item_key) is None else torch.as_tensor(ex[item_key]).reshape(-1)
+            if given is not None and given.numel() != items:
+                raise ValueError(f"example {n}: {item_key} has {given.numel()} entries for its {items} {m.name}(s); "
+                                 f"give one per {m.name}, as the processor does")
             _same_in_batch(seen, f"{item_key} given", n, given is not None,
-                           lambda first, k: f"example {n} {'gives' if given is not None else 'has no'} {item_key} for its "
-                                            f"{m.name}s where example {k} {'gives it' if first else 'has none'}; give it "
-                                            f"for every {m.name} of the batch or for none")
+                           lambda first, k: f"example {n} {'gives' if given is not None else 'has no'} {item_key} "
+                                            f"for its {m.name}s where example {k} "
+                                            f"{'gives it' if first else 'has none'}; give it for every {m.name} of "
+                                            "the batch or for none")
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """``3x8x8``."""
+    return "x".join(map(str, shape))
 
 
 def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: Any,
@@ -327,7 +333,8 @@ def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int
         return 0
     if placeholders == 0:
         raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
-                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with it")
+                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with "
+                         "it")
     if placeholders % items:
         raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) for its "
                          f"{items} {m.pixel_key} item(s): not the same number for each; give each {m.name} its "

@@ -73,7 +73,8 @@ def test_qwen_pixels_that_do_not_match_the_grid() -> None:
 def test_qwen_a_missing_grid() -> None:
     docs = docs_of("qwen2_5_vl")
     del docs[2]["image_grid_thw"]
-    with pytest.raises(ValueError, match=r"example 2: image_grid_thw is missing \(the image's pixels need their grid\)"):
+    with pytest.raises(ValueError,
+                       match=r"example 2: image_grid_thw is missing \(the image's pixels need their grid\)"):
         collate("qwen2_5_vl", docs)
 
 
@@ -82,7 +83,8 @@ def test_qwen_a_per_item_key_given_for_some_videos_only() -> None:
     every later video's entry."""
     docs = docs_of("qwen2_5_vl", VIDEO_SHAPES, video=True)
     del docs[1]["second_per_grid_ts"]
-    with pytest.raises(ValueError, match=r"example 1 has no second_per_grid_ts for its videos where example 0 gives it"):
+    with pytest.raises(ValueError,
+                       match=r"example 1 has no second_per_grid_ts for its videos where example 0 gives it"):
         collate("qwen2_5_vl", docs)
     docs = docs_of("qwen2_5_vl", VIDEO_SHAPES, video=True)
     docs[0]["second_per_grid_ts"] = torch.tensor([1.0, 1.0])
@@ -153,7 +155,8 @@ def test_uniform_a_document_whose_items_and_placeholders_disagree(family: str) -
         collate(family, docs)
     docs = docs_of(family)  # example 2: placeholders, no pixels
     del docs[2]["pixel_values"]
-    with pytest.raises(ValueError, match=r"example 2 holds \d+ image placeholder tokens \(id \d+\) but no pixel_values"):
+    with pytest.raises(ValueError,
+                       match=r"example 2 holds \d+ image placeholder tokens \(id \d+\) but no pixel_values"):
         collate(family, docs)
 
 
