@@ -180,7 +180,8 @@ class PackingCollator:
 
     Vision examples (with ``vision``): also the processor's pixels and per-item keys (``pixel_values``,
     ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ...) and optionally ``mm_token_type_ids`` /
-    ``token_type_ids``; a document longer than ``max_length`` is refused (its image would be cut). The batch then
+    ``token_type_ids``; a document longer than ``max_length`` is refused (its image would be cut), and so is one whose
+    pixels, grids, per-item keys, token types and placeholders disagree (the message names the example). The batch then
     also holds the pixels and items concatenated in the order of the documents in the rows, the token types
     ``[B, L]``, the ``hsap_vision`` layout that :func:`hf_hsap.shard_batch` reads and, for multimodal-rotary
     families (Qwen-VL), ``position_ids [4, B, L]``: Transformers' packed convention, row 0 the text positions
@@ -281,6 +282,7 @@ class PackingCollator:
             raise ValueError("PackingCollator got an empty batch; use a DataLoader batch_size >= 1")
         docs: list[tuple[np.ndarray, np.ndarray]] = []
         too_long = cut_tokens = unmasked = 0  # for the log: over-long documents, tokens truncated, no masks
+        seen: dict[str, tuple[int, Any]] = {}  # what earlier vision examples fixed for the batch
         for n, ex in enumerate(examples):
             if not isinstance(ex, Mapping) or "input_ids" not in ex:
                 raise ValueError(f"example {n} must be a dict with an 'input_ids' key; tokenize the dataset first")
@@ -311,7 +313,7 @@ class PackingCollator:
                     labels[mask == 0] = self.label_pad
             bounds = [ids.size]
             if self.vision is not None:
-                check_vision_example(ex, n, ids.size, self.max_length)
+                check_vision_example(ex, n, ids, spec=self.vision, max_length=self.max_length, seen=seen)
             elif any(ex.get(key) is not None for key in PIXEL_KEYS):
                 raise ValueError(
                     f"example {n} has pixels but the collator has no vision spec: build it as "

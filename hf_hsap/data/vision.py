@@ -216,19 +216,131 @@ def vision_batch(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: 
             "max_length_q": max_len, "max_length_k": max_len, **vision}
 
 
-def check_vision_example(ex: Mapping[str, Any], n: int, length: int, max_length: int) -> None:
-    """Refuse what would cut an image: a vision document longer than a row, or one that is pre-packed.
+def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec: VisionSpec, max_length: int,
+                         seen: dict[str, tuple[int, Any]]) -> None:
+    """Refuse a vision document the packed batch could not carry exactly, before any compute: one longer than a row
+    or pre-packed (its image would be cut), or whose pixels, per-item keys, token types and placeholders disagree.
 
     Args:
-        ex: the example; n: its index; length: its tokens; max_length: the collator's row length before rounding.
+        ex: the example; n: its index in the batch; ids: its ``input_ids [n_tokens]``; spec: the model's
+        :class:`VisionSpec`; max_length: the collator's row length before rounding; seen: what the batch's earlier
+        examples fixed (the batch concatenates their pixels and per-item keys), filled here: ``key -> (example,
+        value)``.
 
     Raises:
-        ValueError: with the fix.
+        ValueError: naming the example and what disagrees, with the fix.
     """
     if ex.get("seq_lengths") is not None:
         raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
                          "example (TRL's packing=False datasets), PackingCollator packs them")
-    if length > max_length:
-        raise ValueError(f"example {n} has {length} tokens, more than max_length={max_length}, and a vision document "
-                         "is never split (its image would be cut); raise max_length or drop such examples, e.g. "
-                         f"dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")
+    if ids.size > max_length:
+        raise ValueError(f"example {n} has {ids.size} tokens, more than max_length={max_length}, and a vision "
+                         "document is never split (its image would be cut); raise max_length or drop such examples, "
+                         f"e.g. dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")
+    key = spec.token_type_key
+    types = None if not key or ex.get(key) is None else torch.as_tensor(ex[key])
+    if types is not None and types.numel() != ids.size:
+        raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
+                         f"token (the processor's {key}) or leave it out (the collator fills it)")
+    for m in spec.layout.modalities:
+        placeholders = int((ids == m.token_id).sum())
+        if m.grid_key is not None:
+            items = _grid_items(m, spec.layout, ex, n, placeholders)
+        else:
+            items = _uniform_items(m, ex, n, placeholders, seen)
+        if not items:
+            continue
+        rows = tuple(torch.as_tensor(ex[m.pixel_key]).shape[1:])
+        _same_in_batch(seen, f"{m.pixel_key} shape", n, rows,
+                       lambda first, k: f"example {n}: its {m.pixel_key} rows are {_dims(rows)} where example {k}'s "
+                                        f"are {_dims(first)}; give every document pixels from the same processor")
+        for item_key in m.item_keys:
+            if item_key == m.grid_key:
+                continue
+            given = None if ex.get(item_key) is None else torch.as_tensor(ex[item_key]).reshape(-1)
+            if given is not None and given.numel() != items:
+                raise ValueError(f"example {n}: {item_key} has {given.numel()} entries for its {items} {m.name}(s); "
+                                 f"give one per {m.name}, as the processor does")
+            _same_in_batch(seen, f"{item_key} given", n, given is not None,
+                           lambda first, k: f"example {n} {'gives' if given is not None else 'has no'} {item_key} "
+                                            f"for its {m.name}s where example {k} "
+                                            f"{'gives it' if first else 'has none'}; give it for every {m.name} of "
+                                            "the batch or for none")
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """``3x8x8``."""
+    return "x".join(map(str, shape))
+
+
+def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: Any,
+                   message: Callable[[Any, int], str]) -> None:
+    """Refuse ``value`` of example ``n`` where an earlier example of the batch fixed another one for ``what``."""
+    k, first = seen.setdefault(what, (n, value))
+    if first != value:
+        raise ValueError(message(first, k))
+
+
+def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
+    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders."""
+    pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
+    if pixels is None and grid is None:
+        if placeholders:
+            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+                             f"{m.pixel_key}; keep the processor's pixels with each document")
+        return 0
+    if grid is None:
+        raise ValueError(f"example {n}: {m.grid_key} is missing (the {m.name}'s pixels need their grid); keep the "
+                         f"processor's {m.grid_key} with each document")
+    if pixels is None:
+        raise ValueError(f"example {n} has {m.grid_key} but no {m.pixel_key}; keep the processor's pixels with each "
+                         "document")
+    grid = torch.as_tensor(grid).to(torch.int64)
+    if grid.dim() != 2 or grid.shape[1] != 3:
+        raise ValueError(f"example {n}: {m.grid_key} has shape {tuple(grid.shape)}, expected [n_{m.name}s, 3] "
+                         "(t, h, w per item, as the processor gives it)")
+    rows = grid.prod(dim=1)
+    n_rows = int(torch.as_tensor(pixels).shape[0])
+    if n_rows != int(rows.sum()):
+        raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} rows but its {m.name} grids ask for "
+                         f"{int(rows.sum())} (t*h*w of {_grids(grid)}); keep each document's pixels with its own grid")
+    tokens = int(rows.sum()) // layout.merge
+    if placeholders != tokens:
+        side = int(round(layout.merge ** 0.5))
+        its = f"its {m.name} has a {_grids(grid)} grid" if len(rows) == 1 else \
+            f"its {len(rows)} {m.name}s have {_grids(grid)} grids"
+        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
+                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
+                         "tokenize each document with the model's processor and keep its pixels with it")
+    return len(rows)
+
+
+def _grids(grid: torch.Tensor) -> str:
+    """``1x4x4, 1x8x4``: the ``t x h x w`` of each item."""
+    return ", ".join("x".join(str(int(v)) for v in g) for g in grid)
+
+
+def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int,
+                   seen: dict[str, tuple[int, Any]]) -> int:
+    """The items of a one-row-per-item modality in one example, after checking its placeholders split evenly, the
+    same number per item as the batch's earlier examples."""
+    pixels = ex.get(m.pixel_key)
+    items = 0 if pixels is None else int(torch.as_tensor(pixels).shape[0])
+    if items == 0:
+        if placeholders:
+            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+                             f"{m.pixel_key}; keep the processor's pixels with each document")
+        return 0
+    if placeholders == 0:
+        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
+                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with "
+                         "it")
+    if placeholders % items:
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) for its "
+                         f"{items} {m.pixel_key} item(s): not the same number for each; give each {m.name} its "
+                         "processor's placeholders")
+    _same_in_batch(seen, f"{m.name} placeholders", n, placeholders // items,
+                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens (id {m.token_id}) "
+                                    f"per {m.name} where example {k} holds {first}; every {m.name} of this family has "
+                                    "the same number: give each its processor's placeholders")
+    return items

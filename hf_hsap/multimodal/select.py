@@ -49,9 +49,10 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
     else:
         return
     if got != want:
-        raise ValueError(f"the {name} encoder gave {got} feature rows per item where the placeholders say {want}: this "
-                         "family's items do not map to a fixed number of placeholders; train it with one document "
-                         "per row (packing off)")
+        raise ValueError(f"the {name} encoder gave {got} feature rows per item where the placeholders say {want}: "
+                         "either the documents' placeholders are not their processor's (tokenize each document with "
+                         "the model's processor) or this family's items do not map to a fixed number of "
+                         "placeholders (train it with one document per row, packing off)")
 
 
 def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image") -> Any:
