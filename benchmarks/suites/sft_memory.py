@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..analytic.memory import SFT_CHUNKED, SFT_PRETRAIN, SFT_TRL, SFT_VARIANTS
 from .output import RESULTS, Outcome, command_line, renders_pages, stamp
 from .recipe_runs import PROCESSES, kb_per_token, recipe_peak
 
-__all__ = ["DEFAULT_OUT", "LOSS_RTOL", "SftMemoryConfig", "VARIANTS", "build_model", "main", "run_sft_memory"]
+__all__ = ["DEFAULT_OUT", "LOSS_RTOL", "SftMemoryConfig", "build_model", "loss_check", "main", "recipe_args",
+           "run_sft_memory"]
 
 DEFAULT_OUT = RESULTS / "sft_memory.json"
 LOSS_RTOL = 1e-5  # the two SFT loss paths, step by step (relative)
-PRETRAIN, SFT_CHUNKED, SFT_TRL = "pretrain", "sft chunked loss", "sft TRL fused head"
-VARIANTS = (PRETRAIN, SFT_CHUNKED, SFT_TRL)  # in the page's order
 
 
 @dataclass(frozen=True)
@@ -83,18 +83,18 @@ def build_model(path: Path, cfg: SftMemoryConfig) -> Path:
     return path
 
 
-def _flags(variant: str, length: int, model: Path, cfg: SftMemoryConfig) -> tuple[str, list[str]]:
+def recipe_args(variant: str, length: int, model: Path, cfg: SftMemoryConfig) -> tuple[str, list[str]]:
     """The recipe and its arguments for one variant at one row length."""
     common = ["--sp_size", str(PROCESSES), "--max_length", str(length), "--max_steps", str(cfg.steps), "--model",
               str(model), "--gradient_checkpointing"]
-    if variant == PRETRAIN:
+    if variant == SFT_PRETRAIN:
         docs = max(2, length // 330)  # the shipped corpus averages about 283 tokens a document: about one row
         return "pretrain.py", [*common, "--docs_per_step", str(docs), "--eval_docs", "0", "--no_final_model"]
     sft = [*common, "--rows_per_step", str(cfg.rows_per_step)]
     return "sft_trl.py", sft + (["--hsap_chunked_loss", "false"] if variant == SFT_TRL else [])
 
 
-def _loss_check(a: list[float], b: list[float]) -> dict[str, Any]:
+def loss_check(a: list[float], b: list[float]) -> dict[str, Any]:
     """Whether two runs' losses agree step by step within :data:`LOSS_RTOL`."""
     err = max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=float("inf"))
     return {"max_rel_err": err, "ok": len(a) == len(b) and err <= LOSS_RTOL}
@@ -113,10 +113,10 @@ def run_sft_memory(cfg: SftMemoryConfig) -> dict[str, Any]:
     variants: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", cfg)
-        for i, name in enumerate(VARIANTS):
-            short, long = (recipe_peak(*_flags(name, n, model, cfg), Path(tmp) / f"run{i}_{n}") for n in cfg.lengths)
+        for i, name in enumerate(SFT_VARIANTS):
+            short, long = (recipe_peak(*recipe_args(name, n, model, cfg), Path(tmp) / f"run{i}_{n}") for n in cfg.lengths)
             variants[name] = {"short": short, "long": long, "kb_per_token": kb_per_token(short, long)}
-    same = {str(n): _loss_check(variants[SFT_CHUNKED][k]["loss"], variants[SFT_TRL][k]["loss"])
+    same = {str(n): loss_check(variants[SFT_CHUNKED][k]["loss"], variants[SFT_TRL][k]["loss"])
             for n, k in zip(cfg.lengths, ("short", "long"))}
     return {"config": dataclasses.asdict(cfg), "processes": PROCESSES, "variants": variants, "same_losses": same}
 
