@@ -89,7 +89,8 @@ def sft_memory_section(res: dict[str, Any]) -> str:
         f"Command: `{res['command']}` ({res['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). Every run: "
         f"the same {cfg['model']}, {_setup(res)}, {cfg['steps']} steps; "
         "the largest rank's peak resident set (GiB) and its growth per token per rank between the two rows. TRL's "
-        "fused LM head is the loss path TRL's own `SFTTrainer` runs.",
+        "fused LM head is the loss path TRL's own `SFTTrainer` runs. The pretraining recipe deals whole documents "
+        "(about a row's worth per step), so its rows hold fewer tokens; the growth is per token it held.",
         table(["run", "RSS short (GiB)", "RSS long (GiB)", "tokens / rank short → long", "growth KB / token / rank",
                "losses at the long row"], body),
         f"The two SFT loss paths' losses, step by step (largest relative difference): {checks} — "

@@ -3,6 +3,7 @@ suite launches, its loss check, and the goal row, detail section and headline li
 (the suite itself takes minutes: it is run by ``python -m benchmarks sft_memory``, not here)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from benchmarks.__main__ import SUITES
@@ -71,3 +72,11 @@ def test_the_suite_runs_each_variant_on_the_same_model_and_checks_the_losses() -
 def test_the_suite_is_its_own_command_and_part_of_the_memory_suite() -> None:
     assert [s.run for s in SUITES["sft_memory"]] == [sft_memory.main]
     assert sft_memory.main in [s.run for s in SUITES["memory"]]
+
+
+def test_the_committed_results_render_every_run_with_the_same_losses() -> None:
+    res = json.loads(sft_memory.DEFAULT_OUT.read_text())
+    assert list(res["variants"]) == list(SFT_VARIANTS) and all(c["ok"] for c in res["same_losses"].values())
+    (row,) = memory_goal_rows(None, None, res)
+    assert row[0].startswith("SFT recipe with --gradient_checkpointing") and row[2] in ("**met**", "**not met**")
+    assert res["command"] in memory_sections({"sft_memory": res})[0]
