@@ -14,6 +14,7 @@ import numpy as np
 from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
 from . import format as rp
 from .placement_goals import PEERS
+from .sft_memory import sft_headline_line
 from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, ROOT, RUN_CMD, SOAK_CMD, VLM_CMD
 
 __all__ = ["coverage_headline", "memory_headline", "peers_headline", "planning_headline", "run_cmd",
@@ -89,10 +90,11 @@ def peers_headline(res: dict[str, Any]) -> list[str]:
 
 
 def memory_headline(res: dict[str, Any]) -> list[str]:
-    """The levers side by side (memory_levers.json) and the longest rows the memory model predicts.
+    """The levers side by side (memory_levers.json), the SFT recipe's resident memory (sft_memory.json) and the
+    longest rows the memory model predicts.
 
     Args:
-        res: the results dict (``memory_levers``, ``memory_model``).
+        res: the results dict (``memory_levers``, ``sft_memory``, ``memory_model``).
 
     Returns:
         The section's lines (none without either result).
@@ -117,6 +119,9 @@ def memory_headline(res: dict[str, Any]) -> list[str]:
         if growth:
             out += ["", "The pretraining recipe's peak resident set grows by " + "; ".join(
                 f"{g['kb_per_token']:.1f} KB per token per rank with {name}" for name, g in growth.items()) + "."]
+    sft = res.get("sft_memory")
+    if sft:
+        out += ["", sft_headline_line(sft)]
     mod = res.get("memory_model")
     if mod:
         body = [[r["model"], r["gpus"], f"{r['tokens']:,}", f"{r['per_gpu']:,}", r["scheme"], r["limiting_term"],

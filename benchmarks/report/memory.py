@@ -1,13 +1,15 @@
 """The memory goals (million-token rows) in one table, and the memory sections (the detail file
 ``benchmarks/results/memory.md``), from the results of ``bash scripts/bench_memory.sh``
 (``benchmarks/results/memory_levers.json`` of :mod:`benchmarks.suites.memory_levers`, ``memory_model.json`` of
-:mod:`benchmarks.suites.memory_model`). A goal whose figures are missing gets no row."""
+:mod:`benchmarks.suites.memory_model`, ``sft_memory.json`` of :mod:`benchmarks.suites.sft_memory`). A goal whose
+figures are missing gets no row."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..analytic.memory import RECIPE_LENGTHS, ROW_GOALS, ROW_GOALS_MODEL
 from .format import table
+from .sft_memory import sft_goal_row, sft_memory_section
 
 __all__ = ["MEMORY_GOALS", "levers_section", "memory_goal_rows", "memory_model_section", "memory_sections"]
 
@@ -31,8 +33,17 @@ def _best_rows(model: dict[str, Any], name: str = ROW_GOALS_MODEL) -> dict[int, 
     return best
 
 
-def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None) -> list[list[str]]:
-    """``[goal, value, status]`` rows."""
+def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None,
+                     sft: dict[str, Any] | None = None) -> list[list[str]]:
+    """``[goal, value, status]`` rows.
+
+    Args:
+        levers / model / sft: the results of ``memory_levers``, ``memory_model`` and ``sft_memory`` (``None``:
+            missing, no rows of it).
+
+    Returns:
+        The rows.
+    """
     rows: list[list[str]] = []
     if levers:
         lrows = levers["levers"]["rows"]
@@ -61,6 +72,8 @@ def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None
         if alst:
             rows.append(["tensor peak with every lever vs DeepSpeed's ALST levers on the same model and rows",
                          f"hf_hsap / ALST {min(alst):.2f}–{max(alst):.2f}", _status(max(alst) <= 1.0)])
+    if sft:
+        rows.append(sft_goal_row(sft))
     if model:
         err = model["max_abs_error"]
         rows.append([f"memory model within {MODEL_TOL:.0%} of the exact tensor peaks",
@@ -99,10 +112,11 @@ def memory_model_section(model: dict[str, Any]) -> str:
 
 
 def memory_sections(res: dict[str, Any]) -> list[str]:
-    """The sections of ``bash scripts/bench_memory.sh``: the levers, then the memory model.
+    """The sections of ``bash scripts/bench_memory.sh``: the levers, the SFT recipe, then the memory model.
 
     Args:
-        res: a results dict with ``memory_levers`` / ``memory_model`` (either may be missing or ``None``).
+        res: a results dict with ``memory_levers`` / ``sft_memory`` / ``memory_model`` (any may be missing or
+            ``None``).
 
     Returns:
         The markdown sections (empty when it has not run).
@@ -110,6 +124,8 @@ def memory_sections(res: dict[str, Any]) -> list[str]:
     out = []
     if res.get("memory_levers"):
         out.append(levers_section(res["memory_levers"]))
+    if res.get("sft_memory"):
+        out.append(sft_memory_section(res["sft_memory"]))
     if res.get("memory_model"):
         out.append(memory_model_section(res["memory_model"]))
     return out

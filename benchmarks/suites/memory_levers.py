@@ -27,19 +27,18 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_hsap.testing import DistPool, launch_env
+from hf_hsap.testing import DistPool
 
 from . import lever_workers as lw
 from ..analytic.memory import RECIPE_LENGTHS
-from .output import RESULTS, ROOT, Outcome, renders_pages, stamp
+from .output import RESULTS, Outcome, renders_pages, stamp
+from .recipe_runs import kb_per_token, recipe_peak
 
 DEFAULT_OUT = RESULTS / "memory_levers.json"
 
@@ -91,15 +90,9 @@ def run_levers(cfg: LeversConfig) -> dict[str, Any]:
 def _recipe(length: int, levers: list[str], out: Path, steps: int = 3) -> dict[str, Any]:
     """One run of the pretraining recipe at SP 2 on 2 processes: the largest rank's peak RSS and its tokens."""
     docs = max(2, length // 330)  # the shipped corpus averages about 283 tokens a document: about one row
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "accelerate_configs" / "cpu_4proc.yaml"), "--num_processes", "2", "--main_process_port", "0",
-           str(ROOT / "recipes" / "pretrain.py"), "--sp_size", "2", "--max_length", str(length), "--docs_per_step",
-           str(docs), "--max_steps", str(steps), "--eval_docs", "0", "--no_final_model", "--output_dir", str(out),
-           *levers]
-    subprocess.run(cmd, cwd=ROOT, env=launch_env(), check=True, capture_output=True, timeout=1800)
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {"rss_gib": max(r["peak_mem_gb"] for r in records), "tokens_per_rank": max(r["tokens"] for r in records) / 2,
-            "loss": [r["loss"] for r in records]}
+    return recipe_peak("pretrain.py", ["--sp_size", "2", "--max_length", str(length), "--docs_per_step", str(docs),
+                                       "--max_steps", str(steps), "--eval_docs", "0", "--no_final_model", *levers],
+                       out)
 
 
 def run_recipe_growth() -> dict[str, Any]:
@@ -109,9 +102,7 @@ def run_recipe_growth() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, flags in variants.items():
             short, long = (_recipe(n, flags, Path(tmp) / f"{name[:4]}{n}") for n in RECIPE_LENGTHS)
-            growth = (long["rss_gib"] - short["rss_gib"]) * 2**30 / 1e3 / (long["tokens_per_rank"] -
-                                                                            short["tokens_per_rank"])
-            out[name] = {"short": short, "long": long, "kb_per_token": growth}
+            out[name] = {"short": short, "long": long, "kb_per_token": kb_per_token(short, long)}
     return out
 
 
