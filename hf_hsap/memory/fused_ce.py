@@ -107,7 +107,7 @@ class _FusedLinearCE(torch.autograd.Function):
             picked = z.gather(1, safe).squeeze(1)
             total += ((lse - picked) * valid).sum()
             if metrics is not None:  # the softmax's entropy, lse - sum(p * z), and whether the target is the argmax
-                entropy += ((lse - (torch.softmax(z, dim=-1) * z).sum(-1)) * valid).sum()
+                entropy += ((lse - torch.softmax(z, dim=-1).mul_(z).sum(-1)) * valid).sum()  # one [n, V] temporary
                 correct += ((z.argmax(-1) == y) & valid).sum()
             if not grads:
                 continue
