@@ -369,11 +369,9 @@ if _SFTTrainer is not None:
 
         def _hsap_chunked_loss_fits(self) -> bool:
             """hf_hsap's chunked loss is TRL's plain next-token loss (``loss_type="nll"``); TRL's fused LM head stays
-            for the losses it computes otherwise (DFT, label smoothing, a ``compute_loss_func``, an MoE
-            auxiliary loss), logged."""
+            for the losses it computes otherwise (DFT, an MoE auxiliary loss), logged. (Label smoothing and a
+            ``compute_loss_func`` are refused at construction: :mod:`.trainer_checks`.)"""
             other = [what for what, on in ((f"loss_type={self.args.loss_type!r}", self.args.loss_type != "nll"),
-                                           ("label smoothing", self.label_smoother is not None),
-                                           ("a compute_loss_func", self.compute_loss_func is not None),
                                            ("the MoE auxiliary loss", bool(getattr(self, "aux_loss_enabled", False))))
                      if on]
             if other:
