@@ -1,32 +1,77 @@
-"""Run a recurrent token mixer segment by segment, handing each split document's state to its next holder.
+"""Run a recurrent token mixer over a rank's runs, all at once, with one summary exchange for split documents.
 
-A :class:`SegmentOp` computes one segment from its initial state (``None``: the document's start, the zero state)
-and returns the segment's output and final state. :func:`run_segments` runs every segment of a
-:class:`~hf_hsap.plan.chain.Chain`:
+A :class:`Recurrence` is one kernel seen as an affine map of its initial state: a run from the zero state gives its
+output and final state ``B``; a run that continues a document also gives its transition ``A`` (the final state is
+``A S0 + B``) and what its output's correction reads (:meth:`Recurrence.summarize`, :meth:`Recurrence.correct`).
+:func:`run_segments` runs every segment of a :class:`~hf_hsap.plan.chain.Chain`:
 
-- no state crosses ranks (packed rows at SP 1, or no split document): a plain loop under autograd, every segment
-  from the zero state;
-- states cross ranks: the chain's steps in order, each step's final states sent to the ranks that continue their
-  documents (one batched point-to-point exchange per step with traffic). The backward runs the steps in reverse
-  and sends each initial state's gradient back to the rank it came from (:class:`_HandOff`), so every rank issues
-  the same exchanges in the same order and autograd never has to order collectives.
+- no run continues one held by another rank (packed rows at SP 1, or no split document): every segment from the
+  zero state under autograd;
+- split documents (:class:`_Summaries`): every rank runs all its runs at once from the zero state; each run that a
+  later run continues sends its summary ``(B, A)`` to every other rank holding a later run of its document (one
+  batched point-to-point exchange per layer, however many ranks a document spans); each continued run folds the
+  summaries of the runs before it, in order (``S = A_i S + B_i``), into its true initial state, and corrects its
+  output. The backward mirrors it with one exchange: each rank differentiates its folds and corrections (small),
+  sends the summaries' gradients back to the ranks they came from, then runs one local backward of its kernels.
+  No rank waits for another rank's kernel in either direction.
 
-Written by hand: no library hands recurrent states between the ranks of a sequence-parallel group over
-arbitrary (non-contiguous) document runs; fla's context parallelism assumes contiguous rank slices of one
-sequence and CUDA kernels.
+Written by hand: no library folds recurrent states across the ranks of a sequence-parallel group over arbitrary
+(non-contiguous, zigzag) document runs on CPU and GPU alike; fla's context parallelism assumes equal contiguous rank
+slices, one continued sequence per rank, CUDA kernels and the delta rule only.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ..comm.p2p import P2PExecutor
 from ..plan.chain import Chain, Segment
 
-__all__ = ["SegmentOp", "StateExchange", "run_segments", "run_with_final"]
+__all__ = ["Recurrence", "SegmentOp", "StateExchange", "Summary", "run_segments", "run_with_final"]
+
+
+@dataclass
+class Summary:
+    """A run from the zero state.
+
+    Attributes:
+        out: its output. final: its final state ``B`` (the state dtype). transition: ``A`` (``None`` for a run that
+        starts its document, whose initial state is zero). carry: what :meth:`Recurrence.correct` reads.
+    """
+
+    out: torch.Tensor
+    final: torch.Tensor
+    transition: torch.Tensor | None = None
+    carry: Any = None
+
+
+class Recurrence(Protocol):
+    """One recurrent kernel as an affine map of its initial state (the ops of :mod:`.ops` and :mod:`.scans`).
+
+    Attributes:
+        state_shape, transition_shape: ``[1, ...]`` shapes of one run's state and transition.
+        state_dtype: the dtype states, transitions and folds use (float32 at least).
+    """
+
+    state_shape: tuple[int, ...]
+    transition_shape: tuple[int, ...]
+    state_dtype: torch.dtype
+
+    def run(self, parts: list[torch.Tensor], init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, final state)`` of a run from ``init`` (``None``: the zero state)."""
+
+    def summarize(self, parts: list[torch.Tensor]) -> Summary:
+        """A continued run from the zero state, with its transition and what its correction reads."""
+
+    def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
+        """The run's output from its true initial state ``init``."""
+
+    def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """``A S``: the part of a run's final state that its initial state ``state`` contributes."""
 
 
 @dataclass
@@ -36,19 +81,15 @@ class SegmentOp:
     Attributes:
         tensors: the call's tensor inputs (token tensors and parameters alike).
         token_dims: the token dimension of each tensor (``None``: not cut, e.g. a weight).
-        fn: ``fn(tensors of the segment, init) -> (out, final)``: the segment's output and final state; ``init``
-            is ``None`` at a document's start.
+        recurrence: the kernel (its parts are the segment's slices of ``tensors``, in order).
         out_dim: the token dimension of the output.
-        state_shape, state_dtype: the state every hand-off moves (what a receiver allocates).
         rows: rows ``B`` of the batch; ``length``: tokens per row ``L`` (segments are over ``B * L``).
     """
 
     tensors: list[torch.Tensor]
     token_dims: list[int | None]
-    fn: Callable[[list[torch.Tensor], torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+    recurrence: Recurrence
     out_dim: int
-    state_shape: tuple[int, ...]
-    state_dtype: torch.dtype
     rows: int
     length: int
 
@@ -63,7 +104,7 @@ class SegmentOp:
 
 
 class StateExchange:
-    """Batched point-to-point exchange of fixed-shape states among the ranks of an SP group.
+    """Batched point-to-point exchange of fixed-shape rows (summaries, their gradients) among an SP group's ranks.
 
     Args:
         group: the SP process group. global_ranks: global rank of every SP rank. stats: the group's counters.
@@ -74,24 +115,24 @@ class StateExchange:
                  timeout_s: float | None = None) -> None:
         self.executor = P2PExecutor(group, global_ranks, stats, timeout_s)
 
-    def exchange(self, sends: list[tuple[int, int, torch.Tensor]], recvs: list[tuple[int, int]],
-                 like: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Send ``(peer, doc, state)`` and receive one state per ``(peer, doc)`` (both sorted by peer, then doc).
+    def exchange(self, sends: list[tuple[int, Any, torch.Tensor]], recvs: list[tuple[int, Any]],
+                 like: torch.Tensor) -> dict[Any, torch.Tensor]:
+        """Send ``(peer, key, row)`` and receive one row per ``(peer, key)``; both sides list a pair's rows in the
+        same order (sorted by peer, then key).
 
         Args:
-            sends: states to send. recvs: states to receive. like: ``[*state]`` a tensor of the states' shape,
-                dtype and device.
+            sends: rows to send. recvs: rows to receive. like: ``[*row]`` a tensor of the rows' shape, dtype and
+                device.
 
         Returns:
-            ``doc -> received state``.
+            ``key -> received row``.
         """
         sends = sorted(sends, key=lambda x: (x[0], x[1]))
         recvs = sorted(recvs)
         rows = torch.stack([s for _, _, s in sends]) if sends else like.new_empty((0, *like.shape))
-        send_splits = _splits([p for p, _, _ in sends])
-        recv_splits = _splits([p for p, _ in recvs])
-        got = self.executor.transfer(rows.contiguous(), send_splits, len(recvs), recv_splits).wait()
-        return {doc: got[i] for i, (_, doc) in enumerate(recvs)}
+        got = self.executor.transfer(rows.contiguous(), _splits([p for p, _, _ in sends]), len(recvs),
+                                     _splits([p for p, _ in recvs])).wait()
+        return {key: got[i] for i, (_, key) in enumerate(recvs)}
 
 
 def _splits(peers: list[int]) -> list[tuple[int, int, int]]:
@@ -113,11 +154,6 @@ def _cat(op: SegmentOp, chain: Chain, outs: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([torch.cat(r, dim=op.out_dim) for r in per_row], dim=0)
 
 
-def _run_local(op: SegmentOp, chain: Chain) -> torch.Tensor:
-    """Every segment (each starts its document: no state crosses ranks) in local order under autograd."""
-    return _cat(op, chain, [op.fn(op.cut(seg, op.tensors), None)[0] for seg in chain.segments])
-
-
 def run_with_final(op: SegmentOp, chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`run_segments` on packed rows without SP, and the final state of every row's last document (what a
     cache keeps to continue the row: Transformers' evaluation and generation ask for it).
@@ -126,14 +162,15 @@ def run_with_final(op: SegmentOp, chain: Chain) -> tuple[torch.Tensor, torch.Ten
         ``(output, [B, *state])``.
 
     Raises:
-        ValueError: states that cross ranks (under SP a rank's last state continues nothing of its own).
+        ValueError: runs that continue runs of other ranks (under SP a rank's last state continues nothing of its
+            own).
     """
     if chain.remote:
         raise ValueError("hf_hsap: a recurrent layer asked for its final state (use_cache=True) under SP; train "
                          "with use_cache=False (shard_batch's output sets it)")
     outs, last = [], {}
     for seg in chain.segments:
-        out, final = op.fn(op.cut(seg, op.tensors), None)
+        out, final = op.recurrence.run(op.cut(seg, op.tensors), None)
         outs.append(out)
         last[seg.start // op.length] = final
     return _cat(op, chain, outs), torch.cat([last[r] for r in range(op.rows)], dim=0)
@@ -153,90 +190,127 @@ def run_segments(op: SegmentOp, chain: Chain, exchange: StateExchange | None) ->
                          f"{chain.total}; call the model itself (its forward records the layout), with the "
                          "position_ids / shard_batch output of this batch")
     if not chain.remote:
-        return _run_local(op, chain)
+        return _cat(op, chain, [op.recurrence.run(op.cut(seg, op.tensors), None)[0] for seg in chain.segments])
     if exchange is None:
-        raise ValueError("hf_hsap: a split document's state must go to another rank, but no SP group was given")
-    return _HandOff.apply(op, chain, exchange, *op.tensors)
+        raise ValueError("hf_hsap: a split document's summary must go to another rank, but no SP group was given")
+    return _Summaries.apply(op, chain, exchange, *op.tensors)
 
 
-class _HandOff(torch.autograd.Function):
-    """The chain's steps in order (forward) and in reverse (backward), with their state exchanges."""
+def _pack(rec: Recurrence, final: torch.Tensor, transition: torch.Tensor | None) -> torch.Tensor:
+    """One exchange row: ``[B | A]`` flattened (``A`` zero for a run that starts its document)."""
+    a = (transition.reshape(-1) if transition is not None
+         else final.new_zeros(math.prod(rec.transition_shape)))
+    return torch.cat([final.reshape(-1), a.to(final.dtype)])
+
+
+def _unpack(rec: Recurrence, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, A)`` of an exchange row."""
+    n = math.prod(rec.state_shape)
+    return row[:n].reshape(rec.state_shape), row[n:].reshape(rec.transition_shape)
+
+
+class _Summaries(torch.autograd.Function):
+    """Every run at once, one summary exchange, the folds and corrections (forward); the folds' and corrections'
+    gradients, one exchange back, one local backward of the kernels (backward)."""
 
     @staticmethod
     def forward(ctx: Any, op: SegmentOp, chain: Chain, exchange: StateExchange, *tensors: torch.Tensor
                 ) -> torch.Tensor:
+        rec, segs = op.recurrence, chain.segments
         grad = any(t.requires_grad for t in tensors)
         leaves = [t.detach().requires_grad_(t.requires_grad) if d is None else t.detach()
                   for t, d in zip(tensors, op.token_dims)]
-        like = tensors[0].new_zeros(op.state_shape, dtype=op.state_dtype)
-        carry: dict[int, torch.Tensor] = {}
-        outs: list[torch.Tensor | None] = [None] * len(chain.segments)
-        saved: list[tuple] = [()] * len(chain.segments)
-        for step in range(chain.steps):
-            sends = []
-            for i, seg in enumerate(chain.segments):
-                if seg.step != step:
+        parts = [[p.detach().requires_grad_(t.requires_grad) if d is not None else p
+                  for p, t, d in zip(op.cut(seg, leaves), tensors, op.token_dims)] for seg in segs]
+        # each run's own graph keeps its tensors: under activation checkpointing (or offloading) the backward below
+        # would otherwise recompute the whole layer, exchanges included, in a nested graph task out of step with the
+        # other ranks
+        with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            sums = []
+            for seg, ps in zip(segs, parts):
+                if seg.continued:
+                    sums.append(rec.summarize(ps))
+                else:
+                    out, final = rec.run(ps, None)
+                    sums.append(Summary(out, final.to(rec.state_dtype)))
+            like = _pack(rec, sums[0].final, None).detach() if sums else tensors[0].new_zeros(
+                math.prod(rec.state_shape) + math.prod(rec.transition_shape), dtype=rec.state_dtype)
+            mine = {(seg.doc, seg.run): s for seg, s in zip(segs, sums)}
+            sends = [(p, (doc, run), _pack(rec, mine[doc, run].final, mine[doc, run].transition).detach())
+                     for p, doc, run in chain.sends()]
+            got = exchange.exchange(sends, [(p, (doc, run)) for p, doc, run in chain.receives()], like)
+            received = {key: row.detach().requires_grad_(grad) for key, row in got.items()}
+            outs = []
+            for seg, s in zip(segs, sums):
+                if not seg.continued:
+                    outs.append(s.out)
                     continue
-                init = None
-                if seg.prev >= 0:
-                    init = carry.pop(seg.doc).detach().requires_grad_(grad)
-                parts = [p.detach().requires_grad_(t.requires_grad) if d is not None else p
-                         for p, t, d in zip(op.cut(seg, leaves), tensors, op.token_dims)]
-                # the segment's own graph keeps its tensors: under activation checkpointing (or offloading) the
-                # backward below would otherwise recompute the whole layer, state exchanges included, in a nested
-                # graph task of its own, out of step with the other ranks
-                with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
-                    out, final = op.fn(parts, init)
-                    final = final.to(op.state_dtype)
-                outs[i] = out.detach()
-                saved[i] = (parts, init, out, final)
-                if seg.next >= 0:  # always another rank: a rank's consecutive runs are one segment
-                    sends.append((seg.next, seg.doc, final.detach()))
-            if chain.traffic[step]:
-                recvs = [(s.prev, s.doc) for s in chain.segments if s.step == step + 1 and s.prev >= 0]
-                carry.update(exchange.exchange(sends, recvs, like))
-        ctx.op, ctx.chain, ctx.exchange, ctx.saved, ctx.leaves, ctx.like = op, chain, exchange, saved, leaves, like
-        return _cat(op, chain, outs)  # type: ignore[arg-type]
+                state = None
+                for i, holder in enumerate(seg.earlier):  # the runs before, in order
+                    if holder == chain.rank:
+                        b, a = mine[seg.doc, i].final, mine[seg.doc, i].transition
+                    else:
+                        b, a = _unpack(rec, received[seg.doc, i])
+                    state = b if state is None else rec.transit(a, state) + b
+                outs.append(rec.correct(s, state))
+        ctx.op, ctx.chain, ctx.exchange, ctx.like = op, chain, exchange, like
+        ctx.leaves, ctx.parts, ctx.sums, ctx.outs, ctx.received = leaves, parts, sums, outs, received
+        return _cat(op, chain, [o.detach() for o in outs])
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
-        op, chain, saved, leaves = ctx.op, ctx.chain, ctx.saved, ctx.leaves
+        op, chain, rec = ctx.op, ctx.chain, ctx.op.recurrence
+        segs, outs, received = chain.segments, ctx.outs, ctx.received
+        g_outs = [op.slice(seg, grad_out).to(o.dtype) for seg, o in zip(segs, outs)]
+        # 1. the gradients of the summaries this rank received: through its folds and corrections only
+        keys = list(received)
+        cont = [i for i, seg in enumerate(segs) if seg.continued and outs[i].requires_grad]
+        back: dict[Any, torch.Tensor] = {}
+        if keys and cont:
+            gs = torch.autograd.grad([outs[i] for i in cont], [received[k] for k in keys], [g_outs[i] for i in cont],
+                                     retain_graph=True, allow_unused=True)
+            back = {k: g if g is not None else torch.zeros_like(received[k]) for k, g in zip(keys, gs)}
+        # 2. one exchange: each gradient back to the rank its summary came from; the gradients of the summaries this
+        # rank sent, summed over their receivers
+        sends = [(p, (doc, run), back.get((doc, run), torch.zeros_like(ctx.like))) for p, doc, run in
+                 chain.receives()]
+        sent = chain.sends()
+        got = ctx.exchange.exchange(sends, [(p, ((doc, run), p)) for p, doc, run in sent], ctx.like)
+        g_rows: dict[tuple[int, int], torch.Tensor] = {}
+        for (key, _), row in got.items():
+            g_rows[key] = row if key not in g_rows else g_rows[key] + row
+        # 3. one local backward of every run: output gradients and the summaries' gradients together
+        ys, gys = [], []
+        for i, (seg, s) in enumerate(zip(segs, ctx.sums)):
+            if outs[i].requires_grad:
+                ys.append(outs[i])
+                gys.append(g_outs[i])
+            g = g_rows.get((seg.doc, seg.run))
+            if g is not None:
+                gb, ga = _unpack(rec, g)
+                for y, gy in ((s.final, gb), (s.transition, ga)):
+                    if y is not None and y.requires_grad:
+                        ys.append(y)
+                        gys.append(gy.to(y.dtype))
+        token_leaves = [(i, j, p) for i, ps in enumerate(ctx.parts) for j, (p, d) in
+                        enumerate(zip(ps, op.token_dims)) if d is not None and p.requires_grad]
+        param_leaves = [(j, t) for j, (t, d) in enumerate(zip(ctx.leaves, op.token_dims))
+                        if d is None and t.requires_grad]
+        inputs = [p for _, _, p in token_leaves] + [t for _, t in param_leaves]
+        grads = torch.autograd.grad(ys, inputs, gys, allow_unused=True) if ys and inputs else [None] * len(inputs)
+        merged: list[torch.Tensor | None] = [None] * len(op.token_dims)
+        for (i, j, p), g in zip(token_leaves, grads):
+            if merged[j] is None:
+                merged[j] = torch.zeros_like(ctx.leaves[j])
+            if g is not None:
+                op.slice(segs[i], merged[j], op.token_dims[j]).copy_(g)
+        for (j, _), g in zip(param_leaves, grads[len(token_leaves):]):
+            merged[j] = g
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
-        grads = [torch.zeros_like(t) if d is not None and need else None
-                 for t, d, need in zip(leaves, op.token_dims, needs)]
-        grad_final: dict[int, torch.Tensor] = {}  # doc -> the gradient of its run's final state, from the next holder
-        back: list[tuple[int, int, torch.Tensor]] = []  # (peer, doc, gradient of an initial state) to send
-        for step in reversed(range(chain.steps)):
-            if chain.traffic[step]:
-                recvs = [(s.next, s.doc) for s in chain.segments if s.step == step and s.next >= 0]
-                grad_final.update(ctx.exchange.exchange(back, recvs, ctx.like))
-                back = []
-            for i in reversed(range(len(chain.segments))):
-                seg = chain.segments[i]
-                if seg.step != step:
-                    continue
-                parts, init, out, final = saved[i]
-                g_out = op.slice(seg, grad_out)
-                outs, gs = [out], [g_out]
-                g_fin = grad_final.pop(seg.doc, None) if seg.next >= 0 else None
-                if g_fin is not None and final.requires_grad:
-                    outs.append(final)
-                    gs.append(g_fin.to(final.dtype))
-                if out.requires_grad:
-                    torch.autograd.backward(outs, gs)
-                for j, (p, d) in enumerate(zip(parts, op.token_dims)):
-                    if d is not None and grads[j] is not None and p.grad is not None:
-                        op.slice(seg, grads[j], d).copy_(p.grad)
-                if init is not None:
-                    back.append((seg.prev, seg.doc, init.grad if init.grad is not None else torch.zeros_like(init)))
-        param_grads = [leaf.grad if d is None and leaf.requires_grad else None
-                       for leaf, d in zip(leaves, op.token_dims)]
-        merged = [g if d is not None else pg for g, pg, d in zip(grads, param_grads, op.token_dims)]
-        ctx.saved = None
-        return (None, None, None, *merged)
+        ctx.parts = ctx.sums = ctx.outs = ctx.received = None
+        return (None, None, None, *[g if need else None for g, need in zip(merged, needs)])
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:
     """Saved-tensor hook that keeps the tensor itself."""
     return t
-

@@ -2,24 +2,23 @@
 
 Each entry of :data:`OPS` takes the original kernel (Transformers' function behind its kernel hook: the torch
 path on CPU, fla / mamba-ssm / causal-conv1d where installed and the inputs are on their device), the call's
-arguments and the batch's :class:`~hf_hsap.plan.chain.Chain`, and returns what the original returns, computed
-segment by segment from each segment's initial state (:func:`~.handoff.run_segments`):
+arguments and the batch's :class:`~hf_hsap.plan.chain.Chain`, and returns what the original returns, every run of a
+document from its true initial state (:func:`~.handoff.run_segments`). Each kernel is a
+:class:`~.handoff.Recurrence`: a run from the zero state, the transition of a continued run and the correction its
+output takes from the folded initial state:
 
-- ``causal_conv1d_fn``: the state is the segment's last ``kernel - 1`` inputs; a continued segment runs the
-  kernel on those inputs followed by its own and drops the first ``kernel - 1`` outputs;
-- ``chunk_gated_delta_rule`` / ``chunk_kda``: the kernel's own ``initial_state`` / final state
-  (``[heads, d_k, d_v]``);
-- ``mamba_chunk_scan_combined`` (Mamba2's SSD): the kernel's own ``initial_states`` / final states
-  (``[heads, head_dim, d_state]``);
-- ``selective_scan_fn`` (Mamba's scan, which takes no initial state): the scan from the zero state plus the
-  initial state's exact contribution, ``y_t += C_t . (exp(A * sum_{s <= t} dt_s) * h_0)``, and the final state
-  ``h_T + exp(A * sum dt) * h_0``;
+- ``causal_conv1d_fn``: the state is the run's last ``kernel - 1`` inputs (several earlier runs when they are
+  shorter), the transition a shift; a continued run recomputes its first ``kernel - 1`` outputs over them;
+- ``chunk_gated_delta_rule`` / ``chunk_kda``: one call with the value widened by ``d_k`` columns gives the transition
+  (``[heads, d_k, d_k]``) and the query the initial state sees (:class:`_DeltaRule`);
+- ``mamba_chunk_scan_combined`` (Mamba2's SSD) and ``selective_scan_fn`` (Mamba's scan): closed forms of the
+  initial state's term and decay (:mod:`.scans`);
 - the fused training paths (``mamba_split_conv1d_scan_combined``, ``mamba_inner_fn``) return ``None``, which
   makes the layer take the path above (what Transformers does on CPU).
 
 :data:`LAYER_OPS` lists the layers with no kernel hook, whose forward is replaced as a whole (MiniMax's lightning
-attention: each segment runs the layer's own forward, from the zero state or from a handed-over state through the
-one cache method it reads).
+attention: each run is the layer's own forward, a continued one rerun from its folded state through the one cache
+method it reads).
 """
 from __future__ import annotations
 
@@ -30,157 +29,110 @@ import torch
 import torch.nn.functional as F
 
 from ..plan.chain import Chain
-from .handoff import SegmentOp, StateExchange, run_segments, run_with_final
+from .calls import bind, refuse_cache, run_call, state_dtype
+from .handoff import StateExchange, Summary
+from .scans import mamba2_scan, selective_scan
 
-__all__ = ["LAYER_OPS", "LAYOUT_KWARGS", "OPS"]
+__all__ = ["LAYER_OPS", "OPS"]
 
-# Keyword arguments that describe the packed layout to a kernel: hf_hsap gives each segment its own call instead.
-LAYOUT_KWARGS = ("cu_seqlens", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+class _Conv:
+    """``causal_conv1d_fn`` on one run ``(x [1, C, n], weight [C, k], bias, activation)``: the state is the run's last
+    ``k - 1`` inputs; a continued run recomputes its first ``min(n, k - 1)`` outputs over the inputs before it (the
+    activation is not affine). The transition shifts the state by ``n`` (zero once ``n >= k - 1``)."""
 
+    def __init__(self, orig: Callable, act: Any, rest: dict[str, Any], channels: int, k: int,
+                 dtype: torch.dtype) -> None:
+        self.orig, self.act, self.rest, self.k = orig, act, rest, k
+        self.state_shape, self.transition_shape, self.state_dtype = (1, channels, k - 1), (k - 1, k - 1), dtype
 
-def _bind(names: tuple[str, ...], args: tuple, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(named, rest)``: the leading positional ``args`` and keywords of ``names``, and the other keywords
-    (layout keywords dropped)."""
-    named = dict(zip(names, args))
-    rest = {}
-    for k, v in kwargs.items():
-        if k in names:
-            named[k] = v
-        elif k not in LAYOUT_KWARGS and not k.startswith("hsap_"):
-            rest[k] = v
-    return named, rest
+    def _tail(self, init: torch.Tensor | None, xs: torch.Tensor) -> torch.Tensor:
+        ctx = torch.cat([xs.new_zeros((*xs.shape[:2], self.k - 1)) if init is None else init.to(xs.dtype), xs], -1)
+        return ctx[..., ctx.shape[-1] - (self.k - 1):]
 
+    def run(self, t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ws, bs = t
+        if init is None:
+            out = self.orig(xs, ws, bs, activation=self.act, **self.rest)
+        else:  # the previous k - 1 inputs first, their outputs dropped
+            out = self.orig(torch.cat([init.to(xs.dtype), xs], dim=-1), ws, bs, activation=self.act,
+                            **self.rest)[..., self.k - 1:]
+        return out, self._tail(init, xs)
 
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype hand-offs carry: the kernels keep their states in float32 at least."""
-    return torch.promote_types(x.dtype, torch.float32)
+    def summarize(self, t: list) -> Summary:
+        out, final = self.run(t, None)
+        n, m = t[0].shape[-1], self.k - 1
+        shift = torch.zeros(m, m, dtype=self.state_dtype, device=t[0].device)  # S' = S @ shift: S[..., j + n] -> j
+        if n < m:
+            shift[torch.arange(n, m), torch.arange(0, m - n)] = 1
+        return Summary(out, final, shift, t)
 
+    def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
+        xs, ws, bs = summary.carry
+        m = min(xs.shape[-1], self.k - 1)
+        head = self.run([xs[..., :m], ws, bs], init)[0]
+        return torch.cat([head, summary.out[..., m:]], dim=-1)
 
-def _refuse_cache(what: str) -> None:
-    raise ValueError(f"hf_hsap: {what} on packed rows / under SP: a cached state continues one document, not a "
-                     "packed row; generate with one document per row (no packing)")
-
-
-def _run(tensors: list[tuple[torch.Tensor | None, int | None]], fn: Callable, *, out_dim: int,
-         state_shape: tuple[int, ...], state_dtype: torch.dtype, chain: Chain, exchange: StateExchange | None,
-         rows: int, length: int, final: bool = False) -> Any:
-    """:func:`run_segments` over the non-``None`` tensors (``(tensor, token dim)`` pairs); ``fn`` gets them back in
-    the same places (``None`` kept). The other arguments as :class:`~.handoff.SegmentOp`'s and :func:`run_segments`'.
-    ``final``: also the final state of every row's last document (:func:`run_with_final`): ``(out, states)``."""
-    present = [i for i, (t, _) in enumerate(tensors) if t is not None]
-
-    def seg_fn(parts: list[torch.Tensor], init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        full: list[torch.Tensor | None] = [None] * len(tensors)
-        for i, p in zip(present, parts):
-            full[i] = p
-        return fn(full, init)
-
-    op = SegmentOp([tensors[i][0] for i in present], [tensors[i][1] for i in present], seg_fn, out_dim,  # type: ignore[misc]
-                   state_shape, state_dtype, rows, length)
-    return run_with_final(op, chain) if final else run_segments(op, chain, exchange)
+    def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return state @ transition.to(state.dtype)
 
 
 def conv1d(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain, exchange: StateExchange | None) -> Any:
     """``causal_conv1d_fn(x [B, C, L], weight [C, k], bias, activation)``: ``[B, C, L]``."""
-    a, rest = _bind(("hidden_states", "weight", "bias", "activation"), args, kwargs)
+    a, rest = bind(("hidden_states", "weight", "bias", "activation"), args, kwargs)
     x, w = a["hidden_states"], a["weight"]
-    bias, act = a.get("bias"), a.get("activation")
-    k = w.shape[-1]
+    rec = _Conv(orig, a.get("activation"), rest, x.shape[1], w.shape[-1], x.dtype)
+    return run_call([(x, 2), (w, None), (a.get("bias"), None)], rec, out_dim=2, chain=chain, exchange=exchange,
+                rows=x.shape[0], length=x.shape[2])
 
-    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ws, bs = t
-        if init is None:
-            out = orig(xs, ws, bs, activation=act, **rest)
-            init = xs.new_zeros((*xs.shape[:2], k - 1))
-        else:  # the previous k - 1 inputs first, their outputs dropped
-            out = orig(torch.cat([init.to(xs.dtype), xs], dim=-1), ws, bs, activation=act, **rest)[..., k - 1:]
-        ctx = torch.cat([init.to(xs.dtype), xs], dim=-1)  # [1, C, k - 1 + n]
-        return out, ctx[..., ctx.shape[-1] - (k - 1):]
 
-    return _run([(x, 2), (w, None), (bias, None)], fn, out_dim=2, state_shape=(1, x.shape[1], k - 1),
-                state_dtype=x.dtype, chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[2])
+class _DeltaRule:
+    """``chunk_gated_delta_rule`` / ``chunk_kda`` on one run ``(q, k, v [1, n, H, D], g, beta)``, state
+    ``[1, H, D_k, D_v]``. The transition acts on the state's ``D_k`` rows from the left and every ``D_v`` column
+    evolves alike, so one call with the value widened by ``D_k`` zero columns and the initial state ``[0 | I]``
+    gives, besides the zero-state output and final state, the transition ``A`` (``[1, H, D_k, D_k]``) and the
+    query the initial state sees, ``q~`` (``[1, n, H, D_k]``): ``out = out_0 + q~ S0``. That call runs in the state
+    dtype, so the correction is added before the output is rounded once."""
+
+    def __init__(self, orig: Callable, rest: dict[str, Any], heads: int, dk: int, dv: int,
+                 dtype: torch.dtype) -> None:
+        self.orig, self.rest, self.dk, self.dv = orig, rest, dk, dv
+        self.state_dtype = state_dtype(dtype)
+        self.state_shape, self.transition_shape = (1, heads, dk, dv), (1, heads, dk, dk)
+
+    def run(self, t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        qs, ks, vs, gs, bs = t
+        out, final = self.orig(qs, ks, vs, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
+        return out, final.to(self.state_dtype)
+
+    def summarize(self, t: list) -> Summary:
+        qs, ks, vs, gs, bs = (x.to(self.state_dtype) for x in t)
+        wide = torch.cat([vs, vs.new_zeros((*vs.shape[:-1], self.dk))], dim=-1)
+        eye = torch.eye(self.dk, dtype=self.state_dtype, device=vs.device).expand(*self.state_shape[:2], -1, -1)
+        init = torch.cat([eye.new_zeros(self.state_shape), eye], dim=-1)  # [1, H, D_k, D_v + D_k]
+        out, final = self.orig(qs, ks, wide, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
+        return Summary(out[..., :self.dv], final[..., :self.dv], final[..., self.dv:], (out[..., self.dv:], t[0].dtype))
+
+    def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
+        q_seen, dtype = summary.carry
+        return (summary.out + torch.einsum("bthk,bhkv->bthv", q_seen, init)).to(dtype)
+
+    def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return transition @ state
 
 
 def delta_rule(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
                exchange: StateExchange | None) -> Any:
     """``chunk_gated_delta_rule`` / ``chunk_kda(q, k, v [B, L, H, D], g, beta, initial_state, output_final_state,
     ...)``: ``(out [B, L, H, Dv], final state of every row's last document [B, H, Dk, Dv] or None)``."""
-    a, rest = _bind(("query", "key", "value", "g", "beta"), args, kwargs)
+    a, rest = bind(("query", "key", "value", "g", "beta"), args, kwargs)
     if rest.pop("initial_state", None) is not None:
-        _refuse_cache("a delta-rule layer continued from a cached state")
+        refuse_cache("a delta-rule layer continued from a cached state")
     want = bool(rest.pop("output_final_state", False))
     q, k, v = a["query"], a["key"], a["value"]
-
-    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        qs, ks, vs, gs, bs = t
-        out, final = orig(qs, ks, vs, g=gs, beta=bs, initial_state=init, output_final_state=True, **rest)
-        return out, final
-
-    state = (1, v.shape[2], k.shape[3], v.shape[3])
-    out = _run([(q, 1), (k, 1), (v, 1), (a["g"], 1), (a["beta"], 1)], fn, out_dim=1, state_shape=state,
-               state_dtype=_state_dtype(q), chain=chain, exchange=exchange, rows=q.shape[0], length=q.shape[1],
-               final=want)
+    rec = _DeltaRule(orig, rest, v.shape[2], k.shape[3], v.shape[3], q.dtype)
+    out = run_call([(q, 1), (k, 1), (v, 1), (a["g"], 1), (a["beta"], 1)], rec, out_dim=1, chain=chain,
+               exchange=exchange, rows=q.shape[0], length=q.shape[1], final=want)
     return out if want else (out, None)
-
-
-def mamba2_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
-                exchange: StateExchange | None) -> Any:
-    """``mamba_chunk_scan_combined(x [B, L, H, P], dt [B, L, H], A [H], B, C [B, L, G, N], chunk_size, D, dt_bias,
-    initial_states, ..., return_final_states)``: ``out [B, L, H, P]`` (and every row's last document's final state
-    ``[B, H, P, N]`` when asked)."""
-    names = ("hidden_states", "dt", "A", "B", "C", "chunk_size", "D", "dt_bias")
-    a, rest = _bind(names, args, kwargs)
-    if rest.pop("initial_states", None) is not None:
-        _refuse_cache("a Mamba2 layer continued from a cached state")
-    want = bool(rest.pop("return_final_states", False))
-    z = rest.pop("z", None)
-    x, B = a["hidden_states"], a["B"]
-    fixed = {"chunk_size": a["chunk_size"]}
-
-    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, dts, A, Bs, Cs, D, dtb, zs = t
-        return orig(xs, dts, A, Bs, Cs, D=D, dt_bias=dtb, z=zs, initial_states=init, return_final_states=True,
-                    **fixed, **rest)
-
-    state = (1, x.shape[2], x.shape[3], B.shape[3])
-    return _run([(x, 1), (a["dt"], 1), (a["A"], None), (B, 1), (a["C"], 1), (a.get("D"), None),
-                 (a.get("dt_bias"), None), (z, 1)], fn, out_dim=1, state_shape=state, state_dtype=_state_dtype(x),
-                chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[1], final=want)
-
-
-def selective_scan(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
-                   exchange: StateExchange | None) -> Any:
-    """``selective_scan_fn(x [B, D, L], dt [B, D, L], A [D, N], B, C [B, N, L], D, z [B, D, L], delta_bias,
-    delta_softplus, return_last_state)``: ``[B, D, L]`` (and every row's last document's final state ``[B, D, N]``
-    when asked)."""
-    names = ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus")
-    a, rest = _bind(names, args, kwargs)
-    want = bool(rest.pop("return_last_state", False))
-    softplus = bool(a.get("delta_softplus", False))
-    x, A = a["hidden_states"], a["A"]
-
-    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, dts, As, Bs, Cs, D, zs, db = t
-        if init is None:
-            return orig(xs, dts, As, Bs, Cs, D=D, z=zs, delta_bias=db, delta_softplus=softplus,
-                        return_last_state=True, **rest)
-        y0, h0 = orig(xs, dts, As, Bs, Cs, D=None, z=None, delta_bias=db, delta_softplus=softplus,
-                      return_last_state=True, **rest)
-        sd = init.dtype
-        dt = dts.to(sd) if db is None else dts.to(sd) + db.to(sd)[..., None]
-        dt = F.softplus(dt) if softplus else dt
-        decay = torch.exp(As.to(sd)[None, :, None, :] * torch.cumsum(dt, dim=-1)[..., None])  # [1, D, n, N]
-        y = y0.to(sd) + torch.einsum("bdtn,bdn,bnt->bdt", decay, init, Cs.to(sd))  # [1, D, n]
-        if D is not None:
-            y = y + xs.to(sd) * D.to(sd)[None, :, None]
-        if zs is not None:
-            y = y * F.silu(zs.to(sd))
-        return y.to(y0.dtype), h0.to(sd) + decay[:, :, -1] * init
-
-    state = (1, x.shape[1], A.shape[-1])
-    return _run([(x, 2), (a["dt"], 2), (A, None), (a["B"], 2), (a["C"], 2), (a.get("D"), None), (a.get("z"), 2),
-                 (a.get("delta_bias"), None)], fn, out_dim=2, state_shape=state, state_dtype=_state_dtype(x),
-                chain=chain, exchange=exchange, rows=x.shape[0], length=x.shape[2], final=want)
 
 
 def fused_off(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
@@ -200,7 +152,6 @@ OPS: dict[str, Callable[..., Any]] = {
 }
 
 
-
 class _SeededState:
     """The one cache method a lightning-attention layer reads and writes: its running ``K^T V`` state, seeded with
     the state a split document's previous run ended with (what Transformers' own cache path continues from)."""
@@ -215,33 +166,56 @@ class _SeededState:
         """The layer's final state comes back as its second output; nothing to keep here."""
 
 
+class _Lightning:
+    """MiniMax's lightning attention layer on one run ``(hidden [1, n, C], cos, sin, *parameters)``, state
+    ``[1, H, D, D]`` (``K^T V``): its own forward, from the zero state or seeded with a state through the one cache
+    method it reads. The transition is the data-free decay ``exp(-slope_h n)`` (``[1, H, 1, 1]``); the initial
+    state's term comes before the layer's norm and output gate, so a continued run's output is the layer rerun
+    from its true initial state."""
+
+    def __init__(self, layer: torch.nn.Module, params: list[str], rest: dict[str, Any], dtype: torch.dtype) -> None:
+        self.layer, self.params, self.rest = layer, params, rest
+        heads, dim = layer.num_attention_heads, layer.head_dim
+        self.state_dtype = state_dtype(dtype)
+        self.state_shape, self.transition_shape = (1, heads, dim, dim), (1, heads, 1, 1)
+
+    def run(self, t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, cs, ss, *ps = t
+        kw = {"position_embeddings": (cs, ss) if cs is not None else None, "attention_mask": None,
+              "cache": None if init is None else _SeededState(init), **self.rest}
+        out, final = torch.func.functional_call(self.layer, dict(zip(self.params, ps)), (xs,), kw, strict=False)
+        return out, final.to(self.state_dtype)
+
+    def summarize(self, t: list) -> Summary:
+        out, final = self.run(t, None)
+        slope = self.layer.slope_rate.to(self.state_dtype).reshape(self.transition_shape)
+        return Summary(out, final, torch.exp(-slope * t[0].shape[1]), t)
+
+    def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
+        return self.run(summary.carry, init)[0]
+
+    def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return transition * state
+
+
 def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain,
               exchange: StateExchange | None) -> Any:
     """MiniMax's lightning attention layer ``(hidden [B, L, C], position_embeddings, attention_mask, cache)``:
-    ``(out [B, L, C], state)``. Each segment runs the layer's own forward: its block algorithm from the zero state at a
-    document's start, its cached recurrence from the handed-over ``[B, H, D, D]`` state otherwise."""
+    ``(out [B, L, C], state)`` (:class:`_Lightning` per run)."""
     names = ("hidden_states", "position_embeddings", "attention_mask")
-    a, rest = _bind(names, args, kwargs)
+    a, rest = bind(names, args, kwargs)
     cache = rest.pop("cache", None)
     if cache is not None and cache.get_linear_cache(layer.layer_idx) is not None:
-        _refuse_cache("a lightning-attention layer continued from a cached state")
+        refuse_cache("a lightning-attention layer continued from a cached state")
     x, pe = a["hidden_states"], a.get("position_embeddings")
     cos, sin = pe if pe is not None else (None, None)
     params = dict(layer.named_parameters())
-
-    def fn(t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, cs, ss, *ps = t
-        kw = {"position_embeddings": (cs, ss) if cs is not None else None, "attention_mask": None,
-              "cache": None if init is None else _SeededState(init), **rest}
-        return torch.func.functional_call(layer, dict(zip(params, ps)), (xs,), kw, strict=False)
-
-    heads, dim = layer.num_attention_heads, layer.head_dim
+    rec = _Lightning(layer, list(params), rest, x.dtype)
     tensors = [(x, 1), (cos, 1), (sin, 1), *[(p, None) for p in params.values()]]
-    how = {"out_dim": 1, "state_shape": (1, heads, dim, dim), "state_dtype": _state_dtype(x), "chain": chain,
-           "exchange": exchange, "rows": x.shape[0], "length": x.shape[1]}
+    how = {"out_dim": 1, "chain": chain, "exchange": exchange, "rows": x.shape[0], "length": x.shape[1]}
     if cache is None:
-        return _run(tensors, fn, **how), None
-    out, state = _run(tensors, fn, final=True, **how)
+        return run_call(tensors, rec, **how), None
+    out, state = run_call(tensors, rec, final=True, **how)
     cache.set_linear_cache(layer.layer_idx, state)  # every row's last document continues from here
     return out, state
 

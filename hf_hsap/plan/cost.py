@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..hardware import cost_model_kinds, gpu_kind
-from .chain import part_steps, recurrent_layers
+from .chain import part_mixer_tokens, recurrent_layers
 from .layout import Layout
 from .placement import Placement, _zigzag_chunks, rows_work
 from .transfers import Transfers
@@ -53,9 +53,10 @@ class CostModel:
             0 (CPU ranks sharing cores) ``local + kv``.
         qkv_share: the share of ``token_cost`` in the q, k, v projections, which :mod:`.simulation` places around
             the attention; not in the one-layer formula.
-        mixer_token_cost: one token through all of a hybrid model's recurrent layers (0: none); a split document
-            runs them one hand-off step after another (:func:`mixer_time`).
-        handoff_cost: latency and state bytes of one hand-off step, over the recurrent layers (fwd + bwd).
+        mixer_token_cost: one token through all of a hybrid model's recurrent layers (0: none); a token of a run
+            that continues a split document pays it twice (the summarising call, :func:`mixer_time`).
+        handoff_cost: latency and summary bytes of the one summary exchange a split document adds to each
+            recurrent layer (fwd + bwd), however many parts it spans.
     """
 
     token_cost: float = 17930.0
@@ -93,8 +94,8 @@ class CostModel:
             link_bytes_per_s: per GPU and direction, as reached. alpha_s: latency of one round (paid fwd and bwd).
             a2a_bytes_per_s: the all-to-all's link inside a node (default ``link_bytes_per_s``).
             hidden_size: sizes the q, k, v projections' share of ``params_per_layer`` (default ``q_heads *
-                head_dim``). recurrent_layers, state_bytes: a hybrid model's recurrent layers and the state bytes
-                each hands over per split document.
+                head_dim``). recurrent_layers, state_bytes: a hybrid model's recurrent layers and the summary bytes
+                (final state and transition) each sends per split document.
         """
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
@@ -103,7 +104,8 @@ class CostModel:
         a2a_bw = link_bytes_per_s if a2a_bytes_per_s is None else a2a_bytes_per_s
         a2a_s = 2 * (2 * q_heads + 2 * kv_heads) * head_dim * dtype_bytes / a2a_bw
         qkv = (hidden_size or q_heads * head_dim) * head_dim * (q_heads + 2 * kv_heads)  # q, k, v projection weights
-        handoff_s = 2 * recurrent_layers * (alpha_s + state_bytes / link_bytes_per_s)  # fwd states, bwd gradients
+        # one exchange per layer and direction: summaries forward, their gradients backward
+        handoff_s = 2 * recurrent_layers * (alpha_s + state_bytes / link_bytes_per_s)
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s,
                          qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0,
@@ -140,9 +142,10 @@ class CostModel:
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
         mixers = recurrent_layers(getattr(config, "layer_types", None))
         d_state = next((int(v) for v in (getattr(config, k, None) for k in _STATE_FIELDS) if v), d)
-        # a recurrent layer's state: about hidden_size x d_state float32 values (heads x d_k x d_v), whatever the family
+        # a recurrent layer's summary: about hidden_size x d_state float32 values (heads x d_k x d_v) of state, as
+        # many again of transition (the delta rule's d_k x d_k per head; a decay for the scans), whatever the family
         return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8,
-                                     hidden_size=hidden, recurrent_layers=mixers, state_bytes=4.0 * hidden * d_state)
+                                     hidden_size=hidden, recurrent_layers=mixers, state_bytes=8.0 * hidden * d_state)
 
     @staticmethod
     def default() -> "CostModel":
@@ -282,9 +285,14 @@ def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfer
 
 
 def mixer_time(pl: Placement, cost: CostModel) -> float:
-    """Estimated time of one step of a hybrid model's recurrent layers: each hand-off step waits for its busiest
-    part, every step after the first for one exchange; 0 without such layers."""
+    """Estimated time of one step of a hybrid model's recurrent layers; 0 without such layers.
+
+    Every part runs all its runs at once (:mod:`hf_hsap.mixers.handoff`): the layers wait for the busiest part,
+    whose tokens cost ``mixer_token_cost`` each and twice in runs that continue a split document (their call also
+    gives the summary: the delta rule's widened value, the scans' closed-form correction), and, when any document
+    is split, for one summary exchange (``handoff_cost``), whatever the number of parts it spans.
+    """
     if not (cost.mixer_token_cost or cost.handoff_cost):
         return 0.0
-    steps = part_steps(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)  # [parts, steps]
-    return float(cost.mixer_token_cost * steps.max(axis=0).sum() + cost.handoff_cost * (steps.shape[1] - 1))
+    tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
+    return float(cost.mixer_token_cost * (tokens + continued).max() + cost.handoff_cost * remote)

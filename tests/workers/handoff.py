@@ -1,4 +1,4 @@
-"""Worker of the state hand-off tests: a float64 recurrence with a matrix state run by ``run_segments`` on
+"""Worker of the summary hand-off tests: a float64 recurrence with a matrix transition run by ``run_segments`` on
 every rank's tokens of a plan, against the same recurrence over the whole row in one process."""
 from __future__ import annotations
 
@@ -6,33 +6,59 @@ import torch
 import torch.distributed as dist
 
 import hf_hsap
-from hf_hsap.mixers import SegmentOp, StateExchange, run_segments
+from hf_hsap.mixers import SegmentOp, StateExchange, Summary, run_segments
 from hf_hsap.plan.chain import document_chain, state_chain
 
-DOC_LENS = [7, 30, 1, 19, 15]
+DOC_LENS = [5, 60, 1, 7, 2]  # the 60-token document spans every rank at SP 4
 DIM = 3
 
 
-def recurrence(parts: list[torch.Tensor], init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``S_t = sigmoid(x_t . w) S_{t-1} + x_t tanh(x_t * w)^T``, ``o_t = S_t^T x_t``, from ``init`` (zero: None).
+class MatrixRecurrence:
+    """``S_t = M_t S_{t-1} + x_t tanh(x_t * w)^T`` with ``M_t = diag(sigmoid(x_t * w)) + x_t tanh(x_t)^T / 4`` (a
+    full matrix), ``o_t = S_t^T x_t``. Shapes: ``x [1, n, D]``, ``w [D]``, state ``[1, D, D]``, ``o [1, n, D]``.
+    Its summary is computed independently of the library's: the product of the ``M_t`` and ``q~_t = A_t^T x_t``."""
 
-    Shapes: ``x [1, n, D]``, ``w [D]``, state ``[1, D, D]`` -> ``o [1, n, D]``.
-    """
-    x, w = parts
-    s = init[0] if init is not None else x.new_zeros(DIM, DIM)
-    outs = []
-    for t in range(x.shape[1]):
-        xt = x[0, t]
-        s = torch.sigmoid(xt @ w) * s + torch.outer(xt, torch.tanh(xt * w))
-        outs.append(s.T @ xt)
-    return torch.stack(outs)[None], s[None]
+    state_shape = transition_shape = (1, DIM, DIM)
+    state_dtype = torch.float64
+
+    @staticmethod
+    def _steps(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, a: torch.Tensor | None):
+        outs, seen = [], []
+        for t in range(x.shape[1]):
+            xt = x[0, t]
+            m = torch.diag(torch.sigmoid(xt * w)) + torch.outer(xt, torch.tanh(xt)) / 4
+            s = m @ s + torch.outer(xt, torch.tanh(xt * w))
+            outs.append(s.T @ xt)
+            if a is not None:
+                a = m @ a
+                seen.append(a.T @ xt)
+        return outs, s, a, seen
+
+    def run(self, parts, init):
+        x, w = parts
+        outs, s, _, _ = self._steps(x, w, init[0] if init is not None else x.new_zeros(DIM, DIM), None)
+        return torch.stack(outs)[None], s[None]
+
+    def summarize(self, parts):
+        x, w = parts
+        outs, s, a, seen = self._steps(x, w, x.new_zeros(DIM, DIM), torch.eye(DIM, dtype=x.dtype))
+        return Summary(torch.stack(outs)[None], s[None], a[None], torch.stack(seen)[None])
+
+    def correct(self, summary, init):
+        return summary.out + torch.einsum("btk,bkv->btv", summary.carry, init)
+
+    def transit(self, transition, state):
+        return transition @ state
 
 
 def handoff_errors(placement: str) -> dict:
     """This rank's errors of output and gradients (inputs and the shared weight) against the one-process run.
 
     Returns:
-        ``{"out", "dx", "dw", "handoffs", "steps"}``.
+        ``{"out", "dx", "dw", "summaries", "continued", "sent_rows", "mine", "theirs", "messages", "peers"}``: the
+        errors, the group's summaries per layer, this rank's continued runs, the rows it sent (forward and backward),
+        the summaries it sends and receives, its messages, the peers it sends to plus those it receives from, and the most ranks one of its
+        documents spans.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     cu = torch.tensor([0, *torch.tensor(DOC_LENS).cumsum(0).tolist()])
@@ -41,8 +67,8 @@ def handoff_errors(placement: str) -> dict:
     x = torch.randn(1, total, DIM, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(DIM, generator=g, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(1, total, DIM, generator=g, dtype=torch.float64)
-    op = SegmentOp([x, w], [1, None], recurrence, 1, (1, DIM, DIM), torch.float64, 1, total)
-    ref = run_segments(op, document_chain(cu.numpy()), None)
+    rec = MatrixRecurrence()
+    ref = run_segments(SegmentOp([x, w], [1, None], rec, 1, 1, total), document_chain(cu.numpy()), None)
     dx, dw = torch.autograd.grad((ref * weights).sum(), [x, w])
 
     plan = hf_hsap.plan_sequence(cu, world, placement=placement)
@@ -50,9 +76,15 @@ def handoff_errors(placement: str) -> dict:
     chain = state_chain(cu.numpy(), [plan.local_token_indices(r).numpy() for r in range(world)], rank)
     xl = x.detach()[:, idx].clone().requires_grad_()
     wl = w.detach().clone().requires_grad_()
-    op = SegmentOp([xl, wl], [1, None], recurrence, 1, (1, DIM, DIM), torch.float64, 1, len(idx))
-    out = run_segments(op, chain, StateExchange(None, list(range(world))))
+    exchange = StateExchange(None, list(range(world)))
+    out = run_segments(SegmentOp([xl, wl], [1, None], rec, 1, 1, len(idx)), chain, exchange)
     dxl, dwl = torch.autograd.grad((out * weights[:, idx]).sum(), [xl, wl])
     dist.all_reduce(dwl)
+    out = out.detach()
     return {"out": float((out - ref[:, idx]).abs().max()), "dx": float((dxl - dx[:, idx]).abs().max()),
-            "dw": float((dwl - dw).abs().max()), "handoffs": chain.handoffs, "steps": chain.steps}
+            "dw": float((dwl - dw).abs().max()), "summaries": chain.summaries,
+            "continued": sum(s.continued for s in chain.segments),
+            "sent_rows": exchange.executor.stats.rows_sent, "mine": len(chain.sends()),
+            "theirs": len(chain.receives()), "messages": exchange.executor.stats.messages,
+            "spans": max(len({*s.earlier, rank, *s.later}) for s in chain.segments),
+            "peers": len({p for p, _, _ in chain.sends()}) + len({p for p, _, _ in chain.receives()})}
