@@ -102,7 +102,7 @@ class _DeltaRule:
     def run(self, t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         qs, ks, vs, gs, bs = t
         out, final = self.orig(qs, ks, vs, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
-        return out, final.to(self.state_dtype)
+        return out, final
 
     def summarize(self, t: list) -> Summary:
         qs, ks, vs, gs, bs = (x.to(self.state_dtype) for x in t)
@@ -184,12 +184,12 @@ class _Lightning:
         kw = {"position_embeddings": (cs, ss) if cs is not None else None, "attention_mask": None,
               "cache": None if init is None else _SeededState(init), **self.rest}
         out, final = torch.func.functional_call(self.layer, dict(zip(self.params, ps)), (xs,), kw, strict=False)
-        return out, final.to(self.state_dtype)
+        return out, final
 
     def summarize(self, t: list) -> Summary:
         out, final = self.run(t, None)
         slope = self.layer.slope_rate.to(self.state_dtype).reshape(self.transition_shape)
-        return Summary(out, final, torch.exp(-slope * t[0].shape[1]), t)
+        return Summary(out, final.to(self.state_dtype), torch.exp(-slope * t[0].shape[1]), t)
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         return self.run(summary.carry, init)[0]

@@ -35,7 +35,7 @@ class _Mamba2:
         xs, dts, A, Bs, Cs, D, dtb, zs = t
         out, final = self.orig(xs, dts, A, Bs, Cs, D=D, dt_bias=dtb, z=zs, initial_states=init,
                                return_final_states=True, **self.fixed, **self.rest)
-        return out, final.to(self.state_dtype)
+        return out, final
 
     def summarize(self, t: list) -> Summary:
         xs, dts, A, Bs, Cs, D, dtb, zs = t
@@ -98,7 +98,7 @@ class _Selective:
         xs, dts, As, Bs, Cs, D, zs, db = t
         out, final = self.orig(xs, dts, As, Bs, Cs, D=D, z=zs, delta_bias=db, delta_softplus=self.softplus,
                                return_last_state=True, **self.rest)
-        return out, final.to(self.state_dtype)
+        return out, final
 
     def summarize(self, t: list) -> Summary:
         xs, dts, As, Bs, Cs, D, zs, db = t

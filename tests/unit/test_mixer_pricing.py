@@ -1,6 +1,7 @@
-"""The planner prices a hybrid model's recurrent layers: a document split over parts runs its runs one hand-off
-step after the other (``plan.chain.part_steps``, the planner's view of the runtime's ``state_chain``), and every step
-after the first waits for one exchange (``CostModel.mixer_token_cost`` / ``handoff_cost``)."""
+"""The planner prices a hybrid model's recurrent layers: every part runs its runs at once, a run that continues a
+split document pays the summarising call, and a split adds one summary exchange however many parts it spans
+(``plan.chain.part_mixer_tokens``, the planner's view of the runtime's ``state_chain``;
+``CostModel.mixer_token_cost`` / ``handoff_cost``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, Qwen3_5TextConfig
 
 import hf_hsap
-from hf_hsap.plan.chain import part_steps, state_chain
+from hf_hsap.plan.chain import part_mixer_tokens, state_chain
 from hf_hsap.plan.cost import CostModel, mixer_time, step_time
 from hf_hsap.plan.placement import contiguous
 from hf_hsap.plan.windows import window_transfers
@@ -25,21 +26,33 @@ def test_from_config_prices_the_recurrent_layers_of_a_hybrid_only() -> None:
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=8), st.sampled_from([2, 3, 4]),
        st.sampled_from(["contiguous", "zigzag", "balanced"]))
-def test_part_steps_are_the_runtime_chain(lens: list[int], parts: int, placement: str) -> None:
+def test_part_mixer_tokens_are_the_runtime_runs(lens: list[int], parts: int, placement: str) -> None:
     cu = np.concatenate([[0], np.cumsum(lens)])
     if cu[-1] < 2 * parts:
         return
     plan = hf_hsap.plan_sequence(cu, parts, placement=placement)
     pl = plan.placement
-    got = part_steps(pl.doc, pl.start, pl.part, pl.end - pl.start, parts)  # [parts, steps]
-    tokens = [plan.local_token_indices(r).numpy() for r in range(parts)]
-    want = np.zeros_like(got)
+    tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, parts)
+    rank_tokens = [plan.local_token_indices(r).numpy() for r in range(parts)]
     for r in range(parts):
-        ch = state_chain(cu, tokens, r)
-        assert ch.steps == got.shape[1]
-        for s in ch.segments:
-            want[r, s.step] += s.end - s.start
-    np.testing.assert_array_equal(got, want)
+        ch = state_chain(cu, rank_tokens, r)
+        assert tokens[r] == ch.total
+        assert continued[r] == sum(s.end - s.start for s in ch.segments if s.continued)
+        assert remote == ch.remote
+
+
+def test_splitting_a_document_over_more_parts_costs_no_more_exchanges() -> None:
+    """The parallel hand-off's price: one exchange per split, not one step per part."""
+    cost = CostModel.from_config(Qwen3_5TextConfig(), "network", "H100")
+    cu = np.array([0, 4096])
+    times = []
+    for parts in (2, 4, 8):
+        pl = contiguous(hf_hsap.plan_sequence(cu, parts).layout, parts)
+        tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, parts)
+        assert remote and continued[0] == 0 and (continued[1:] == tokens[1:]).all()
+        times.append(mixer_time(pl, cost))
+        assert times[-1] == cost.mixer_token_cost * 2 * 4096 / parts + cost.handoff_cost
+    assert times[0] > times[1] > times[2]
 
 
 def test_auto_weighs_the_hand_off_steps_of_a_hybrid() -> None:

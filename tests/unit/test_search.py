@@ -95,9 +95,10 @@ def test_the_plan_reuses_the_round_orders_the_search_simulated(monkeypatch):
     assert plan.round_order == again.round_order and plan.placement_name == again.placement_name
 
 
-def test_a_hybrid_plan_is_priced_with_its_hand_off_steps():
-    """With recurrent layers priced (mixer_token_cost, handoff_cost) every option's time includes the hand-off
-    steps (cost.step_time), so auto's plan is never slower than contiguous cuts by that price."""
+def test_a_hybrid_plan_is_priced_with_its_summary_exchange():
+    """With recurrent layers priced (mixer_token_cost, handoff_cost) every option's time includes the summarising
+    calls and the summary exchange (cost.step_time), so auto's plan is never slower than contiguous cuts by that
+    price."""
     s = _row(P=4, link="nvlink")
     cost = dataclasses.replace(s.cost, mixer_token_cost=5e4, handoff_cost=1e8)
     plan = plan_layout(s.layout, GroupSpec.offline(4, 1, 4), "auto", cost=cost)

@@ -1,5 +1,6 @@
-"""The hand-off chain of a recurrent layer (``hf_hsap.plan.chain``): every rank's segments, their steps and
-neighbours, for random layouts and random token ownership (any subsets, not only contiguous slices)."""
+"""The runs of a recurrent layer's split documents (``hf_hsap.plan.chain``): every rank's segments, their place in
+their document and the holders of the runs before and after, and the one summary exchange they imply, for random
+layouts and random token ownership (any subsets, not only contiguous slices)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,10 +21,10 @@ def layouts(draw: st.DrawFn) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 @given(layouts())
-def test_segments_cover_each_document_as_one_chain(case: tuple[np.ndarray, list[np.ndarray]]) -> None:
+def test_segments_cover_each_document_as_ordered_runs(case: tuple[np.ndarray, list[np.ndarray]]) -> None:
     cu, tokens = case
     chains = [state_chain(cu, tokens, r) for r in range(len(tokens))]
-    runs = []  # (global start, global end, doc, step, prev, next, rank)
+    runs = []  # (global start, global end, doc, run, earlier, later, rank)
     for r, ch in enumerate(chains):
         covered = np.concatenate([np.arange(s.start, s.end) for s in ch.segments]) if ch.segments else np.zeros(0)
         assert covered.tolist() == list(range(len(tokens[r]))), "local tokens once each, in order"
@@ -31,39 +32,50 @@ def test_segments_cover_each_document_as_one_chain(case: tuple[np.ndarray, list[
         for s in ch.segments:
             g = tokens[r][s.start:s.end]
             assert (np.diff(g) == 1).all() and cu[s.doc] <= g[0] and g[-1] < cu[s.doc + 1]
-            assert r not in (s.prev, s.next)  # a rank's consecutive runs are one segment
-            runs.append((int(g[0]), int(g[-1]) + 1, s.doc, s.step, s.prev, s.next, r))
+            runs.append((int(g[0]), int(g[-1]) + 1, s.doc, s.run, s.earlier, s.later, r))
     runs.sort()
-    handoffs, traffic = 0, set()
+    summaries, sends, receives = 0, set(), set()
     for doc in range(len(cu) - 1):
         mine = [x for x in runs if x[2] == doc]
         assert mine[0][0] == cu[doc] and mine[-1][1] == cu[doc + 1]
-        for i, (a, b, _, step, prev, nxt, r) in enumerate(mine):
-            assert step == i
-            assert prev == (mine[i - 1][6] if i else -1) and nxt == (mine[i + 1][6] if i + 1 < len(mine) else -1)
+        holders = [x[6] for x in mine]
+        for i, (a, b, _, run, earlier, later, r) in enumerate(mine):
+            assert run == i and earlier == tuple(holders[:i]) and later == tuple(holders[i + 1:])
             if i:
-                assert mine[i - 1][1] == a  # the runs of a document are consecutive
-            if nxt not in (-1, r):
-                handoffs += 1
-                traffic.add(step)
-    steps = max(x[3] for x in runs) + 1
-    for ch in chains:
-        assert ch.steps == steps and ch.handoffs == handoffs
-        assert [s for s in range(steps) if ch.traffic[s]] == sorted(traffic)
-        assert ch.remote == bool(traffic)
+                assert mine[i - 1][1] == a and holders[i - 1] != r  # consecutive runs, on two ranks
+            for p in set(later) - {r}:  # a summary to every other rank holding a later run
+                summaries += 1
+                sends.add((r, p, doc, i))
+            for j, p in enumerate(earlier):
+                if p != r:
+                    receives.add((p, r, doc, j))
+    assert sends == receives  # every summary sent is received once, by the rank that folds it
+    for r, ch in enumerate(chains):
+        assert ch.summaries == summaries and ch.remote == bool(summaries)
+        assert ch.sends() == sorted((p, d, j) for s, p, d, j in sends if s == r)
+        assert ch.receives() == sorted((s, d, j) for s, p, d, j in receives if p == r)
 
 
-def test_contiguous_slices_hand_one_state_per_cut_inside_a_document() -> None:
+def test_contiguous_slices_send_each_cut_document_to_its_later_holders() -> None:
     cu = np.array([0, 6, 8, 13])  # documents of 6, 2, 5 tokens; ranks hold 0-3, 4-8, 9-12
     tokens = [np.arange(0, 4), np.arange(4, 9), np.arange(9, 13)]
     chains = [state_chain(cu, tokens, r) for r in range(3)]
-    assert [(s.start, s.end, s.doc, s.step, s.prev, s.next) for s in chains[1].segments] == [
-        (0, 2, 0, 1, 0, -1), (2, 4, 1, 0, -1, -1), (4, 5, 2, 0, -1, 2)]
-    assert chains[0].handoffs == 2 and chains[0].steps == 2 and chains[0].traffic == (True, False)
+    assert [(s.start, s.end, s.doc, s.run, s.earlier, s.later) for s in chains[1].segments] == [
+        (0, 2, 0, 1, (0,), ()), (2, 4, 1, 0, (), ()), (4, 5, 2, 0, (), (2,))]
+    assert chains[0].summaries == 2 and chains[0].sends() == [(1, 0, 0)] and chains[2].receives() == [(1, 2, 0)]
+
+
+def test_a_document_over_every_rank_reaches_every_later_rank_in_one_exchange() -> None:
+    cu = np.array([0, 12])
+    tokens = [np.arange(3 * r, 3 * r + 3) for r in range(4)]
+    chains = [state_chain(cu, tokens, r) for r in range(4)]
+    assert chains[0].sends() == [(1, 0, 0), (2, 0, 0), (3, 0, 0)]
+    assert chains[3].receives() == [(0, 0, 0), (1, 0, 1), (2, 0, 2)]
+    assert chains[0].summaries == 6  # P (P - 1) / 2 summaries, all in one exchange
 
 
 def test_document_chain_is_every_document_from_the_zero_state() -> None:
     ch = document_chain([0, 3, 4, 9])
-    assert [(s.start, s.end, s.step, s.prev, s.next) for s in ch.segments] == [
-        (0, 3, 0, -1, -1), (3, 4, 0, -1, -1), (4, 9, 0, -1, -1)]
+    assert [(s.start, s.end, s.run, s.earlier, s.later) for s in ch.segments] == [
+        (0, 3, 0, (), ()), (3, 4, 0, (), ()), (4, 9, 0, (), ())]
     assert not ch.remote and ch.total == 9
