@@ -137,24 +137,25 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             model.named_parameters()}
 
 
-def reference(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float64) -> dict[str, Any]:
+def reference(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float64, *,
+              lens: list[int] = DOC_LENS) -> dict[str, Any]:
     """Float64 eager model, each document alone (with the packed row's position_ids, 0.. per document): logits
     ``[T, V]``, loss ``sum(CE) / targets`` and gradients of
     ``loss + sum(w * logits)`` (the cross-entropy in float32, as Transformers computes it: :data:`LOSS_TOL`).
 
     Args:
         config: the family's tiny config; state_dict: its weights; dtype: float32 for the models that do not run
-            in float64.
+            in float64. lens: the row's documents.
 
     Returns:
         ``{"logits", "loss", "grads", "n_items"}``.
     """
     with full_precision(config, dtype):
         model = ZC.build_model(config, "eager", dtype, state_dict=state_dict)
-        batch = global_batch(config.get_text_config().vocab_size)
+        batch = global_batch(config.get_text_config().vocab_size, lens)
         ids = batch["input_ids"]
         pieces, ce, start = [], 0.0, 0
-        for n in DOC_LENS:
+        for n in lens:
             doc = ids[:, start:start + n]
             pos = torch.arange(n).unsqueeze(0)  # what the packed row gives (RoBERTa's own default starts elsewhere)
             logits = model(input_ids=doc, position_ids=pos, use_cache=False).logits[0]  # [n, V]
@@ -162,7 +163,7 @@ def reference(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dty
             pieces.append(logits)
             start += n
         logits = torch.cat(pieces)  # [T, V]
-        n_items = ids.numel() - len(DOC_LENS)
+        n_items = ids.numel() - len(lens)
         loss = ce / n_items
         (loss + (logits * loss_weights(ids.numel(), logits.shape[-1], logits.dtype)).sum()).backward()
     return {"logits": logits.detach(), "loss": float(loss.detach()), "grads": _grads(model), "n_items": n_items}
@@ -211,9 +212,14 @@ def get_sp(sp_size: int, ulysses: int) -> Any:
 
 
 def sp_rank_run(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, sp_size: int,
-                ulysses: int) -> dict[str, Any]:
+                ulysses: int, *, lens: list[int] = DOC_LENS, checkpointing: bool = False,
+                placement: str | None = None) -> dict[str, Any]:
     """One rank of an SP run: shard the packed row, forward, ``loss + sum(w * logits)`` backward, gradients summed
     over the SP group.
+
+    Args:
+        lens: the row's documents. checkpointing: prepare with gradient checkpointing (every layer recomputed in
+            the backward, its exchanges too). placement: the plan's placement (default: the group's).
 
     Returns:
         ``{"group", "index" [T_local], "logits" [T_local, V], "loss"}`` and, on SP rank 0, ``"grads"``.
@@ -223,9 +229,10 @@ def sp_rank_run(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
     sp = get_sp(sp_size, ulysses)
     hf_hsap.check_config(config, sp_size=sp_size)
     model = ZC.build_model(config, "hsap", dtype, state_dict=state_dict)
-    hf_hsap.prepare_model(model, sp_size=sp_size)
-    batch = global_batch(config.get_text_config().vocab_size)
-    local = hf_hsap.shard_batch(batch, sp)
+    levers = hf_hsap.MemoryLevers(chunked_loss=False, gradient_checkpointing=True) if checkpointing else None
+    hf_hsap.prepare_model(model, sp_size=sp_size, levers=levers)
+    batch = global_batch(config.get_text_config().vocab_size, lens)
+    local = hf_hsap.shard_batch(batch, sp, placement)
     out = model(**local)
     hf_hsap.check_plan_used(local, model)
     idx = local["hsap_plan"].local_token_indices()
