@@ -1,0 +1,74 @@
+"""The heads all-to-all mode of the recurrent kernels (``hf_hsap.mixers.heads.run_heads``): for each kernel of
+``hf_hsap.mixers.ops.OPS``, run on every rank's tokens of a planned packed row (a document over every rank, documents
+shorter than the convolution's kernel), the output and the gradients of every input and parameter equal the kernel's
+document-cut op over the whole row in one process, in float64, at SP 2 and 4, contiguous and zigzag placements; and
+the bytes each rank sends equal ``heads_bytes``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_hsap.mixers.heads import heads_bytes, heads_fit
+from workers import heads as W
+
+TIMEOUT_S = 120
+# Both runs are Transformers' own torch kernels kept in float64 (workers.zoo.float64_casts_kept) on the same documents;
+# the heads mode changes only which heads a process computes and the order of the row's tokens, so the results agree
+# to float64 rounding
+TOL = 1e-12
+KERNELS = ("chunk_gated_delta_rule", "chunk_kda", "mamba_chunk_scan_combined", "selective_scan_fn",
+           "causal_conv1d_fn")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_heads_mode_matches_one_process(pools, kernel: str, world: int) -> None:
+    for placement in ("contiguous", "zigzag"):
+        results = pools(world, TIMEOUT_S).run(W.heads_errors, kernel, placement)
+        if placement == "contiguous":
+            assert results[0]["spans"] == world  # the long document lies on every rank
+        for res in results:
+            assert res["fit"], res
+            assert res["out"] < TOL, (placement, res)
+            assert max(res["grads"].values()) < TOL, (placement, res)
+            assert res["sent"] == res["expected"] and res["sent"][0] > 0 and res["sent"][1] > 0, (placement, res)
+
+
+def _mamba2_call(heads: int, groups: int) -> tuple[tuple, dict]:
+    x = torch.zeros(1, 5, heads, 2)
+    B = torch.zeros(1, 5, groups, 3)
+    return (x, torch.zeros(1, 5, heads), torch.zeros(heads), B, B.clone()), {"chunk_size": 4, "D": torch.zeros(heads)}
+
+
+def test_heads_fit_and_bytes() -> None:
+    args, kwargs = _mamba2_call(heads=6, groups=3)
+    assert heads_fit("mamba_chunk_scan_combined", args, kwargs, 2)  # groups replicated, heads split
+    assert heads_fit("mamba_chunk_scan_combined", args, kwargs, 3)
+    assert not heads_fit("mamba_chunk_scan_combined", args, kwargs, 4)
+    conv = (torch.zeros(1, 6, 5), torch.zeros(6, 4), None)
+    assert heads_fit("causal_conv1d_fn", conv, {}, 3) and not heads_fit("causal_conv1d_fn", conv, {}, 4)
+    # SP 2, 5 local of 12 tokens, float32, 3 groups (not split): x 12, dt 6 elements a token split; B, C 9 whole
+    sent = heads_bytes("mamba_chunk_scan_combined", args, kwargs, (5, 7), 0)
+    forward = 5 * 1 * (12 // 2 + 6 // 2) * 4 + 5 * 1 * (9 + 9) * 4 + 7 * (12 // 2) * 4
+    assert sent == (forward, 5 * 1 * (12 // 2) * 4)  # no input requires a gradient: only the output's goes back
+
+
+def test_heads_mode_refusals() -> None:
+    from hf_hsap.mixers.heads import run_heads
+
+    q = torch.zeros(2, 5, 4, 3)
+    with pytest.raises(ValueError, match="one packed row"):
+        heads_fit("chunk_gated_delta_rule", (q, q, q), {"g": q[..., 0], "beta": q[..., 0]}, 2)
+    q1 = q[:1]
+    with pytest.raises(ValueError, match="use_cache=False"):
+        heads_fit("chunk_gated_delta_rule", (q1, q1, q1), {"g": q1[..., 0], "beta": q1[..., 0],
+                                                           "output_final_state": True}, 2)
+    with pytest.raises(ValueError, match="does not place"):
+        heads_fit("chunk_kda", (q1, q1, q1), {"g": q1, "beta": q1[..., 0], "A_log": torch.zeros(4)}, 2)
+    with pytest.raises(ValueError, match="no shard spec"):
+        heads_fit("fused_recurrent_kda", (q1,), {}, 2)
+    from types import SimpleNamespace
+    route = SimpleNamespace(size=3)
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        run_heads("chunk_gated_delta_rule", None, None, (q1, q1, q1), {"g": q1[..., 0], "beta": q1[..., 0]},
+                  route=route)
