@@ -1,5 +1,6 @@
 """Worker of the heads-mode tests: each recurrent kernel of ``hf_hsap.mixers.ops.OPS`` run by ``run_heads`` on every
-rank's tokens of a planned packed row, against its document-cut op over the whole row in one process, in float64."""
+rank's tokens of a planned packed row, against its document-cut op over the whole row in one process (float64, and
+float32 where Transformers' kernels compute in float32 as they do in training)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,9 +44,9 @@ class Case:
         return tuple(values[n] for n in self.positional), {**kwargs, **self.options}
 
 
-def _case(kernel: str, total: int) -> Case:
-    """The float64 inputs of ``kernel`` over ``total`` tokens (one row) and Transformers' torch kernel behind its
-    hook (its default dispatch, as the model's hook calls it)."""
+def _case(kernel: str, total: int, dtype: torch.dtype) -> Case:
+    """The ``dtype`` inputs of ``kernel`` over ``total`` tokens (one row; drawn in float64) and Transformers' torch
+    kernel behind its hook (its default dispatch, as the model's hook calls it)."""
     from transformers.models.kimi_linear import modeling_kimi_linear
     from transformers.models.mamba import modeling_mamba
     from transformers.models.mamba2 import modeling_mamba2
@@ -54,7 +55,7 @@ def _case(kernel: str, total: int) -> Case:
     gen = torch.Generator().manual_seed(0)
 
     def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
     T = total
     if kernel in ("chunk_gated_delta_rule", "chunk_kda"):
@@ -94,7 +95,7 @@ def _first(result: Any) -> torch.Tensor:
     return result[0] if isinstance(result, tuple) else result
 
 
-def heads_errors(kernel: str, placement: str) -> dict:
+def heads_errors(kernel: str, placement: str, dtype: str = "float64") -> dict:
     """This rank's errors of ``run_heads``'s output and of every input's gradient against the one-process run, the
     bytes it sent against :func:`heads_bytes`, and over how many ranks the long document lies.
 
@@ -105,12 +106,12 @@ def heads_errors(kernel: str, placement: str) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     cu = np.cumsum([0, *DOC_LENS])
     total = int(cu[-1])
-    case = _case(kernel, total)
+    case = _case(kernel, total, getattr(torch, dtype))
     op = OPS[kernel]
     leaves = {n: t.requires_grad_() for n, (t, _) in case.tensors.items()}
-    with float64_casts_kept():
+    with float64_casts_kept(dtype == "float64"):
         ref = _first(op(case.orig, *case.call(leaves), document_chain(cu), None))
-        weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(ref.dtype)
         ref_grads = dict(zip(leaves, torch.autograd.grad((ref * weights).sum(), list(leaves.values()))))
 
         plan = hf_hsap.plan_sequence(cu, world, placement=placement)
