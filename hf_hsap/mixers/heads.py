@@ -228,7 +228,9 @@ def _to_heads(t: torch.Tensor, shard: Shard, split: bool, route: HeadsRoute) -> 
 
 
 def _from_heads(y: torch.Tensor, shard: Shard, route: HeadsRoute) -> torch.Tensor:
-    """The inverse of :func:`_to_heads` for the output: ``[1, ..., T_g, ..., H / U, ...] -> [1, ..., T_l, ..., H, ...]``."""
+    """The inverse of :func:`_to_heads` for the output.
+
+    Shapes: ``[1, ..., T_g, ..., H / U, ...] -> [1, ..., T_l, ..., H, ...]``."""
     dims = [shard.tokens - 1, shard.split - 1]
     x = y.squeeze(0).movedim(dims, [0, 1])  # [T_g, H / U, ...] global order
     shape = list(x.shape[1:])
