@@ -3,8 +3,10 @@
 Every rank of the SP group holds some tokens of one packed row, all heads. Per kernel call, :func:`run_heads`:
 
 1. all-to-alls every token tensor from sequence shards to head shards (:func:`hf_hsap.comm.all_to_all.all_to_all`,
-   uneven token counts; a tensor every rank needs whole goes the same way with its features repeated once per rank,
-   so its backward sums every rank's gradient: an all-gather whose backward is a reduce-scatter);
+   uneven token counts; the tensors of one dtype in one all-to-all, and the backward as many, in the same order on
+   every rank since every rank builds the same graph). A tensor every rank needs whole goes the same way with its features
+   repeated once per rank, so its backward sums every rank's gradient: an all-gather whose backward is a
+   reduce-scatter;
 2. puts the group's tokens in the row's order (:attr:`HeadsRoute.order`) and slices the per-head parameters;
 3. runs the kernel's document-cut op (:data:`.ops.OPS`) on the whole row for this rank's heads: every document from
    the zero state, in one process (``document_chain``), so no state crosses ranks;
@@ -146,14 +148,51 @@ def _bind(kernel: str, args: tuple, kwargs: dict[str, Any]) -> _Call:
     return call
 
 
-def _splits(call: _Call, name: str, shard: Shard, size: int) -> bool:
-    """Whether the tensor ``name`` is split along ``shard.split`` (else it travels whole: ``whole``, or ``groups``
-    that do not divide the group)."""
-    if shard.kind == "whole":
-        return False
-    if shard.kind == "groups":
-        return call.get(name).shape[shard.split] % size == 0
-    return True
+@dataclass(frozen=True)
+class _Move:
+    """One token tensor's trip from the sequence shards to the head shards.
+
+    Attributes:
+        name: the argument. tensor: its local value ``[1, ...]``. shard: its spec.
+        split: whether it is split along ``shard.split`` (else it travels whole: ``whole``, or ``groups`` that do
+            not divide the group).
+    """
+
+    name: str
+    tensor: torch.Tensor
+    shard: Shard
+    split: bool
+
+    @property
+    def dims(self) -> list[int]:
+        """The dimensions (of the row, batch dimension dropped) moved to the front: tokens, then the split one."""
+        return [self.shard.tokens - 1] + ([self.shard.split - 1] if self.split else [])
+
+    def rows(self) -> torch.Tensor:
+        """``[T_l, (S,) ...]``: the tokens first, the split dimension next."""
+        return self.tensor.squeeze(0).movedim(self.dims, list(range(len(self.dims))))
+
+    def width(self, size: int) -> int:
+        """Elements per token each rank gets: ``F / U`` split, ``F`` whole."""
+        t = self.tensor
+        return t.numel() // max(t.shape[self.shard.tokens], 1) // (size if self.split else 1)
+
+
+def _moves(call: _Call, size: int) -> list[_Move]:
+    """The token tensors of ``call`` (its parameters left out), in the spec's order."""
+    out = []
+    for name, shard in call.spec.shards.items():
+        t = call.get(name)
+        if t is None or shard.kind == "param":
+            continue
+        split = shard.kind == "heads" or (shard.kind == "groups" and t.shape[shard.split] % size == 0)
+        out.append(_Move(name, t, shard, split))
+    return out
+
+
+def _by_dtype(moves: list[_Move]) -> list[list[_Move]]:
+    """The moves that share one all-to-all: one per dtype, in the order of first use (the same on every rank)."""
+    return [[m for m in moves if m.tensor.dtype == d] for d in dict.fromkeys(m.tensor.dtype for m in moves)]
 
 
 def _misfit(call: _Call, size: int) -> str | None:
@@ -173,20 +212,15 @@ def heads_fit(kernel: str, args: tuple, kwargs: dict[str, Any], size: int) -> bo
     return _misfit(_bind(kernel, args, kwargs), size) is None
 
 
-def _features(t: torch.Tensor, shard: Shard) -> int:
-    """Elements per token of a one-row token tensor."""
-    return t.numel() // max(t.shape[shard.tokens], 1)
-
-
 def heads_bytes(kernel: str, args: tuple, kwargs: dict[str, Any], token_counts: Sequence[int], rank: int, *,
                 out_dtype: torch.dtype | None = None) -> HeadsBytes:
     """Bytes this rank sends per call of :func:`run_heads` (``args`` / ``kwargs``: its local call).
 
-    With ``U`` ranks, ``T_l = token_counts[rank]``, ``T_g = sum(token_counts)``, ``F`` a token tensor's elements per
-    token and ``e`` its element size, the forward sends ``T_l (U - 1) F / U e`` per split tensor,
-    ``T_l (U - 1) F e`` per tensor that travels whole and ``(T_g - T_l) F_out / U e_out`` of the output; the
-    backward sends ``T_l (U - 1) F_out / U e_out`` of the output's gradient and, for each token tensor that
-    requires a gradient, ``(T_g - T_l) F / U e`` (split) or ``(T_g - T_l) F e`` (whole).
+    With ``U`` ranks, ``T_l = token_counts[rank]``, ``T_g = sum(token_counts)`` and ``W`` the bytes per token that
+    each rank gets of the token tensors of one dtype (``F e / U`` per split tensor of ``F`` elements a token of
+    ``e`` bytes, ``F e`` per tensor that travels whole), the forward sends ``T_l (U - 1) W`` per dtype and
+    ``(T_g - T_l) F_out e_out / U`` of the output; the backward sends ``T_l (U - 1) F_out e_out / U`` of the
+    output's gradient and ``(T_g - T_l) W`` per dtype whose tensors include one that requires a gradient.
 
     Args:
         out_dtype: the kernel's output dtype (default: that of the argument the output is shaped like; Transformers'
@@ -196,35 +230,41 @@ def heads_bytes(kernel: str, args: tuple, kwargs: dict[str, Any], token_counts: 
     size, t_l = len(token_counts), int(token_counts[rank])
     t_g = int(sum(token_counts))
     forward = backward = 0
-    for name, shard in call.spec.shards.items():
-        t = call.get(name)
-        if t is None or shard.kind == "param":
-            continue
-        per = _features(t, shard) * t.element_size() // (size if _splits(call, name, shard, size) else 1)
-        forward += t_l * (size - 1) * per
-        backward += (t_g - t_l) * per if t.requires_grad else 0
+    for group in _by_dtype(_moves(call, size)):
+        width = sum(m.width(size) for m in group) * group[0].tensor.element_size()
+        forward += t_l * (size - 1) * width
+        backward += (t_g - t_l) * width if any(m.tensor.requires_grad for m in group) else 0
     like = call.get(call.spec.out_like)
-    e_out = torch.empty((), dtype=out_dtype or like.dtype).element_size()
-    out_per = _features(like, call.spec.shards[call.spec.out_like]) // size * e_out
-    return HeadsBytes(forward + (t_g - t_l) * out_per, backward + t_l * (size - 1) * out_per)
+    out = _Move(call.spec.out_like, like, call.spec.out, True).width(size)
+    out *= torch.empty((), dtype=out_dtype or like.dtype).element_size()
+    return HeadsBytes(forward + (t_g - t_l) * out, backward + t_l * (size - 1) * out)
 
 
-def _to_heads(t: torch.Tensor, shard: Shard, split: bool, route: HeadsRoute) -> torch.Tensor:
-    """A local token tensor as this rank's part of the whole row, in global order.
+def _to_heads(moves: list[_Move], route: HeadsRoute) -> dict[str, torch.Tensor]:
+    """The local token tensors as this rank's part of the whole row, in global order: one all-to-all per dtype.
 
-    Shapes: ``[1, ..., T_l, ..., S, ...] -> [1, ..., T_g, ..., S / U, ...]`` (``split``: ``S`` at ``shard.split``),
-    else the same features, all of them."""
-    dims = [shard.tokens - 1] + ([shard.split - 1] if split else [])
-    x = t.squeeze(0).movedim(dims, list(range(len(dims))))  # [T_l, (S,) ...]
-    shape = list(x.shape[1:])
-    flat = x.reshape(x.shape[0], -1)  # [T_l, F]: rank u's block of heads is the u-th of U column blocks
-    if split:
-        shape[0] //= route.size
-    else:
-        flat = flat.repeat(1, route.size)  # [T_l, U * F]: every rank gets every feature
-    y = all_to_all(flat, "seq_to_head", route.group, route.token_counts, route.rank, route.stats)  # rank-major
-    y = y.index_select(0, route.order.to(y.device)).reshape(-1, *shape)  # [T_g, ...] global order
-    return y.movedim(list(range(len(dims))), dims).unsqueeze(0)
+    Shapes: ``[1, ..., T_l, ..., S, ...] -> [1, ..., T_g, ..., S / U, ...]`` (split along ``S``), else the same
+    features, all of them. A tensor that travels whole is sent to every rank (its features repeated ``U`` times),
+    so its backward sums every rank's gradient."""
+    size, mine = route.size, route.token_counts[route.rank]
+    out = {}
+    for group in _by_dtype(moves):
+        blocks, shapes = [], []
+        for m in group:
+            x = m.rows()  # [T_l, (S,) ...]
+            shape = list(x.shape[1:])
+            if m.split:
+                shape[0] //= size
+                blocks.append(x.reshape(mine, size, m.width(size)))  # rank u's heads: the u-th block
+            else:
+                blocks.append(x.reshape(mine, 1, m.width(size)).expand(mine, size, m.width(size)))
+            shapes.append(shape)
+        send = torch.cat(blocks, dim=2).reshape(mine, -1)  # [T_l, U * W]
+        got = all_to_all(send, "seq_to_head", route.group, route.token_counts, route.rank, route.stats)  # [T_g, W]
+        got = got.index_select(0, route.order.to(got.device))  # rank-major -> global order
+        for m, shape, piece in zip(group, shapes, got.split([m.width(size) for m in group], dim=1)):
+            out[m.name] = piece.reshape(-1, *shape).movedim(list(range(len(m.dims))), m.dims).unsqueeze(0)
+    return out
 
 
 def _from_heads(y: torch.Tensor, shard: Shard, route: HeadsRoute) -> torch.Tensor:
@@ -270,23 +310,21 @@ def run_heads(kernel: str, op: Callable[..., Any], orig: Callable[..., Any], arg
     if why is not None:
         raise ValueError(f"hf_hsap heads mode: {kernel} over {route.size} ranks: {why}, not a multiple of {route.size}")
     mine = route.token_counts[route.rank]
-    moved = {}
+    moves = _moves(call, route.size)
+    for m in moves:
+        if m.tensor.shape[m.shard.tokens] != mine:
+            raise ValueError(f"hf_hsap heads mode: {kernel}'s {m.name} has {m.tensor.shape[m.shard.tokens]} tokens "
+                             f"along dim {m.shard.tokens}, but this rank holds {mine}")
+    moved = _to_heads(moves, route)
+    for m in moves:
+        if m.shard.kind == "groups" and not m.split:  # every group came: keep the group of each of this rank's heads
+            index = _group_of_heads(call, m.shard, m.tensor.shape[m.shard.split], route).to(m.tensor.device)
+            moved[m.name] = moved[m.name].index_select(m.shard.split, index)
     for name, shard in call.spec.shards.items():
         t = call.get(name)
-        if t is None:
-            continue
-        if shard.kind == "param":
+        if t is not None and shard.kind == "param":
             n = t.shape[shard.split] // route.size
             moved[name] = t.narrow(shard.split, route.rank * n, n)
-            continue
-        if t.shape[shard.tokens] != mine:
-            raise ValueError(f"hf_hsap heads mode: {kernel}'s {name} has {t.shape[shard.tokens]} tokens along dim "
-                             f"{shard.tokens}, but this rank holds {mine}")
-        split = _splits(call, name, shard, route.size)
-        moved[name] = _to_heads(t, shard, split, route)
-        if shard.kind == "groups" and not split:  # every group came: keep the group of each of this rank's heads
-            index = _group_of_heads(call, shard, t.shape[shard.split], route).to(t.device)
-            moved[name] = moved[name].index_select(shard.split, index)
     for name, value in moved.items():
         call.set(name, value)
     result = op(orig, tuple(call.args), call.kwargs, document_chain(route.cu_seqlens), None)

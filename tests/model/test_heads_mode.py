@@ -18,7 +18,7 @@ TIMEOUT_S = 120
 # to float64 rounding
 # float32 (Transformers' kernels compute in float32, as in training): the same sums taken in another order (a batch of
 # fewer heads, the parameters' gradients summed over the ranks), so float32 rounding: a bound of about 100 ulps
-TOL = {"float64": 1e-12, "float32": 1e-5}
+TOL = {"float64": 1e-12, "float32": 1e-5, "mixed": 1e-5}
 RUNS = (("contiguous", "float64"), ("zigzag", "float64"), ("zigzag", "float32"))  # (placement, dtype)
 KERNELS = ("chunk_gated_delta_rule", "chunk_kda", "mamba_chunk_scan_combined", "selective_scan_fn",
            "causal_conv1d_fn")
@@ -27,7 +27,9 @@ KERNELS = ("chunk_gated_delta_rule", "chunk_kda", "mamba_chunk_scan_combined", "
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_heads_mode_matches_one_process(pools, kernel: str, world: int) -> None:
-    for placement, dtype in RUNS:
+    # a dt in float64 beside float32 tensors: one all-to-all per dtype
+    mixed = (("zigzag", "mixed"),) if kernel in ("mamba_chunk_scan_combined", "selective_scan_fn") else ()
+    for placement, dtype in RUNS + mixed:
         results = pools(world, TIMEOUT_S).run(W.heads_errors, kernel, placement, dtype)
         if placement == "contiguous":
             assert results[0]["spans"] == world  # the long document lies on every rank
@@ -53,8 +55,13 @@ def test_heads_fit_and_bytes() -> None:
     assert heads_fit("causal_conv1d_fn", conv, {}, 3) and not heads_fit("causal_conv1d_fn", conv, {}, 4)
     # SP 2, 5 local of 12 tokens, float32, 3 groups (not split): x 12, dt 6 elements a token split; B, C 9 whole
     sent = heads_bytes("mamba_chunk_scan_combined", args, kwargs, (5, 7), 0)
-    forward = 5 * 1 * (12 // 2 + 6 // 2) * 4 + 5 * 1 * (9 + 9) * 4 + 7 * (12 // 2) * 4
+    forward = 5 * 1 * (12 // 2 + 6 // 2 + 9 + 9) * 4 + 7 * (12 // 2) * 4
     assert sent == (forward, 5 * 1 * (12 // 2) * 4)  # no input requires a gradient: only the output's goes back
+    # dt in float64 and requiring a gradient: its own all-to-all, whose gradient goes back
+    args = (args[0], args[1].double().requires_grad_(), *args[2:])
+    sent = heads_bytes("mamba_chunk_scan_combined", args, kwargs, (5, 7), 0)
+    forward = 5 * 1 * (12 // 2 + 9 + 9) * 4 + 5 * 1 * (6 // 2) * 8 + 7 * (12 // 2) * 4
+    assert sent == (forward, 7 * (6 // 2) * 8 + 5 * 1 * (12 // 2) * 4)
 
 
 def test_heads_mode_refusals() -> None:

@@ -99,6 +99,10 @@ def heads_errors(kernel: str, placement: str, dtype: str = "float64") -> dict:
     """This rank's errors of ``run_heads``'s output and of every input's gradient against the one-process run, the
     bytes it sent against :func:`heads_bytes`, and over how many ranks the long document lies.
 
+    Args:
+        kernel: an ``OPS`` name. placement: the planner's. dtype: ``float64``, ``float32`` or ``mixed`` (``dt``
+            float64, the rest float32: the kernels with a ``dt``).
+
     Returns:
         ``{"fit", "out", "grads": {name: error}, "sent": (forward, backward), "expected": (forward, backward),
         "spans"}``; errors relative to the reference's largest magnitude, parameters' gradients summed over ranks.
@@ -106,7 +110,10 @@ def heads_errors(kernel: str, placement: str, dtype: str = "float64") -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     cu = np.cumsum([0, *DOC_LENS])
     total = int(cu[-1])
-    case = _case(kernel, total, getattr(torch, dtype))
+    case = _case(kernel, total, torch.float32 if dtype == "mixed" else getattr(torch, dtype))
+    if dtype == "mixed":  # dt in float64, the rest float32: two dtypes, two all-to-alls each way
+        t, d = case.tensors["dt"]
+        case.tensors["dt"] = (t.double(), d)
     op = OPS[kernel]
     leaves = {n: t.requires_grad_() for n, (t, _) in case.tensors.items()}
     with float64_casts_kept(dtype == "float64"):
