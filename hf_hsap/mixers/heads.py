@@ -130,7 +130,7 @@ def _bind(kernel: str, args: tuple, kwargs: dict[str, Any]) -> _Call:
         raise ValueError(f"hf_hsap heads mode: no shard spec for kernel {kernel!r}; known: {sorted(HEADS_SPECS)}")
     spec = HEADS_SPECS[kernel]
     kw = {k: v for k, v in kwargs.items() if k not in LAYOUT_KWARGS and not k.startswith("hsap_")}
-    where: dict[str, int | str] = {n: i for n, i in zip(spec.names, range(len(args)))}
+    where: dict[str, int | str] = dict(zip(spec.names, range(len(args))))
     where.update({k: k for k in kw})
     call = _Call(spec, list(args), kw, where)
     for name in spec.refused:

@@ -2,22 +2,24 @@
 ``hf_hsap.mixers.ops.OPS``, run on every rank's tokens of a planned packed row (a document over every rank, documents
 shorter than the convolution's kernel), the output and the gradients of every input and parameter equal the kernel's
 document-cut op over the whole row in one process, in float64 (and float32), at SP 2 and 4, contiguous and zigzag
-placements; and
-the bytes each rank sends equal ``heads_bytes``."""
+placements; and the bytes each rank sends equal ``heads_bytes``."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hf_hsap.mixers.heads import heads_bytes, heads_fit
+import hf_hsap
+from hf_hsap.mixers.heads import HeadsRoute, heads_bytes, heads_fit, heads_route, run_heads
 from workers import heads as W
 
 TIMEOUT_S = 120
-# Both runs are Transformers' own torch kernels kept in float64 (workers.zoo.float64_casts_kept) on the same documents;
-# the heads mode changes only which heads a process computes and the order of the row's tokens, so the results agree
-# to float64 rounding
-# float32 (Transformers' kernels compute in float32, as in training): the same sums taken in another order (a batch of
-# fewer heads, the parameters' gradients summed over the ranks), so float32 rounding: a bound of about 100 ulps
+# float64: both runs are Transformers' own torch kernels kept in float64 (workers.zoo.float64_casts_kept) on the same
+# documents; the heads mode changes only which heads a process computes and the order of the row's tokens, so they
+# agree to float64 rounding. float32 (and "mixed": dt in float64, the rest float32), the kernels computing in float32
+# as in training: the same sums taken in another order (a batch of fewer heads, the parameters' gradients summed over
+# the ranks), so float32 rounding: a bound of about 100 ulps
 TOL = {"float64": 1e-12, "float32": 1e-5, "mixed": 1e-5}
 RUNS = (("contiguous", "float64"), ("zigzag", "float64"), ("zigzag", "float32"))  # (placement, dtype)
 KERNELS = ("chunk_gated_delta_rule", "chunk_kda", "mamba_chunk_scan_combined", "selective_scan_fn",
@@ -65,8 +67,6 @@ def test_heads_fit_and_bytes() -> None:
 
 
 def test_heads_mode_refusals() -> None:
-    from hf_hsap.mixers.heads import run_heads
-
     q = torch.zeros(2, 5, 4, 3)
     with pytest.raises(ValueError, match="one packed row"):
         heads_fit("chunk_gated_delta_rule", (q, q, q), {"g": q[..., 0], "beta": q[..., 0]}, 2)
@@ -78,8 +78,19 @@ def test_heads_mode_refusals() -> None:
         heads_fit("chunk_kda", (q1, q1, q1), {"g": q1, "beta": q1[..., 0], "A_log": torch.zeros(4)}, 2)
     with pytest.raises(ValueError, match="no shard spec"):
         heads_fit("fused_recurrent_kda", (q1,), {}, 2)
-    from types import SimpleNamespace
     route = SimpleNamespace(size=3)
     with pytest.raises(ValueError, match="not a multiple of 3"):
         run_heads("chunk_gated_delta_rule", None, None, (q1, q1, q1), {"g": q1[..., 0], "beta": q1[..., 0]},
                   route=route)
+
+
+def test_heads_route() -> None:
+    plan = hf_hsap.plan_sequence([0, 5, 12], 2, placement="contiguous")
+    route = heads_route(plan, SimpleNamespace(size=2, rank=1, group=None, comm_stats=None))
+    tokens = torch.cat([plan.local_token_indices(0), plan.local_token_indices(1)])
+    assert route.token_counts == (plan.num_local_tokens(0), plan.num_local_tokens(1)) and route.rank == 1
+    assert torch.equal(tokens[route.order], torch.arange(12)) and torch.equal(route.source, tokens)
+    with pytest.raises(ValueError, match="not this SP group"):
+        heads_route(plan, SimpleNamespace(size=4, rank=1, group=None, comm_stats=None))
+    with pytest.raises(ValueError, match="once each"):
+        HeadsRoute.of([torch.arange(0, 6), torch.arange(5, 12)], [0, 5, 12], group=None, rank=0)
