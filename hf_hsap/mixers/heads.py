@@ -134,7 +134,8 @@ def _bind(kernel: str, args: tuple, kwargs: dict[str, Any]) -> _Call:
     where.update({k: k for k in kw})
     call = _Call(spec, list(args), kw, where)
     for name in spec.refused:
-        if call.get(name) not in (None, False):
+        value = call.get(name)
+        if value is not None and (torch.is_tensor(value) or bool(value)):
             raise ValueError(f"hf_hsap heads mode: {kernel} got {name}; a cached state in or a final state out "
                              "continues one document, not a packed row under SP: train with use_cache=False")
     for name in where:

@@ -74,6 +74,10 @@ def test_heads_mode_refusals() -> None:
     with pytest.raises(ValueError, match="use_cache=False"):
         heads_fit("chunk_gated_delta_rule", (q1, q1, q1), {"g": q1[..., 0], "beta": q1[..., 0],
                                                            "output_final_state": True}, 2)
+    with pytest.raises(ValueError, match="use_cache=False"):
+        heads_fit("chunk_kda", (q1, q1, q1), {"g": q1, "beta": q1[..., 0], "initial_state": torch.ones(1, 4, 3, 3)}, 2)
+    assert heads_fit("chunk_kda", (q1, q1, q1), {"g": q1, "beta": q1[..., 0], "initial_state": None,
+                                                 "output_final_state": False}, 2)
     with pytest.raises(ValueError, match="does not place"):
         heads_fit("chunk_kda", (q1, q1, q1), {"g": q1, "beta": q1[..., 0], "A_log": torch.zeros(4)}, 2)
     with pytest.raises(ValueError, match="no shard spec"):
