@@ -28,6 +28,7 @@ __all__ = ["HSAPConfig", "PLACEMENTS", "ROUNDS", "ULYSSES_MODES", "attention_win
 logger = logging.getLogger(__name__)
 
 ROUNDS = ("auto", "batched", "by_peer")
+RECURRENT_MODES = ("auto", "summaries", "heads")
 ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
 DEFAULT_TIMEOUT_S = 600.0
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -81,6 +82,10 @@ class HSAPConfig:
         windows: the attention mask of every layer (``plan_sequence(..., windows=...)``: a per-layer list of
             sliding windows, ``None`` = full attention, or a mapping window -> layer count); None: read from
             ``model_config`` (:func:`hf_hsap.attention_windows`), else full attention only.
+        recurrent_mode: how a hybrid's recurrent layers run split documents under SP: ``"summaries"`` (every rank
+            runs its runs at once, one exchange of fixed-size summaries per layer), ``"heads"`` (an all-to-all to
+            head shards, whole documents per rank, where the heads divide the group; other kernels take summaries)
+            or ``"auto"`` (per batch, the one the group's cost model prices faster: :func:`hf_hsap.plan.cost.recurrent_mode`).
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).
@@ -99,6 +104,7 @@ class HSAPConfig:
     model_config: Any = field(default=None, repr=False)
     windows: Any = None
     per_batch_memory_cap: bool = True
+    recurrent_mode: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> ValueError:
@@ -124,6 +130,8 @@ class HSAPConfig:
             raise bad("ulysses_size", f"does not divide sp_size={self.sp_size}; pick a divisor (e.g. the GPUs per node)")
         if self.placement not in PLACEMENTS:
             raise bad("placement", f"must be one of {PLACEMENTS}")
+        if self.recurrent_mode not in RECURRENT_MODES:
+            raise bad("recurrent_mode", f"must be one of {RECURRENT_MODES}")
         if self.rounds not in ROUNDS:
             raise bad("rounds", f"must be one of {ROUNDS}")
         if self.recv_budget_tokens is not None and (isinstance(self.recv_budget_tokens, bool)

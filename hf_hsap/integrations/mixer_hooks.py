@@ -25,10 +25,13 @@ import torch
 
 from ..log import get_logger
 from ..mixers.handoff import StateExchange
+from ..mixers.heads import HeadsRoute, heads_fit, heads_route, run_heads
+from ..mixers.heads_specs import HEADS_SPECS
 from ..mixers.layers import mixer_layers
 from ..mixers.ops import LAYER_OPS, OPS
 from ..model_state import MIXERS, MIXERS_READY, ModelChanges, state_of
 from ..plan.chain import Chain, document_chain, state_chain
+from ..plan.cost import recurrent_mode
 from ..data.positions import document_starts
 from .plan_use import PLAN_USE_KEY, plan_use_of
 from .sharding import text_positions
@@ -43,7 +46,9 @@ class MixerContext:
 
     Attributes:
         chain: the batch's segments (``None``: one document per row and no SP; the kernels run unchanged).
-        exchange: the SP group's state exchange (``None`` at SP 1).
+        exchange: the SP group's summary exchange (``None`` at SP 1).
+        heads: the route of the heads all-to-all mode when the batch runs its split documents that way
+            (``HSAPConfig.recurrent_mode``), else ``None``.
         use: the batch's plan-use record (``hsap_plan_use``), which every prepared layer fills.
         layers: the prepared layers.
     """
@@ -51,6 +56,7 @@ class MixerContext:
     def __init__(self, layers: list[torch.nn.Module], config: Any) -> None:
         self.chain: Chain | None = None
         self.exchange: StateExchange | None = None
+        self.heads: HeadsRoute | None = None
         self.use: Any = None
         self.layers = layers
         self.config = config
@@ -59,7 +65,7 @@ class MixerContext:
 
     def capture(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of the model: the batch's layout, kept until the next forward (recomputation)."""
-        self.chain, self.exchange, self.use = layout_chain(args, kwargs)
+        self.chain, self.exchange, self.heads, self.use = layout_chain(args, kwargs)
         self.outer = True
 
     def done(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
@@ -69,7 +75,7 @@ class MixerContext:
     def capture_inner(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of the base model: the layout of a call that skips the model's own forward."""
         if not self.outer:
-            self.chain, self.exchange, self.use = layout_chain(args, kwargs)
+            self.chain, self.exchange, self.heads, self.use = layout_chain(args, kwargs)
 
     def record(self, layer: torch.nn.Module) -> None:
         """A prepared layer ran on the batch's plan."""
@@ -77,7 +83,8 @@ class MixerContext:
             self.use.record_mixer(layer, self.config)
 
 
-def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, StateExchange | None, Any]:
+def layout_chain(args: tuple, kwargs: dict[str, Any]
+                 ) -> tuple[Chain | None, StateExchange | None, HeadsRoute | None, Any]:
     """The segments of a model call's tokens.
 
     Args:
@@ -85,12 +92,13 @@ def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, Sta
             ``shard_batch``; else ``cu_seq_lens_q`` or ``position_ids`` ``[B, L]`` / ``[4, B, L]``).
 
     Returns:
-        ``(chain, exchange, plan use)``; ``chain`` is ``None`` for one document per row without SP.
+        ``(chain, exchange, heads route, plan use)``; ``chain`` is ``None`` for one document per row without SP;
+        the route is the heads mode's (``None``: summaries) when the batch splits a document.
     """
     plan = kwargs.get("hsap_plan")
     if plan is not None:
         if plan.size == 1:
-            return document_chain(plan.layout.cu_seqlens), None, None
+            return document_chain(plan.layout.cu_seqlens), None, None, None
         sp = getattr(plan, "sp", None)
         if sp is None:
             raise ValueError("hf_hsap: a hybrid model's recurrent layers need the plan bound to its SP group: pass "
@@ -98,12 +106,17 @@ def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, Sta
         tokens = [plan.local_token_indices(r).numpy() for r in range(plan.size)]
         chain = state_chain(plan.layout.cu_seqlens, tokens, plan.rank)
         exchange = StateExchange(sp.group, sp.global_ranks, sp.comm_stats, sp.timeout_s)
-        return chain, exchange, plan_use_of(plan, kwargs.get(PLAN_USE_KEY))
+        mode = getattr(getattr(sp, "config", None), "recurrent_mode", "auto")
+        if mode == "auto":
+            mode = recurrent_mode(plan.placement, plan.cost)
+        heads = heads_route(plan, sp) if mode == "heads" and chain.remote else None
+        logger.debug("recurrent layers: split documents by %s", "heads all-to-all" if heads else "summaries")
+        return chain, exchange, heads, plan_use_of(plan, kwargs.get(PLAN_USE_KEY))
     ids = kwargs.get("input_ids", args[0] if args and torch.is_tensor(args[0]) else None)
     embeds = kwargs.get("inputs_embeds")
     shape = ids.shape if ids is not None else (embeds.shape[:2] if embeds is not None else None)
     if shape is None or len(shape) != 2:
-        return None, None, None
+        return None, None, None, None
     rows, length = int(shape[0]), int(shape[1])
     starts = torch.zeros(rows, length, dtype=torch.bool)
     starts[:, 0] = True
@@ -116,19 +129,22 @@ def layout_chain(args: tuple, kwargs: dict[str, Any]) -> tuple[Chain | None, Sta
         starts |= document_starts(text_positions(torch.as_tensor(pos), torch.Size((rows, length))).cpu())
     flat = starts.reshape(-1)
     if int(flat.sum()) == rows:
-        return None, None, None  # one document per row: the kernels as they are
+        return None, None, None, None  # one document per row: the kernels as they are
     cu_all = torch.cat([torch.nonzero(flat).flatten(), torch.tensor([rows * length])]).numpy()
-    return document_chain(cu_all), None, None
+    return document_chain(cu_all), None, None, None
 
 
-def _replacement(op: Callable, ctx: MixerContext, layer: torch.nn.Module) -> Callable:
-    """The ``forward`` of a layer's private kernel wrapper: the document-cut op when the batch has a layout."""
+def _replacement(name: str, op: Callable, ctx: MixerContext, layer: torch.nn.Module) -> Callable:
+    """The ``forward`` of a layer's private kernel wrapper (kernel ``name``): the document-cut op when the batch has
+    a layout, through the heads all-to-all when the batch runs that way and the kernel's heads divide the group."""
 
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         orig = types.MethodType(type(self).forward, self)  # the hook's own dispatch: torch / fla / mamba-ssm
         if ctx.chain is None:
             return orig(*args, **kwargs)
         ctx.record(layer)
+        if ctx.heads is not None and name in HEADS_SPECS and heads_fit(name, args, kwargs, ctx.heads.size):
+            return run_heads(name, op, orig, args, kwargs, route=ctx.heads)
         return op(orig, args, kwargs, ctx.chain, ctx.exchange)
 
     return forward
@@ -181,7 +197,7 @@ def prepare_mixers(model: torch.nn.Module, changes: ModelChanges) -> MixerContex
                 if "forward" in fn.__dict__:
                     logger.info("prepare_mixers: %s.%s had a kernelized forward; hf_hsap's document-cut version "
                                 "replaces it (it calls the hook's default dispatch)", type(layer).__name__, name)
-                changes.set(fn, "forward", types.MethodType(_replacement(OPS[name], ctx, layer), fn))
+                changes.set(fn, "forward", types.MethodType(_replacement(name, OPS[name], ctx, layer), fn))
     changes.hook(model.register_forward_pre_hook(ctx.capture, with_kwargs=True))
     changes.hook(model.register_forward_hook(ctx.done, with_kwargs=True, always_call=True))
     base = getattr(model, "base_model", model)

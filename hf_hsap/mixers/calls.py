@@ -8,21 +8,25 @@ import torch
 from ..plan.chain import Chain
 from .handoff import SegmentOp, StateExchange, Summary, run_segments, run_with_final
 
-__all__ = ["LAYOUT_KWARGS", "bind", "refuse_cache", "run_call", "state_dtype"]
+__all__ = ["LAYOUT_KWARGS", "MODEL_KWARGS", "bind", "refuse_cache", "run_call", "state_dtype"]
 
-# Keyword arguments that describe the packed layout to a kernel: hf_hsap gives each segment its own call instead.
+# Keyword arguments that describe the packed layout to a kernel (hf_hsap gives each run its own call instead), and the
+# model's own inputs that a layer forwards with its ``**kwargs`` and no kernel reads: a call drops both.
 LAYOUT_KWARGS = ("cu_seqlens", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+MODEL_KWARGS = ("labels", "shift_labels", "position_ids", "attention_mask", "cache_position", "input_ids",
+                "inputs_embeds", "token_type_ids", "logits_to_keep", "num_items_in_batch", "past_key_values",
+                "position_embeddings", "output_attentions", "output_hidden_states", "use_cache", "return_dict")
 
 
 def bind(names: tuple[str, ...], args: tuple, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(named, rest)``: the leading positional ``args`` and keywords of ``names``, and the other keywords
-    (layout keywords dropped)."""
+    (layout keywords and the model's own inputs dropped)."""
     named = dict(zip(names, args))
     rest = {}
     for k, v in kwargs.items():
         if k in names:
             named[k] = v
-        elif k not in LAYOUT_KWARGS and not k.startswith("hsap_"):
+        elif k not in LAYOUT_KWARGS and k not in MODEL_KWARGS and not k.startswith("hsap_"):
             rest[k] = v
     return named, rest
 

@@ -33,7 +33,7 @@ import torch
 from ..comm.all_to_all import all_to_all
 from ..plan.chain import document_chain
 from .heads_specs import HEADS_SPECS, KernelSpec, Shard
-from .ops import LAYOUT_KWARGS
+from .calls import LAYOUT_KWARGS, MODEL_KWARGS
 
 __all__ = ["HeadsBytes", "HeadsRoute", "heads_bytes", "heads_fit", "heads_route", "run_heads"]
 
@@ -124,12 +124,14 @@ class _Call:
 
 
 def _bind(kernel: str, args: tuple, kwargs: dict[str, Any]) -> _Call:
-    """The call of ``kernel`` with its layout keywords dropped (whole documents need none); raises ``ValueError``
+    """The call of ``kernel`` with its layout keywords (whole documents need none) and the model's own inputs dropped
+    (:data:`.calls.MODEL_KWARGS`); raises ``ValueError``
     for an unknown kernel, a refused keyword, a tensor the spec does not place or a batch of several rows."""
     if kernel not in HEADS_SPECS:
         raise ValueError(f"hf_hsap heads mode: no shard spec for kernel {kernel!r}; known: {sorted(HEADS_SPECS)}")
     spec = HEADS_SPECS[kernel]
-    kw = {k: v for k, v in kwargs.items() if k not in LAYOUT_KWARGS and not k.startswith("hsap_")}
+    kw = {k: v for k, v in kwargs.items()
+          if k not in LAYOUT_KWARGS and k not in MODEL_KWARGS and not k.startswith("hsap_")}
     where: dict[str, int | str] = dict(zip(spec.names, range(len(args))))
     where.update({k: k for k in kw})
     call = _Call(spec, list(args), kw, where)

@@ -296,3 +296,18 @@ def mixer_time(pl: Placement, cost: CostModel) -> float:
         return 0.0
     tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
     return float(cost.mixer_token_cost * (tokens + continued).max() + cost.handoff_cost * remote)
+
+
+def recurrent_mode(pl: Placement, cost: CostModel) -> str:
+    """How a hybrid's recurrent layers run a placement's split documents: ``"summaries"`` (:func:`mixer_time`) or
+    ``"heads"``, when cheaper: every part runs the whole row for its share of the heads, ``T / P`` tokens of mixer
+    work each, and every token goes through an all-to-all there and back per recurrent layer (priced as attention's,
+    ``a2a_token_cost``); no split document: ``"summaries"`` (nothing crosses ranks)."""
+    if not cost.mixer_token_cost:
+        return "summaries"
+    tokens, _, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
+    if not remote:
+        return "summaries"
+    layers = cost.mixer_token_cost / cost.token_cost if cost.token_cost else 0.0
+    heads = (cost.mixer_token_cost + cost.a2a_token_cost * layers) * tokens.sum() / pl.n_parts
+    return "heads" if heads < mixer_time(pl, cost) else "summaries"

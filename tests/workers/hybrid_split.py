@@ -13,11 +13,13 @@ from workers import zoo_configs as ZC
 LENS = [40, 1, 2, 11, 2, 8]
 
 
-def split_run(family: str, state: dict[str, torch.Tensor], sp_size: int, ulysses: int, placement: str) -> dict:
+def split_run(family: str, state: dict[str, torch.Tensor], sp_size: int, ulysses: int, placement: str,
+              recurrent_mode: str = "auto") -> dict:
     """This rank's :func:`zoo.sp_rank_run` of ``family`` on :data:`LENS` with gradient checkpointing
-    (``{"group", "index", "logits", "loss"}``, ``"grads"`` on SP rank 0)."""
+    (``{"group", "index", "logits", "loss", "a2a_bytes"}``, ``"grads"`` on SP rank 0), the group's recurrent
+    layers in ``recurrent_mode``."""
     torch.set_num_threads(1)
     config = ZC.tiny_config(family)
     with zoo.full_precision(config, torch.float64):
         return zoo.sp_rank_run(config, state, torch.float64, sp_size, ulysses, lens=LENS, checkpointing=True,
-                               placement=placement)
+                               placement=placement, recurrent_mode=recurrent_mode)

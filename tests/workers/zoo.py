@@ -203,30 +203,34 @@ def _packed_run(config: Any, state_dict: dict[str, torch.Tensor], attn: str, dty
     return {"logits": logits.detach(), "loss": float(out.loss.detach()), "grads": _grads(model)}
 
 
-def get_sp(sp_size: int, ulysses: int) -> Any:
-    """This worker process's SP groups for ``(sp_size, ulysses)`` (created once; DP over the rest of the world)."""
-    key = (sp_size, ulysses)
+def get_sp(sp_size: int, ulysses: int, recurrent_mode: str = "auto") -> Any:
+    """This worker process's SP groups for ``(sp_size, ulysses, recurrent_mode)`` (created once; DP over the rest of
+    the world)."""
+    key = (sp_size, ulysses) if recurrent_mode == "auto" else (sp_size, ulysses, recurrent_mode)
     if key not in _GROUPS:
-        _GROUPS[key] = hf_hsap.init_sequence_parallel(sp_size, ulysses_size=ulysses, timeout_s=SP_TIMEOUT_S)
+        _GROUPS[key] = hf_hsap.init_sequence_parallel(hf_hsap.HSAPConfig(
+            sp_size=sp_size, ulysses_size=ulysses, timeout_s=SP_TIMEOUT_S, recurrent_mode=recurrent_mode))
     return _GROUPS[key]
 
 
 def sp_rank_run(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, sp_size: int,
                 ulysses: int, *, lens: list[int] = DOC_LENS, checkpointing: bool = False,
-                placement: str | None = None) -> dict[str, Any]:
+                placement: str | None = None, recurrent_mode: str = "auto") -> dict[str, Any]:
     """One rank of an SP run: shard the packed row, forward, ``loss + sum(w * logits)`` backward, gradients summed
     over the SP group.
 
     Args:
         lens: the row's documents. checkpointing: prepare with gradient checkpointing (every layer recomputed in
             the backward, its exchanges too). placement: the plan's placement (default: the group's).
+            recurrent_mode: the group's ``HSAPConfig.recurrent_mode``.
 
     Returns:
         ``{"group", "index" [T_local], "logits" [T_local, V], "loss"}`` and, on SP rank 0, ``"grads"``.
     """
     import torch.distributed as dist
 
-    sp = get_sp(sp_size, ulysses)
+    sp = get_sp(sp_size, ulysses, recurrent_mode)
+    a2a_before = sp.comm_stats.a2a_bytes_sent
     hf_hsap.check_config(config, sp_size=sp_size)
     model = ZC.build_model(config, "hsap", dtype, state_dict=state_dict)
     levers = hf_hsap.MemoryLevers(chunked_loss=False, gradient_checkpointing=True) if checkpointing else None
@@ -244,7 +248,8 @@ def sp_rank_run(config: Any, state_dict: dict[str, torch.Tensor], dtype: torch.d
         dist.all_reduce(g, group=sp.group)
     loss = out.loss.detach().clone()
     dist.all_reduce(loss, group=sp.group)
-    res = {"group": dist.get_rank() // sp_size, "index": idx, "logits": logits.detach(), "loss": float(loss)}
+    res = {"group": dist.get_rank() // sp_size, "index": idx, "logits": logits.detach(), "loss": float(loss),
+           "a2a_bytes": sp.comm_stats.a2a_bytes_sent - a2a_before}
     if sp.rank == 0:
         res["grads"] = grads
     return res
