@@ -1,6 +1,7 @@
 """How :mod:`.ops` and :mod:`.scans` read a kernel call and run it over a batch's segments (shared helpers)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -8,7 +9,7 @@ import torch
 from ..plan.chain import Chain
 from .handoff import SegmentOp, StateExchange, Summary, run_segments, run_with_final
 
-__all__ = ["LAYOUT_KWARGS", "MODEL_KWARGS", "bind", "refuse_cache", "run_call", "state_dtype"]
+__all__ = ["LAYOUT_KWARGS", "MODEL_KWARGS", "PAD_WASTE", "batched_runs", "bind", "buckets", "pad_stack", "refuse_cache", "run_call", "state_dtype"]
 
 # Keyword arguments that describe the packed layout to a kernel (hf_hsap gives each run its own call instead), and the
 # model's own inputs that a layer forwards with its ``**kwargs`` and no kernel reads: a call drops both.
@@ -42,6 +43,76 @@ def refuse_cache(what: str) -> None:
                      "packed row; generate with one document per row (no packing)")
 
 
+# A call over several runs pads them to its longest: runs join one call while the padded tokens stay within this share
+# of the real ones (runs of very different lengths take separate calls rather than pad a short one to a long one).
+PAD_WASTE = 0.25
+
+
+def buckets(lengths: list[int], waste: float = PAD_WASTE) -> list[list[int]]:
+    """Runs grouped into kernel calls: indices of ``lengths``, longest first, a run joining the current call while
+    ``calls x longest <= (1 + waste) x tokens``.
+
+    Args:
+        lengths: every run's tokens. waste: the padded share allowed.
+
+    Returns:
+        The calls, each a list of run indices (every run once).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    total = 0
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= (1 + waste) * (total + lengths[i]):
+            out[-1].append(i)
+            total += lengths[i]
+        else:
+            out.append([i])
+            total = lengths[i]
+    return out
+
+
+def pad_stack(ts: list[torch.Tensor], dim: int, n: int, *, left: bool) -> torch.Tensor:
+    """One-row tensors padded with zeros to ``n`` along ``dim`` (before their tokens when ``left``), stacked along
+    dim 0 (``[1, ..., n_i, ...]`` each -> ``[len(ts), ..., n, ...]``)."""
+    padded = []
+    for t in ts:
+        gap = n - t.shape[dim]
+        if gap:
+            zeros = t.new_zeros((*t.shape[:dim], gap, *t.shape[dim + 1:]))
+            t = torch.cat([zeros, t] if left else [t, zeros], dim=dim)
+        padded.append(t)
+    return torch.cat(padded, dim=0)
+
+
+def batched_runs(parts: list[list[Any]], dims: tuple[int | None, ...], *, left: bool,
+                 call: Callable[[list[Any]], Any], split: Callable[[Any, int, int, int], Any]) -> list[Any]:
+    """Several runs of one kernel in as few calls as :func:`buckets` allows.
+
+    Args:
+        parts: every run's call tensors (``None`` kept), in the kernel's places. dims: each place's token dimension
+            (``None``: the same tensor in every run, e.g. a weight; the first run's is used).
+        left: pad before the tokens (a scan whose state stays zero over zero inputs) or after them (a kernel whose
+            state the zero inputs leave unchanged, or whose state is read from the run's own tokens).
+        call: ``call(stacked places) -> result`` of one kernel call over a bucket's padded rows.
+        split: ``split(result, row, tokens, padded length) -> the run's result``.
+
+    Returns:
+        Every run's result, in ``parts``' order.
+    """
+    token = next(j for j, d in enumerate(dims) if d is not None and parts[0][j] is not None)
+    lengths = [p[token].shape[dims[token]] for p in parts]
+    out: list[Any] = [None] * len(parts)
+    for idx in buckets(lengths):
+        n = max(lengths[i] for i in idx)
+        stacked = [pad_stack([parts[i][j] for i in idx], d, n, left=left)
+                   if d is not None and parts[idx[0]][j] is not None else parts[idx[0]][j]
+                   for j, d in enumerate(dims)]
+        res = call(stacked)
+        for row, i in enumerate(idx):
+            out[i] = split(res, row, lengths[i], n)
+    return out
+
+
 def run_call(tensors: list[tuple[torch.Tensor | None, int | None]], rec: Any, *, out_dim: int, chain: Chain,
          exchange: StateExchange | None, rows: int, length: int, final: bool = False) -> Any:
     """:func:`run_segments` over the non-``None`` tensors (``(tensor, token dim)`` pairs) with the recurrence
@@ -70,6 +141,16 @@ class _Placed:
 
     def run(self, parts: list[torch.Tensor], init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rec.run(self._full(parts), init)
+
+    def run_many(self, parts: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        many = getattr(self.rec, "run_many", None)
+        full = [self._full(p) for p in parts]
+        return many(full) if many is not None else [self.rec.run(f, None) for f in full]
+
+    def summarize_many(self, parts: list[list[torch.Tensor]]) -> list[Summary]:
+        many = getattr(self.rec, "summarize_many", None)
+        full = [self._full(p) for p in parts]
+        return many(full) if many is not None else [self.rec.summarize(f) for f in full]
 
     def summarize(self, parts: list[torch.Tensor]) -> Summary:
         return self.rec.summarize(self._full(parts))

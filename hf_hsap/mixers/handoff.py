@@ -31,7 +31,8 @@ import torch
 from ..comm.p2p import P2PExecutor
 from ..plan.chain import Chain, Segment
 
-__all__ = ["Recurrence", "SegmentOp", "StateExchange", "Summary", "run_segments", "run_with_final"]
+__all__ = ["Recurrence", "SegmentOp", "StateExchange", "Summary", "run_segments", "run_with_final", "summaries",
+           "zero_runs"]
 
 
 @dataclass
@@ -66,6 +67,9 @@ class Recurrence(Protocol):
 
     def summarize(self, parts: list[torch.Tensor]) -> Summary:
         """A continued run from the zero state, with its transition and what its correction reads."""
+
+    # optional: ``run_many(parts_list)`` / ``summarize_many(parts_list)``, the same for several runs in as few kernel
+    # calls as padding allows (:func:`zero_runs`, :func:`summaries` fall back to one call per run)
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         """The run's output from its true initial state ``init``."""
@@ -169,8 +173,8 @@ def run_with_final(op: SegmentOp, chain: Chain) -> tuple[torch.Tensor, torch.Ten
         raise ValueError("hf_hsap: a recurrent layer asked for its final state (use_cache=True) under SP; train "
                          "with use_cache=False (shard_batch's output sets it)")
     outs, last = [], {}
-    for seg in chain.segments:
-        out, final = op.recurrence.run(op.cut(seg, op.tensors), None)
+    runs = zero_runs(op.recurrence, [op.cut(seg, op.tensors) for seg in chain.segments])
+    for seg, (out, final) in zip(chain.segments, runs):
         outs.append(out)
         last[seg.start // op.length] = final
     return _cat(op, chain, outs), torch.cat([last[r] for r in range(op.rows)], dim=0)
@@ -190,10 +194,23 @@ def run_segments(op: SegmentOp, chain: Chain, exchange: StateExchange | None) ->
                          f"{chain.total}; call the model itself (its forward records the layout), with the "
                          "position_ids / shard_batch output of this batch")
     if not chain.remote:
-        return _cat(op, chain, [op.recurrence.run(op.cut(seg, op.tensors), None)[0] for seg in chain.segments])
+        runs = zero_runs(op.recurrence, [op.cut(seg, op.tensors) for seg in chain.segments])
+        return _cat(op, chain, [out for out, _ in runs])
     if exchange is None:
         raise ValueError("hf_hsap: a split document's summary must go to another rank, but no SP group was given")
     return _Summaries.apply(op, chain, exchange, *op.tensors)
+
+
+def zero_runs(rec: Recurrence, parts: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(out, final)`` of every run from the zero state: the recurrence's ``run_many``, else a call per run."""
+    many = getattr(rec, "run_many", None)
+    return many(parts) if many is not None else [rec.run(p, None) for p in parts]
+
+
+def summaries(rec: Recurrence, parts: list[list[torch.Tensor]]) -> list[Summary]:
+    """Every continued run's :class:`Summary`: the recurrence's ``summarize_many``, else a call per run."""
+    many = getattr(rec, "summarize_many", None)
+    return many(parts) if many is not None else [rec.summarize(p) for p in parts]
 
 
 def _pack(rec: Recurrence, final: torch.Tensor, transition: torch.Tensor | None) -> torch.Tensor:
@@ -226,13 +243,13 @@ class _Summaries(torch.autograd.Function):
         # would otherwise recompute the whole layer, exchanges included, in a nested graph task out of step with the
         # other ranks
         with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
-            sums = []
-            for seg, ps in zip(segs, parts):
-                if seg.continued:
-                    sums.append(rec.summarize(ps))
-                else:
-                    out, final = rec.run(ps, None)
-                    sums.append(Summary(out, final.to(rec.state_dtype)))
+            first = [i for i, seg in enumerate(segs) if not seg.continued]
+            cont = [i for i, seg in enumerate(segs) if seg.continued]
+            sums: list[Summary] = [None] * len(segs)  # type: ignore[list-item]
+            for i, (out, final) in zip(first, zero_runs(rec, [parts[i] for i in first]) if first else []):
+                sums[i] = Summary(out, final.to(rec.state_dtype))
+            for i, s in zip(cont, summaries(rec, [parts[i] for i in cont]) if cont else []):
+                sums[i] = s
             like = _pack(rec, sums[0].final, None).detach() if sums else tensors[0].new_zeros(
                 math.prod(rec.state_shape) + math.prod(rec.transition_shape), dtype=rec.state_dtype)
             mine = {(seg.doc, seg.run): s for seg, s in zip(segs, sums)}

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan.chain import Chain
-from .calls import bind, refuse_cache, run_call, state_dtype
+from .calls import batched_runs, bind, refuse_cache, run_call, state_dtype
 from .handoff import StateExchange, Summary
 from .scans import mamba2_scan, selective_scan
 
@@ -58,13 +58,27 @@ class _Conv:
                             **self.rest)[..., self.k - 1:]
         return out, self._tail(init, xs)
 
+    def run_many(self, parts: list[list]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Runs from the zero state, padded after their tokens (a causal output never reads what follows)."""
+        outs = batched_runs(parts, (2, None, None), left=False,
+                            call=lambda t: self.orig(*t, activation=self.act, **self.rest),
+                            split=lambda y, row, n, _: y[row:row + 1, :, :n])
+        return [(out, self._tail(None, p[0])) for out, p in zip(outs, parts)]
+
     def summarize(self, t: list) -> Summary:
-        out, final = self.run(t, None)
-        n, m = t[0].shape[-1], self.k - 1
-        shift = torch.zeros(m, m, dtype=self.state_dtype, device=t[0].device)  # S' = S @ shift: S[..., j + n] -> j
+        return self.summarize_many([t])[0]
+
+    def summarize_many(self, parts: list[list]) -> list[Summary]:
+        return [Summary(out, final, self._shift(p[0].shape[-1], p[0].device), p)
+                for (out, final), p in zip(self.run_many(parts), parts)]
+
+    def _shift(self, n: int, device: torch.device) -> torch.Tensor:
+        """The transition of a run of ``n`` tokens: ``S' = S @ shift`` moves ``S[..., j + n]`` to ``j``."""
+        m = self.k - 1
+        shift = torch.zeros(m, m, dtype=self.state_dtype, device=device)
         if n < m:
             shift[torch.arange(n, m), torch.arange(0, m - n)] = 1
-        return Summary(out, final, shift, t)
+        return shift
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         xs, ws, bs = summary.carry
@@ -104,13 +118,35 @@ class _DeltaRule:
         out, final = self.orig(qs, ks, vs, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
         return out, final
 
+    def run_many(self, parts: list[list]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Runs from the zero state, padded after their tokens with zero ``q, k, v, g, beta`` (an identity step: the
+        state stays the run's final state)."""
+        def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.orig(t[0], t[1], t[2], g=t[3], beta=t[4], initial_state=None, output_final_state=True,
+                             **self.rest)
+
+        return batched_runs(parts, (1,) * 5, left=False, call=call,
+                            split=lambda r, row, n, _: (r[0][row:row + 1, :n], r[1][row:row + 1]))
+
     def summarize(self, t: list) -> Summary:
-        qs, ks, vs, gs, bs = (x.to(self.state_dtype) for x in t)
-        wide = torch.cat([vs, vs.new_zeros((*vs.shape[:-1], self.dk))], dim=-1)
-        eye = torch.eye(self.dk, dtype=self.state_dtype, device=vs.device).expand(*self.state_shape[:2], -1, -1)
-        init = torch.cat([eye.new_zeros(self.state_shape), eye], dim=-1)  # [1, H, D_k, D_v + D_k]
-        out, final = self.orig(qs, ks, wide, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
-        return Summary(out[..., :self.dv], final[..., :self.dv], final[..., self.dv:], (out[..., self.dv:], t[0].dtype))
+        return self.summarize_many([t])[0]
+
+    def summarize_many(self, parts: list[list]) -> list[Summary]:
+        sd = self.state_dtype
+
+        def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
+            qs, ks, vs, gs, bs = (x.to(sd) for x in t)
+            wide = torch.cat([vs, vs.new_zeros((*vs.shape[:-1], self.dk))], dim=-1)
+            eye = torch.eye(self.dk, dtype=sd, device=vs.device).expand(vs.shape[0], self.state_shape[1], -1, -1)
+            init = torch.cat([eye.new_zeros((*eye.shape[:3], self.dv)), eye], dim=-1)  # [N, H, D_k, D_v + D_k]
+            return self.orig(qs, ks, wide, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
+
+        def split(r: tuple, row: int, n: int, _: int) -> Summary:
+            out, final = r[0][row:row + 1, :n], r[1][row:row + 1]
+            return Summary(out[..., :self.dv], final[..., :self.dv], final[..., self.dv:],
+                           (out[..., self.dv:], parts[0][0].dtype))
+
+        return batched_runs(parts, (1,) * 5, left=False, call=call, split=split)
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         q_seen, dtype = summary.carry

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan.chain import Chain
-from .calls import bind, refuse_cache, run_call, state_dtype
+from .calls import batched_runs, bind, refuse_cache, run_call, state_dtype
 from .handoff import StateExchange, Summary
 
 __all__ = ["mamba2_scan", "selective_scan"]
@@ -37,10 +37,31 @@ class _Mamba2:
                                return_final_states=True, **self.fixed, **self.rest)
         return out, final
 
+    _DIMS = (1, 1, None, 1, 1, None, None, 1)
+
+    def _many(self, parts: list[list], *, gated: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Runs from the zero state in padded calls, padded BEFORE their tokens with zero ``x, B, C`` (the state
+        stays zero there whatever ``dt`` decays it by); ``gated``: with ``z`` (else ``z`` is left to the
+        correction)."""
+        def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
+            xs, dts, A, Bs, Cs, D, dtb, zs = t
+            return self.orig(xs, dts, A, Bs, Cs, D=D, dt_bias=dtb, z=zs if gated else None, initial_states=None,
+                             return_final_states=True, **self.fixed, **self.rest)
+
+        return batched_runs(parts, self._DIMS, left=True, call=call,
+                            split=lambda r, row, n, m: (r[0][row:row + 1, m - n:], r[1][row:row + 1]))
+
+    def run_many(self, parts: list[list]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self._many(parts, gated=True)
+
+    def summarize_many(self, parts: list[list]) -> list[Summary]:
+        return [self._summary(t, out, final) for t, (out, final) in zip(parts, self._many(parts, gated=False))]
+
     def summarize(self, t: list) -> Summary:
+        return self.summarize_many([t])[0]
+
+    def _summary(self, t: list, out: torch.Tensor, final: torch.Tensor) -> Summary:
         xs, dts, A, Bs, Cs, D, dtb, zs = t
-        out, final = self.orig(xs, dts, A, Bs, Cs, D=D, dt_bias=dtb, z=None, initial_states=None,
-                               return_final_states=True, **self.fixed, **self.rest)
         sd = self.state_dtype
         dt = dts.to(sd) if dtb is None else dts.to(sd) + dtb.to(sd)
         if self.rest.get("dt_softplus", False):
@@ -100,10 +121,30 @@ class _Selective:
                                return_last_state=True, **self.rest)
         return out, final
 
+    _DIMS = (2, 2, None, 2, 2, None, 2, None)
+
+    def _many(self, parts: list[list], *, plain: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Runs from the zero state in padded calls, padded BEFORE their tokens with zero ``x`` (the state stays
+        zero there); ``plain``: with ``D`` and ``z`` (else they are left to the correction)."""
+        def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
+            xs, dts, As, Bs, Cs, D, zs, db = t
+            return self.orig(xs, dts, As, Bs, Cs, D=D if plain else None, z=zs if plain else None, delta_bias=db,
+                             delta_softplus=self.softplus, return_last_state=True, **self.rest)
+
+        return batched_runs(parts, self._DIMS, left=True, call=call,
+                            split=lambda r, row, n, m: (r[0][row:row + 1, :, m - n:], r[1][row:row + 1]))
+
+    def run_many(self, parts: list[list]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self._many(parts, plain=True)
+
+    def summarize_many(self, parts: list[list]) -> list[Summary]:
+        return [self._summary(t, y0, h0) for t, (y0, h0) in zip(parts, self._many(parts, plain=False))]
+
     def summarize(self, t: list) -> Summary:
+        return self.summarize_many([t])[0]
+
+    def _summary(self, t: list, y0: torch.Tensor, h0: torch.Tensor) -> Summary:
         xs, dts, As, Bs, Cs, D, zs, db = t
-        y0, h0 = self.orig(xs, dts, As, Bs, Cs, D=None, z=None, delta_bias=db, delta_softplus=self.softplus,
-                           return_last_state=True, **self.rest)
         sd = self.state_dtype
         dt = dts.to(sd) if db is None else dts.to(sd) + db.to(sd)[..., None]
         dt = F.softplus(dt) if self.softplus else dt

@@ -44,7 +44,7 @@ class Case:
         return tuple(values[n] for n in self.positional), {**kwargs, **self.options}
 
 
-def _case(kernel: str, total: int, dtype: torch.dtype) -> Case:
+def kernel_case(kernel: str, total: int, dtype: torch.dtype) -> Case:
     """The ``dtype`` inputs of ``kernel`` over ``total`` tokens (one row; drawn in float64) and Transformers' torch
     kernel behind its hook (its default dispatch, as the model's hook calls it)."""
     from transformers.models.kimi_linear import modeling_kimi_linear
@@ -110,7 +110,7 @@ def heads_errors(kernel: str, placement: str, dtype: str = "float64") -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     cu = np.cumsum([0, *DOC_LENS])
     total = int(cu[-1])
-    case = _case(kernel, total, torch.float32 if dtype == "mixed" else getattr(torch, dtype))
+    case = kernel_case(kernel, total, torch.float32 if dtype == "mixed" else getattr(torch, dtype))
     if dtype == "mixed":  # dt in float64, the rest float32: two dtypes, two all-to-alls each way
         t, d = case.tensors["dt"]
         case.tensors["dt"] = (t.double(), d)
