@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, ROUNDS, HSAPConfig
+from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, RECURRENT_MODES, ROUNDS, HSAPConfig
 from ..memory.levers import MemoryLevers
 from ..memory.tiled_mlp import DEFAULT_TILE_TOKENS
 from ..plan.placement import DEFAULT_TOKEN_SLACK
@@ -26,7 +26,7 @@ from ..plan.placement import DEFAULT_TOKEN_SLACK
 __all__ = ["HSAPArguments", "HSAPSFTConfig", "HSAPTrainingArguments", "HSAP_FIELDS"]
 
 HSAP_FIELDS = ("sp_size", "ulysses_size", "placement", "rounds", "recv_budget_tokens", "token_slack",
-               "grad_comm_dtype", "timeout_s", "gpus_per_node", "per_batch_memory_cap")
+               "grad_comm_dtype", "timeout_s", "gpus_per_node", "per_batch_memory_cap", "recurrent_mode")
 
 
 @dataclass
@@ -55,6 +55,10 @@ class HSAPArguments:
     hsap_per_batch_memory_cap: bool = field(default=True, metadata={
         "help": "HSAP: with hsap_ulysses_size per_batch, no batch at a degree whose modelled activation memory "
                 "exceeds the highest degree's (False: the fastest degree by time alone)"})
+    hsap_recurrent_mode: str = field(default="auto", metadata={
+        "help": "HSAP: how a hybrid's recurrent layers run a document split over ranks, one of "
+                f"{RECURRENT_MODES}: summaries (every rank at once, one exchange of fixed-size summaries per layer), "
+                "heads (an all-to-all to head shards, whole documents per rank) or auto (the cost model's choice)"})
 
     hsap_chunked_loss: bool = field(default=True, metadata={
         "help": "HSAP: the LM head and the loss in tiles, never the full logits (HSAPSFTTrainer: TRL's entropy and "

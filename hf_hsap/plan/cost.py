@@ -57,6 +57,9 @@ class CostModel:
             that continues a split document pays it twice (the summarising call, :func:`mixer_time`).
         handoff_cost: latency and summary bytes of the one summary exchange a split document adds to each
             recurrent layer (fwd + bwd), however many parts it spans.
+        mixer_a2a_token_cost: one token's inputs and output of every recurrent layer through the heads all-to-all
+            (fwd + bwd); 0: that mode is not offered (a group over several nodes: an all-to-all stays inside a node,
+            as Ulysses does). :func:`mixer_time` prices the cheaper of the two modes, :func:`recurrent_mode` names it.
     """
 
     token_cost: float = 17930.0
@@ -68,6 +71,7 @@ class CostModel:
     qkv_share: float = 0.115
     mixer_token_cost: float = 0.0
     handoff_cost: float = 0.0
+    mixer_a2a_token_cost: float = 0.0
 
     def __post_init__(self) -> None:
         for name, what in (("overlap", "the share of a transfer that local work can hide"),
@@ -76,7 +80,7 @@ class CostModel:
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"CostModel.{name} must lie in [0, 1] ({what}), got {v!r}")
         for name in ("token_cost", "kv_token_cost", "round_cost", "a2a_token_cost", "diag_block", "mixer_token_cost",
-                     "handoff_cost"):
+                     "handoff_cost", "mixer_a2a_token_cost"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostModel.{name} must be a finite number >= 0 (a cost in attention pairs), "
@@ -87,7 +91,8 @@ class CostModel:
     def from_shapes(q_heads: int, kv_heads: int, head_dim: int, params_per_layer: float, link_bytes_per_s: float,
                     peak_flops: float, *, attn_eff: float = 0.55, gemm_eff: float = 0.70, dtype_bytes: int = 2,
                     grad_bytes: int = 2, alpha_s: float = 20e-6, a2a_bytes_per_s: float | None = None,
-                    hidden_size: int | None = None, recurrent_layers: int = 0, state_bytes: float = 0.0) -> "CostModel":
+                    hidden_size: int | None = None, recurrent_layers: int = 0, state_bytes: float = 0.0,
+                    mixer_heads: bool = False) -> "CostModel":
         """Cost model for a model shape on a GPU and a link.
 
         Args:
@@ -95,7 +100,9 @@ class CostModel:
             a2a_bytes_per_s: the all-to-all's link inside a node (default ``link_bytes_per_s``).
             hidden_size: sizes the q, k, v projections' share of ``params_per_layer`` (default ``q_heads *
                 head_dim``). recurrent_layers, state_bytes: a hybrid model's recurrent layers and the summary bytes
-                (final state and transition) each sends per split document.
+                (final state and transition) each sends per split document. mixer_heads: whether the recurrent
+                layers may run the heads all-to-all (the group inside one node), priced at the all-to-all's link as
+                an attention layer's q, k, v and output.
         """
         pair_s = 4 * head_dim * q_heads * 3.5 / (peak_flops * attn_eff)
         token_s = 6 * params_per_layer / (peak_flops * gemm_eff)
@@ -109,7 +116,8 @@ class CostModel:
         return CostModel(token_cost=token_s / pair_s, kv_token_cost=kv_s / pair_s,
                          round_cost=2 * alpha_s / pair_s, a2a_token_cost=a2a_s / pair_s,
                          qkv_share=min(1.0, qkv / params_per_layer) if params_per_layer > 0 else 0.0,
-                         mixer_token_cost=recurrent_layers * token_s / pair_s, handoff_cost=handoff_s / pair_s)
+                         mixer_token_cost=recurrent_layers * token_s / pair_s, handoff_cost=handoff_s / pair_s,
+                         mixer_a2a_token_cost=recurrent_layers * a2a_s / pair_s if mixer_heads else 0.0)
 
     @staticmethod
     def from_config(config: Any, link: str = "network", hardware: str = "A100") -> "CostModel":
@@ -145,7 +153,8 @@ class CostModel:
         # a recurrent layer's summary: about hidden_size x d_state float32 values (heads x d_k x d_v) of state, as
         # many again of transition (the delta rule's d_k x d_k per head; a decay for the scans), whatever the family
         return CostModel.from_shapes(hq, hkv, d, params, bw * 0.8, peak, alpha_s=alpha, a2a_bytes_per_s=nvl * 0.8,
-                                     hidden_size=hidden, recurrent_layers=mixers, state_bytes=8.0 * hidden * d_state)
+                                     hidden_size=hidden, recurrent_layers=mixers, state_bytes=8.0 * hidden * d_state,
+                                     mixer_heads=link == "nvlink")
 
     @staticmethod
     def default() -> "CostModel":
@@ -284,30 +293,43 @@ def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfer
     return float(attention + mixer_time(pl, cost))
 
 
-def mixer_time(pl: Placement, cost: CostModel) -> float:
-    """Estimated time of one step of a hybrid model's recurrent layers; 0 without such layers.
+def _summaries_time(pl: Placement, cost: CostModel) -> tuple[float, bool, float]:
+    """``(time of the summaries mode, whether a document is split, the placement's tokens)``."""
+    tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
+    return (float(cost.mixer_token_cost * (tokens + continued).max() + cost.handoff_cost * remote), remote,
+            float(tokens.sum()))
 
-    Every part runs all its runs at once (:mod:`hf_hsap.mixers.handoff`): the layers wait for the busiest part,
-    whose tokens cost ``mixer_token_cost`` each and twice in runs that continue a split document (their call also
-    gives the summary: the delta rule's widened value, the scans' closed-form correction), and, when any document
-    is split, for one summary exchange (``handoff_cost``), whatever the number of parts it spans.
+
+def _heads_time(cost: CostModel, tokens: float, parts: int) -> float:
+    """Time of the heads mode: every part runs the whole row for its share of the heads, ``T / P`` tokens of mixer
+    work, and sends every token's inputs and output through the all-to-all."""
+    return (cost.mixer_token_cost + cost.mixer_a2a_token_cost) * tokens / parts
+
+
+def mixer_time(pl: Placement, cost: CostModel) -> float:
+    """Estimated time of one step of a hybrid model's recurrent layers, in the mode :func:`recurrent_mode` picks;
+    0 without such layers.
+
+    Summaries (:mod:`hf_hsap.mixers.handoff`): every part runs all its runs at once; the layers wait for the
+    busiest part, whose tokens cost ``mixer_token_cost`` each and twice in runs that continue a split document
+    (their call also gives the summary: the delta rule's widened value, the scans' closed-form correction), and,
+    when any document is split, for one summary exchange (``handoff_cost``), whatever the number of parts it spans.
+    Heads (offered when ``mixer_a2a_token_cost > 0``): ``T / P`` tokens of mixer work and ``T / P`` tokens through
+    the all-to-all per part.
     """
     if not (cost.mixer_token_cost or cost.handoff_cost):
         return 0.0
-    tokens, continued, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
-    return float(cost.mixer_token_cost * (tokens + continued).max() + cost.handoff_cost * remote)
+    summaries, remote, tokens = _summaries_time(pl, cost)
+    if remote and cost.mixer_a2a_token_cost:
+        return min(summaries, _heads_time(cost, tokens, pl.n_parts))
+    return summaries
 
 
 def recurrent_mode(pl: Placement, cost: CostModel) -> str:
-    """How a hybrid's recurrent layers run a placement's split documents: ``"summaries"`` (:func:`mixer_time`) or
-    ``"heads"``, when cheaper: every part runs the whole row for its share of the heads, ``T / P`` tokens of mixer
-    work each, and every token goes through an all-to-all there and back per recurrent layer (priced as attention's,
-    ``a2a_token_cost``); no split document: ``"summaries"`` (nothing crosses ranks)."""
-    if not cost.mixer_token_cost:
+    """How a hybrid's recurrent layers run a placement's split documents, the cheaper by :func:`mixer_time`:
+    ``"heads"`` or ``"summaries"`` (also when no document is split: nothing crosses ranks, or when the heads mode is
+    not offered)."""
+    if not cost.mixer_token_cost or not cost.mixer_a2a_token_cost:
         return "summaries"
-    tokens, _, remote = part_mixer_tokens(pl.doc, pl.start, pl.part, pl.end - pl.start, pl.n_parts)
-    if not remote:
-        return "summaries"
-    layers = cost.mixer_token_cost / cost.token_cost if cost.token_cost else 0.0
-    heads = (cost.mixer_token_cost + cost.a2a_token_cost * layers) * tokens.sum() / pl.n_parts
-    return "heads" if heads < mixer_time(pl, cost) else "summaries"
+    summaries, remote, tokens = _summaries_time(pl, cost)
+    return "heads" if remote and _heads_time(cost, tokens, pl.n_parts) < summaries else "summaries"

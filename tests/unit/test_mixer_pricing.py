@@ -68,3 +68,21 @@ def test_auto_weighs_the_hand_off_steps_of_a_hybrid() -> None:
     # the same layout planned for attention alone splits the long document into more hand-off steps
     plain = hf_hsap.plan_sequence(cu, 4, cost=CostModel.from_config(LlamaConfig(), "network", "H100"))
     assert mixer_time(plan.placement, hybrid) <= mixer_time(plain.placement, hybrid)
+
+
+def test_the_cheaper_recurrent_mode_is_picked_and_priced() -> None:
+    """Inside one node the heads all-to-all is offered and priced; between nodes only summaries are; a row whose
+    documents all stay whole moves nothing in either mode."""
+    from hf_hsap.plan.cost import recurrent_mode
+
+    node = CostModel.from_config(Qwen3_5TextConfig(), "nvlink", "H100")
+    nodes = CostModel.from_config(Qwen3_5TextConfig(), "network", "H100")
+    assert node.mixer_a2a_token_cost > 0 and nodes.mixer_a2a_token_cost == 0
+    split = contiguous(hf_hsap.plan_sequence(np.array([0, 8192]), 4).layout, 4)
+    whole = contiguous(hf_hsap.plan_sequence(np.array([0, 2048, 4096, 6144, 8192]), 4).layout, 4)
+    heads = (node.mixer_token_cost + node.mixer_a2a_token_cost) * 8192 / 4
+    summaries = node.mixer_token_cost * 2 * 2048 + node.handoff_cost
+    assert recurrent_mode(split, node) == ("heads" if heads < summaries else "summaries")
+    assert mixer_time(split, node) == min(heads, summaries)
+    assert recurrent_mode(split, nodes) == "summaries"
+    assert recurrent_mode(whole, node) == "summaries" and mixer_time(whole, node) == node.mixer_token_cost * 2048
