@@ -9,7 +9,7 @@ sp = hf_hsap.init_sequence_parallel(1)    # under a launcher: P ranks
 print(hf_hsap.prepare_model(model, sp_size=sp.size).check)  # prepares the recurrent layers: mixer_layers=3
 docs = [{"input_ids": torch.randint(3, 256, (n,))} for n in (40, 9, 23)]
 batch = hf_hsap.PackingCollator(max_length=72, pad_to_multiple_of=sp.size)(docs)   # one row, 3 documents
-local = hf_hsap.shard_batch(batch, sp)    # this rank's tokens; a document split across ranks hands its state on
+local = hf_hsap.shard_batch(batch, sp)    # this rank's tokens; a split document runs on all its ranks at once
 out = model(**local)
 out.loss.backward()
 print(f"loss {out.loss.item():.4f}")

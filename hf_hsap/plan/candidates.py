@@ -82,5 +82,5 @@ def _zigzag_if_cheaper(s: Search, best: Option) -> Option | None:
         return None
     pl = zigzag(layout, n_parts)
     tr = {w: window_transfers(pl, layout, w) for w in s.layers}
-    t = step_time(layout, pl, tr, s.layers, cost)  # with a hybrid's hand-off steps, beyond the closed form
+    t = step_time(layout, pl, tr, s.layers, cost)  # with a hybrid's recurrent layers, beyond the closed form
     return Option(pl, tr, t) if t < best.time and pl.tokens_per_part().min() >= s.min_tokens else None

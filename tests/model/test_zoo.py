@@ -40,7 +40,7 @@ EXPECT = {
     "granitemoehybrid": SUPPORTED,
     "qwen3_5_text": SUPPORTED,  # hybrid: gated delta rule layers (with a convolution) beside gated attention
     "kimi_linear": SUPPORTED,  # hybrid: Kimi delta attention (KDA) beside MLA, MoE
-    "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: the hand-off adds the initial state's share), attention
+    "jamba": SUPPORTED,  # hybrid: Mamba mixers (selective scan: a continued run adds the initial state's share), attention
     "mamba": SUPPORTED,  # no attention at all: Mamba mixers only
     "minimax": SUPPORTED,  # hybrid: lightning attention (no kernel hook: its forward replaced per instance)
     "recurrent_gemma": REFUSED,  # hybrid: its convolution and RG-LRU run in its own forward (no kernel hook)

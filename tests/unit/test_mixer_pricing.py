@@ -65,7 +65,7 @@ def test_auto_weighs_the_hand_off_steps_of_a_hybrid() -> None:
     theirs = step_time(plan.layout, cut, {w: window_transfers(cut, plan.layout, w) for w in plan.layer_counts},
                        plan.layer_counts, hybrid)
     assert mine <= theirs
-    # the same layout planned for attention alone splits the long document into more hand-off steps
+    # the same layout planned for attention alone pays more for its recurrent layers
     plain = hf_hsap.plan_sequence(cu, 4, cost=CostModel.from_config(LlamaConfig(), "network", "H100"))
     assert mixer_time(plan.placement, hybrid) <= mixer_time(plain.placement, hybrid)
 
