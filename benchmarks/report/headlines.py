@@ -256,15 +256,16 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     if hyb:
         body = [[r["sp"], f"{r['hybrid']['peak_mib']:,.0f} / {r['attention']['peak_mib']:,.0f}",
                  rp.ratio(r["hybrid"]["cpu_s"], r["attention"]["cpu_s"]),
-                 f"{r['hybrid']['handoffs']} → {r['hybrid_priced']['handoffs']}",
+                 f"{r['hybrid']['summaries']} → {r['hybrid_priced']['summaries']}",
                  "yes" if all(r[n]["states"]["equal"] for n in ("hybrid", "hybrid_priced")) else "**no**"]
                 for r in hyb["rows"]]
         out += ["", f"Command: `{HYBRID_CMD}`: one training step of a Qwen3.5-like hybrid "
                 "(linear attention beside full attention) and a pure-attention Qwen3 of the same size on a packed "
-                f"row of {hyb['row']['tokens']:,} tokens; hand-offs = recurrent states a split document passes per "
-                "layer, on the group's default plan → on a plan priced for the recurrent layers.", "",
+                f"row of {hyb['row']['tokens']:,} tokens; every rank runs its runs at once, and a split document's "
+                "runs send their summaries (final state and transition) in one exchange per recurrent layer; "
+                "summaries per layer on the group's default plan → on a plan priced for the recurrent layers.", "",
                 rp.table(["SP", "peak MiB hybrid / attention", "step time hybrid / attention",
-                          "hand-offs default → priced", "state bytes = formula"], body)]
+                          "summaries / layer default → priced", "summary bytes = formula"], body)]
     soak = res.get("soak")
     if soak:
         out += ["", f"Command: `{SOAK_CMD}`: {soak['steps']:,} training steps on {soak['world']} "
