@@ -235,7 +235,7 @@ def _comm_bytes(sp: Any) -> int:
     return 0 if stats is None else int(stats.bytes_sent + stats.a2a_bytes_sent)
 
 
-def _chain_facts(model: torch.nn.Module) -> dict[str, Any]:
+def chain_facts(model: torch.nn.Module) -> dict[str, Any]:
     """The summary exchange of the model's last forward (``None`` fields for a model without recurrent layers).
 
     Returns:
@@ -251,7 +251,7 @@ def _chain_facts(model: torch.nn.Module) -> dict[str, Any]:
             "continued": sum(s.continued for s in chain.segments)}
 
 
-def _placement(plan: Any, sp_size: int) -> dict[str, Any]:
+def doc_placement(plan: Any, sp_size: int) -> dict[str, Any]:
     """Where the plan puts the row's documents.
 
     Returns:
@@ -323,8 +323,8 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
         model.zero_grad(set_to_none=True)
         assert math.isfinite(loss), f"{name}: loss {loss}"
         out[name].update(loss=loss, tokens=int(local["input_ids"].shape[1]), comm_bytes=_comm_bytes(sp) - before,
-                         states=meter.summary(), **_placement(local["hsap_plan"], sp_size),
-                         **_chain_facts(model))
+                         states=meter.summary(), **doc_placement(local["hsap_plan"], sp_size),
+                         **chain_facts(model))
     for name, model in models.items():
         local = shard(name)
         with TensorPeak() as peak:
