@@ -14,6 +14,7 @@ import numpy as np
 from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
 from . import format as rp
 from .placement_goals import PEERS
+from .recurrent_split import split_headline
 from .sft_memory import sft_headline_line
 from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, ROOT, RUN_CMD, SOAK_CMD, VLM_CMD
 
@@ -228,7 +229,8 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     """Model-zoo counts, the VLM and hybrid training steps side by side, and the soak.
 
     Args:
-        res: the results dict (``model_zoo``, ``vlm_zoo``, ``vlm_step``, ``hybrid_step``, ``soak``).
+        res: the results dict (``model_zoo``, ``vlm_zoo``, ``vlm_step``, ``hybrid_step``, ``recurrent_split``,
+            ``soak``).
         models_link: MODELS.md relative to the page.
 
     Returns:
@@ -266,6 +268,8 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
                 "summaries per layer on the group's default plan → on a plan priced for the recurrent layers.", "",
                 rp.table(["SP", "peak MiB hybrid / attention", "step time hybrid / attention",
                           "summaries / layer default → priced", "summary bytes = formula"], body)]
+    if res.get("recurrent_split"):
+        out += split_headline(res["recurrent_split"])
     soak = res.get("soak")
     if soak:
         out += ["", f"Command: `{SOAK_CMD}`: {soak['steps']:,} training steps on {soak['world']} "

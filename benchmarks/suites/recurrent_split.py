@@ -1,5 +1,6 @@
 """Recurrent layers under SP on CPU: what splitting one document over the SP group costs a recurrent-only model
-(every layer a gated delta rule, every layer Mamba2, or every layer KDA; :mod:`benchmarks.suites.recurrent_split_workers`).
+(every layer a gated delta rule, every layer Mamba2, or every layer KDA;
+:mod:`benchmarks.suites.recurrent_split_workers`).
 
 Row A: one document of ``T`` tokens split over the group; row B: the same ``T`` tokens as ``P`` documents of ``T / P``,
 each held whole by one rank (checked). Both rows use the same placement (``contiguous`` by default, so A's runs are
