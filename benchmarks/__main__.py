@@ -8,7 +8,8 @@ after the core suite, the plots too). ``python -m benchmarks report [--plots]`` 
     python -m benchmarks memory [--quick]                # bash scripts/bench_memory.sh: memory_levers, memory_model,
                                                          #   sft_memory
     python -m benchmarks sft_memory [--quick]            # the SFT recipe's resident memory (in memory too)
-    python -m benchmarks hybrid [--quick]                # bash scripts/bench_hybrid.sh
+    python -m benchmarks hybrid [--quick]                # bash scripts/bench_hybrid.sh: hybrid_step, recurrent_split
+    python -m benchmarks recurrent_split [--quick]       # a split document in recurrent-only models (in hybrid too)
     python -m benchmarks vlm [--quick]                   # bash scripts/bench_vlm.sh
     python -m benchmarks report                          # the pages from the committed JSON
 """
@@ -27,12 +28,14 @@ from .report.memory import levers_section
 from .report.peers import peers_section
 from .report.plots import draw_plots
 from .report.publish import publish
+from .report.recurrent_split import split_section
 from .report.soak import soak_markdown
 from .report.sources import MAIN, PAGE, PLOTS, RESULTS, ROOT
 from .report.sweep import render_sweep
 from .report.vlm import vlm_section
 from .report.windows import render_windows
-from .suites import core, gpu_calibrate, hybrid_step, memory_levers, memory_model, peers, sft_memory, soak, sweep, vlm_step, windows
+from .suites import (core, gpu_calibrate, hybrid_step, memory_levers, memory_model, peers, recurrent_split, sft_memory,
+                     soak, sweep, vlm_step, windows)
 from .suites.output import Outcome
 
 __all__ = ["SUITES", "Step", "main"]
@@ -60,7 +63,8 @@ SUITES: dict[str, tuple[Step, ...]] = {
     "memory_levers": (Step(memory_levers.main, levers_section),),
     "memory_model": (Step(memory_model.main),),
     "sft_memory": (Step(sft_memory.main),),
-    "hybrid": (Step(hybrid_step.main, hybrid_section),),
+    "hybrid": (Step(hybrid_step.main, hybrid_section), Step(recurrent_split.main_after_hybrid, split_section)),
+    "recurrent_split": (Step(recurrent_split.main, split_section),),
     "vlm": (Step(vlm_step.main, vlm_section),),
     "soak": (Step(soak.main, soak_markdown),),
     "sweep": (Step(sweep.main, render_sweep),),

@@ -14,6 +14,7 @@ import numpy as np
 from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
 from . import format as rp
 from .placement_goals import PEERS
+from .recurrent_split import split_headline
 from .sft_memory import sft_headline_line
 from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, ROOT, RUN_CMD, SOAK_CMD, VLM_CMD
 
@@ -228,7 +229,8 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     """Model-zoo counts, the VLM and hybrid training steps side by side, and the soak.
 
     Args:
-        res: the results dict (``model_zoo``, ``vlm_zoo``, ``vlm_step``, ``hybrid_step``, ``soak``).
+        res: the results dict (``model_zoo``, ``vlm_zoo``, ``vlm_step``, ``hybrid_step``, ``recurrent_split``,
+            ``soak``).
         models_link: MODELS.md relative to the page.
 
     Returns:
@@ -256,15 +258,18 @@ def coverage_headline(res: dict[str, Any], models_link: str) -> list[str]:
     if hyb:
         body = [[r["sp"], f"{r['hybrid']['peak_mib']:,.0f} / {r['attention']['peak_mib']:,.0f}",
                  rp.ratio(r["hybrid"]["cpu_s"], r["attention"]["cpu_s"]),
-                 f"{r['hybrid']['handoffs']} → {r['hybrid_priced']['handoffs']}",
+                 f"{r['hybrid']['summaries']} → {r['hybrid_priced']['summaries']}",
                  "yes" if all(r[n]["states"]["equal"] for n in ("hybrid", "hybrid_priced")) else "**no**"]
                 for r in hyb["rows"]]
         out += ["", f"Command: `{HYBRID_CMD}`: one training step of a Qwen3.5-like hybrid "
                 "(linear attention beside full attention) and a pure-attention Qwen3 of the same size on a packed "
-                f"row of {hyb['row']['tokens']:,} tokens; hand-offs = recurrent states a split document passes per "
-                "layer, on the group's default plan → on a plan priced for the recurrent layers.", "",
+                f"row of {hyb['row']['tokens']:,} tokens; every rank runs its runs at once, and a split document's "
+                "runs send their summaries (final state and transition) in one exchange per recurrent layer; "
+                "summaries per layer on the group's default plan → on a plan priced for the recurrent layers.", "",
                 rp.table(["SP", "peak MiB hybrid / attention", "step time hybrid / attention",
-                          "hand-offs default → priced", "state bytes = formula"], body)]
+                          "summaries / layer default → priced", "summary bytes = formula"], body)]
+    if res.get("recurrent_split"):
+        out += split_headline(res["recurrent_split"])
     soak = res.get("soak")
     if soak:
         out += ["", f"Command: `{SOAK_CMD}`: {soak['steps']:,} training steps on {soak['world']} "

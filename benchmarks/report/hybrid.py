@@ -43,37 +43,56 @@ def hybrid_section(res: dict[str, Any]) -> str:
                      f"{ratio(a['cpu_s'], one['hybrid']['cpu_s'])} | "
                      f"{ratio(b['cpu_s'], one['attention']['cpu_s'])} |")
     equal = all(r["hybrid"]["states"]["equal"] for r in rows)
-    lines += ["", f"State hand-offs of the hybrid: per hand-off and {f['mixer_layers']} linear-attention layer(s), the "
-              f"convolution's last {m['conv_kernel'] - 1} inputs (C = {f['conv'] // (4 * (m['conv_kernel'] - 1))} "
-              f"channels x {m['conv_kernel'] - 1} x 4 B = {f['conv']:,} B) and the delta rule's state "
-              f"({m['linear_v_heads']} x {m['linear_dk']} x {m['linear_dv']} x 4 B = {f['recurrent']:,} B), "
-              f"{f['per_handoff']:,} B together. Measured: the bytes the SP group's CommStats count as sent by the "
-              "state exchanges (`StateExchange.exchange`), summed over ranks; the backward sends each state's "
-              "gradient back (the same bytes). Formula: hand-offs (`Chain.handoffs`) x the bytes per hand-off. "
-              + ("Measured = formula at every SP size, per kind and direction." if equal else
+    m1 = m["conv_kernel"] - 1
+    channels = (f["conv"] // 4 - m1 * m1) // m1
+    lines += ["", "Split documents: every rank runs all its runs at once from the zero state; each run that a later "
+              "run continues sends one summary (its final state B and transition A, flattened `[B | A]`) to every "
+              "other rank holding a later run of its document, all in one exchange per recurrent mixer and layer; "
+              "each continued run folds the summaries of the runs before it into its true initial state and "
+              "corrects its output. The backward makes one exchange back: one gradient row per summary received. "
+              f"Bytes of one summary row, in each of the {f['mixer_layers']} linear-attention layer(s): the "
+              "convolution's "
+              f"(B: the last {m1} inputs of C = {channels} channels, A: a {m1} x {m1} shift; "
+              f"({channels} x {m1} + {m1 * m1}) x 4 B = {f['conv']:,} B) and the delta rule's (B: "
+              f"{m['linear_v_heads']} x {m['linear_dk']} x {m['linear_dv']}, A: {m['linear_v_heads']} x "
+              f"{m['linear_dk']} x {m['linear_dk']}; x 4 B = {f['recurrent']:,} B), {f['per_summary']:,} B "
+              "together. Measured: the bytes the SP group's CommStats count as sent by the summary exchanges "
+              "(`StateExchange.exchange`, a row's kind told by its size), summed over ranks; formula: summaries "
+              "(`Chain.summaries`) x the row bytes, forward and backward alike. "
+              + ("Measured = formula at every SP size, per kind and direction, and every rank makes one exchange "
+                 "per mixer, layer and direction when a document is split (none otherwise)." if equal else
                  "**Measured differs from the formula** (see the JSON).") +
-              " Chain steps: the hand-off steps each recurrent layer runs one after the other (its longest "
-              "document chain), with an exchange between two. The default plan balances the attention's work, not "
-              "the hand-offs: a split document may go back and forth between ranks (every change of rank one "
-              "hand-off and one more step), where cutting the row into contiguous slices would hand off at most "
-              "SP - 1 states. p2p KiB: everything the step's point-to-point and all-to-all exchanges sent (the "
-              "attention layers' key / value rows included), summed over ranks.", "",
-              "| SP | split docs | hand-offs / layer | chain steps | state KiB / layer measured | formula | "
-              "state KiB / step (fwd + bwd) measured | formula | p2p KiB / step hybrid | attention | state share | "
-              "ranks of the split documents' runs |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              " Exchanges / layer: per rank, recurrent mixer and direction (forward / backward). p2p KiB: "
+              "everything the step's point-to-point and all-to-all exchanges sent (the attention layers' key / "
+              "value rows included), summed over ranks.", "",
+              "| SP | split docs | continued runs per rank | summaries / layer | exchanges / layer (fwd / bwd) | "
+              "summary KiB / layer measured | formula | summary KiB / step (fwd + bwd) measured | formula | "
+              "p2p KiB / step hybrid | attention | summary share | ranks of the split documents' runs |",
+              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         a, s = r["hybrid"], r["hybrid"]["states"]
         share = ratio(s["step"]["measured"], a["comm_bytes"]) if a["comm_bytes"] else "–"
-        lines.append(f"| {r['sp']} | {a['split_docs']} | {a['handoffs']} | {a['chain_steps']} | "
-                     f"{_kib(s['layer']['total']['measured'])} | {_kib(s['layer']['total']['formula'])} | "
-                     f"{_kib(s['step']['measured'])} | {_kib(s['step']['formula'])} | {_kib(a['comm_bytes'])} | "
-                     f"{_kib(r['attention']['comm_bytes'])} | {share} | {_doc_ranks(a['doc_ranks'])} |")
+        lines.append(f"| {r['sp']} | {a['split_docs']} | {_list(a['continued'])} | {a['summaries']} | "
+                     f"{_exchanges(s)} | {_kib(s['layer']['total']['measured'])} | "
+                     f"{_kib(s['layer']['total']['formula'])} | {_kib(s['step']['measured'])} | "
+                     f"{_kib(s['step']['formula'])} | {_kib(a['comm_bytes'])} | {_kib(r['attention']['comm_bytes'])} | "
+                     f"{share} | {_doc_ranks(a['doc_ranks'])} |")
     return "\n".join(lines + [""] + _priced_lines(res)) + "\n"
 
 
 def _kib(x: float) -> str:
     return f"{x / 1024:,.0f}" if x >= 10 * 1024 or not x else f"{x / 1024:.1f}"
+
+
+def _list(xs: list[int] | None) -> str:
+    return "–" if xs is None else ", ".join(str(x) for x in xs)
+
+
+def _exchanges(states: dict[str, Any]) -> str:
+    """``fwd / bwd`` exchanges per layer of one mixer (both mixers alike, else each by kind)."""
+    ex = states["exchanges"]
+    per = {k: f"{v['forward']:g} / {v['backward']:g}" for k, v in ex.items()}
+    return next(iter(per.values())) if len(set(per.values())) == 1 else "; ".join(f"{k} {v}" for k, v in per.items())
 
 
 def _doc_ranks(doc_ranks: dict[str, list[int]]) -> str:
@@ -91,22 +110,23 @@ def _priced_lines(res: dict[str, Any]) -> list[str]:
              f"\"{c['link']}\", \"{c['hardware']}\")))`, every other option at its default, as the group's "
              "(checked): the cost model reads the recurrent layers from `layer_types` "
              f"(mixer_token_cost {c['mixer_token_cost']:,.0f}, handoff_cost {c['handoff_cost']:,.0f} pair units, "
-             f"beside token_cost {c['token_cost']:,.0f}), and `placement=\"auto\"` weighs the hand-off steps "
-             "(each waits for its busiest part, each later one for an exchange). Default: the hybrid above, on "
-             "the group's plan (attention priced only). Its loss equals the default plan's within "
-             f"{res['priced_err']:.1e} (relative). Peak, time, hand-offs, chain steps and state bytes as above; "
-             + ("measured state bytes = formula at every SP size." if equal else
-                "**measured state bytes differ from the formula** (see the JSON)."), "",
+             f"beside token_cost {c['token_cost']:,.0f}), and `placement=\"auto\"` weighs them: every part runs its "
+             "runs at once, so the recurrent layers wait for the busiest part's mixer tokens (twice for a run that "
+             "continues a split document) and, when any document is split, for one summary exchange. Default: the "
+             "hybrid above, on the group's plan (attention priced only). Its loss equals the default plan's within "
+             f"{res['priced_err']:.1e} (relative). Peak, time, summaries and summary bytes as above; "
+             + ("measured summary bytes = formula at every SP size." if equal else
+                "**measured summary bytes differ from the formula** (see the JSON)."), "",
              "| SP | peak MiB default | priced | step s default | priced | priced / default time | "
-             "hand-offs / layer default | priced | priced / default hand-offs | chain steps default | priced | "
-             "state KiB / step priced measured | formula | split docs default | priced | "
+             "summaries / layer default | priced | continued runs per rank default | priced | "
+             "summary KiB / step priced measured | formula | split docs default | priced | "
              "ranks of the split documents' runs default | priced |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         a, b = r["hybrid"], r["hybrid_priced"]
         lines.append(f"| {r['sp']} | {mib(a['peak_mib'])} | {mib(b['peak_mib'])} | {secs(a['cpu_s'])} | "
-                     f"{secs(b['cpu_s'])} | {ratio(b['cpu_s'], a['cpu_s'])} | {a['handoffs']} | {b['handoffs']} | "
-                     f"{ratio(b['handoffs'], a['handoffs'])} | {a['chain_steps']} | {b['chain_steps']} | "
+                     f"{secs(b['cpu_s'])} | {ratio(b['cpu_s'], a['cpu_s'])} | {a['summaries']} | {b['summaries']} | "
+                     f"{_list(a['continued'])} | {_list(b['continued'])} | "
                      f"{_kib(b['states']['step']['measured'])} | {_kib(b['states']['step']['formula'])} | "
                      f"{a['split_docs']} | {b['split_docs']} | {_doc_ranks(a['doc_ranks'])} | "
                      f"{_doc_ranks(b['doc_ranks'])} |")

@@ -67,9 +67,10 @@ def _header(res: dict[str, Any]) -> list[str]:
     if lev or mod:
         data.append(f"`{MEMORY_CMD}`: " + "; ".join(f"{name} {_when(d)}, {d['seconds']:.0f} s" for name, d in
                                                (("levers", lev), ("memory model", mod)) if d))
-    for key, cmd in (("vlm_step", VLM_CMD), ("hybrid_step", HYBRID_CMD), ("soak", SOAK_CMD)):
+    for key, cmd in (("vlm_step", f"`{VLM_CMD}`"), ("hybrid_step", f"`{HYBRID_CMD}`"),
+                     ("recurrent_split", f"`{HYBRID_CMD}` (recurrent split step)"), ("soak", f"`{SOAK_CMD}`")):
         if res.get(key):
-            data.append(f"`{cmd}`: {_when(res[key])}, {res[key]['seconds']:.0f} s")
+            data.append(f"{cmd}: {_when(res[key])}, {res[key]['seconds']:.0f} s")
     for key in ("model_zoo", "vlm_zoo"):
         if res.get(key):
             h = res[key]["header"]

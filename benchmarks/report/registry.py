@@ -15,6 +15,7 @@ from .details import data_line
 from .hybrid import hybrid_section
 from .memory import memory_sections
 from .peers import peers_section
+from .recurrent_split import split_section
 from .soak import soak_markdown
 from .sources import HYBRID_CMD, MEMORY_CMD, PEERS_CMD, RUN_CMD, SOAK_CMD, VLM_CMD
 from .sweep import render_sweep
@@ -76,6 +77,13 @@ def _side(key: str, fn: Callable[[Any], str]) -> Callable[[dict[str, Any], Path]
     return lambda res, folder: fn(res[key]) if res.get(key) else None
 
 
+def _hybrid(res: dict[str, Any], folder: Path) -> str | None:
+    """The hybrid step's section and the split-document section of the recurrent-only models, whichever exist."""
+    parts = [fn(res[key]) for key, fn in (("hybrid_step", hybrid_section), ("recurrent_split", split_section))
+             if res.get(key)]
+    return "\n".join(parts) or None
+
+
 def _memory(res: dict[str, Any], folder: Path) -> str | None:
     """Both memory sections (levers, memory model), whichever exist."""
     return "\n\n".join(memory_sections(res)) or None
@@ -101,8 +109,7 @@ DETAILS: tuple[Detail, ...] = (
            _side("peers", peers_section)),
     Detail("memory", "Memory levers and the memory model", (MEMORY_CMD,), _memory),
     Detail("vlm", "VLM training step", (VLM_CMD,), _side("vlm_step", vlm_section)),
-    Detail("hybrid", "Hybrid model training step (linear attention under SP)", (HYBRID_CMD,),
-           _side("hybrid_step", hybrid_section)),
+    Detail("hybrid", "Hybrid model training step (linear attention under SP)", (HYBRID_CMD,), _hybrid),
     Detail("soak", "Soak: a long run with a new layout every step", (SOAK_CMD,), _side("soak", soak_markdown)),
     Detail("plots", "Plots", (RUN_CMD,), _run_part("traffic_rows", dt.plots_detail)),
 )  # one per file, in the page's order

@@ -1,18 +1,20 @@
 """A hybrid model's training step under SP on CPU: per-rank tensor peak and step time of one forward + backward of a
 Qwen3.5-like hybrid (gated-delta-rule layers beside full attention) and of a pure-attention model of the same width,
-depth and heads (Qwen3), on one packed text row at SP 1, 2 and 4, and the recurrent state a split document moves
+depth and heads (Qwen3), on one packed text row at SP 1, 2 and 4, and the summaries a split document's runs exchange
 (:mod:`benchmarks.suites.hybrid_workers`); and the same hybrid on a plan priced for it ("hybrid, planned for it",
 ``hybrid_priced``: ``shard_batch(batch, sp, config=HSAPConfig(sp_size=P, cost_model=CostModel.from_config(config,
-"network", "H100")))``), whose cost model prices the recurrent layers' hand-off steps, where the other two run on
-the group's default plan (its cost model prices attention only).
+"network", "H100")))``), whose cost model prices the recurrent layers (their tokens and the summary exchange), where
+the other two run on the group's default plan (its cost model prices attention only).
 
 Each SP size runs on its own spawned gloo ranks (SP = world size); the three variants run side by side in the same
 ranks on the same row (the priced one: the hybrid's own module, so the same loss). Per variant and rank: the exact
 tensor peak of one step (:class:`benchmarks.tensor_memory.TensorPeak`, in its own untimed step) and the CPU time of a
-step (median of the interleaved timed rounds after a warm-up); reported: the busiest rank (max over ranks). For both
-hybrids, the bytes of state its recurrent layers hand from rank to rank, measured at the exchange (summed over ranks)
-against the formula ``hand-offs x (C * (k - 1) * 4 + H * D_k * D_v * 4)`` per layer and direction
-(:func:`benchmarks.suites.hybrid_workers.state_formula`).
+step (median of the interleaved timed rounds after a warm-up); reported: the busiest rank (max over ranks). Every rank
+runs all its runs at once; when a document is split, each recurrent mixer (convolution, delta rule) of each layer
+makes one summary exchange forward and one backward. For both hybrids: the exchanges per layer and the summary bytes,
+measured at the exchange (summed over ranks), against the formula ``summaries x row bytes`` per layer, kind and
+direction (``Chain.summaries``; the row bytes: :func:`benchmarks.suites.hybrid_workers.state_formula`; backward: one
+gradient row back per summary received).
 
 Usage: ``python -m benchmarks hybrid [--quick] [--out benchmarks/results/hybrid_step.json] [--no-write-md]``
 (``bash scripts/bench_hybrid.sh``). Writes the results JSON; the entry point then renders it
@@ -77,31 +79,47 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _states(ranks: list[dict[str, Any]], formula: dict[str, int], handoffs: int) -> dict[str, Any]:
-    """The hybrid's state bytes, summed over ranks, beside the formula.
+def _states(ranks: list[dict[str, Any]], formula: dict[str, int], summaries: int, remote: bool) -> dict[str, Any]:
+    """The hybrid's summary exchanges and bytes, summed over ranks, beside the formula.
 
     Args:
         ranks: every rank's ``hybrid`` record; formula: :func:`benchmarks.suites.hybrid_workers.state_formula`;
-        handoffs: states sent between ranks per mixer layer (``Chain.handoffs``).
+        summaries: summary rows sent between ranks per mixer layer (``Chain.summaries``); remote: whether any
+        document is split (``Chain.remote``: then each mixer exchanges once per layer and direction).
 
     Returns:
-        ``{"layer": {kind: {"measured", "formula"}}, "step": {"measured", "formula"}, "equal"}``: bytes per mixer
-        layer and direction (``kind``: ``conv``, ``recurrent``, ``total``; forward and backward both checked) and
-        per step (every mixer layer, forward states + backward gradients).
+        ``{"layer": {kind: {"measured", "measured_backward", "formula"}}, "exchanges": {kind: {"forward",
+        "backward", "expected"}}, "step": {"measured", "formula"}, "equal"}``: bytes per mixer layer and direction
+        (``kind``: ``conv``, ``recurrent``, ``total``), the exchanges each rank makes per mixer layer and direction
+        (the same on every rank, checked), and bytes per step (every mixer layer, forward summaries + backward
+        gradients). ``equal``: measured = formula everywhere (bytes of both directions, exchanges, no row of
+        another size).
     """
     layers = formula["mixer_layers"]
-    summed = {p: {k: sum(r["states"][p][k]["bytes"] for r in ranks) for k in ("conv", "recurrent")}
+    kinds = ("conv", "recurrent")
+    summed = {p: {k: sum(r["states"][p].get(k, {}).get("bytes", 0) for r in ranks) for k in kinds}
               for p in hw.PHASES}
+    per_rank = {p: {k: {r["states"][p].get(k, {}).get("exchanges", 0) for r in ranks} for k in kinds}
+                for p in hw.PHASES}
+    other = any("other" in r["states"][p] for r in ranks for p in hw.PHASES)
     layer: dict[str, dict[str, Any]] = {}
-    for kind in ("conv", "recurrent"):
+    for kind in kinds:
         per = [summed[p][kind] / layers for p in hw.PHASES]
-        layer[kind] = {"measured": per[0], "measured_backward": per[1], "formula": handoffs * formula[kind]}
+        layer[kind] = {"measured": per[0], "measured_backward": per[1], "formula": summaries * formula[kind]}
     layer["total"] = {k: layer["conv"][k] + layer["recurrent"][k] for k in ("measured", "measured_backward", "formula")}
+    exchanges = {k: {**{p: _one(per_rank[p][k]) / layers for p in hw.PHASES}, "expected": int(remote)}
+                 for k in kinds}
     step = {"measured": sum(sum(v.values()) for v in summed.values()),
-            "formula": 2 * layers * handoffs * formula["per_handoff"]}
-    equal = step["measured"] == step["formula"] and all(
-        v["measured"] == v["formula"] == v["measured_backward"] for v in layer.values())
-    return {"layer": layer, "step": step, "equal": equal}
+            "formula": 2 * layers * summaries * formula["per_summary"]}
+    equal = (not other and step["measured"] == step["formula"]
+             and all(v["measured"] == v["formula"] == v["measured_backward"] for v in layer.values())
+             and all(e["forward"] == e["backward"] == e["expected"] for e in exchanges.values()))
+    return {"layer": layer, "exchanges": exchanges, "step": step, "equal": equal}
+
+
+def _one(values: set[int]) -> int:
+    """The one value every rank recorded (-1 when the ranks differ)."""
+    return next(iter(values)) if len(values) == 1 else -1
 
 
 def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,11 +134,12 @@ def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
                      "tokens": [r["tokens"] for r in rs], "loss": rs[0]["loss"], "params": rs[0]["params"],
                      "comm_bytes": sum(r["comm_bytes"] for r in rs), "split_docs": rs[0]["split_docs"],
                      "runs": rs[0]["runs"], "doc_ranks": rs[0]["doc_ranks"],
-                     "handoffs": rs[0]["handoffs"], "chain_steps": rs[0]["chain_steps"],
+                     "summaries": rs[0]["summaries"], "remote": rs[0]["remote"],
+                     "continued": None if rs[0]["continued"] is None else [r["continued"] for r in rs],
                      "at_peak": rs[0]["at_peak"]}
     for name in HYBRIDS:
         hyb = [r[name] for r in ranks]
-        row[name]["states"] = _states(hyb, hyb[0]["formula"], hyb[0]["handoffs"])
+        row[name]["states"] = _states(hyb, hyb[0]["formula"], hyb[0]["summaries"], hyb[0]["remote"])
     return row
 
 

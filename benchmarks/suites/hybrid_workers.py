@@ -5,10 +5,13 @@ the same width, depth and heads (Qwen3), on one packed text row under HSAP SP (s
 attention only); and the same hybrid module once more on a plan priced for it (:data:`VARIANTS`,
 :func:`plan_config`: ``shard_batch(batch, sp, config=HSAPConfig(sp_size=P, cost_model=CostModel.from_config(...)))``).
 
-What a split document costs the hybrid is measured at the exchange: :class:`StateMeter` wraps
-:meth:`hf_hsap.mixers.handoff.StateExchange.exchange` and records, per call, the shape of the states and the bytes
-the SP group's :class:`~hf_hsap.comm.p2p.CommStats` counted as sent by it (forward: the states; backward: their
-gradients, the same shape). :func:`state_formula` is what those bytes should be, from the config alone.
+What a split document costs the hybrid is measured at the exchange: every rank runs all its runs at once and, when
+any document is split, each recurrent token mixer (the short convolution and the delta rule are two) makes one
+summary exchange per layer forward and one backward. :class:`StateMeter` wraps
+:meth:`hf_hsap.mixers.handoff.StateExchange.exchange` and records, per call, the row size (which mixer's summaries),
+the rows this rank sent, the bytes the SP group's :class:`~hf_hsap.comm.p2p.CommStats` counted as sent by it and the
+seconds spent in it (forward: the summaries ``[B | A]``; backward: one gradient row per summary received).
+:func:`state_formula` is what one summary row should be, from the config alone.
 """
 from __future__ import annotations
 
@@ -92,24 +95,28 @@ def plan_config(config: Any, sp_size: int, default: Any = None) -> hf_hsap.HSAPC
 
 
 def state_formula(config: Any) -> dict[str, int]:
-    """The bytes one hand-off of one recurrent layer moves, from the config (float32 activations and states).
+    """The bytes of one summary row of one recurrent layer, from the config (float32 activations and states).
 
-    Conv state: the last ``k - 1`` inputs of the short convolution over ``C = 2 * H_k * D_k + H_v * D_v`` channels,
-    ``C * (k - 1) * 4`` bytes (``[1, C, k - 1]``, the activations' dtype); recurrent state: the gated delta rule's
-    ``[1, H_v, D_k, D_v]`` float32 state, ``H_v * D_k * D_v * 4`` bytes (keys repeated to the value heads).
+    A row is a run's final state from zero ``B`` and its transition ``A``, flattened ``[B | A]`` (``A`` zero for a
+    run that starts its document). Convolution: ``B`` the last ``k - 1`` inputs of the short convolution over
+    ``C = 2 * H_k * D_k + H_v * D_v`` channels (``[1, C, k - 1]``), ``A`` a ``(k - 1) x (k - 1)`` shift matrix:
+    ``(C * (k - 1) + (k - 1) ** 2) * 4`` bytes. Delta rule: ``B`` the ``[1, H_v, D_k, D_v]`` state (keys repeated to
+    the value heads), ``A`` the ``[1, H_v, D_k, D_k]`` transition: ``(H_v * D_k * D_v + H_v * D_k * D_k) * 4`` bytes.
 
     Args:
         config: the hybrid's ``Qwen3_5TextConfig``.
 
     Returns:
-        ``{"conv", "recurrent", "per_handoff", "mixer_layers"}`` (bytes, bytes, their sum, linear-attention
+        ``{"conv", "recurrent", "per_summary", "mixer_layers"}`` (bytes of a row of each, their sum, linear-attention
         layers).
     """
     c = config
     channels = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
-    conv = channels * (c.linear_conv_kernel_dim - 1) * 4
-    rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-    return {"conv": conv, "recurrent": rec, "per_handoff": conv + rec,
+    m = c.linear_conv_kernel_dim - 1
+    conv = (channels * m + m * m) * 4
+    h, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    rec = (h * dk * dv + h * dk * dk) * 4
+    return {"conv": conv, "recurrent": rec, "per_summary": conv + rec,
             "mixer_layers": sum(t == "linear_attention" for t in c.layer_types)}
 
 
@@ -142,15 +149,21 @@ def packed_row(lengths: list[int], vocab: int, seed: int, pad_to: int) -> dict[s
 
 
 class StateMeter:
-    """Records every state exchange of the recurrent layers while active (a wrapper of ``StateExchange.exchange``).
+    """Records every summary exchange of the recurrent layers while active (a wrapper of ``StateExchange.exchange``).
+
+    Args:
+        kinds: ``{row bytes: kind}``: which mixer a row of that size belongs to (e.g. ``{conv row: "conv",
+            delta-rule row: "recurrent"}`` from :func:`state_formula`); a row of another size is ``"other"``.
 
     Attributes:
         phase: set by the caller to ``"forward"`` or ``"backward"`` (what the next exchanges belong to).
-        calls: ``[{"phase", "shape", "states", "bytes"}]``: per exchange, the state's shape, the states this rank
-            sent and the bytes its :class:`~hf_hsap.comm.p2p.CommStats` counted as sent during the call.
+        calls: ``[{"phase", "kind", "row_bytes", "rows", "bytes", "seconds"}]``: per exchange, the row's kind and
+            bytes, the rows this rank sent, the bytes its :class:`~hf_hsap.comm.p2p.CommStats` counted as sent during
+            the call and the wall seconds spent in it (waiting for the other ranks included).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: dict[int, str]) -> None:
+        self.kinds = dict(kinds)
         self.phase = "forward"
         self.calls: list[dict[str, Any]] = []
 
@@ -161,10 +174,13 @@ class StateMeter:
         meter = self
 
         def exchange(ex: handoff.StateExchange, sends: list, recvs: list, like: torch.Tensor) -> dict:
-            before = ex.executor.stats.bytes_sent
+            before, t0 = ex.executor.stats.bytes_sent, time.perf_counter()
             got = orig(ex, sends, recvs, like)
-            meter.calls.append({"phase": meter.phase, "shape": tuple(like.shape), "states": len(sends),
-                                "bytes": ex.executor.stats.bytes_sent - before})
+            seconds = time.perf_counter() - t0
+            row = like.numel() * like.element_size()
+            meter.calls.append({"phase": meter.phase, "kind": meter.kinds.get(row, "other"), "row_bytes": row,
+                                "rows": len(sends), "bytes": ex.executor.stats.bytes_sent - before,
+                                "seconds": seconds})
             return got
 
         handoff.StateExchange.exchange = exchange  # type: ignore[method-assign]
@@ -173,16 +189,23 @@ class StateMeter:
         finally:
             handoff.StateExchange.exchange = orig  # type: ignore[method-assign]
 
-    def summary(self) -> dict[str, dict[str, dict[str, int]]]:
-        """``{phase: {"conv" | "recurrent": {"states", "bytes", "exchanges"}}}`` over the recorded calls (a state
-        of three dimensions is a convolution's, of four the delta rule's)."""
-        out = {p: {k: {"states": 0, "bytes": 0, "exchanges": 0} for k in ("conv", "recurrent")} for p in PHASES}
+    def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """``{phase: {kind: {"rows", "bytes", "exchanges", "seconds"}}}`` over the recorded calls, for every kind of
+        ``kinds`` (and ``"other"`` when a row matched none)."""
+        kinds = [*dict.fromkeys(self.kinds.values())]
+        kinds += ["other"] if any(c["kind"] == "other" for c in self.calls) else []
+        out = {p: {k: {"rows": 0, "bytes": 0, "exchanges": 0, "seconds": 0.0} for k in kinds} for p in PHASES}
         for c in self.calls:
-            s = out[c["phase"]]["conv" if len(c["shape"]) == 3 else "recurrent"]
-            s["states"] += c["states"]
+            s = out[c["phase"]][c["kind"]]
+            s["rows"] += c["rows"]
             s["bytes"] += c["bytes"]
             s["exchanges"] += 1
+            s["seconds"] += c["seconds"]
         return out
+
+    def seconds(self) -> float:
+        """Wall seconds spent in every recorded exchange."""
+        return sum(c["seconds"] for c in self.calls)
 
 
 def step(model: torch.nn.Module, local: dict[str, Any], sp: Any, meter: StateMeter | None = None) -> torch.Tensor:
@@ -212,16 +235,23 @@ def _comm_bytes(sp: Any) -> int:
     return 0 if stats is None else int(stats.bytes_sent + stats.a2a_bytes_sent)
 
 
-def _chain_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """The hand-off chain of the hybrid's last forward (``None`` fields for a model without recurrent layers)."""
+def chain_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """The summary exchange of the model's last forward (``None`` fields for a model without recurrent layers).
+
+    Returns:
+        ``{"summaries": summaries sent over the group per recurrent layer (``Chain.summaries``), "remote": whether
+        any run continues one held by another rank (then each recurrent mixer exchanges once per layer and
+        direction), "segments": this rank's runs, "continued": those of them that continue an earlier run}``.
+    """
     ctx = state_of(model, MIXERS)
     chain = getattr(ctx, "chain", None)
     if chain is None:
-        return {"handoffs": None, "chain_steps": None, "segments": None}
-    return {"handoffs": chain.handoffs, "chain_steps": chain.steps, "segments": len(chain.segments)}
+        return {"summaries": None, "remote": None, "segments": None, "continued": None}
+    return {"summaries": chain.summaries, "remote": chain.remote, "segments": len(chain.segments),
+            "continued": sum(s.continued for s in chain.segments)}
 
 
-def _placement(plan: Any, sp_size: int) -> dict[str, Any]:
+def doc_placement(plan: Any, sp_size: int) -> dict[str, Any]:
     """Where the plan puts the row's documents.
 
     Returns:
@@ -259,8 +289,8 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
             ``lengths``, ``pad_to``, ``seed``); sp_size: the SP size (the world); reps: timed rounds.
 
     Returns:
-        ``{variant: {"loss", "tokens", "params", "peak_bytes", "at_peak", "comm_bytes", "states", "handoffs",
-        "chain_steps", "segments", "split_docs", "runs", "doc_ranks", "formula", "cpu_s": [...],
+        ``{variant: {"loss", "tokens", "params", "peak_bytes", "at_peak", "comm_bytes", "states", "summaries",
+        "remote", "segments", "continued", "split_docs", "runs", "doc_ranks", "formula", "cpu_s": [...],
         "wall_s": [...]}}`` (``states``: the :meth:`StateMeter.summary` of this rank).
     """
     torch.set_num_threads(1)
@@ -283,7 +313,9 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
         return hf_hsap.shard_batch(batch, sp, config=plans[name])  # None: the group's config
 
     for name, model in models.items():
-        meter = StateMeter()
+        f = out[name]["formula"]
+        assert f is None or f["conv"] != f["recurrent"], "the two mixers' rows must differ in size to be told apart"
+        meter = StateMeter({} if f is None else {f["conv"]: "conv", f["recurrent"]: "recurrent"})
         local = shard(name)
         before = _comm_bytes(sp)
         with meter.active():
@@ -291,8 +323,8 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
         model.zero_grad(set_to_none=True)
         assert math.isfinite(loss), f"{name}: loss {loss}"
         out[name].update(loss=loss, tokens=int(local["input_ids"].shape[1]), comm_bytes=_comm_bytes(sp) - before,
-                         states=meter.summary(), **_placement(local["hsap_plan"], sp_size),
-                         **_chain_facts(model))
+                         states=meter.summary(), **doc_placement(local["hsap_plan"], sp_size),
+                         **chain_facts(model))
     for name, model in models.items():
         local = shard(name)
         with TensorPeak() as peak:

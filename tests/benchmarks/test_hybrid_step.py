@@ -1,6 +1,7 @@
 """benchmarks/suites/hybrid_step.py: its measurement in --quick mode on spawned ranks (never timed): the report's structure,
-both hybrids' (default and priced plan) measured state bytes equal to the formula, the priced plan's config, and
-its detail file (benchmarks/results/hybrid.md) against the committed results."""
+both hybrids' (default and priced plan) summary exchanges (one per recurrent mixer, layer and direction when a
+document is split) and measured summary bytes equal to the formula, the priced plan's config, and its detail file
+(benchmarks/results/hybrid.md) against the committed results."""
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ def test_the_formula_reads_the_state_shapes_of_the_config() -> None:
     c = model_config("hybrid", HybridStepConfig().sizes, 4096)
     f = state_formula(c)
     channels = 2 * 4 * 32 + 8 * 32  # q and k (4 heads of 32), v (8 heads of 32)
-    assert f == {"conv": channels * 3 * 4, "recurrent": 8 * 32 * 32 * 4, "per_handoff": channels * 12 + 32768,
-                 "mixer_layers": 3}
+    conv = (channels * 3 + 3 * 3) * 4  # B: the last 3 inputs; A: a 3 x 3 shift
+    rec = (8 * 32 * 32 + 8 * 32 * 32) * 4  # B: 8 value heads of 32 x 32; A: 8 x 32 x 32 (D_k x D_k)
+    assert f == {"conv": conv, "recurrent": rec, "per_summary": conv + rec, "mixer_layers": 3}
     att = model_config("attention", HybridStepConfig().sizes, 4096)
     assert (att.hidden_size, att.num_hidden_layers, att.num_attention_heads, att.intermediate_size) == \
         (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size)
@@ -58,16 +60,22 @@ def test_quick_run_measures_the_state_bytes_of_the_formula(pools: DistPools) -> 
             assert states["equal"], name
             for kind in ("conv", "recurrent"):
                 layer = states["layer"][kind]
-                assert layer["measured"] == layer["measured_backward"] == layer["formula"] == h["handoffs"] * f[kind]
+                assert layer["measured"] == layer["measured_backward"] == layer["formula"] == h["summaries"] * f[kind]
+                assert states["exchanges"][kind] == {"forward": int(h["remote"]), "backward": int(h["remote"]),
+                                                     "expected": int(h["remote"])}
             assert states["step"]["measured"] == states["step"]["formula"] == \
-                2 * f["mixer_layers"] * h["handoffs"] * f["per_handoff"]
-            assert h["chain_steps"] >= 1 and h["params"] == r["hybrid"]["params"]
-        assert r["attention"]["handoffs"] is None and "states" not in r["attention"]
+                2 * f["mixer_layers"] * h["summaries"] * f["per_summary"]
+            assert len(h["continued"]) == r["sp"] and h["params"] == r["hybrid"]["params"]
+        assert r["attention"]["summaries"] is None and "states" not in r["attention"]
         assert r["hybrid_priced"]["loss"] == pytest.approx(r["hybrid"]["loss"], rel=cfg.priced_tol)
     one, two = res["rows"]
     for name in HYBRIDS:
-        assert one[name]["handoffs"] == 0 and one[name]["comm_bytes"] == 0
-        assert two[name]["split_docs"] >= 1 and two[name]["handoffs"] >= 1  # the 60-token document is split
+        assert one[name]["summaries"] == 0 and one[name]["comm_bytes"] == 0 and not one[name]["remote"]
+        assert one[name]["states"]["exchanges"]["recurrent"]["forward"] == 0
+        # the 60-token document is split: a run continued on another rank, one exchange per layer each way
+        assert two[name]["split_docs"] >= 1 and two[name]["summaries"] >= 1 and two[name]["remote"]
+        assert sum(two[name]["continued"]) >= 1
+        assert two[name]["states"]["exchanges"]["recurrent"]["forward"] == 1
         assert two[name]["comm_bytes"] >= two[name]["states"]["step"]["measured"] > 0
     assert max(res["loss_err"].values()) <= cfg.loss_tol and res["priced_err"] <= cfg.priced_tol
     text = hybrid_section(res)
