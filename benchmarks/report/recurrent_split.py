@@ -105,34 +105,45 @@ def split_section(res: dict[str, Any]) -> str:
                              _kib(a["bytes"]["total"]["formula"]),
                              "yes" if a["equal"] and b["equal"] else "**no**",
                              f"{max(a['loss_rel_err'], b['loss_rel_err']):.1e}"])
+            if mode == "heads_all_to_all":
+                body[-1].insert(-2, _kib(a["a2a_bytes_per_layer"]))
+        heads = mode == "heads_all_to_all"
         lines += ["", f"### Mode: {label}", "",
+                  ("Every kernel whose heads divide the group runs whole documents for its share of the heads "
+                   "(`HSAPConfig(recurrent_mode=\"heads\")`); a2a KiB / layer: what the all-to-alls sent, forward "
+                   "and backward, summed over ranks (the group's CommStats); no summary is exchanged. " if heads
+                   else "") +
                   "Summary KiB / layer: measured at the exchange (the SP group's CommStats, summed over ranks; "
                   "forward summaries and backward gradient rows) against the formula, summaries (`Chain.summaries`) "
                   "x bytes per summary; = formula: both directions, both mixers, one exchange per mixer, layer and "
                   "direction in A and none in B.", "",
                   rp.table(["model", "SP", "A / B CPU (busiest)", "A / B wall", "CPU s A", "B", "wall s A", "B",
                             "CPU s A per rank", "wait s A per rank", "wait s B per rank", "continued runs per rank",
-                            "summaries / layer", "summary KiB / layer fwd", "bwd", "formula", "= formula",
-                            "loss vs SP 1 (rel.)"], body)]
+                            "summaries / layer", "summary KiB / layer fwd", "bwd", "formula",
+                            *(["a2a KiB / layer"] if heads else []), "= formula", "loss vs SP 1 (rel.)"], body)]
     return "\n".join(lines) + "\n"
 
 
 def split_headline(res: dict[str, Any]) -> list[str]:
     """The headline lines of ``BENCHMARKS.md``: A / B per model and SP size in each measured mode."""
-    data = res["modes"]["summary_exchange"]
-    sps = [r["sp"] for r in data["rows"]]
+    measured = {m: d for m, d in res["modes"].items() if d["status"] == "measured"}
+    sps = [r["sp"] for r in res["modes"]["summary_exchange"]["rows"]]
     body = []
     for name in res["models"]:
-        ms = [r["models"][name] for r in data["rows"]]
-        body.append([LABELS[name], *(rp.ratio(m["A"]["cpu_s"], m["B"]["cpu_s"]) for m in ms),
-                     "yes" if all(m["A"]["equal"] and m["B"]["equal"] for m in ms) else "**no**"])
+        cells, equal = [], True
+        for data in measured.values():
+            ms = [r["models"][name] for r in data["rows"]]
+            cells += [rp.ratio(m["A"]["cpu_s"], m["B"]["cpu_s"]) for m in ms]
+            equal &= all(m["A"]["equal"] and m["B"]["equal"] for m in ms)
+        body.append([LABELS[name], *cells, "yes" if equal else "**no**"])
     missing = [MODE_LABELS.get(m, m) for m, d in res["modes"].items() if d["status"] != "measured"]
     ok, figs = _goal(res)
-    goal = "" if ok is None else (f" Goal A / B ≤ {GOAL['ratio']} at SP {GOAL['sp']} (gated delta rule, Mamba2): "
-                                  + ("**met**" if ok else "**not met**") + f" ({', '.join(figs)}).")
+    goal = "" if ok is None else (f" Goal A / B ≤ {GOAL['ratio']} at SP {GOAL['sp']} (gated delta rule, Mamba2, "
+                                  "summary exchange): " + ("**met**" if ok else "**not met**") + f" ({', '.join(figs)}).")
+    heads = [f"A / B SP {p} {MODE_LABELS.get(m, m)}" for m in measured for p in sps]
     return ["", f"Command: `{HYBRID_CMD}` (second step): recurrent-only models ({res['config']['sizes']['layers']} "
             f"layers, hidden {res['config']['sizes']['hidden']}); step time (busiest rank's CPU time) of one "
             f"document of {res['config']['tokens']:,} tokens split over the SP group (A) / P whole documents, one "
-            "per rank (B), summary exchange." + goal
+            "per rank (B), in each mode." + goal
             + (f" Not measured yet: {', '.join(missing)}." if missing else ""), "",
-            rp.table(["model", *(f"A / B SP {p}" for p in sps), "summary bytes = formula"], body)]
+            rp.table(["model", *heads, "exchanged bytes = formula"], body)]

@@ -72,11 +72,12 @@ class RecurrentSplitConfig:
     loss_tol: float = 1e-4
 
     def quick(self) -> "RecurrentSplitConfig":
-        """Tiny models and rows at SP 2 and 4, no timing: a smoke run of seconds (A's document still split)."""
+        """Tiny models and rows at SP 2 and 4, no timing: a smoke run of seconds (A's document still split; every
+        kernel's heads divide 4, so the heads mode runs them all)."""
         return dataclasses.replace(self, tokens=48, vocab=128, reps=0, sizes={
             "layers": 2, "hidden": 32,
             "gated_delta_rule": dict(intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                     linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=8,
                                      linear_value_head_dim=8, linear_conv_kernel_dim=4),
             "mamba2": dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, expand=2, conv_kernel=4,
                            chunk_size=16),
@@ -102,7 +103,7 @@ def _exchanges(ranks: list[dict[str, Any]], formula: dict[str, int], summaries: 
     Args:
         ranks: every rank's record of the row; formula: :func:`~benchmarks.suites.recurrent_split_workers.summary_rows`;
         summaries: summaries sent over the group per layer (``Chain.summaries``); remote: whether a run continues one
-        held by another rank.
+        held by another rank (0 and ``False`` in the heads mode: every kernel runs whole documents).
 
     Returns:
         ``{"bytes": {kind: {"forward", "backward", "formula"}}, "exchanges": {kind: {"forward", "backward",
@@ -125,8 +126,11 @@ def _exchanges(ranks: list[dict[str, Any]], formula: dict[str, int], summaries: 
     return {"bytes": nbytes, "exchanges": exchanges, "equal": equal}
 
 
-def _model_row(sp_size: int, name: str, ranks: list[dict[str, Any]], ref: dict[str, float]) -> dict[str, Any]:
-    """One model's rows A and B at one SP size from every rank's record."""
+def _model_row(sp_size: int, name: str, ranks: list[dict[str, Any]], ref: dict[str, float], mode: str
+               ) -> dict[str, Any]:
+    """One model's rows A and B at one SP size in ``mode`` from every rank's record (the heads mode exchanges no
+    summaries: its all-to-all bytes per layer are ``a2a_kib``)."""
+    heads = mode == "heads_all_to_all"
     out: dict[str, Any] = {"params": ranks[0]["params"], "formula": ranks[0]["formula"]}
     for row in rw.ROWS:
         rs = [r[row] for r in ranks]
@@ -141,7 +145,9 @@ def _model_row(sp_size: int, name: str, ranks: list[dict[str, Any]], ref: dict[s
                     "continued": [r["continued"] for r in rs], "segments": [r["segments"] for r in rs],
                     "split_docs": first["split_docs"], "runs": first["runs"], "doc_ranks": first["doc_ranks"],
                     "docs_per_rank": first["docs_per_rank"],
-                    **_exchanges(rs, out["formula"], first["summaries"], first["remote"])}
+                    "a2a_bytes_per_layer": sum(r["a2a_bytes"] for r in rs) / out["formula"]["layers"],
+                    **_exchanges(rs, out["formula"], 0 if heads else first["summaries"],
+                                 False if heads else first["remote"])}
     a, b = out["A"], out["B"]
     out["cpu_ratio"], out["wall_ratio"] = _ratio(a["cpu_s"], b["cpu_s"]), _ratio(a["wall_s"], b["wall_s"])
     # the rows are what they claim: A's document on every rank, continued there; B's documents one whole per rank
@@ -177,7 +183,8 @@ def run_recurrent_split(cfg: RecurrentSplitConfig, pools: DistPools | None = Non
                 ranks = pools.get(sp_size, timeout_s=timeout_s).run(rw.run_split, args, sp_size, mode)
                 modes[mode]["status"] = "measured"
                 modes[mode]["rows"].append({"sp": sp_size, "models": {
-                    name: _model_row(sp_size, name, [r[name] for r in ranks], ref[name]) for name in cfg.models}})
+                    name: _model_row(sp_size, name, [r[name] for r in ranks], ref[name], mode)
+                    for name in cfg.models}})
     finally:
         if own:
             pools.close()

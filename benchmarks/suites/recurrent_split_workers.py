@@ -9,9 +9,10 @@ summary exchanges (:class:`benchmarks.suites.hybrid_workers.StateMeter` around
 :meth:`hf_hsap.mixers.handoff.StateExchange.exchange`), which is its wait for the other ranks. The bytes of the
 exchanges are compared with :func:`summary_rows`.
 
-:data:`MODES` names how a split document's recurrent layers run; ``summary_exchange`` (every rank runs its runs at
-once, one exchange of summaries per layer and direction) is the library's; a mode not yet built has no entry in
-:data:`MODE_SETUP` and is reported as not measured.
+:data:`MODES` names how a split document's recurrent layers run, each the SP group's ``HSAPConfig.recurrent_mode``
+(:data:`MODE_SETUP`): ``summary_exchange`` (every rank runs its runs at once, one exchange of summaries per layer and
+direction) and ``heads_all_to_all`` (an all-to-all to head shards, every rank the whole row for its heads); the
+all-to-all bytes are counted by the group's ``CommStats``.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from . import hybrid_workers as hw
 MODELS = ("gated_delta_rule", "mamba2", "kda")  # every layer of the model one of these
 ROWS = ("A", "B")  # A: one document split over the group; B: P documents, one whole per rank
 MODES = ("summary_exchange", "heads_all_to_all")  # how a split document's recurrent layers run
-MODE_SETUP = {"summary_exchange": {}}  # mode -> extra prepare_model keywords (a mode without an entry: not built)
-_GROUPS: dict[int, Any] = {}
+MODE_SETUP = {"summary_exchange": "summaries", "heads_all_to_all": "heads"}  # mode -> the group's recurrent_mode
+_GROUPS: dict[tuple[int, str], Any] = {}
 
 
 def model_config(name: str, sizes: dict[str, Any], vocab: int) -> Any:
@@ -173,14 +174,15 @@ def run_split(cfg: dict[str, Any], sp_size: int, mode: str) -> dict[str, dict[st
         mode: one of :data:`MODE_SETUP`.
 
     Returns:
-        ``{model: {"params", "formula", row: {"loss", "tokens", "states", "summaries", "remote", "segments",
+        ``{model: {"params", "formula", row: {"loss", "tokens", "states", "a2a_bytes", "summaries", "remote", "segments",
         "continued", "split_docs", "runs", "doc_ranks", "docs_per_rank", "cpu_s": [...], "wall_s": [...],
         "wait_s": [...]}}}`` (``states``: this rank's :meth:`~benchmarks.suites.hybrid_workers.StateMeter.summary`).
     """
     torch.set_num_threads(1)
-    if sp_size not in _GROUPS:
-        _GROUPS[sp_size] = hf_hsap.init_sequence_parallel(sp_size)
-    sp = _GROUPS[sp_size]
+    if (sp_size, mode) not in _GROUPS:
+        _GROUPS[sp_size, mode] = hf_hsap.init_sequence_parallel(
+            hf_hsap.HSAPConfig(sp_size=sp_size, recurrent_mode=MODE_SETUP[mode]))
+    sp = _GROUPS[sp_size, mode]
     plan_cfg = split_config(sp_size, cfg["placement"])
     batches = {row: hw.packed_row(row_lengths(row, cfg["tokens"], sp_size), cfg["vocab"], cfg["seed"], 1)
                for row in ROWS}
@@ -188,7 +190,7 @@ def run_split(cfg: dict[str, Any], sp_size: int, mode: str) -> dict[str, dict[st
     for name in cfg["models"]:
         config = model_config(name, cfg["sizes"], cfg["vocab"])
         model = hw.build(config, cfg["seed"])
-        hf_hsap.prepare_model(model, sp_size=sp_size, **MODE_SETUP[mode])
+        hf_hsap.prepare_model(model, sp_size=sp_size)
         f = summary_rows(name, config)
         assert f["conv"] != f["recurrent"], "the two mixers' rows must differ in size to be told apart"
         meter = hw.StateMeter({f["conv"]: "conv", f["recurrent"]: "recurrent"})
@@ -196,11 +198,14 @@ def run_split(cfg: dict[str, Any], sp_size: int, mode: str) -> dict[str, dict[st
         for row in ROWS:
             local = hf_hsap.shard_batch(batches[row], sp, config=plan_cfg)
             meter.calls.clear()
+            a2a = sp.comm_stats.a2a_bytes_sent
             with meter.active():
                 loss = float(hw.step(model, local, sp, meter))
+            a2a = sp.comm_stats.a2a_bytes_sent - a2a
             model.zero_grad(set_to_none=True)
             assert math.isfinite(loss), f"{name} row {row}: loss {loss}"
             res[row] = {"loss": loss, "tokens": int(local["input_ids"].shape[1]), "states": meter.summary(),
+                        "a2a_bytes": a2a,
                         **hw.chain_facts(model), **hw.doc_placement(local["hsap_plan"], sp_size),
                         "docs_per_rank": _docs_per_rank(local["hsap_plan"], sp_size),
                         "cpu_s": [], "wall_s": [], "wait_s": []}

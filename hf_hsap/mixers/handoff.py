@@ -69,7 +69,9 @@ class Recurrence(Protocol):
         """A continued run from the zero state, with its transition and what its correction reads."""
 
     # optional: ``run_many(parts_list)`` / ``summarize_many(parts_list)``, the same for several runs in as few kernel
-    # calls as padding allows (:func:`zero_runs`, :func:`summaries` fall back to one call per run)
+    # calls as padding allows (:func:`zero_runs`, :func:`summaries` fall back to one call per run); and
+    # ``rerun_backward = True``: a continued run's summary is taken without autograd and its backward is the kernel
+    # rerun from the true initial state (:class:`_Summaries`), where the summarising call's own backward costs more
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         """The run's output from its true initial state ``init``."""
@@ -248,7 +250,13 @@ class _Summaries(torch.autograd.Function):
             sums: list[Summary] = [None] * len(segs)  # type: ignore[list-item]
             for i, (out, final) in zip(first, zero_runs(rec, [parts[i] for i in first]) if first else []):
                 sums[i] = Summary(out, final.to(rec.state_dtype))
-            for i, s in zip(cont, summaries(rec, [parts[i] for i in cont]) if cont else []):
+            rerun = bool(getattr(rec, "rerun_backward", False))
+            with torch.set_grad_enabled(grad and not rerun):
+                got_sums = summaries(rec, [parts[i] for i in cont]) if cont else []
+            for i, s in zip(cont, got_sums):
+                if rerun:  # the summary as leaves: their gradients reach the kernel through the rerun (backward)
+                    s.final = s.final.detach().requires_grad_(grad)
+                    s.transition = s.transition.detach().requires_grad_(grad)
                 sums[i] = s
             like = _pack(rec, sums[0].final, None).detach() if sums else tensors[0].new_zeros(
                 math.prod(rec.state_shape) + math.prod(rec.transition_shape), dtype=rec.state_dtype)
@@ -257,8 +265,8 @@ class _Summaries(torch.autograd.Function):
                      for p, doc, run in chain.sends()]
             got = exchange.exchange(sends, [(p, (doc, run)) for p, doc, run in chain.receives()], like)
             received = {key: row.detach().requires_grad_(grad) for key, row in got.items()}
-            outs = []
-            for seg, s in zip(segs, sums):
+            outs, states = [], {}
+            for k, (seg, s) in enumerate(zip(segs, sums)):
                 if not seg.continued:
                     outs.append(s.out)
                     continue
@@ -269,9 +277,11 @@ class _Summaries(torch.autograd.Function):
                     else:
                         b, a = _unpack(rec, received[seg.doc, i])
                     state = b if state is None else rec.transit(a, state) + b
+                states[k] = state
                 outs.append(rec.correct(s, state))
-        ctx.op, ctx.chain, ctx.exchange, ctx.like = op, chain, exchange, like
+        ctx.op, ctx.chain, ctx.exchange, ctx.like, ctx.rerun = op, chain, exchange, like, rerun
         ctx.leaves, ctx.parts, ctx.sums, ctx.outs, ctx.received = leaves, parts, sums, outs, received
+        ctx.states = states
         return _cat(op, chain, [o.detach() for o in outs])
 
     @staticmethod
@@ -279,14 +289,21 @@ class _Summaries(torch.autograd.Function):
         op, chain, rec = ctx.op, ctx.chain, ctx.op.recurrence
         segs, outs, received = chain.segments, ctx.outs, ctx.received
         g_outs = [op.slice(seg, grad_out).to(o.dtype) for seg, o in zip(segs, outs)]
-        # 1. the gradients of the summaries this rank received: through its folds and corrections only
+        # 1. the gradients of the summaries this rank received (and, rerun, of its own continued runs' summaries,
+        # which later runs here may fold): through its folds and corrections only
+        rerun = [i for i, seg in enumerate(segs) if seg.continued and ctx.rerun]
+        local = [(i, y) for i in rerun for y in (ctx.sums[i].final, ctx.sums[i].transition) if y.requires_grad]
         keys = list(received)
         cont = [i for i, seg in enumerate(segs) if seg.continued and outs[i].requires_grad]
         back: dict[Any, torch.Tensor] = {}
-        if keys and cont:
-            gs = torch.autograd.grad([outs[i] for i in cont], [received[k] for k in keys], [g_outs[i] for i in cont],
-                                     retain_graph=True, allow_unused=True)
+        local_gb: dict[int, torch.Tensor] = {}
+        if (keys or local) and cont:
+            gs = torch.autograd.grad([outs[i] for i in cont], [received[k] for k in keys] + [y for _, y in local],
+                                     [g_outs[i] for i in cont], retain_graph=True, allow_unused=True)
             back = {k: g if g is not None else torch.zeros_like(received[k]) for k, g in zip(keys, gs)}
+            for (i, y), g in zip(local, gs[len(keys):]):
+                if g is not None and y is ctx.sums[i].final:
+                    local_gb[i] = g
         # 2. one exchange: each gradient back to the rank its summary came from; the gradients of the summaries this
         # rank sent, summed over their receivers
         sends = [(p, (doc, run), back.get((doc, run), torch.zeros_like(ctx.like))) for p, doc, run in
@@ -299,10 +316,13 @@ class _Summaries(torch.autograd.Function):
         # 3. one local backward of every run: output gradients and the summaries' gradients together
         ys, gys = [], []
         for i, (seg, s) in enumerate(zip(segs, ctx.sums)):
+            g = g_rows.get((seg.doc, seg.run))
+            if i in rerun:
+                _rerun(rec, ctx.parts[i], ctx.states[i], g_outs[i], g, local_gb.get(i), ys, gys)
+                continue
             if outs[i].requires_grad:
                 ys.append(outs[i])
                 gys.append(g_outs[i])
-            g = g_rows.get((seg.doc, seg.run))
             if g is not None:
                 gb, ga = _unpack(rec, g)
                 for y, gy in ((s.final, gb), (s.transition, ga)):
@@ -324,8 +344,29 @@ class _Summaries(torch.autograd.Function):
         for (j, _), g in zip(param_leaves, grads[len(token_leaves):]):
             merged[j] = g
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
-        ctx.parts = ctx.sums = ctx.outs = ctx.received = None
+        ctx.parts = ctx.sums = ctx.outs = ctx.received = ctx.states = None
         return (None, None, None, *[g if need else None for g, need in zip(merged, needs)])
+
+
+def _rerun(rec: Recurrence, parts: list[torch.Tensor], init: torch.Tensor, g_out: torch.Tensor,
+           g_row: torch.Tensor | None, g_local: torch.Tensor | None, ys: list, gys: list) -> None:
+    """A continued run's backward as its kernel rerun from its true initial state: the output's gradient, and the
+    final state's, which is what its summary's gradients amount to. Every consumer folds ``S' = A S0 + B`` with the
+    same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the rerun's ``A S0 + B`` carries
+    both (appended to ``ys`` / ``gys`` for the one local backward)."""
+    g_final = None
+    if g_row is not None:
+        g_final = _unpack(rec, g_row)[0]
+    if g_local is not None:
+        g_final = g_local if g_final is None else g_final + g_local
+    with torch.enable_grad():
+        out, final = rec.run(parts, init.detach())
+    if out.requires_grad:
+        ys.append(out)
+        gys.append(g_out.to(out.dtype))
+    if g_final is not None and final.requires_grad:
+        ys.append(final)
+        gys.append(g_final.to(final.dtype))
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,11 @@ class _DeltaRule:
     evolves alike, so one call with the value widened by ``D_k`` zero columns and the initial state ``[0 | I]``
     gives, besides the zero-state output and final state, the transition ``A`` (``[1, H, D_k, D_k]``) and the
     query the initial state sees, ``q~`` (``[1, n, H, D_k]``): ``out = out_0 + q~ S0``. That call runs in the state
-    dtype, so the correction is added before the output is rounded once."""
+    dtype, so the correction is added before the output is rounded once. Its backward would be the widened call's
+    (twice the value columns); the run's backward is the plain kernel rerun from its true initial state instead
+    (``rerun_backward``)."""
+
+    rerun_backward = True
 
     def __init__(self, orig: Callable, rest: dict[str, Any], heads: int, dk: int, dv: int,
                  dtype: torch.dtype) -> None:

@@ -46,10 +46,11 @@ def test_the_second_step_of_the_hybrid_command_writes_its_own_file() -> None:
 def test_quick_run_splits_row_a_and_measures_the_formula(pools: DistPools) -> None:
     cfg = RecurrentSplitConfig().quick()
     res = run_recurrent_split(cfg, pools, timeout_s=120.0)
-    assert set(res["modes"]) == set(MODES) and res["modes"]["heads_all_to_all"] == {"status": "not built", "rows": []}
-    mode = res["modes"]["summary_exchange"]
-    assert mode["status"] == "measured" and [r["sp"] for r in mode["rows"]] == list(cfg.sp_sizes)
-    for r in mode["rows"]:
+    assert set(res["modes"]) == set(MODES)
+    for mode_name in MODES:
+        mode = res["modes"][mode_name]
+        assert mode["status"] == "measured" and [r["sp"] for r in mode["rows"]] == list(cfg.sp_sizes)
+    for r in res["modes"]["summary_exchange"]["rows"]:
         p = r["sp"]
         assert set(r["models"]) == set(MODELS)
         for name, m in r["models"].items():
@@ -71,13 +72,21 @@ def test_quick_run_splits_row_a_and_measures_the_formula(pools: DistPools) -> No
             assert b["docs_per_rank"] == [[i] for i in range(p)] and b["summaries"] == 0 and not b["remote"]
             assert b["bytes"]["total"] == {"forward": 0, "backward": 0, "formula": 0}
             assert b["exchanges"]["recurrent"] == {"forward": 0, "backward": 0, "expected": 0}
+    # the heads mode: every kernel's heads divide the group here, so no summary moves; A's kernels all-to-all (every
+    # rank runs the whole row for its heads), B's run their whole documents where they are; the losses are SP 1's
+    for r in res["modes"]["heads_all_to_all"]["rows"]:
+        for name, m in r["models"].items():
+            for row in ROWS:
+                assert m[row]["equal"] and m[row]["bytes"]["total"] == {"forward": 0, "backward": 0, "formula": 0}
+                assert (m[row]["a2a_bytes_per_layer"] > 0) == (row == "A") and m[row]["loss_rel_err"] <= 1e-4
     assert res["loss_err"] <= cfg.loss_tol and len(res["load"]) == 2
     text = split_section(res)
-    assert text.startswith("## Recurrent layers under SP") and "### Mode: heads all-to-all" in text and "Not measured" in text
-    # the models table (header + a row per model), the results table (header + a row per SP size and model)
-    assert text.count("\n| ") == (1 + len(MODELS)) + (1 + len(cfg.sp_sizes) * len(MODELS))
+    assert text.startswith("## Recurrent layers under SP") and "### Mode: heads all-to-all" in text
+    assert "Not measured" not in text
+    # the models table (header + a row per model), a results table per mode (header + a row per SP size and model)
+    assert text.count("\n| ") == (1 + len(MODELS)) + 2 * (1 + len(cfg.sp_sizes) * len(MODELS))
     head = "\n".join(split_headline(res))
-    assert "Not measured yet: heads all-to-all" in head and head.count("\n| ") == 1 + len(MODELS)
+    assert "Not measured yet" not in head and head.count("\n| ") == 1 + len(MODELS)
 
 
 def test_the_detail_file_renders_from_the_committed_results() -> None:
