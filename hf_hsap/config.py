@@ -85,7 +85,8 @@ class HSAPConfig:
         recurrent_mode: how a hybrid's recurrent layers run split documents under SP: ``"summaries"`` (every rank
             runs its runs at once, one exchange of fixed-size summaries per layer), ``"heads"`` (an all-to-all to
             head shards, whole documents per rank, where the heads divide the group; other kernels take summaries)
-            or ``"auto"`` (per batch, the one the group's cost model prices faster: :func:`hf_hsap.plan.cost.recurrent_mode`).
+            or ``"auto"`` (per batch, the one the plan's cost model prices faster: :func:`hf_hsap.plan.cost.recurrent_mode`).
+            Read from the SP group's config (``init_sequence_parallel``), for every batch it runs.
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).

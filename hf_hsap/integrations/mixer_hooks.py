@@ -6,7 +6,10 @@ wrapper of every kernel function it calls (``use_kernelized_func``, from the ``k
 the same way with :mod:`hf_hsap.mixers.ops`' document-cut versions, bound to a :class:`MixerContext` of the model: a
 forward pre-hook on the model records the batch's layout (``shard_batch``'s plan, else ``position_ids`` /
 ``cu_seq_lens_q``) as a :class:`~hf_hsap.plan.chain.Chain` that every layer of that forward (and its
-recomputation under gradient checkpointing) runs by. A batch of one document per row, without SP, runs the
+recomputation under gradient checkpointing) runs by, and, when the batch splits a document over ranks, how: the
+summary exchange (:mod:`hf_hsap.mixers.handoff`) or the heads all-to-all (:mod:`hf_hsap.mixers.heads`, for the
+kernels whose heads divide the group), as the SP group's ``HSAPConfig.recurrent_mode`` says (``"auto"``: the plan's
+cost model, :func:`hf_hsap.plan.cost.recurrent_mode`). A batch of one document per row, without SP, runs the
 kernels unchanged (generation, plain batches). A layer with no kernel hook (MiniMax's lightning attention,
 :data:`~hf_hsap.mixers.ops.LAYER_OPS`) gets its own ``forward`` replaced per instance, as ``kernelize`` does for
 decorated layers, each segment running the layer's original forward. No model source is edited and no class is

@@ -27,7 +27,7 @@ def test_split_documents_with_checkpointing_are_exact(pools, family: str) -> Non
         ref = zoo.reference(config, state, lens=W.LENS)
     cu = np.concatenate([[0], np.cumsum(W.LENS)])
     for ulysses, placement, mode in ((1, "zigzag", "summaries"), (2, "contiguous", "summaries"),
-                                     (1, "zigzag", "heads")):
+                                     (1, "zigzag", "heads"), (2, "zigzag", "heads")):
         records = pools(4, TIMEOUT_S).run(W.split_run, family, state, 4, ulysses, placement, mode)
         res = zoo.combine_sp(ref, [{"ok": True, **r} for r in records], 4, zoo.TOL["fp64"])
         assert res["outcome"] == "exact", (ulysses, placement, mode, res)
