@@ -318,7 +318,12 @@ class _Summaries(torch.autograd.Function):
         for i, (seg, s) in enumerate(zip(segs, ctx.sums)):
             g = g_rows.get((seg.doc, seg.run))
             if i in rerun:
-                _rerun(rec, ctx.parts[i], ctx.states[i], g_outs[i], g, local_gb.get(i), ys, gys)
+                g_final = None if g is None else _unpack(rec, g)[0]
+                if i in local_gb:
+                    g_final = local_gb[i] if g_final is None else g_final + local_gb[i]
+                for y, gy in _rerun(rec, ctx.parts[i], ctx.states[i], g_out=g_outs[i], g_final=g_final):
+                    ys.append(y)
+                    gys.append(gy)
                 continue
             if outs[i].requires_grad:
                 ys.append(outs[i])
@@ -348,25 +353,18 @@ class _Summaries(torch.autograd.Function):
         return (None, None, None, *[g if need else None for g, need in zip(merged, needs)])
 
 
-def _rerun(rec: Recurrence, parts: list[torch.Tensor], init: torch.Tensor, g_out: torch.Tensor,
-           g_row: torch.Tensor | None, g_local: torch.Tensor | None, ys: list, gys: list) -> None:
-    """A continued run's backward as its kernel rerun from its true initial state: the output's gradient, and the
-    final state's, which is what its summary's gradients amount to. Every consumer folds ``S' = A S0 + B`` with the
-    same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the rerun's ``A S0 + B`` carries
-    both (appended to ``ys`` / ``gys`` for the one local backward)."""
-    g_final = None
-    if g_row is not None:
-        g_final = _unpack(rec, g_row)[0]
-    if g_local is not None:
-        g_final = g_local if g_final is None else g_final + g_local
+def _rerun(rec: Recurrence, parts: list[torch.Tensor], init: torch.Tensor, *, g_out: torch.Tensor,
+           g_final: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A continued run's backward as its kernel rerun from its true initial state: ``(output, its gradient)`` and
+    ``(final state, its gradient)``, what its summary's gradients amount to. Every consumer folds ``S' = A S0 + B``
+    with the same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the rerun's ``A S0 + B``
+    carries both (pairs for the one local backward)."""
     with torch.enable_grad():
         out, final = rec.run(parts, init.detach())
-    if out.requires_grad:
-        ys.append(out)
-        gys.append(g_out.to(out.dtype))
+    pairs = [(out, g_out.to(out.dtype))] if out.requires_grad else []
     if g_final is not None and final.requires_grad:
-        ys.append(final)
-        gys.append(g_final.to(final.dtype))
+        pairs.append((final, g_final.to(final.dtype)))
+    return pairs
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:
