@@ -63,3 +63,21 @@ def test_gpu_hybrid_checks_run_on_cpu(monkeypatch) -> None:
     for family in mod.FAMILIES:
         mod.test_packed_hybrid_bf16_matches_documents_alone(family)
 
+
+
+def test_gpu_sft_memory_check_arithmetic() -> None:
+    """``tests/cuda/check_sft_memory.py`` (the SFT path's memory on a GPU): its recipe flags name the loss path, and
+    the model it compares with grows less per token with the chunked loss than with TRL's fused head (on CPU the
+    measurement itself is ``python -m benchmarks sft_memory``)."""
+    spec = importlib.util.spec_from_file_location("check_sft_memory_on_cpu", CHECKS.parent / "check_sft_memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from hf_hsap.examples import builtin_config
+
+    assert "--hsap_chunked_loss" not in mod.recipe_flags(4096, True, Path("o"), Path("m"))
+    assert mod.recipe_flags(4096, False, Path("o"), Path("m"))[-2:] == ["--hsap_chunked_loss", "false"]
+    config = builtin_config(mod.MODEL, mod.VOCAB, max(mod.LENGTHS)).to_dict()
+    chunked, fused = (mod.predicted_growth(config, mod.LENGTHS, c) for c in (True, False))
+    assert 0 < chunked < fused / 10
+    runs = {n: {"peak_gib": n / 2**20} for n in mod.LENGTHS}
+    assert mod.measured_growth(runs, mod.LENGTHS) == 1024
