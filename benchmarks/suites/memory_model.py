@@ -122,6 +122,27 @@ CONFIGS: list[tuple] = [
     ("bf16 SP 4 MHA all levers, norms recomputed, budget 2K", _cfg(BF16, num_key_value_heads=4), 8192,
      dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16", recv_budget_tokens=2048)),
 ]
+# tiled attention (SP 1): the attention's backward sets the peak; more query heads than the hidden size (WIDE) makes it
+# the largest term; tiles smaller than the row, and one tile larger than it
+WIDE = _cfg(BF16, num_attention_heads=8)
+BF16_TILED = dict(BF16_ALL, recompute_norms=True, tiled_attention=True)
+CONFIGS += [
+    ("bf16 dense 2 layers all levers, tiled attention 1K, 8K", BF16, 8192, dict(BF16_TILED, attention_tile_tokens=1024),
+     1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, 8K", WIDE, 8192, dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, tiled attention 1K, 8K", WIDE, 8192,
+     dict(BF16_TILED, attention_tile_tokens=1024), 1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, tiled attention 4K, 8K", WIDE, 8192,
+     dict(BF16_TILED, attention_tile_tokens=4096), 1, dict(dtype="bf16")),
+    ("bf16 MHA all levers, tiled attention (one tile), 4K", _cfg(WIDE, num_key_value_heads=8), 4096, BF16_TILED, 1,
+     dict(dtype="bf16")),
+    ("bf16 wide attention chunked, tiled attention 512", WIDE, 4096,
+     dict(loss_tile_tokens=128, tiled_attention=True, attention_tile_tokens=512), 1, dict(dtype="bf16")),
+    ("dense all levers, tiled attention 2K", _cfg(DENSE, num_hidden_layers=4, intermediate_size=2048), 8192,
+     dict(loss_tile_tokens=256, gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=1024,
+          tiled_attention=True, attention_tile_tokens=2048), 1),
+]
+TILED_ATTENTION = [c for c in CONFIGS if "tiled attention" in c[0] or "wide attention" in c[0]]
 QUICK = CONFIGS[:2]
 
 
