@@ -4,7 +4,7 @@ it predicts on H100-80GB clusters.
 Validation: tiny random Transformers models (Llama with GQA or MHA, Qwen3-MoE), one packed row of one document, the
 attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`),
 float32 or bf16 weights (``dtype=torch.bfloat16``, no autocast: 16-bit activations with the norms' float32 copies,
-as on the GPU), with and without a receive budget. Each configuration runs one warm-up step (forward, backward,
+as on the GPU), with and without a receive budget, with and without the tiled attention at SP 1. Each configuration runs one warm-up step (forward, backward,
 AdamW step: the optimizer's states exist from then on), then one measured step inside
 :class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the storages the step allocates (what
 ``torch.cuda.max_memory_allocated`` minus the resident weights and states reports). The prediction compared with it
@@ -13,7 +13,7 @@ dtypes, AdamW without master weights, less the resident terms (weights and optim
 block); the largest rank's figure under SP.
 
 Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
-MLP, recomputed norms), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
+MLP, recomputed norms, the tiled attention at SP 1), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
 of them per GPU count, beside ALST's published figures.
 
@@ -279,7 +279,7 @@ def _resident_states(pred: Any) -> float:
 
 
 ALL_LEVERS = MemoryLevers(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
-                          recompute_norms=True)
+                          recompute_norms=True, tiled_attention=True)
 SCHEMES = {"flat SAP (U=1)": dict(ulysses_size=1), "flat SAP (U=1), receive budget 64K": dict(
     ulysses_size=1, recv_budget_tokens=65536), "Ulysses (U=8)": dict(ulysses_size=8)}
 
