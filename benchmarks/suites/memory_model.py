@@ -4,8 +4,9 @@ it predicts on H100-80GB clusters.
 Validation: tiny random Transformers models (Llama with GQA or MHA, Qwen3-MoE), one packed row of one document, the
 attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`),
 float32 or bf16 weights (``dtype=torch.bfloat16``, no autocast: 16-bit activations with the norms' float32 copies,
-as on the GPU), with and without a receive budget, with and without the tiled attention at SP 1. Each configuration runs one warm-up step (forward, backward,
-AdamW step: the optimizer's states exist from then on), then one measured step inside
+as on the GPU), with and without a receive budget, with and without the tiled attention at SP 1. Each configuration
+runs one warm-up step (forward, backward, AdamW step: the optimizer's states exist from then on), then one measured
+step inside
 :class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the storages the step allocates (what
 ``torch.cuda.max_memory_allocated`` minus the resident weights and states reports). The prediction compared with it
 is :func:`~hf_hsap.memory.predict_step_memory` with ``device="cpu"``, ``sharding="none"`` (no DP wrapper), the same
@@ -13,9 +14,9 @@ dtypes, AdamW without master weights, less the resident terms (weights and optim
 block); the largest rank's figure under SP.
 
 Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
-MLP, recomputed norms, the tiled attention at SP 1), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
-4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
-of them per GPU count, beside ALST's published figures.
+MLP, recomputed norms, the tiled attention at SP 1), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP
+over all GPUs, H100-80GB less 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses
+U=8 within a node) and the best of them per GPU count, beside ALST's published figures.
 
 Usage: ``python -m benchmarks memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
 [--no-write-md]`` (``python -m benchmarks memory`` runs it after :mod:`benchmarks.suites.memory_levers`). Writes the

@@ -26,9 +26,9 @@ Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks 
   float32 dQ|dK|dV and their casts, on CUDA flash's float32 ``dQ``, dQ|dK|dV and under GQA dK|dV over the query
   heads; under SP a float32 ``dQ`` and SAP's working set; with ``tiled_attention`` at SP 1 the row's ``dQ`` and float32
   ``dK|dV`` sums and one tile's buffers, :func:`_tiled_attention_backward`). Without checkpointing the final norm's
-  backward takes the second norm's place (every layer's tensors still alive). The gradients formed by then: the head's and the layer's
-  own for the first layer to run its backward, every other layer's too for the last (which has released every other
-  layer's saved tensors): the larger.
+  backward takes the second norm's place (every layer's tensors still alive). The gradients formed by then: the head's
+  and the layer's own for the first layer to run its backward, every other layer's too for the last (which has
+  released every other layer's saved tensors): the larger.
 * **the loss**: without the chunked head the float32 log-softmax, the gradient of the loss by it and by the
   logits (``3 x 4`` bytes per logit; 16-bit logits are freed by then); with it (:mod:`.fused_ce`, the gradients
   formed in the forward) one tile of ``loss_tile_tokens x V`` float32 logits, one float32 temporary of the tile

@@ -1,6 +1,7 @@
-"""The memory levers (chunked loss, gradient checkpointing, tiled MLP, recomputed norms, tiled attention) exact on packed rows, at SP 1 and under SP 2 / 4
-with U 1 and 2 (spawned gloo ranks), against each document run alone in float64 eager: logits of every token, the
-loss ``sum(CE) / N`` and every parameter's gradient (summed over the SP group)."""
+"""The memory levers (chunked loss, gradient checkpointing, tiled MLP, recomputed norms, tiled attention at SP 1) exact
+on packed rows, at SP 1 and under SP 2 / 4 with U 1 and 2 (spawned gloo ranks), against each document run alone in
+float64 eager: logits of every token, the loss ``sum(CE) / N`` and every parameter's gradient (summed over the SP
+group)."""
 from __future__ import annotations
 
 import pytest
