@@ -95,6 +95,7 @@ def add_common_args(parser: argparse.ArgumentParser, default_lr: float, default_
 
 def add_memory_args(parser: argparse.ArgumentParser) -> None:
     """The memory levers (:class:`hf_hsap.MemoryLevers`) under the names Transformers and TRL users know."""
+    from hf_hsap.memory.tiled_attention import DEFAULT_ATTENTION_TILE_TOKENS
     from hf_hsap.memory.tiled_mlp import DEFAULT_TILE_TOKENS
 
     g = parser.add_argument_group("memory levers")
@@ -106,6 +107,9 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mlp_tile_tokens", type=positive_int, default=DEFAULT_TILE_TOKENS)
     g.add_argument("--recompute_norms", action="store_true",
                    help="every RMSNorm keeps only its input for the backward and is recomputed there")
+    g.add_argument("--tiled_attention", action="store_true",
+                   help="the single-device attention (--sp_size 1) in query tiles of --attention_tile_tokens tokens")
+    g.add_argument("--attention_tile_tokens", type=positive_int, default=DEFAULT_ATTENTION_TILE_TOKENS)
     g.add_argument("--no_chunked_loss", dest="chunked_loss", action="store_false",
                    help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
     g.add_argument("--loss_tile_tokens", type=positive_int, default=None,
@@ -122,13 +126,15 @@ def memory_levers(args: argparse.Namespace) -> Any:
     return hf_hsap.MemoryLevers(chunked_loss=args.chunked_loss, loss_tile_tokens=args.loss_tile_tokens,
                                 gradient_checkpointing=args.gradient_checkpointing,
                                 activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
-                                mlp_tile_tokens=args.mlp_tile_tokens, recompute_norms=args.recompute_norms)
+                                mlp_tile_tokens=args.mlp_tile_tokens, recompute_norms=args.recompute_norms,
+                                tiled_attention=args.tiled_attention,
+                                attention_tile_tokens=args.attention_tile_tokens)
 
 
 # How a recipe's user turns each lever on (the advice of check_row_fits)
 LEVER_FLAGS = {"chunked_loss": "the chunked loss (drop --no_chunked_loss)",
                "gradient_checkpointing": "--gradient_checkpointing", "tiled_mlp": "--tiled_mlp",
-               "recompute_norms": "--recompute_norms",
+               "recompute_norms": "--recompute_norms", "tiled_attention": "--tiled_attention",
                "activation_offloading": "--activation_offloading"}
 
 

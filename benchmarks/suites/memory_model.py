@@ -4,8 +4,9 @@ it predicts on H100-80GB clusters.
 Validation: tiny random Transformers models (Llama with GQA or MHA, Qwen3-MoE), one packed row of one document, the
 attention ``"hsap"``, one process (SP 1) and spawned gloo ranks (SP 2 and 4, :class:`hf_hsap.testing.DistPool`),
 float32 or bf16 weights (``dtype=torch.bfloat16``, no autocast: 16-bit activations with the norms' float32 copies,
-as on the GPU), with and without a receive budget. Each configuration runs one warm-up step (forward, backward,
-AdamW step: the optimizer's states exist from then on), then one measured step inside
+as on the GPU), with and without a receive budget, with and without the tiled attention at SP 1. Each configuration
+runs one warm-up step (forward, backward, AdamW step: the optimizer's states exist from then on), then one measured
+step inside
 :class:`~benchmarks.tensor_memory.TensorPeak`: the exact peak of the storages the step allocates (what
 ``torch.cuda.max_memory_allocated`` minus the resident weights and states reports). The prediction compared with it
 is :func:`~hf_hsap.memory.predict_step_memory` with ``device="cpu"``, ``sharding="none"`` (no DP wrapper), the same
@@ -13,9 +14,9 @@ dtypes, AdamW without master weights, less the resident terms (weights and optim
 block); the largest rank's figure under SP.
 
 Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
-MLP, recomputed norms), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP over all GPUs, H100-80GB less
-4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses U=8 within a node) and the best
-of them per GPU count, beside ALST's published figures.
+MLP, recomputed norms, the tiled attention at SP 1), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP
+over all GPUs, H100-80GB less 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses
+U=8 within a node) and the best of them per GPU count, beside ALST's published figures.
 
 Usage: ``python -m benchmarks memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
 [--no-write-md]`` (``python -m benchmarks memory`` runs it after :mod:`benchmarks.suites.memory_levers`). Writes the
@@ -122,6 +123,27 @@ CONFIGS: list[tuple] = [
     ("bf16 SP 4 MHA all levers, norms recomputed, budget 2K", _cfg(BF16, num_key_value_heads=4), 8192,
      dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16", recv_budget_tokens=2048)),
 ]
+# tiled attention (SP 1): the attention's backward sets the peak; more query heads than the hidden size (WIDE) makes it
+# the largest term; tiles smaller than the row, and one tile larger than it
+WIDE = _cfg(BF16, num_attention_heads=8)
+BF16_TILED = dict(BF16_ALL, recompute_norms=True, tiled_attention=True)
+CONFIGS += [
+    ("bf16 dense 2 layers all levers, tiled attention 1K, 8K", BF16, 8192, dict(BF16_TILED, attention_tile_tokens=1024),
+     1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, 8K", WIDE, 8192, dict(BF16_ALL, recompute_norms=True), 1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, tiled attention 1K, 8K", WIDE, 8192,
+     dict(BF16_TILED, attention_tile_tokens=1024), 1, dict(dtype="bf16")),
+    ("bf16 wide attention all levers, tiled attention 4K, 8K", WIDE, 8192,
+     dict(BF16_TILED, attention_tile_tokens=4096), 1, dict(dtype="bf16")),
+    ("bf16 MHA all levers, tiled attention (one tile), 4K", _cfg(WIDE, num_key_value_heads=8), 4096, BF16_TILED, 1,
+     dict(dtype="bf16")),
+    ("bf16 wide attention chunked, tiled attention 512", WIDE, 4096,
+     dict(loss_tile_tokens=128, tiled_attention=True, attention_tile_tokens=512), 1, dict(dtype="bf16")),
+    ("dense all levers, tiled attention 2K", _cfg(DENSE, num_hidden_layers=4, intermediate_size=2048), 8192,
+     dict(loss_tile_tokens=256, gradient_checkpointing=True, tiled_mlp=True, mlp_tile_tokens=1024,
+          tiled_attention=True, attention_tile_tokens=2048), 1),
+]
+TILED_ATTENTION = [c for c in CONFIGS if "tiled attention" in c[0] or "wide attention" in c[0]]
 QUICK = CONFIGS[:2]
 
 
@@ -258,7 +280,7 @@ def _resident_states(pred: Any) -> float:
 
 
 ALL_LEVERS = MemoryLevers(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
-                          recompute_norms=True)
+                          recompute_norms=True, tiled_attention=True)
 SCHEMES = {"flat SAP (U=1)": dict(ulysses_size=1), "flat SAP (U=1), receive budget 64K": dict(
     ulysses_size=1, recv_budget_tokens=65536), "Ulysses (U=8)": dict(ulysses_size=8)}
 

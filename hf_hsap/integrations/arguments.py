@@ -20,6 +20,7 @@ from transformers import TrainingArguments
 
 from ..config import DEFAULT_TIMEOUT_S, PLACEMENTS, RECURRENT_MODES, ROUNDS, HSAPConfig
 from ..memory.levers import MemoryLevers
+from ..memory.tiled_attention import DEFAULT_ATTENTION_TILE_TOKENS
 from ..memory.tiled_mlp import DEFAULT_TILE_TOKENS
 from ..plan.placement import DEFAULT_TOKEN_SLACK
 
@@ -73,6 +74,11 @@ class HSAPArguments:
                 "exceeds this much memory per device (default: the GPU's memory less 4 GiB; no check on CPU)"})
     hsap_recompute_norms: bool = field(default=False, metadata={
         "help": "HSAP: every RMSNorm keeps only its input for the backward and is recomputed there"})
+    hsap_tiled_attention: bool = field(default=False, metadata={
+        "help": "HSAP: the single-device attention (SP 1) in query tiles of hsap_attention_tile_tokens tokens, "
+                "its backward's buffers one tile at a time"})
+    hsap_attention_tile_tokens: int = field(default=DEFAULT_ATTENTION_TILE_TOKENS, metadata={
+        "help": "HSAP: query tokens of one tile of the tiled attention"})
 
     def memory_levers(self) -> MemoryLevers:
         """The :class:`~hf_hsap.MemoryLevers` of these arguments (checkpointing and offloading from the Trainer's /
@@ -82,7 +88,8 @@ class HSAPArguments:
                                                         or getattr(self, "gradient_checkpointing", False)),
                             activation_offloading=bool(getattr(self, "activation_offloading", False)),
                             tiled_mlp=self.hsap_tiled_mlp, mlp_tile_tokens=self.hsap_mlp_tile_tokens,
-                            recompute_norms=self.hsap_recompute_norms)
+                            recompute_norms=self.hsap_recompute_norms, tiled_attention=self.hsap_tiled_attention,
+                            attention_tile_tokens=self.hsap_attention_tile_tokens)
 
     def hsap_config(self, model_config: Any = None) -> HSAPConfig:
         """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).

@@ -11,6 +11,8 @@ Which documents the call has is decided here, first match wins (the rules themse
    padding mask;
 4. ``L_q != L_k`` (generation with a KV cache): one bottom-right causal segment per row.
 
+With the ``tiled_attention`` lever (:mod:`hf_hsap.memory.tiled_attention`) the call runs in query tiles.
+
 The layer's sliding window, soft-cap and sinks (:class:`~.attention_checks.AttentionVariant`) go to the kernel
 as they are: the window counts keys back from each query's own key inside its segment (bottom-right aligned),
 which is ``masking_utils``' window also over a sliding cache's keys (they are the most recent keys, in order,
@@ -27,6 +29,7 @@ import torch
 
 from ..kernels import varlen_attention
 from ..log import get_logger, log_once
+from ..model_state import ATTENTION_TILES, state_of
 from .attention_checks import AttentionVariant
 from .local_layout import LocalLayout, layout_cached, layout_from_cu, layout_same_length
 from .model_check import check_config, check_mixers_prepared
@@ -144,7 +147,8 @@ def local_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
         k, v = k.index_select(0, layout.k_index), v.index_select(0, layout.k_index)  # [N_k kept, Hkv, D]
     q_kept = q.index_select(0, layout.q_index) if layout.q_index is not None else q  # [N_q kept, Hq, D]
     out = varlen_attention(q_kept, k, v, layout.cu_q, layout.cu_k, causal=True, softmax_scale=scaling,
-                           window=window, softcap=variant.softcap, sinks=variant.sinks)
+                           window=window, softcap=variant.softcap, sinks=variant.sinks,
+                           tile_tokens=state_of(module, ATTENTION_TILES))  # the tiled_attention lever's, or None
     if layout.q_index is not None:
         out = q.new_zeros(q.shape).index_copy(0, layout.q_index, out)  # [B*Lq, Hq, D], padding = 0
     return out.view(batch, lq, query.shape[1], head_dim)  # [B*Lq, Hq, D] -> [B, Lq, Hq, D]

@@ -16,6 +16,7 @@ __all__ = ["TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fi
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
 TRAINER_LEVER_FLAGS = {"chunked_loss": "--hsap_chunked_loss", "gradient_checkpointing": "--gradient_checkpointing",
                        "tiled_mlp": "--hsap_tiled_mlp", "recompute_norms": "--hsap_recompute_norms",
+                       "tiled_attention": "--hsap_tiled_attention",
                        "activation_offloading": "--activation_offloading"}
 
 

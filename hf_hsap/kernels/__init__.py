@@ -6,6 +6,7 @@ from .math import MathKernel
 from .reference import reference_attention, reference_varlen_attention
 from .select import select_kernel
 from .sinks import apply_sinks, sinks_grad
+from .tiled import TiledKernel
 from .varlen import varlen_attention
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "InPlaceKernel",
     "MathKernel",
     "Segment",
+    "TiledKernel",
     "TorchCPUFlashKernel",
     "VarlenSpec",
     "apply_sinks",

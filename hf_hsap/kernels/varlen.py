@@ -9,6 +9,7 @@ import torch
 from .base import AttentionKernel, VarlenSpec, check_features, lse_dtype, window_left
 from .select import select_kernel
 from .sinks import apply_sinks, sinks_grad
+from .tiled import TiledKernel
 
 
 def _as_tuple(cu: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
@@ -67,6 +68,7 @@ def varlen_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    tile_tokens: int | None = None,
 ) -> torch.Tensor:
     """Exact varlen attention on one device, differentiable in q, k, v (and ``sinks``).
 
@@ -83,6 +85,8 @@ def varlen_attention(
             position, bottom-right aligned like ``causal``); ``None``: no window.
         softcap: Gemma 2's logit soft-capping, ``softcap * tanh(score / softcap)``; ``None``: none.
         sinks: ``[Hq]`` attention-sink logits (GPT-OSS's ``s_aux``), one extra softmax column per head.
+        tile_tokens: run the kernel over query tiles of this many rows (:class:`~.tiled.TiledKernel`: the backward's
+            buffers exist for one tile at a time; the ``tiled_attention`` memory lever); ``None``: one call.
 
     Returns:
         ``[Nq, Hq, D]`` attention output.
@@ -93,6 +97,8 @@ def varlen_attention(
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kernel = kernel or select_kernel(q.device, q.dtype)
     check_features(kernel, spec.window_left, softcap)
+    if tile_tokens is not None:
+        kernel = TiledKernel(kernel, tile_tokens)
     if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
         raise ValueError(f"sinks must hold one logit per query head, shape ({q.shape[1]},), got "
                          f"{tuple(sinks.shape)}")

@@ -16,6 +16,8 @@
 * ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
 * ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input; its backward
   runs one tile of tokens at a time).
+* ``tiled_attention``: :func:`~.tiled_attention.enable_tiled_attention` (the single-device attention, ``sp_size == 1``,
+  in query tiles of ``attention_tile_tokens``; its backward's buffers exist for one tile at a time).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from ..log import get_logger
 from ..model_state import ModelChanges
 from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
+from .tiled_attention import DEFAULT_ATTENTION_TILE_TOKENS, enable_tiled_attention
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
 __all__ = ["LEVER_ORDER", "MemoryLevers", "apply_memory_levers", "has_accelerator"]
@@ -38,8 +41,10 @@ __all__ = ["LEVER_ORDER", "MemoryLevers", "apply_memory_levers", "has_accelerato
 logger = get_logger(__name__)
 
 # The levers by name (MemoryLevers' switches), in the order the fit check suggests them: each costs more step
-# time than the one before it.
-LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms", "activation_offloading")
+# time than the one before it (tiled attention: no recomputation, only more, smaller kernel calls; after the recomputing
+# levers since it pays only at SP 1 on long rows).
+LEVER_ORDER = ("chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms", "tiled_attention",
+               "activation_offloading")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class MemoryLevers:
         tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
         mlp_tile_tokens: tokens per tile of the tiled MLP and of the recomputed norms.
         recompute_norms: every RMSNorm keeps only its input and is recomputed in backward, one tile at a time.
+        tiled_attention: the single-device attention (``sp_size == 1``) runs in query tiles, dK|dV summed in float32.
+        attention_tile_tokens: query rows per tile (and keys per chunk) of the tiled attention (default 8192, see
+            :data:`~.tiled_attention.DEFAULT_ATTENTION_TILE_TOKENS`).
     """
 
     chunked_loss: bool = True
@@ -64,9 +72,11 @@ class MemoryLevers:
     tiled_mlp: bool = False
     mlp_tile_tokens: int = DEFAULT_TILE_TOKENS
     recompute_norms: bool = False
+    tiled_attention: bool = False
+    attention_tile_tokens: int = DEFAULT_ATTENTION_TILE_TOKENS
 
     def __post_init__(self) -> None:
-        for name in ("loss_tile_tokens", "mlp_tile_tokens"):
+        for name in ("loss_tile_tokens", "mlp_tile_tokens", "attention_tile_tokens"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"MemoryLevers.{name} must be positive, got {getattr(self, name)}")
 
@@ -133,6 +143,8 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         enable_tiled_mlp(model, changes, tile_tokens=levers.mlp_tile_tokens)
     if levers.recompute_norms:
         enable_norm_recompute(model, changes, tile_tokens=levers.mlp_tile_tokens)
+    if levers.tiled_attention:
+        enable_tiled_attention(model, changes, tile_tokens=levers.attention_tile_tokens)
     if levers.gradient_checkpointing:
         _enable_checkpointing(model, changes)
     if not levers.activation_offloading:

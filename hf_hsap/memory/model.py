@@ -24,10 +24,11 @@ Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks 
   mean's expanded gradient, ``pow``'s ``x``, ``2 x`` and their product; recomputed, for one tile of rows, beside the
   input's gradient); the attention's (the residual's and the output's gradients and the kernel's backward: on CPU
   float32 dQ|dK|dV and their casts, on CUDA flash's float32 ``dQ``, dQ|dK|dV and under GQA dK|dV over the query
-  heads; under SP a float32 ``dQ`` and SAP's working set). Without checkpointing the final norm's backward takes the
-  second norm's place (every layer's tensors still alive). The gradients formed by then: the head's and the layer's
-  own for the first layer to run its backward, every other layer's too for the last (which has released every other
-  layer's saved tensors): the larger.
+  heads; under SP a float32 ``dQ`` and SAP's working set; with ``tiled_attention`` at SP 1 the row's ``dQ`` and float32
+  ``dK|dV`` sums and one tile's buffers, :func:`_tiled_attention_backward`). Without checkpointing the final norm's
+  backward takes the second norm's place (every layer's tensors still alive). The gradients formed by then: the head's
+  and the layer's own for the first layer to run its backward, every other layer's too for the last (which has
+  released every other layer's saved tensors): the larger.
 * **the loss**: without the chunked head the float32 log-softmax, the gradient of the loss by it and by the
   logits (``3 x 4`` bytes per logit; 16-bit logits are freed by then); with it (:mod:`.fused_ce`, the gradients
   formed in the forward) one tile of ``loss_tile_tokens x V`` float32 logits, one float32 temporary of the tile
@@ -203,6 +204,22 @@ def _attention_backward(s: ModelShape, a: int, sp: int, device: str) -> float:
     return 4.0 * q + a * (q + kv) + (2 * a * q if s.kv_heads < s.q_heads else 0)
 
 
+def _tiled_attention_backward(s: ModelShape, a: int, t: int, tile: int, device: str) -> float:
+    """Bytes of the tiled attention's backward beside ``dO`` for ``t`` tokens (``tiled_attention`` at SP 1,
+    :class:`~hf_hsap.kernels.TiledKernel`): the row's ``dQ`` and float32 ``dK|dV`` sums, and the larger of one tile's
+    buffers (its float32 ``dQ`` sum and the kernel's backward of one call: ``n`` queries, at most ``n`` keys; on CPU
+    float32 ``dQ|dK|dV`` and their casts, on CUDA flash's float32 ``dQ``, ``dQ|dK|dV`` and under GQA ``dK|dV`` over
+    the query heads) and ``dK``'s cast back at the end."""
+    q, kv = s.q_heads * s.head_dim, 2 * s.kv_heads * s.head_dim
+    n = min(t, tile)
+    cast = a if a < 4 else 0  # float32 inputs: the float32 sums are the results
+    if device == "cpu":
+        call = n * (4.0 + cast) * (q + kv)
+    else:
+        call = n * (4.0 * q + a * (q + kv) + (2 * a * q if s.kv_heads < s.q_heads else 0))
+    return t * (a * q + 4.0 * kv) + max(n * 4.0 * q + call, t * cast * kv / 2)
+
+
 def _loss_bytes(s: ModelShape, t: int, a: int, w: int, levers: MemoryLevers) -> float:
     """The loss's working set for ``t`` tokens (module docstring); ``w`` = bytes of the head's weights."""
     V, H = s.vocab, s.hidden
@@ -308,7 +325,9 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         norm_backward = t * 2 * a * norm_width + NORM_BACKWARD_F32 * 4 * widest
     else:
         norm_backward = t * (a * H + NORM_BACKWARD_F32 * 4 * norm_width)  # the residual's gradient beside
-    attn_grads = t * (a * H + a * s.q_heads * s.head_dim + _attention_backward(s, a, sp_size, device))
+    attn_kernel = (_tiled_attention_backward(s, a, t, levers.attention_tile_tokens, device)
+                   if levers.tiled_attention and sp_size == 1 else t * _attention_backward(s, a, sp_size, device))
+    attn_grads = t * (a * H + a * s.q_heads * s.head_dim) + attn_kernel
     # the phases of the last layer's backward, (working, sap) each: the MLP's (every tensor of the layer alive),
     # the second norm's (the MLP's and the norm's saved tensors consumed; its float32 input and temporaries),
     # the attention's (SAP's working set)

@@ -34,6 +34,8 @@ CASES = [  # (name, tokens, levers)
     ("all levers", 131072, dict(gradient_checkpointing=True, tiled_mlp=True, recompute_norms=True)),
     ("all levers, offloaded", 131072, dict(gradient_checkpointing=True, tiled_mlp=True, recompute_norms=True,
                                            activation_offloading=True)),
+    ("all levers, tiled attention", 131072, dict(gradient_checkpointing=True, tiled_mlp=True, recompute_norms=True,
+                                                 tiled_attention=True)),
 ]
 TOL = 0.15  # the caching allocator rounds blocks and the flash kernels keep workspaces the CPU model does not see
 _RESULTS: list[dict] = []
@@ -104,5 +106,6 @@ def test_memory_model_on_the_gpu(name: str, tokens: int, levers: dict) -> None:
 def test_levers_give_the_loss_of_the_plain_step(sizes: dict = SIZES, tokens: int = 4096) -> None:
     """bf16: every lever's first loss equals the plain step's to bf16 rounding."""
     plain = _step("plain", tokens, dict(chunked_loss=False), sizes)[0]
-    for levers in (dict(), dict(gradient_checkpointing=True, tiled_mlp=True, recompute_norms=True)):
+    for levers in (dict(), dict(gradient_checkpointing=True, tiled_mlp=True, recompute_norms=True),
+                   dict(gradient_checkpointing=True, tiled_attention=True, attention_tile_tokens=max(64, tokens // 4))):
         assert _step("levers", tokens, levers, sizes)[0] == pytest.approx(plain, rel=2e-2)

@@ -1,6 +1,7 @@
-"""The memory levers (chunked loss, gradient checkpointing, tiled MLP) exact on packed rows, at SP 1 and under SP 2 / 4
-with U 1 and 2 (spawned gloo ranks), against each document run alone in float64 eager: logits of every token, the
-loss ``sum(CE) / N`` and every parameter's gradient (summed over the SP group)."""
+"""The memory levers (chunked loss, gradient checkpointing, tiled MLP, recomputed norms, tiled attention at SP 1) exact
+on packed rows, at SP 1 and under SP 2 / 4 with U 1 and 2 (spawned gloo ranks), against each document run alone in
+float64 eager: logits of every token, the loss ``sum(CE) / N`` and every parameter's gradient (summed over the SP
+group)."""
 from __future__ import annotations
 
 import pytest
@@ -39,12 +40,16 @@ def check(kind: str, results: list[dict], dtype: torch.dtype = torch.float32) ->
 
 @pytest.mark.parametrize("levers", [{"loss_tile_tokens": 16}, ALL, {**ALL, "chunked_loss": False},
                                     {"chunked_loss": False, "tiled_mlp": True, "mlp_tile_tokens": 5},
-                                    {"chunked_loss": False, "recompute_norms": True}],
-                         ids=["chunked", "all", "checkpointing+tiled", "tiled", "norms"])
+                                    {"chunked_loss": False, "recompute_norms": True},
+                                    {"chunked_loss": False, "tiled_attention": True, "attention_tile_tokens": 16},
+                                    {**ALL, "tiled_attention": True, "attention_tile_tokens": 7}],
+                         ids=["chunked", "all", "checkpointing+tiled", "tiled", "norms", "attention-tiles",
+                              "all+attention-tiles"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_sp1_levers_match_documents_alone(levers: dict, dtype: torch.dtype) -> None:
     res = L.levers_forward_backward("qwen2", 1, levers, dtype=dtype)
     assert res["chunked"] == ("ChunkedLMHead" if levers.get("chunked_loss", True) else "Linear")
+    assert res["attention_tiles"] == ({levers["attention_tile_tokens"]} if levers.get("tiled_attention") else set())
     check("qwen2", [res], dtype)
 
 

@@ -20,7 +20,8 @@ from hf_hsap.model_state import MIXERS, RELAY, VISION_ROWS, state_of
 from workers import vlm_zoo_configs as VC
 
 EVERY_LEVER = hf_hsap.MemoryLevers(loss_tile_tokens=8, gradient_checkpointing=True, activation_offloading=True,
-                                   tiled_mlp=True, mlp_tile_tokens=4, recompute_norms=True)
+                                   tiled_mlp=True, mlp_tile_tokens=4, recompute_norms=True, tiled_attention=True,
+                                   attention_tile_tokens=4)
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
           "_state_dict_hooks", "_load_state_dict_pre_hooks")
 

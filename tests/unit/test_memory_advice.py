@@ -34,7 +34,8 @@ def test_the_advice_names_the_first_levers_that_make_it_fit() -> None:
 
 
 def test_levers_by_name() -> None:
-    assert levers_from_names("all").names == ["chunked_loss", "gradient_checkpointing", "tiled_mlp", "recompute_norms",
+    assert levers_from_names("all").names == ["chunked_loss", "gradient_checkpointing", "tiled_mlp",
+                                              "recompute_norms", "tiled_attention",
                                               "activation_offloading"]  # LEVER_ORDER, the one list of levers
     assert levers_from_names("none").names == []
     assert levers_from_names("tiled_mlp, gradient_checkpointing").names == ["gradient_checkpointing", "tiled_mlp"]

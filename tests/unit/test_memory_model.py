@@ -120,3 +120,17 @@ def test_recompute_norms_drops_the_float32_copies_in_16_bit():
     lev = MemoryLevers(gradient_checkpointing=True, tiled_mlp=True)
     off, on = predict(1 << 22, levers=lev), predict(1 << 22, levers=lev.replace(recompute_norms=True))
     assert on.working < off.working and on.stage == off.stage == "layer"
+
+
+def test_tiled_attention_lowers_the_sp1_attention_backward_only():
+    """At SP 1 on a long row the tiled attention's backward holds dQ and float32 dK|dV sums (16 KB a token for
+    Llama-3-8B in bf16, and dK's cast at the end) instead of flash's 44 KB; under SP nothing changes."""
+    lev = MemoryLevers(gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True, recompute_norms=True)
+    n = 1 << 20
+    for device in ("cuda", "cpu"):
+        off, on = (predict(n, levers=le, world=1, sp_size=1, device=device)
+                   for le in (lev, lev.replace(tiled_attention=True)))
+        assert on.working < off.working and on.total < off.total, device
+    off, on = (predict(n, levers=le, world=1, sp_size=1) for le in (lev, lev.replace(tiled_attention=True)))
+    assert off.working - on.working == n * (45056 - 16384 - 2048)  # flash's 44 KB -> dQ, dK|dV sums, dK's cast
+    assert predict(n, levers=lev) == predict(n, levers=lev.replace(tiled_attention=True))  # SP 8: SAP's attention

@@ -9,6 +9,7 @@ import torch.distributed as dist
 import hf_hsap
 from hf_hsap.integrations import hsap_causal_lm_loss, hsap_model_loss, shard_batch
 from hf_hsap.integrations.loss import TARGET_KEYS
+from hf_hsap.model_state import ATTENTION_TILES, state_of
 
 from . import sp_model as W
 
@@ -51,4 +52,5 @@ def levers_forward_backward(kind: str, sp_size: int, levers: dict[str, Any], uly
     if sp_size > 1:
         dist.all_reduce(total, group=sp.group)
     return {"index": idx, "logits": logits.detach().double(), "loss": float(total), "grads": grads,
-            "num_items": int(n), "chunked": type(model.get_output_embeddings()).__name__}
+            "num_items": int(n), "chunked": type(model.get_output_embeddings()).__name__,
+            "attention_tiles": {state_of(m, ATTENTION_TILES) for m in model.modules()} - {None}}
