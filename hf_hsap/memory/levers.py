@@ -16,6 +16,10 @@
 * ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
 * ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input; its backward
   runs one tile of tokens at a time).
+* ``checkpoint_layers``: with checkpointing, :func:`~.blocks.enable_checkpoint_blocks` (one checkpoint per block of
+  that many decoder layers; its backward recomputes the block).
+* ``layers_kept_on_device``: with offloading, :func:`~.blocks.keep_layers_on_device` (the last layers' saved tensors
+  stay on the device).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from torch import nn
 
 from ..log import get_logger
 from ..model_state import ModelChanges
+from .blocks import enable_checkpoint_blocks, keep_layers_on_device
 from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
@@ -55,6 +60,11 @@ class MemoryLevers:
         tiled_mlp: the MLPs in tiles of ``mlp_tile_tokens`` tokens, recomputed in backward.
         mlp_tile_tokens: tokens per tile of the tiled MLP and of the recomputed norms.
         recompute_norms: every RMSNorm keeps only its input and is recomputed in backward, one tile at a time.
+        checkpoint_layers: with gradient checkpointing (this lever's or the Trainer's), decoder layers per
+            checkpoint: a block keeps only its input and recomputes all its layers in backward (default 1: each
+            layer). The first training forward refuses blocks without checkpointing.
+        layers_kept_on_device: with activation offloading (this lever's or TRL's), the last this many decoder
+            layers' saved tensors stay on the device (default 0: all offloaded).
     """
 
     chunked_loss: bool = True
@@ -64,11 +74,15 @@ class MemoryLevers:
     tiled_mlp: bool = False
     mlp_tile_tokens: int = DEFAULT_TILE_TOKENS
     recompute_norms: bool = False
+    checkpoint_layers: int = 1
+    layers_kept_on_device: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("loss_tile_tokens", "mlp_tile_tokens"):
+        for name in ("loss_tile_tokens", "mlp_tile_tokens", "checkpoint_layers"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"MemoryLevers.{name} must be positive, got {getattr(self, name)}")
+        if int(self.layers_kept_on_device) < 0:
+            raise ValueError(f"MemoryLevers.layers_kept_on_device must be 0 or more, got {self.layers_kept_on_device}")
 
     def replace(self, **changes: Any) -> "MemoryLevers":
         """A validated copy with ``changes``."""
@@ -135,6 +149,10 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         enable_norm_recompute(model, changes, tile_tokens=levers.mlp_tile_tokens)
     if levers.gradient_checkpointing:
         _enable_checkpointing(model, changes)
+    if levers.checkpoint_layers > 1:  # checkpointing may be the Trainer's, turned on later: checked at the forward
+        enable_checkpoint_blocks(model, changes, per_block=levers.checkpoint_layers)
+    if levers.layers_kept_on_device:  # the offloading context may be TRL's own (HSAPSFTTrainer)
+        keep_layers_on_device(model, changes, kept=levers.layers_kept_on_device)
     if not levers.activation_offloading:
         return contextlib.nullcontext
     if not has_accelerator():
