@@ -119,7 +119,7 @@ class _Block:
         """The block's first layer: the whole block under the layer's checkpoint function (training with
         gradients), else the layer alone."""
         self.pending = None
-        if not (layer.training and torch.is_grad_enabled()) or len(self.layers) == 1:
+        if not (layer.training and torch.is_grad_enabled()):
             return self.plain[0](layer, hidden_states, *args, **kwargs)
         if not layer.gradient_checkpointing:
             raise ValueError(f"checkpoint_layers={len(self.layers)} needs gradient checkpointing: turn it on "
