@@ -33,11 +33,12 @@ MEMORY_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def levers_from_names(names: str) -> MemoryLevers:
-    """``"all"``, ``"none"`` or comma-separated lever names (:data:`LEVER_ORDER`) as :class:`MemoryLevers`.
+def levers_from_names(names: str, *, checkpoint_layers: int = 1, layers_kept_on_device: int = 0) -> MemoryLevers:
+    """``"all"``, ``"none"`` or comma-separated lever names (:data:`LEVER_ORDER`) as :class:`MemoryLevers`, with
+    the two counts (``hsap-plan --checkpoint-layers`` / ``--layers-kept-on-device``).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name, or a count its lever is not on for (:meth:`MemoryLevers.check_counts`).
     """
     chosen = {"all": set(LEVER_ORDER), "none": set()}.get(names)
     if chosen is None:
@@ -45,7 +46,8 @@ def levers_from_names(names: str) -> MemoryLevers:
         unknown = chosen - set(LEVER_ORDER)
         if unknown:
             raise ValueError(f"unknown levers {sorted(unknown)}; use all, none or some of {', '.join(LEVER_ORDER)}")
-    return MemoryLevers(**{n: n in chosen for n in LEVER_ORDER})
+    return MemoryLevers(**{n: n in chosen for n in LEVER_ORDER}, checkpoint_layers=checkpoint_layers,
+                        layers_kept_on_device=layers_kept_on_device).check_counts()
 
 
 def _with(levers: MemoryLevers, names: tuple[str, ...]) -> MemoryLevers:

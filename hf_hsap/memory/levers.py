@@ -88,6 +88,28 @@ class MemoryLevers:
         """A validated copy with ``changes``."""
         return dataclasses.replace(self, **changes)
 
+    def check_counts(self, *, checkpointing: bool | None = None, offloading: bool | None = None) -> "MemoryLevers":
+        """Refuse ``checkpoint_layers > 1`` without gradient checkpointing and ``layers_kept_on_device`` without
+        activation offloading (they would do nothing), where the levers are configured: the recipes, the trainers'
+        arguments, ``hsap-plan`` (``prepare_model`` cannot: a Trainer turns checkpointing on after it).
+
+        Args:
+            checkpointing, offloading: whether they are on (default: this object's switches; a trainer's own
+                checkpointing and TRL's offloading come from its arguments).
+
+        Returns:
+            ``self``.
+        """
+        ckpt = self.gradient_checkpointing if checkpointing is None else checkpointing
+        off = self.activation_offloading if offloading is None else offloading
+        if self.checkpoint_layers > 1 and not ckpt:
+            raise ValueError(f"checkpoint_layers={self.checkpoint_layers} needs gradient checkpointing: turn it on "
+                             "(gradient_checkpointing), or leave checkpoint_layers at 1")
+        if self.layers_kept_on_device and not off:
+            raise ValueError(f"layers_kept_on_device={self.layers_kept_on_device} needs activation offloading: turn it "
+                             "on (activation_offloading), or leave layers_kept_on_device at 0")
+        return self
+
     @property
     def names(self) -> list[str]:
         """The levers that are on, by their command-line names, in :data:`LEVER_ORDER`."""
