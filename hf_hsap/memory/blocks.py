@@ -34,7 +34,7 @@ from torch import nn
 
 from ..log import get_logger
 from ..model_shape import text_config
-from ..model_state import ModelChanges
+from ..model_state import MIXERS, ModelChanges, state_of
 
 __all__ = ["block_starts", "checkpoints_kept", "decoder_layers", "enable_checkpoint_blocks", "keep_layers_on_device"]
 
@@ -163,9 +163,7 @@ def _check_blocks(model: nn.Module, layers: list[nn.Module], per_block: int) -> 
     """Refuse what blocks cannot run exactly (module docstring)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    from ..mixers.layers import mixer_layers
-
-    if mixer_layers(model):
+    if state_of(model, MIXERS) is not None:  # prepare_model made its recurrent layers document-exact first
         raise ValueError(f"checkpoint_layers={per_block}: {type(model).__name__} has recurrent layers (a hybrid), "
                          "which blocks do not cover; use checkpoint_layers=1")
     for i, m in enumerate(layers):

@@ -16,6 +16,7 @@ from hf_hsap.integrations import hsap_model_loss, shard_batch
 from hf_hsap.memory.blocks import checkpoints_kept
 from workers import levers as L
 from workers import sp_model as W
+from workers import zoo_configs as ZC
 
 TIMEOUT_S = 150
 TOL = 1e-12  # float64: the same operations on the same values
@@ -127,6 +128,9 @@ def test_blocks_refusals() -> None:
     with pytest.raises(ValueError, match="mix attention types"):
         hf_hsap.prepare_model(mixed, levers=hf_hsap.MemoryLevers(gradient_checkpointing=True, checkpoint_layers=2))
     assert not any("forward" in m.__dict__ for m in mixed.model.layers)  # nothing left changed
+    hybrid = ZC.build_model(ZC.tiny_config("lfm2"), "hsap", torch.float32).train()  # short convolutions
+    with pytest.raises(ValueError, match="recurrent layers"):
+        hf_hsap.prepare_model(hybrid, levers=hf_hsap.MemoryLevers(gradient_checkpointing=True, checkpoint_layers=2))
     for bad in (dict(checkpoint_layers=0), dict(layers_kept_on_device=-1)):
         with pytest.raises(ValueError, match="MemoryLevers"):
             hf_hsap.MemoryLevers(**bad)
