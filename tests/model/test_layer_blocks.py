@@ -134,3 +134,26 @@ def test_blocks_refusals() -> None:
     for bad in (dict(checkpoint_layers=0), dict(layers_kept_on_device=-1)):
         with pytest.raises(ValueError, match="MemoryLevers"):
             hf_hsap.MemoryLevers(**bad)
+
+
+def test_hf_trainer_blocks_under_its_own_checkpointing(tmp_path) -> None:
+    """HSAPTrainer turns checkpointing on itself after prepare_model; the blocks run under it (else the first
+    forward refuses) and log the losses of the run without levers."""
+    from unittest import mock
+
+    from hf_hsap.memory import blocks as B
+
+    handed_on = []  # per call of a block's second layer: whether its first layer ran the block (checkpointed)
+    run_other = B._Block.run_other
+
+    def spy(block: Any, *args: Any, **kwargs: Any) -> Any:
+        handed_on.append(block.pending is not None)
+        return run_other(block, *args, **kwargs)
+
+    plain = W.trainer_losses(1, str(tmp_path / "plain"), steps=2, hsap_chunked_loss=False)
+    with mock.patch.object(B._Block, "run_other", spy):
+        blocks = W.trainer_losses(1, str(tmp_path / "blocks"), steps=2, activation_checkpointing=True,
+                                  hsap_checkpoint_layers=2, hsap_loss_tile_tokens=16)
+    assert handed_on.count(True) == 2 and handed_on.count(False) >= 1  # two training steps; evaluation runs plain
+    assert blocks["train"] == pytest.approx(plain["train"], rel=1e-5)
+    assert blocks["eval"] == pytest.approx(plain["eval"], rel=1e-5)
