@@ -94,8 +94,10 @@ class MemoryLevers:
         arguments, ``hsap-plan`` (``prepare_model`` cannot: a Trainer turns checkpointing on after it).
 
         Args:
-            checkpointing, offloading: whether they are on (default: this object's switches; a trainer's own
-                checkpointing and TRL's offloading come from its arguments).
+            checkpointing: whether gradient checkpointing is on (default: this object's switch; a Trainer's own
+                comes from its arguments).
+            offloading: whether activation offloading is on (default: this object's switch; TRL's own comes from
+                its arguments).
 
         Returns:
             ``self``.
