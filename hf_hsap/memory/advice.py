@@ -109,7 +109,9 @@ def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: Memor
 
     fit = fit_of(ulysses_size, recv_budget_tokens)
     sp = sp_size or gpus
-    on = ", ".join(levers.names) or "none"
+    counts = [f"{n} {getattr(levers, n)}" for n, off in (("checkpoint_layers", 1), ("layers_kept_on_device", 0))
+              if getattr(levers, n) != off]
+    on = ", ".join(levers.names + counts) or "none"
     lines = [f"longest packed row: {fit.tokens:,} tokens on {gpus} GPUs of {memory_gib:g} GiB (SP {sp}, U "
              f"{ulysses_size}, receive budget {recv_budget_tokens or 'none'}, {sharding}; levers: {on})",
              f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table(),

@@ -65,7 +65,7 @@ def test_kept_layers_without_checkpointing_keep_their_saved_tensors():
                                                                                - base.stages["loss"])
 
 
-def test_counts_need_their_lever():
+def test_counts_need_their_lever(capsys):
     assert levers_from_names("all", checkpoint_layers=4, layers_kept_on_device=2).checkpoint_layers == 4
     with pytest.raises(ValueError, match="needs gradient checkpointing"):
         levers_from_names("tiled_mlp", checkpoint_layers=2)
@@ -73,6 +73,7 @@ def test_counts_need_their_lever():
         levers_from_names("gradient_checkpointing", layers_kept_on_device=1)
     assert hsap_plan(["--max-length", "--model", "llama-3-70b", "--gpus", "8", "--checkpoint-layers", "2",
                       "--layers-kept-on-device", "2"]) == 0
+    assert "activation_offloading, checkpoint_layers 2, layers_kept_on_device 2)" in capsys.readouterr().out
     assert hsap_plan(["--max-length", "--levers", "none", "--checkpoint-layers", "2"]) == 2
 
 
