@@ -77,13 +77,23 @@ def _plain_forward(layer: nn.Module) -> Callable[..., Any]:
     return fn
 
 
+def _same_tensor(x: Any, y: Any) -> bool:
+    """The same tensor, or a view of the same memory as it (the identity functions that module hooks wrap a
+    module's inputs and outputs in: DeepSpeed ZeRO-3's return ``detach()``-ed aliases)."""
+    if x is y:
+        return True
+    return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.device == y.device
+            and x.dtype == y.dtype and x.shape == y.shape and x.stride() == y.stride()
+            and x.data_ptr() == y.data_ptr())
+
+
 def _same_call(a: tuple, b: tuple) -> bool:
-    """The same positional and keyword arguments: tensors by identity, other values by equality."""
+    """The same positional and keyword arguments: tensors the same memory, other values equal."""
     (args_a, kw_a), (args_b, kw_b) = a, b
     if len(args_a) != len(args_b) or kw_a.keys() != kw_b.keys():
         return False
     pairs = list(zip(args_a, args_b)) + [(kw_a[k], kw_b[k]) for k in kw_a]
-    return all(x is y or (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y)
+    return all(_same_tensor(x, y) or (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y)
                for x, y in pairs)
 
 
@@ -146,11 +156,12 @@ class _Block:
         return out
 
     def run_other(self, layer: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """A later layer of the block: the block's output handed on when its first layer ran the block."""
+        """A later layer of the block: the block's output handed on when its first layer ran the block (the
+        tensor this layer was called with: hooks between the layers, e.g. ZeRO-3's, may have wrapped it)."""
         if self.pending is None:
             return self.plain[self.layers.index(layer)](layer, hidden_states, *args, **kwargs)
         i, out, call = self.pending
-        if self.layers[i] is not layer or hidden_states is not out or not _same_call(call, (args, kwargs)):
+        if self.layers[i] is not layer or not _same_tensor(hidden_states, out) or not _same_call(call, (args, kwargs)):
             self.pending = None
             raise ValueError(f"checkpoint_layers > 1: decoder layer {self.first + self.layers.index(layer)} was not "
                              "called with the hidden states and the arguments of its block's first layer (the model "

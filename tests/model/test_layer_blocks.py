@@ -157,3 +157,26 @@ def test_hf_trainer_blocks_under_its_own_checkpointing(tmp_path) -> None:
     assert handed_on.count(True) == 2 and handed_on.count(False) >= 1  # two training steps; evaluation runs plain
     assert blocks["train"] == pytest.approx(plain["train"], rel=1e-5)
     assert blocks["eval"] == pytest.approx(plain["eval"], rel=1e-5)
+
+
+def _grads_with_layer_hooks(per_block: int, wrap: Any) -> tuple[float, dict]:
+    """Loss and gradients (float64, 3 layers) with ``wrap`` applied to every decoder layer's input and output by
+    module hooks, as DeepSpeed ZeRO-3's identity functions are."""
+    model = W.make_model("llama", layers=3).double()
+    hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers(**{**CKPT, "checkpoint_layers": per_block}))
+    for m in model.model.layers:
+        m.register_forward_pre_hook(lambda _m, args: (wrap(args[0]), *args[1:]))
+        m.register_forward_hook(lambda _m, _args, out: wrap(out))
+    local = shard_batch(W.global_batch(), 1)
+    loss = hsap_model_loss(model, local, local["num_items_in_batch"])
+    loss.backward()
+    return loss.item(), {k: p.grad for k, p in model.named_parameters()}
+
+
+def test_blocks_hand_on_through_hooks_that_alias_the_hidden_states() -> None:
+    loss, grads = _grads_with_layer_hooks(2, lambda t: t.view_as(t))
+    loss_1, grads_1 = _grads_with_layer_hooks(1, lambda t: t.view_as(t))
+    assert loss == pytest.approx(loss_1, rel=TOL)
+    assert all(rel_err(g, grads_1[k]) <= TOL for k, g in grads.items())
+    with pytest.raises(ValueError, match="was not called with the hidden states"):
+        _grads_with_layer_hooks(2, lambda t: t * 1.0)  # new values between layers: refused, not handed on
