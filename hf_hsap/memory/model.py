@@ -87,8 +87,8 @@ class StepMemory:
         weights: parameters (sharded part + the unsharded layer in use).
         grads: gradients alive at the stage (DDP: with its buckets).
         optimizer: AdamW moments and master weights (and, at the optimizer stage, its temporaries).
-        activations: tensors saved for backward (every layer's, or with checkpointing the layers' inputs; 0 when
-            offloaded).
+        activations: tensors saved for backward (every layer's, or with checkpointing the layers' or blocks'
+            inputs; offloaded, only the last ``layers_kept_on_device`` layers').
         working: the recomputed layer and one layer's backward working set (or the MLP tile).
         loss: the loss's working set.
         sap: SAP's receive / send buffers and Ulysses' all-to-all copies.

@@ -180,3 +180,26 @@ def test_blocks_hand_on_through_hooks_that_alias_the_hidden_states() -> None:
     assert all(rel_err(g, grads_1[k]) <= TOL for k, g in grads.items())
     with pytest.raises(ValueError, match="was not called with the hidden states"):
         _grads_with_layer_hooks(2, lambda t: t * 1.0)  # new values between layers: refused, not handed on
+
+
+def _fsdp2_blocks_refusal() -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = W.make_model("llama", layers=3)
+    hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers(gradient_checkpointing=True, checkpoint_layers=2))
+    mesh = init_device_mesh("cpu", (2,))
+    for m in model.model.layers:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    local = shard_batch(W.global_batch(), 1)
+    try:
+        model(input_ids=local["input_ids"], position_ids=local["position_ids"])
+    except ValueError as e:
+        return str(e)
+    return "not refused"
+
+
+def test_blocks_refuse_fsdp2_sharded_layers(pools) -> None:
+    for message in pools(2, TIMEOUT_S).run(_fsdp2_blocks_refusal):
+        assert "sharded by FSDP2" in message
