@@ -202,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of memory per GPU (default 80)")
     fit.add_argument("--levers", default="all",
                      help=f"all (default), none, or comma-separated: {', '.join(LEVER_ORDER)}")
+    fit.add_argument("--checkpoint-layers", type=int, default=1,
+                     help="decoder layers per checkpoint with gradient_checkpointing (default 1)")
+    fit.add_argument("--layers-kept-on-device", type=int, default=0,
+                     help="with activation_offloading, the last this many layers' checkpoints stay on the GPU "
+                          "(default 0)")
     fit.add_argument("--sharding", choices=["ddp", "fsdp2", "zero3"], default="zero3",
                      help="how weights, gradients and optimizer states are held (default zero3)")
     return p
@@ -317,7 +322,9 @@ def _max_length(args: argparse.Namespace) -> int:
     try:
         config = vars(_load_config(args.config)) if args.config else MEMORY_MODELS[args.model]
         lines = max_length_lines(config, gpus=args.gpus, memory_gib=args.gpu_memory,
-                                 levers=levers_from_names(args.levers), sharding=args.sharding, sp_size=args.sp,
+                                 levers=levers_from_names(args.levers, checkpoint_layers=args.checkpoint_layers,
+                                                          layers_kept_on_device=args.layers_kept_on_device),
+                                 sharding=args.sharding, sp_size=args.sp,
                                  ulysses_size=args.U if isinstance(args.U, int) else 1,
                                  recv_budget_tokens=args.budget)
     except ValueError as e:

@@ -110,6 +110,12 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tiled_attention", action="store_true",
                    help="the single-device attention (--sp_size 1) in query tiles of --attention_tile_tokens tokens")
     g.add_argument("--attention_tile_tokens", type=positive_int, default=DEFAULT_ATTENTION_TILE_TOKENS)
+    g.add_argument("--checkpoint_layers", type=positive_int, default=1,
+                   help="with --gradient_checkpointing, decoder layers per checkpoint: a block keeps only its input "
+                        "and recomputes all its layers in backward (default 1)")
+    g.add_argument("--layers_kept_on_device", type=int, default=0,
+                   help="with --activation_offloading, the last this many decoder layers' saved tensors stay on the "
+                        "GPU (default 0)")
     g.add_argument("--no_chunked_loss", dest="chunked_loss", action="store_false",
                    help="materialise the full [tokens, vocab] logits (the loss is otherwise computed in tiles)")
     g.add_argument("--loss_tile_tokens", type=positive_int, default=None,
@@ -128,7 +134,9 @@ def memory_levers(args: argparse.Namespace) -> Any:
                                 activation_offloading=args.activation_offloading, tiled_mlp=args.tiled_mlp,
                                 mlp_tile_tokens=args.mlp_tile_tokens, recompute_norms=args.recompute_norms,
                                 tiled_attention=args.tiled_attention,
-                                attention_tile_tokens=args.attention_tile_tokens)
+                                attention_tile_tokens=args.attention_tile_tokens,
+                                checkpoint_layers=args.checkpoint_layers,
+                                layers_kept_on_device=args.layers_kept_on_device).check_counts()
 
 
 # How a recipe's user turns each lever on (the advice of check_row_fits)

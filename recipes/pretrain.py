@@ -12,9 +12,9 @@ average the gradients over W. Writes ``<output_dir>/metrics.jsonl`` (one record 
 grad_norm, TGS, MFU, the largest rank's peak memory, and eval_loss on evaluation steps) and
 ``checkpoint-<step>/`` (model, optimizer, scheduler, RNG states, data position) for ``--resume_from_checkpoint``.
 
-Memory levers (``--gradient_checkpointing``, ``--activation_offloading``, ``--tiled_mlp``, ``--recompute_norms``,
-``--tiled_attention``; the
-loss is computed in tiles unless ``--no_chunked_loss``): :mod:`hf_hsap.memory`; a ``--max_length`` whose modelled step
+Memory levers (``--gradient_checkpointing`` with ``--checkpoint_layers``, ``--activation_offloading`` with
+``--layers_kept_on_device``, ``--tiled_mlp``, ``--recompute_norms``, ``--tiled_attention``; the loss is computed in
+tiles unless ``--no_chunked_loss``): :mod:`hf_hsap.memory`; a ``--max_length`` whose modelled step
 does not fit the device is refused before the first step, naming the levers that would make it fit.
 
 Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so

@@ -122,6 +122,20 @@ CONFIGS: list[tuple] = [
      dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16")),
     ("bf16 SP 4 MHA all levers, norms recomputed, budget 2K", _cfg(BF16, num_key_value_heads=4), 8192,
      dict(BF16_ALL, recompute_norms=True), 4, dict(dtype="bf16", recv_budget_tokens=2048)),
+    # checkpoint_layers: a block's input kept, its layers recomputed together (one short block of 1 in 3 layers)
+    ("dense checkpointed, blocks of 2", _cfg(DENSE, num_hidden_layers=4, intermediate_size=2048), 8192,
+     dict(loss_tile_tokens=256, gradient_checkpointing=True, checkpoint_layers=2), 1),
+    ("dense checkpointed, 3 layers in blocks of 2", _cfg(DENSE, num_hidden_layers=3, intermediate_size=2048), 8192,
+     dict(loss_tile_tokens=256, gradient_checkpointing=True, checkpoint_layers=2), 1),
+    ("bf16 dense all levers, norms recomputed, blocks of 2", _cfg(BF16, num_hidden_layers=4), 4096,
+     dict(BF16_ALL, recompute_norms=True, checkpoint_layers=2), 1, dict(dtype="bf16")),
+    ("bf16 dense 8 layers all levers, norms recomputed, blocks of 4", _cfg(BF16, num_hidden_layers=8), 4096,
+     dict(BF16_ALL, recompute_norms=True, checkpoint_layers=4), 1, dict(dtype="bf16")),
+    ("bf16 Qwen3-MoE all levers, norms recomputed, blocks of 2", _cfg(MOE, num_hidden_layers=4), 4096,
+     dict(BF16_ALL, recompute_norms=True, checkpoint_layers=2), 1, dict(dtype="bf16")),
+    ("bf16 SP 4 MHA all levers, norms recomputed, blocks of 2", _cfg(BF16, num_key_value_heads=4,
+                                                                    num_hidden_layers=4), 8192,
+     dict(BF16_ALL, recompute_norms=True, checkpoint_layers=2), 4, dict(dtype="bf16")),
 ]
 # tiled attention (SP 1): the attention's backward sets the peak; more query heads than the hidden size (WIDE) makes it
 # the largest term; tiles smaller than the row, and one tile larger than it
@@ -144,6 +158,7 @@ CONFIGS += [
           tiled_attention=True, attention_tile_tokens=2048), 1),
 ]
 TILED_ATTENTION = [c for c in CONFIGS if "tiled attention" in c[0] or "wide attention" in c[0]]
+BLOCK_CONFIGS = [c for c in CONFIGS if c[3].get("checkpoint_layers", 1) > 1]
 QUICK = CONFIGS[:2]
 
 

@@ -80,6 +80,12 @@ class HSAPArguments:
     hsap_attention_tile_tokens: int = field(default=DEFAULT_ATTENTION_TILE_TOKENS, metadata={
         "help": "HSAP: query tokens of one tile of the tiled attention"})
 
+    hsap_checkpoint_layers: int = field(default=1, metadata={
+        "help": "HSAP: with gradient_checkpointing, decoder layers per checkpoint: a block keeps only its input and "
+                "recomputes all its layers in backward"})
+    hsap_layers_kept_on_device: int = field(default=0, metadata={
+        "help": "HSAP: with activation_offloading, the last this many decoder layers' saved tensors stay on the GPU"})
+
     def memory_levers(self) -> MemoryLevers:
         """The :class:`~hf_hsap.MemoryLevers` of these arguments (checkpointing and offloading from the Trainer's /
         TRL's own ``gradient_checkpointing`` and ``activation_offloading``)."""
@@ -89,7 +95,9 @@ class HSAPArguments:
                             activation_offloading=bool(getattr(self, "activation_offloading", False)),
                             tiled_mlp=self.hsap_tiled_mlp, mlp_tile_tokens=self.hsap_mlp_tile_tokens,
                             recompute_norms=self.hsap_recompute_norms, tiled_attention=self.hsap_tiled_attention,
-                            attention_tile_tokens=self.hsap_attention_tile_tokens)
+                            attention_tile_tokens=self.hsap_attention_tile_tokens,
+                            checkpoint_layers=self.hsap_checkpoint_layers,
+                            layers_kept_on_device=self.hsap_layers_kept_on_device).check_counts()
 
     def hsap_config(self, model_config: Any = None) -> HSAPConfig:
         """The :class:`~hf_hsap.HSAPConfig` of these arguments (validated).

@@ -33,11 +33,12 @@ MEMORY_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def levers_from_names(names: str) -> MemoryLevers:
-    """``"all"``, ``"none"`` or comma-separated lever names (:data:`LEVER_ORDER`) as :class:`MemoryLevers`.
+def levers_from_names(names: str, *, checkpoint_layers: int = 1, layers_kept_on_device: int = 0) -> MemoryLevers:
+    """``"all"``, ``"none"`` or comma-separated lever names (:data:`LEVER_ORDER`) as :class:`MemoryLevers`, with
+    the two counts (``hsap-plan --checkpoint-layers`` / ``--layers-kept-on-device``).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name, or a count its lever is not on for (:meth:`MemoryLevers.check_counts`).
     """
     chosen = {"all": set(LEVER_ORDER), "none": set()}.get(names)
     if chosen is None:
@@ -45,7 +46,8 @@ def levers_from_names(names: str) -> MemoryLevers:
         unknown = chosen - set(LEVER_ORDER)
         if unknown:
             raise ValueError(f"unknown levers {sorted(unknown)}; use all, none or some of {', '.join(LEVER_ORDER)}")
-    return MemoryLevers(**{n: n in chosen for n in LEVER_ORDER})
+    return MemoryLevers(**{n: n in chosen for n in LEVER_ORDER}, checkpoint_layers=checkpoint_layers,
+                        layers_kept_on_device=layers_kept_on_device).check_counts()
 
 
 def _with(levers: MemoryLevers, names: tuple[str, ...]) -> MemoryLevers:
@@ -107,7 +109,9 @@ def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: Memor
 
     fit = fit_of(ulysses_size, recv_budget_tokens)
     sp = sp_size or gpus
-    on = ", ".join(levers.names) or "none"
+    counts = [f"{n} {getattr(levers, n)}" for n, off in (("checkpoint_layers", 1), ("layers_kept_on_device", 0))
+              if getattr(levers, n) != off]
+    on = ", ".join(levers.names + counts) or "none"
     lines = [f"longest packed row: {fit.tokens:,} tokens on {gpus} GPUs of {memory_gib:g} GiB (SP {sp}, U "
              f"{ulysses_size}, receive budget {recv_budget_tokens or 'none'}, {sharding}; levers: {on})",
              f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table(),

@@ -18,6 +18,10 @@
   runs one tile of tokens at a time).
 * ``tiled_attention``: :func:`~.tiled_attention.enable_tiled_attention` (the single-device attention, ``sp_size == 1``,
   in query tiles of ``attention_tile_tokens``; its backward's buffers exist for one tile at a time).
+* ``checkpoint_layers``: with checkpointing, :func:`~.blocks.enable_checkpoint_blocks` (one checkpoint per block of
+  that many decoder layers; its backward recomputes the block).
+* ``layers_kept_on_device``: with offloading, :func:`~.blocks.keep_layers_on_device` (the last layers' saved tensors
+  stay on the device).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from torch import nn
 
 from ..log import get_logger
 from ..model_state import ModelChanges
+from .blocks import enable_checkpoint_blocks, keep_layers_on_device
 from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
 from .tiled_attention import DEFAULT_ATTENTION_TILE_TOKENS, enable_tiled_attention
@@ -63,6 +68,11 @@ class MemoryLevers:
         tiled_attention: the single-device attention (``sp_size == 1``) runs in query tiles, dK|dV summed in float32.
         attention_tile_tokens: query rows per tile (and keys per chunk) of the tiled attention (default 8192, see
             :data:`~.tiled_attention.DEFAULT_ATTENTION_TILE_TOKENS`).
+        checkpoint_layers: with gradient checkpointing (this lever's or the Trainer's), decoder layers per
+            checkpoint: a block keeps only its input and recomputes all its layers in backward (default 1: each
+            layer). The first training forward refuses blocks without checkpointing.
+        layers_kept_on_device: with activation offloading (this lever's or TRL's), the last this many decoder
+            layers' saved tensors stay on the device (default 0: all offloaded).
     """
 
     chunked_loss: bool = True
@@ -74,15 +84,43 @@ class MemoryLevers:
     recompute_norms: bool = False
     tiled_attention: bool = False
     attention_tile_tokens: int = DEFAULT_ATTENTION_TILE_TOKENS
+    checkpoint_layers: int = 1
+    layers_kept_on_device: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("loss_tile_tokens", "mlp_tile_tokens", "attention_tile_tokens"):
+        for name in ("loss_tile_tokens", "mlp_tile_tokens", "attention_tile_tokens", "checkpoint_layers"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"MemoryLevers.{name} must be positive, got {getattr(self, name)}")
+        if int(self.layers_kept_on_device) < 0:
+            raise ValueError(f"MemoryLevers.layers_kept_on_device must be 0 or more, got {self.layers_kept_on_device}")
 
     def replace(self, **changes: Any) -> "MemoryLevers":
         """A validated copy with ``changes``."""
         return dataclasses.replace(self, **changes)
+
+    def check_counts(self, *, checkpointing: bool | None = None, offloading: bool | None = None) -> "MemoryLevers":
+        """Refuse ``checkpoint_layers > 1`` without gradient checkpointing and ``layers_kept_on_device`` without
+        activation offloading (they would do nothing), where the levers are configured: the recipes, the trainers'
+        arguments, ``hsap-plan`` (``prepare_model`` cannot: a Trainer turns checkpointing on after it).
+
+        Args:
+            checkpointing: whether gradient checkpointing is on (default: this object's switch; a Trainer's own
+                comes from its arguments).
+            offloading: whether activation offloading is on (default: this object's switch; TRL's own comes from
+                its arguments).
+
+        Returns:
+            ``self``.
+        """
+        ckpt = self.gradient_checkpointing if checkpointing is None else checkpointing
+        off = self.activation_offloading if offloading is None else offloading
+        if self.checkpoint_layers > 1 and not ckpt:
+            raise ValueError(f"checkpoint_layers={self.checkpoint_layers} needs gradient checkpointing: turn it on "
+                             "(gradient_checkpointing), or leave checkpoint_layers at 1")
+        if self.layers_kept_on_device and not off:
+            raise ValueError(f"layers_kept_on_device={self.layers_kept_on_device} needs activation offloading: turn it "
+                             "on (activation_offloading), or leave layers_kept_on_device at 0")
+        return self
 
     @property
     def names(self) -> list[str]:
@@ -147,6 +185,10 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         enable_tiled_attention(model, changes, tile_tokens=levers.attention_tile_tokens)
     if levers.gradient_checkpointing:
         _enable_checkpointing(model, changes)
+    if levers.checkpoint_layers > 1:  # checkpointing may be the Trainer's, turned on later: checked at the forward
+        enable_checkpoint_blocks(model, changes, per_block=levers.checkpoint_layers)
+    if levers.layers_kept_on_device:  # the offloading context may be TRL's own (HSAPSFTTrainer)
+        keep_layers_on_device(model, changes, kept=levers.layers_kept_on_device)
     if not levers.activation_offloading:
         return contextlib.nullcontext
     if not has_accelerator():

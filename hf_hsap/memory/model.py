@@ -45,8 +45,11 @@ Qwen3-MoE / Mixtral-like) trained on packed rows sharded over ``sp_size`` ranks 
 The stages and what is alive at each (the peak is the largest):
 
 * ``"loss"``: the weights, optimizer states, every layer's saved tensors (with checkpointing only the layers'
-  inputs, on the host when offloaded) and the loss's working set;
-* ``"layer"``: the same saved tensors, the last layer's backward (above), SAP's buffers, and the gradients;
+  inputs: with ``checkpoint_layers`` ``b``, the ``ceil(L / b)`` blocks' inputs; offloaded, on the host but for the
+  checkpoints made in the last ``layers_kept_on_device`` layers) and the loss's working set;
+* ``"layer"``: the same saved tensors, the last layer's backward (above; with blocks of ``b`` layers, beside the
+  recomputed saved tensors, and SAP's kept K|V, of the block's ``b - 1`` other layers), SAP's buffers, and the
+  gradients;
 * ``"optimizer"``: the weights, all gradients, the optimizer states and its temporaries (one parameter-sized
   list of ``torch.optim.AdamW``'s ``foreach`` path on CUDA; one tensor's on CPU).
 
@@ -64,6 +67,7 @@ from typing import Any
 
 from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
+from .blocks import block_starts, checkpoints_kept
 from .head import loss_tile_tokens
 from .levers import MemoryLevers
 
@@ -84,8 +88,8 @@ class StepMemory:
         weights: parameters (sharded part + the unsharded layer in use).
         grads: gradients alive at the stage (DDP: with its buckets).
         optimizer: AdamW moments and master weights (and, at the optimizer stage, its temporaries).
-        activations: tensors saved for backward (every layer's, or with checkpointing the layers' inputs; 0 when
-            offloaded).
+        activations: tensors saved for backward (every layer's, or with checkpointing the layers' or blocks'
+            inputs; offloaded, only the last ``layers_kept_on_device`` layers').
         working: the recomputed layer and one layer's backward working set (or the MLP tile).
         loss: the loss's working set.
         sap: SAP's receive / send buffers and Ulysses' all-to-all copies.
@@ -331,13 +335,18 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     # the phases of the last layer's backward, (working, sap) each: the MLP's (every tensor of the layer alive),
     # the second norm's (the MLP's and the norm's saved tensors consumed; its float32 input and temporaries),
     # the attention's (SAP's working set)
-    if ckpt:  # each layer keeps its input; the last one is recomputed in backward
-        stack = s.layers * t * a * H
-        recomputed = t * (saved_layer - parts["input"])  # the checkpoint holds the input already
-        before_mlp = t * (parts["norm1"] + parts["attention"])
-        phases = [(recomputed + _layer_working(s, a, w, t, levers), sap_kept), (before_mlp + norm_backward, sap_kept),
-                  (before_mlp + attn_grads, sap_work)]
+    b = min(levers.checkpoint_layers, s.layers) if ckpt else 1
+    if ckpt:  # each block of checkpoint_layers keeps its input; the last block is recomputed in backward
+        n_saved, per_saved = len(block_starts(s.layers, b)), t * a * H
+        stack = n_saved * per_saved
+        # the block's other layers' recomputed tensors, alive through its last layer's backward (module docstring)
+        rest, rest_sap = (b - 1) * t * saved_layer, (b - 1) * sap_kept
+        recomputed = rest + t * (saved_layer - parts["input"])  # the checkpoint holds the input already
+        before_mlp = rest + t * (parts["norm1"] + parts["attention"])
+        phases = [(recomputed + _layer_working(s, a, w, t, levers), sap_kept + rest_sap),
+                  (before_mlp + norm_backward, sap_kept + rest_sap), (before_mlp + attn_grads, sap_work + rest_sap)]
     else:  # every layer's tensors alive; the final norm's backward, the last layer's MLP and attention
+        n_saved, per_saved = s.layers, t * saved_layer + sap_kept
         stack = s.layers * (t * saved_layer + sap_kept)
         consumed = t * (parts["norm2"] + parts["mlp"]) + sap_kept
         phases = [(norm_backward, 0.0), (_layer_working(s, a, w, t, levers), 0.0),
@@ -346,16 +355,21 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     stack += t * 2 * a * s.head_dim  # rotary cos / sin
     # the final norm's saved tensors and output (the head's input): alive until the loss's backward is done
     final = t * (_norm_saved(H, a, levers.recompute_norms, True) + a * H)
-    per_layer = 0.0 if offload else (t * a * H if ckpt else t * saved_layer + sap_kept)  # freed after its backward
-    host = stack + final if offload else 0.0
-    device_stack = 0.0 if offload else stack
+    # offloaded: the checkpoints (or layers) of the last layers_kept_on_device layers stay on the device; they are
+    # the first freed in backward, so none is left by the last layer's backward unless all are kept
+    kept = (checkpoints_kept(s.layers, b, levers.layers_kept_on_device) if ckpt
+            else min(levers.layers_kept_on_device, s.layers)) if offload else 0
+    host = stack - kept * per_saved + final if offload else 0.0
+    device_stack = kept * per_saved if offload else stack
+    last_stack = (per_saved if kept == n_saved else 0.0) if offload else stack - (n_saved - 1) * per_saved
     loss = _loss_bytes(s, t, a, w, levers)
 
     stages = {
-        "loss": StepMemory(weights, 0.0, states, 0.0 if offload else stack + final, 0.0, loss, 0.0, host, "loss", t),
+        "loss": StepMemory(weights, 0.0, states, device_stack if offload else stack + final, 0.0, loss, 0.0, host,
+                           "loss", t),
         "layer": max((StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_layer, host, "layer", t),
-                      StepMemory(weights, last_grads, states, device_stack - (s.layers - 1) * per_layer, working, 0.0,
-                                 sap_layer, host, "layer", t)), key=lambda m: m.total),
+                      StepMemory(weights, last_grads, states, last_stack, working, 0.0, sap_layer, host, "layer", t)),
+                     key=lambda m: m.total),
         "optimizer": StepMemory(weights, grads_all, states + opt_tmp, 0.0, 0.0, 0.0, 0.0, host, "optimizer", t),
     }
     best = max(stages.values(), key=lambda m: m.total)

@@ -1,6 +1,6 @@
 """The memory model suite's validation on one CPU step each (``benchmarks/suites/memory_model.py``): the step's exact
 tensor peak, measured, within 10 % of what hf_hsap's memory model predicts for it (float32, and bf16 with recomputed
-norms)."""
+norms, tiled attention, and in checkpoint blocks)."""
 from benchmarks.suites.memory_model import BF16, BF16_ALL, DENSE, WIDE, measure_step, predict_for
 
 
@@ -31,3 +31,12 @@ def test_tiled_attention_lowers_the_measured_peak_as_modelled():
     pred = predict_for(sizes, 2048, tiled, 1, "bf16")
     assert on < off
     assert abs((pred.total - pred.weights - pred.states) / on - 1) < 0.10, (pred, on)
+
+
+def test_one_measured_bf16_step_in_checkpoint_blocks_within_ten_percent():
+    """Blocks of 2 layers: the recompute of a block (two layers' saved tensors) sets the peak."""
+    sizes, levers = dict(BF16, num_hidden_layers=4), dict(BF16_ALL, recompute_norms=True, checkpoint_layers=2)
+    measured = measure_step(sizes, 2048, levers, 1, "bf16")
+    pred = predict_for(sizes, 2048, levers, 1, "bf16")
+    step = pred.total - pred.weights - pred.states
+    assert abs(step / measured["peak"] - 1) < 0.10, (step, measured)

@@ -51,13 +51,13 @@ def test_sft_trl_resume_under_sp2_logs_the_uninterrupted_losses(sft_sp1, tmp_pat
 
 
 def test_pretrain_memory_levers_log_the_plain_losses(tmp_path: Path) -> None:
-    """SP 2 on 2 processes: --gradient_checkpointing, the tiled MLP and the chunked loss (its default) log the losses
-    and eval losses of the run with none of them (full logits), to 1e-5."""
+    """SP 2 on 2 processes: --gradient_checkpointing (in blocks of 2 layers), the tiled MLP and the chunked loss (its
+    default) log the losses and eval losses of the run with none of them (full logits), to 1e-5."""
     args = [*PRETRAIN_ARGS[2:], "--max_steps", "10", "--sp_size", "2"]  # PRETRAIN_ARGS starts with --max_steps N
     plain = run_recipe("pretrain.py", tmp_path / "plain", [*args, "--no_chunked_loss"], procs=2)
     levers = run_recipe("pretrain.py", tmp_path / "levers", [*args, "--gradient_checkpointing", "--tiled_mlp",
                                                              "--mlp_tile_tokens", "16", "--loss_tile_tokens", "64",
-                                                             "--recompute_norms"],
+                                                             "--recompute_norms", "--checkpoint_layers", "2"],
                         procs=2)
     assert len(plain) == len(levers) == 10
     for a, b in zip(levers, plain):

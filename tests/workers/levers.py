@@ -15,20 +15,20 @@ from . import sp_model as W
 
 
 
-def levered_model(kind: str, levers: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
+def levered_model(kind: str, levers: dict[str, Any], dtype: torch.dtype, layers: int = 2) -> torch.nn.Module:
     """:func:`sp_model.make_model` in ``dtype`` with :class:`hf_hsap.MemoryLevers` ``levers`` applied."""
-    model = W.make_model(kind).to(dtype)
+    model = W.make_model(kind, layers=layers).to(dtype)
     hf_hsap.prepare_model(model, levers=hf_hsap.MemoryLevers(**levers))
     return model
 
 
 def levers_forward_backward(kind: str, sp_size: int, levers: dict[str, Any], ulysses: int = 1,
-                            dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+                            dtype: torch.dtype = torch.float32, layers: int = 2) -> dict[str, Any]:
     """The packed row of :mod:`sp_model` under SP with ``levers``: the global loss ``sum(CE) / N`` (the chunked head's
     when ``chunked_loss``, else from the logits), the logits when the head makes them, and every parameter's
-    gradient summed over the SP group."""
+    gradient summed over the SP group (a model of ``layers`` decoder layers)."""
     sp = W.get_sp(sp_size, ulysses) if sp_size > 1 else sp_size
-    model = levered_model(kind, levers, dtype)
+    model = levered_model(kind, levers, dtype, layers)
     local = shard_batch(W.global_batch(), sp)
     n = local["num_items_in_batch"]
     idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)

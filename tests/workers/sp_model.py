@@ -31,10 +31,10 @@ def get_sp(sp_size: int, ulysses: int | str = 1, cost: dict | None = None) -> hf
     return _GROUPS[key]
 
 
-def make_model(kind: str, attn: str = "hsap") -> torch.nn.Module:
-    """The same random tiny model on every process (seeded CPU init)."""
+def make_model(kind: str, attn: str = "hsap", layers: int = 2) -> torch.nn.Module:
+    """The same random tiny model of ``layers`` decoder layers on every process (seeded CPU init)."""
     register()
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=256, pad_token_id=0, tie_word_embeddings=False)
     config = LlamaConfig(num_key_value_heads=4, **common) if kind == "llama" else \
         Qwen2Config(num_key_value_heads=2, **common)  # GQA
