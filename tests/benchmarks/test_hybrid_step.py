@@ -41,6 +41,7 @@ def test_the_priced_plan_differs_from_the_default_by_its_cost_model_only() -> No
     assert HYBRIDS == ("hybrid", "hybrid_priced") and VARIANTS["hybrid_priced"] == ("hybrid", "priced")
 
 
+@pytest.mark.slow  # a quick benchmark run on spawned ranks (~30 s on 2 cores)
 def test_quick_run_measures_the_state_bytes_of_the_formula(pools: DistPools) -> None:
     cfg = HybridStepConfig().quick()
     res = run_hybrid_step(cfg, pools, timeout_s=120.0)

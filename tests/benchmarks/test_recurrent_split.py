@@ -43,6 +43,7 @@ def test_the_second_step_of_the_hybrid_command_writes_its_own_file() -> None:
     assert _own_out(["--quick"]) == ["--quick"]
 
 
+@pytest.mark.slow  # a quick benchmark run on spawned ranks (~25 s on 2 cores)
 def test_quick_run_splits_row_a_and_measures_the_formula(pools: DistPools) -> None:
     cfg = RecurrentSplitConfig().quick()
     res = run_recurrent_split(cfg, pools, timeout_s=120.0)
