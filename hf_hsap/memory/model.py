@@ -53,7 +53,9 @@ Weights are ``param_dtype``; gradients too; AdamW holds two moments per paramete
 steps: float32 with ``master_weights`` (a float32 master copy of 16-bit weights), else the weights' own. DDP keeps
 everything whole, plus its gradient buckets (a second copy of the gradients: ``gradient_as_bucket_view=False``,
 the default); FSDP2 / ZeRO-3 divide weights, gradients and states by ``world`` and add the largest layer's
-unsharded weights and gradient while it runs.
+unsharded weights and gradient while it runs. With ``offload`` the optimizer states, master weights and gradient
+shards (and with ``"params"`` the weights' shard) move to the host (:mod:`.host`): the optimizer stage on the device
+then holds the weights alone.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ from typing import Any
 from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
 from .head import loss_tile_tokens
+from .host import pinned_bytes, place_states
 from .levers import MemoryLevers
 
 __all__ = ["StepMemory", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
@@ -88,7 +91,9 @@ class StepMemory:
         working: the recomputed layer and one layer's backward working set (or the MLP tile).
         loss: the loss's working set.
         sap: SAP's receive / send buffers and Ulysses' all-to-all copies.
-        host: bytes moved to host memory by activation offloading (not in :attr:`total`).
+        host: the step's tensors in host memory (not in :attr:`total`): offloaded activations (pinned, each
+            saved tensor rounded up to a power of two), offloaded optimizer states, gradients and parameters
+            (:mod:`.host`); ``host_terms`` by term.
         stage: ``"loss"``, ``"layer"`` or ``"optimizer"``.
         tokens: tokens per rank.
         states: the optimizer states alone (resident between steps; not a term of its own).
@@ -107,6 +112,7 @@ class StepMemory:
     tokens: int = 0
     states: float = field(default=0.0, compare=False)
     stages: dict = field(default_factory=dict, compare=False)
+    host_terms: dict = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
@@ -119,7 +125,7 @@ class StepMemory:
 
     def as_dict(self) -> dict[str, Any]:
         """Every term, the total and the limiting term (bytes)."""
-        d = {k: v for k, v in asdict(self).items() if k != "stages"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("stages", "host_terms")}
         d.update(total=self.total, limiting_term=self.limiting_term())
         return d
 
@@ -239,7 +245,8 @@ def _sap_bytes(s: ModelShape, t: int, a: int, sp: int, U: int, recv_budget: int 
 def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: int, ulysses_size: int = 1,
                         sharding: str = "ddp", levers: MemoryLevers = MemoryLevers(), param_dtype: str = "bf16",
                         compute_dtype: str = "bf16", optimizer: str = "adamw", master_weights: bool = True,
-                        recv_budget_tokens: int | None = None, device: str = "cuda") -> StepMemory:
+                        recv_budget_tokens: int | None = None, device: str = "cuda",
+                        offload: str = "none") -> StepMemory:
     """The modelled per-GPU peak of one step (forward, backward, optimizer step), term by term.
 
     Args:
@@ -257,6 +264,9 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         device: ``"cuda"`` (offloading moves the saved tensors to the host; AdamW's ``foreach`` temporaries) or
             ``"cpu"`` (offloading is a no-op, activations already live in host memory; AdamW steps one tensor at a
             time).
+        offload: ``"none"``, ``"optimizer"`` (ZeRO-3 offload_optimizer: master weights, moments and gradient
+            partitions on the host) or ``"params"`` (the parameters too: ZeRO-3 offload_param, FSDP2's
+            CPUOffloadPolicy); :mod:`.host` says what each engine holds where.
 
     Returns:
         The :class:`StepMemory` of the largest stage.
@@ -279,24 +289,19 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     P = s.params
     shard = world if sharding in ("fsdp2", "zero3") else 1
     layer_w = s.layer_params * w
-    weights = P * w / shard + (layer_w if shard > 1 else 0)
-    grads_all = P * w / shard + (layer_w if shard > 1 else P * w if sharding == "ddp" else 0)  # DDP: buckets
-    master = master_weights and w < 4
-    m = 4 if master else w  # AdamW's moments and temporaries take the dtype of the weights it steps
-    state_b = (2 * m if optimizer == "adamw" else 0) + (4 if master else 0)
-    states = P * state_b / shard
-    opt_tmp = (P * m / shard if device == "cuda" else max(s.vocab * s.hidden, s.layer_params) * m / shard) \
-        if optimizer == "adamw" else 0.0
+    place = place_states(s, w=w, shard=shard, sharding=sharding, optimizer=optimizer, master_weights=master_weights,
+                         offload=offload, device=device)  # the weights, gradients and states: device and host
+    weights, grads_all, states, opt_tmp = place.weights, place.grads_all, place.states, place.opt_tmp
     # the gradients while a layer runs its backward: the head's and, for the first layer to run it, no other layer's;
     # for the last, every other parameter's but the input embedding's (sharded as they form); beside the layer's own
     # (its MLP's when unsharded; the gathered layer's under FSDP)
     own_grad = layer_w if shard > 1 else _mlp_params(s) * w
-    head_grad = s.vocab * s.hidden * w / shard + own_grad
+    head_grad = s.vocab * s.hidden * place.grad_per_param + own_grad
     emb_in = 0 if s.tied else s.vocab * s.hidden
-    last_grads = (P - emb_in - s.layer_params) * w / shard + own_grad
+    last_grads = (P - emb_in - s.layer_params) * place.grad_per_param + own_grad
 
     ckpt = levers.gradient_checkpointing
-    offload = levers.activation_offloading and device == "cuda"
+    offload_acts = levers.activation_offloading and device == "cuda"
     H = s.hidden
     parts = _layer_parts(s, a, levers)
     saved_layer = sum(parts.values())
@@ -327,18 +332,22 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     stack += t * 2 * a * s.head_dim  # rotary cos / sin
     # the final norm's saved tensors and output (the head's input): alive until the loss's backward is done
     final = t * (_norm_saved(H, a, levers.recompute_norms, True) + a * H)
-    per_layer = 0.0 if offload else (t * a * H if ckpt else t * saved_layer + sap_kept)  # freed after its backward
-    host = stack + final if offload else 0.0
-    device_stack = 0.0 if offload else stack
+    per_layer = 0.0 if offload_acts else (t * a * H if ckpt else t * saved_layer + sap_kept)  # freed after its backward
+    device_stack = 0.0 if offload_acts else stack
+    # TRL pins one host tensor per saved tensor (a layer's parts are counted as one tensor each)
+    pinned = [t * a * H] * s.layers if ckpt else [t * v for v in parts.values()] * s.layers
+    acts = sum(pinned_bytes(b) for b in pinned + [t * 2 * a * s.head_dim, final]) + (0 if ckpt else s.layers * sap_kept)
+    host_terms = {"activations": acts if offload_acts else 0.0, **place.host}
+    host = sum(host_terms.values())
     loss = _loss_bytes(s, t, a, w, levers)
 
     stages = {
-        "loss": StepMemory(weights, 0.0, states, 0.0 if offload else stack + final, 0.0, loss, 0.0, host, "loss", t),
+        "loss": StepMemory(weights, 0.0, states, 0.0 if offload_acts else stack + final, 0.0, loss, 0.0, host, "loss", t),
         "layer": max((StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_layer, host, "layer", t),
                       StepMemory(weights, last_grads, states, device_stack - (s.layers - 1) * per_layer, working, 0.0,
                                  sap_layer, host, "layer", t)), key=lambda m: m.total),
         "optimizer": StepMemory(weights, grads_all, states + opt_tmp, 0.0, 0.0, 0.0, 0.0, host, "optimizer", t),
     }
     best = max(stages.values(), key=lambda m: m.total)
-    return StepMemory(**{k: v for k, v in asdict(best).items() if k not in ("stages", "states")},
-                      states=states, stages={k: m.total for k, m in stages.items()})
+    return StepMemory(**{k: v for k, v in asdict(best).items() if k not in ("stages", "states", "host_terms")},
+                      states=states, stages={k: m.total for k, m in stages.items()}, host_terms=host_terms)
