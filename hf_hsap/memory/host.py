@@ -64,11 +64,14 @@ HOST_TERMS = ("footprint", "cpu_step", "activations", "optimizer", "grads", "par
 GIB = 2**30
 
 
-def pinned_bytes(nbytes: float, count: int = 1) -> float:
+def pinned_bytes(nbytes: float, count: int = 1, *, round_limit_mb: float | None = None) -> float:
     """Bytes ``count`` pinned host allocations of ``nbytes`` each take: the caching host allocator rounds each up to
-    a power of two (module docstring)."""
+    a power of two (module docstring), unless larger than ``round_limit_mb`` MiB (``PYTORCH_ALLOC_CONF``'s
+    ``pinned_max_round_threshold_mb``; None: torch's default, no limit)."""
     if nbytes <= 0 or count <= 0:
         return 0.0
+    if round_limit_mb is not None and nbytes > round_limit_mb * 2**20:
+        return float(count) * nbytes
     return float(count) * 2.0 ** math.ceil(math.log2(nbytes))
 
 
@@ -113,7 +116,7 @@ def _param_shards(s: ModelShape) -> list[tuple[int, int]]:
 
 
 def place_states(s: ModelShape, *, w: int, shard: int, sharding: str, optimizer: str, master_weights: bool,
-                 offload: str, device: str) -> Placement:
+                 offload: str, device: str, pinned_round_limit_mb: float | None = None) -> Placement:
     """The weights, gradients and optimizer states of ``s``, on the device and on the host.
 
     Args:
@@ -121,6 +124,7 @@ def place_states(s: ModelShape, *, w: int, shard: int, sharding: str, optimizer:
         sharding: ``"none"``, ``"ddp"``, ``"fsdp2"`` or ``"zero3"``. optimizer: ``"adamw"`` or ``"sgd"``.
         master_weights: a float32 master copy of 16-bit weights. offload: :data:`OFFLOADS`.
         device: ``"cuda"`` (pinned buffers rounded up to powers of two) or ``"cpu"`` (no pinning).
+        pinned_round_limit_mb: as for :func:`pinned_bytes`.
 
     Returns:
         :class:`Placement`.
@@ -146,7 +150,11 @@ def place_states(s: ModelShape, *, w: int, shard: int, sharding: str, optimizer:
             if moments else 0.0
         return Placement(P * w / shard + (layer_w if shard > 1 else 0), w / shard, grads_all,
                          P * (moments * m + (4 if master else 0)) / shard, opt_tmp)
-    pin = pinned_bytes if device == "cuda" else (lambda n, count=1: float(n) * count)
+    def pin(nbytes: float, count: int = 1) -> float:
+        if device != "cuda":
+            return float(nbytes) * count
+        return pinned_bytes(nbytes, count, round_limit_mb=pinned_round_limit_mb)
+
     n = math.ceil(P / shard)  # elements of this rank's shard
     if sharding == "zero3":  # DeepSpeed keeps float32 master, moments and two float32 gradient buffers on the host
         groups, rest = divmod(n, DS_SUB_GROUP_SIZE)

@@ -246,7 +246,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
                         sharding: str = "ddp", levers: MemoryLevers = MemoryLevers(), param_dtype: str = "bf16",
                         compute_dtype: str = "bf16", optimizer: str = "adamw", master_weights: bool = True,
                         recv_budget_tokens: int | None = None, device: str = "cuda",
-                        offload: str = "none") -> StepMemory:
+                        offload: str = "none", pinned_round_limit_mb: float | None = None) -> StepMemory:
     """The modelled per-GPU peak of one step (forward, backward, optimizer step), term by term.
 
     Args:
@@ -267,6 +267,8 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         offload: ``"none"``, ``"optimizer"`` (ZeRO-3 offload_optimizer: master weights, moments and gradient
             partitions on the host) or ``"params"`` (the parameters too: ZeRO-3 offload_param, FSDP2's
             CPUOffloadPolicy); :mod:`.host` says what each engine holds where.
+        pinned_round_limit_mb: pinned host allocations above this many MiB are not rounded up to a power of two
+            (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N``; None: torch's default, all rounded).
 
     Returns:
         The :class:`StepMemory` of the largest stage.
@@ -289,8 +291,9 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     P = s.params
     shard = world if sharding in ("fsdp2", "zero3") else 1
     layer_w = s.layer_params * w
+    # the weights, gradients and optimizer states: on the device and on the host
     place = place_states(s, w=w, shard=shard, sharding=sharding, optimizer=optimizer, master_weights=master_weights,
-                         offload=offload, device=device)  # the weights, gradients and states: device and host
+                         offload=offload, device=device, pinned_round_limit_mb=pinned_round_limit_mb)
     weights, grads_all, states, opt_tmp = place.weights, place.grads_all, place.states, place.opt_tmp
     # the gradients while a layer runs its backward: the head's and, for the first layer to run it, no other layer's;
     # for the last, every other parameter's but the input embedding's (sharded as they form); beside the layer's own
@@ -336,7 +339,7 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     device_stack = 0.0 if offload_acts else stack
     # TRL pins one host tensor per saved tensor (a layer's parts are counted as one tensor each)
     pinned = [t * a * H] * s.layers if ckpt else [t * v for v in parts.values()] * s.layers
-    acts = sum(pinned_bytes(b) for b in pinned + [t * 2 * a * s.head_dim, final]) + (0 if ckpt else s.layers * sap_kept)
+    acts = sum(pinned_bytes(b, round_limit_mb=pinned_round_limit_mb) for b in pinned + [t * 2 * a * s.head_dim, final]) + (0 if ckpt else s.layers * sap_kept)
     host_terms = {"activations": acts if offload_acts else 0.0, **place.host}
     host = sum(host_terms.values())
     loss = _loss_bytes(s, t, a, w, levers)
