@@ -215,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--host-footprint", type=float, default=DEFAULT_PROCESS_FOOTPRINT_GIB,
                      help="GiB of host memory each GPU process uses beside its tensors (Python, torch, CUDA runtime, "
                           f"NCCL, data loader; default {DEFAULT_PROCESS_FOOTPRINT_GIB:g})")
+    fit.add_argument("--pinned-round-limit-mb", type=float, default=None,
+                     help="pinned host buffers (offloaded activations, DeepSpeed's gradient buffers, FSDP2's shards) "
+                          "larger than this many MiB are not rounded up to a power of two: PYTORCH_ALLOC_CONF="
+                          "pinned_max_round_threshold_mb:N, or 0 for DeepSpeed's DS_PIN_MEMORY_BACKEND=native (default: "
+                          "torch's, every pinned buffer rounded)")
     fit.add_argument("--sharding", choices=["ddp", "fsdp2", "zero3"], default="zero3",
                      help="how weights, gradients and optimizer states are held (default zero3)")
     return p
@@ -334,7 +339,8 @@ def _max_length(args: argparse.Namespace) -> int:
                                  ulysses_size=args.U if isinstance(args.U, int) else 1,
                                  recv_budget_tokens=args.budget, offload=args.offload,
                                  host_memory_gib=args.host_memory or None, gpus_per_node=args.gpus_per_node,
-                                 footprint_gib=args.host_footprint)
+                                 footprint_gib=args.host_footprint,
+                                 pinned_round_limit_mb=args.pinned_round_limit_mb)
     except ValueError as e:
         print(f"hsap-plan: error: {e}", file=sys.stderr)
         return 2

@@ -165,8 +165,9 @@ def check_host_fits(config: Any, row_tokens: int, *, host_memory_gib: float, gpu
 
 def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: MemoryLevers, sharding: str,
                      sp_size: int | None = None, ulysses_size: int = 1, recv_budget_tokens: int | None = None,
-                     compare: bool = True, offload: str = "none", host_memory_gib: float | None = DEFAULT_HOST_MEMORY_GIB,
-                     gpus_per_node: int | None = None, footprint_gib: float = DEFAULT_PROCESS_FOOTPRINT_GIB,
+                     compare: bool = True, offload: str = "none",
+                     host_memory_gib: float | None = DEFAULT_HOST_MEMORY_GIB, gpus_per_node: int | None = None,
+                     footprint_gib: float = DEFAULT_PROCESS_FOOTPRINT_GIB,
                      **kw: Any) -> list[str]:
     """``hsap-plan --max-length``'s answer: the longest row the device allows and the longest the host allows side by
     side, which binds, the memory by term at the answer (device and host), and (``compare``) the same for the other

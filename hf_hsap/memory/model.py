@@ -339,13 +339,15 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     device_stack = 0.0 if offload_acts else stack
     # TRL pins one host tensor per saved tensor (a layer's parts are counted as one tensor each)
     pinned = [t * a * H] * s.layers if ckpt else [t * v for v in parts.values()] * s.layers
-    acts = sum(pinned_bytes(b, round_limit_mb=pinned_round_limit_mb) for b in pinned + [t * 2 * a * s.head_dim, final]) + (0 if ckpt else s.layers * sap_kept)
+    acts = sum(pinned_bytes(b, round_limit_mb=pinned_round_limit_mb) for b in pinned + [t * 2 * a * s.head_dim, final])
+    acts += 0 if ckpt else s.layers * sap_kept
     host_terms = {"activations": acts if offload_acts else 0.0, **place.host}
     host = sum(host_terms.values())
     loss = _loss_bytes(s, t, a, w, levers)
 
     stages = {
-        "loss": StepMemory(weights, 0.0, states, 0.0 if offload_acts else stack + final, 0.0, loss, 0.0, host, "loss", t),
+        "loss": StepMemory(weights, 0.0, states, 0.0 if offload_acts else stack + final, 0.0, loss, 0.0, host, "loss",
+                           t),
         "layer": max((StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_layer, host, "layer", t),
                       StepMemory(weights, last_grads, states, device_stack - (s.layers - 1) * per_layer, working, 0.0,
                                  sap_layer, host, "layer", t)), key=lambda m: m.total),
