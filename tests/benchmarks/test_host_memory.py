@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.report.memory import host_memory_section, memory_goal_rows
-from benchmarks.suites.host_memory import CONFIGS, HOST_TOL, error_row, predict_host
+from benchmarks.suites.host_memory import CONFIGS, HOST_TOL, MMAP_ENV, error_row, predict_host
 from benchmarks.suites.longest_rows import LLAMA3_8B, best_rows, longest_rows, settings_here
 from benchmarks.suites.memory_model import DENSE
 
@@ -23,9 +23,10 @@ def test_the_prediction_is_the_footprint_plus_every_tensor_term() -> None:
 def _results(errors: list[float]) -> dict:
     rows = [{"name": f"c{i}", "tokens": 1024, "sp": 1, "footprint_mib": 400.0, "tensors_measured_mib": 100.0,
              "tensors_predicted_mib": 100.0 * (1 + e), "measured_mib": 500.0, "predicted_mib": 500.0 * (1 + e),
-             "error": e} for i, e in enumerate(errors)]
+             "error": e, "default_measured_mib": 600.0, "default_error": -0.2} for i, e in enumerate(errors)]
     return {"command": "python -m benchmarks host_memory", "seconds": 1.0, "steps": 2, "validation": rows,
-            "max_abs_error": max(abs(e) for e in errors), "tolerance": HOST_TOL}
+            "max_abs_error": max(abs(e) for e in errors), "tolerance": HOST_TOL, "mmap_env": MMAP_ENV,
+            "default_max_abs_error": 0.2}
 
 
 def test_the_goal_needs_eight_configurations_within_ten_percent() -> None:
@@ -34,7 +35,7 @@ def test_the_goal_needs_eight_configurations_within_ten_percent() -> None:
     assert memory_goal_rows(None, None, host=_results([0.05] * 7))[0][2] == "**not met**"
     assert memory_goal_rows(None, None, host=_results([0.05] * 7 + [-0.12]))[0][2] == "**not met**"
     text = host_memory_section(_results([0.05] * 8))
-    assert "## Host memory" in text and "+5.0%" in text and "peak RSS MiB" in text
+    assert "## Host memory" in text and "+5.0%" in text and "-20.0%" in text and "MALLOC_MMAP_THRESHOLD_" in text
 
 
 def test_the_search_skips_levers_this_branch_lacks_and_keeps_the_longest() -> None:
