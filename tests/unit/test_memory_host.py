@@ -119,3 +119,24 @@ def test_the_trainers_check_counts_this_machines_processes_and_host(monkeypatch)
     check_device_row_fits(acc, L8, 8192, host_memory_gib=10**4, **common)  # 2 processes: 32 GiB of fp32 weights each
     with pytest.raises(ValueError, match=r"for 2 processes per node.*--hsap_host_memory_gib"):
         check_device_row_fits(acc, L8, 8192, host_memory_gib=64, **common)
+
+
+def test_the_recipes_host_flag_reaches_the_check(monkeypatch) -> None:
+    """recipes/common.py: --host_memory_gib is the node's host memory of the check before the first step."""
+    import argparse
+    import importlib
+
+    recipes = importlib.import_module("recipes.common")
+    parser = argparse.ArgumentParser()
+    recipes.add_memory_args(parser)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    acc = SimpleNamespace(device=torch.device("cpu"), num_processes=1, distributed_type=SimpleNamespace(name="NO"),
+                          mixed_precision="no")
+    sp = SimpleNamespace(size=1, ulysses_size=1)
+    args = parser.parse_args(["--host_memory_gib", "1"])
+    args.max_length, args.recv_budget_tokens = 8192, None
+    with pytest.raises(ValueError, match=r"needs about .* of host memory per process.*\(--host_memory_gib\)"):
+        recipes.check_row_fits(args, L8, sp, acc)  # 32 GiB of fp32 weights alone
+    args = parser.parse_args(["--host_memory_gib", "1000"])
+    args.max_length, args.recv_budget_tokens = 8192, None
+    recipes.check_row_fits(args, L8, sp, acc)
