@@ -142,17 +142,19 @@ def memory_model_section(model: dict[str, Any]) -> str:
     longest = best_row_table(model)
     return "\n\n".join([
         "## Memory model and the longest row",
-        f"Command: `{model['command']}` ({model['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). "
+        f"Command: `{model.get('validation_command', model['command'])}` (also in `bash scripts/bench_memory.sh`). "
         "`hf_hsap.memory.model.predict_step_memory` against the exact tensor peak of one CPU step (TensorPeak; the "
         "weights and optimizer states that exist before the step are left out of both):",
         table(["configuration", "tokens", "SP", "levers", "measured MiB", "predicted MiB", "error"], val),
-        longest_rows_caption(model) + " Host GiB: per node at the answer.",
-        table(LONGEST_HEADER + ["host GiB / node", "setting"], longest),
+        f"Command: `{model['command']}`. " + longest_rows_caption(model) + " Host GiB: per node at the answer; host "
+        "not counted: the longest device "
+        "limit of every configuration searched.",
+        table(LONGEST_HEADER + ["host GiB / node", "host not counted"], longest),
     ])
 
 
-LONGEST_HEADER = ["model", "GPUs", "device limit", "host limit", "longest row", "binds", "offload", "SAP setup",
-                  "limited by", "ALST", "goal"]
+LONGEST_HEADER = ["model", "GPUs", "device limit", "host limit", "longest row", "binds", "levers", "offload",
+                  "SAP setup", "limited by", "ALST", "goal"]
 
 
 def best_row_table(model: dict[str, Any], detail: bool = True) -> list[list[str]]:
@@ -160,10 +162,11 @@ def best_row_table(model: dict[str, Any], detail: bool = True) -> list[list[str]
     out = []
     for r in model["best_rows"]:
         row = [r["model"], str(r["gpus"]), _tok(r["device_tokens"]), _tok(r["host_tokens"]), f"{r['tokens']:,}",
-               r["binds"], r["offload"], r["scheme"], r["limiting_term"], f"{r['alst']:,}" if r.get("alst") else "",
+               r["binds"], r["setting"], r["offload"], r["scheme"], r["limiting_term"],
+               f"{r['alst']:,}" if r.get("alst") else "",
                f"{r['goal']:,}" if r.get("goal") else ""]
         if detail:
-            row += [f"{r['host_gib'].get('per_node', 0):,.0f}", r["setting"]]
+            row += [f"{r['host_gib'].get('per_node', 0):,.0f}", f"{r['device_only']:,}"]
         out.append(row)
     return out
 
@@ -175,9 +178,11 @@ def longest_rows_caption(model: dict[str, Any]) -> str:
             f"{model['host_memory_gib']:,.0f} GiB of host memory less {model['host_reserve_fraction']:.0%} for the OS "
             f"shared by {model['gpus_per_node']} GPU processes (1 GPU: the node's host for that one), "
             f"{model['footprint_gib']:g} GiB of each process's own; ZeRO-3, bf16 weights with float32 master weights "
-            "and AdamW; the best of the lever settings (" + "; ".join(model["settings"]) + "), offloads (none, "
-            "optimizer, params) and SAP setups per model and GPU count, the device's limit and the host's side by "
-            "side (the row is the smaller); ALST's published figures beside.")
+            "and AdamW; the best of the lever settings (" + "; ".join(model["settings"]) + "; all = the chunked "
+            "loss, checkpointing, activation offloading, the tiled MLP and recomputed norms; pinned unrounded = "
+            "PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0 and DS_PIN_MEMORY_BACKEND=native, settings of torch "
+            "and DeepSpeed), offloads (none, optimizer, params) and SAP setups per model and GPU count, the device's "
+            "limit and the host's side by side (the row is the smaller); ALST's published figures beside.")
 
 
 def memory_sections(res: dict[str, Any]) -> list[str]:

@@ -11,9 +11,9 @@ two steps.
 **The footprint is measured, not modelled**: each rank's resident set after its imports, its process group, the
 model's build and its levers, less the model's weights (which the model counts): the process's own memory, the code
 of the model's modules included (:mod:`~benchmarks.suites.host_workers`; the fit check before the first step
-measures it the same way on CPU, :func:`hf_hsap.integrations.memory_fit.process_footprint_gib`). On a GPU the model uses a stated default instead
-(:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`: the CUDA runtime, NCCL and the data loader do not exist
-here), so this validates the tensor terms' host accounting and the sum, not that default; pinned-buffer rounding
+measures it the same way on CPU, :func:`hf_hsap.integrations.memory_fit.process_footprint_gib`). On a GPU the
+model uses a stated default instead (:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`: the CUDA runtime,
+NCCL and the data loader do not exist here), so this validates the tensor terms' host accounting and the sum, not that default; pinned-buffer rounding
 (CUDA only) is not exercised either. Measured: the largest rank's ``ru_maxrss``; predicted: its footprint plus the
 model's step (largest rank); error = predicted / measured - 1.
 

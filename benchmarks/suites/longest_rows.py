@@ -45,16 +45,21 @@ ALL = dict(chunked_loss=True, gradient_checkpointing=True, activation_offloading
            recompute_norms=True)
 # (name, MemoryLevers fields, more predict_step_memory arguments): every lever on, then what else may lengthen the
 # row; the fields of levers other branches add (tiled attention, layers kept on the device, layers per checkpoint)
-# are listed here and searched where this branch's MemoryLevers has them
+# are listed here and searched where this branch's MemoryLevers has them. "pinned unrounded": pinned host buffers
+# not rounded up to a power of two (PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0 for TRL's offloaded
+# activations and FSDP2's shards, DS_PIN_MEMORY_BACKEND=native for DeepSpeed's buffers: settings, not levers)
+UNROUNDED = dict(pinned_round_limit_mb=0)
 LEVER_SETTINGS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-    ("every lever", ALL, {}),
-    ("every lever, checkpoints on the GPU", dict(ALL, activation_offloading=False), {}),
-    ("every lever, pinned buffers not rounded (PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0, "
-     "DS_PIN_MEMORY_BACKEND=native)", ALL, dict(pinned_round_limit_mb=0)),
-    ("every lever, tiled attention", dict(ALL, tiled_attention=True), {}),
-    ("every lever, tiled attention, 2 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=2), {}),
-    ("every lever, tiled attention, 4 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=4), {}),
-    ("every lever, tiled attention, 4 layers per checkpoint, 8 layers' kept on the GPU",
+    ("all", ALL, {}),
+    ("all, checkpoints on the GPU", dict(ALL, activation_offloading=False), {}),
+    ("all, pinned unrounded", ALL, UNROUNDED),
+    ("all + tiled attention", dict(ALL, tiled_attention=True), {}),
+    ("all + tiled attention, pinned unrounded", dict(ALL, tiled_attention=True), UNROUNDED),
+    ("all + tiled attention, 2 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=2), {}),
+    ("all + tiled attention, 4 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=4), {}),
+    ("all + tiled attention, 4 layers per checkpoint, pinned unrounded",
+     dict(ALL, tiled_attention=True, checkpoint_layers=4), UNROUNDED),
+    ("all + tiled attention, 4 layers per checkpoint, 8 layers kept on the GPU",
      dict(ALL, tiled_attention=True, checkpoint_layers=4, layers_kept_on_device=8), {}),
 ]
 

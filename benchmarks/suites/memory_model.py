@@ -263,13 +263,13 @@ def main(argv: Sequence[str]) -> Outcome:
               f"{r['setting']}, offload {r['offload']}, {r['scheme']}), limited by {r['limiting_term']}"
               + (f"; ALST {r['alst'] / 1e6:.1f}M" if r["alst"] else "") + (f"; goal {r['goal'] / 1e6:.0f}M" if r["goal"]
                                                                           else ""))
-    if validation:  # the longest rows come from the validated model: the previous validation stays otherwise
-        res_validation = validation
-    else:
-        old = Path(args.out)
-        res_validation = json.loads(old.read_text()).get("validation", []) if old.exists() else []
-    res = {"command": command_line("memory_model", argv),
-           "validation": res_validation,
+    command = command_line("memory_model", argv)
+    res_validation, validation_command = validation, command
+    if args.no_measure and Path(args.out).exists():  # the longest rows alone: the file's validation stays
+        old = json.loads(Path(args.out).read_text())
+        res_validation = old.get("validation", [])
+        validation_command = old.get("validation_command", old.get("command"))
+    res = {"command": command, "validation": res_validation, "validation_command": validation_command,
            "max_abs_error": max((abs(v["error"]) for v in res_validation), default=None),
            "longest_rows": rows, "best_rows": best, "gpu_memory_gib": GPU_MEMORY_GIB, "reserve_gib": RESERVE_GIB,
            "host_memory_gib": DEFAULT_HOST_MEMORY_GIB, "host_reserve_fraction": HOST_RESERVE_FRACTION,

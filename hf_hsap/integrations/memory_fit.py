@@ -120,4 +120,5 @@ def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
                           levers=args.memory_levers().replace(chunked_loss=True),  # either head: no logits
                           param_dtype="bf16" if half else "fp32", master_weights=False,
                           compute_dtype="bf16" if half or autocast else "fp32",
-                          recv_budget_tokens=args.hsap_recv_budget_tokens, spelling={**TRAINER_LEVER_FLAGS, **HOST_FLAGS})
+                          recv_budget_tokens=args.hsap_recv_budget_tokens,
+                          spelling={**TRAINER_LEVER_FLAGS, **HOST_FLAGS})

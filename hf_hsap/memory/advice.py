@@ -186,7 +186,9 @@ def max_length_lines(config: Any, *, gpus: int, memory_gib: float, levers: Memor
              f"{ulysses_size}, receive budget {recv_budget_tokens or 'none'}, {sharding}, offload {offload}; levers: "
              f"{on})"]
     if fit.host_tokens is not None:
-        lines.append(f"device allows {fit.device_tokens:,} tokens; host allows {fit.host_tokens:,} tokens "
+        host_allows = (f"{fit.host_tokens:,} tokens" if fit.host_tokens < kw.get("max_tokens", 1 << 40)
+                       else "any length (nothing on the host grows with the row)")
+        lines.append(f"device allows {fit.device_tokens:,} tokens; host allows {host_allows} "
                      f"({host_memory_gib:g} GiB per node less {HOST_RESERVE_FRACTION:.0%} for the OS, {per_node} "
                      f"processes per node, {footprint_gib:g} GiB each of their own): the {fit.binds} binds")
     lines += [f"per GPU at that length ({fit.tokens // sp:,} tokens per rank):", fit.memory.table()]

@@ -112,7 +112,8 @@ def test_the_trainers_check_counts_this_machines_processes_and_host(monkeypatch)
     from hf_hsap.integrations.memory_fit import HOST_FLAGS, check_device_row_fits
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    acc = SimpleNamespace(device=torch.device("cpu"), num_processes=2, distributed_type=SimpleNamespace(name="MULTI_CPU"))
+    acc = SimpleNamespace(device=torch.device("cpu"), num_processes=2,
+                          distributed_type=SimpleNamespace(name="MULTI_CPU"))
     sp = SimpleNamespace(size=2, ulysses_size=1)
     common = dict(memory_gib=None, sp=sp, levers=MemoryLevers(), param_dtype="fp32", compute_dtype="fp32",
                   master_weights=False, spelling=HOST_FLAGS)
