@@ -111,8 +111,8 @@ def _launch(spec: dict, tmp: Path, env_more: dict[str, str]) -> list[dict]:
     spec_path.write_text(json.dumps(spec))
     worker = ["-m", "benchmarks.suites.host_workers", str(spec_path), str(out)]
     if spec["sp"] > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(spec["sp"]), "--master_port",
-               "0", *worker]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec["sp"]),
+               *worker]  # a free port of this machine
     else:
         cmd = [sys.executable, *worker]
     env = {**launch_env(), "OMP_NUM_THREADS": "1", **env_more}
