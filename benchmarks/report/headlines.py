@@ -135,7 +135,10 @@ def memory_headline(res: dict[str, Any]) -> list[str]:
     if host:
         out += ["", f"Host memory (`python -m benchmarks host_memory`): the model's host memory is within "
                 f"{host['max_abs_error']:.1%} of the measured peak resident set of {len(host['validation'])} CPU "
-                "training runs (footprint measured, every tensor in host memory)."]
+                "training runs (each process's footprint measured, every tensor in host memory; glibc told to give "
+                "freed buffers back, " + " ".join(f"{k}={v}" for k, v in host["mmap_env"].items()) + "; with its "
+                f"defaults, which keep freed heap pages resident, the model is up to "
+                f"{host['default_max_abs_error']:.1%} short)."]
     return out if len(out) > 1 else []
 
 
