@@ -58,7 +58,7 @@ def process_footprint_gib(config: Any, param_dtype: str) -> float:
 
 def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, memory_gib: float | None, sp: Any,
                           levers: Any, host_memory_gib: float | None = None, offload: str = "none",
-                          **kw: Any) -> None:
+                          footprint_gib: float | None = None, **kw: Any) -> None:
     """Refuse a row of ``row_tokens`` whose modelled step does not fit one of ``accelerator``'s devices or the host
     memory of its node (the recipes' and the trainers' check; :func:`hf_hsap.memory.advice.check_row_fits`).
 
@@ -71,6 +71,9 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
         host_memory_gib: one node's host memory; None: this machine's (:func:`machine_memory_gib`).
         offload: what the engine offloads, ``"none"``, ``"optimizer"`` or ``"params"``
             (:data:`hf_hsap.memory.host.OFFLOADS`; the caller reads it from the accelerator's plugin).
+        footprint_gib: one process's own host footprint; None: on CUDA the stated default
+            (:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`), on CPU measured
+            (:func:`process_footprint_gib`).
         **kw: more :func:`~hf_hsap.memory.model.predict_step_memory` arguments (dtypes, receive budget) and
             ``spelling``.
 
@@ -88,8 +91,8 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
     sharding = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(accelerator.distributed_type.name,
                                                          "ddp" if world > 1 else "none")
     on_cuda = device.type == "cuda"
-    footprint = DEFAULT_PROCESS_FOOTPRINT_GIB if on_cuda else process_footprint_gib(config, kw.get("param_dtype",
-                                                                                                     "bf16"))
+    footprint = footprint_gib if footprint_gib is not None else DEFAULT_PROCESS_FOOTPRINT_GIB if on_cuda else \
+        process_footprint_gib(config, kw.get("param_dtype", "bf16"))
     check_row_fits(config, row_tokens, memory_gib=memory_gib, world=world, sp_size=sp.size,
                    ulysses_size=sp.ulysses_size, levers=levers, sharding=sharding,
                    device="cuda" if on_cuda else "cpu", offload=offload,
