@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "CPUOffloadPolicy with --sharding fsdp2, which offloads both)")
     fit.add_argument("--host-memory", type=float, default=DEFAULT_HOST_MEMORY_GIB,
                      help=f"GiB of host memory per node (default {DEFAULT_HOST_MEMORY_GIB:g}: a DGX-H100 node's 2 TB), "
-                          f"less {HOST_RESERVE_FRACTION:.0%} kept for the OS; 0: the host not counted")
+                          f"less {HOST_RESERVE_FRACTION * 100:.0f}%% kept for the OS; 0: the host not counted")
     fit.add_argument("--host-footprint", type=float, default=DEFAULT_PROCESS_FOOTPRINT_GIB,
                      help="GiB of host memory each GPU process uses beside its tensors (Python, torch, CUDA runtime, "
                           f"NCCL, data loader; default {DEFAULT_PROCESS_FOOTPRINT_GIB:g})")

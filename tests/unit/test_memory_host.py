@@ -105,6 +105,12 @@ def test_hsap_plan_max_length_side_by_side(capsys) -> None:
     assert f"device allows {fit.device_tokens:,} tokens; host allows {fit.host_tokens:,} tokens" in out
     assert f"the {fit.binds} binds" in out and "per node" in out and "other offloads: --offload none" in out
     assert hsap_plan(["--max-length", "--sharding", "ddp", "--offload", "params"]) == 2
+    with pytest.raises(SystemExit):
+        hsap_plan(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--offload", "--host-memory", "--gpus-per-node", "--host-footprint", "--pinned-round-limit-mb"):
+        assert flag in text
+    assert "less 10% kept for the OS" in text
 
 
 def test_the_trainers_check_counts_this_machines_processes_and_host(monkeypatch) -> None:
