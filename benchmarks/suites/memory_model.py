@@ -271,7 +271,9 @@ def main(argv: Sequence[str]) -> Outcome:
         validation_command = old.get("validation_command", old.get("command"))
     res = {"command": command, "validation": res_validation, "validation_command": validation_command,
            "max_abs_error": max((abs(v["error"]) for v in res_validation), default=None),
-           "longest_rows": rows, "best_rows": best, "gpu_memory_gib": GPU_MEMORY_GIB, "reserve_gib": RESERVE_GIB,
+           # every configuration searched, without its terms (the best rows keep theirs)
+           "longest_rows": [{k: v for k, v in r.items() if k not in ("terms_gib", "host_gib")} for r in rows],
+           "best_rows": best, "gpu_memory_gib": GPU_MEMORY_GIB, "reserve_gib": RESERVE_GIB,
            "host_memory_gib": DEFAULT_HOST_MEMORY_GIB, "host_reserve_fraction": HOST_RESERVE_FRACTION,
            "gpus_per_node": GPUS_PER_NODE, "footprint_gib": DEFAULT_PROCESS_FOOTPRINT_GIB,
            "settings": [name for name, _, _ in settings_here()],
