@@ -21,6 +21,7 @@ setup(
         "trl>=1.16",  # trl.kernels.ChunkedLogProbFunction (the chunked loss) and its activation offloading
         "kernels>=0.19",  # the per-layer kernel hooks hf_hsap replaces to make hybrid models' recurrent layers exact
         "numpy>=1.24",
+        "psutil>=5.9",  # the host's memory and a process's resident set (the fit check); Accelerate needs it too
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard",

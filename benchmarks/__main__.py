@@ -6,8 +6,10 @@ after the core suite, the plots too). ``python -m benchmarks report [--plots]`` 
     python -m benchmarks core [--quick] [--skip-cpu]     # bash scripts/bench.sh
     python -m benchmarks peers [--quick] [--T N]         # bash scripts/bench_peers.sh (DeepSpeed's environment)
     python -m benchmarks memory [--quick]                # bash scripts/bench_memory.sh: memory_levers, memory_model,
-                                                         #   sft_memory
+                                                         #   sft_memory, host_memory
     python -m benchmarks sft_memory [--quick]            # the SFT recipe's resident memory (in memory too)
+    python -m benchmarks host_memory [--quick]           # the model's host terms against CPU runs' peak RSS (in
+                                                         #   memory too)
     python -m benchmarks hybrid [--quick]                # bash scripts/bench_hybrid.sh: hybrid_step, recurrent_split
     python -m benchmarks recurrent_split [--quick]       # a split document in recurrent-only models (in hybrid too)
     python -m benchmarks vlm [--quick]                   # bash scripts/bench_vlm.sh
@@ -34,8 +36,8 @@ from .report.sources import MAIN, PAGE, PLOTS, RESULTS, ROOT
 from .report.sweep import render_sweep
 from .report.vlm import vlm_section
 from .report.windows import render_windows
-from .suites import (core, gpu_calibrate, hybrid_step, memory_levers, memory_model, peers, recurrent_split, sft_memory,
-                     soak, sweep, vlm_step, windows)
+from .suites import (core, gpu_calibrate, host_memory, hybrid_step, memory_levers, memory_model, peers,
+                     recurrent_split, sft_memory, soak, sweep, vlm_step, windows)
 from .suites.output import Outcome
 
 __all__ = ["SUITES", "Step", "main"]
@@ -59,10 +61,11 @@ SUITES: dict[str, tuple[Step, ...]] = {
     "core": (Step(core.main),),
     "peers": (Step(peers.main, peers_section),),
     "memory": (Step(memory_levers.main, levers_section), Step(memory_model.main, takes_args=False),
-               Step(sft_memory.main, takes_args=False)),
+               Step(sft_memory.main, takes_args=False), Step(host_memory.main, takes_args=False)),
     "memory_levers": (Step(memory_levers.main, levers_section),),
     "memory_model": (Step(memory_model.main),),
     "sft_memory": (Step(sft_memory.main),),
+    "host_memory": (Step(host_memory.main),),
     "hybrid": (Step(hybrid_step.main, hybrid_section), Step(recurrent_split.main_after_hybrid, split_section)),
     "recurrent_split": (Step(recurrent_split.main, split_section),),
     "vlm": (Step(vlm_step.main, vlm_section),),

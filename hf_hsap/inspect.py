@@ -28,6 +28,7 @@ import numpy as np
 from .config import HSAPConfig
 from .data.lengths import DISTRIBUTIONS, doc_lengths
 from .memory.advice import LEVER_ORDER, MEMORY_MODELS, levers_from_names, max_length_lines
+from .memory.host import DEFAULT_HOST_MEMORY_GIB, DEFAULT_PROCESS_FOOTPRINT_GIB, HOST_RESERVE_FRACTION, OFFLOADS
 from .model_shape import MODEL_SHAPES
 from .plan.cost import HARDWARE_LINKS, CostModel
 from .plan.placement import PLACEMENTS
@@ -178,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=None, help="recv_budget_tokens (default: none)")
     p.add_argument("--rounds", choices=["auto", "batched", "by_peer"], default="auto",
                    help="round order of the transfers (default auto)")
-    p.add_argument("--gpus_per_node", type=int, default=None,
-                   help="GPUs per node: a group inside one node plans with NVLink costs (default: network costs)")
+    p.add_argument("--gpus_per_node", "--gpus-per-node", type=int, default=None,
+                   help="GPUs per node: a group inside one node plans with NVLink costs (default: network costs); "
+                        "with --max-length, the processes sharing one node's host memory (default: min(--gpus, 8))")
     p.add_argument("--config", help="a model's config.json (or its folder): price tokens and KV for that model "
                    "(default: Llama-3-8B shapes)")
     p.add_argument("--hardware", choices=sorted(HARDWARE_LINKS), default=None,
@@ -207,6 +209,22 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--layers-kept-on-device", type=int, default=0,
                      help="with activation_offloading, the last this many layers' checkpoints stay on the GPU "
                           "(default 0)")
+    fit.add_argument("--offload", choices=list(OFFLOADS), default="none",
+                     help="none (default); optimizer: DeepSpeed ZeRO-3 offload_optimizer (master weights, AdamW "
+                          "moments and gradient partitions in host memory, the step on the CPU; --sharding zero3); "
+                          "params: the parameters too, gathered layer by layer (ZeRO-3 offload_param, or FSDP2's "
+                          "CPUOffloadPolicy with --sharding fsdp2, which offloads both)")
+    fit.add_argument("--host-memory", type=float, default=DEFAULT_HOST_MEMORY_GIB,
+                     help=f"GiB of host memory per node (default {DEFAULT_HOST_MEMORY_GIB:g}: a DGX-H100 node's 2 TB), "
+                          f"less {HOST_RESERVE_FRACTION * 100:.0f}%% kept for the OS; 0: the host not counted")
+    fit.add_argument("--host-footprint", type=float, default=DEFAULT_PROCESS_FOOTPRINT_GIB,
+                     help="GiB of host memory each GPU process uses beside its tensors (Python, torch, CUDA runtime, "
+                          f"NCCL, data loader; default {DEFAULT_PROCESS_FOOTPRINT_GIB:g})")
+    fit.add_argument("--pinned-round-limit-mb", type=float, default=None,
+                     help="pinned host buffers (offloaded activations, DeepSpeed's gradient buffers, FSDP2's shards) "
+                          "larger than this many MiB are not rounded up to a power of two: PYTORCH_ALLOC_CONF="
+                          "pinned_max_round_threshold_mb:N, or 0 for DeepSpeed's DS_PIN_MEMORY_BACKEND=native "
+                          "(default: torch's, every pinned buffer rounded)")
     fit.add_argument("--sharding", choices=["ddp", "fsdp2", "zero3"], default="zero3",
                      help="how weights, gradients and optimizer states are held (default zero3)")
     return p
@@ -326,7 +344,10 @@ def _max_length(args: argparse.Namespace) -> int:
                                                           layers_kept_on_device=args.layers_kept_on_device),
                                  sharding=args.sharding, sp_size=args.sp,
                                  ulysses_size=args.U if isinstance(args.U, int) else 1,
-                                 recv_budget_tokens=args.budget)
+                                 recv_budget_tokens=args.budget, offload=args.offload,
+                                 host_memory_gib=args.host_memory or None, gpus_per_node=args.gpus_per_node,
+                                 footprint_gib=args.host_footprint,
+                                 pinned_round_limit_mb=args.pinned_round_limit_mb)
     except ValueError as e:
         print(f"hsap-plan: error: {e}", file=sys.stderr)
         return 2

@@ -123,6 +123,10 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--memory_per_device_gib", type=float, default=None,
                    help="refuse, before the first step, a --max_length whose modelled step exceeds this much memory "
                         "per device (default: the GPU's memory less 4 GiB; no check on CPU)")
+    g.add_argument("--host_memory_gib", type=float, default=None,
+                   help="GiB of host memory per node: refuse, before the first step, a --max_length whose host memory "
+                        "(offloaded activations and optimizer, pinned buffers, each process's own) exceeds it less "
+                        "10%% for the OS (default: this machine's physical memory)")
 
 
 def memory_levers(args: argparse.Namespace) -> Any:
@@ -150,14 +154,17 @@ def check_row_fits(args: argparse.Namespace, config: Any, sp: Any, accelerator: 
     """Refuse, before the first step, a ``--max_length`` row whose modelled step (:mod:`hf_hsap.memory.model`) does
     not fit a device, naming the levers that would make it fit
     (:func:`hf_hsap.integrations.memory_fit.check_device_row_fits`). The memory: ``--memory_per_device_gib``, else
-    the GPU's less 4 GiB (context, communication buffers); on CPU without the flag nothing is checked."""
+    the GPU's less 4 GiB (context, communication buffers); on CPU without the flag the device is not checked. The
+    host memory of the node (``--host_memory_gib``, else this machine's) is checked everywhere."""
     from hf_hsap.integrations.memory_fit import check_device_row_fits
 
     half = accelerator.mixed_precision in ("bf16", "fp16")
     check_device_row_fits(accelerator, config, args.max_length, memory_gib=args.memory_per_device_gib, sp=sp,
                           levers=memory_levers(args), param_dtype="fp32", master_weights=False,
                           compute_dtype="bf16" if half else "fp32", recv_budget_tokens=args.recv_budget_tokens,
-                          spelling=LEVER_FLAGS)
+                          host_memory_gib=args.host_memory_gib,
+                          spelling={**LEVER_FLAGS, "host_memory_gib": "--host_memory_gib",
+                                    "offload": "the Accelerate config's offload"})
 
 
 def positive_int(value: str) -> int:

@@ -189,7 +189,8 @@ def goals_detail(res: dict) -> str:
                   "beside DeepSpeed's sequence parallelism ([peers.md](peers.md)); est = the planner's cost model, "
                   "LB = every part equally loaded, no communication.",
                   rp.table(["goal", "value", "status"], placement)]
-    memory = memory_goal_rows(res.get("memory_levers"), res.get("memory_model"), res.get("sft_memory"))
+    memory = memory_goal_rows(res.get("memory_levers"), res.get("memory_model"), res.get("sft_memory"),
+                              res.get("host_memory"))
     if memory:
         parts += [f"## Goals: {MEMORY_GOALS}",
                   "Million-token training: the memory levers and the memory model ([memory.md](memory.md); "

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..analytic.sweep import GOALS, ORACLE_GOAL, OTHERS, loses_to
 from . import format as rp
+from .memory import LONGEST_HEADER, best_row_table, longest_rows_caption
 from .placement_goals import PEERS
 from .recurrent_split import split_headline
 from .sft_memory import sft_headline_line
@@ -125,19 +126,19 @@ def memory_headline(res: dict[str, Any]) -> list[str]:
         out += ["", sft_headline_line(sft)]
     mod = res.get("memory_model")
     if mod:
-        body = [[r["model"], r["gpus"], f"{r['tokens']:,}", f"{r['per_gpu']:,}", r["scheme"], r["limiting_term"],
-                 f"{r['alst']:,}" if r.get("alst") else "", f"{r['goal']:,}" if r.get("goal") else ""]
-                for r in mod["best_rows"]]
         err = mod.get("max_abs_error")
-        out += ["", f"Command: `{mod['command']}` (in `{MEMORY_CMD}`): the longest packed row the memory model "
-                "predicts "
-                f"(`hsap-plan --max-length`), the best SAP setup per model and GPU count, H100 with "
-                f"{mod['gpu_memory_gib']:.0f} GiB per GPU less {mod['reserve_gib']:.0f} GiB, levers "
-                f"{', '.join(mod['levers'])}, "
-                "ZeRO-3; ALST's published figures beside"
-                + (f"; the model is within {err:.1%} of the exact tensor peak on {len(mod['validation'])} CPU "
-                   "configurations." if err is not None else "."), "",
-                rp.table(["model", "GPUs", "tokens", "per GPU", "SAP setup", "limited by", "ALST", "goal"], body)]
+        out += ["", f"Command: `{mod['command']}` (in `{MEMORY_CMD}`). " + longest_rows_caption(mod)
+                + (f" The model is within {err:.1%} of the exact tensor peak on {len(mod['validation'])} CPU "
+                   "configurations." if err is not None else ""), "",
+                rp.table(LONGEST_HEADER, best_row_table(mod, detail=False))]
+    host = res.get("host_memory")
+    if host:
+        out += ["", f"Host memory (`python -m benchmarks host_memory`): the model's host memory is within "
+                f"{host['max_abs_error']:.1%} of the measured peak resident set of {len(host['validation'])} CPU "
+                "training runs (each process's footprint measured, every tensor in host memory; glibc told to give "
+                "freed buffers back, " + " ".join(f"{k}={v}" for k, v in host["mmap_env"].items()) + "; with its "
+                f"defaults, which keep freed heap pages resident, the model is up to "
+                f"{host['default_max_abs_error']:.1%} short)."]
     return out if len(out) > 1 else []
 
 

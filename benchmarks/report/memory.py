@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analytic.memory import RECIPE_LENGTHS, ROW_GOALS, ROW_GOALS_MODEL
+from ..analytic.memory import RECIPE_LENGTHS, ROW_GOALS
 from .format import table
 from .sft_memory import sft_goal_row, sft_memory_section
 
-__all__ = ["MEMORY_GOALS", "levers_section", "memory_goal_rows", "memory_model_section", "memory_sections"]
+__all__ = ["LONGEST_HEADER", "MEMORY_GOALS", "best_row_table", "host_memory_section", "levers_section",
+           "longest_rows_caption", "memory_goal_rows", "memory_model_section", "memory_sections"]
 
 MEMORY_GOALS = "memory for million-token rows"  # the topic of these goals (their heading)
 EXACT_TOL = 1e-4  # float32, against the path without the lever (the tests' tolerance)
@@ -24,22 +25,29 @@ def _status(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
-def _best_rows(model: dict[str, Any], name: str = ROW_GOALS_MODEL) -> dict[int, dict[str, Any]]:
-    """The longest row per GPU count over the SAP setups of ``model``'s table."""
-    best: dict[int, dict[str, Any]] = {}
-    for r in model.get("longest_rows", []):
-        if r["model"] == name and r["tokens"] > best.get(r["gpus"], {}).get("tokens", -1):
-            best[r["gpus"]] = r
-    return best
+def _best_rows(model: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The best configuration per model and GPU count of ``model``'s table."""
+    return {(r["model"], r["gpus"]): r for r in model.get("best_rows", [])}
+
+
+UNBOUNDED = 1 << 40  # longest_row's search end: a limit this long is none (no per-token term on that side)
+
+
+def _mtok(n: int | None) -> str:
+    return "" if n is None else "no limit" if n >= UNBOUNDED else f"{n / 1e6:.2f}M"
+
+
+def _tok(n: int) -> str:
+    return "no limit" if n >= UNBOUNDED else f"{n:,}"
 
 
 def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None,
-                     sft: dict[str, Any] | None = None) -> list[list[str]]:
+                     sft: dict[str, Any] | None = None, host: dict[str, Any] | None = None) -> list[list[str]]:
     """``[goal, value, status]`` rows.
 
     Args:
-        levers / model / sft: the results of ``memory_levers``, ``memory_model`` and ``sft_memory`` (``None``:
-            missing, no rows of it).
+        levers / model / sft / host: the results of ``memory_levers``, ``memory_model``, ``sft_memory`` and
+            ``host_memory`` (``None``: missing, no rows of it).
 
     Returns:
         The rows.
@@ -79,14 +87,51 @@ def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None
         rows.append([f"memory model within {MODEL_TOL:.0%} of the exact tensor peaks",
                      f"worst {err:.1%} over {len(model['validation'])} configurations", _status(err <= MODEL_TOL)])
         best = _best_rows(model)
-        for gpus, goal in ROW_GOALS.items():
-            r = best.get(gpus)
+        for (name, gpus), goal in ROW_GOALS.items():
+            r = best.get((name, gpus))
             if r is None:
                 continue
-            rows.append([f"predicted longest packed row, Llama-3-8B on {gpus} × H100-80GB, every lever ≥ "
-                         f"{goal / 1e6:g}M tokens", f"{r['tokens'] / 1e6:.2f}M ({r['scheme']}; limited by "
-                         f"{r['limiting_term']})", _status(r["tokens"] >= goal)])
+            rows.append([f"predicted longest packed row, {name} on {gpus} × H100-80GB, every lever, a DGX-H100 "
+                         f"node's host memory counted ≥ {goal / 1e6:g}M tokens",
+                         f"{r['tokens'] / 1e6:.2f}M (device {_mtok(r['device_tokens'])}, host "
+                         f"{_mtok(r['host_tokens'])}: the {r['binds']} binds; {r['setting']}, offload {r['offload']}, "
+                         f"{r['scheme']}; limited by {r['limiting_term']})", _status(r["tokens"] >= goal)])
+    if host:
+        err = host["max_abs_error"]
+        rows.append([f"memory model's host memory within {host['tolerance']:.0%} of the measured peak resident set "
+                     "of CPU training runs, on at least 8 configurations (malloc returning freed buffers: "
+                     f"{_env(host)})", f"worst {err:.1%} over {len(host['validation'])} configurations (glibc's "
+                     f"defaults, freed heap memory kept: worst {host['default_max_abs_error']:.1%})",
+                     _status(err <= host["tolerance"] and len(host["validation"]) >= 8)])
     return rows
+
+
+def _env(host: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in host["mmap_env"].items())
+
+
+def host_memory_section(host: dict[str, Any]) -> str:
+    """The host terms' validation: measured peak resident set against the model's host memory of CPU runs."""
+    body = [[v["name"], f"{v['tokens']:,}", str(v["sp"]), f"{v['footprint_mib']:,.0f}",
+             f"{v['tensors_measured_mib']:,.0f}", f"{v['tensors_predicted_mib']:,.0f}", f"{v['measured_mib']:,.0f}",
+             f"{v['predicted_mib']:,.0f}", f"{v['error']:+.1%}", f"{v['default_measured_mib']:,.0f}",
+             f"{v['default_error']:+.1%}"] for v in host["validation"]]
+    return "\n\n".join([
+        "## Host memory: the model against the peak resident set",
+        f"Command: `{host['command']}` ({host['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). Each "
+        f"configuration is a fresh CPU training run ({host['steps']} steps, SP 2 under torch.distributed.run on "
+        "gloo); on CPU every tensor lives in host memory, so the model's host memory (`hf_hsap.memory.host."
+        "host_memory(step, device=\"cpu\")`: the process's footprint plus every tensor term) is compared with the "
+        "largest rank's peak resident set (`ru_maxrss`). The footprint is measured: the rank's resident set after "
+        "its imports, process group, model build and levers, less the model's weights. On a GPU the footprint is a "
+        "stated default and pinned buffers are rounded to powers of two: neither is exercised here. Each "
+        f"configuration runs twice: with `{_env(host)}` (glibc maps every buffer of 128 KiB or more on its own and "
+        "unmaps it when freed, so the resident set follows the live bytes the model counts: the goal's runs) and "
+        "with glibc's defaults (its mmap threshold rises after large frees and the heap keeps freed pages: a CPU "
+        "run's RSS also holds that retention, which the model does not count).",
+        table(["configuration", "tokens", "SP", "footprint MiB", "tensors measured MiB", "tensors predicted MiB",
+               "peak RSS MiB", "predicted MiB", "error", "glibc defaults: peak RSS MiB", "error"], body),
+    ])
 
 
 def memory_model_section(model: dict[str, Any]) -> str:
@@ -94,21 +139,50 @@ def memory_model_section(model: dict[str, Any]) -> str:
     val = [[v["name"], f"{v['tokens']:,}", str(v["sp"]), ", ".join(k for k, on in v["levers"].items() if on is True)
             or "none", f"{v['measured_mib']:.1f}", f"{v['predicted_mib']:.1f}", f"{v['error']:+.1%}"]
            for v in model["validation"]]
-    longest = [[r["model"], str(r["gpus"]), r["scheme"], f"{r['tokens']:,}", f"{r['per_gpu']:,}", r["limiting_term"],
-                f"{r['terms_gib'].get('host', 0):.0f}", f"{r['alst']:,}" if r.get("alst") else "",
-                f"{r['goal']:,}" if r.get("goal") else ""] for r in model["longest_rows"]]
+    longest = best_row_table(model)
     return "\n\n".join([
         "## Memory model and the longest row",
-        f"Command: `{model['command']}` ({model['seconds']:.0f} s; also in `bash scripts/bench_memory.sh`). "
+        f"Command: `{model.get('validation_command', model['command'])}` (also in `bash scripts/bench_memory.sh`). "
         "`hf_hsap.memory.model.predict_step_memory` against the exact tensor peak of one CPU step (TensorPeak; the "
         "weights and optimizer states that exist before the step are left out of both):",
         table(["configuration", "tokens", "SP", "levers", "measured MiB", "predicted MiB", "error"], val),
-        f"The longest packed row it predicts (`hsap-plan --max-length`), {model['gpu_memory_gib']:.0f} GiB per GPU "
-        f"less {model['reserve_gib']:.0f} GiB, levers {', '.join(model['levers'])}, ZeRO-3, bf16 weights with "
-        "float32 master weights and AdamW; host = offloaded activations per GPU (GiB); ALST's published figures "
-        "beside:",
-        table(["model", "GPUs", "SAP setup", "tokens", "per GPU", "limited by", "host GiB", "ALST", "goal"], longest),
+        f"Command: `{model['command']}`. " + longest_rows_caption(model) + " Host GiB: per node at the answer; host "
+        "not counted: the longest device "
+        "limit of every configuration searched.",
+        table(LONGEST_HEADER + ["host GiB / node", "host not counted"], longest),
     ])
+
+
+LONGEST_HEADER = ["model", "GPUs", "device limit", "host limit", "longest row", "binds", "levers", "offload",
+                  "SAP setup", "limited by", "ALST", "goal"]
+
+
+def best_row_table(model: dict[str, Any], detail: bool = True) -> list[list[str]]:
+    """One row per model and GPU count: the best configuration's device and host limits side by side."""
+    out = []
+    for r in model["best_rows"]:
+        row = [r["model"], str(r["gpus"]), _tok(r["device_tokens"]), _tok(r["host_tokens"]), f"{r['tokens']:,}",
+               r["binds"], r["setting"], r["offload"], r["scheme"], r["limiting_term"],
+               f"{r['alst']:,}" if r.get("alst") else "",
+               f"{r['goal']:,}" if r.get("goal") else ""]
+        if detail:
+            row += [f"{r['host_gib'].get('per_node', 0):,.0f}", f"{r['device_only']:,}"]
+        out.append(row)
+    return out
+
+
+def longest_rows_caption(model: dict[str, Any]) -> str:
+    """What the longest-row table assumes."""
+    return (f"The longest packed row the model predicts (`hsap-plan --max-length`): H100 with "
+            f"{model['gpu_memory_gib']:.0f} GiB per GPU less {model['reserve_gib']:.0f} GiB, a DGX-H100 node's "
+            f"{model['host_memory_gib']:,.0f} GiB of host memory less {model['host_reserve_fraction']:.0%} for the OS "
+            f"shared by {model['gpus_per_node']} GPU processes (1 GPU: the node's host for that one), "
+            f"{model['footprint_gib']:g} GiB of each process's own; ZeRO-3, bf16 weights with float32 master weights "
+            "and AdamW; the best of the lever settings (" + "; ".join(model["settings"]) + "; all = the chunked "
+            "loss, checkpointing, activation offloading, the tiled MLP and recomputed norms; pinned unrounded = "
+            "PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0 and DS_PIN_MEMORY_BACKEND=native, settings of torch "
+            "and DeepSpeed), offloads (none, optimizer, params) and SAP setups per model and GPU count, the device's "
+            "limit and the host's side by side (the row is the smaller); ALST's published figures beside.")
 
 
 def memory_sections(res: dict[str, Any]) -> list[str]:
@@ -128,6 +202,8 @@ def memory_sections(res: dict[str, Any]) -> list[str]:
         out.append(sft_memory_section(res["sft_memory"]))
     if res.get("memory_model"):
         out.append(memory_model_section(res["memory_model"]))
+    if res.get("host_memory"):
+        out.append(host_memory_section(res["host_memory"]))
     return out
 
 

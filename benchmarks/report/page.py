@@ -103,7 +103,8 @@ def _goals(res: dict[str, Any], links: dict[str, str]) -> list[str]:
               (PLACEMENT_GOALS, f"Command: {run_cmd(res)} for the sweep and planning rows, `{PEERS_CMD}` for the rows "
                                 "against DeepSpeed.", placement_goal_rows(res)),
               (MEMORY_GOALS, f"Command: `{MEMORY_CMD}`.",
-               memory_goal_rows(res.get("memory_levers"), res.get("memory_model"), res.get("sft_memory"))))
+               memory_goal_rows(res.get("memory_levers"), res.get("memory_model"), res.get("sft_memory"),
+                                res.get("host_memory"))))
     for topic, command, rows in tables:
         if rows:
             out += ["", f"### Goals: {topic}", "", command, "",

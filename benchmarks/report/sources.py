@@ -16,7 +16,7 @@ PAGE = ROOT / "BENCHMARKS.md"
 MAIN = "results.json"  # python -m benchmarks core (bash scripts/bench.sh)
 # the JSON other suites write beside it, by key of the results dict
 SIDE = {"peers": "peers.json", "memory_levers": "memory_levers.json", "memory_model": "memory_model.json",
-        "sft_memory": "sft_memory.json", "hybrid_step": "hybrid_step.json",
+        "sft_memory": "sft_memory.json", "host_memory": "host_memory.json", "hybrid_step": "hybrid_step.json",
         "recurrent_split": "recurrent_split.json", "vlm_step": "vlm_step.json",
         "soak": "soak.json", "model_zoo": "model_zoo.json", "vlm_zoo": "vlm_zoo.json"}
 RUN_CMD = "bash scripts/bench.sh"

@@ -13,10 +13,9 @@ is :func:`~hf_hsap.memory.predict_step_memory` with ``device="cpu"``, ``sharding
 dtypes, AdamW without master weights, less the resident terms (weights and optimizer states, which existed before the
 block); the largest rank's figure under SP.
 
-Longest rows: :func:`longest_rows`, every lever on (the chunked loss, checkpointing offloaded to the host, the tiled
-MLP, recomputed norms, the tiled attention at SP 1), ZeRO-3, bf16 weights with float32 master weights and AdamW, SP
-over all GPUs, H100-80GB less 4 GiB, for three SAP setups (flat U=1; flat U=1 with a 64K receive budget; Ulysses
-U=8 within a node) and the best of them per GPU count, beside ALST's published figures.
+Longest rows: :mod:`benchmarks.suites.longest_rows` (Llama-3-8B, Qwen3-8B, Llama-3-70B on 1, 8 and 32 H100-80GB,
+the device's limit and a DGX-H100 node's host limit side by side, the best of the lever settings, offloads and SAP
+set-ups it searches), beside ALST's published figures.
 
 Usage: ``python -m benchmarks memory_model [--out benchmarks/results/memory_model.json] [--quick] [--no-measure]
 [--no-write-md]`` (``python -m benchmarks memory`` runs it after :mod:`benchmarks.suites.memory_levers`). Writes the
@@ -33,29 +32,15 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_hsap.memory.fit import longest_row
+from hf_hsap.memory.host import DEFAULT_HOST_MEMORY_GIB, DEFAULT_PROCESS_FOOTPRINT_GIB, HOST_RESERVE_FRACTION
 from hf_hsap.memory.levers import MemoryLevers
 from hf_hsap.memory.model import predict_step_memory
 
-from ..analytic.memory import ROW_GOALS, ROW_GOALS_MODEL
+from .longest_rows import (ALST_PUBLISHED, GPU_MEMORY_GIB, GPUS_PER_NODE, RESERVE_GIB, best_rows, longest_rows,
+                           settings_here)
 from .output import RESULTS, Outcome, command_line, renders_pages, stamp
 
 DEFAULT_OUT = RESULTS / "memory_model.json"
-
-# Hugging Face configs' sizes (no hub access)
-LLAMA3_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                 tie_word_embeddings=False)
-QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                tie_word_embeddings=False)
-LLAMA3_70B = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                  num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                  tie_word_embeddings=False)
-BIG_MODELS = {"Llama-3-8B": LLAMA3_8B, "Qwen3-8B": QWEN3_8B, "Llama-3-70B": LLAMA3_70B}
-# ALST (Arctic Long Sequence Training, arXiv 2506.13996): Llama-3.1-8B, every lever on, H100-80GB
-ALST_PUBLISHED = {("Llama-3-8B", 1): 500_000, ("Llama-3-8B", 8): 3_700_000, ("Llama-3-8B", 32): 15_000_000}
-GOALS = {(ROW_GOALS_MODEL, gpus): tokens for gpus, tokens in ROW_GOALS.items()}
 
 # tiny models: small hidden sizes, large vocabularies, activations dominate the weights
 DENSE = dict(model_type="llama", hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -294,75 +279,42 @@ def _resident_states(pred: Any) -> float:
     return pred.states
 
 
-ALL_LEVERS = MemoryLevers(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
-                          recompute_norms=True, tiled_attention=True)
-SCHEMES = {"flat SAP (U=1)": dict(ulysses_size=1), "flat SAP (U=1), receive budget 64K": dict(
-    ulysses_size=1, recv_budget_tokens=65536), "Ulysses (U=8)": dict(ulysses_size=8)}
-
-
-def longest_rows(gpu_counts: Sequence[int] = (1, 8, 32, 64), memory_gib: float = 80.0,
-                 reserve_gib: float = 4.0) -> list[dict]:
-    """The predicted longest row of every big model x GPU count x scheme, every lever on, ZeRO-3, bf16 weights
-    with float32 master weights and AdamW, SP over all GPUs.
-
-    Returns:
-        One dict per row: ``model``, ``gpus``, ``scheme``, ``tokens``, ``per_gpu``, ``limiting_term``, ``terms_gib``
-        (at the answer), ``alst`` (the published figure, where there is one), ``goal``.
-    """
-    rows = []
-    for name, cfg in BIG_MODELS.items():
-        for gpus in gpu_counts:
-            for scheme, kw in SCHEMES.items():
-                if gpus % kw["ulysses_size"] or (gpus == 1 and scheme != "flat SAP (U=1)"):
-                    continue
-                fit = longest_row(cfg, gpus=gpus, memory_per_gpu_gib=memory_gib, levers=ALL_LEVERS,
-                                  sharding="zero3", reserve_gib=reserve_gib, param_dtype="bf16",
-                                  compute_dtype="bf16", master_weights=True, **kw)
-                rows.append({"model": name, "gpus": gpus, "scheme": scheme, "tokens": fit.tokens,
-                             "per_gpu": fit.tokens // gpus, "limiting_term": fit.limiting_term,
-                             "terms_gib": {k: v / 2**30 for k, v in fit.memory.as_dict().items()
-                                           if isinstance(v, (int, float)) and k not in ("tokens",)},
-                             "stage": fit.memory.stage, "alst": ALST_PUBLISHED.get((name, gpus)),
-                             "goal": GOALS.get((name, gpus))})
-    return rows
-
-
-def best_rows(rows: Sequence[dict]) -> list[dict]:
-    """The longest of :func:`longest_rows`' SAP setups per model and GPU count (the first on a tie)."""
-    best: dict[tuple[str, int], dict] = {}
-    for r in rows:
-        key = (r["model"], r["gpus"])
-        if key not in best or r["tokens"] > best[key]["tokens"]:
-            best[key] = r
-    return list(best.values())
-
-
 def main(argv: Sequence[str]) -> Outcome:
     """Run the validation and the longest-row table on the command line ``argv``; write the JSON and print the
     longest rows (status 0)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks memory_model", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--quick", action="store_true", help="two configurations only (a check that it runs)")
-    p.add_argument("--no-measure", action="store_true", help="only the longest-row table")
+    p.add_argument("--no-measure", action="store_true",
+                   help="only the longest-row table (the results file's validation is kept)")
     p.add_argument("--no-write-md", action="store_true", help="leave BENCHMARKS.md and the detail files alone")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
     validation = [] if args.no_measure else run_memory_validation(QUICK if args.quick else CONFIGS, progress=True)
     rows = longest_rows()
-    for r in rows:
-        print(f"  {r['model']:12s} {r['gpus']:3d} GPUs {r['scheme']:36s} {r['tokens'] / 1e6:7.2f}M tokens "
-              f"({r['per_gpu'] / 1e3:6.0f}K/GPU) limited by {r['limiting_term']}"
-              + (f"; ALST {r['alst'] / 1e6:.1f}M" if r["alst"] else "") + (f"; goal {r['goal'] / 1e6:.0f}M" if r["goal"]
-                                                                          else ""))
     best = best_rows(rows)
     for r in best:
-        print(f"  best {r['model']:12s} {r['gpus']:3d} GPUs: {r['tokens'] / 1e6:6.2f}M tokens ({r['scheme']}), "
-              f"limited by {r['limiting_term']}")
-    res = {"command": command_line("memory_model", argv),
-           "validation": validation, "max_abs_error": max((abs(v["error"]) for v in validation), default=None),
-           "longest_rows": rows, "best_rows": best, "gpu_memory_gib": 80.0, "reserve_gib": 4.0,
-           "levers": ALL_LEVERS.names, "alst_published": {f"{m} x {g}": v for (m, g), v in ALST_PUBLISHED.items()},
+        print(f"  best {r['model']:12s} {r['gpus']:3d} GPUs: {r['tokens'] / 1e6:6.2f}M tokens (device "
+              f"{r['device_tokens'] / 1e6:.2f}M, host {r['host_tokens'] / 1e6:.2f}M: the {r['binds']} binds; "
+              f"{r['setting']}, offload {r['offload']}, {r['scheme']}), limited by {r['limiting_term']}"
+              + (f"; ALST {r['alst'] / 1e6:.1f}M" if r["alst"] else "") + (f"; goal {r['goal'] / 1e6:.0f}M" if r["goal"]
+                                                                          else ""))
+    command = command_line("memory_model", argv)
+    res_validation, validation_command = validation, command
+    if args.no_measure and Path(args.out).exists():  # the longest rows alone: the file's validation stays
+        old = json.loads(Path(args.out).read_text())
+        res_validation = old.get("validation", [])
+        validation_command = old.get("validation_command", old.get("command"))
+    res = {"command": command, "validation": res_validation, "validation_command": validation_command,
+           "max_abs_error": max((abs(v["error"]) for v in res_validation), default=None),
+           # every configuration searched, without its terms (the best rows keep theirs)
+           "longest_rows": [{k: v for k, v in r.items() if k not in ("terms_gib", "host_gib")} for r in rows],
+           "best_rows": best, "gpu_memory_gib": GPU_MEMORY_GIB, "reserve_gib": RESERVE_GIB,
+           "host_memory_gib": DEFAULT_HOST_MEMORY_GIB, "host_reserve_fraction": HOST_RESERVE_FRACTION,
+           "gpus_per_node": GPUS_PER_NODE, "footprint_gib": DEFAULT_PROCESS_FOOTPRINT_GIB,
+           "settings": [name for name, _, _ in settings_here()],
+           "alst_published": {f"{m} x {g}": v for (m, g), v in ALST_PUBLISHED.items()},
            "seconds": time.perf_counter() - t0, **stamp()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")

@@ -72,6 +72,10 @@ class HSAPArguments:
     hsap_memory_per_device_gib: float | None = field(default=None, metadata={
         "help": "HSAP: refuse before the first step a max_length x per_device_train_batch_size row whose modelled step "
                 "exceeds this much memory per device (default: the GPU's memory less 4 GiB; no check on CPU)"})
+    hsap_host_memory_gib: float | None = field(default=None, metadata={
+        "help": "HSAP: GiB of host memory per node; refuse before the first step a row whose host memory (offloaded "
+                "activations and optimizer, pinned buffers, each process's own) exceeds it less a tenth for the OS "
+                "(default: this machine's physical memory)"})
     hsap_recompute_norms: bool = field(default=False, metadata={
         "help": "HSAP: every RMSNorm keeps only its input for the backward and is recomputed there"})
     hsap_tiled_attention: bool = field(default=False, metadata={

@@ -2,28 +2,66 @@
 
 A micro-batch of ``HSAPSFTTrainer`` is ``per_device_train_batch_size`` packed rows of ``max_length`` tokens, flattened
 into one row (padding-free), so that is the row the memory model (:mod:`hf_hsap.memory.model`) is asked about. The
-device's memory: ``hsap_memory_per_device_gib``, else the GPU's less a reserve; on CPU without the field, and for
-``HSAPTrainer`` (whose collator sets the row), nothing is checked.
+device's memory: ``hsap_memory_per_device_gib``, else the GPU's less a reserve; on CPU without the field the device
+is not checked. The host's (:mod:`hf_hsap.memory.host`): ``hsap_host_memory_gib`` per node, else this machine's
+physical memory; the processes sharing it: the launcher's ``LOCAL_WORLD_SIZE``, else every process (at most the GPUs
+this machine has). ``HSAPTrainer`` (whose collator sets the row) is not checked.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import psutil
 import torch
 
-__all__ = ["TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits"]
+__all__ = ["HOST_FLAGS", "TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits",
+           "local_processes", "machine_memory_gib", "process_footprint_gib"]
 
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
 TRAINER_LEVER_FLAGS = {"chunked_loss": "--hsap_chunked_loss", "gradient_checkpointing": "--gradient_checkpointing",
                        "tiled_mlp": "--hsap_tiled_mlp", "recompute_norms": "--hsap_recompute_norms",
                        "tiled_attention": "--hsap_tiled_attention",
                        "activation_offloading": "--activation_offloading"}
+# How a trainer's user sets the host's memory and the offload (the fit check's advice)
+HOST_FLAGS = {"host_memory_gib": "--hsap_host_memory_gib",
+              "offload": "the Accelerate config's offload (DeepSpeed offload_optimizer / offload_param, FSDP "
+                         "fsdp_offload_params)"}
+
+
+def machine_memory_gib() -> float:
+    """This machine's physical memory (GiB): the host memory of the node the process runs on."""
+    return psutil.virtual_memory().total / 2**30
+
+
+def local_processes(world: int, device: torch.device) -> int:
+    """The training processes sharing this node's host memory: the launcher's ``LOCAL_WORLD_SIZE`` (torchrun,
+    Accelerate), else ``world`` (on CUDA at most the GPUs this machine has)."""
+    if os.environ.get("LOCAL_WORLD_SIZE"):
+        return max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
+    if device.type == "cuda":
+        return max(1, min(world, torch.cuda.device_count()))
+    return max(1, world)
+
+
+def process_footprint_gib(config: Any, param_dtype: str) -> float:
+    """This process's own host footprint (GiB), measured before the first step: its resident set now less the
+    model's weights, built whole in host memory before ``accelerator.prepare`` (the memory model counts them). Used
+    on CPU; on CUDA the weights may already be on the device and the CUDA runtime's, NCCL's and the data loader's
+    memory grows after this point, so the stated default (:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`)
+    is used there."""
+    from ..memory.model import DTYPE_BYTES
+    from ..model_shape import ModelShape
+
+    weights = ModelShape.from_config(config).params * DTYPE_BYTES[param_dtype]
+    return max(0.0, psutil.Process().memory_info().rss - weights) / 2**30
 
 
 def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, memory_gib: float | None, sp: Any,
-                          levers: Any, **kw: Any) -> None:
-    """Refuse a row of ``row_tokens`` whose modelled step does not fit one of ``accelerator``'s devices (the recipes'
-    and the trainers' check; :func:`hf_hsap.memory.advice.check_row_fits`).
+                          levers: Any, host_memory_gib: float | None = None, offload: str = "none",
+                          footprint_gib: float | None = None, **kw: Any) -> None:
+    """Refuse a row of ``row_tokens`` whose modelled step does not fit one of ``accelerator``'s devices or the host
+    memory of its node (the recipes' and the trainers' check; :func:`hf_hsap.memory.advice.check_row_fits`).
 
     Args:
         accelerator: Accelerate's (its device, process count and distributed type give the sharding).
@@ -31,6 +69,12 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
         memory_gib: the device's memory; None: the GPU's less :data:`~hf_hsap.memory.fit.DEFAULT_RESERVE_GIB`, and
             on CPU nothing is checked.
         sp: the SP group. levers: the :class:`~hf_hsap.MemoryLevers`.
+        host_memory_gib: one node's host memory; None: this machine's (:func:`machine_memory_gib`).
+        offload: what the engine offloads, ``"none"``, ``"optimizer"`` or ``"params"``
+            (:data:`hf_hsap.memory.host.OFFLOADS`; the caller reads it from the accelerator's plugin).
+        footprint_gib: one process's own host footprint; None: on CUDA the stated default
+            (:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`), on CPU measured
+            (:func:`process_footprint_gib`).
         **kw: more :func:`~hf_hsap.memory.model.predict_step_memory` arguments (dtypes, receive budget) and
             ``spelling``.
 
@@ -39,18 +83,22 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
     """
     from ..memory.advice import check_row_fits
     from ..memory.fit import DEFAULT_RESERVE_GIB
+    from ..memory.host import DEFAULT_PROCESS_FOOTPRINT_GIB
 
     device = accelerator.device
     if memory_gib is None and device.type == "cuda":
         memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 - DEFAULT_RESERVE_GIB
-    if memory_gib is None:
-        return
     world = accelerator.num_processes
     sharding = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(accelerator.distributed_type.name,
                                                          "ddp" if world > 1 else "none")
+    on_cuda = device.type == "cuda"
+    footprint = footprint_gib if footprint_gib is not None else DEFAULT_PROCESS_FOOTPRINT_GIB if on_cuda else \
+        process_footprint_gib(config, kw.get("param_dtype", "bf16"))
     check_row_fits(config, row_tokens, memory_gib=memory_gib, world=world, sp_size=sp.size,
                    ulysses_size=sp.ulysses_size, levers=levers, sharding=sharding,
-                   device="cuda" if device.type == "cuda" else "cpu", **kw)
+                   device="cuda" if on_cuda else "cpu", offload=offload,
+                   host_memory_gib=machine_memory_gib() if host_memory_gib is None else host_memory_gib,
+                   gpus_per_node=local_processes(world, device), footprint_gib=footprint, **kw)
 
 
 def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
@@ -72,7 +120,9 @@ def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
     autocast = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
     check_device_row_fits(trainer.accelerator, model.config, int(max_length) * int(args.per_device_train_batch_size),
                           memory_gib=getattr(args, "hsap_memory_per_device_gib", None), sp=trainer.sp,
+                          host_memory_gib=getattr(args, "hsap_host_memory_gib", None),
                           levers=args.memory_levers().replace(chunked_loss=True),  # either head: no logits
                           param_dtype="bf16" if half else "fp32", master_weights=False,
                           compute_dtype="bf16" if half or autocast else "fp32",
-                          recv_budget_tokens=args.hsap_recv_budget_tokens, spelling=TRAINER_LEVER_FLAGS)
+                          recv_budget_tokens=args.hsap_recv_budget_tokens,
+                          spelling={**TRAINER_LEVER_FLAGS, **HOST_FLAGS})

@@ -57,7 +57,9 @@ Weights are ``param_dtype``; gradients too; AdamW holds two moments per paramete
 steps: float32 with ``master_weights`` (a float32 master copy of 16-bit weights), else the weights' own. DDP keeps
 everything whole, plus its gradient buckets (a second copy of the gradients: ``gradient_as_bucket_view=False``,
 the default); FSDP2 / ZeRO-3 divide weights, gradients and states by ``world`` and add the largest layer's
-unsharded weights and gradient while it runs.
+unsharded weights and gradient while it runs. With ``offload`` the optimizer states, master weights and gradient
+shards (and with ``"params"`` the weights' shard) move to the host (:mod:`.host`): the optimizer stage on the device
+then holds the weights alone.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
 from .blocks import block_starts, checkpoints_kept
 from .head import loss_tile_tokens
+from .host import pinned_bytes, place_states
 from .levers import MemoryLevers
 
 __all__ = ["StepMemory", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
@@ -93,7 +96,9 @@ class StepMemory:
         working: the recomputed layer and one layer's backward working set (or the MLP tile).
         loss: the loss's working set.
         sap: SAP's receive / send buffers and Ulysses' all-to-all copies.
-        host: bytes moved to host memory by activation offloading (not in :attr:`total`).
+        host: the step's tensors in host memory (not in :attr:`total`): offloaded activations (pinned, each
+            saved tensor rounded up to a power of two), offloaded optimizer states, gradients and parameters
+            (:mod:`.host`); ``host_terms`` by term.
         stage: ``"loss"``, ``"layer"`` or ``"optimizer"``.
         tokens: tokens per rank.
         states: the optimizer states alone (resident between steps; not a term of its own).
@@ -112,6 +117,7 @@ class StepMemory:
     tokens: int = 0
     states: float = field(default=0.0, compare=False)
     stages: dict = field(default_factory=dict, compare=False)
+    host_terms: dict = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
@@ -124,7 +130,7 @@ class StepMemory:
 
     def as_dict(self) -> dict[str, Any]:
         """Every term, the total and the limiting term (bytes)."""
-        d = {k: v for k, v in asdict(self).items() if k != "stages"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("stages", "host_terms")}
         d.update(total=self.total, limiting_term=self.limiting_term())
         return d
 
@@ -260,7 +266,8 @@ def _sap_bytes(s: ModelShape, t: int, a: int, sp: int, U: int, recv_budget: int 
 def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: int, ulysses_size: int = 1,
                         sharding: str = "ddp", levers: MemoryLevers = MemoryLevers(), param_dtype: str = "bf16",
                         compute_dtype: str = "bf16", optimizer: str = "adamw", master_weights: bool = True,
-                        recv_budget_tokens: int | None = None, device: str = "cuda") -> StepMemory:
+                        recv_budget_tokens: int | None = None, device: str = "cuda",
+                        offload: str = "none", pinned_round_limit_mb: float | None = None) -> StepMemory:
     """The modelled per-GPU peak of one step (forward, backward, optimizer step), term by term.
 
     Args:
@@ -278,6 +285,11 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         device: ``"cuda"`` (offloading moves the saved tensors to the host; AdamW's ``foreach`` temporaries) or
             ``"cpu"`` (offloading is a no-op, activations already live in host memory; AdamW steps one tensor at a
             time).
+        offload: ``"none"``, ``"optimizer"`` (ZeRO-3 offload_optimizer: master weights, moments and gradient
+            partitions on the host) or ``"params"`` (the parameters too: ZeRO-3 offload_param, FSDP2's
+            CPUOffloadPolicy); :mod:`.host` says what each engine holds where.
+        pinned_round_limit_mb: pinned host allocations above this many MiB are not rounded up to a power of two
+            (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N``; None: torch's default, all rounded).
 
     Returns:
         The :class:`StepMemory` of the largest stage.
@@ -300,24 +312,20 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     P = s.params
     shard = world if sharding in ("fsdp2", "zero3") else 1
     layer_w = s.layer_params * w
-    weights = P * w / shard + (layer_w if shard > 1 else 0)
-    grads_all = P * w / shard + (layer_w if shard > 1 else P * w if sharding == "ddp" else 0)  # DDP: buckets
-    master = master_weights and w < 4
-    m = 4 if master else w  # AdamW's moments and temporaries take the dtype of the weights it steps
-    state_b = (2 * m if optimizer == "adamw" else 0) + (4 if master else 0)
-    states = P * state_b / shard
-    opt_tmp = (P * m / shard if device == "cuda" else max(s.vocab * s.hidden, s.layer_params) * m / shard) \
-        if optimizer == "adamw" else 0.0
+    # the weights, gradients and optimizer states: on the device and on the host
+    place = place_states(s, w=w, shard=shard, sharding=sharding, optimizer=optimizer, master_weights=master_weights,
+                         offload=offload, device=device, pinned_round_limit_mb=pinned_round_limit_mb)
+    weights, grads_all, states, opt_tmp = place.weights, place.grads_all, place.states, place.opt_tmp
     # the gradients while a layer runs its backward: the head's and, for the first layer to run it, no other layer's;
     # for the last, every other parameter's but the input embedding's (sharded as they form); beside the layer's own
     # (its MLP's when unsharded; the gathered layer's under FSDP)
     own_grad = layer_w if shard > 1 else _mlp_params(s) * w
-    head_grad = s.vocab * s.hidden * w / shard + own_grad
+    head_grad = s.vocab * s.hidden * place.grad_per_param + own_grad
     emb_in = 0 if s.tied else s.vocab * s.hidden
-    last_grads = (P - emb_in - s.layer_params) * w / shard + own_grad
+    last_grads = (P - emb_in - s.layer_params) * place.grad_per_param + own_grad
 
     ckpt = levers.gradient_checkpointing
-    offload = levers.activation_offloading and device == "cuda"
+    offload_acts = levers.activation_offloading and device == "cuda"
     H = s.hidden
     parts = _layer_parts(s, a, levers)
     saved_layer = sum(parts.values())
@@ -358,14 +366,20 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
     # offloaded: the checkpoints (or layers) of the last layers_kept_on_device layers stay on the device; they are
     # the first freed in backward, so none is left by the last layer's backward unless all are kept
     kept = (checkpoints_kept(s.layers, b, levers.layers_kept_on_device) if ckpt
-            else min(levers.layers_kept_on_device, s.layers)) if offload else 0
-    host = stack - kept * per_saved + final if offload else 0.0
-    device_stack = kept * per_saved if offload else stack
-    last_stack = (per_saved if kept == n_saved else 0.0) if offload else stack - (n_saved - 1) * per_saved
+            else min(levers.layers_kept_on_device, s.layers)) if offload_acts else 0
+    device_stack = kept * per_saved if offload_acts else stack
+    last_stack = (per_saved if kept == n_saved else 0.0) if offload_acts else stack - (n_saved - 1) * per_saved
+    # TRL pins one host tensor per saved tensor (a layer's parts are counted as one tensor each), the kept ones aside
+    off = n_saved - kept
+    pinned = [per_saved] * off if ckpt else [t * v for v in parts.values()] * off
+    acts = sum(pinned_bytes(x, round_limit_mb=pinned_round_limit_mb) for x in pinned + [t * 2 * a * s.head_dim, final])
+    acts += 0 if ckpt else off * sap_kept
+    host_terms = {"activations": acts if offload_acts else 0.0, **place.host}
+    host = sum(host_terms.values())
     loss = _loss_bytes(s, t, a, w, levers)
 
     stages = {
-        "loss": StepMemory(weights, 0.0, states, device_stack if offload else stack + final, 0.0, loss, 0.0, host,
+        "loss": StepMemory(weights, 0.0, states, device_stack if offload_acts else stack + final, 0.0, loss, 0.0, host,
                            "loss", t),
         "layer": max((StepMemory(weights, head_grad, states, device_stack, working, 0.0, sap_layer, host, "layer", t),
                       StepMemory(weights, last_grads, states, last_stack, working, 0.0, sap_layer, host, "layer", t)),
@@ -373,5 +387,5 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         "optimizer": StepMemory(weights, grads_all, states + opt_tmp, 0.0, 0.0, 0.0, 0.0, host, "optimizer", t),
     }
     best = max(stages.values(), key=lambda m: m.total)
-    return StepMemory(**{k: v for k, v in asdict(best).items() if k not in ("stages", "states")},
-                      states=states, stages={k: m.total for k, m in stages.items()})
+    return StepMemory(**{k: v for k, v in asdict(best).items() if k not in ("stages", "states", "host_terms")},
+                      states=states, stages={k: m.total for k, m in stages.items()}, host_terms=host_terms)
