@@ -159,7 +159,8 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
             relay_plan(model, [m for m in attention_modules(model) if type(m).__name__ in relayed], changes)
         prepare_vision(model, changes)
         offload = (contextlib.nullcontext if levers is None
-                   else apply_memory_levers(model, levers, changes, verify=verify_head))
+                   else apply_memory_levers(model, levers, changes, verify=verify_head,
+                                               attention_layers=attention_modules(model)))
     except BaseException:
         changes.undo()
         raise

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 from torch import nn
@@ -157,8 +157,8 @@ def _enable_checkpointing(model: nn.Module, changes: ModelChanges) -> None:
         changes.set(model.config, "use_cache", False)  # a KV cache is not built while training
 
 
-def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelChanges, *,
-                        verify: bool = True) -> Callable[[], ContextManager[Any]]:
+def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelChanges, *, verify: bool = True,
+                        attention_layers: Sequence[nn.Module] = ()) -> Callable[[], ContextManager[Any]]:
     """Apply ``levers`` to ``model`` (unwrapped, before ``accelerator.prepare`` / DDP / FSDP); the memory part of
     :func:`hf_hsap.prepare_model`, the one caller.
 
@@ -167,6 +167,7 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         levers: what to turn on.
         changes: ``prepare_model``'s journal: every change is recorded there and undone by ``PreparedModel.undo()``.
         verify: check the chunked head against the model's own logits once (:func:`~.head.verify_chunked_head`).
+        attention_layers: the decoder's attention layers (the tiled attention's; ``prepare_model`` finds them).
 
     Returns:
         A factory of the context every forward + backward runs in (TRL's offloading context on CUDA, else a null
@@ -182,7 +183,8 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
     if levers.recompute_norms:
         enable_norm_recompute(model, changes, tile_tokens=levers.mlp_tile_tokens)
     if levers.tiled_attention:
-        enable_tiled_attention(model, changes, tile_tokens=levers.attention_tile_tokens)
+        enable_tiled_attention(model, changes, attention_layers=attention_layers,
+                               tile_tokens=levers.attention_tile_tokens)
     if levers.gradient_checkpointing:
         _enable_checkpointing(model, changes)
     if levers.checkpoint_layers > 1:  # checkpointing may be the Trainer's, turned on later: checked at the forward

@@ -13,6 +13,8 @@ ATTENTION_TILES`, recorded in ``prepare_model``'s journal, whose ``undo()`` remo
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import nn
 
 from ..log import get_logger
@@ -30,7 +32,7 @@ logger = get_logger(__name__)
 DEFAULT_ATTENTION_TILE_TOKENS = 8192
 
 
-def enable_tiled_attention(model: nn.Module, changes: ModelChanges, *,
+def enable_tiled_attention(model: nn.Module, changes: ModelChanges, *, attention_layers: Sequence[nn.Module],
                            tile_tokens: int = DEFAULT_ATTENTION_TILE_TOKENS) -> int:
     """Run every decoder attention layer's single-device attention in query tiles of ``tile_tokens`` (module
     docstring).
@@ -38,6 +40,8 @@ def enable_tiled_attention(model: nn.Module, changes: ModelChanges, *,
     Args:
         model: the model, before wrapping (its decoder's attention is ``"hsap"``: ``prepare_model`` set it).
         changes: ``prepare_model``'s journal (its ``undo()`` removes the tiles).
+        attention_layers: the decoder's attention layers (``prepare_model`` finds them:
+            :func:`hf_hsap.integrations.model_check.attention_modules`).
         tile_tokens: query rows per tile.
 
     Returns:
@@ -46,9 +50,7 @@ def enable_tiled_attention(model: nn.Module, changes: ModelChanges, *,
     Raises:
         ValueError: the model has no attention layer the ``"hsap"`` attention reaches.
     """
-    from ..integrations.model_check import attention_modules  # integrations imports the levers: resolved at call
-
-    layers = attention_modules(model)
+    layers = list(attention_layers)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no decoder attention layer calling the attention interface: "
                          "train without tiled_attention")
