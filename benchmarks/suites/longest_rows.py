@@ -52,15 +52,12 @@ UNROUNDED = dict(pinned_round_limit_mb=0)
 LEVER_SETTINGS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("all", ALL, {}),
     ("all, checkpoints on the GPU", dict(ALL, activation_offloading=False), {}),
-    ("all, pinned unrounded", ALL, UNROUNDED),
-    ("all + tiled attention", dict(ALL, tiled_attention=True), {}),
-    ("all + tiled attention, pinned unrounded", dict(ALL, tiled_attention=True), UNROUNDED),
-    ("all + tiled attention, 2 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=2), {}),
-    ("all + tiled attention, 4 layers per checkpoint", dict(ALL, tiled_attention=True, checkpoint_layers=4), {}),
-    ("all + tiled attention, 4 layers per checkpoint, pinned unrounded",
-     dict(ALL, tiled_attention=True, checkpoint_layers=4), UNROUNDED),
-    ("all + tiled attention, 4 layers per checkpoint, 8 layers kept on the GPU",
-     dict(ALL, tiled_attention=True, checkpoint_layers=4, layers_kept_on_device=8), {}),
+    ("all + tiled attention, checkpoints on the GPU", dict(ALL, tiled_attention=True, activation_offloading=False), {}),
+] + [  # every lever and the tiled attention, by layers per checkpoint x layers kept on the GPU x pinned rounding
+    (f"all + tiled attention, {b} layer{'s' * (b > 1)} per checkpoint, {k} kept on the GPU"
+     + (", pinned unrounded" if unrounded else ""),
+     dict(ALL, tiled_attention=True, checkpoint_layers=b, layers_kept_on_device=k), UNROUNDED if unrounded else {})
+    for unrounded in (False, True) for b in (1, 2, 3, 4) for k in (0, 4, 8)
 ]
 
 
@@ -101,18 +98,26 @@ def longest_rows(gpu_counts: Sequence[int] = GPU_COUNTS, models: dict[str, dict]
                                                    if isinstance(v, float)},
                                      "host_gib": {k: v / 2**30 for k, v in fit.host.as_dict().items()
                                                   if isinstance(v, float)},
-                                     "alst": ALST_PUBLISHED.get((name, gpus)), "goal": ROW_GOALS.get((name, gpus))})
+                                     "alst": ALST_PUBLISHED.get((name, gpus)), "goal": ROW_GOALS.get((name, gpus)),
+                                     "unrounded": extra.get("pinned_round_limit_mb") == 0})
     return rows
 
 
 def best_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The longest of :func:`longest_rows` per model and GPU count (the first on a tie), with ``device_only``: the
-    longest device limit over every configuration (the row were the host not counted)."""
+    longest device limit over every configuration (the row were the host not counted), and ``default``: the longest
+    with torch's and DeepSpeed's default pinned buffers (rounded up to powers of two): ``{"tokens", "setting",
+    "offload", "scheme", "binds"}``."""
     best: dict[tuple[str, int], dict[str, Any]] = {}
+    default: dict[tuple[str, int], dict[str, Any]] = {}
     device_only: dict[tuple[str, int], int] = {}
     for r in rows:
         key = (r["model"], r["gpus"])
         device_only[key] = max(device_only.get(key, 0), r["device_tokens"])
         if key not in best or r["tokens"] > best[key]["tokens"]:
             best[key] = r
-    return [{**r, "device_only": device_only[k]} for k, r in best.items()]
+        if not r.get("unrounded") and (key not in default or r["tokens"] > default[key]["tokens"]):
+            default[key] = r
+    keep = ("tokens", "device_tokens", "host_tokens", "setting", "offload", "scheme", "binds", "limiting_term")
+    return [{**r, "device_only": device_only[k], "default": {f: default[k][f] for f in keep} if k in default else None}
+            for k, r in best.items()]
