@@ -11,12 +11,56 @@ from typing import Any
 
 import torch
 
-__all__ = ["TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits"]
+__all__ = ["TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits", "detect_offload"]
 
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
 TRAINER_LEVER_FLAGS = {"chunked_loss": "--hsap_chunked_loss", "gradient_checkpointing": "--gradient_checkpointing",
                        "tiled_mlp": "--hsap_tiled_mlp", "recompute_norms": "--hsap_recompute_norms",
                        "activation_offloading": "--activation_offloading"}
+
+
+def detect_offload(accelerator: Any) -> str:
+    """What the engine ``accelerator`` runs keeps in host memory: ``"none"``, ``"optimizer"`` or ``"params"``.
+
+    Read from the Accelerate state: DeepSpeed's config (``zero_optimization.offload_optimizer`` /
+    ``offload_param``, accelerate_configs/deepspeed/zero3_offload*.json) or the FSDP plugin's ``cpu_offload``
+    (FSDP2's ``CPUOffloadPolicy``, ``fsdp_offload_params: true``; FSDP1's ``CPUOffload(offload_params=True)``). Any
+    other distributed type (DDP, one process, CPU processes, where Accelerate selects no FSDP) offloads nothing.
+
+    Args:
+        accelerator: an ``accelerate.Accelerator`` (or anything with its ``distributed_type`` and ``state``).
+
+    Returns:
+        ``"optimizer"``: the optimizer state (master weights, moments) and its step are on the host, the weights
+        on the device (DeepSpeed ``offload_optimizer`` alone); ``"params"``: the weight shards too (DeepSpeed
+        ``offload_param`` with ``offload_optimizer``; FSDP's CPU offload, which always moves parameters, gradients
+        and optimizer state together); ``"none"``. DeepSpeed's ``device: nvme`` counts as offloaded (off the device;
+        its host share is then smaller than the memory model's host terms say).
+
+    Raises:
+        ValueError: DeepSpeed's ``offload_param`` without ``offload_optimizer`` (the weights on the host while
+            their optimizer state stays on the device), which hf_hsap does not model.
+    """
+    kind = getattr(getattr(accelerator, "distributed_type", None), "name", "NO")
+    state = getattr(accelerator, "state", None)
+    if kind == "DEEPSPEED":
+        zero = getattr(getattr(state, "deepspeed_plugin", None), "deepspeed_config", None) or {}
+        zero = zero.get("zero_optimization", {})
+        on = {k: str((zero.get(k) or {}).get("device", "none")).lower() not in ("none", "")
+              for k in ("offload_optimizer", "offload_param")}
+        if on["offload_param"] and not on["offload_optimizer"]:
+            raise ValueError("DeepSpeed offloads the parameters (offload_param) but not the optimizer state: hf_hsap's "
+                             "memory model has no such term; add \"offload_optimizer\": {\"device\": \"cpu\"} as in "
+                             "accelerate_configs/deepspeed/zero3_offload.json")
+        return "params" if on["offload_param"] else "optimizer" if on["offload_optimizer"] else "none"
+    if kind == "FSDP":
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        policy = getattr(getattr(state, "fsdp_plugin", None), "cpu_offload", None)
+        # FSDP2: CPUOffloadPolicy (the base OffloadPolicy() offloads nothing); FSDP1: CPUOffload(offload_params=...)
+        moved = isinstance(policy, CPUOffloadPolicy) or bool(getattr(policy, "offload_params", False))
+        return "params" if moved else "none"
+    return "none"
 
 
 def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, memory_gib: float | None, sp: Any,
