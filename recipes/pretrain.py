@@ -46,7 +46,8 @@ from hf_hsap.integrations import dp_grad_scale, hsap_model_loss, reduce_loss_for
 
 from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
                     check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
-                    memory_levers, parse_common_args, peak_memory_gb, resolve_checkpoint)
+                    memory_levers, n_params, parse_common_args, peak_memory_gb, resolve_checkpoint)
+from engines import backward_kwargs, deepspeed_launch, fill_deepspeed_config, micro_batch_context  # noqa: E402
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -68,14 +69,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_accelerator(args: argparse.Namespace) -> Any:
-    """The Accelerator: CPU + gloo without CUDA, bf16 autocast on GPU (``--mixed_precision auto``)."""
+    """The Accelerator: CPU + gloo without CUDA, bf16 autocast on GPU (``--mixed_precision auto``); under a DeepSpeed
+    config DeepSpeed picks the device and counts the ``--grad_accum`` micro-batches (``engines.py``)."""
     from accelerate import Accelerator
 
-    cuda = torch.cuda.is_available()
+    cuda, deepspeed = torch.cuda.is_available(), deepspeed_launch()
     precision = ("bf16" if cuda else "no") if args.mixed_precision == "auto" else args.mixed_precision
     trackers = [t for t in (args.report_to or "").split(",") if t and t != "none"]
-    return Accelerator(cpu=not cuda, mixed_precision=precision, log_with=trackers or None,
-                       project_dir=args.output_dir)
+    return Accelerator(cpu=not cuda and not deepspeed, mixed_precision=precision, log_with=trackers or None,
+                       project_dir=args.output_dir, gradient_accumulation_steps=args.grad_accum if deepspeed else 1)
 
 
 def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any]:
@@ -180,14 +182,13 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
     if sp.dp_size > 1:
         dist.all_reduce(counts, group=sp.dp_group)  # the whole step's targets, tokens, sum(len^2)
     n_targets = int(counts[0])
-    scale = dp_grad_scale(sp)  # W: DDP / FSDP average gradients over all ranks
+    scale = dp_grad_scale(sp)  # W: DDP / FSDP / DeepSpeed average gradients over all ranks
     loss_sum = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     for i, m in enumerate(micro):
         local = shard_batch(m.batch, sp, verify=verify)
-        sync = i == len(micro) - 1
-        with nullcontext() if sync else accelerator.no_sync(model), offload():
+        with micro_batch_context(accelerator, model, last=i == len(micro) - 1), offload():
             loss = batch_loss(model, local, n_targets, scale, sp, accelerator)
-            accelerator.backward(loss)
+            accelerator.backward(loss, **backward_kwargs(accelerator))
         loss_sum += loss.detach()
     return {"loss": reduce_loss_for_logging(loss_sum, sp, grad_scale=scale), "targets": n_targets,
             "tokens": int(counts[1]), "sum_sq": int(counts[2])}
@@ -233,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
     check_row_fits(args, model.config, sp, accelerator)  # ... and a row that cannot fit, naming the lever that would
     config, n_matmul = model.config, matmul_params(model)
     optimizer, scheduler = make_optimizer(model, args)
+    fill_deepspeed_config(accelerator, grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # not prepared: Accelerate would step it once per process
 
@@ -250,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[hf_hsap] {accelerator.distributed_type.value} world {world} = dp {sp.dp_size} x sp {sp.size} "
               f"(ulysses {sp.ulysses_size} x ring {sp.ring_size}) | {accelerator.device} "
               f"{accelerator.mixed_precision} | model {args.model} "
-              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
+              f"{n_params(model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
               f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length} | "
               f"memory levers: {', '.join(memory_levers(args).names) or 'none'}"
               + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
@@ -265,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
             out = train_step(model, micro, sp, accelerator, args, verify=step == start_step, offload=offload)
             grad_norm = None
             if args.max_grad_norm > 0:
-                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: its step's
+                grad_norm = None if norm is None else float(norm)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()

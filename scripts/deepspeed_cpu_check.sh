@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# DeepSpeed ZeRO-2 / ZeRO-3 with HSAPSFTTrainer on 2 CPU processes against one process without DeepSpeed
+# DeepSpeed ZeRO-2 / ZeRO-3 / ZeRO-3 offload and FSDP2 CPU offload with HSAPSFTTrainer and recipes/pretrain.py on 2 CPU
+# processes against one process without an engine
 # (scripts/deepspeed_cpu_check.py). DeepSpeed is not an hf_hsap dependency, so this uses its own virtual
 # environment (HSAP_DS_VENV, default .venv-ds): the CPU torch wheel, hf_hsap, then deepspeed. The first run
-# compiles DeepSpeed's CPU communication op (g++ and ninja; a few minutes), later runs take about 2 minutes.
+# compiles DeepSpeed's CPU ops (communication, CPU Adam: g++ and ninja; a few minutes). Writes
+# benchmarks/results/offload_check.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${HSAP_DS_VENV:-.venv-ds}
