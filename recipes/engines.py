@@ -4,21 +4,28 @@ DeepSpeed-built optimizer must do for Accelerate's DeepSpeed plugin. DDP and FSD
 ``CPUOffloadPolicy``) need nothing here: Accelerate's config alone selects them.
 
 * The config's ``"auto"`` fields Accelerate would take from a prepared DataLoader: one packed row per micro-batch,
-  ``--grad_accum`` micro-batches per step, ``--max_grad_norm`` (DeepSpeed clips inside its step; 0: no clipping).
+  ``--grad_accum`` micro-batches per step (and their product with the processes), ``--max_grad_norm`` (DeepSpeed
+  clips inside its step; 0: no clipping).
 * Gradient accumulation: DeepSpeed steps at the end of every ``backward`` Accelerate marks as a boundary, so the
   recipe's micro-batches run under ``accelerator.accumulate`` (the last one is the boundary), and DeepSpeed must not
   divide the loss by the accumulation steps again (the recipe's loss is already the step's exact global mean share).
+* A built-in config's random initialisation runs outside ZeRO-3's partitioned construction (``zero3_init_flag``),
+  which initialises each layer in its own way: the recipe's weights are then those of one process (they are small);
+  a pretrained model still loads partitioned.
 * With ``offload_optimizer`` Accelerate replaces the recipe's torch AdamW by DeepSpeedCPUAdam over the same parameter
   groups (the same update, vectorised on the host), so the recipe's scheduler still sets its learning rate.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 
-__all__ = ["backward_kwargs", "deepspeed_launch", "fill_deepspeed_config", "micro_batch_context"]
+__all__ = ["backward_kwargs", "deepspeed_launch", "fill_deepspeed_config", "micro_batch_context",
+           "random_init_context"]
 
 
 def deepspeed_launch() -> bool:
@@ -44,12 +51,42 @@ def fill_deepspeed_config(accelerator: Any, *, grad_accum: int, max_grad_norm: f
     if not _is_deepspeed(accelerator):
         return
     plugin = accelerator.state.deepspeed_plugin
+    # DeepSpeed's batch is per process: one row, grad_accum micro-batches, every process (it knows no SP groups)
     plugin.deepspeed_config_process(must_match=False, train_micro_batch_size_per_gpu=1,
-                                    gradient_accumulation_steps=grad_accum, gradient_clipping=float(max_grad_norm))
+                                    gradient_accumulation_steps=grad_accum, gradient_clipping=float(max_grad_norm),
+                                    train_batch_size=grad_accum * accelerator.num_processes)
     fixed = plugin.deepspeed_config["gradient_accumulation_steps"]
     if int(fixed) != grad_accum:
         raise ValueError(f"the DeepSpeed config sets gradient_accumulation_steps={fixed} but --grad_accum is "
                          f"{grad_accum}: set it to \"auto\" in the JSON file or pass --grad_accum {fixed}")
+
+
+def random_init_context(accelerator: Any, *, random_init: bool) -> Any:
+    """The context the model is built in: ZeRO-3's partitioned construction off for a ``random_init`` (the weights
+    of the same seed on one process), else unchanged.
+
+    Accelerate (1.16) registers its DeepSpeed config with Transformers whatever ``zero3_init_flag`` says (its
+    ``zero3_init_context_manager(enable=False)`` registers it again), and Transformers then builds every model inside
+    ``deepspeed.zero.Init``; so the registration is lifted for the construction and restored after it.
+
+    Args:
+        accelerator: the recipe's Accelerator. random_init: the model is a built-in config initialised from the seed.
+    """
+    if not (random_init and _is_deepspeed(accelerator)):
+        return nullcontext()
+    return _unregistered(accelerator.state.deepspeed_plugin)
+
+
+@contextmanager
+def _unregistered(plugin: Any) -> Iterator[None]:
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if getattr(plugin, "dschf", None) is not None:
+            set_hf_deepspeed_config(plugin.dschf)
 
 
 def micro_batch_context(accelerator: Any, model: torch.nn.Module, last: bool) -> Any:
@@ -57,8 +94,6 @@ def micro_batch_context(accelerator: Any, model: torch.nn.Module, last: bool) ->
     DeepSpeed counts micro-batches in ``accelerator.accumulate`` (the Accelerator is made with ``--grad_accum``)."""
     if _is_deepspeed(accelerator):
         return accelerator.accumulate(model)
-    from contextlib import nullcontext
-
     return nullcontext() if last else accelerator.no_sync(model)
 
 

@@ -44,10 +44,11 @@ from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, PreemptionHandler, atomic_sa
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_model_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
-                    check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
-                    memory_levers, n_params, parse_common_args, peak_memory_gb, resolve_checkpoint)
-from engines import backward_kwargs, deepspeed_launch, fill_deepspeed_config, micro_batch_context  # noqa: E402
+from common import (BUILTIN_MODELS, MetricsWriter, add_common_args, add_memory_args, attention_flops,  # noqa: E402
+                    build_model, check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer,
+                    matmul_params, memory_levers, n_params, parse_common_args, peak_memory_gb, resolve_checkpoint)
+from engines import (backward_kwargs, deepspeed_launch, fill_deepspeed_config, micro_batch_context,  # noqa: E402
+                     random_init_context)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -227,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     if args.docs_per_step < sp.dp_size * args.grad_accum:
         raise ValueError(f"--docs_per_step {args.docs_per_step} < dp_size {sp.dp_size} x grad_accum {args.grad_accum}")
 
-    model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
+    with random_init_context(accelerator, random_init=args.model in BUILTIN_MODELS):
+        model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
     # the one step that changes the model (recurrent layers, plan relay, memory levers), before accelerator.prepare
     # (DDP / FSDP wrap what it did); it refuses before the first step what "hsap" cannot run exactly
     offload = hf_hsap.prepare_model(model, sp_size=sp.size, levers=memory_levers(args)).offload
