@@ -25,7 +25,8 @@ def test_shipped_deepspeed_configs(name, expected):
 
 
 def test_deepspeed_param_offload_alone_is_refused():
-    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "none"}}}
+    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                    "offload_optimizer": {"device": "none"}}}
     with pytest.raises(ValueError, match="offload_optimizer"):
         detect_offload(_ds(config))
 
@@ -41,4 +42,5 @@ def test_fsdp_plugin(version, offload):
 def test_other_engines_offload_nothing():
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True)  # present but not the engine in use
     for kind in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.NO):
-        assert detect_offload(SimpleNamespace(distributed_type=kind, state=SimpleNamespace(fsdp_plugin=plugin))) == "none"
+        acc = SimpleNamespace(distributed_type=kind, state=SimpleNamespace(fsdp_plugin=plugin))
+        assert detect_offload(acc) == "none"
