@@ -16,6 +16,10 @@ Memory levers (``--gradient_checkpointing``, ``--activation_offloading``, ``--ti
 loss is computed in tiles unless ``--no_chunked_loss``): :mod:`hf_hsap.memory`; a ``--max_length`` whose modelled step
 does not fit the device is refused before the first step, naming the levers that would make it fit.
 
+Engines: the Accelerate config chooses DDP, FSDP2 or DeepSpeed ZeRO, with the weights and optimizer states offloaded
+to host memory by ``accelerate_configs/deepspeed_zero3_offload{,_optimizer}_8.yaml`` / ``fsdp2_offload_8.yaml``
+(docs/long-rows.md, Offload); what DeepSpeed needs from a loop like this one is in ``engines.py``.
+
 Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so
 ``--resume_from_checkpoint latest`` never picks a save that a kill or a full disk cut short. SIGTERM or SIGUSR1
 on any rank makes every rank finish the step, save ``checkpoint-<step>`` and exit with status 75
