@@ -13,7 +13,9 @@ DeepSpeed-built optimizer must do for Accelerate's DeepSpeed plugin. DDP and FSD
   which initialises each layer in its own way: the recipe's weights are then those of one process (they are small);
   a pretrained model still loads partitioned.
 * With ``offload_optimizer`` Accelerate replaces the recipe's torch AdamW by DeepSpeedCPUAdam over the same parameter
-  groups (the same update, vectorised on the host), so the recipe's scheduler still sets its learning rate.
+  groups (the same update, vectorised on the host). A checkpoint's load gives that optimizer new groups, which a
+  scheduler of the torch AdamW would no longer reach (the run resumed from step 2 trained step 4 at step 3's learning
+  rate), so the scheduler is made after ``prepare``, of the optimizer DeepSpeed steps.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = ["backward_kwargs", "deepspeed_launch", "fill_deepspeed_config", "micro_batch_context",
-           "random_init_context"]
+           "random_init_context", "scheduled_optimizer"]
 
 
 def deepspeed_launch() -> bool:
@@ -87,6 +89,12 @@ def _unregistered(plugin: Any) -> Iterator[None]:
     finally:
         if getattr(plugin, "dschf", None) is not None:
             set_hf_deepspeed_config(plugin.dschf)
+
+
+def scheduled_optimizer(accelerator: Any, model: Any, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose learning rate the schedule sets: under DeepSpeed the engine's own (``model``, prepared:
+    the recipe's ``optimizer`` or the DeepSpeedCPUAdam Accelerate put in its place), else ``optimizer``."""
+    return model.basic_optimizer if _is_deepspeed(accelerator) else optimizer
 
 
 def micro_batch_context(accelerator: Any, model: torch.nn.Module, last: bool) -> Any:

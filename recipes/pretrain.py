@@ -52,7 +52,7 @@ from common import (BUILTIN_MODELS, MetricsWriter, add_common_args, add_memory_a
                     build_model, check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer,
                     matmul_params, memory_levers, n_params, parse_common_args, peak_memory_gb, resolve_checkpoint)
 from engines import (backward_kwargs, deepspeed_launch, fill_deepspeed_config, micro_batch_context,  # noqa: E402
-                     random_init_context)
+                     random_init_context, scheduled_optimizer)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -85,16 +85,22 @@ def make_accelerator(args: argparse.Namespace) -> Any:
                        project_dir=args.output_dir, gradient_accumulation_steps=args.grad_accum if deepspeed else 1)
 
 
-def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any]:
-    """AdamW (no weight decay on norms and biases) and its warm-up + cosine scheduler."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
-    return optimizer, scheduler
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """AdamW, no weight decay on norms and biases (by the parameters' full shapes: ZeRO-3 may have partitioned
+    them at construction)."""
+    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in model.parameters()]
+    decay = [p for p, m in zip(model.parameters(), matrix) if p.requires_grad and m]
+    no_decay = [p for p, m in zip(model.parameters(), matrix) if p.requires_grad and not m]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> Any:
+    """The warm-up + cosine schedule of ``optimizer``'s learning rate (the one the engine steps:
+    ``engines.scheduled_optimizer``)."""
+    return get_cosine_with_min_lr_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps,
+                                                       min_lr_rate=args.min_lr_ratio)
 
 
 def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> Path:
@@ -239,9 +245,11 @@ def run(args: argparse.Namespace) -> int:
     offload = hf_hsap.prepare_model(model, sp_size=sp.size, levers=memory_levers(args)).offload
     check_row_fits(args, model.config, sp, accelerator)  # ... and a row that cannot fit, naming the lever that would
     config, n_matmul = model.config, matmul_params(model)
-    optimizer, scheduler = make_optimizer(model, args)
+    optimizer = make_optimizer(model, args)
     fill_deepspeed_config(accelerator, grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, prepared = accelerator.prepare(model, optimizer)
+    scheduler = make_scheduler(scheduled_optimizer(accelerator, model, optimizer), args)
+    optimizer = prepared
     accelerator.register_for_checkpointing(scheduler)  # not prepared: Accelerate would step it once per process
 
     start_step = 0

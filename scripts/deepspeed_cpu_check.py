@@ -3,7 +3,9 @@ with CPUOffloadPolicy, each through its shipped Accelerate config (``accelerate_
 ``--num_processes 2``), on 2 CPU processes at HSAP SP 2, fp32, against one process without an engine:
 
 * HSAPSFTTrainer (``scripts/engine_sft_worker.py``): 4 steps of 2 micro-batches;
-* the pretraining recipe (``recipes/pretrain.py``): 4 steps of 2 micro-batches (``--grad_accum 2``) and an eval.
+* the pretraining recipe (``recipes/pretrain.py``): 4 steps of 2 micro-batches (``--grad_accum 2``) and an eval;
+  under ZeRO-3 with both offloads also a checkpoint at step 2, the run resumed from it (steps 3 and 4) and the final
+  model (gathered from the partitions) against the reference's weights.
 
 Every per-step loss must agree with the reference's to ``REL_TOL`` (1e-4). Run by ``scripts/deepspeed_cpu_check.sh``
 (its own virtual environment: DeepSpeed is not a dependency of hf_hsap; its first run compiles DeepSpeed's CPU ops,
@@ -34,7 +36,8 @@ ENGINES = {"deepspeed_zero2_8.yaml": "DeepSpeed ZeRO-2",
 PRETRAIN_ENGINES = ("deepspeed_zero3_8.yaml", "deepspeed_zero3_offload_optimizer_8.yaml",
                     "deepspeed_zero3_offload_8.yaml", "fsdp2_offload_8.yaml")
 PRETRAIN = ["--max_steps", "4", "--grad_accum", "2", "--max_length", "128", "--docs_per_step", "8",
-            "--max_samples", "300", "--eval_docs", "16", "--eval_every", "4", "--seed", "3", "--no_final_model"]
+            "--max_samples", "300", "--eval_docs", "16", "--eval_every", "4", "--seed", "3"]
+SAVED = "deepspeed_zero3_offload_8.yaml"  # the pretraining run that also saves, resumes and writes its final model
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:
@@ -67,6 +70,16 @@ def _pretrain_losses(out_dir: Path) -> dict[str, list[float]]:
     return {"loss": [r["loss"] for r in records], "eval_loss": [r["eval_loss"] for r in records if "eval_loss" in r]}
 
 
+def _weights_rel_diff(got: Path, ref: Path) -> float:
+    """The largest ``|w - w_ref| / |w_ref|`` over the tensors of two saved models (their model.safetensors)."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(got / "model.safetensors"), load_file(ref / "model.safetensors")
+    if a.keys() != b.keys():
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-30)) for k in a)
+
+
 def _worst(got: list[float], ref: list[float]) -> float:
     if len(got) != len(ref):
         return float("inf")
@@ -96,12 +109,24 @@ def main() -> int:
         ok &= worst <= REL_TOL
     for config in PRETRAIN_ENGINES:
         out_dir = tmp / f"pre_{config}"
+        extra = ["--save_every", "2"] if config == SAVED else ["--no_final_model"]
         _, engine = _launch(config, [str(ROOT / "recipes" / "pretrain.py"), "--output_dir", str(out_dir),
-                                     "--sp_size", "2", *PRETRAIN], env)
+                                     "--sp_size", "2", *PRETRAIN, *extra], env)
         got = _pretrain_losses(out_dir)
         worst = max(_worst(got["loss"], pre_ref["loss"]), _worst(got["eval_loss"], pre_ref["eval_loss"]))
-        runs.append({"trainer": "recipes/pretrain.py", "config": f"accelerate_configs/{config}",
-                     "engine": ENGINES[config], "accelerate_state": engine, **got, "worst_rel_diff": worst})
+        run = {"trainer": "recipes/pretrain.py", "config": f"accelerate_configs/{config}", "engine": ENGINES[config],
+               "accelerate_state": engine, **got}
+        if config == SAVED:  # resumed from checkpoint-2: steps 3 and 4; the final model's weights
+            resumed = tmp / "pre_resumed"
+            _launch(config, [str(ROOT / "recipes" / "pretrain.py"), "--output_dir", str(resumed), "--sp_size", "2",
+                             *PRETRAIN, "--no_final_model", "--resume_from_checkpoint",
+                             str(out_dir / "checkpoint-2")], env)
+            again = _pretrain_losses(resumed)
+            weights = _weights_rel_diff(out_dir / "final_model", tmp / "pre_ref" / "final_model")
+            run |= {"resumed_from_step_2": again, "final_model_weights_rel_diff": weights}
+            worst = max(worst, _worst(again["loss"], pre_ref["loss"][2:]),
+                        _worst(again["eval_loss"], pre_ref["eval_loss"]), weights)
+        runs.append(run | {"worst_rel_diff": worst})
         print(f"pretrain.py, {ENGINES[config]} [{engine}]: {got} (worst relative difference {worst:.1e})", flush=True)
         ok &= worst <= REL_TOL
     print(f"references: HSAPSFTTrainer {sft_ref}; pretrain.py {pre_ref}")
@@ -109,7 +134,8 @@ def main() -> int:
         "what": "per-step training losses on 2 CPU processes (gloo, HSAP SP 2, fp32) under each engine's shipped "
                 "Accelerate config (--num_processes 2) against one process without an engine; tiny Llama "
                 "(hf_hsap.examples.save_tiny_model), HSAPSFTTrainer 4 steps x 2 micro-batches, pretrain.py 4 steps x "
-                "2 micro-batches + eval; command: bash scripts/deepspeed_cpu_check.sh",
+                "2 micro-batches + eval (under ZeRO-3 offload also resumed from its step-2 checkpoint, and its final "
+                "model's weights against the reference's); command: bash scripts/deepspeed_cpu_check.sh",
         "rel_tol": REL_TOL, "ok": bool(ok),
         "versions": {k: version(k) for k in ("torch", "accelerate", "transformers", "trl", "deepspeed")}
         | {"python": platform.python_version()},
