@@ -68,8 +68,9 @@ def check_accelerate_world(world: int) -> None:
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise ValueError(
             f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: under DeepSpeed on a machine "
-            "without GPUs, Accelerate (1.15) picks no backend and reports one process, so the ranks would train apart. "
-            "Run DeepSpeed on GPUs; on CPU see scripts/deepspeed_cpu_check.sh (it makes Accelerate use gloo)")
+            "without GPUs, Accelerate (1.16) picks no backend and reports one process, so the ranks would train apart. "
+            "Run DeepSpeed on GPUs; on CPU launch the script through scripts/cpu_engine.py (the harness of "
+            "scripts/deepspeed_cpu_check.sh: it makes Accelerate use gloo)")
     raise ValueError(
         f"Accelerate's state counts {n} process(es) but torch.distributed has {world}: prepare() would not wrap "
         "the model for data parallelism and the ranks would train apart. On CPU create the Accelerator with "

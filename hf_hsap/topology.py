@@ -13,6 +13,7 @@ never at import, and live on the returned object (no module globals)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,31 @@ __all__ = ["SPGroup", "auto_ulysses_size", "check_parallelism_config", "finish_d
            "ulysses_degrees"]
 
 logger = logging.getLogger(__name__)
+
+
+class DegreeGroups(MutableMapping):
+    """``{U: SPGroup}`` of :attr:`SPGroup.degrees`: a mapping, not a ``dict``, so that walkers of a forward's keyword
+    arguments (FSDP2's search for tensors in ``hsap_plan``, ``torch.utils._pytree``) stop here: the default degree's
+    group is its own entry, a cycle they would follow until their depth limit."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, SPGroup] = {}
+
+    def __getitem__(self, u: int) -> "SPGroup":
+        return self._groups[u]
+
+    def __setitem__(self, u: int, group: "SPGroup") -> None:
+        self._groups[u] = group
+
+    def __delitem__(self, u: int) -> None:
+        del self._groups[u]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
 
 @dataclass(eq=False)
 class SPGroup:
@@ -84,7 +110,7 @@ class SPGroup:
     cost_model: Any = None
     pending_plan_use: Any = None
     config: HSAPConfig = field(default_factory=HSAPConfig)
-    degrees: dict[int, "SPGroup"] = field(default_factory=dict)
+    degrees: DegreeGroups = field(default_factory=DegreeGroups)
     heads: tuple[int, int] | None = None
 
     @property

@@ -251,14 +251,19 @@ def build_model(name: str, vocab_size: int, max_length: int, seed: int) -> torch
     return model.train()
 
 
+def n_params(params: Any) -> int:
+    """Elements of ``params``, counted whole also when ZeRO-3 partitioned them at construction (``ds_numel``)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+
+
 def matmul_params(model: torch.nn.Module) -> int:
     """``N`` of ``6 * N * tokens``: all parameters except the input embedding (a lookup, not a matmul)."""
     emb = model.get_input_embeddings()
     skip = {id(p) for p in emb.parameters()} if emb is not None else set()
     out = model.get_output_embeddings()
     tied = out is not None and emb is not None and out.weight is emb.weight
-    n = sum(p.numel() for p in model.parameters() if id(p) not in skip)
-    return n + (out.weight.numel() if tied else 0)  # a tied LM head still costs a matmul
+    n = n_params(p for p in model.parameters() if id(p) not in skip)
+    return n + (n_params([out.weight]) if tied else 0)  # a tied LM head still costs a matmul
 
 
 def attention_flops(config: Any, sum_sq_doc_lens: int) -> float:

@@ -17,6 +17,10 @@ Memory levers (``--gradient_checkpointing`` with ``--checkpoint_layers``, ``--ac
 tiles unless ``--no_chunked_loss``): :mod:`hf_hsap.memory`; a ``--max_length`` whose modelled step
 does not fit the device is refused before the first step, naming the levers that would make it fit.
 
+Engines: the Accelerate config chooses DDP, FSDP2 or DeepSpeed ZeRO, with the weights and optimizer states offloaded
+to host memory by ``accelerate_configs/deepspeed_zero3_offload{,_optimizer}_8.yaml`` / ``fsdp2_offload_8.yaml``
+(docs/long-rows.md, Offload); what DeepSpeed needs from a loop like this one is in ``engines.py``.
+
 Checkpoints are atomic (:mod:`hf_hsap.checkpoint`): one counts only once every rank has written it, so
 ``--resume_from_checkpoint latest`` never picks a save that a kill or a full disk cut short. SIGTERM or SIGUSR1
 on any rank makes every rank finish the step, save ``checkpoint-<step>`` and exit with status 75
@@ -45,9 +49,11 @@ from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE, PreemptionHandler, atomic_sa
 from hf_hsap.data import PackingCollator, load_pretrain_corpus, tokenize_corpus  # noqa: E402
 from hf_hsap.integrations import dp_grad_scale, hsap_model_loss, reduce_loss_for_logging, shard_batch  # noqa: E402
 
-from common import (MetricsWriter, add_common_args, add_memory_args, attention_flops, build_model,  # noqa: E402
-                    check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer, matmul_params,
-                    memory_levers, parse_common_args, peak_memory_gb, resolve_checkpoint)
+from common import (BUILTIN_MODELS, MetricsWriter, add_common_args, add_memory_args, attention_flops,  # noqa: E402
+                    build_model, check_row_fits, finish_distributed, guess_peak_flops, init_sp, load_tokenizer,
+                    matmul_params, memory_levers, n_params, parse_common_args, peak_memory_gb, resolve_checkpoint)
+from engines import (backward_kwargs, deepspeed_launch, fill_deepspeed_config, micro_batch_context,  # noqa: E402
+                     random_init_context, scheduled_optimizer)
 from pretrain_data import StepData, deal_documents, split_train_eval  # noqa: E402
 
 STATE_FILE = "hsap_state.json"
@@ -69,26 +75,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_accelerator(args: argparse.Namespace) -> Any:
-    """The Accelerator: CPU + gloo without CUDA, bf16 autocast on GPU (``--mixed_precision auto``)."""
+    """The Accelerator: CPU + gloo without CUDA, bf16 autocast on GPU (``--mixed_precision auto``); under a DeepSpeed
+    config DeepSpeed picks the device and counts the ``--grad_accum`` micro-batches (``engines.py``)."""
     from accelerate import Accelerator
 
-    cuda = torch.cuda.is_available()
+    cuda, deepspeed = torch.cuda.is_available(), deepspeed_launch()
     precision = ("bf16" if cuda else "no") if args.mixed_precision == "auto" else args.mixed_precision
     trackers = [t for t in (args.report_to or "").split(",") if t and t != "none"]
-    return Accelerator(cpu=not cuda, mixed_precision=precision, log_with=trackers or None,
-                       project_dir=args.output_dir)
+    return Accelerator(cpu=not cuda and not deepspeed, mixed_precision=precision, log_with=trackers or None,
+                       project_dir=args.output_dir, gradient_accumulation_steps=args.grad_accum if deepspeed else 1)
 
 
-def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any]:
-    """AdamW (no weight decay on norms and biases) and its warm-up + cosine scheduler."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
-    return optimizer, scheduler
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """AdamW, no weight decay on norms and biases (by the parameters' full shapes: ZeRO-3 may have partitioned
+    them at construction)."""
+    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in model.parameters()]
+    decay = [p for p, m in zip(model.parameters(), matrix) if p.requires_grad and m]
+    no_decay = [p for p, m in zip(model.parameters(), matrix) if p.requires_grad and not m]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> Any:
+    """The warm-up + cosine schedule of ``optimizer``'s learning rate (the one the engine steps:
+    ``engines.scheduled_optimizer``)."""
+    return get_cosine_with_min_lr_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps,
+                                                       min_lr_rate=args.min_lr_ratio)
 
 
 def save_checkpoint(accelerator: Any, args: argparse.Namespace, step: int) -> Path:
@@ -181,14 +194,13 @@ def train_step(model: torch.nn.Module, micro: list[Any], sp: Any, accelerator: A
     if sp.dp_size > 1:
         dist.all_reduce(counts, group=sp.dp_group)  # the whole step's targets, tokens, sum(len^2)
     n_targets = int(counts[0])
-    scale = dp_grad_scale(sp)  # W: DDP / FSDP average gradients over all ranks
+    scale = dp_grad_scale(sp)  # W: DDP / FSDP / DeepSpeed average gradients over all ranks
     loss_sum = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     for i, m in enumerate(micro):
         local = shard_batch(m.batch, sp, verify=verify)
-        sync = i == len(micro) - 1
-        with nullcontext() if sync else accelerator.no_sync(model), offload():
+        with micro_batch_context(accelerator, model, last=i == len(micro) - 1), offload():
             loss = batch_loss(model, local, n_targets, scale, sp, accelerator)
-            accelerator.backward(loss)
+            accelerator.backward(loss, **backward_kwargs(accelerator))
         loss_sum += loss.detach()
     return {"loss": reduce_loss_for_logging(loss_sum, sp, grad_scale=scale), "targets": n_targets,
             "tokens": int(counts[1]), "sum_sq": int(counts[2])}
@@ -227,14 +239,18 @@ def run(args: argparse.Namespace) -> int:
     if args.docs_per_step < sp.dp_size * args.grad_accum:
         raise ValueError(f"--docs_per_step {args.docs_per_step} < dp_size {sp.dp_size} x grad_accum {args.grad_accum}")
 
-    model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
+    with random_init_context(accelerator, random_init=args.model in BUILTIN_MODELS):
+        model = build_model(args.model, len(tokenizer), args.max_length, args.seed)
     # the one step that changes the model (recurrent layers, plan relay, memory levers), before accelerator.prepare
     # (DDP / FSDP wrap what it did); it refuses before the first step what "hsap" cannot run exactly
     offload = hf_hsap.prepare_model(model, sp_size=sp.size, levers=memory_levers(args)).offload
     check_row_fits(args, model.config, sp, accelerator)  # ... and a row that cannot fit, naming the lever that would
     config, n_matmul = model.config, matmul_params(model)
-    optimizer, scheduler = make_optimizer(model, args)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    optimizer = make_optimizer(model, args)
+    fill_deepspeed_config(accelerator, grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
+    model, prepared = accelerator.prepare(model, optimizer)
+    scheduler = make_scheduler(scheduled_optimizer(accelerator, model, optimizer), args)
+    optimizer = prepared
     accelerator.register_for_checkpointing(scheduler)  # not prepared: Accelerate would step it once per process
 
     start_step = 0
@@ -251,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[hf_hsap] {accelerator.distributed_type.value} world {world} = dp {sp.dp_size} x sp {sp.size} "
               f"(ulysses {sp.ulysses_size} x ring {sp.ring_size}) | {accelerator.device} "
               f"{accelerator.mixed_precision} | model {args.model} "
-              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
+              f"{n_params(model.parameters()) / 1e6:.2f}M params | {len(train_rows)} train / "
               f"{len(eval_rows)} eval docs | {args.docs_per_step} docs/step, max_length {args.max_length} | "
               f"memory levers: {', '.join(memory_levers(args).names) or 'none'}"
               + (f" | resumed from {ckpt} at step {start_step}" if ckpt is not None else ""), flush=True)
@@ -266,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
             out = train_step(model, micro, sp, accelerator, args, verify=step == start_step, offload=offload)
             grad_norm = None
             if args.max_grad_norm > 0:
-                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: its step's
+                grad_norm = None if norm is None else float(norm)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()

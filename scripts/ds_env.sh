@@ -1,6 +1,7 @@
-# DeepSpeed's own environment for the benchmarks that run it beside hf_hsap (sourced by scripts/bench_peers.sh and
-# scripts/bench_memory.sh from the repository root): HSAP_DS_VENV (default .venv-ds) with the CPU torch wheel,
-# hf_hsap (editable) and deepspeed with DS_BUILD_OPS=0 (nothing compiled at install); sets VENV.
+# DeepSpeed's own environment for the scripts that run it beside hf_hsap (sourced by scripts/bench_peers.sh,
+# scripts/bench_memory.sh and scripts/deepspeed_cpu_check.sh from the repository root): HSAP_DS_VENV (default
+# .venv-ds) with the CPU torch wheel, hf_hsap (editable) and deepspeed with DS_BUILD_OPS=0 (nothing compiled at
+# install; its ops compile on first use); sets VENV.
 VENV=${HSAP_DS_VENV:-.venv-ds}
 export DS_BUILD_OPS=0
 if [ ! -x "$VENV/bin/python" ]; then

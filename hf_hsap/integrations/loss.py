@@ -14,6 +14,7 @@ HSAP trainers rely on that. A batch without valid targets gives a finite zero lo
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -139,10 +140,16 @@ def hsap_model_loss(
         return hsap_causal_lm_loss(model(**inputs).logits, local["shift_labels"], num_items_in_batch, grad_scale,
                                    sp=sp)
     with head.loss_for(local["shift_labels"], num_items_in_batch, grad_scale, metrics=metrics) as request:
-        model(**inputs)
+        out = model(**inputs)
     use = getattr(sp, "pending_plan_use", None)
     if use is not None and not use.checked:
         check_plan_used(use)
+    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.numel() == 0 and logits.requires_grad:
+        # the head's empty logits hang off the loss through the wrappers' output hooks: the backward goes through
+        # them too (+ 0), so that a hook that prepares the head's backward runs before it (ZeRO-3 gathers the
+        # partitioned weight there; without it the weight's gradient meets an empty parameter)
+        return request.loss + logits.sum()
     return request.loss
 
 

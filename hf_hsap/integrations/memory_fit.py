@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import torch
 
-__all__ = ["HOST_FLAGS", "TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits",
+__all__ = ["HOST_FLAGS", "TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits", "detect_offload",
            "local_processes", "machine_memory_gib", "process_footprint_gib"]
 
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
@@ -57,8 +57,52 @@ def process_footprint_gib(config: Any, param_dtype: str) -> float:
     return max(0.0, psutil.Process().memory_info().rss - weights) / 2**30
 
 
+def detect_offload(accelerator: Any) -> str:
+    """What the engine ``accelerator`` runs keeps in host memory: ``"none"``, ``"optimizer"`` or ``"params"``.
+
+    Read from the Accelerate state: DeepSpeed's config (``zero_optimization.offload_optimizer`` /
+    ``offload_param``, accelerate_configs/deepspeed/zero3_offload*.json) or the FSDP plugin's ``cpu_offload``
+    (FSDP2's ``CPUOffloadPolicy``, ``fsdp_offload_params: true``; FSDP1's ``CPUOffload(offload_params=True)``). Any
+    other distributed type (DDP, one process, CPU processes, where Accelerate selects no FSDP) offloads nothing.
+
+    Args:
+        accelerator: an ``accelerate.Accelerator`` (or anything with its ``distributed_type`` and ``state``).
+
+    Returns:
+        ``"optimizer"``: the optimizer state (master weights, moments) and its step are on the host, the weights
+        on the device (DeepSpeed ``offload_optimizer`` alone); ``"params"``: the weight shards too (DeepSpeed
+        ``offload_param`` with ``offload_optimizer``; FSDP's CPU offload, which always moves parameters, gradients
+        and optimizer state together); ``"none"``. DeepSpeed's ``device: nvme`` counts as offloaded (off the device;
+        its host share is then smaller than the memory model's host terms say).
+
+    Raises:
+        ValueError: DeepSpeed's ``offload_param`` without ``offload_optimizer`` (the weights on the host while
+            their optimizer state stays on the device), which hf_hsap does not model.
+    """
+    kind = getattr(getattr(accelerator, "distributed_type", None), "name", "NO")
+    state = getattr(accelerator, "state", None)
+    if kind == "DEEPSPEED":
+        zero = getattr(getattr(state, "deepspeed_plugin", None), "deepspeed_config", None) or {}
+        zero = zero.get("zero_optimization", {})
+        on = {k: str((zero.get(k) or {}).get("device", "none")).lower() not in ("none", "")
+              for k in ("offload_optimizer", "offload_param")}
+        if on["offload_param"] and not on["offload_optimizer"]:
+            raise ValueError("DeepSpeed offloads the parameters (offload_param) but not the optimizer state: hf_hsap's "
+                             "memory model has no such term; add \"offload_optimizer\": {\"device\": \"cpu\"} as in "
+                             "accelerate_configs/deepspeed/zero3_offload.json")
+        return "params" if on["offload_param"] else "optimizer" if on["offload_optimizer"] else "none"
+    if kind == "FSDP":
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        policy = getattr(getattr(state, "fsdp_plugin", None), "cpu_offload", None)
+        # FSDP2: CPUOffloadPolicy (the base OffloadPolicy() offloads nothing); FSDP1: CPUOffload(offload_params=...)
+        moved = isinstance(policy, CPUOffloadPolicy) or bool(getattr(policy, "offload_params", False))
+        return "params" if moved else "none"
+    return "none"
+
+
 def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, memory_gib: float | None, sp: Any,
-                          levers: Any, host_memory_gib: float | None = None, offload: str = "none",
+                          levers: Any, host_memory_gib: float | None = None, offload: str | None = None,
                           footprint_gib: float | None = None, **kw: Any) -> None:
     """Refuse a row of ``row_tokens`` whose modelled step does not fit one of ``accelerator``'s devices or the host
     memory of its node (the recipes' and the trainers' check; :func:`hf_hsap.memory.advice.check_row_fits`).
@@ -71,7 +115,7 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
         sp: the SP group. levers: the :class:`~hf_hsap.MemoryLevers`.
         host_memory_gib: one node's host memory; None: this machine's (:func:`machine_memory_gib`).
         offload: what the engine offloads, ``"none"``, ``"optimizer"`` or ``"params"``
-            (:data:`hf_hsap.memory.host.OFFLOADS`; the caller reads it from the accelerator's plugin).
+            (:data:`hf_hsap.memory.host.OFFLOADS`); None: read from the accelerator's plugin (:func:`detect_offload`).
         footprint_gib: one process's own host footprint; None: on CUDA the stated default
             (:data:`~hf_hsap.memory.host.DEFAULT_PROCESS_FOOTPRINT_GIB`), on CPU measured
             (:func:`process_footprint_gib`).
@@ -96,7 +140,7 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
         process_footprint_gib(config, kw.get("param_dtype", "bf16"))
     check_row_fits(config, row_tokens, memory_gib=memory_gib, world=world, sp_size=sp.size,
                    ulysses_size=sp.ulysses_size, levers=levers, sharding=sharding,
-                   device="cuda" if on_cuda else "cpu", offload=offload,
+                   device="cuda" if on_cuda else "cpu", offload=detect_offload(accelerator) if offload is None else offload,
                    host_memory_gib=machine_memory_gib() if host_memory_gib is None else host_memory_gib,
                    gpus_per_node=local_processes(world, device), footprint_gib=footprint, **kw)
 

@@ -4,7 +4,7 @@ backward).
 
 :class:`ChunkedLMHead` takes the place of the model's output embedding (same parameters, same state dict, tied
 embeddings stay tied) and, while a loss is requested (:meth:`ChunkedLMHead.loss_for`), computes the loss inside
-its own forward and returns an empty ``[B, T, 0]`` tensor, a view of the loss, as the logits. Without a request it
+its own forward and returns an empty ``[B, T, 0]`` tensor computed from the loss as the logits. Without a request it
 is the plain linear head (generation, evaluation with logits). Computing inside the head's own forward keeps every
 wrapper's hooks in place (DDP's forward, FSDP2's unsharded parameters, ZeRO-3's gather) without replacing the
 model's ``forward``.
@@ -148,8 +148,10 @@ class ChunkedLMHead(nn.Linear):
         n = torch.as_tensor(request.num_items, device=nll.device).clamp_min(1)
         request.loss = nll * request.grad_scale / n
         # The empty logits hang off the loss: a wrapper that finds the used parameters by walking the graph from
-        # the forward's outputs (DDP's find_unused_parameters, Trainer's default without checkpointing) finds them
-        return request.loss.reshape(1, 1, 1).expand(*hidden.shape[:-1], 0)  # [B, T, 0]
+        # the forward's outputs (DDP's find_unused_parameters, Trainer's default without checkpointing) finds them,
+        # and hsap_model_loss's backward runs through the hooks wrappers put on them. A copy, not a view (empty: free):
+        # FSDP2's hooks on a view would be lost to an in-place op
+        return request.loss.reshape(1, 1, 1).expand(*hidden.shape[:-1], 0).clone()  # [B, T, 0]
 
 
 def find_chunked_head(model: nn.Module) -> ChunkedLMHead | None:
