@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--pinned-round-limit-mb", type=float, default=None,
                      help="pinned host buffers (offloaded activations, DeepSpeed's gradient buffers, FSDP2's shards) "
                           "larger than this many MiB are not rounded up to a power of two: PYTORCH_ALLOC_CONF="
-                          "pinned_max_round_threshold_mb:N, or 0 for DeepSpeed's DS_PIN_MEMORY_BACKEND=native "
+                          "pinned_max_round_threshold_mb:N,pinned_max_cached_size_mb:N (both: unrounded blocks "
+                          "must not be cached), or 0 for DeepSpeed's DS_PIN_MEMORY_BACKEND=native "
                           "(default: torch's, every pinned buffer rounded)")
     fit.add_argument("--sharding", choices=["ddp", "fsdp2", "zero3"], default="zero3",
                      help="how weights, gradients and optimizer states are held (default zero3)")

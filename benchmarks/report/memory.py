@@ -185,7 +185,8 @@ def longest_rows_caption(model: dict[str, Any]) -> str:
             f"{model['footprint_gib']:g} GiB of each process's own; ZeRO-3, bf16 weights with float32 master weights "
             "and AdamW; the best of the lever settings (" + "; ".join(model["settings"]) + "; all = the chunked "
             "loss, checkpointing, activation offloading, the tiled MLP and recomputed norms; pinned unrounded = "
-            "PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0 and DS_PIN_MEMORY_BACKEND=native, settings of torch "
+            "PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:0 and "
+            "DS_PIN_MEMORY_BACKEND=native, settings of torch "
             "and DeepSpeed), offloads (none, optimizer, params) and SAP setups per model and GPU count, the device's "
             "limit and the host's side by side (the row is the smaller); ALST's published figures beside.")
 

@@ -289,7 +289,8 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
             partitions on the host) or ``"params"`` (the parameters too: ZeRO-3 offload_param, FSDP2's
             CPUOffloadPolicy); :mod:`.host` says what each engine holds where.
         pinned_round_limit_mb: pinned host allocations above this many MiB are not rounded up to a power of two
-            (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N``; None: torch's default, all rounded).
+            (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N,pinned_max_cached_size_mb:N``; None: torch's
+            default, all rounded).
 
     Returns:
         The :class:`StepMemory` of the largest stage.
