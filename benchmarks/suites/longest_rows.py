@@ -44,10 +44,10 @@ GPU_MEMORY_GIB, RESERVE_GIB, GPUS_PER_NODE = 80.0, 4.0, 8
 ALL = dict(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
            recompute_norms=True)
 # (name, MemoryLevers fields, more predict_step_memory arguments): every lever on, then what else may lengthen the
-# row; the fields of levers other branches add (tiled attention, layers kept on the device, layers per checkpoint)
-# are listed here and searched where this branch's MemoryLevers has them. "pinned unrounded": pinned host buffers
-# not rounded up to a power of two (PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:0 for TRL's offloaded
-# activations and FSDP2's shards, DS_PIN_MEMORY_BACKEND=native for DeepSpeed's buffers: settings, not levers)
+# row (a setting naming a field MemoryLevers lacks is skipped). "pinned unrounded": pinned host buffers not rounded
+# up to a power of two (PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:0 for TRL's
+# offloaded activations and FSDP2's shards, DS_PIN_MEMORY_BACKEND=native for DeepSpeed's buffers: settings, not
+# levers)
 UNROUNDED = dict(pinned_round_limit_mb=0)
 LEVER_SETTINGS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("all", ALL, {}),

@@ -140,7 +140,8 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
         process_footprint_gib(config, kw.get("param_dtype", "bf16"))
     check_row_fits(config, row_tokens, memory_gib=memory_gib, world=world, sp_size=sp.size,
                    ulysses_size=sp.ulysses_size, levers=levers, sharding=sharding,
-                   device="cuda" if on_cuda else "cpu", offload=detect_offload(accelerator) if offload is None else offload,
+                   device="cuda" if on_cuda else "cpu",
+                   offload=detect_offload(accelerator) if offload is None else offload,
                    host_memory_gib=machine_memory_gib() if host_memory_gib is None else host_memory_gib,
                    gpus_per_node=local_processes(world, device), footprint_gib=footprint, **kw)
 
