@@ -318,10 +318,8 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
                 continue
             value = torch.as_tensor(ex[key])
             axis = m.item_axis if m.grid_key is None else 0
-            entries = int(value.shape[axis]) if value.dim() > axis else value.numel()
-            if key != m.pixel_key and entries != items:
-                raise ValueError(f"example {n}: {key} has {entries} entries for its {items} {m.name}(s); give one "
-                                 f"per {m.name} (along axis {axis}), as the processor does")
+            if key != m.pixel_key:
+                _check_entries(m, key, value, n, items)
             rest = tuple(d for i, d in enumerate(value.shape) if i != axis)
             what = len(rest) if key in m.padded else rest  # padded keys: only their number of dimensions
             _same_in_batch(seen, f"{key} shape", n, what,
@@ -447,6 +445,8 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
         raise ValueError(f"example {n}: its {m.name}s have {m.pixel_key} but no {', '.join(missing)} (the model "
                          f"needs it to place each {m.name}); keep the processor's {', '.join(missing)} with each "
                          "document")
+    for key in m.item_keys:
+        _check_entries(m, key, torch.as_tensor(ex[key]), n, items)
     try:
         counts = [int(c) for c in spec.item_tokens(m.name, ex)]
     except (ValueError, IndexError, RuntimeError) as e:
@@ -458,3 +458,12 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
                          f"placeholder tokens (id {m.token_id}); tokenize each document with the model's processor "
                          "and keep its pixels with it")
     return items
+
+
+def _check_entries(m: Modality, key: str, value: torch.Tensor, n: int, items: int) -> None:
+    """Refuse a per-item key of example ``n`` without one entry per item along the modality's item axis."""
+    axis = m.item_axis if m.grid_key is None else 0
+    entries = int(value.shape[axis]) if value.dim() > axis else value.numel()
+    if entries != items:
+        raise ValueError(f"example {n}: {key} has {entries} entries for its {items} {m.name}(s); give one per "
+                         f"{m.name} (along axis {axis}), as the processor does")

@@ -35,8 +35,8 @@ GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4
 UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
                               "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7"})
 # Any-resolution tiles: pixel_values [images, tiles, C, H, W] (tiles zero-padded to the batch's most) with
-# image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Images only:
-# their videos are not made exact yet (refused).
+# image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Videos:
+# pixel_values_videos [videos, frames, C, H, W], the same frames (and placeholders) for every video of a batch.
 ANYRES_FAMILIES = frozenset({"llava_next", "llava_next_video", "llava_onevision"})
 # A Pixtral tower: pixel_values [images, C, H, W] zero-padded to the batch's largest, image_sizes [images, 2] the true
 # sizes, (H // r) * (W // r) placeholders per image (LLaVA with a Pixtral tower too: see _is_pixtral_llava).
@@ -124,9 +124,11 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
         return VisionSpec(layout, rope_index=rope_index if callable(getattr(inner, "get_rope_index", None)) else None,
                           token_type_key="mm_token_type_ids" if takes_types else None)
     if family in ANYRES_FAMILIES:
-        mod = Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))
+        mods = [Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))]
+        if video is not None and callable(getattr(inner, "get_video_features", None)):  # [videos, frames, C, H, W]
+            mods.append(Modality("video", video, "pixel_values_videos", type_id=2))
         count = anyres_counter(inner, one_image_per_document=family == "llava_onevision")
-        return VisionSpec(VisionLayout(family, (mod,), counted=("image",)), item_tokens=count)
+        return VisionSpec(VisionLayout(family, tuple(mods), counted=("image",)), item_tokens=count)
     if family in SIZED_FAMILIES or _is_pixtral_llava(config):
         mod = Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))
         ratio = int(config.vision_config.patch_size) * int(getattr(config, "spatial_merge_size", None) or 1)

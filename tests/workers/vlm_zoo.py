@@ -37,12 +37,14 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # packed row, a rank's local items) or split across ranks (encoded by both, its backward arriving as two partial
 # sums) moves by float32 rounding: Qwen-VL-like vision towers apply their rotary embedding in float32
 # (apply_rotary_pos_emb_vision casts q and k: Qwen2/2.5/3-VL, EXAONE 4.5, GLM-OCR, HyperCLOVA X's Qwen2.5-VL tower);
-# Pixtral's tower (Mistral 3, LightOnOCR) normalizes in float32 (PixtralRMSNorm). Gemma 3's text model normalizes in
+# Pixtral's tower (Mistral 3, LightOnOCR) normalizes in float32 (PixtralRMSNorm), and so does Idefics 2's perceiver
+# resampler (Idefics2RMSNorm casts its input to float32; with that norm patched to float64 its SP 2 / SP 4 modes are
+# exact to 1e-14). Gemma 3's text model normalizes in
 # float32 (Gemma3RMSNorm casts x and the weight), so a norm weight's gradient is a float32 sum over the tokens, per
 # document in the reference and over the packed row here; Transformers' own packed row of Gemma 3 is not exact
 # (its image-block mask), so it cannot measure that (see tolerance). ShieldGemma 2 is Gemma 3's model class.
 ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
-              "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7,
+              "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
               "gemma3": 1e-6, "shieldgemma2": 1e-6}
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)

@@ -232,3 +232,37 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def with_videos(config: Any, model: torch.nn.Module, docs: list[dict[str, Any]], *, frames: int = 2, every: int = 2,
+                seed: int = 1, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+    """``docs`` with a video (``pixel_values_videos [1, frames, C, S, S]``) at the end of every ``every``-th one,
+    its placeholders (``video_token_id``) as many as the model's ``get_video_features`` returns rows.
+
+    Args:
+        config: the family's tiny config; model: a model of it; docs: from :func:`documents`; frames: per video;
+        every: which documents get a video; seed: the videos' pixels; dtype: of the pixels.
+
+    Returns:
+        New document dicts (the inputs are not modified).
+    """
+    c, size, _, _ = _geometry(config)
+    token = next(getattr(config, n) for n in ("video_token_id", "video_token_index")
+                 if isinstance(getattr(config, n, None), int))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, doc in enumerate(docs):
+        doc = dict(doc)
+        if i % every == 0:
+            video = torch.randn(1, frames, c, size, size, generator=g, dtype=dtype)
+            with torch.no_grad():
+                feats = feature_module(model).get_video_features(video.to(model.dtype), return_dict=True).pooler_output
+            n = feats.numel() // feats.shape[-1]
+            doc["pixel_values_videos"] = video
+            doc["input_ids"] = torch.cat([doc["input_ids"], torch.full((n,), token), torch.tensor([5])])
+            doc["labels"] = torch.cat([doc["labels"], torch.full((n,), -100), torch.tensor([5])])
+            for key in ("token_type_ids", "mm_token_type_ids"):
+                if key in doc:
+                    doc[key] = (doc["input_ids"] == image_token_id(config)).to(torch.int64)
+        out.append(doc)
+    return out
