@@ -158,3 +158,24 @@ def test_idefics_tiles_of_another_size_are_refused() -> None:
     with pytest.raises(ValueError, match=r"example 1: its pixel_attention_mask rows are 1x8x4 where example 0's are "
                                          r"1x8x8"):
         collate("idefics3", docs)
+
+
+def test_llava_with_a_pixtral_tower_is_exact_at_sp1(monkeypatch) -> None:
+    from transformers import PixtralVisionConfig
+
+    config = VC.tiny_config("llava")
+    config.vision_config = PixtralVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                               num_attention_heads=2, head_dim=16, image_size=16, patch_size=2)
+    config.vision_feature_layer, config.vision_feature_select_strategy = -1, "full"  # Pixtral has no CLS
+    model = VC.build_model(config, "sdpa", VZ.DTYPE)
+    spec = hf_hsap.vision_spec(model)
+    assert spec.layout.counted == ("image",) and spec.layout.modalities[0].item_keys == ("image_sizes",)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    docs = VD.documents(config, model, examples=False)  # Pixtral's images of their own sizes
+    assert len({tuple(d["pixel_values"].shape) for d in docs if "pixel_values" in d}) > 1
+    ref = VZ.documents_alone(config, state, docs, "sdpa")
+    tiny = VC.tiny_config
+    monkeypatch.setattr(VC, "tiny_config", lambda family: config if family == "llava" else tiny(family))
+    got = VZ.packed_run("llava", state, docs, "library", "sp1")
+    res = VZ.combine(ref, [{"ok": True, **got}], VZ.TOL)
+    assert res["outcome"] == "exact", res

@@ -180,12 +180,14 @@ def _marker(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
 
 
 def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]] = SHAPES,
-              seed: int = 0, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+              seed: int = 0, dtype: torch.dtype = torch.float64, examples: bool = True) -> list[dict[str, Any]]:
     """Documents as a processor would give them (see the module docstring).
 
     Args:
         config: the family's tiny config; model: a model of it (asked how many rows an image becomes);
-        shapes: per document ``(text before, grid or None, text after)``; seed: tokens and pixels; dtype: pixels.
+        shapes: per document ``(text before, grid or None, text after)``; seed: tokens and pixels; dtype: pixels;
+        examples: the families of ``TINY_VLMS`` take ``vlm_documents`` (False: the input kinds here, e.g. for a
+        LLaVA with a Pixtral tower).
 
     Returns:
         One dict per document: ``input_ids [n]``, ``labels [n]`` (-100 on placeholders and markers), the image
@@ -195,7 +197,7 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     Raises:
         NotBuildable: no image token id, or the model refuses the images made for it.
     """
-    if config.model_type in TINY_VLMS:
+    if examples and config.model_type in TINY_VLMS:
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     token = image_token_id(config)
     if token is None:
