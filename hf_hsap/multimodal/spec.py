@@ -43,7 +43,7 @@ ANYRES_FAMILIES = frozenset({"llava_next", "llava_next_video", "llava_onevision"
 SIZED_FAMILIES = frozenset({"mistral3", "lighton_ocr"})
 # Idefics: pixel_values [rows, images, C, H, W] and pixel_attention_mask [rows, images, H, W]; a packed row is one
 # sample whose images are every document's tiles (item axis 1), the same number of placeholders per tile.
-PER_ROW_FAMILIES = frozenset({"idefics2", "idefics3", "smolvlm"})
+PER_ROW_FAMILIES = frozenset({"idefics2", "idefics3", "smolvlm", "granite_docling"})
 # Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
 # image)" that the "hsap" kernels do not take yet.
 _BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "paligemma"})

@@ -52,7 +52,8 @@ def two_image_documents(family: str) -> list[dict[str, Any]]:
 
 
 def exact(family: str, docs: list[dict[str, Any]], pools: vlm_zoo_run.PoolManager, mode: str) -> None:
-    """The packed row of ``docs`` is exact at sp1 and in ``mode`` against each document alone."""
+    """The packed row of ``docs`` is exact at sp1 and in ``mode`` (an item split across the ranks) against each
+    document alone."""
     config, _, state = built(family)
     ref = VZ.documents_alone(config, state, docs, "sdpa")
     tol = VZ.tolerance(family)
@@ -63,6 +64,7 @@ def exact(family: str, docs: list[dict[str, Any]], pools: vlm_zoo_run.PoolManage
     assert set(res) == {"sp1", mode}
     for m, r in res.items():
         assert r["outcome"] == "exact", (family, m, r)
+    assert res[mode]["split"] > 0, res[mode]
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +157,8 @@ def test_idefics_tiles_of_another_size_are_refused() -> None:
     config, model, _ = built("idefics3")
     docs = VD.documents(config, model)
     docs[1]["pixel_attention_mask"] = docs[1]["pixel_attention_mask"][..., :4]
-    with pytest.raises(ValueError, match=r"example 1: its pixel_attention_mask rows are 1x8x4 where example 0's are "
-                                         r"1x8x8"):
+    with pytest.raises(ValueError, match=r"example 1: its pixel_attention_mask rows are 1x16x4 where example 0.s are "
+                                         r"1x16x16"):
         collate("idefics3", docs)
 
 

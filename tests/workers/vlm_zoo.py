@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
-from hf_hsap.multimodal import vision_spec
+from hf_hsap.multimodal import ROWS_KEY, vision_spec
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
 from workers.vlm import alone_backward, weights
@@ -196,8 +196,9 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     """One rank of a mode: the packed row through ``shard_batch`` + ``model(**local)`` ("hsap").
 
     Returns:
-        ``{"group", "index" [T_local], "logits" [T_local, V], "loss", "num_items", "real"}`` and, on SP rank 0,
-        ``"grads"`` (summed over the SP group).
+        ``{"group", "index" [T_local], "logits" [T_local, V], "loss", "num_items", "real", "split"}`` (split:
+        whether this rank holds part of an image or video only, 0 / 1 per modality) and, on SP rank 0, ``"grads"``
+        (summed over the SP group).
     """
     import torch.distributed as dist
 
@@ -212,6 +213,8 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         batch = hf_hsap.PackingCollator(real, pad_to_multiple_of=sp_size, vision=spec)(docs)
         local = hf_hsap.shard_batch(batch, sp)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
+        rows = local.get(ROWS_KEY, {})
+        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
         out = model(**local)
         hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
@@ -226,7 +229,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         dist.all_reduce(loss, group=sp.group)
     group = dist.get_rank() // sp_size if sp_size > 1 else 0
     res = {"group": group, "index": idx, "logits": logits.detach(), "loss": float(loss), "real": real,
-           "num_items": int(local["num_items_in_batch"])}
+           "num_items": int(local["num_items_in_batch"]), "split": split}
     if sp_size == 1 or sp.rank == 0:
         res["grads"] = grads
     return res
@@ -313,4 +316,5 @@ def combine(ref: dict[str, Any], records: list[dict[str, Any]], tol: float) -> d
         res = compare(ref, [r for r in records if r["group"] == g], tol)
         if worst["outcome"] == "exact":
             worst = res
+    worst["split"] = sum(r.get("split", 0) for r in records if r["group"] == 0)  # group 0's ranks holding part of an item
     return worst

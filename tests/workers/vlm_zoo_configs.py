@@ -65,8 +65,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llava_next": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "llava_next_video": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "llava_onevision": {"image_grid_pinpoints": ANYRES_PINPOINTS},
-    "lighton_ocr": {"vision_config": {"image_size": 16}},  # Pixtral: images up to 16 pixels a side
-    "mistral3": {"vision_config": {"image_size": 16}},
+    "lighton_ocr": {"vision_config": {"image_size": 32}},  # Pixtral: images up to 32 pixels a side
+    "mistral3": {"vision_config": {"image_size": 32}},
+    # Idefics 3 tiles of 16 pixels: 16 placeholders each (4 of 8 pixels), so that SP splits one
+    "granite_docling": {"vision_config": {"image_size": 16, "scale_factor": 2}},
+    "idefics3": {"vision_config": {"image_size": 16}},
+    "smolvlm": {"vision_config": {"image_size": 16}},
     "mllama": {"vision_config": {"image_size": 8, "num_global_layers": 1, "intermediate_layers_indices": [0],
                                  "vision_output_dim": 64}, "text_config": {"cross_attention_layers": [1]}},
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},

@@ -100,7 +100,7 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "image_sizes": torch.tensor([sizes])}
 
     def sized(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        h, w = 2 * thw[1], 2 * thw[2]  # grid (1, 8, 8): a 16x16 image
+        h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): a 32x32 image (64 placeholders after the 2x2 merge)
         return {"pixel_values": torch.randn(1, c, h, w, generator=g, dtype=dtype), "image_sizes": torch.tensor([[h, w]])}
 
     def per_row(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -109,6 +109,11 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
         mask[0, -1, :, size - PATCH:] = False  # the last tile's right patches are padding
         return {"pixel_values": torch.randn(1, n, c, size, size, generator=g, dtype=dtype) * mask[:, :, None],
                 "pixel_attention_mask": mask}
+
+    def tile_mask(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        n = max(1, thw[1] // 2)  # as per_row, with one flag per tile (Granite-Docling: real tiles)
+        return {"pixel_values": torch.randn(1, n, c, size, size, generator=g, dtype=dtype),
+                "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
@@ -124,6 +129,7 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
         out.append(("sized image", sized))
     if "pixel_attention_mask" in params:  # Idefics: a row's images (tiles) and their pixel masks
         out.append(("images per row with masks", per_row))
+        out.append(("tiles per row with a tile mask", tile_mask))
     with_sizes = "image_sizes" in params
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
