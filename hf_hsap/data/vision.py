@@ -7,8 +7,13 @@ k-th feature row of the vision tower. This module is model-free: the model's kno
 its own rope index) arrives as a :class:`VisionSpec`, built by :func:`hf_hsap.multimodal.vision_spec`.
 
 Two items of a modality differ only in size: a *grid* family (Qwen-VL) gives each item a ``[t, h, w]`` grid of
-``t*h*w`` pixel rows and ``t*h*w / merge`` placeholders; other families (LLaVA, Gemma 3) give each image one
-pixel row (``[n, C, H, W]``) and the same number of placeholders.
+``t*h*w`` pixel rows and ``t*h*w / merge`` placeholders; other families give each item one entry along the
+modality's item axis (``[n, C, H, W]`` for LLaVA and Gemma 3, ``[n, tiles, C, H, W]`` for LLaVA-NeXT,
+``[1, n, C, H, W]`` for Idefics) with every per-item key (``image_sizes``, ``pixel_attention_mask``) beside it.
+Their placeholders per item are either the same for every item (LLaVA) or counted per item by the model's
+:attr:`VisionSpec.item_tokens` (LLaVA-NeXT's any-resolution tiles, Pixtral's image sizes); the batch then carries
+the counts (``hsap_vision_tokens``). Keys whose non-item dimensions differ between documents (LLaVA-NeXT's tile
+count, Pixtral's height and width) are zero-padded to the batch's largest, as the family's processor pads a batch.
 """
 from __future__ import annotations
 
@@ -19,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PIXEL_KEYS", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_vision_example", "item_sizes",
+__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "item_sizes",
            "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
+TOKENS_KEY = "hsap_vision_tokens"  # batch key: {modality name: [n_items] placeholders of each item} (counted items)
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,10 @@ class Modality:
         grid_key: the per-item ``[n, 3]`` grid (``image_grid_thw``), or ``None`` (one pixel row per item).
         item_keys: every batch key with one entry per item (the grid first, e.g. ``second_per_grid_ts``).
         type_id: the value of this modality in ``mm_token_type_ids``.
+        item_axis: the axis of the pixels and of every per-item key that lists the items (0; Idefics' ``[rows,
+            images, C, H, W]``: 1), for a modality without a grid.
+        padded: the keys (pixels or per-item) whose other dimensions may differ between documents, zero-padded to
+            the batch's largest (the model reads each item's true extent from another key, e.g. ``image_sizes``).
     """
 
     name: str
@@ -44,6 +54,8 @@ class Modality:
     grid_key: str | None = None
     item_keys: tuple[str, ...] = ()
     type_id: int = 1
+    item_axis: int = 0
+    padded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,12 +68,14 @@ class VisionLayout:
         modalities: the model's vision inputs.
         merge: pixel rows per placeholder token of a grid family (``spatial_merge_size ** 2``), else 1.
         image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
+        counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
     """
 
     family: str
     modalities: tuple[Modality, ...]
     merge: int = 1
     image_blocks: bool = False
+    counted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,11 +88,20 @@ class VisionSpec:
             model's own ``get_rope_index``), or ``None`` for 1-D positions.
         token_type_key: the per-token type key the model reads (``mm_token_type_ids``, ``token_type_ids``) or
             ``None``; the collator fills it from the placeholders when a document lacks it.
+        item_tokens: ``(modality name, {key: one document's value}) -> [placeholders of each item]`` for a
+            family whose items of one modality take different numbers of placeholders (derived from the model,
+            :mod:`hf_hsap.multimodal.items`), or ``None`` (grids, or the same number for every item). A
+            modality it does not count raises ``KeyError``.
     """
 
     layout: VisionLayout
     rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
     token_type_key: str | None = None
+    item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
+
+    def counts(self, name: str) -> bool:
+        """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
+        return self.item_tokens is not None and name in self.layout.counted
 
 
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos")  # the batch keys of pixels any modality can carry
@@ -105,22 +128,32 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     """Placeholder tokens and pixel rows of every item of one modality in a batch.
 
     Args:
-        modality: the modality; layout: its layout; batch: with ``modality.pixel_key`` (and the grid);
-        n_tokens: the placeholders of this modality in the batch (what uniform items split evenly).
+        modality: the modality; layout: its layout; batch: with ``modality.pixel_key`` (and the grid, or the
+            counted items' ``hsap_vision_tokens``); n_tokens: the placeholders of this modality in the batch (what
+            uniform items split evenly).
 
     Returns:
-        ``(tokens [n_items], rows [n_items])`` int64.
+        ``(tokens [n_items], rows [n_items])`` int64 (rows: pixel rows of a grid item, else 1 entry along the item
+        axis).
 
     Raises:
         ValueError: the placeholders do not match the items.
     """
     pixels = batch[modality.pixel_key]
+    counted = (batch.get(TOKENS_KEY) or {}).get(modality.name)
     if modality.grid_key is not None:
         grid = torch.as_tensor(batch[modality.grid_key]).reshape(-1, 3).to(torch.int64).numpy()
         rows = grid.prod(axis=1)
         tokens = rows // layout.merge
+    elif counted is not None:
+        tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
+        if tokens.size != int(pixels.shape[modality.item_axis]):
+            raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
+                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])}; pack the documents "
+                             "with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
+        rows = np.ones(tokens.size, dtype=np.int64)
     else:
-        n_items = int(pixels.shape[0])
+        n_items = int(pixels.shape[modality.item_axis])
         if n_items == 0 or n_tokens % n_items:
             raise ValueError(f"{n_tokens} {modality.name} placeholder tokens do not split evenly over {n_items} "
                              f"{modality.pixel_key} items; give each {modality.name} its processor's placeholders")
@@ -131,6 +164,25 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
                          f"its {modality.pixel_key} stand for {int(tokens.sum())}; tokenize each document with the "
                          "model's processor and keep its pixels with it")
     return tokens, rows
+
+
+def _cat_items(parts: list[torch.Tensor], axis: int, pad: bool, key: str) -> torch.Tensor:
+    """The documents' entries of one key concatenated along the item ``axis``; with ``pad``, every other dimension
+    zero-padded (at its end) to the largest of the documents."""
+    if pad and len(parts) > 1:
+        shape = [max(int(p.shape[d]) for p in parts) for d in range(parts[0].dim())]
+        padded = []
+        for p in parts:
+            widths = []  # F.pad's order: last dimension first, (before, after) each
+            for d in reversed(range(p.dim())):
+                widths += [0, 0 if d == axis else shape[d] - int(p.shape[d])]
+            padded.append(torch.nn.functional.pad(p, widths) if any(widths) else p)
+        parts = padded
+    try:
+        return torch.cat(parts, dim=axis)
+    except RuntimeError as e:
+        raise ValueError(f"the documents' {key} do not stack along their item axis {axis} ({e}); give every "
+                         "document this key from the same processor") from e
 
 
 def _doc_positions(spec: VisionSpec, ex: Mapping[str, Any], ids: np.ndarray, types: np.ndarray) -> np.ndarray:
@@ -155,7 +207,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         docs: ``(input_ids, labels)`` per document; rows: document indices per packed row; row_len: ``L``.
 
     Returns:
-        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision"}``.
+        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision",
+        "hsap_vision_tokens" (counted items only)}``.
 
     Shapes:
         ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
@@ -163,11 +216,19 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     order = [i for row in rows for i in row]
     check_pixel_keys(spec.layout, [key for ex in examples for key in ex if ex.get(key) is not None])
     out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
+    counted: dict[str, torch.Tensor] = {}
     for m in spec.layout.modalities:
         for key in (m.pixel_key, *m.item_keys):
             parts = [torch.as_tensor(examples[i][key]) for i in order if examples[i].get(key) is not None]
             if parts:
-                out[key] = torch.cat(parts)
+                out[key] = _cat_items(parts, m.item_axis if m.grid_key is None else 0, key in m.padded, key)
+        if spec.counts(m.name):
+            counts = [c for i in order if examples[i].get(m.pixel_key) is not None
+                      for c in spec.item_tokens(m.name, examples[i])]
+            if counts:
+                counted[m.name] = torch.tensor(counts, dtype=torch.int64)
+    if counted:
+        out[TOKENS_KEY] = counted
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
@@ -214,133 +275,3 @@ def vision_batch(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: 
     return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels), "position_ids": pos,
             "cu_seq_lens_q": torch.from_numpy(cu), "cu_seq_lens_k": torch.from_numpy(cu.copy()),
             "max_length_q": max_len, "max_length_k": max_len, **vision}
-
-
-def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec: VisionSpec, max_length: int,
-                         seen: dict[str, tuple[int, Any]]) -> None:
-    """Refuse a vision document the packed batch could not carry exactly, before any compute: one longer than a row
-    or pre-packed (its image would be cut), or whose pixels, per-item keys, token types and placeholders disagree.
-
-    Args:
-        ex: the example; n: its index in the batch; ids: its ``input_ids [n_tokens]``; spec: the model's
-        :class:`VisionSpec`; max_length: the collator's row length before rounding; seen: what the batch's earlier
-        examples fixed (the batch concatenates their pixels and per-item keys), filled here: ``key -> (example,
-        value)``.
-
-    Raises:
-        ValueError: naming the example and what disagrees, with the fix.
-    """
-    if ex.get("seq_lengths") is not None:
-        raise ValueError(f"example {n} is pre-packed (seq_lengths) but has vision inputs; pass one document per "
-                         "example (TRL's packing=False datasets), PackingCollator packs them")
-    if ids.size > max_length:
-        raise ValueError(f"example {n} has {ids.size} tokens, more than max_length={max_length}, and a vision "
-                         "document is never split (its image would be cut); raise max_length or drop such examples, "
-                         f"e.g. dataset.filter(lambda e: len(e['input_ids']) <= {max_length})")
-    key = spec.token_type_key
-    types = None if not key or ex.get(key) is None else torch.as_tensor(ex[key])
-    if types is not None and types.numel() != ids.size:
-        raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
-                         f"token (the processor's {key}) or leave it out (the collator fills it)")
-    for m in spec.layout.modalities:
-        placeholders = int((ids == m.token_id).sum())
-        if m.grid_key is not None:
-            items = _grid_items(m, spec.layout, ex, n, placeholders)
-        else:
-            items = _uniform_items(m, ex, n, placeholders, seen)
-        if not items:
-            continue
-        rows = tuple(torch.as_tensor(ex[m.pixel_key]).shape[1:])
-        _same_in_batch(seen, f"{m.pixel_key} shape", n, rows,
-                       lambda first, k: f"example {n}: its {m.pixel_key} rows are {_dims(rows)} where example {k}'s "
-                                        f"are {_dims(first)}; give every document pixels from the same processor")
-        for item_key in m.item_keys:
-            if item_key == m.grid_key:
-                continue
-            given = None if ex.get(item_key) is None else torch.as_tensor(ex[item_key]).reshape(-1)
-            if given is not None and given.numel() != items:
-                raise ValueError(f"example {n}: {item_key} has {given.numel()} entries for its {items} {m.name}(s); "
-                                 f"give one per {m.name}, as the processor does")
-            _same_in_batch(seen, f"{item_key} given", n, given is not None,
-                           lambda first, k: f"example {n} {'gives' if given is not None else 'has no'} {item_key} "
-                                            f"for its {m.name}s where example {k} "
-                                            f"{'gives it' if first else 'has none'}; give it for every {m.name} of "
-                                            "the batch or for none")
-
-
-def _dims(shape: tuple[int, ...]) -> str:
-    """``3x8x8``."""
-    return "x".join(map(str, shape))
-
-
-def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: Any,
-                   message: Callable[[Any, int], str]) -> None:
-    """Refuse ``value`` of example ``n`` where an earlier example of the batch fixed another one for ``what``."""
-    k, first = seen.setdefault(what, (n, value))
-    if first != value:
-        raise ValueError(message(first, k))
-
-
-def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
-    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders."""
-    pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
-    if pixels is None and grid is None:
-        if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
-                             f"{m.pixel_key}; keep the processor's pixels with each document")
-        return 0
-    if grid is None:
-        raise ValueError(f"example {n}: {m.grid_key} is missing (the {m.name}'s pixels need their grid); keep the "
-                         f"processor's {m.grid_key} with each document")
-    if pixels is None:
-        raise ValueError(f"example {n} has {m.grid_key} but no {m.pixel_key}; keep the processor's pixels with each "
-                         "document")
-    grid = torch.as_tensor(grid).to(torch.int64)
-    if grid.dim() != 2 or grid.shape[1] != 3:
-        raise ValueError(f"example {n}: {m.grid_key} has shape {tuple(grid.shape)}, expected [n_{m.name}s, 3] "
-                         "(t, h, w per item, as the processor gives it)")
-    rows = grid.prod(dim=1)
-    n_rows = int(torch.as_tensor(pixels).shape[0])
-    if n_rows != int(rows.sum()):
-        raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} rows but its {m.name} grids ask for "
-                         f"{int(rows.sum())} (t*h*w of {_grids(grid)}); keep each document's pixels with its own grid")
-    tokens = int(rows.sum()) // layout.merge
-    if placeholders != tokens:
-        side = int(round(layout.merge ** 0.5))
-        its = f"its {m.name} has a {_grids(grid)} grid" if len(rows) == 1 else \
-            f"its {len(rows)} {m.name}s have {_grids(grid)} grids"
-        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
-                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
-                         "tokenize each document with the model's processor and keep its pixels with it")
-    return len(rows)
-
-
-def _grids(grid: torch.Tensor) -> str:
-    """``1x4x4, 1x8x4``: the ``t x h x w`` of each item."""
-    return ", ".join("x".join(str(int(v)) for v in g) for g in grid)
-
-
-def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int,
-                   seen: dict[str, tuple[int, Any]]) -> int:
-    """The items of a one-row-per-item modality in one example, after checking its placeholders split evenly, the
-    same number per item as the batch's earlier examples."""
-    pixels = ex.get(m.pixel_key)
-    items = 0 if pixels is None else int(torch.as_tensor(pixels).shape[0])
-    if items == 0:
-        if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
-                             f"{m.pixel_key}; keep the processor's pixels with each document")
-        return 0
-    if placeholders == 0:
-        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
-                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with "
-                         "it")
-    if placeholders % items:
-        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) for its "
-                         f"{items} {m.pixel_key} item(s): not the same number for each; give each {m.name} its "
-                         "processor's placeholders")
-    _same_in_batch(seen, f"{m.name} placeholders", n, placeholders // items,
-                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens (id {m.token_id}) "
-                                    f"per {m.name} where example {k} holds {first}; every {m.name} of this family has "
-                                    "the same number: give each its processor's placeholders")
-    return items

@@ -19,16 +19,20 @@ import torch
 from ..kernels import varlen_attention
 from ..log import get_logger, log_once
 
-__all__ = ["encoder_forward", "is_encoder_call", "is_encoder_module"]
+__all__ = ["encoder_forward", "is_encoder_call", "is_encoder_config", "is_encoder_module"]
 
 logger = get_logger(__name__)
-_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual")
+_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver")  # Perceiver: a per-image resampler (Idefics 2)
+
+
+def is_encoder_config(config: Any) -> bool:
+    """Whether ``config`` is a vision / audio encoder's (its class name says so)."""
+    return config is not None and any(w in type(config).__name__ for w in _ENCODER_CONFIG_WORDS)
 
 
 def is_encoder_module(module: torch.nn.Module) -> bool:
     """Whether the attention layer belongs to a vision / audio encoder (its config class says so)."""
-    config = getattr(module, "config", None)
-    return config is not None and any(w in type(config).__name__ for w in _ENCODER_CONFIG_WORDS)
+    return is_encoder_config(getattr(module, "config", None))
 
 
 def is_encoder_call(module: torch.nn.Module, is_causal: bool | None) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..log import get_logger, log_once
+from .encoder_attention import is_encoder_config
 from .local_layout import document_ids
 from .model_check import UnsupportedModelError, check_config, chunked_attention_size
 
@@ -55,6 +56,8 @@ def hsap_mask_function(
       successor means the mask is not causal (refused). The segments go to the attention function as
       ``[B, L]`` int32 document ids (``0`` = padding, so ``.bool()`` is the padding mask), so they reach it
       even when a model does not forward ``position_ids`` to its attention layers.
+    * From a vision / audio encoder's mask (its config says so, e.g. Idefics' tower masking padded patches):
+      Transformers' SDPA mask, as that tower's attention is SDPA's (``encoder_attention.py``).
     * With a cache: the padding of the filled key slots (``[B, <= kv_length]`` bool); a static cache's slots
       past the last query are not filled and are left out.
 
@@ -81,6 +84,12 @@ def hsap_mask_function(
         ValueError: a custom mask overlay, a non-causal mask, chunked attention in generation past a
             chunk, or a model family hf_hsap cannot run (:class:`~.model_check.UnsupportedModelError`).
     """
+    if is_encoder_config(config):  # a vision / audio tower's own mask (Idefics' padded patches): SDPA's, as the
+        from transformers.masking_utils import sdpa_mask  # tower's attention is SDPA's (encoder_attention.py)
+
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                         attention_mask=attention_mask, local_size=local_size, use_vmap=use_vmap,
+                         **({"device": device} if device is not None else {}), **kwargs)
     if use_vmap:
         raise ValueError(
             "attn_implementation='hsap' supports causal document-masked attention only, but this model adds a "

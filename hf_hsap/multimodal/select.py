@@ -29,7 +29,8 @@ _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepsta
 def _select(value: Any, rows: torch.Tensor) -> Any:
     """``value``'s feature rows ``rows``, in the container the model's merge expects."""
     if torch.is_tensor(value):
-        return value.reshape(-1, value.shape[-1])[rows.to(value.device)]  # [items, n, D] or [N, D] -> [n_local, D]
+        flat = value.reshape(-1, value.shape[-1])[rows.to(value.device)]  # [items, n, D] or [N, D] -> [n_local, D]
+        return flat.unsqueeze(0) if value.dim() == 3 else flat  # per item: one item of the local rows [1, n_local, D]
     if isinstance(value, (list, tuple)) and value and all(torch.is_tensor(v) for v in value):
         flat = torch.cat([v.reshape(-1, v.shape[-1]) for v in value])  # per-item [n_i, D] -> [N, D]
         return type(value)([flat[rows.to(flat.device)]])
@@ -46,6 +47,8 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
         want = items.tolist() if value.dim() == 3 else [int(items.sum())]
     elif isinstance(value, (list, tuple)) and value and all(torch.is_tensor(v) for v in value):
         got, want = [v.reshape(-1, v.shape[-1]).shape[0] for v in value], items.tolist()
+        if len(got) != len(want):  # one entry per batch row, not per item (Idefics: the row's images together)
+            got, want = [sum(got)], [int(items.sum())]
     else:
         return
     if got != want:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.vision import LAYOUT_KEY, VisionLayout, check_pixel_keys, item_sizes
+from ..data.vision import LAYOUT_KEY, TOKENS_KEY, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
 
 __all__ = ["ROWS_KEY", "image_blocks", "items_key", "shard_vision", "vision_keys"]
@@ -33,7 +33,7 @@ def items_key(name: str) -> str:
 
 def vision_keys(layout: VisionLayout) -> set[str]:
     """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
-    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY}
+    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY}
 
 
 def image_blocks(layout: VisionLayout, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:
@@ -101,12 +101,13 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
+        axis = m.item_axis if m.grid_key is None else 0  # a grid's pixel rows and per-item keys: axis 0
         pixels = batch[m.pixel_key]
-        local[m.pixel_key] = pixels[pixel_idx.to(pixels.device)]
+        local[m.pixel_key] = pixels.index_select(axis, pixel_idx.to(pixels.device))
         item_idx = torch.from_numpy(items)
         for key in m.item_keys:
             if batch.get(key) is not None:
                 value = torch.as_tensor(batch[key])
-                local[key] = value[item_idx.to(value.device)]
+                local[key] = value.index_select(axis, item_idx.to(value.device))
     local[ROWS_KEY] = rows_of
     return local

@@ -1,23 +1,26 @@
 """Which vision-language families hf_hsap trains on packed rows, and what it must know of each.
 
 A family is listed only where the tests show it exact (logits and every gradient against each document run
-alone): its placeholders are one per feature row in document order, and its positions are either 1-D (restarting
-per document) or its own multimodal rope index of each document alone. Families whose image placeholders depend
-on the image's size in ways the batch does not carry (LLaVA-NeXT's any-resolution tiles, Idefics3 image splitting),
-or that attend to images through cross-attention (Mllama), are refused with a fix.
+alone): its placeholders are the feature rows in document order, and its positions are either 1-D (restarting
+per document) or its own multimodal rope index of each document alone. Images carry their per-item keys
+(``image_sizes``, ``pixel_attention_mask``) in document order; where an image's placeholders depend on its size
+(LLaVA-NeXT's any-resolution tiles, Pixtral's image sizes) the model counts them per image (:mod:`.items`). Families
+that attend to images through cross-attention (Mllama) or whose inputs are not carried yet are refused with a fix.
 """
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from .items import anyres_counter, sizes_counter
 
-__all__ = ["GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm",
-           "probe_inputs", "vision_spec"]
+__all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
+           "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
 
 logger = get_logger(__name__)
 
@@ -31,6 +34,16 @@ GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4
 # exact in the multimodal zoo (scripts/vlm_zoo.py). The encoder's per-row feature count is checked every forward.
 UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
                               "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7"})
+# Any-resolution tiles: pixel_values [images, tiles, C, H, W] (tiles zero-padded to the batch's most) with
+# image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Videos:
+# pixel_values_videos [videos, frames, C, H, W], the same frames (and placeholders) for every video of a batch.
+ANYRES_FAMILIES = frozenset({"llava_next", "llava_next_video", "llava_onevision"})
+# A Pixtral tower: pixel_values [images, C, H, W] zero-padded to the batch's largest, image_sizes [images, 2] the true
+# sizes, (H // r) * (W // r) placeholders per image (LLaVA with a Pixtral tower too: see _is_pixtral_llava).
+SIZED_FAMILIES = frozenset({"mistral3", "lighton_ocr"})
+# Idefics: pixel_values [rows, images, C, H, W] and pixel_attention_mask [rows, images, H, W]; a packed row is one
+# sample whose images are every document's tiles (item axis 1), the same number of placeholders per tile.
+PER_ROW_FAMILIES = frozenset({"idefics2", "idefics3", "smolvlm", "granite_docling"})
 # Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
 # image)" that the "hsap" kernels do not take yet.
 _BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "paligemma"})
@@ -38,7 +51,8 @@ _BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "pal
 
 def accepted_families() -> frozenset[str]:
     """Every family :func:`vision_spec` accepts."""
-    return GRID_FAMILIES | GRID_IMAGE_FAMILIES | UNIFORM_FAMILIES
+    return GRID_FAMILIES | GRID_IMAGE_FAMILIES | UNIFORM_FAMILIES | ANYRES_FAMILIES | SIZED_FAMILIES | \
+        PER_ROW_FAMILIES
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -109,8 +123,27 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
         takes_types = "mm_token_type_ids" in inspect.signature(type(model).forward).parameters
         return VisionSpec(layout, rope_index=rope_index if callable(getattr(inner, "get_rope_index", None)) else None,
                           token_type_key="mm_token_type_ids" if takes_types else None)
+    if family in ANYRES_FAMILIES:
+        mods = [Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))]
+        if video is not None and callable(getattr(inner, "get_video_features", None)):  # [videos, frames, C, H, W]
+            mods.append(Modality("video", video, "pixel_values_videos", type_id=2))
+        count = anyres_counter(inner, one_image_per_document=family == "llava_onevision")
+        return VisionSpec(VisionLayout(family, tuple(mods), counted=("image",)), item_tokens=count)
+    if family in SIZED_FAMILIES or _is_pixtral_llava(config):
+        mod = Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))
+        ratio = int(config.vision_config.patch_size) * int(getattr(config, "spatial_merge_size", None) or 1)
+        return VisionSpec(VisionLayout(family, (mod,), counted=("image",)), item_tokens=sizes_counter(ratio))
+    if family in PER_ROW_FAMILIES:
+        mod = Modality("image", image, "pixel_values", item_keys=("pixel_attention_mask",), item_axis=1)
+        return VisionSpec(VisionLayout(family, (mod,)))
     layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
+
+
+def _is_pixtral_llava(config: Any) -> bool:
+    """A LLaVA whose vision tower is Pixtral's (it splits its features by ``image_sizes``)."""
+    vision = getattr(config, "vision_config", None)
+    return config.model_type == "llava" and getattr(vision, "model_type", None) == "pixtral"
 
 
 def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor) -> int:
@@ -149,8 +182,21 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     else:
         size = vision.image_size
         h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
-        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), h, w)
-        n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
+        channels = getattr(vision, "num_channels", 3)
+        pixels = torch.zeros(1, channels, h, w)
+        if spec.counts("image"):  # one image of the tower's size, with its image_sizes
+            extra["image_sizes"] = torch.tensor([[h, w]], device=device)
+            n_tokens = spec.item_tokens("image", {"image_sizes": extra["image_sizes"]})[0]
+            if spec.layout.family in ANYRES_FAMILIES:  # its tiles (the model's own count)
+                inner = inner_vlm(model)
+                tiles = sys.modules[type(inner).__module__].image_size_to_num_patches(
+                    image_size=[h, w], grid_pinpoints=model.config.image_grid_pinpoints, patch_size=h)
+                pixels = torch.zeros(1, int(tiles), channels, h, w)
+        elif image.item_axis == 1:  # Idefics: [rows, images, C, H, W]; an all-zero image would be padding
+            pixels = torch.ones(1, 1, channels, h, w)
+            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
+        else:
+            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
     ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)

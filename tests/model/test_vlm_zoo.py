@@ -1,9 +1,10 @@
 """CI subset of the multimodal zoo (``tests/workers/vlm_zoo*.py``; the full sweep is ``scripts/vlm_zoo.py`` -> the
 "Multimodal models" section of MODELS.md and ``benchmarks/results/vlm_zoo.json``).
 
-Two families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact at sp1 and at SP 2 against
-each document alone (float64, its vision tower's float32 island tolerance), and LLaVA-NeXT, refused by
-``vision_spec`` with a fix that runs (one document per row). The committed results have no WRONG and no crash, and
+Families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact at sp1 and at SP 2 against
+each document alone (float64, its vision tower's float32 island tolerance); every family whose images carry
+per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks), exact at
+sp1 and in one SP 2 mode with an image split across the ranks; and PaliGemma, refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no WRONG and no crash, and
 MODELS.md's section is what the script renders from them.
 """
 from __future__ import annotations
@@ -58,8 +59,26 @@ def test_accepted_family_is_exact_at_sp1_and_sp2(vlm_pools, script) -> None:
     assert script.family_status(rec) == "exact"
 
 
+# the families of per-item keys, each with one SP mode that splits an image across the two ranks
+PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_onevision", "sp2_u1"),
+            ("mistral3", "sp2_u2"), ("lighton_ocr", "sp2_u1"), ("idefics2", "sp2_u2"), ("idefics3", "sp2_u1"),
+            ("smolvlm", "sp2_u2"), ("granite_docling", "sp2_u1")]
+
+
+@pytest.mark.parametrize("family,mode", PER_ITEM)
+def test_per_item_family_is_exact_at_sp1_and_sp2(family: str, mode: str, vlm_pools, script) -> None:
+    rec = vlm_zoo_run.run_family(family, vlm_pools, modes=("sp1", mode))
+    assert rec["status"] == "run" and rec["spec"] == {"outcome": "accepted"}, rec.get("spec")
+    assert set(rec["results"]) == {"sp1", mode}
+    for m, res in rec["results"].items():
+        assert res["outcome"] == "exact", (m, res)
+        assert max(res["err"]["logits"], res["err"]["loss"], res["err"]["grads"]) <= rec["tol"]
+    assert rec["results"][mode]["split"] == 2  # both ranks hold part of one image
+    assert script.family_status(rec) == "exact"
+
+
 def test_refused_family_names_a_fix_that_runs(script) -> None:
-    rec = vlm_zoo_run.run_family("llava_next", None, modes=("sp1",), probe=False)
+    rec = vlm_zoo_run.run_family("paligemma", None, modes=("sp1",), probe=False)
     assert rec["status"] == "run" and rec["spec"]["outcome"] == "refused"
     assert "one document per row" in rec["spec"]["error"]
     assert rec["fix"] is True  # each document alone (what the refusal says to do) ran with SDPA

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
-from hf_hsap.multimodal import vision_spec
+from hf_hsap.multimodal import ROWS_KEY, vision_spec
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
 from workers.vlm import alone_backward, weights
@@ -37,12 +37,14 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # packed row, a rank's local items) or split across ranks (encoded by both, its backward arriving as two partial
 # sums) moves by float32 rounding: Qwen-VL-like vision towers apply their rotary embedding in float32
 # (apply_rotary_pos_emb_vision casts q and k: Qwen2/2.5/3-VL, EXAONE 4.5, GLM-OCR, HyperCLOVA X's Qwen2.5-VL tower);
-# Pixtral's tower (Mistral 3, LightOnOCR) normalizes in float32 (PixtralRMSNorm). Gemma 3's text model normalizes in
+# Pixtral's tower (Mistral 3, LightOnOCR) normalizes in float32 (PixtralRMSNorm), and so does Idefics 2's perceiver
+# resampler (Idefics2RMSNorm casts its input to float32; with that norm patched to float64 its SP 2 / SP 4 modes are
+# exact to 1e-14). Gemma 3's text model normalizes in
 # float32 (Gemma3RMSNorm casts x and the weight), so a norm weight's gradient is a float32 sum over the tokens, per
 # document in the reference and over the packed row here; Transformers' own packed row of Gemma 3 is not exact
 # (its image-block mask), so it cannot measure that (see tolerance). ShieldGemma 2 is Gemma 3's model class.
 ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
-              "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7,
+              "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
               "gemma3": 1e-6, "shieldgemma2": 1e-6}
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
@@ -194,8 +196,9 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     """One rank of a mode: the packed row through ``shard_batch`` + ``model(**local)`` ("hsap").
 
     Returns:
-        ``{"group", "index" [T_local], "logits" [T_local, V], "loss", "num_items", "real"}`` and, on SP rank 0,
-        ``"grads"`` (summed over the SP group).
+        ``{"group", "index" [T_local], "logits" [T_local, V], "loss", "num_items", "real", "split"}`` (split:
+        whether this rank holds part of an image or video only, 0 / 1 per modality) and, on SP rank 0, ``"grads"``
+        (summed over the SP group).
     """
     import torch.distributed as dist
 
@@ -210,6 +213,8 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         batch = hf_hsap.PackingCollator(real, pad_to_multiple_of=sp_size, vision=spec)(docs)
         local = hf_hsap.shard_batch(batch, sp)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
+        rows = local.get(ROWS_KEY, {})
+        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
         out = model(**local)
         hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
@@ -224,7 +229,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         dist.all_reduce(loss, group=sp.group)
     group = dist.get_rank() // sp_size if sp_size > 1 else 0
     res = {"group": group, "index": idx, "logits": logits.detach(), "loss": float(loss), "real": real,
-           "num_items": int(local["num_items_in_batch"])}
+           "num_items": int(local["num_items_in_batch"]), "split": split}
     if sp_size == 1 or sp.rank == 0:
         res["grads"] = grads
     return res
@@ -311,4 +316,5 @@ def combine(ref: dict[str, Any], records: list[dict[str, Any]], tol: float) -> d
         res = compare(ref, [r for r in records if r["group"] == g], tol)
         if worst["outcome"] == "exact":
             worst = res
+    worst["split"] = sum(r.get("split", 0) for r in records if r["group"] == 0)  # group 0's ranks holding part of an item
     return worst

@@ -51,6 +51,7 @@ _RANDOM_WORDS = (*ZC.DROPOUT_WORDS, "drop_path")  # dropout and stochastic depth
 SPECIAL_SUFFIXES = ("_token_id", "_token_index")
 _PLAIN_TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "_pad_token_id")
 
+ANYRES_PINPOINTS = [[8, 8], [8, 16], [16, 8], [16, 16]]
 # family -> config arguments on top of the generic shrinking (``text_config`` / ``vision_config`` dicts merge)
 OVERRIDES: dict[str, dict[str, Any]] = {
     "aria": {"projector_patch_to_query_dict": {16: 4}},  # 16 patches of a tiny image -> 4 queries
@@ -60,9 +61,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "inkling2_loop": {"vision_config": {"posemb_grid_size": 4}},
     "llama4": {"vision_config": {"intermediate_size": 128, "projector_input_dim": 64, "projector_output_dim": 64,
                                  "vision_output_dim": 64}},  # the pixel shuffle (ratio 0.5) makes 4x the width
-    "llava_next": {"image_grid_pinpoints": [[8, 8]]},
-    "llava_next_video": {"image_grid_pinpoints": [[8, 8]]},
-    "llava_onevision": {"image_grid_pinpoints": [[8, 8]]},
+    # any-resolution: 1 to 4 tiles of 8 pixels (plus the base image) by the image's size (vlm_zoo_docs.SHAPES)
+    "llava_next": {"image_grid_pinpoints": ANYRES_PINPOINTS},
+    "llava_next_video": {"image_grid_pinpoints": ANYRES_PINPOINTS},
+    "llava_onevision": {"image_grid_pinpoints": ANYRES_PINPOINTS},
+    "lighton_ocr": {"vision_config": {"image_size": 32}},  # Pixtral: images up to 32 pixels a side
+    "mistral3": {"vision_config": {"image_size": 32}},
+    # Idefics 3 tiles of 16 pixels: 16 placeholders each (4 of 8 pixels), so that SP splits one
+    "granite_docling": {"vision_config": {"image_size": 16, "scale_factor": 2}},
+    "idefics3": {"vision_config": {"image_size": 16}},
+    "smolvlm": {"vision_config": {"image_size": 16}},
     "mllama": {"vision_config": {"image_size": 8, "num_global_layers": 1, "intermediate_layers_indices": [0],
                                  "vision_output_dim": 64}, "text_config": {"cross_attention_layers": [1]}},
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},

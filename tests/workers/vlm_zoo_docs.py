@@ -2,14 +2,17 @@
 them.
 
 A document is ``text, [start] placeholders [end], text``: its pixels are made for the family's input kind (one
-``[1, C, S, S]`` image, any-resolution tiles with ``image_sizes``, Idefics' images per row, Gemma 4's patches with
-their positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is
-what the model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families
-of :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
+``[1, C, S, S]`` image, any-resolution tiles with ``image_sizes`` (1 to 4 tiles and the base image, by the
+document's image size), Pixtral's images of their own sizes with ``image_sizes``, Idefics' images per row with their
+``pixel_attention_mask`` (1 to 4 tiles, the last one's right patches padding), Gemma 4's patches with their
+positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is what the
+model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families of
+:data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
 """
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +92,29 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
             return doc
         return make
 
+    def tiles(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        sizes = [2 * thw[1], 2 * thw[2]]  # grid (1, 8, 8): a 16x16 image in 4 tiles and the base image
+        count = sys.modules[type(feature_module(model)).__module__].image_size_to_num_patches
+        n = int(count(image_size=sizes, grid_pinpoints=config.image_grid_pinpoints, patch_size=size))
+        return {"pixel_values": torch.randn(1, n, c, size, size, generator=g, dtype=dtype),
+                "image_sizes": torch.tensor([sizes])}
+
+    def sized(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): a 32x32 image (64 placeholders after the 2x2 merge)
+        return {"pixel_values": torch.randn(1, c, h, w, generator=g, dtype=dtype), "image_sizes": torch.tensor([[h, w]])}
+
+    def per_row(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        n = max(1, thw[1] // 2)  # grid (1, 8, 8): 4 images (an image split into tiles), else 1 or 2
+        mask = torch.ones(1, n, size, size, dtype=torch.bool)
+        mask[0, -1, :, size - PATCH:] = False  # the last tile's right patches are padding
+        return {"pixel_values": torch.randn(1, n, c, size, size, generator=g, dtype=dtype) * mask[:, :, None],
+                "pixel_attention_mask": mask}
+
+    def tile_mask(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        n = max(1, thw[1] // 2)  # as per_row, with one flag per tile (Granite-Docling: real tiles)
+        return {"pixel_values": torch.randn(1, n, c, size, size, generator=g, dtype=dtype),
+                "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
+
     out = []
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -97,8 +123,13 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
             return {"pixel_values": torch.randn(1, side * side, c * patch * patch, generator=g, dtype=dtype),
                     "image_position_ids": xy.reshape(1, -1, 2)}
         out.append(("patches with positions", patches))
-    if getattr(config, "image_grid_pinpoints", None):  # any-resolution: the base image and one tile
-        out.append(("any-res tiles", image((1, 2, c, size, size), True)))
+    if getattr(config, "image_grid_pinpoints", None):  # any-resolution: the base image and its tiles by its size
+        out.append(("any-res tiles", tiles))
+    if getattr(v, "model_type", None) == "pixtral":  # images of their own sizes (Pixtral)
+        out.append(("sized image", sized))
+    if "pixel_attention_mask" in params:  # Idefics: a row's images (tiles) and their pixel masks
+        out.append(("images per row with masks", per_row))
+        out.append(("tiles per row with a tile mask", tile_mask))
     with_sizes = "image_sizes" in params
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
@@ -130,7 +161,7 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
     Raises:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
-    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes"}
+    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
@@ -155,12 +186,14 @@ def _marker(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
 
 
 def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]] = SHAPES,
-              seed: int = 0, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+              seed: int = 0, dtype: torch.dtype = torch.float64, examples: bool = True) -> list[dict[str, Any]]:
     """Documents as a processor would give them (see the module docstring).
 
     Args:
         config: the family's tiny config; model: a model of it (asked how many rows an image becomes);
-        shapes: per document ``(text before, grid or None, text after)``; seed: tokens and pixels; dtype: pixels.
+        shapes: per document ``(text before, grid or None, text after)``; seed: tokens and pixels; dtype: pixels;
+        examples: the families of ``TINY_VLMS`` take ``vlm_documents`` (False: the input kinds here, e.g. for a
+        LLaVA with a Pixtral tower).
 
     Returns:
         One dict per document: ``input_ids [n]``, ``labels [n]`` (-100 on placeholders and markers), the image
@@ -170,7 +203,7 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     Raises:
         NotBuildable: no image token id, or the model refuses the images made for it.
     """
-    if config.model_type in TINY_VLMS:
+    if examples and config.model_type in TINY_VLMS:
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     token = image_token_id(config)
     if token is None:
@@ -207,3 +240,37 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def with_videos(config: Any, model: torch.nn.Module, docs: list[dict[str, Any]], *, frames: int = 2, every: int = 2,
+                seed: int = 1, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+    """``docs`` with a video (``pixel_values_videos [1, frames, C, S, S]``) at the end of every ``every``-th one,
+    its placeholders (``video_token_id``) as many as the model's ``get_video_features`` returns rows.
+
+    Args:
+        config: the family's tiny config; model: a model of it; docs: from :func:`documents`; frames: per video;
+        every: which documents get a video; seed: the videos' pixels; dtype: of the pixels.
+
+    Returns:
+        New document dicts (the inputs are not modified).
+    """
+    c, size, _, _ = _geometry(config)
+    token = next(getattr(config, n) for n in ("video_token_id", "video_token_index")
+                 if isinstance(getattr(config, n, None), int))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, doc in enumerate(docs):
+        doc = dict(doc)
+        if i % every == 0:
+            video = torch.randn(1, frames, c, size, size, generator=g, dtype=dtype)
+            with torch.no_grad():
+                feats = feature_module(model).get_video_features(video.to(model.dtype), return_dict=True).pooler_output
+            n = feats.numel() // feats.shape[-1]
+            doc["pixel_values_videos"] = video
+            doc["input_ids"] = torch.cat([doc["input_ids"], torch.full((n,), token), torch.tensor([5])])
+            doc["labels"] = torch.cat([doc["labels"], torch.full((n,), -100), torch.tensor([5])])
+            for key in ("token_type_ids", "mm_token_type_ids"):
+                if key in doc:
+                    doc[key] = (doc["input_ids"] == image_token_id(config)).to(torch.int64)
+        out.append(doc)
+    return out
