@@ -139,11 +139,8 @@ def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int
                    seen: dict[str, tuple[int, Any]]) -> int:
     """The items of a one-row-per-item modality in one example, after checking its placeholders split evenly, the
     same number per item as the batch's earlier examples."""
-    items = _n_items(m, ex, n)
+    items = _items_with_pixels(m, ex, n, placeholders)
     if items == 0:
-        if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
-                             f"{m.pixel_key}; keep the processor's pixels with each document")
         return 0
     if placeholders == 0:
         raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
@@ -157,6 +154,15 @@ def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int
                    lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens (id {m.token_id}) "
                                     f"per {m.name} where example {k} holds {first}; every {m.name} of this family has "
                                     "the same number: give each its processor's placeholders")
+    return items
+
+
+def _items_with_pixels(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
+    """:func:`_n_items`, after refusing placeholders without pixels."""
+    items = _n_items(m, ex, n)
+    if items == 0 and placeholders:
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+                         f"{m.pixel_key}; keep the processor's pixels with each document")
     return items
 
 
@@ -175,11 +181,8 @@ def _n_items(m: Modality, ex: Mapping[str, Any], n: int) -> int:
 def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
     """The items of a counted modality in one example, after checking that the model's count of each item's
     placeholders (:attr:`VisionSpec.item_tokens`) adds up to the document's placeholders."""
-    items = _n_items(m, ex, n)
+    items = _items_with_pixels(m, ex, n, placeholders)
     if items == 0:
-        if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
-                             f"{m.pixel_key}; keep the processor's pixels with each document")
         return 0
     missing = [k for k in m.item_keys if ex.get(k) is None]
     if missing:
