@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from helpers import environ_kept
 from hf_hsap.checkpoint import COMPLETE_MARKER, PreemptionHandler
 
 from .sp_model import _trainer_rows, make_model
@@ -25,6 +26,7 @@ def ranks_agree_on_a_signal(signal_rank: int) -> list[bool]:
     return seen
 
 
+@environ_kept  # a pool rank runs later tests: Trainer / Accelerate set launch variables
 def trainer_preempted_then_resumed(sp_size: int, out_dir: str) -> dict[str, Any]:
     """HSAPTrainer, 5 steps, a checkpoint every 2: uninterrupted; then SIGTERM on rank 1 during step 3 (saved as
     checkpoint-3, one complete checkpoint kept); then a partial checkpoint-4 appears and

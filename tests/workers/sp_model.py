@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from helpers import adopt_process_group
+from helpers import adopt_process_group, environ_kept
 
 import hf_hsap
 from hf_hsap.integrations import register, shard_batch
@@ -150,6 +150,7 @@ def loader_order(sp_size: int, n_batches: int) -> dict[str, Any]:
     return {"len": len(loader), "yielded": len(seen), "firsts": firsts}
 
 
+@environ_kept  # a pool rank runs later tests: Trainer / Accelerate set launch variables
 def sft_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> list[float]:
     """TRL SFTTrainer (packing, padding-free) for ``steps`` steps; the logged training losses (``extra``: more
     ``HSAPSFTConfig`` fields)."""
@@ -174,6 +175,7 @@ def sft_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> list
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
+@environ_kept  # a pool rank runs later tests: Trainer / Accelerate set launch variables
 def sft_logs(sp_size: int, out_dir: str, *, plain_trl: bool = False, steps: int = 3,
              **extra: Any) -> dict[str, Any]:
     """The training logs of :func:`sft_losses`'s run (loss, entropy, mean token accuracy, tokens per logged step),
@@ -225,6 +227,7 @@ def _trainer_rows(sp_size: int, seed: int, n: int) -> Any:
     return Dataset.from_list([{"input_ids": torch.randint(3, VOCAB, (k,), generator=g).tolist()} for k in lens])
 
 
+@environ_kept  # a pool rank runs later tests: Trainer / Accelerate set launch variables
 def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
     """HSAPTrainer: 4 steps with a checkpoint at step 2, then a fresh trainer resumed from it for steps 3-4."""
     from transformers import TrainingArguments
@@ -249,6 +252,7 @@ def trainer_resume_losses(sp_size: int, out_dir: str) -> dict[str, Any]:
     return {"full": full, "resumed": resumed}
 
 
+@environ_kept  # a pool rank runs later tests: Trainer / Accelerate set launch variables
 def trainer_losses(sp_size: int, out_dir: str, steps: int = 3, **extra: Any) -> dict[str, Any]:
     """transformers Trainer (HSAPTrainer) with hf_hsap's PackingCollator: logged train losses and eval loss
     (``extra``: more ``HSAPTrainingArguments`` fields, e.g. the memory levers)."""
