@@ -59,7 +59,9 @@ def soak_worker(steps: int, tokens: int = 256, cache_size: int = 64, seed: int =
 
     Returns:
         ``steps``, ``step_s`` (every step's wall time), ``samples`` (``step``, ``rss_mib``, ``cache``,
-        ``peers``, ``logged``), ``cache_maxsize``, ``misses``, ``hits``, ``loss_first`` / ``loss_last``.
+        ``peers``, ``logged``), ``cache_maxsize``, ``misses``, ``hits``, ``entries_per_layout`` (the cache
+        entries one new layout makes: one per Ulysses degree and the choice with ``ulysses_size="per_batch"``, else
+        one), ``loss_first`` / ``loss_last``.
     """
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -110,6 +112,8 @@ def soak_worker(steps: int, tokens: int = 256, cache_size: int = 64, seed: int =
                             "peers": len(sp.comm_stats.per_peer_bytes_sent), "logged": _logged_cases()})
     return {"steps": steps, "world": world, "tokens": tokens, "step_s": step_s, "samples": samples,
             "cache_maxsize": cache_size, "misses": sp.plan_cache.misses, "hits": sp.plan_cache.hits,
+            # a new layout's cache entries: with ulysses_size="per_batch" one plan per degree and the choice
+            "entries_per_layout": len(sp.degrees) + 1 if len(sp.degrees) else 1,
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
