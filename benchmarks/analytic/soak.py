@@ -24,7 +24,8 @@ def summarize(ranks: list[dict[str, Any]], warmup: int | None = None) -> dict[st
 
     Returns:
         ``rss_growth_mib`` (largest RSS after the warm-up minus the RSS at it, worst rank), ``cache_max`` /
-        ``cache_maxsize``, ``distinct_layouts`` (plan-cache misses of rank 0 over the entries one layout makes), ``peers_max``, ``logged_growth``,
+        ``cache_maxsize``, ``distinct_layouts`` (plan-cache misses of rank 0 over the entries one layout makes),
+        ``peers_max``, ``logged_growth``,
         ``steps_per_s_q2`` / ``steps_per_s_q4`` (second and last quarter, slowest rank per step) and ``drift``
         (their relative change).
     """
@@ -44,7 +45,8 @@ def summarize(ranks: list[dict[str, Any]], warmup: int | None = None) -> dict[st
             "rss_end_mib": max(r["samples"][-1]["rss_mib"] for r in ranks), "rss_growth_mib": growth,
             "cache_max": max(s["cache"] for r in ranks for s in r["samples"]),
             "cache_maxsize": ranks[0]["cache_maxsize"],
-            "distinct_layouts": ranks[0]["misses"] / ranks[0].get("entries_per_layout", 1), "peers_max": max(s["peers"] for r in ranks for s in r["samples"]),
+            "distinct_layouts": ranks[0]["misses"] / ranks[0].get("entries_per_layout", 1),
+            "peers_max": max(s["peers"] for r in ranks for s in r["samples"]),
             "logged_growth": logged, "steps_per_s_q2": q2, "steps_per_s_q4": q4, "drift": q4 / q2 - 1.0,
             "loss_first": ranks[0]["loss_first"], "loss_last": ranks[0]["loss_last"]}
 
