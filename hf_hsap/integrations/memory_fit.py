@@ -4,19 +4,18 @@ A micro-batch of ``HSAPSFTTrainer`` is ``per_device_train_batch_size`` packed ro
 into one row (padding-free), so that is the row the memory model (:mod:`hf_hsap.memory.model`) is asked about. The
 device's memory: ``hsap_memory_per_device_gib``, else the GPU's less a reserve; on CPU without the field the device
 is not checked. The host's (:mod:`hf_hsap.memory.host`): ``hsap_host_memory_gib`` per node, else this machine's
-physical memory; the processes sharing it: the launcher's ``LOCAL_WORLD_SIZE``, else every process (at most the GPUs
-this machine has). ``HSAPTrainer`` (whose collator sets the row) is not checked.
+physical memory; the processes sharing it: the SP group's ranks per node (``gpus_per_node``, else the launcher's
+``LOCAL_WORLD_SIZE``, else the GPUs), at most the world. ``HSAPTrainer`` (whose collator sets the row) is not checked.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
 import torch
 
 __all__ = ["HOST_FLAGS", "TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits", "detect_offload",
-           "local_processes", "machine_memory_gib", "process_footprint_gib"]
+           "machine_memory_gib", "process_footprint_gib"]
 
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
 TRAINER_LEVER_FLAGS = {"chunked_loss": "--hsap_chunked_loss", "gradient_checkpointing": "--gradient_checkpointing",
@@ -32,16 +31,6 @@ HOST_FLAGS = {"host_memory_gib": "--hsap_host_memory_gib",
 def machine_memory_gib() -> float:
     """This machine's physical memory (GiB): the host memory of the node the process runs on."""
     return psutil.virtual_memory().total / 2**30
-
-
-def local_processes(world: int, device: torch.device) -> int:
-    """The training processes sharing this node's host memory: the launcher's ``LOCAL_WORLD_SIZE`` (torchrun,
-    Accelerate), else ``world`` (on CUDA at most the GPUs this machine has)."""
-    if os.environ.get("LOCAL_WORLD_SIZE"):
-        return max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
-    if device.type == "cuda":
-        return max(1, min(world, torch.cuda.device_count()))
-    return max(1, world)
 
 
 def process_footprint_gib(config: Any, param_dtype: str) -> float:
@@ -101,6 +90,13 @@ def detect_offload(accelerator: Any) -> str:
     return "none"
 
 
+def _processes_per_node(sp: Any, world: int) -> int:
+    """The training processes sharing this node's host memory: the SP group's ranks per node
+    (:func:`hf_hsap.init_sequence_parallel`'s rule: ``gpus_per_node``, ``LOCAL_WORLD_SIZE``, the GPUs), at most the
+    world."""
+    return max(1, min(world, getattr(sp, "gpus_per_node", None) or world))
+
+
 def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, memory_gib: float | None, sp: Any,
                           levers: Any, host_memory_gib: float | None = None, offload: str | None = None,
                           footprint_gib: float | None = None, **kw: Any) -> None:
@@ -143,7 +139,7 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
                    device="cuda" if on_cuda else "cpu",
                    offload=detect_offload(accelerator) if offload is None else offload,
                    host_memory_gib=machine_memory_gib() if host_memory_gib is None else host_memory_gib,
-                   gpus_per_node=local_processes(world, device), footprint_gib=footprint, **kw)
+                   gpus_per_node=_processes_per_node(sp, world), footprint_gib=footprint, **kw)
 
 
 def check_trainer_row_fits(trainer: Any, model: Any, sft: bool) -> None:
