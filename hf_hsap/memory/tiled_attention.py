@@ -26,9 +26,8 @@ logger = get_logger(__name__)
 
 # Query rows per tile (and keys per chunk of the backward). Large enough that each kernel call fills a GPU (8K queries
 # x 32 heads are 2,048 flash blocks of 128 rows) and that the Python loop's calls, about (T / 8K)^2 / 2 per layer for
-# one document of T tokens, cost ~1 % of the kernels' time at 1M tokens; small enough that one tile's buffers (about
-# 60 KB per tile token for Llama-3-8B: float32 dQ twice, dQ, GQA-expanded dK|dV) stay near 0.5 GiB. A multiple of
-# flash's 128-row blocks.
+# one document of T tokens, stay few beside the kernels' work; small enough that one tile's buffers (float32 dQ
+# twice, dQ, GQA-expanded dK|dV) stay a small part of a GPU. A multiple of flash's 128-row blocks.
 DEFAULT_ATTENTION_TILE_TOKENS = 8192
 
 
