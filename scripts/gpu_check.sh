@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device checks for one lent GPU, in one command (see README "GPU checks"): the CUDA tests, the memory levers
 # and the memory model against torch.cuda.max_memory_allocated (tests/cuda/check_memory.py, $OUT/memory.json) and
-# the TRL SFT path's memory, chunked loss beside TRL's fused head (tests/cuda/check_sft_memory.py, $OUT/sft_memory.json), the
+# the TRL SFT path's memory, chunked loss beside TRL's fused head (tests/cuda/check_sft_memory.py, $OUT/sft_memory.json),
+# the activation offloading's pinned slab (tests/cuda/check_slab_offload.py), the
 # packed vision-language models (tests/cuda/check_vlm.py), the packed hybrid models with fla / mamba-ssm /
 # causal-conv1d where installed (tests/cuda/check_hybrid.py), then the cost-model calibration. Run from the
 # repository root on the GPU machine, whose python3 has torch with CUDA. Logs and calibration.json go to $OUT (the
@@ -19,6 +20,8 @@ tests_rc=${PIPESTATUS[0]}
 OUT=$out timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/check_memory.py 2>&1 | tee "$out/memory.log"
 mem_rc=${PIPESTATUS[0]}
 OUT=$out timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/cuda/check_sft_memory.py 2>&1 | tee "$out/sft_memory.log"
+[ "${PIPESTATUS[0]}" = 0 ] || mem_rc=1
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/cuda/check_slab_offload.py 2>&1 | tee "$out/slab_offload.log"
 [ "${PIPESTATUS[0]}" = 0 ] || mem_rc=1
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/cuda/check_vlm.py 2>&1 | tee "$out/vlm.log"
 vlm_rc=${PIPESTATUS[0]}

@@ -118,8 +118,8 @@ class HSAPTrainingArguments(HSAPArguments, TrainingArguments):
     ``activation_offloading`` (the name TRL users know; ``SFTConfig`` has it already)."""
 
     activation_offloading: bool = field(default=False, metadata={
-        "help": "move the tensors saved for backward to host memory, overlapped on a side stream (TRL's context; "
-                "CUDA only)"})
+        "help": "move the tensors saved for backward to one exactly sized pinned host slab on a side stream "
+                "(hf_hsap's SlabOffload; CUDA only)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -75,8 +75,16 @@ class HSAPTrainerMixin:
     def __init__(self, *args: Any, sp: Any = None, hsap_config: Any = None,
                  preemption_signals: Iterable[int] = PREEMPTION_SIGNALS, **kwargs: Any) -> None:
         register()
-        _no_offloading_without_accelerator(kwargs.get("args", args[1] if len(args) > 1 else None))
-        super().__init__(*args, **kwargs)
+        train_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        _no_offloading_without_accelerator(train_args)
+        offloading = bool(getattr(train_args, "activation_offloading", False))
+        if offloading:  # hf_hsap's exactly sized slab (prepare_model's levers), not TRL's power-of-two pinned tensors
+            train_args.activation_offloading = False
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            if offloading:
+                train_args.activation_offloading = True
         self.hsap_preempted = False  # set when a signal stopped the last train() call
         self._hsap_preemption = PreemptionHandler(preemption_signals)
         self.add_callback(_PreemptionCallback(self))
@@ -102,16 +110,15 @@ class HSAPTrainerMixin:
         """The memory levers of ``args`` (:class:`~hf_hsap.MemoryLevers`) that :func:`~.prepare.prepare_model`
         applies to the unwrapped model.
 
-        The Trainer enables gradient checkpointing itself (``gradient_checkpointing``). ``HSAPSFTTrainer`` keeps
-        TRL's own offloading, and TRL's fused LM head where its loss is not plain next-token cross-entropy
-        (:meth:`_hsap_chunked_loss_fits`)."""
+        The Trainer enables gradient checkpointing itself (``gradient_checkpointing``). ``activation_offloading``
+        (TRL's flag on ``HSAPSFTTrainer``) runs hf_hsap's :class:`~hf_hsap.memory.offload.SlabOffload` in place of
+        TRL's context. ``HSAPSFTTrainer`` keeps TRL's fused LM head where its loss is not plain next-token
+        cross-entropy (:meth:`_hsap_chunked_loss_fits`)."""
         from ..memory import MemoryLevers
 
         levers = self.args.memory_levers() if hasattr(self.args, "memory_levers") else MemoryLevers()
-        sft = _SFTTrainer is not None and isinstance(self, _SFTTrainer)
         return levers.replace(gradient_checkpointing=False,
-                              chunked_loss=levers.chunked_loss and self._hsap_chunked_loss_fits(),
-                              activation_offloading=levers.activation_offloading and not sft)
+                              chunked_loss=levers.chunked_loss and self._hsap_chunked_loss_fits())
 
     def _hsap_chunked_loss_fits(self) -> bool:
         """Whether this trainer's loss is what the chunked head computes (the Trainer's own: always)."""

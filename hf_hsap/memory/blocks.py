@@ -7,7 +7,7 @@
   layers first (``ceil(L / b)`` checkpoints instead of ``L``; the recompute holds ``b`` layers' saved tensors).
   The SAP attention recomputes its transfers inside the block as it does inside one layer (every rank recomputes
   the same layers in the same order). A last block may be shorter (``L % b`` layers).
-* ``layers_kept_on_device`` (``k``): TRL's offloading context moves every saved tensor to the host; the last ``k``
+* ``layers_kept_on_device`` (``k``): the offloading context moves every saved tensor to the host; the last ``k``
   decoder layers run inside TRL's ``NoOpManager`` (as TRL does for the LM head), so what they save (with
   checkpointing: their checkpoints) stays on the device. The last ones, because the backward starts with them: their
   tensors would be copied back first, with no earlier computation to hide the copy behind, and the forward's last

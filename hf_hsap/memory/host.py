@@ -25,8 +25,9 @@ the world size, ``P`` = parameters, ``w`` = bytes of a 16-bit or float32 weight)
 
 **Pinned memory** comes from PyTorch's caching host allocator, which rounds every allocation up to a power of two
 (``CachingHostAllocator.h``: ``PowerOf2Ceil``, unless ``pinned_max_round_threshold`` is set; unlimited by
-default): :func:`pinned_bytes`. TRL's activation offloading pins one host tensor per saved tensor
-(``torch.empty_like(..., pin_memory=True)``), so a checkpointed layer input of 6 GB takes 8 GiB of the host.
+default): :func:`pinned_bytes`; the engines' offload buffers are priced so. TRL's activation offloading pins one
+host tensor per saved tensor that way (a checkpointed layer input of 6 GB takes 8 GiB of the host); hf_hsap's
+offloading does not: it cuts a step's saved tensors from one exactly sized registered slab (:mod:`.offload`).
 
 **Host memory** (:class:`HostMemory`, :func:`host_memory`) per process: the process's own footprint (Python, torch,
 the CUDA runtime and kernels, NCCL, the data loader: :data:`DEFAULT_PROCESS_FOOTPRINT_GIB`), the offloaded
@@ -179,7 +180,7 @@ class HostMemory:
     Attributes:
         footprint: the process's own (Python, torch, CUDA runtime, NCCL, data loader).
         cpu_step: on CPU, every tensor of the step (the device terms live in host memory); 0 on CUDA.
-        activations: the offloaded saved tensors (pinned; TRL's activation offloading).
+        activations: the offloaded saved tensors (hf_hsap's pinned slab, :mod:`.offload`).
         optimizer: offloaded master weights and moments, and the CPU step's temporaries.
         grads: offloaded gradient buffers. params: offloaded parameters.
         gpus_per_node: processes per node.

@@ -10,9 +10,9 @@
   :func:`hf_hsap.integrations.hsap_model_loss`).
 * ``gradient_checkpointing``: Transformers' own (``model.activation_checkpointing_enable``), non-reentrant: each decoder
   layer keeps only its input and recomputes the rest in backward (the SAP attention recomputes its transfers too).
-* ``activation_offloading``: TRL's context (``trl.models.activation_offloading``): tensors saved for backward (with
-  checkpointing, the layers' inputs) go to pinned host memory on a side stream and come back ahead of their
-  backward. On CPU activations are already in host memory: nothing to do (logged).
+* ``activation_offloading``: :class:`~.offload.SlabOffload`: tensors saved for backward (with checkpointing, the
+  layers' inputs) go to one exactly sized pinned host slab on a side stream and come back for their backward (TRL's
+  context rounds each up to a power of two). On CPU activations are already in host memory: nothing to do (logged).
 * ``tiled_mlp``: :func:`~.tiled_mlp.enable_tiled_mlp`.
 * ``recompute_norms``: :func:`~.norms.enable_norm_recompute` (each RMSNorm saves only its input; its backward
   runs one tile of tokens at a time).
@@ -38,6 +38,7 @@ from ..model_state import ModelChanges
 from .blocks import enable_checkpoint_blocks, keep_layers_on_device
 from .head import enable_chunked_loss
 from .norms import enable_norm_recompute
+from .offload import slab_offload_context
 from .tiled_attention import DEFAULT_ATTENTION_TILE_TOKENS, enable_tiled_attention
 from .tiled_mlp import DEFAULT_TILE_TOKENS, enable_tiled_mlp
 
@@ -71,7 +72,7 @@ class MemoryLevers:
         checkpoint_layers: with gradient checkpointing (this lever's or the Trainer's), decoder layers per
             checkpoint: a block keeps only its input and recomputes all its layers in backward (default 1: each
             layer). The first training forward refuses blocks without checkpointing.
-        layers_kept_on_device: with activation offloading (this lever's or TRL's), the last this many decoder
+        layers_kept_on_device: with activation offloading, the last this many decoder
             layers' saved tensors stay on the device (default 0: all offloaded).
     """
 
@@ -106,7 +107,7 @@ class MemoryLevers:
         Args:
             checkpointing: whether gradient checkpointing is on (default: this object's switch; a Trainer's own
                 comes from its arguments).
-            offloading: whether activation offloading is on (default: this object's switch; TRL's own comes from
+            offloading: whether activation offloading is on (default: this object's switch; a Trainer's comes from
                 its arguments).
 
         Returns:
@@ -132,7 +133,8 @@ NOTHING_TO_OFFLOAD = "hf_hsap: activation offloading has nothing to move on CPU 
 
 
 def has_accelerator() -> bool:
-    """A device to offload activations from (TRL's context moves them from it to host memory; none on CPU)."""
+    """A device to offload activations from (the offloading context moves them from it to host memory; none on
+    CPU)."""
     return hasattr(torch, "accelerator") and torch.accelerator.current_accelerator() is not None
 
 
@@ -170,8 +172,8 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         attention_layers: the decoder's attention layers (the tiled attention's; ``prepare_model`` finds them).
 
     Returns:
-        A factory of the context every forward + backward runs in (TRL's offloading context on CUDA, else a null
-        context).
+        A factory of the context every forward + backward runs in (:class:`~.offload.SlabOffload` on an
+        accelerator, else a null context).
 
     Raises:
         ValueError: a lever this model cannot use (a head that is not linear, a model without checkpointing).
@@ -189,15 +191,11 @@ def apply_memory_levers(model: nn.Module, levers: MemoryLevers, changes: ModelCh
         _enable_checkpointing(model, changes)
     if levers.checkpoint_layers > 1:  # checkpointing may be the Trainer's, turned on later: checked at the forward
         enable_checkpoint_blocks(model, changes, per_block=levers.checkpoint_layers)
-    if levers.layers_kept_on_device:  # the offloading context may be TRL's own (HSAPSFTTrainer)
+    if levers.layers_kept_on_device:
         keep_layers_on_device(model, changes, kept=levers.layers_kept_on_device)
     if not levers.activation_offloading:
         return contextlib.nullcontext
     if not has_accelerator():
         logger.info(NOTHING_TO_OFFLOAD)
         return contextlib.nullcontext
-    from trl.models.activation_offloading import get_act_offloading_ctx_manager
-
-    with changes.hooks_registered_by(model):  # TRL keeps no handles of the hooks it puts on the LM head
-        ctx = get_act_offloading_ctx_manager(model, warn_if_no_head=False)
-    return lambda: ctx
+    return slab_offload_context(model)

@@ -71,7 +71,8 @@ from ..model_shape import ModelShape
 from ..plan.memory import A2A_KV, A2A_Q, OWN_KV, OWN_Q, RECV, SEND, kv_heads_held
 from .blocks import block_starts, checkpoints_kept
 from .head import loss_tile_tokens
-from .host import pinned_bytes, place_states
+from .host import place_states
+from .offload import slab_bytes
 from .levers import MemoryLevers
 
 __all__ = ["StepMemory", "predict_step_memory", "DTYPE_BYTES", "TERMS"]
@@ -96,8 +97,8 @@ class StepMemory:
         working: the recomputed layer and one layer's backward working set (or the MLP tile).
         loss: the loss's working set.
         sap: SAP's receive / send buffers and Ulysses' all-to-all copies.
-        host: the step's tensors in host memory (not in :attr:`total`): offloaded activations (pinned, each
-            saved tensor rounded up to a power of two), offloaded optimizer states, gradients and parameters
+        host: the step's tensors in host memory (not in :attr:`total`): offloaded activations (hf_hsap's pinned
+            slab: each saved tensor's bytes, :mod:`.offload`), offloaded optimizer states, gradients and parameters
             (:mod:`.host`); ``host_terms`` by term.
         stage: ``"loss"``, ``"layer"`` or ``"optimizer"``.
         tokens: tokens per rank.
@@ -288,7 +289,8 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
         offload: ``"none"``, ``"optimizer"`` (ZeRO-3 offload_optimizer: master weights, moments and gradient
             partitions on the host) or ``"params"`` (the parameters too: ZeRO-3 offload_param, FSDP2's
             CPUOffloadPolicy); :mod:`.host` says what each engine holds where.
-        pinned_round_limit_mb: pinned host allocations above this many MiB are not rounded up to a power of two
+        pinned_round_limit_mb: the engines' pinned host allocations (DeepSpeed's and FSDP2's offload buffers; the
+            activations' slab is exact) above this many MiB are not rounded up to a power of two
             (``PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:N,pinned_max_cached_size_mb:N``; None: torch's
             default, all rounded).
 
@@ -370,10 +372,10 @@ def predict_step_memory(config: Any, row_tokens: int, *, world: int, sp_size: in
             else min(levers.layers_kept_on_device, s.layers)) if offload_acts else 0
     device_stack = kept * per_saved if offload_acts else stack
     last_stack = (per_saved if kept == n_saved else 0.0) if offload_acts else stack - (n_saved - 1) * per_saved
-    # TRL pins one host tensor per saved tensor (a layer's parts are counted as one tensor each), the kept ones aside
+    # the offloading slab holds each saved tensor at its bytes (rounded up to 512: .offload), the kept ones aside
     off = n_saved - kept
-    pinned = [per_saved] * off if ckpt else [t * v for v in parts.values()] * off
-    acts = sum(pinned_bytes(x, round_limit_mb=pinned_round_limit_mb) for x in pinned + [t * 2 * a * s.head_dim, final])
+    offloaded = [per_saved] * off if ckpt else [t * v for v in parts.values()] * off
+    acts = sum(slab_bytes(x) for x in offloaded + [t * 2 * a * s.head_dim, final])
     acts += 0 if ckpt else off * sap_kept
     host_terms = {"activations": acts if offload_acts else 0.0, **place.host}
     host = sum(host_terms.values())
