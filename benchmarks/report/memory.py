@@ -91,15 +91,14 @@ def memory_goal_rows(levers: dict[str, Any] | None, model: dict[str, Any] | None
             r = best.get((name, gpus))
             if r is None:
                 continue
-            d = r.get("default") or r  # judged with torch's / DeepSpeed's default pinned buffers
-            text = (f"{d['tokens'] / 1e6:.2f}M (device {_mtok(d['device_tokens'])}, host {_mtok(d['host_tokens'])}: "
-                    f"the {d['binds']} binds; {d['setting']}, offload {d['offload']}, {d['scheme']}; limited by "
-                    f"{d['limiting_term']})")
+            d = r.get("default") or r  # the shipped configs' pinned offload buffers
+            text = (f"{r['tokens'] / 1e6:.2f}M (device {_mtok(r['device_tokens'])}, host {_mtok(r['host_tokens'])}: "
+                    f"the {r['binds']} binds; {r['setting']}, offload {r['offload']}, {r['scheme']}; limited by "
+                    f"{r['limiting_term']})")
             if r is not d and r["tokens"] > d["tokens"]:
-                text += f"; pinned buffers unrounded (a torch / DeepSpeed setting): {r['tokens'] / 1e6:.2f}M"
+                text += f"; with the shipped configs' pinned offload buffers: {d['tokens'] / 1e6:.2f}M"
             rows.append([f"predicted longest packed row, {name} on {gpus} × H100-80GB, every lever, a DGX-H100 "
-                         f"node's host memory counted ≥ {goal / 1e6:g}M tokens (torch's default pinned buffers)",
-                         text, _status(d["tokens"] >= goal)])
+                         f"node's host memory counted ≥ {goal / 1e6:g}M tokens", text, _status(r["tokens"] >= goal)])
     if host:
         err = host["max_abs_error"]
         rows.append([f"memory model's host memory within {host['tolerance']:.0%} of the measured peak resident set "
@@ -158,7 +157,7 @@ def memory_model_section(model: dict[str, Any]) -> str:
 
 
 LONGEST_HEADER = ["model", "GPUs", "device limit", "host limit", "longest row", "binds", "levers", "offload",
-                  "SAP setup", "limited by", "longest, default pinned buffers", "ALST", "goal"]
+                  "SAP setup", "limited by", "longest, pinned offload buffers", "ALST", "goal"]
 
 
 def best_row_table(model: dict[str, Any], detail: bool = True) -> list[list[str]]:
@@ -185,11 +184,10 @@ def longest_rows_caption(model: dict[str, Any]) -> str:
             f"{model['footprint_gib']:g} GiB of each process's own; ZeRO-3, bf16 weights with float32 master weights "
             "and AdamW; the best of " + f"{len(model['settings'])} lever settings (all; all with the checkpoints "
             "kept on the GPU; all + the tiled attention with 1 to 4 layers per checkpoint and 0, 4 or 8 layers kept "
-            "on the GPU, each with torch's default pinned buffers and unrounded; all = the chunked "
-            "loss, checkpointing, activation offloading, the tiled MLP and recomputed norms; pinned unrounded = "
-            "PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:0 and "
-            "DS_PIN_MEMORY_BACKEND=native, settings of torch "
-            "and DeepSpeed), offloads (none, optimizer, params) and SAP setups per model and GPU count, the device's "
+            "on the GPU, each with the engine's offload buffers pinned (the shipped configs) and unpinned; all = the "
+            "chunked loss, checkpointing, activation offloading into hf_hsap's exactly sized slab, the tiled MLP and "
+            "recomputed norms; offload buffers unpinned = \"pin_memory\": false in DeepSpeed's offload_optimizer / "
+            "offload_param, CPUOffloadPolicy(pin_memory=False) for FSDP2), offloads (none, optimizer, params) and SAP setups per model and GPU count, the device's "
             "limit and the host's side by side (the row is the smaller); ALST's published figures beside.")
 
 

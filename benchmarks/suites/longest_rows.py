@@ -44,20 +44,21 @@ GPU_MEMORY_GIB, RESERVE_GIB, GPUS_PER_NODE = 80.0, 4.0, 8
 ALL = dict(chunked_loss=True, gradient_checkpointing=True, activation_offloading=True, tiled_mlp=True,
            recompute_norms=True)
 # (name, MemoryLevers fields, more predict_step_memory arguments): every lever on, then what else may lengthen the
-# row (a setting naming a field MemoryLevers lacks is skipped). "pinned unrounded": pinned host buffers not rounded
-# up to a power of two (PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:0 for TRL's
-# offloaded activations and FSDP2's shards, DS_PIN_MEMORY_BACKEND=native for DeepSpeed's buffers: settings, not
-# levers)
-UNROUNDED = dict(pinned_round_limit_mb=0)
+# row (a setting naming a field MemoryLevers lacks is skipped). The offloaded activations take their bytes (hf_hsap's
+# slab, hf_hsap.memory.offload). "offload buffers unpinned": the engine's offload buffers are pageable, at their bytes
+# (DeepSpeed "pin_memory": false in offload_optimizer / offload_param, FSDP2 CPUOffloadPolicy(pin_memory=False): a
+# config key, priced by pinned_round_limit_mb=0); otherwise they are pinned, rounded up to powers of two (the shipped
+# configs)
+UNPINNED = dict(pinned_round_limit_mb=0)
 LEVER_SETTINGS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("all", ALL, {}),
     ("all, checkpoints on the GPU", dict(ALL, activation_offloading=False), {}),
     ("all + tiled attention, checkpoints on the GPU", dict(ALL, tiled_attention=True, activation_offloading=False), {}),
 ] + [  # every lever and the tiled attention, by layers per checkpoint x layers kept on the GPU x pinned rounding
     (f"all + tiled attention, {b} layer{'s' * (b > 1)} per checkpoint, {k} kept on the GPU"
-     + (", pinned unrounded" if unrounded else ""),
-     dict(ALL, tiled_attention=True, checkpoint_layers=b, layers_kept_on_device=k), UNROUNDED if unrounded else {})
-    for unrounded in (False, True) for b in (1, 2, 3, 4) for k in (0, 4, 8)
+     + (", offload buffers unpinned" if unpinned else ""),
+     dict(ALL, tiled_attention=True, checkpoint_layers=b, layers_kept_on_device=k), UNPINNED if unpinned else {})
+    for unpinned in (False, True) for b in (1, 2, 3, 4) for k in (0, 4, 8)
 ]
 
 
@@ -99,14 +100,14 @@ def longest_rows(gpu_counts: Sequence[int] = GPU_COUNTS, models: dict[str, dict]
                                      "host_gib": {k: v / 2**30 for k, v in fit.host.as_dict().items()
                                                   if isinstance(v, float)},
                                      "alst": ALST_PUBLISHED.get((name, gpus)), "goal": ROW_GOALS.get((name, gpus)),
-                                     "unrounded": extra.get("pinned_round_limit_mb") == 0})
+                                     "unpinned": extra.get("pinned_round_limit_mb") == 0})
     return rows
 
 
 def best_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The longest of :func:`longest_rows` per model and GPU count (the first on a tie), with ``device_only``: the
     longest device limit over every configuration (the row were the host not counted), and ``default``: the longest
-    with torch's and DeepSpeed's default pinned buffers (rounded up to powers of two): ``{"tokens", "setting",
+    with the shipped configs' pinned offload buffers (rounded up to powers of two): ``{"tokens", "setting",
     "offload", "scheme", "binds"}``."""
     best: dict[tuple[str, int], dict[str, Any]] = {}
     default: dict[tuple[str, int], dict[str, Any]] = {}
@@ -116,7 +117,7 @@ def best_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         device_only[key] = max(device_only.get(key, 0), r["device_tokens"])
         if key not in best or r["tokens"] > best[key]["tokens"]:
             best[key] = r
-        if not r.get("unrounded") and (key not in default or r["tokens"] > default[key]["tokens"]):
+        if not r.get("unpinned") and (key not in default or r["tokens"] > default[key]["tokens"]):
             default[key] = r
     keep = ("tokens", "device_tokens", "host_tokens", "setting", "offload", "scheme", "binds", "limiting_term")
     return [{**r, "device_only": device_only[k], "default": {f: default[k][f] for f in keep} if k in default else None}

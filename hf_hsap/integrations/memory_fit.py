@@ -15,7 +15,7 @@ import psutil
 import torch
 
 __all__ = ["HOST_FLAGS", "TRAINER_LEVER_FLAGS", "check_device_row_fits", "check_trainer_row_fits", "detect_offload",
-           "machine_memory_gib", "process_footprint_gib"]
+           "detect_offload_pinned", "machine_memory_gib", "process_footprint_gib"]
 
 # How a trainer's user turns each lever on (hsap-sft flags / HSAPSFTConfig fields)
 TRAINER_LEVER_FLAGS = {"chunked_loss": "--hsap_chunked_loss", "gradient_checkpointing": "--gradient_checkpointing",
@@ -90,6 +90,33 @@ def detect_offload(accelerator: Any) -> str:
     return "none"
 
 
+def detect_offload_pinned(accelerator: Any) -> bool:
+    """Whether the engine's offload buffers are page-locked (pinned): DeepSpeed's ``offload_optimizer`` /
+    ``offload_param`` ``pin_memory`` (DeepSpeed's default: false; the shipped configs set true), FSDP2's
+    ``CPUOffloadPolicy.pin_memory`` (default true). Pinned buffers come from torch's caching host allocator, rounded
+    up to powers of two (:func:`hf_hsap.memory.host.pinned_bytes`); unpinned ones take their bytes (their copies run
+    at pageable bandwidth).
+
+    Args:
+        accelerator: as for :func:`detect_offload`.
+
+    Returns:
+        True where any offloaded buffer is pinned (or nothing is offloaded).
+    """
+    kind = getattr(getattr(accelerator, "distributed_type", None), "name", "NO")
+    state = getattr(accelerator, "state", None)
+    if kind == "DEEPSPEED":
+        zero = (getattr(getattr(state, "deepspeed_plugin", None), "deepspeed_config", None) or {}).get(
+            "zero_optimization", {})
+        offloads = [zero.get(k) or {} for k in ("offload_optimizer", "offload_param")]
+        on = [o for o in offloads if str(o.get("device", "none")).lower() not in ("none", "")]
+        return not on or any(bool(o.get("pin_memory", False)) for o in on)
+    if kind == "FSDP":
+        policy = getattr(getattr(state, "fsdp_plugin", None), "cpu_offload", None)
+        return bool(getattr(policy, "pin_memory", True))
+    return True
+
+
 def _processes_per_node(sp: Any, world: int) -> int:
     """The training processes sharing this node's host memory: the SP group's ranks per node
     (:func:`hf_hsap.init_sequence_parallel`'s rule: ``gpus_per_node``, ``LOCAL_WORLD_SIZE``, the GPUs), at most the
@@ -134,6 +161,8 @@ def check_device_row_fits(accelerator: Any, config: Any, row_tokens: int, *, mem
     on_cuda = device.type == "cuda"
     footprint = footprint_gib if footprint_gib is not None else DEFAULT_PROCESS_FOOTPRINT_GIB if on_cuda else \
         process_footprint_gib(config, kw.get("param_dtype", "bf16"))
+    if not detect_offload_pinned(accelerator):  # unpinned offload buffers: their bytes, not powers of two
+        kw.setdefault("pinned_round_limit_mb", 0)
     check_row_fits(config, row_tokens, memory_gib=memory_gib, world=world, sp_size=sp.size,
                    ulysses_size=sp.ulysses_size, levers=levers, sharding=sharding,
                    device="cuda" if on_cuda else "cpu",

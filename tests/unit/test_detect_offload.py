@@ -64,3 +64,42 @@ def test_the_fit_check_prices_the_engines_offload(monkeypatch):
         check_device_row_fits(acc, config, 1024, memory_gib=8.0, sp=sp, levers=None, offload=told,
                               host_memory_gib=64.0, footprint_gib=1.0)
     assert seen == ["optimizer", "params"]
+
+
+def test_pinned_offload_buffers_are_read_from_the_engine():
+    """The shipped DeepSpeed offload configs pin their buffers; DeepSpeed's own default and pin_memory: false do not
+    (then the fit check prices the buffers at their bytes, not rounded up to powers of two)."""
+    from hf_hsap.integrations.memory_fit import detect_offload_pinned
+
+    shipped = json.loads((DS / "zero3_offload_optimizer.json").read_text())
+    assert detect_offload_pinned(_ds(shipped)) is True
+    unpinned = json.loads(json.dumps(shipped))
+    unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] = False
+    assert detect_offload_pinned(_ds(unpinned)) is False
+    unpinned["zero_optimization"]["offload_optimizer"].pop("pin_memory")  # DeepSpeed's default: false
+    assert detect_offload_pinned(_ds(unpinned)) is False
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    for pin in (True, False):
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=CPUOffloadPolicy(pin_memory=pin))
+        acc = SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin))
+        assert detect_offload_pinned(acc) is pin
+
+
+def test_the_fit_check_prices_unpinned_buffers_at_their_bytes(monkeypatch):
+    import torch
+
+    import hf_hsap.memory.advice as advice
+    from hf_hsap.integrations.memory_fit import check_device_row_fits
+
+    seen = []
+    monkeypatch.setattr(advice, "check_row_fits", lambda *a, **kw: seen.append(kw.get("pinned_round_limit_mb")))
+    config = json.loads((DS / "zero3_offload_optimizer.json").read_text())
+    sp = SimpleNamespace(size=2, ulysses_size=1, gpus_per_node=2)
+    for pin, expected in ((True, None), (False, 0)):
+        config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin
+        acc = _ds(config)
+        acc.device, acc.num_processes = torch.device("cpu"), 2
+        check_device_row_fits(acc, SimpleNamespace(), 4096, memory_gib=80.0, sp=sp, levers=None,
+                              host_memory_gib=100.0, footprint_gib=1.0)
+        assert seen[-1] == expected
