@@ -19,6 +19,9 @@ builds a dense 4D mask). Afterwards ``from_pretrained(..., attn_implementation="
    ``L_q != L_k`` (generation with a KV cache), one causal segment per row over its filled keys, bottom-right
    aligned (a static cache's unfilled slots are never seen; a 2D mask may pad on the left only).
 
+Chunked-attention layers (Llama 4) run the plan whose documents are their chunks
+(:func:`~.chunked_attention.layer_plan`); without a plan, the mask function's ids carry the chunks.
+
 Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`): sliding windows (the call's
 ``sliding_window``, else ``module.sliding_window``; Transformers' convention, a query sees the ``window`` keys
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
@@ -28,7 +31,7 @@ Vision and audio encoders (a non-causal call from a module with a vision / audio
 per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
 
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
-chunked layers under SP or in generation past a chunk, non-causal modules or masks, position biases, dense 4D
+chunked layers in generation past a chunk, non-causal modules or masks, position biases, dense 4D
 masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
 (:mod:`.model_check`).
 """
@@ -43,6 +46,7 @@ from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
 from ..model_state import RELAY, state_of
+from .chunked_attention import layer_plan
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .encoder_attention import encoder_forward, is_encoder_call
@@ -147,7 +151,8 @@ def hsap_attention_forward(
                          plan_use=hsap_plan_use, softcap=variant.softcap, sinks=variant.sinks,
                          blocks=hsap_blocks)  # [1, T, Hq, D]
     else:
-        out = local_forward(module, query, key, value, attention_mask, scaling, variant=variant, plan=hsap_plan,
+        plan = layer_plan(module, hsap_plan) if hsap_plan is not None else None  # a chunked layer: its chunks
+        out = local_forward(module, query, key, value, attention_mask, scaling, variant=variant, plan=plan,
                             ids_mask=ids_mask, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
                             position_ids=position_ids)  # [B, Lq, Hq, D]
     return out[..., :v_head_dim], None  # [B, Lq, Hq, D] -> [B, Lq, Hq, Dv]
