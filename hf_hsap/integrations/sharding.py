@@ -103,8 +103,14 @@ def _shard_positions(pos: torch.Tensor, n: int, shard: Any) -> torch.Tensor:
 
 
 def _first_positions(pos: torch.Tensor, shape: torch.Size, cu: torch.Tensor) -> np.ndarray | None:
-    """``[n_docs]`` position of each document's first token, or ``None`` when every document starts at 0 (where a
-    chunked-attention layer's chunks start: :func:`~hf_hsap.plan.chunks.chunk_layout`)."""
+    """``[n_docs]`` position of each document's first token where a chunked-attention layer's chunks count from
+    them (:func:`~hf_hsap.plan.chunks.chunk_layout`), else ``None`` (document-relative chunks).
+
+    ``masking_utils`` chunks a packed batch by ``position_ids`` (``remap_positions_for_packed_sequence``) but a
+    batch of one document per row by the index in the row: so ``None`` also when every row holds one document.
+    """
+    if cu.numel() - 1 == shape[0]:  # one document per row: chunks from the row start
+        return None
     first = text_positions(pos, shape).reshape(-1)[cu[:-1].to(pos.device)].to("cpu", torch.int64).numpy()
     return first if first.any() else None
 
