@@ -28,7 +28,8 @@ def _dense_chunked(q, k, v, positions: torch.Tensor, doc: torch.Tensor, chunk: i
     T, hq, d = q.shape
     rep = hq // k.shape[1]
     i = torch.arange(T)
-    mask = (doc[:, None] == doc[None]) & (i[None] <= i[:, None]) & (positions[:, None] // chunk == positions[None] // chunk)
+    same_chunk = positions[:, None] // chunk == positions[None] // chunk
+    mask = (doc[:, None] == doc[None]) & (i[None] <= i[:, None]) & same_chunk  # [T, T]
     s = torch.einsum("thd,shd->hts", q, k.repeat_interleave(rep, 1)) * d ** -0.5  # [Hq, T, T]
     s = s.masked_fill(~mask, float("-inf"))
     return torch.einsum("hts,shd->thd", s.softmax(-1), v.repeat_interleave(rep, 1)), torch.logsumexp(s, -1).T
