@@ -20,7 +20,8 @@ builds a dense 4D mask). Afterwards ``from_pretrained(..., attn_implementation="
    aligned (a static cache's unfilled slots are never seen; a 2D mask may pad on the left only).
 
 Chunked-attention layers (Llama 4) run the plan whose documents are their chunks
-(:func:`~.chunked_attention.layer_plan`); without a plan, the mask function's ids carry the chunks.
+(:func:`~.chunked_attention.layer_plan`); without a plan, the mask function's ids carry the chunks. Llama 4's NoPE
+layers get their attention temperature from each token's document position (:mod:`.temperature`).
 
 Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`): sliding windows (the call's
 ``sliding_window``, else ``module.sliding_window``; Transformers' convention, a query sees the ``window`` keys
@@ -55,6 +56,7 @@ from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
 from .sp_attention import sp_forward
+from .temperature import fix_temperature
 
 __all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
 
@@ -143,6 +145,9 @@ def hsap_attention_forward(
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, Dv] -> [B, Hkv, Lk, D]
     ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool  # the mask function's ids
     check_plan_mask(hsap_plan, attention_mask, ids_mask)
+    query = fix_temperature(module, query, plan=hsap_plan, plan_use=hsap_plan_use, attention_mask=attention_mask,
+                            ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
+                            keys=key.shape[2])  # Llama 4's NoPE layers: each token's document position
     if hsap_blocks is not None and hsap_plan is None:
         raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
                          "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")

@@ -114,7 +114,7 @@ def test_llama4_chunks_count_from_a_continued_document_s_positions(pools) -> Non
     """A packed row whose first document continues from position 5: its chunks follow its positions, as
     Transformers' packed mask does (the reference: eager on the whole packed row)."""
     results = pools(2, TIMEOUT_S).run(W.sp_run, 2, 1, "zigzag", 5)
-    model = W.model64()
+    model = W.model64(tuned=False)
     model.set_attn_implementation("eager")
     batch = W.packed_row(first=5)
     with torch.no_grad():
@@ -124,3 +124,25 @@ def test_llama4_chunks_count_from_a_continued_document_s_positions(pools) -> Non
         logits[r["index"]] = r["logits"]
     assert rel_err(logits, ref) < TOL
     assert {r["chunk_docs"] for r in results} == {2 + 4 + 1 + 3}  # positions 5 6 7 | 8 9, then as above
+
+
+def test_llama4_temperature_follows_document_positions_on_one_process() -> None:
+    """The NoPE layer's temperature on a packed row in one process (a plain call with ``position_ids``, one with
+    ``cu_seq_lens_q``, and through ``shard_batch(batch, 1)``) equals each document alone; a chunked NoPE layer
+    whose documents only the mask's ids show (chunks and documents alike) is refused, naming shard_batch."""
+    model = W.model64().eval()
+    batch = W.packed_row()
+    ids, pos = batch["input_ids"], batch["position_ids"]
+    cu = torch.tensor([0, *np.cumsum(W.LENS).tolist()], dtype=torch.int32)
+    ref = _documents_alone()["logits"]
+    with torch.no_grad():
+        calls = {"position_ids": model(input_ids=ids, position_ids=pos, use_cache=False),
+                 "cu_seq_lens": model(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                      max_length_q=max(W.LENS), max_length_k=max(W.LENS), use_cache=False),
+                 "shard_batch": model(**hf_hsap.shard_batch({"input_ids": ids, "position_ids": pos}, 1))}
+    for name, out in calls.items():
+        assert rel_err(out.logits[0], ref) < TOL, name
+    model.config.layer_types = ["chunked_attention", "chunked_attention"]  # the NoPE layer chunked too
+    with pytest.raises(hf_hsap.integrations.UnsupportedModelError, match="documents cannot be told from its chunks.*"
+                       "shard_batch"):
+        model(input_ids=ids, position_ids=pos, use_cache=False)

@@ -1,5 +1,5 @@
 """Worker functions for tests/model/test_chunked_attention.py: a tiny Llama 4 text model (a chunked-attention layer
-of 8 tokens beside a full one) under SP, float64."""
+of 8 tokens beside a temperature-tuned NoPE layer) under SP, float64."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,9 +7,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
 
-from hf_hsap.integrations import shard_batch
-from workers.plan_use import chunked_llama4
+from hf_hsap.integrations import register, shard_batch
 from workers.sp_model import VOCAB, get_sp
 
 CHUNK = 8
@@ -32,17 +32,29 @@ def loss_weights(total: int) -> torch.Tensor:
     return torch.randn(total, VOCAB, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
 
 
-def model64() -> torch.nn.Module:
-    """:func:`~workers.plan_use.chunked_llama4` (chunk 8) in float64, train mode, the same weights everywhere."""
-    return chunked_llama4(chunk=CHUNK).double()
+def model64(tuned: bool = True) -> torch.nn.Module:
+    """A tiny Llama 4 text model in float64 (train mode, the same weights everywhere): a chunked-attention layer of
+    :data:`CHUNK` tokens (RoPE) and a full NoPE layer whose attention temperature (``tuned``; ``floor_scale`` 4, not
+    8192) grows every 4 positions, so a token's scale from its row index differs from its document position's."""
+    from transformers import Llama4TextConfig
+
+    register()
+    config = Llama4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, intermediate_size_mlp=48,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              attention_chunk_size=CHUNK, num_local_experts=1, moe_layers=[], no_rope_layers=[1, 0],
+                              floor_scale=4, attn_scale=0.5, attn_temperature_tuning=tuned,
+                              max_position_embeddings=256, pad_token_id=0)
+    assert config.layer_types == ["chunked_attention", "full_attention"]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float64).train()
 
 
 def sp_run(sp_size: int, ulysses: int = 1, placement: str = "auto", first: int = 0) -> dict[str, Any]:
     """The packed row under SP: this rank's logits and their global indices, the loss, every parameter's gradient
     of ``loss + sum(w * logits)`` summed over the group, and the chunked layer's plan (documents, keys received)."""
     sp = get_sp(sp_size, ulysses)
-    model = model64()
-    batch = packed_row(first=first)
+    model = model64(tuned=not first)  # a continued document: Transformers' packed row is the reference (row-index
+    batch = packed_row(first=first)  # temperatures there), so without the temperature
     local = shard_batch(batch, sp, placement=placement)
     plan = local["hsap_plan"]
     idx = plan.local_token_indices()
