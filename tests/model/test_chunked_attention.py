@@ -146,3 +146,21 @@ def test_llama4_temperature_follows_document_positions_on_one_process() -> None:
     with pytest.raises(hf_hsap.integrations.UnsupportedModelError, match="documents cannot be told from its chunks.*"
                        "shard_batch"):
         model(input_ids=ids, position_ids=pos, use_cache=False)
+
+
+def test_image_blocks_in_a_chunked_layer_across_chunks_are_refused() -> None:
+    """A chunked layer in a batch with bidirectional image blocks and a document longer than a chunk: refused
+    (blocks are kept whole per part, not per chunk); a full layer, or documents within a chunk, run the plan."""
+    from hf_hsap.integrations.chunked_attention import layer_plan
+    from hf_hsap.plan.blocks import Blocks
+
+    model = W.model64()
+    chunked, full = (layer.self_attn for layer in model.model.layers)
+    blocks = Blocks(starts=(2,), ends=(6,))
+    plan = hf_hsap.plan_sequence(torch.tensor([0, 20, 30]), 2, "zigzag")
+    with pytest.raises(hf_hsap.integrations.UnsupportedModelError, match="image blocks across chunks"):
+        layer_plan(chunked, plan, blocks=blocks)
+    assert layer_plan(full, plan, blocks=blocks) is plan
+    short = hf_hsap.plan_sequence(torch.tensor([0, 8, 14]), 2, "zigzag")
+    assert layer_plan(chunked, short, blocks=blocks) is short
+    assert layer_plan(chunked, plan).layout.cu_seqlens.tolist() == [0, 8, 16, 20, 28, 30]
