@@ -164,3 +164,13 @@ def test_image_blocks_in_a_chunked_layer_across_chunks_are_refused() -> None:
     short = hf_hsap.plan_sequence(torch.tensor([0, 8, 14]), 2, "zigzag")
     assert layer_plan(chunked, short, blocks=blocks) is short
     assert layer_plan(chunked, plan).layout.cu_seqlens.tolist() == [0, 8, 16, 20, 28, 30]
+
+
+def test_generation_past_a_chunk_stays_refused() -> None:
+    """Generation with a KV cache inside the first chunk runs; past it, it is refused (naming sdpa)."""
+    model = W.model64(tuned=False).eval()
+    prompt = W.packed_row()["input_ids"][:, :5]
+    with torch.no_grad():
+        assert model.generate(prompt, max_new_tokens=3, do_sample=False).shape[1] == 8  # 8 tokens: one chunk
+        with pytest.raises(hf_hsap.integrations.UnsupportedModelError, match="past the chunk of 8.*sdpa"):
+            model.generate(prompt, max_new_tokens=6, do_sample=False)
