@@ -20,6 +20,7 @@ import torch
 from ..plan.plan import Plan
 from .chunked_attention import layer_chunk_size
 from .model_check import UnsupportedModelError
+from .plan_use import plan_use_of
 
 __all__ = ["fix_temperature", "temperature_scale"]
 
@@ -100,7 +101,8 @@ def fix_temperature(module: torch.nn.Module, query: torch.Tensor, *, plan: Plan 
         return query
     batch, length = query.shape[0], query.shape[2]
     if plan is not None:
-        first = getattr(plan_use, "first_positions", None)
+        use = plan_use_of(plan, plan_use) if plan.size > 1 else None  # as the SP branch finds it
+        first = use.first_positions if use is not None else None
         positions = _plan_positions(plan, first, query.device)
     else:
         positions = _local_positions(module, batch, length, attention_mask, ids_mask, position_ids, cu_seq_lens_q)
