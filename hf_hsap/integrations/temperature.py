@@ -52,7 +52,7 @@ def _offsets(starts: torch.Tensor) -> torch.Tensor:
     return col - torch.cummax(torch.where(starts, col, torch.zeros_like(col)), dim=1).values
 
 
-def _local_positions(module: torch.nn.Module, batch: int, length: int, attention_mask: torch.Tensor | None,
+def _local_positions(module: torch.nn.Module, batch: int, length: int, *, attention_mask: torch.Tensor | None,
                      ids_mask: bool, position_ids: torch.Tensor | None,
                      cu_seq_lens_q: torch.Tensor | None) -> torch.Tensor | None:
     """``[B, L]`` document positions of a packed single-device call, ``None`` when the call holds one document per
@@ -105,7 +105,8 @@ def fix_temperature(module: torch.nn.Module, query: torch.Tensor, *, plan: Plan 
         first = use.first_positions if use is not None else None
         positions = _plan_positions(plan, first, query.device)
     else:
-        positions = _local_positions(module, batch, length, attention_mask, ids_mask, position_ids, cu_seq_lens_q)
+        positions = _local_positions(module, batch, length, attention_mask=attention_mask, ids_mask=ids_mask,
+                                     position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q)
     if positions is None:
         return query
     rows = torch.arange(length, device=query.device).expand(positions.shape[0], -1)  # [B, L]
