@@ -47,7 +47,6 @@ from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
 from ..model_state import RELAY, state_of
-from .chunked_attention import layer_plan
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .encoder_attention import encoder_forward, is_encoder_call
@@ -55,6 +54,7 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
+from .chunked_attention import layer_plan
 from .sp_attention import sp_forward
 from .temperature import fix_temperature
 
