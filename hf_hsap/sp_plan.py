@@ -52,8 +52,8 @@ class SPPlan(Plan):
         """
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan) if f.init}
         bound = SPPlan(**fields, sp=sp)
-        bound._schedules, bound._device_schedules, bound._part_tokens, bound._kinds = (
-            plan._schedules, plan._device_schedules, plan._part_tokens, plan._kinds)
+        bound._schedules, bound._device_schedules, bound._part_tokens, bound._kinds, bound._chunks = (
+            plan._schedules, plan._device_schedules, plan._part_tokens, plan._kinds, plan._chunks)
         return bound
 
     def gather(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:

@@ -2,12 +2,12 @@
 
 The attention function (:mod:`.transformers`) calls these before it computes anything. Refused (each message
 names the fix): attention dropout, non-causal layers, additive position biases, masks other than 2D, value heads
-wider than query heads, a plan combined with a padding mask, chunked layers under SP with a document longer than
-a chunk, and malformed windows / soft-caps / sinks. Computed exactly (:func:`attention_variant`): sliding windows
-(Transformers' ``sliding_window``: a query sees the ``window`` keys ending at itself, ``masking_utils``'
-``kv_idx > q_idx - sliding_window``), logit soft-capping (Gemma 2's ``softcap``: ``cap * tanh(s / cap)`` of the
-scaled scores) and attention sinks (GPT-OSS's ``s_aux``: one logit per query head in the softmax's denominator).
-Model-family checks are in :mod:`.model_check`.
+wider than query heads, a plan combined with a padding mask, and malformed windows / soft-caps / sinks.
+Computed exactly (:func:`attention_variant`): sliding windows (Transformers' ``sliding_window``: a query sees the
+``window`` keys ending at itself, ``masking_utils``' ``kv_idx > q_idx - sliding_window``), logit soft-capping
+(Gemma 2's ``softcap``: ``cap * tanh(s / cap)`` of the scaled scores) and attention sinks (GPT-OSS's ``s_aux``:
+one logit per query head in the softmax's denominator). Chunked layers run their chunks as documents
+(:mod:`.chunked_attention`). Model-family checks are in :mod:`.model_check`.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
-from .model_check import UnsupportedModelError, chunked_attention_size, layer_type, sliding_window_size
+from .model_check import layer_type, sliding_window_size
 
-__all__ = ["NOT_PASSED", "AttentionVariant", "attention_variant", "check_chunked_sp", "check_mask_rank",
+__all__ = ["NOT_PASSED", "AttentionVariant", "attention_variant", "check_mask_rank",
            "check_plan_mask", "check_supported", "check_value_head_dim", "mask_window"]
 
 logger = get_logger(__name__)
@@ -217,25 +217,3 @@ def check_plan_mask(plan: Plan, attention_mask: torch.Tensor | None, ids_mask: b
     """
     if plan is not None and attention_mask is not None and not ids_mask:
         raise ValueError("hsap_plan does not combine with a padding attention_mask; make padding its own document")
-
-
-def check_chunked_sp(module: torch.nn.Module, longest_doc: int) -> None:
-    """Refuse a chunked layer under SP when a document is longer than its chunk (the plan has no chunks).
-
-    Args:
-        module: the calling attention layer (read: ``config``, ``layer_idx``).
-        longest_doc: the plan's longest document in tokens.
-
-    Raises:
-        UnsupportedModelError: a chunked-attention layer and a document longer than its chunk.
-    """
-    config = getattr(module, "config", None)
-    if config is None or layer_type(config, getattr(module, "layer_idx", None)) != "chunked_attention":
-        return
-    chunk = chunked_attention_size(config)
-    if chunk is not None and longest_doc > chunk:
-        raise UnsupportedModelError(
-            f"{type(module).__name__} (layer {module.layer_idx}) is a chunked-attention layer of {chunk} tokens and a "
-            f"document has {longest_doc}; hf_hsap has no chunked attention under sequence parallelism. Use "
-            "sp_size=1 (chunks are exact there), or keep documents at most attention_chunk_size tokens long"
-        )

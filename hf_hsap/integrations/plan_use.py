@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..plan.plan import Plan
@@ -46,11 +47,15 @@ class PlanUse:
         layers: ``id(module) -> class name`` of every attention layer that consumed the plan.
         calls: attention calls that consumed it (more than ``len(layers)`` under recomputation).
         config: the config of the first layer that consumed it (for the expected layer count).
+        first_positions: ``[n_docs]`` position of each document's first token where one is not 0 (a document
+            continuing from an earlier row), else ``None``; where chunked layers' chunks start
+            (:func:`~.chunked_attention.layer_plan`).
     """
 
-    def __init__(self, sp_size: int, plan: Plan | None = None) -> None:
+    def __init__(self, sp_size: int, plan: Plan | None = None, *, first_positions: np.ndarray | None = None) -> None:
         self.sp_size = sp_size
         self.plan = plan
+        self.first_positions = first_positions
         self.layers: dict[int, str] = {}
         self.calls = 0
         self.config: Any = None

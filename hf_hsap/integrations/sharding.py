@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
@@ -99,6 +100,19 @@ def _shard_positions(pos: torch.Tensor, n: int, shard: Any) -> torch.Tensor:
     if pos.dim() == 3:
         return torch.stack([shard(row) for row in pos.reshape(pos.shape[0], n)]).unsqueeze(1)  # [4, 1, T_local]
     return shard(pos.reshape(n)).unsqueeze(0)  # [B, L] -> [1, T_local]
+
+
+def _first_positions(pos: torch.Tensor, shape: torch.Size, cu: torch.Tensor) -> np.ndarray | None:
+    """``[n_docs]`` position of each document's first token where a chunked-attention layer's chunks count from
+    them (:func:`~hf_hsap.plan.chunks.chunk_layout`), else ``None`` (document-relative chunks).
+
+    ``masking_utils`` chunks a packed batch by ``position_ids`` (``remap_positions_for_packed_sequence``) but a
+    batch of one document per row by the index in the row: so ``None`` also when every row holds one document.
+    """
+    if cu.numel() - 1 == shape[0]:  # one document per row: chunks from the row start
+        return None
+    first = text_positions(pos, shape).reshape(-1)[cu[:-1].to(pos.device)].to("cpu", torch.int64).numpy()
+    return first if first.any() else None
 
 
 def _batch_digest(tensors: list[torch.Tensor]) -> int:
@@ -252,7 +266,7 @@ def shard_batch(
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     if size > 1:
-        local[PLAN_USE_KEY] = PlanUse(size, plan)
+        local[PLAN_USE_KEY] = PlanUse(size, plan, first_positions=_first_positions(pos, ids.shape, cu))
         if check_previous:
             sp.pending_plan_use = local[PLAN_USE_KEY]
     if shift is not None:

@@ -1,10 +1,10 @@
 """The sequence-parallel branch of the ``"hsap"`` attention function (an ``hsap_plan`` of SP size > 1).
 
 The batch is one row of this rank's tokens in plan order (built by :func:`~.sharding.shard_batch`). The
-branch refuses what the plan cannot express (chunked layers with a document longer than a chunk, a model family
-hf_hsap cannot run under SP), records that the layer consumed the plan (:mod:`.plan_use`) and runs SAP attention
-(:func:`hf_hsap.hsap_attn_func`) with the layer's sliding window (the plan's schedule of that mask kind: only the
-keys the window sees move), soft-capping and sinks.
+branch refuses what the plan cannot express (a model family hf_hsap cannot run under SP), records that the layer
+consumed the plan (:mod:`.plan_use`) and runs SAP attention (:func:`hf_hsap.hsap_attn_func`) on the layer's plan
+(:func:`~.chunked_attention.layer_plan`: a chunked layer's chunks are its documents) with the layer's sliding window
+(the plan's schedule of that mask kind: only the keys the window sees move), soft-capping and sinks.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from ..attention import hsap_attn_func
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
-from .attention_checks import check_chunked_sp
+from .chunked_attention import layer_plan
 from .model_check import check_config, check_mixers_prepared
 from .plan_use import PlanUse, plan_use_of
 
@@ -67,7 +67,8 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     """The SP branch of :func:`~.transformers.hsap_attention_forward` (also taken at SP size 1 by a batch with
     bidirectional image blocks, which the plan's schedule runs).
 
-    Refuses what the plan cannot express, records that this layer consumed the plan, runs SAP.
+    Refuses what the plan cannot express, records that this layer consumed the plan (``plan``, the batch's), runs
+    SAP on the layer's plan (:func:`~.chunked_attention.layer_plan`).
 
     Args:
         module: the calling attention layer.
@@ -91,7 +92,6 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if config is not None:
         check_config(config, packed=True, sp_size=plan.size)
         check_mixers_prepared(module, config, plan.size)
-    check_chunked_sp(module, plan.layout.longest_doc)
     use = plan_use_of(plan, plan_use) if plan.size > 1 else None
     if use is not None:
         use.record(module)
@@ -103,4 +103,5 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         log_once(logger, logging.DEBUG, ("sp", plan.size),
                  "hsap attention: sequence-parallel branch, SAP over sp_size=%d (%s)", plan.size,
                  type(module).__name__)
+    plan = layer_plan(module, plan, first_positions=use.first_positions if use is not None else None, blocks=blocks)
     return sp_attention(query, key, value, plan, scaling, window=window, softcap=softcap, sinks=sinks, blocks=blocks)

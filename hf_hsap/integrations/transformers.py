@@ -19,6 +19,10 @@ builds a dense 4D mask). Afterwards ``from_pretrained(..., attn_implementation="
    ``L_q != L_k`` (generation with a KV cache), one causal segment per row over its filled keys, bottom-right
    aligned (a static cache's unfilled slots are never seen; a 2D mask may pad on the left only).
 
+Chunked-attention layers (Llama 4) run the plan whose documents are their chunks
+(:func:`~.chunked_attention.layer_plan`); without a plan, the mask function's ids carry the chunks. Llama 4's NoPE
+layers get their attention temperature from each token's document position (:mod:`.temperature`).
+
 Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`): sliding windows (the call's
 ``sliding_window``, else ``module.sliding_window``; Transformers' convention, a query sees the ``window`` keys
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
@@ -28,7 +32,7 @@ Vision and audio encoders (a non-causal call from a module with a vision / audio
 per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
 
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
-chunked layers under SP or in generation past a chunk, non-causal modules or masks, position biases, dense 4D
+chunked layers in generation past a chunk, non-causal modules or masks, position biases, dense 4D
 masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
 (:mod:`.model_check`).
 """
@@ -50,7 +54,9 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
+from .chunked_attention import layer_plan
 from .sp_attention import sp_forward
+from .temperature import fix_temperature
 
 __all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
 
@@ -139,6 +145,9 @@ def hsap_attention_forward(
         value = torch.nn.functional.pad(value, [0, head_dim - v_head_dim])  # [B, Hkv, Lk, Dv] -> [B, Hkv, Lk, D]
     ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool  # the mask function's ids
     check_plan_mask(hsap_plan, attention_mask, ids_mask)
+    query = fix_temperature(module, query, plan=hsap_plan, plan_use=hsap_plan_use, attention_mask=attention_mask,
+                            ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
+                            keys=key.shape[2])  # Llama 4's NoPE layers: each token's document position
     if hsap_blocks is not None and hsap_plan is None:
         raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
                          "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")
@@ -147,7 +156,8 @@ def hsap_attention_forward(
                          plan_use=hsap_plan_use, softcap=variant.softcap, sinks=variant.sinks,
                          blocks=hsap_blocks)  # [1, T, Hq, D]
     else:
-        out = local_forward(module, query, key, value, attention_mask, scaling, variant=variant, plan=hsap_plan,
+        plan = layer_plan(module, hsap_plan) if hsap_plan is not None else None  # a chunked layer: its chunks
+        out = local_forward(module, query, key, value, attention_mask, scaling, variant=variant, plan=plan,
                             ids_mask=ids_mask, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
                             position_ids=position_ids)  # [B, Lq, Hq, D]
     return out[..., :v_head_dim], None  # [B, Lq, Hq, D] -> [B, Lq, Hq, Dv]

@@ -52,6 +52,7 @@ class Plan:
     _schedules: dict = field(default_factory=dict, init=False, repr=False)
     _device_schedules: dict = field(default_factory=dict, init=False, repr=False)
     _part_tokens: dict = field(default_factory=dict, init=False, repr=False)
+    _chunks: dict = field(default_factory=dict, init=False, repr=False)  # chunked layers' plans (.chunks.chunked_plan)
 
     def __post_init__(self) -> None:
         self._kinds.setdefault(self.windows[0], KindPlan(self.windows[0], self.transfers, self.pieces,

@@ -19,7 +19,6 @@ from workers import zoo, zoo_run
 
 SUPPORTED = "exact"  # every mode exact
 REFUSED = "refused"  # every mode refused
-SP1_ONLY = "exact at sp1, refused under SP"
 
 EXPECT = {
     "llama": SUPPORTED,  # plain multi-head attention
@@ -32,7 +31,7 @@ EXPECT = {
     "deepseek_v3": SUPPORTED,  # multi-head latent attention (value head_dim < query head_dim), MoE
     "persimmon": SUPPORTED,  # no position_ids to its attention; dropout kept as an nn.Dropout
     "nemotron": SUPPORTED,  # a decoder layer calls the attention without kwargs: prepare_model relays the plan
-    "llama4_text": SP1_ONLY,  # chunked attention (16-token chunks here, documents of 19 and 30), MoE
+    "llama4_text": SUPPORTED,  # chunked attention (16-token chunks here, documents of 19 and 30 split across ranks), MoE
     "lfm2": SUPPORTED,  # hybrid: a short causal convolution layer beside the attention layer
     "bamba": SUPPORTED,  # hybrid: Mamba2 mixers (SSD scan with a convolution) beside an attention layer
     # hybrid: Mamba2 mixers beside an attention layer that the model's position_ids never reach (no rotary
@@ -73,8 +72,7 @@ def test_family_is_exact_or_refused(family: str, zoo_pools) -> None:
     bad = {k: v for k, v in got.items() if v["outcome"] in ("WRONG", "crash")}
     assert not bad, f"{family}: {bad}"
     for key, res in got.items():
-        sp1 = key.split(":")[1].startswith("sp1")
-        want = {SUPPORTED: "exact", REFUSED: "refused", SP1_ONLY: "exact" if sp1 else "refused"}[EXPECT[family]]
+        want = {SUPPORTED: "exact", REFUSED: "refused"}[EXPECT[family]]
         assert res["outcome"] == want, f"{family} {key}: {res} (expected {want})"
 
 

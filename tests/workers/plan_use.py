@@ -109,14 +109,3 @@ def chunked_llama4(chunk: int = 8) -> torch.nn.Module:
                               pad_token_id=0)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="hsap", dtype=torch.float32).train()
-
-
-def chunked_under_sp(sp_size: int) -> dict[str, str | None]:
-    """A chunked layer under SP: refused when a document is longer than the chunk, run when none is."""
-    sp = get_sp(sp_size)
-    long_chunk = chunked_llama4(chunk=64)  # every document of global_batch() (<= 41 tokens) fits in a chunk
-    local = shard_batch(global_batch(), sp)
-    long_chunk(**local)
-    check_plan_used(local, long_chunk)
-    model = chunked_llama4(chunk=8)
-    return {"short_chunk": _error(lambda: model(**shard_batch(global_batch(), sp, check_previous=False)))}
