@@ -45,8 +45,9 @@ __all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "Unsupported
            "chunked_attention_size", "has_mixer_layers", "layer_type", "sliding_window_size",
            "uses_attention_interface"]
 
-# `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+# `config.layer_types` entries that are plain softmax attention through the AttentionInterface, and DeepSeek-sparse
+# "indexed_attention" (softmax attention over an indexer's top-k keys, made per-document by integrations/indexed.py).
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention"})
 # Config fields of families whose attention adds a dense bias the model computes itself (Doge's dynamic
 # mask from `dt_states`): "hsap" has no additive biases.
 _DENSE_BIAS_FIELDS = ("keep_window_size",)
