@@ -320,7 +320,8 @@ class _GatherTokens(torch.autograd.Function):
 
 def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor, *, indices: torch.Tensor | None, plan: Any, plan_use: Any,
-                    scaling: float | None, window: int | None) -> torch.Tensor:
+                    scaling: float | None, window: int | None, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of an indexed layer over its selected keys of each query's document-causal prefix.
 
     Args:
@@ -328,6 +329,7 @@ def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             row at one rank without a plan). attention_mask: the pre-hook's document-causal mask.
         indices: the top-k key indices (global order; negative: none). plan: the call's plan, or ``None``.
         plan_use: the call's ``hsap_plan_use`` record. scaling: softmax scale. window: a sliding window, or ``None``.
+        softcap: logit soft-cap, or ``None``. sinks: ``[Hq]`` sink logits (in the denominator), or ``None``.
 
     Returns:
         The attention output.
@@ -366,8 +368,14 @@ def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, S, L]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:  # one sink logit per head joins the denominator (GPT-OSS / HY-V4), no value
+        sink = sinks.to(compute).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)  # [B, H, S, 1]
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     probs = torch.where(allowed.any(-1)[:, None, :, None], probs, torch.zeros_like(probs))  # padding: output 0
     out = torch.matmul(probs, v)  # [B, H, S, Dv]
     return out.transpose(1, 2).to(query.dtype)  # [B, S, H, Dv]

@@ -130,7 +130,8 @@ def hsap_attention_forward(
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     if state_of(module, INDEXED) is not None:  # DeepSeek-sparse attention: the indexer's top-k per document
         return indexed_forward(module, query, key, value, attention_mask, indices=kwargs.get("indices"),
-                               plan=hsap_plan, plan_use=hsap_plan_use, scaling=scaling, window=variant.window), None
+                               plan=hsap_plan, plan_use=hsap_plan_use, scaling=scaling, window=variant.window,
+                               softcap=variant.softcap, sinks=variant.sinks), None
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16
     check_mask_rank(module, attention_mask)
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
