@@ -37,6 +37,8 @@ indexed layer.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +51,8 @@ from ..log import get_logger
 from ..model_state import INDEXED, INDEXED_DOCS, ModelChanges, state_of
 from .plan_relay import relayed
 
-__all__ = ["check_indexed_ready", "has_indexed_layers", "indexed_forward", "indexed_layers", "prepare_indexed"]
+__all__ = ["check_indexed_ready", "has_indexed_layers", "indexed_forward", "indexed_layers", "other_indexed_layers",
+           "prepare_indexed"]
 
 logger = get_logger(__name__)
 
@@ -93,9 +96,19 @@ def check_indexed_ready(config: Any, *, cache: bool) -> None:
                                     f"packed row; {_FIX_PREPARE}")
 
 
-def indexed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder's indexed attention layers: modules with an ``indexer`` attribute (``None`` on layers that reuse
-    the previous layer's top-k) whose ``config.layer_types[layer_idx]`` is ``"indexed_attention"``."""
+@functools.lru_cache(maxsize=None)
+def _passes_indices(cls: type) -> bool:
+    """Whether a layer class's forward hands the indexer's top-k to the attention interface as ``indices=`` (the
+    DeepSeek-sparse contract this module implements), read from its source (cached per class)."""
+    try:
+        return "indices=" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _indexed_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules with an ``indexer`` attribute (``None`` on layers that reuse the previous layer's top-k) whose
+    ``config.layer_types[layer_idx]`` is ``"indexed_attention"``."""
     found = []
     for m in model.modules():
         config, idx = getattr(m, "config", None), getattr(m, "layer_idx", None)
@@ -105,6 +118,18 @@ def indexed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if 0 <= idx < len(types) and str(types[idx]) == INDEXED_LAYER_TYPE:
             found.append(m)
     return found
+
+
+def indexed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's DeepSeek-sparse indexed attention layers: indexed-attention modules that pass their top-k key
+    indices to the attention interface (``indices=``); what :func:`prepare_indexed` makes exact."""
+    return [m for m in _indexed_candidates(model) if _passes_indices(type(m))]
+
+
+def other_indexed_layers(model: torch.nn.Module) -> list[str]:
+    """Class names of indexed-attention layers that select their keys in their own code (a selection mask, pooled
+    key blocks: Qwen4-Exp's QSA, GLM-5-Next's pooled indexer) rather than top-k indices through the interface."""
+    return sorted({type(m).__name__ for m in _indexed_candidates(model) if not _passes_indices(type(m))})
 
 
 def _plan_of(module: torch.nn.Module, kwargs: dict[str, Any]) -> Any:
