@@ -6,39 +6,44 @@ causal prefix with a small *lightning indexer* (under ``no_grad``: it selects, i
 and runs softmax attention over those keys only. Transformers hands the indices to the attention function as
 ``indices=`` (an ``"eager"`` / ``"sdpa"`` model folds them into a dense mask instead).
 
-Exact per document means each query's indexer scores are masked to its own document's causal prefix, its top-k is
-taken there (a prefix shorter than ``k`` keeps all of it, as the document alone does: ``topk`` then also returns
-masked keys, which stay masked), and the attention sees only the selected keys of that prefix. What hf_hsap does
-(:func:`prepare_indexed`, called by :func:`~.prepare.prepare_model`):
+Exact per document means each query's top-k is the one the document alone gives: its indexer's scores over its own
+document's causal prefix only (a prefix shorter than ``k`` keeps all of it: ``topk`` then also returns masked keys,
+which stay masked), and its attention over the selected keys of that prefix only. What hf_hsap does
+(:func:`prepare_indexed`, called by :func:`~.prepare.prepare_model`, before its model check's probe forward):
 
-* a forward pre-hook on every indexed attention layer replaces the ``"hsap"`` mask (document ids) by a dense
-  ``[B, 1, S, L]`` bool mask, *same document and causal*, of the layer's ``S`` queries over the row's ``L`` keys in
-  global order (from the plan's layout when there is a plan, else from the ids the mask function read off the
-  packed ``position_ids``). The family's own indexer masks its scores with it and takes its top-k.
-* under SP (a plan) the indexer's inputs of this rank (hidden states, query latent, rotary ``cos`` / ``sin``) are
-  all-gathered over the SP group (values only: the indexer has no gradient), the family's own indexer runs over
-  the whole row with the row's document-causal mask, and this rank's query rows of its top-k are kept (indices in
-  global key order).
-* the ``"hsap"`` attention function sends an indexed layer's call to :func:`indexed_forward`: the keys and values
-  of the whole row are gathered over the SP group in global order (differentiable: the backward sums every rank's
-  key / value gradient and keeps this rank's rows), and a dense masked softmax attention of the local queries runs
-  over the keys that are selected *and* in the query's document-causal prefix.
+* a forward pre-hook on every indexed layer replaces the ``"hsap"`` mask (document ids) by a dense ``[B, 1, S, L]``
+  bool mask, *same document and causal*, of the layer's ``S`` queries over the row's ``L`` keys in global order
+  (from the plan's layout when there is a plan, else from the ids the mask function read off the packed
+  ``position_ids``), and keeps the call's documents for the indexer;
+* the indexer's forward is run **on each document alone** (:func:`_indexer_forward`): its inputs (under SP first
+  all-gathered over the SP group: hidden states, query latent, rotary ``cos`` / ``sin``; values only, the indexer
+  has no gradient) cut to the document, with the causal mask Transformers builds for a document alone. The top-k
+  is then taken from the very tensor the document alone scores, so even exact ties (keys whose every indexer head's
+  ReLU is 0) are broken as there; this rank's queries keep their indices, shifted to global key positions. Scoring
+  the packed row instead would break ties, and float32 near-ties of the indexer's float32 scores, by the row's
+  shape, not the document's;
+* the ``"hsap"`` attention function sends an indexed layer's call to :func:`indexed_forward`: under a plan the keys
+  and values of the whole row are gathered over the SP group in global order (differentiable: the backward sums
+  every rank's key / value gradient, one all-reduce, and keeps this rank's rows), and a dense softmax attention of
+  the local queries runs over the keys that are selected *and* in the query's document-causal prefix (sinks and
+  soft-capping as the layer asks).
 
-Cost per indexed layer and rank (``L`` row tokens, ``S = L / P`` local queries): all-gathers of ``L`` rows of
-``hidden + q_lora + rope`` values (indexer inputs) and of ``L`` rows of keys and values (``H * (Dk + Dv)``), one
-all-reduce of the key / value gradient in the backward (``L`` rows); compute ``O(L^2 * H_idx * D_idx)`` for the
-indexer (the whole row on every rank: ``P`` times the indexer's work, as simple as it gets; the family's indexer is
-kept unchanged) and ``O(S * L * H * D)`` for the attention; memory ``O(L^2 * H_idx)`` indexer scores (as
-Transformers' own indexer at one rank) and ``O(S * L * H)`` attention scores. Exact (float64: logits and every
-gradient against each document alone); top-k ties between exactly equal scores are broken by ``torch.topk`` as the
-family's code does, so a selection can differ from the document alone only at exact ties.
-Not supported (refused, with the fix): a KV cache (generation: use ``"eager"``), bidirectional image blocks in an
-indexed layer.
+Cost per indexed layer and rank (``L`` row tokens, ``S = L / P`` local queries, ``T_d`` a document's tokens):
+all-gathers of ``L`` rows of ``hidden + q_lora + rope`` values (indexer inputs) and of ``L`` rows of keys and values
+(``H * (Dk + Dv)``), one all-reduce of ``L`` rows of key / value gradient in the backward; compute
+``sum_d T_d^2 * H_idx * D_idx`` for the indexer over the documents this rank's queries are in (a document split over
+ranks is scored by each of them: the simplest exact path, with the family's indexer unchanged) and
+``O(S * L * H * D)`` for the attention; memory ``O(T_d^2 * H_idx)`` indexer scores of the longest document (as
+Transformers' indexer on that document alone) and ``O(S * L * H)`` attention scores and mask. One indexer call per
+document and layer: a row of many short documents pays their Python overhead. Exact: float64 logits and every
+parameter gradient against each document alone (``tests/model/test_indexed.py``, the zoos).
+Refused, each with its fix: a KV cache (generation: use ``"eager"``), bidirectional image blocks in an indexed
+layer, an unprepared model, indexed layers that select keys in their own code rather than passing top-k indices to
+the attention interface (:func:`~.indexed_layers.other_indexed_layers`: Qwen4-Exp's QSA, GLM-5-Next's pooled
+indexer; refused by :func:`~.model_check.check_model`).
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -49,23 +54,19 @@ import torch.distributed as dist
 from ..config import text_config
 from ..log import get_logger
 from ..model_state import INDEXED, INDEXED_DOCS, ModelChanges, state_of
+from .indexed_layers import has_indexed_layers, indexed_layers, other_indexed_layers
+from .model_check import UnsupportedModelError
 from .plan_relay import relayed
+from .plan_use import plan_use_of
 
 __all__ = ["check_indexed_ready", "has_indexed_layers", "indexed_forward", "indexed_layers", "other_indexed_layers",
-           "prepare_indexed"]
+           "prepare_indexed"]  # the layer queries re-exported from indexed_layers
 
 logger = get_logger(__name__)
 
-INDEXED_LAYER_TYPE = "indexed_attention"
 _FIX_PREPARE = ("call hf_hsap.prepare_model(model, sp_size=...) once before the first forward (the trainers do): "
                 "it makes the indexer and its top-k exact per document")
 _READY: dict[int, Any] = {}  # id(text config) -> weakref of the config, for the configs of prepared models
-
-
-def has_indexed_layers(config: Any) -> bool:
-    """Whether the config's decoder has ``"indexed_attention"`` layers (``config.layer_types``)."""
-    types = getattr(text_config(config), "layer_types", None) or ()
-    return INDEXED_LAYER_TYPE in {str(t) for t in types}
 
 
 def _is_ready(config: Any) -> bool:
@@ -83,8 +84,6 @@ def check_indexed_ready(config: Any, *, cache: bool) -> None:
     Raises:
         UnsupportedModelError: naming the fix.
     """
-    from .model_check import UnsupportedModelError
-
     if config is None or not has_indexed_layers(config):
         return
     family = getattr(text_config(config), "model_type", type(config).__name__)
@@ -94,42 +93,6 @@ def check_indexed_ready(config: Any, *, cache: bool) -> None:
     if not _is_ready(text_config(config)):
         raise UnsupportedModelError(f"{family}'s indexed-attention layers select their keys with a top-k over the "
                                     f"packed row; {_FIX_PREPARE}")
-
-
-@functools.lru_cache(maxsize=None)
-def _passes_indices(cls: type) -> bool:
-    """Whether a layer class's forward hands the indexer's top-k to the attention interface as ``indices=`` (the
-    DeepSeek-sparse contract this module implements), read from its source (cached per class)."""
-    try:
-        return "indices=" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-
-
-def _indexed_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Modules with an ``indexer`` attribute (``None`` on layers that reuse the previous layer's top-k) whose
-    ``config.layer_types[layer_idx]`` is ``"indexed_attention"``."""
-    found = []
-    for m in model.modules():
-        config, idx = getattr(m, "config", None), getattr(m, "layer_idx", None)
-        if not hasattr(m, "indexer") or config is None or not isinstance(idx, int):
-            continue
-        types = getattr(config, "layer_types", None) or ()
-        if 0 <= idx < len(types) and str(types[idx]) == INDEXED_LAYER_TYPE:
-            found.append(m)
-    return found
-
-
-def indexed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder's DeepSeek-sparse indexed attention layers: indexed-attention modules that pass their top-k key
-    indices to the attention interface (``indices=``); what :func:`prepare_indexed` makes exact."""
-    return [m for m in _indexed_candidates(model) if _passes_indices(type(m))]
-
-
-def other_indexed_layers(model: torch.nn.Module) -> list[str]:
-    """Class names of indexed-attention layers that select their keys in their own code (a selection mask, pooled
-    key blocks: Qwen4-Exp's QSA, GLM-5-Next's pooled indexer) rather than top-k indices through the interface."""
-    return sorted({type(m).__name__ for m in _indexed_candidates(model) if not _passes_indices(type(m))})
 
 
 def _plan_of(module: torch.nn.Module, kwargs: dict[str, Any]) -> Any:
@@ -192,9 +155,7 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
     """Forward pre-hook of an indexed layer: the dense document-causal ``[B, 1, S, L]`` mask in place of the
     ``"hsap"`` mask, and the call's documents kept for the indexer (:func:`_indexer_forward`)."""
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
-        from .model_check import UnsupportedModelError
-
-        raise UnsupportedModelError("attn_implementation='hsap' has no indexed attention with a KV cache; generate "
+            raise UnsupportedModelError("attn_implementation='hsap' has no indexed attention with a KV cache; generate "
                                     "with attn_implementation='eager'")
     if kwargs.get("hsap_blocks") is not None or relayed(module, "hsap_blocks") is not None:
         raise ValueError(f"{type(module).__name__}: bidirectional image blocks in an indexed-attention layer are not "
@@ -278,8 +239,6 @@ def _indexer_forward(indexer: torch.nn.Module, original: Any) -> Any:
                 out = original(*cut, **{k: _document_input(v, row, span, batch, length, mask)
                                         for k, v in kwargs.items()})
                 if not torch.is_tensor(out) or out.is_floating_point() or out.dim() != 3:
-                    from .model_check import UnsupportedModelError
-
                     raise UnsupportedModelError(
                         f"{type(indexer).__name__} returns {type(out).__name__} rather than top-k key indices "
                         "[B, S, k]; hf_hsap runs DeepSeek-sparse indexers only: train this family with one document "
@@ -363,8 +322,6 @@ def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         query ``[B, Hq, S, D]``, key / value ``[B, Hkv, S_kv, D / Dv]``, attention_mask ``[B, 1, S, L]``,
         indices ``[B, S, k]`` -> ``[B, S, Hq, Dv]``.
     """
-    from .plan_use import plan_use_of
-
     if indices is None:
         raise ValueError(f"{type(module).__name__}: an indexed-attention layer called the attention without its "
                          f"top-k indices; {_FIX_PREPARE}")

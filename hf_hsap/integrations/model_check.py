@@ -34,7 +34,7 @@ from ..mixers.layers import mixer_layers
 from ..model_state import MIXERS_READY, state_of
 from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
-from .indexed import other_indexed_layers
+from .indexed_layers import other_indexed_layers
 from .plan_relay import Probe, probe_attention
 from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, NO_HOOK,
                              NON_MIXING_LAYER_TYPES)
