@@ -4,6 +4,8 @@
 
 1. the decoder's attention implementation becomes ``"hsap"`` (the other sub-models keep theirs);
 2. attention dropout is set to 0 where asked (``disable_attention_dropout=True``);
+   DeepSeek-sparse indexed layers get their per-document top-k (:func:`~.indexed.prepare_indexed`: before the check,
+   whose probe forward runs them);
 3. :func:`~.model_check.check_model` refuses what ``"hsap"`` cannot run exactly (it only reads);
 4. a hybrid model's recurrent layers are made document-exact (:func:`~.mixer_hooks.prepare_mixers`);
 5. the SP plan, and a direct packed call's documents, are relayed to the attention layers the model's call does not
