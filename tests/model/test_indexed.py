@@ -1,7 +1,8 @@
 """DeepSeek-sparse ``"indexed_attention"`` layers on packed rows (``hf_hsap.integrations.indexed``): a tiny
 DeepSeek-V3.2 whose indexer keeps 8 keys per query, on the zoo's row of five documents (7, 30, 1, 19 and 15 tokens),
 against each document run alone with Transformers' eager attention, in float64: logits and every parameter gradient,
-at SP 1 (the plain row and through ``shard_batch``) and at SP 2 (the 30-token document split across both ranks).
+at SP 1 (the plain row and through ``shard_batch``) and at SP 2 with U 1, and U 2 with gradient checkpointing (the
+30-token document split across both ranks).
 Layer 0's indexer scores all tie at 0 in one case: the top-k is then ``torch.topk``'s order among ties, which
 hf_hsap reproduces by running each document's indexer alone."""
 from __future__ import annotations
@@ -33,11 +34,12 @@ def test_packed_row_is_exact_at_sp1(tied: bool) -> None:
     assert zoo.compare(ref, native["logits"], native["loss"], native["grads"], zoo.TOL["fp64"])["outcome"] == "WRONG"
 
 
-def test_document_split_over_two_ranks_is_exact(pools) -> None:
+@pytest.mark.parametrize("ulysses,checkpointing", [(1, False), (2, True)])
+def test_document_split_over_two_ranks_is_exact(pools, ulysses: int, checkpointing: bool) -> None:
     config, state = W.tiny_state(tied=True)
     with zoo.full_precision(config, torch.float64):
         ref = zoo.reference(config, state)
-    records = pools(2, TIMEOUT_S).run(W.sp_run, state, 2, 1)
+    records = pools(2, TIMEOUT_S).run(W.sp_run, state, 2, ulysses, checkpointing)
     res = zoo.combine_sp(ref, [{"ok": True, **r} for r in records], 2, zoo.TOL["fp64"])
     assert res["outcome"] == "exact", res
     starts = torch.tensor([0, 7, 37, 38, 57, 72])

@@ -23,9 +23,10 @@ def tiny_state(tied: bool) -> tuple[object, dict[str, torch.Tensor]]:
     return config, state
 
 
-def sp_run(state: dict[str, torch.Tensor], sp_size: int, ulysses: int) -> dict:
-    """This rank's :func:`zoo.sp_rank_run` of the tiny DeepSeek-V3.2 on the zoo's row."""
+def sp_run(state: dict[str, torch.Tensor], sp_size: int, ulysses: int, checkpointing: bool) -> dict:
+    """This rank's :func:`zoo.sp_rank_run` of the tiny DeepSeek-V3.2 on the zoo's row (``checkpointing``: every layer,
+    its gathers too, recomputed in the backward)."""
     torch.set_num_threads(1)
     config = ZC.tiny_config(FAMILY)
     with zoo.full_precision(config, torch.float64):
-        return zoo.sp_rank_run(config, state, torch.float64, sp_size, ulysses)
+        return zoo.sp_rank_run(config, state, torch.float64, sp_size, ulysses, checkpointing=checkpointing)
