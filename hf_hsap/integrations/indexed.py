@@ -52,9 +52,11 @@ import torch
 import torch.distributed as dist
 
 from ..config import text_config
+from ..data.positions import document_starts
 from ..log import get_logger
 from ..model_state import INDEXED, INDEXED_DOCS, ModelChanges, state_of
 from .indexed_layers import has_indexed_layers, indexed_layers, other_indexed_layers
+from .local_layout import document_ids
 from .model_check import UnsupportedModelError
 from .plan_relay import relayed
 from .plan_use import plan_use_of
@@ -140,6 +142,24 @@ class _Documents:
     plan: Any = None
 
 
+def _row_documents(ids: torch.Tensor | None, position_ids: Any, batch: int, length: int,
+                   device: torch.device) -> torch.Tensor | None:
+    """Per-token document ids of rows without a plan, by the rule of the local attention
+    (:func:`~.local_layout.layout_same_length`): the mask function's ids (documents of the composed mask, ``0`` on
+    padding) and, where the layer gets 1-D ``[B, L]`` ``position_ids``, a new document wherever they do not
+    continue (Transformers looks for packed rows only without a padding mask). Multimodal rotary positions
+    (``[3, B, L]``) say nothing about documents and are left out. Shapes: ``-> [B, L]`` int32 or ``None``."""
+    pos = position_ids if torch.is_tensor(position_ids) and position_ids.dim() == 2 else None
+    if pos is None or pos.shape[-1] != length:
+        return ids
+    starts = document_starts(pos.expand(batch, -1)).to(device)  # [B, L]
+    valid = None
+    if ids is not None:
+        starts[:, 1:] |= ids[:, 1:] != ids[:, :-1]
+        valid = ids > 0
+    return document_ids(starts, valid)
+
+
 def _spans_of_ids(ids: torch.Tensor | None, batch: int, length: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Document spans of every row from the mask function's ``[B, L]`` ids (``0``: padding, left out)."""
     if ids is None:
@@ -173,12 +193,19 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
         if ids is not None and (ids.dtype == torch.bool or ids.dim() != 2):
             raise ValueError(f"{type(module).__name__}: an indexed-attention layer got a {ids.dim()}D "
                              f"{ids.dtype} mask; {_FIX_PREPARE} and pass packed rows with position_ids")
+        ids = _row_documents(ids, kwargs.get("position_ids"), batch, length, hidden.device)
         mask = _ids_mask(ids, batch, length, hidden.device)[:, None]  # [B, 1, L, L]
         docs = _Documents(_spans_of_ids(ids, batch, length), torch.arange(length, device=hidden.device))
     kwargs["attention_mask"] = mask
     if getattr(module, "indexer", None) is not None:
         module.indexer.__dict__[INDEXED_DOCS] = docs
     return args, kwargs
+
+
+def _forget_documents(module: torch.nn.Module, args: tuple, output: Any) -> None:
+    """Forward hook of an indexed layer: its indexer lets go of the call's documents (and plan) once it ran."""
+    if getattr(module, "indexer", None) is not None:
+        module.indexer.__dict__[INDEXED_DOCS] = None
 
 
 def _gathered(x: Any, plan: Any, batch: int, local: int) -> Any:
@@ -269,6 +296,7 @@ def prepare_indexed(model: torch.nn.Module, changes: ModelChanges) -> int:
     for layer in layers:
         changes.put(layer, INDEXED, True)
         changes.hook(layer.register_forward_pre_hook(_mask_hook, with_kwargs=True))
+        changes.hook(layer.register_forward_hook(_forget_documents))
         if layer.indexer is not None:
             changes.put(layer.indexer, INDEXED_DOCS, None)
             changes.set(layer.indexer, "forward", _indexer_forward(layer.indexer, layer.indexer.forward))

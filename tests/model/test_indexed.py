@@ -7,12 +7,15 @@ Layer 0's indexer scores all tie at 0 in one case: the top-k is then ``torch.top
 hf_hsap reproduces by running each document's indexer alone."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import hf_hsap
 from hf_hsap.integrations import UnsupportedModelError
 from hf_hsap.integrations.indexed import indexed_layers, other_indexed_layers
+from hf_hsap.testing import rel_err
 from workers import indexed as W
 from workers import zoo
 from workers import zoo_configs as ZC
@@ -46,6 +49,27 @@ def test_document_split_over_two_ranks_is_exact(pools, ulysses: int, checkpointi
     split = [d for d in range(5) if all(((r["index"] >= starts[d]) & (r["index"] < starts[d + 1])).any()
                                         for r in records)]
     assert split, "no document spans both ranks"
+
+
+def test_padded_rows_are_exact() -> None:
+    """Two rows, the second right-padded, called with a padding mask (Transformers then finds no packed documents in
+    the positions: hf_hsap's layers do, as the local attention does)."""
+    rows = [[7, 30, 1], [19, 15]]
+    config, state = W.tiny_state(tied=True)
+    ids = torch.randint(3, config.vocab_size, (2, 38), generator=torch.Generator().manual_seed(3))
+    pos = torch.stack([torch.cat([torch.arange(n) for n in r] + [torch.arange(38 - sum(r))]) for r in rows])
+    pad = torch.ones(2, 38, dtype=torch.long)
+    pad[1, 34:] = 0
+    with zoo.full_precision(config, torch.float64):
+        ref = ZC.build_model(copy.deepcopy(config), "eager", torch.float64, state_dict=state)
+        model = ZC.build_model(config, "hsap", torch.float64, state_dict=state)
+        hf_hsap.prepare_model(model, sp_size=1)
+        out = model(input_ids=ids, position_ids=pos, attention_mask=pad, use_cache=False).logits  # [2, 38, V]
+        for b, lens in enumerate(rows):
+            for start, n in zip(torch.tensor([0, *lens]).cumsum(0).tolist(), lens):
+                alone = ref(input_ids=ids[b:b + 1, start:start + n], position_ids=pos[b:b + 1, start:start + n],
+                            use_cache=False).logits[0]
+                assert rel_err(out[b, start:start + n], alone) < zoo.TOL["fp64"], (b, start)
 
 
 def test_unprepared_model_and_cache_are_refused() -> None:
