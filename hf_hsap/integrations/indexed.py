@@ -306,9 +306,11 @@ def prepare_indexed(model: torch.nn.Module, changes: ModelChanges) -> int:
         _READY[key] = weakref.ref(config)
         changes.on_undo(lambda key=key: _READY.pop(key, None))
     if layers:
-        logger.info("prepare_model: %d indexed-attention layers (%s) run their indexer's top-k per document: a dense "
-                    "document-causal mask at every SP size, under SP the indexer inputs and the keys / values of the "
-                    "whole row all-gathered over the SP group", len(layers), type(layers[0]).__name__)
+        logger.info("prepare_model: %d indexed-attention layers (%s): each document's indexer runs on that document "
+                    "alone (its top-k as alone, ties included) and the attention is a dense document-causal one over "
+                    "the selected keys; under SP the indexer inputs and the keys / values of the whole row are "
+                    "all-gathered over the SP group (the simplest exact path, not a sequence-parallel one)",
+                    len(layers), type(layers[0]).__name__)
     return len(layers)
 
 
