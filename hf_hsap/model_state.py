@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ATTENTION_TILES", "MIXERS", "MIXERS_READY", "ModelChanges", "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS",
+__all__ = ["ATTENTION_TILES", "INDEXED", "INDEXED_DOCS", "MIXERS", "MIXERS_READY", "ModelChanges", "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS",
            "state_of"]
 
 # Attributes stored in a module's ``__dict__`` (never on its class).
@@ -22,6 +22,8 @@ RELAY = "_hsap_relay"  # the PlanRelay of a model and of the attention layers it
 VISION_ROWS = "_hsap_vision_rows"  # a vision-language model's row selection (this rank's feature rows)
 PREPARED = "_hsap_prepared"  # the PreparedModel of a model prepare_model changed
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
+INDEXED = "_hsap_indexed"  # an indexed-attention layer whose top-k runs per document (integrations/indexed.py)
+INDEXED_DOCS = "_hsap_indexed_docs"  # the documents of the current forward, on an indexed layer's indexer
 
 # The keyword argument of check_model's probe forward (the attention layers it reaches get the SP plan too).
 PROBE_KEY = "hsap_kwargs_probe"

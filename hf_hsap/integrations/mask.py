@@ -22,6 +22,7 @@ import torch
 
 from ..log import get_logger, log_once
 from .encoder_attention import is_encoder_config
+from .indexed import check_indexed_ready
 from .local_layout import document_ids
 from .model_check import UnsupportedModelError, check_config, chunked_attention_size
 
@@ -98,6 +99,7 @@ def hsap_mask_function(
             "batch, sp)) (image blocks are then exact), else use attn_implementation='sdpa' for it"
         )
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
+    check_indexed_ready(config, cache=not (q_offset == 0 and kv_offset == 0 and kv_length == q_length))
     if q_offset == 0 and kv_offset == 0 and kv_length == q_length:
         ids, packed = _probe_documents(batch_size, q_length, mask_function, attention_mask, device)
         if local_size == 1 and _chunk_size(config, local_size) is None and logger.isEnabledFor(logging.DEBUG):

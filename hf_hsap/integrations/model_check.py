@@ -34,6 +34,7 @@ from ..mixers.layers import mixer_layers
 from ..model_state import MIXERS_READY, state_of
 from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
+from .indexed_layers import other_indexed_layers
 from .plan_relay import Probe, probe_attention
 from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, MIXER_FIELDS, NO_HOOK,
                              NON_MIXING_LAYER_TYPES)
@@ -45,8 +46,9 @@ __all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "Unsupported
            "chunked_attention_size", "has_mixer_layers", "layer_type", "sliding_window_size",
            "uses_attention_interface"]
 
-# `config.layer_types` entries that are plain softmax attention through the AttentionInterface.
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+# `config.layer_types` entries that are plain softmax attention through the AttentionInterface, and DeepSeek-sparse
+# "indexed_attention" (softmax attention over an indexer's top-k keys, made per-document by integrations/indexed.py).
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention"})
 # Config fields of families whose attention adds a dense bias the model computes itself (Doge's dynamic
 # mask from `dt_states`): "hsap" has no additive biases.
 _DENSE_BIAS_FIELDS = ("keep_window_size",)
@@ -285,6 +287,12 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
             "(the hooks come with the `kernels` package: pip install kernels), so they would mix documents on packed "
             f"rows and see only local tokens under SP; {_SDPA_FIX}"
         )
+    odd = other_indexed_layers(model)
+    if odd and (packed or sp_size > 1):
+        raise UnsupportedModelError(
+            f"{family}'s indexed-attention layers ({', '.join(odd)}) select their keys in their own code (a selection "
+            "mask or pooled key blocks over the packed row), not as top-k key indices through the attention interface, "
+            f"which is what hf_hsap makes exact per document (DeepSeek-sparse layers); {_SDPA_FIX}")
     attention = attention_modules(model)
     if not attention and not mixers:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "

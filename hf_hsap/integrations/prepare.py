@@ -4,6 +4,8 @@
 
 1. the decoder's attention implementation becomes ``"hsap"`` (the other sub-models keep theirs);
 2. attention dropout is set to 0 where asked (``disable_attention_dropout=True``);
+   DeepSeek-sparse indexed layers get their per-document top-k (:func:`~.indexed.prepare_indexed`: before the check,
+   whose probe forward runs them);
 3. :func:`~.model_check.check_model` refuses what ``"hsap"`` cannot run exactly (it only reads);
 4. a hybrid model's recurrent layers are made document-exact (:func:`~.mixer_hooks.prepare_mixers`);
 5. the SP plan, and a direct packed call's documents, are relayed to the attention layers the model's call does not
@@ -30,6 +32,7 @@ from ..log import get_logger
 from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
+from .indexed import prepare_indexed
 from .mixer_hooks import prepare_mixers
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
@@ -151,6 +154,7 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         _use_hsap_in_decoder(model, changes)
         if disable_attention_dropout:
             _disable_attention_dropout(model, changes)
+        prepare_indexed(model, changes)  # before check_model: its probe forward runs the indexed layers
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:
             prepare_mixers(model, changes)

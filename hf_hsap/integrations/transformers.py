@@ -46,10 +46,11 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from ..model_state import RELAY, state_of
+from ..model_state import INDEXED, RELAY, state_of
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .encoder_attention import encoder_forward, is_encoder_call
+from .indexed import indexed_forward
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
@@ -133,6 +134,10 @@ def hsap_attention_forward(
                                cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
+    if state_of(module, INDEXED) is not None:  # DeepSeek-sparse attention: the indexer's top-k per document
+        return indexed_forward(module, query, key, value, attention_mask, indices=kwargs.get("indices"),
+                               plan=hsap_plan, plan_use=hsap_plan_use, scaling=scaling, window=variant.window,
+                               softcap=variant.softcap, sinks=variant.sinks), None
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16
     check_mask_rank(module, attention_mask)
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]

@@ -119,8 +119,9 @@ def hybrid(config: Any) -> bool:
 def full_precision(config: Any, dtype: torch.dtype = torch.float64) -> Iterator[None]:
     """:func:`full_precision_softmax`, and for hybrid models in float64 :func:`float64_casts_kept` with float64 as the
     default dtype (the decay tables MiniMax computes at construction: float32 ones make its block and recurrent paths
-    agree to float32 rounding only)."""
-    hybrid_fp64 = hybrid(config) and dtype == torch.float64
+    agree to float32 rounding only); the same for indexed-attention models (DeepSeek-sparse: their MoE router and
+    indexer score in float32, whose rounding differs between the packed row's and a document's matrix shapes)."""
+    hybrid_fp64 = (hybrid(config) or hf_hsap.integrations.indexed.has_indexed_layers(config)) and dtype == torch.float64
     saved = torch.get_default_dtype()
     if hybrid_fp64:
         torch.set_default_dtype(torch.float64)

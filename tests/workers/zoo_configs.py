@@ -43,8 +43,9 @@ GENERIC: dict[str, Any] = {
     # other names of the MLP / head sizes
     "dff": 96, "dim_ff": 96, "ffn_dim": 96, "ffn_hidden_size": 96, "dim_head": 16, "rotary_dim": 8,
     "zero_expert_num": 2, "o_lora_rank": 16, "o_groups": 2,
-    # sparse-attention indexers
-    "index_head_dim": 16, "index_n_heads": 2,
+    # sparse-attention indexers; a top-k of 8 keys, fewer than the longer documents' prefixes (the default 2048 keeps
+    # every key, so the selection would never be tested)
+    "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8,
     # multi-token-prediction heads are not part of the forward
     "num_nextn_predict_layers": 0,
 }
