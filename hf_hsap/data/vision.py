@@ -68,6 +68,8 @@ class VisionLayout:
         modalities: the model's vision inputs.
         merge: pixel rows per placeholder token of a grid family (``spatial_merge_size ** 2``), else 1.
         image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
+        prefix_blocks: a prefix-LM: each document's tokens of type 0 (PaliGemma's ``token_type_ids``: image and
+            prompt) attend to each other bidirectionally, the rest (type 1, the suffix) causally.
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
     """
 
@@ -75,6 +77,7 @@ class VisionLayout:
     modalities: tuple[Modality, ...]
     merge: int = 1
     image_blocks: bool = False
+    prefix_blocks: bool = False
     counted: tuple[str, ...] = ()
 
 
@@ -238,7 +241,9 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             ids = docs[i][0]
             given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
             t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
-            if given is None:
+            if given is None and spec.layout.prefix_blocks:  # no types: the model runs the document causally
+                t = np.ones(ids.size, np.int64)
+            elif given is None:
                 for m in spec.layout.modalities:
                     t[ids == m.token_id] = m.type_id
             types[r, offset:offset + ids.size] = t
@@ -247,6 +252,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             offset += ids.size
         if rope is not None and offset < row_len:  # the padding document: text positions from 0
             rope[:, r, offset:] = np.arange(row_len - offset)
+        if spec.layout.prefix_blocks:  # padding is causal (type 1), never a bidirectional prefix
+            types[r, offset:] = 1
     if spec.token_type_key:
         out[spec.token_type_key] = torch.from_numpy(types)
     out["rope"] = None if rope is None else torch.from_numpy(rope)

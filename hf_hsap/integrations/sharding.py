@@ -23,7 +23,7 @@ import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
-from ..multimodal import image_blocks, shard_vision, vision_keys
+from ..multimodal import batch_blocks, shard_vision, vision_keys
 from ..plan.blocks import keep_blocks_whole
 from ..data.positions import check_position_ids, document_starts
 from ..sp_plan import SPPlan, plan_sequence
@@ -222,8 +222,8 @@ def shard_batch(
         _check_same_batch(_batch_digest(parts), sp)
     plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement))
     vision = batch.get(VISION_LAYOUT_KEY)
-    blocks = image_blocks(vision, ids, cu) if vision is not None and vision.image_blocks else None
-    if blocks is not None:  # Gemma 3: an image's tokens see each other both ways; each image inside one part
+    blocks = batch_blocks(vision, batch, ids, cu)
+    if blocks is not None:  # Gemma 3's images, PaliGemma's prefixes: seen both ways, each block inside one part
         whole = keep_blocks_whole(plan, blocks)
         if whole is not plan:
             plan = SPPlan.bind(whole, sp) if isinstance(plan, SPPlan) else whole

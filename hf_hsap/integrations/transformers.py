@@ -42,7 +42,7 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from ..model_state import RELAY, state_of
+from ..model_state import PREFIX_LM, RELAY, state_of
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .encoder_attention import encoder_forward, is_encoder_call
@@ -125,6 +125,10 @@ def hsap_attention_forward(
     if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout=dropout,
                                cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
+    if is_causal is None and state_of(module, PREFIX_LM) is not None:
+        # a prefix-LM's decoder (PaliGemma's Gemma: use_bidirectional_attention) is causal by its model's mask (the
+        # hsap mask function refuses one that is not); its prefixes are the batch's blocks (hsap_blocks)
+        is_causal = True
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16

@@ -6,10 +6,10 @@
   :func:`hf_hsap.prepare_model`.
 """
 from .select import prepare_vision, select_rows
-from .shard import ROWS_KEY, image_blocks, shard_vision, vision_keys
+from .shard import ROWS_KEY, batch_blocks, image_blocks, shard_vision, vision_keys
 from .spec import (ANYRES_FAMILIES, GRID_FAMILIES, GRID_IMAGE_FAMILIES, PER_ROW_FAMILIES, SIZED_FAMILIES,
                    UNIFORM_FAMILIES, accepted_families, inner_vlm, is_vlm, vision_spec)
 
 __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "ROWS_KEY", "SIZED_FAMILIES",
-           "UNIFORM_FAMILIES", "accepted_families", "image_blocks", "inner_vlm", "is_vlm", "prepare_vision",
-           "select_rows", "shard_vision", "vision_keys", "vision_spec"]
+           "UNIFORM_FAMILIES", "accepted_families", "batch_blocks", "image_blocks", "inner_vlm", "is_vlm",
+           "prepare_vision", "select_rows", "shard_vision", "vision_keys", "vision_spec"]

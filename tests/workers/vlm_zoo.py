@@ -22,6 +22,7 @@ import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
+from hf_hsap.multimodal.prefix import is_prefix_lm
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
 from workers.vlm import alone_backward, weights
@@ -118,7 +119,9 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
                           token_type_key="mm_token_type_ids" if "mm_token_type_ids" in forward else None)
     blocks = how == "uniform+blocks"
     keys = item_keys if how == "uniform+keys" else ()
-    layout = VisionLayout(family, (Modality("image", token, "pixel_values", None, keys),), image_blocks=blocks)
+    prefix = blocks and is_prefix_lm(model)  # PaliGemma: each document's prefix is the block, not its image
+    layout = VisionLayout(family, (Modality("image", token, "pixel_values", None, keys),),
+                          image_blocks=blocks and not prefix, prefix_blocks=prefix)
     return VisionSpec(layout, token_type_key="token_type_ids" if blocks else None)
 
 

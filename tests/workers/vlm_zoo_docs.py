@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_hsap.examples import TINY_VLMS, vlm_documents
+from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
@@ -229,12 +230,15 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
             doc.update(image)
             body += ([torch.tensor([start])] if start is not None else []) + [torch.full((n_tok,), token)] + \
                 ([torch.tensor([end])] if end is not None else [])
+        n_prefix = sum(int(b.numel()) for b in body)  # text before and the image: a prefix-LM's prefix
         body.append(torch.randint(3, low, (after,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
         for key in ("token_type_ids", "mm_token_type_ids"):
             if key in _params(type(model).forward):
                 doc[key] = (ids == token).to(torch.int64)
+        if is_prefix_lm(model):  # PaliGemma: 0 on the image and the prompt, 1 on the suffix
+            doc["token_type_ids"] = prefix_token_types(ids.numel(), n_prefix)
         labels = ids.clone()
         labels[ids >= low] = -100  # no loss on placeholders and markers
         doc["labels"] = labels
