@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cross import pack_cross_mask
+
 __all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "item_sizes",
            "pack_vision", "vision_batch"]
 
@@ -71,6 +73,8 @@ class VisionLayout:
         prefix_blocks: a prefix-LM: each document's tokens of type 0 (PaliGemma's ``token_type_ids``: image and
             prompt) attend to each other bidirectionally, the rest (type 1, the suffix) causally.
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
+        cross_key: the per-token, per-image mask of a family whose text attends to its images through
+            cross-attention (Mllama's ``cross_attention_mask``: :mod:`.cross`), or ``None``.
     """
 
     family: str
@@ -79,6 +83,7 @@ class VisionLayout:
     image_blocks: bool = False
     prefix_blocks: bool = False
     counted: tuple[str, ...] = ()
+    cross_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,11 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
                 counted[m.name] = torch.tensor(counts, dtype=torch.int64)
     if counted:
         out[TOKENS_KEY] = counted
+    if spec.layout.cross_key is not None:  # Mllama: which of its own images each token attends to
+        mask = pack_cross_mask(spec.layout.cross_key, spec.layout.modalities[0].pixel_key, examples, docs, rows,
+                               row_len)
+        if mask is not None:
+            out[spec.layout.cross_key] = mask
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None

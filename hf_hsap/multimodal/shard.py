@@ -33,7 +33,8 @@ def items_key(name: str) -> str:
 
 def vision_keys(layout: VisionLayout) -> set[str]:
     """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
-    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY}
+    cross = {layout.cross_key} if getattr(layout, "cross_key", None) else set()
+    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY} | cross
 
 
 def image_blocks(layout: VisionLayout, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:

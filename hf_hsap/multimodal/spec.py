@@ -17,7 +17,9 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from .cross import cross_spec, is_cross_attention_vlm
 from .items import anyres_counter, sizes_counter
+from .prefix import is_prefix_lm
 
 __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
            "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
@@ -33,7 +35,10 @@ GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4
 # One pixel row per image (or per fixed-size tile), the same number of placeholders per row, 1-D positions; each
 # exact in the multimodal zoo (scripts/vlm_zoo.py). The encoder's per-row feature count is checked every forward.
 UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
-                              "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7"})
+                              "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7",
+                              "paligemma"})
+# Text attending to the images through cross-attention layers (.cross), exact in the multimodal zoo.
+CROSS_FAMILIES = frozenset({"mllama"})
 # Any-resolution tiles: pixel_values [images, tiles, C, H, W] (tiles zero-padded to the batch's most) with
 # image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Videos:
 # pixel_values_videos [videos, frames, C, H, W], the same frames (and placeholders) for every video of a batch.
@@ -52,7 +57,7 @@ _BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "pal
 def accepted_families() -> frozenset[str]:
     """Every family :func:`vision_spec` accepts."""
     return GRID_FAMILIES | GRID_IMAGE_FAMILIES | UNIFORM_FAMILIES | ANYRES_FAMILIES | SIZED_FAMILIES | \
-        PER_ROW_FAMILIES
+        PER_ROW_FAMILIES | CROSS_FAMILIES
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -93,6 +98,8 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     """
     config = model.config
     family = str(getattr(config, "model_type", type(config).__name__))
+    if family in CROSS_FAMILIES and is_cross_attention_vlm(model):
+        return cross_spec(model)
     inner = inner_vlm(model)
     if inner is None:
         raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
@@ -136,7 +143,9 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     if family in PER_ROW_FAMILIES:
         mod = Modality("image", image, "pixel_values", item_keys=("pixel_attention_mask",), item_axis=1)
         return VisionSpec(VisionLayout(family, (mod,)))
-    layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
+    prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
+    layout = VisionLayout(family, (Modality("image", image, "pixel_values"),),
+                          image_blocks=family in _BLOCK_FAMILIES and not prefix, prefix_blocks=prefix)
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
 
 
@@ -168,6 +177,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     try:
         spec = vision_spec(model)
     except ValueError:
+        return None
+    if spec.layout.cross_key is not None:  # cross-attention (Mllama): the text probe reaches every self-attention
         return None
     image = spec.layout.modalities[0]
     vision = model.config.vision_config

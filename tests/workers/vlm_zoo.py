@@ -22,6 +22,7 @@ import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
+from hf_hsap.multimodal.cross import CROSS_KEY
 from hf_hsap.multimodal.prefix import is_prefix_lm
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
@@ -44,7 +45,10 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # float32 (Gemma3RMSNorm casts x and the weight), so a norm weight's gradient is a float32 sum over the tokens, per
 # document in the reference and over the packed row here; Transformers' own packed row of Gemma 3 is not exact
 # (its image-block mask), so it cannot measure that (see tolerance). ShieldGemma 2 is Gemma 3's model class.
-ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
+# Mllama's cross-attention normalizes its keys in float32 (MllamaTextRMSNorm casts its input, so the gradient into
+# the vision states is rounded to float32 on each rank holding part of a document and summed after; with that norm
+# patched to float64 its SP 4 modes are exact to 2e-15).
+ISLAND_TOL = {"mllama": 1e-7, "qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
               "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
               "gemma3": 1e-6, "shieldgemma2": 1e-6}
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
@@ -218,6 +222,8 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         rows = local.get(ROWS_KEY, {})
         split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
+        if local.get(CROSS_KEY) is not None:  # cross-attention: a document with images partly on this rank
+            split = cross_split(local[CROSS_KEY], batch["cu_seq_lens_q"], idx)
         out = model(**local)
         hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
@@ -236,6 +242,19 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     if sp_size == 1 or sp.rank == 0:
         res["grads"] = grads
     return res
+
+
+def cross_split(docs: Any, cu: torch.Tensor, idx: torch.Tensor) -> int:
+    """1 when this rank holds part (not all) of a document with images (its images encoded here and elsewhere).
+
+    Args:
+        docs: the rank's ``CrossDocs``; cu: ``[n + 1]`` documents; idx: ``[T_local]`` global token indices.
+    """
+    doc = torch.searchsorted(cu.to(idx.device), idx, right=True) - 1
+    with_images = docs.ranges[:, 1] > docs.ranges[:, 0]
+    held = torch.bincount(doc[with_images], minlength=cu.numel() - 1)
+    length = cu[1:] - cu[:-1]
+    return int(bool(((held > 0) & (held < length)).any()))
 
 
 def worker_jobs(family: str, state: dict[str, torch.Tensor], docs: list[dict[str, Any]],

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_hsap.examples import TINY_VLMS, vlm_documents
+from hf_hsap.multimodal.cross import is_cross_attention_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 
@@ -209,6 +210,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
+    if is_cross_attention_vlm(model):
+        return cross_documents(config, shapes, seed=seed, dtype=dtype)
     vocab = config.get_text_config().vocab_size
     fields = config.to_dict()
     specials = [v for n, v in fields.items() if n.endswith(SPECIAL_SUFFIXES) and isinstance(v, int) and v > 2]
@@ -242,6 +245,47 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         labels = ids.clone()
         labels[ids >= low] = -100  # no loss on placeholders and markers
         doc["labels"] = labels
+        docs.append(doc)
+    return docs
+
+
+def cross_documents(config: Any, shapes: list[tuple[int, tuple[int, int, int] | None, int]], *, seed: int = 0,
+                    dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+    """Documents of a cross-attention family (Mllama) as its processor gives them: ``text, <|image|> per image,
+    text``; every image ``[max_num_tiles, C, S, S]`` with its real tiles first (the rest zero), its
+    ``aspect_ratio_ids`` (1 + the index of its tiles' ``[rows, cols]`` in ``supported_aspect_ratios``) and
+    ``aspect_ratio_mask``; ``cross_attention_mask [1, n, images, max_num_tiles]``: each image's real tiles from its
+    placeholder to the document's end (the tokens before it attend to none). A grid ``(t, h, w)`` gives an image of
+    ``ceil(h / 4) x ceil(w / 4)`` tiles, and a grid of 64 patches or more a second image of ``1 x 2`` tiles.
+
+    Returns:
+        One dict per document (``input_ids [n]``, ``labels [n]``: -100 on the placeholders, the image inputs).
+    """
+    v = config.vision_config
+    c, size, tiles = int(getattr(v, "num_channels", 3)), int(v.image_size), int(v.max_num_tiles)
+    ratios = [list(r) for r in v.supported_aspect_ratios]
+    token = image_token_id(config)
+    low = min(config.get_text_config().vocab_size, token)
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for before, grid, after in shapes:
+        layouts = [] if grid is None else [[-(-grid[1] // 4), -(-grid[2] // 4)]] + \
+            ([[1, 2]] if grid[1] * grid[2] >= 64 else [])
+        n_img = len(layouts)
+        ids = torch.cat([torch.randint(3, low, (before,), generator=g), torch.full((n_img,), token),
+                         torch.randint(3, low, (after,), generator=g)])
+        doc: dict[str, Any] = {"input_ids": ids, "labels": torch.where(ids == token, -100, ids)}
+        if n_img:
+            pixels = torch.zeros(1, n_img, tiles, c, size, size, dtype=dtype)
+            mask = torch.zeros(1, ids.numel(), n_img, tiles, dtype=torch.int64)
+            ratio_mask = torch.zeros(1, n_img, tiles, dtype=torch.int64)
+            for j, (rows, cols) in enumerate(layouts):
+                real = rows * cols
+                pixels[0, j, :real] = torch.randn(real, c, size, size, generator=g, dtype=dtype)
+                ratio_mask[0, j, :real] = 1
+                mask[0, before + j:, j, :real] = 1
+            doc.update(pixel_values=pixels, cross_attention_mask=mask, aspect_ratio_mask=ratio_mask,
+                       aspect_ratio_ids=torch.tensor([[ratios.index(r) + 1 for r in layouts]]))
         docs.append(doc)
     return docs
 
