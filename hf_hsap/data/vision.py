@@ -74,7 +74,8 @@ class VisionLayout:
             prompt) attend to each other bidirectionally, the rest (type 1, the suffix) causally.
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
         cross_key: the per-token, per-image mask of a family whose text attends to its images through
-            cross-attention (Mllama's ``cross_attention_mask``: :mod:`.cross`), or ``None``.
+            cross-attention (Mllama's ``cross_attention_mask``, Idefics' ``image_attention_mask``: :mod:`.cross`; its
+            placeholder ``token_id`` may be -1, none), or ``None``.
     """
 
     family: str
@@ -237,11 +238,9 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
                 counted[m.name] = torch.tensor(counts, dtype=torch.int64)
     if counted:
         out[TOKENS_KEY] = counted
-    if spec.layout.cross_key is not None:  # Mllama: which of its own images each token attends to
-        mask = pack_cross_mask(spec.layout.cross_key, spec.layout.modalities[0].pixel_key, examples, docs, rows,
-                               row_len)
-        if mask is not None:
-            out[spec.layout.cross_key] = mask
+    if spec.layout.cross_key is not None:  # Mllama, Idefics: which of its own images each token attends to
+        out.update(pack_cross_mask(spec.layout.cross_key, spec.layout.modalities[0].pixel_key, examples, docs, rows,
+                                   row_len))
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None

@@ -248,7 +248,7 @@ def shard_batch(
     if blocks is not None:
         local["hsap_blocks"] = blocks
     if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
-        local.update(shard_cross(batch, vision, ids.reshape(-1), cu, shard))
+        local.update(shard_cross(batch, vision, shard))
     elif vision is not None:
         local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
     elif any(batch.get(k) is not None for k in PIXEL_KEYS):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.cross import IMAGES_KEY
 from ..data.vision import LAYOUT_KEY, TOKENS_KEY, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
 
@@ -33,7 +34,7 @@ def items_key(name: str) -> str:
 
 def vision_keys(layout: VisionLayout) -> set[str]:
     """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
-    cross = {layout.cross_key} if getattr(layout, "cross_key", None) else set()
+    cross = {layout.cross_key, IMAGES_KEY} if getattr(layout, "cross_key", None) else set()
     return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY} | cross
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
-from .cross import cross_spec, is_cross_attention_vlm
+from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .items import anyres_counter, sizes_counter
 from .prefix import is_prefix_lm
 
@@ -38,7 +38,7 @@ UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "in
                               "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7",
                               "paligemma"})
 # Text attending to the images through cross-attention layers (.cross), exact in the multimodal zoo.
-CROSS_FAMILIES = frozenset({"mllama"})
+CROSS_FAMILIES = frozenset({"mllama", "idefics"})
 # Any-resolution tiles: pixel_values [images, tiles, C, H, W] (tiles zero-padded to the batch's most) with
 # image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Videos:
 # pixel_values_videos [videos, frames, C, H, W], the same frames (and placeholders) for every video of a batch.
@@ -178,8 +178,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         spec = vision_spec(model)
     except ValueError:
         return None
-    if spec.layout.cross_key is not None:  # cross-attention (Mllama): the text probe reaches every self-attention
-        return None
+    if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
+        return cross_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
