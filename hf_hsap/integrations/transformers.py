@@ -124,8 +124,8 @@ def hsap_attention_forward(
     if is_cross_attention(module):  # text-to-image cross-attention (Mllama): not the self-attention plan's business
         check_supported(module, dropout, position_bias=position_bias)
         if kwargs.get(CROSS_KEY) is None and cu_seq_lens_q is not None and cu_seq_lens_q.numel() > 2:
-            raise ValueError(f"{type(module).__name__} (cross-attention) got a packed row of {cu_seq_lens_q.numel() - 1} "
-                             "documents without their images per token (hsap_cross): every token would attend to "
+            raise ValueError(f"{type(module).__name__} (cross-attention) got a packed row of "
+                             f"{cu_seq_lens_q.numel() - 1} documents without their images per token (hsap_cross): every token would attend to "
                              "every document's images. Call model(**hf_hsap.shard_batch(batch, sp)) (sp=1 on one "
                              "process)")
         out = cross_forward(module, query, key, value, attention_mask, scaling, docs=kwargs.get(CROSS_KEY),

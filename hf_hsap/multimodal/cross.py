@@ -30,7 +30,8 @@ import torch
 from ..data.cross import IMAGES_KEY
 from ..data.vision import Modality, VisionLayout, VisionSpec
 
-__all__ = ["CROSS_KEY", "CrossDocs", "cross_probe_inputs", "cross_spec", "is_cross_attention", "is_cross_attention_vlm", "shard_cross"]
+__all__ = ["CROSS_KEY", "CrossDocs", "cross_probe_inputs", "cross_spec", "is_cross_attention", "is_cross_attention_vlm",
+           "shard_cross"]
 
 CROSS_KEY = "hsap_cross"  # local batch key: the CrossDocs of this rank's tokens
 # what a cross-attention VLM's forward takes besides pixel_values: Mllama's per-token mask with its images' tile

@@ -11,7 +11,8 @@ import hf_hsap
 from workers import vlm_zoo_configs as VC
 from workers import vlm_zoo_docs as VD
 
-SHAPES = [(3, (1, 8, 8), 5), (4, None, 3), (2, (1, 4, 4), 3)]  # 10, 7, 6 tokens; 2 images (4 + 2 tiles), none, 1 image (1 tile)
+# 10, 7, 6 tokens: 2 images (4 + 2 tiles), none, 1 image (1 tile)
+SHAPES = [(3, (1, 8, 8), 5), (4, None, 3), (2, (1, 4, 4), 3)]
 
 
 @pytest.fixture(scope="module")
