@@ -55,7 +55,10 @@ class CrossDocs:
 
 def _cross_inputs(model: torch.nn.Module) -> tuple[str, tuple[str, ...]] | None:
     """``(mask key, per-image keys)`` of a cross-attention VLM's forward, or ``None``."""
-    forward = inspect.signature(type(model).forward).parameters
+    try:
+        forward = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return None
     if "pixel_values" not in forward:
         return None
     return next(((k, items) for k, items in _CROSS_INPUTS.items()

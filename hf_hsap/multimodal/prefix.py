@@ -22,9 +22,11 @@ __all__ = ["is_prefix_lm", "mark_prefix_lm", "prefix_token_types"]
 
 def is_prefix_lm(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a prefix-LM vision-language model (see the module docstring)."""
-    text = model.config.get_text_config()
-    forward = inspect.signature(type(model).forward).parameters
-    return getattr(text, "use_bidirectional_attention", None) is True and "token_type_ids" in forward
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    if getattr(text, "use_bidirectional_attention", None) is not True:
+        return False
+    return "token_type_ids" in inspect.signature(type(model).forward).parameters
 
 
 def mark_prefix_lm(model: torch.nn.Module, attention: Iterable[torch.nn.Module], changes: ModelChanges) -> bool:
