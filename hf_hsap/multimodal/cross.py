@@ -128,7 +128,8 @@ def shard_cross(batch: Mapping[str, Any], layout: VisionLayout, shard: Any) -> d
 
     Returns:
         ``{pixel_values, its per-image keys, cross mask [1, T_local, n, ...]}`` of the rank's ``n`` images (the
-        images of every document it holds a token of; left out when it holds none) and ``{CROSS_KEY: CrossDocs}``.
+        images of every document it holds a token of; a rank holding none gets the batch's first image, which none
+        of its tokens attends to, as Idefics runs no forward without an image) and ``{CROSS_KEY: CrossDocs}``.
 
     Raises:
         ValueError: the batch's images and its documents' image ranges disagree.
@@ -149,6 +150,8 @@ def shard_cross(batch: Mapping[str, Any], layout: VisionLayout, shard: Any) -> d
     mine = shard(ranges.reshape(-1, 2)).to("cpu").numpy()  # [T_local, 2] global images of each local token
     pairs = np.unique(mine[mine[:, 1] > mine[:, 0]], axis=0)
     images = np.concatenate([np.arange(lo, hi) for lo, hi in pairs] + [np.zeros(0, np.int64)]).astype(np.int64)
+    if images.size == 0 and n_total:  # a rank with no document's image (Idefics runs no forward without one):
+        images = np.zeros(1, dtype=np.int64)  # the batch's first image, attended by none of its tokens (output 0)
     local_of = np.zeros(max(n_total, 1), dtype=np.int64)
     local_of[images] = np.arange(images.size)
     lo = np.where(mine[:, 1] > mine[:, 0], local_of[np.minimum(mine[:, 0], max(n_total - 1, 0))], 0)
