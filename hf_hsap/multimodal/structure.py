@@ -122,7 +122,9 @@ def structural_refusal(model: torch.nn.Module, inner: torch.nn.Module | None) ->
     if cross:
         return VisionRefusal("cross-attention", (
             f"{family} attends to its images through cross-attention layers (cross_attention_mask: each text token to "
-            f"its own images), which hf_hsap does not carry per document on packed rows yet; {fix(model)}"))
+            f"its own images) without the inputs hf_hsap carries per document for such models (Mllama's "
+            f"cross_attention_mask with aspect_ratio_ids / aspect_ratio_mask, Idefics' image_attention_mask); "
+            f"{fix(model)}"))
     if inner is None:
         if not has_vision:
             return VisionRefusal("text model", (

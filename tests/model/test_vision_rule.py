@@ -56,18 +56,33 @@ def llama() -> torch.nn.Module:
                                             intermediate_size=64, vocab_size=96))
 
 
+def cross_without_tiles() -> torch.nn.Module:
+    """Mllama whose forward takes its cross_attention_mask but not its images' tile layouts (aspect_ratio_ids /
+    aspect_ratio_mask): a cross-attention model hf_hsap does not recognise (Mllama itself is accepted)."""
+    model = model_of("mllama", meta=True)
+
+    class NoTiles(type(model)):
+        def forward(self, input_ids=None, pixel_values=None, cross_attention_mask=None, **kwargs):  # noqa: D102
+            return super().forward(input_ids=input_ids, pixel_values=pixel_values,
+                                   cross_attention_mask=cross_attention_mask, **kwargs)
+
+    model.__class__ = NoTiles
+    return model
+
+
 # (what the model is, its refusal kind, words of the message naming the structure read)
 STRUCTURAL = [
     (llama, "text model", "PackingCollator(max_length) alone"),
     (lambda: model_of("pix2struct", meta=True), "encoder-decoder", "encoder-decoder"),
     (chameleon, "VQ codes in the vocabulary", "VQ codes"),
     (lambda: model_of("git", meta=True), "no image encoder", "no get_image_features"),
-    (lambda: model_of("mllama", meta=True), "cross-attention", "cross_attention_mask"),
+    (lambda: cross_without_tiles(), "cross-attention", "cross_attention_mask"),
     (lambda: model_of("kosmos-2", meta=True), "no placeholder", "no image_token_id"),
     (lambda: model_of("blip-2", meta=True), "image required", "requires pixel_values"),
     (lambda: model_of("lfm2_vl", meta=True), "input not carried", "get_image_features needs spatial_shapes"),
     (lambda: model_of("qwen2_5_omni_thinker", meta=True), "input not carried", "get_rope_index) takes audio_seqlens"),
-    (lambda: model_of("paligemma", meta=True), "bidirectional text", "use_bidirectional_attention=True"),
+    (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
+     "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
     (lambda: model_of("qwen3_5", meta=True), "recurrent layers", "recurrent layers (linear_attention)"),
     (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
@@ -112,3 +127,14 @@ def test_a_key_the_forward_takes_but_packing_does_not_carry_is_refused_naming_th
     docs[1]["input_features"] = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match=r"example 1: gemma4's \['input_features'\] are not carried on packed rows"):
         hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
+def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
+    paligemma = hf_hsap.vision_spec(model_of("paligemma"))  # bidirectional text with token_type_ids: a prefix-LM
+    assert paligemma.layout.prefix_blocks and not paligemma.layout.image_blocks
+    assert paligemma.token_type_key == "token_type_ids"
+    mllama = hf_hsap.vision_spec(model_of("mllama", meta=True))
+    assert mllama.layout.cross_key == "cross_attention_mask"
+    assert mllama.layout.modalities[0].item_keys == ("aspect_ratio_ids", "aspect_ratio_mask")
+    idefics = hf_hsap.vision_spec(model_of("idefics", meta=True))
+    assert idefics.layout.cross_key == "image_attention_mask" and idefics.layout.modalities[0].token_id == -1

@@ -316,6 +316,7 @@ def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed
         with torch.no_grad():  # hide its path from the comparison
             for name, p in model.named_parameters():
                 leaf = name.rsplit(".", 1)[-1]
-                if ("gate" in leaf or leaf.startswith("alpha_")) and p.numel() <= 16 and not bool(p.any()):
+                if ("gate" in leaf or leaf.startswith("alpha_")) and p.numel() <= 16 and not p.is_meta \
+                        and not bool(p.any()):
                     p.fill_(0.5)
     return model.to(dtype).train()
