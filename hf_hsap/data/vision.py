@@ -76,6 +76,8 @@ class VisionLayout:
         cross_key: the per-token, per-image mask of a family whose text attends to its images through
             cross-attention (Mllama's ``cross_attention_mask``, Idefics' ``image_attention_mask``: :mod:`.cross`; its
             placeholder ``token_id`` may be -1, none), or ``None``.
+        position_start: the first position the model gives a document called alone (PaliGemma's are 1-indexed):
+            ``shard_batch`` adds it to the collator's 0-based positions.
     """
 
     family: str
@@ -85,6 +87,7 @@ class VisionLayout:
     prefix_blocks: bool = False
     counted: tuple[str, ...] = ()
     cross_key: str | None = None
+    position_start: int = 0
 
 
 @dataclass(frozen=True)

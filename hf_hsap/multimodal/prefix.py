@@ -17,7 +17,7 @@ import torch
 
 from ..model_state import PREFIX_LM, ModelChanges
 
-__all__ = ["is_prefix_lm", "mark_prefix_lm", "prefix_token_types"]
+__all__ = ["is_prefix_lm", "mark_prefix_lm", "position_start", "prefix_token_types"]
 
 
 def is_prefix_lm(model: torch.nn.Module) -> bool:
@@ -27,6 +27,42 @@ def is_prefix_lm(model: torch.nn.Module) -> bool:
     if getattr(text, "use_bidirectional_attention", None) is not True:
         return False
     return "token_type_ids" in inspect.signature(type(model).forward).parameters
+
+
+class _Seen(Exception):
+    """Stops :func:`position_start`'s forward once the language model's positions are seen."""
+
+
+def position_start(model: torch.nn.Module) -> int:
+    """The first position the model gives a document called without ``position_ids`` (PaliGemma: 1; its rotary
+    angles are computed in float32, so 0-based positions would move its logits by float32 rounding), asked from the
+    model: a two-token call stopped at its language model's entrance. 0 where it cannot be asked (weights on the meta
+    device, no ``language_model``).
+
+    Args:
+        model: the model (its ``model`` attribute or itself has ``language_model``).
+    """
+    inner = getattr(model, "model", model)
+    lm = getattr(inner, "language_model", None)
+    params = list(model.parameters())
+    if lm is None or not params or any(p.is_meta for p in params):
+        return 0
+    seen: dict[str, torch.Tensor | None] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["pos"] = kwargs.get("position_ids")
+        raise _Seen
+
+    handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            inner(input_ids=torch.ones(1, 2, dtype=torch.long, device=params[0].device), use_cache=False)
+    except _Seen:
+        pass
+    finally:
+        handle.remove()
+    pos = seen.get("pos")
+    return int(pos.reshape(-1)[0]) if torch.is_tensor(pos) else 0
 
 
 def mark_prefix_lm(model: torch.nn.Module, attention: Iterable[torch.nn.Module], changes: ModelChanges) -> bool:

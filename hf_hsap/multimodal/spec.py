@@ -30,7 +30,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .items import anyres_counter, sizes_counter
-from .prefix import is_prefix_lm
+from .prefix import is_prefix_lm, position_start
 from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
 
@@ -236,7 +236,7 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     mod = Modality("image", image, "pixel_values", item_keys=item_keys)
     prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
     layout = VisionLayout(family, (mod, *videos), image_blocks=types == "token_type_ids" and not prefix,
-                          prefix_blocks=prefix)
+                          prefix_blocks=prefix, position_start=position_start(model) if prefix else 0)
     return VisionSpec(layout, token_type_key=types)
 
 
