@@ -133,6 +133,7 @@ def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
     paligemma = hf_hsap.vision_spec(model_of("paligemma"))  # bidirectional text with token_type_ids: a prefix-LM
     assert paligemma.layout.prefix_blocks and not paligemma.layout.image_blocks
     assert paligemma.token_type_key == "token_type_ids"
+    assert paligemma.layout.position_start == 1  # its positions count from 1 (asked from the model)
     mllama = hf_hsap.vision_spec(model_of("mllama", meta=True))
     assert mllama.layout.cross_key == "cross_attention_mask"
     assert mllama.layout.modalities[0].item_keys == ("aspect_ratio_ids", "aspect_ratio_mask")
