@@ -21,21 +21,26 @@ __all__ = ["cross_forward"]
 
 def cross_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, scaling: float | None, *, docs: Any = None, plan: Any = None,
-                  plan_use: Any = None) -> torch.Tensor:
+                  plan_use: Any = None, cu_seq_lens_q: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-attention of the text queries over the vision keys.
 
     Args:
         module: the calling layer; query: ``[B, Hq, Lq, D]``; key, value: ``[B, Hkv, Lk, D]``;
         attention_mask: the model's additive mask ``[B, 1, Lq, Lk]`` or ``None``; scaling: default ``D ** -0.5``;
         docs: the batch's ``CrossDocs`` (``B == 1``, ``Lq`` local tokens) or ``None``; plan, plan_use: the call's
-        ``hsap_plan`` / ``hsap_plan_use`` (the layer is recorded as having run on the sharded batch).
+        ``hsap_plan`` / ``hsap_plan_use`` (the layer is recorded as having run on the sharded batch);
+        cu_seq_lens_q: the call's document boundaries (several without ``docs``: refused).
 
     Returns:
         ``[B, Lq, Hq, D]``.
 
     Raises:
-        ValueError: ``docs`` that do not describe the call's queries or keys.
+        ValueError: ``docs`` that do not describe the call's queries or keys, or a packed row without them.
     """
+    if docs is None and cu_seq_lens_q is not None and cu_seq_lens_q.numel() > 2:
+        raise ValueError(f"{type(module).__name__} (cross-attention) got a packed row of {cu_seq_lens_q.numel() - 1} "
+                         "documents without each token's images (hsap_cross): every token would attend to every "
+                         "document's images. Call model(**hf_hsap.shard_batch(batch, sp)) (sp=1 on one process)")
     b, hq, lq, d = query.shape
     lk = key.shape[2]
     if plan is not None and plan.size > 1:

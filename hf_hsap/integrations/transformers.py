@@ -123,13 +123,8 @@ def hsap_attention_forward(
                          "the first forward (the trainers do)")
     if is_cross_attention(module):  # text-to-image cross-attention (Mllama): not the self-attention plan's business
         check_supported(module, dropout, position_bias=position_bias)
-        if kwargs.get(CROSS_KEY) is None and cu_seq_lens_q is not None and cu_seq_lens_q.numel() > 2:
-            raise ValueError(f"{type(module).__name__} (cross-attention) got a packed row of "
-                             f"{cu_seq_lens_q.numel() - 1} documents without their images per token (hsap_cross): every token would attend to "
-                             "every document's images. Call model(**hf_hsap.shard_batch(batch, sp)) (sp=1 on one "
-                             "process)")
         out = cross_forward(module, query, key, value, attention_mask, scaling, docs=kwargs.get(CROSS_KEY),
-                            plan=hsap_plan, plan_use=hsap_plan_use)
+                            plan=hsap_plan, plan_use=hsap_plan_use, cu_seq_lens_q=cu_seq_lens_q)
         return out, None
     if state_of(module, RELAY) is not None:  # a layer the model's call does not reach: its plan and its documents
         if hsap_plan is None:
