@@ -33,6 +33,7 @@ from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
 from .indexed import prepare_indexed
+from ..multimodal.prefix import mark_prefix_lm
 from .mixer_hooks import prepare_mixers
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
@@ -155,6 +156,7 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         if disable_attention_dropout:
             _disable_attention_dropout(model, changes)
         prepare_indexed(model, changes)  # before check_model: its probe forward runs the indexed layers
+        mark_prefix_lm(model, attention_modules(model), changes)  # PaliGemma: causal by its mask, not by its flag
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:
             prepare_mixers(model, changes)
