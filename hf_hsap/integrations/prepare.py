@@ -32,8 +32,8 @@ from ..log import get_logger
 from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
-from .indexed import prepare_indexed
 from ..multimodal.prefix import mark_prefix_lm
+from .indexed import prepare_indexed
 from .mixer_hooks import prepare_mixers
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
