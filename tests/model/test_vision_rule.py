@@ -112,3 +112,16 @@ def test_a_key_the_forward_takes_but_packing_does_not_carry_is_refused_naming_th
     docs[1]["input_features"] = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match=r"example 1: gemma4's \['input_features'\] are not carried on packed rows"):
         hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
+def test_a_vision_tower_s_token_mixer_is_not_taken_for_the_decoder_s() -> None:
+    """LFM3-VL's vision tower has short convolutions (run per image); only the decoder's mixers need hf_hsap's
+    kernel hooks, so check_model passes it on packed rows, and the decoder's modules stay checked."""
+    from hf_hsap.integrations.model_check import check_model, encoder_parts
+
+    model = model_of("lfm3_vl")
+    parts = encoder_parts(model)
+    tower = [m for m in model.modules() if type(m).__name__ == "Lfm3VlVisionShortConv"]
+    assert tower and all(id(m) in parts for m in tower)
+    assert not any(id(m) in parts for m in model.model.language_model.modules())
+    assert check_model(model, sp_size=2, packed=True).attention_layers > 0
