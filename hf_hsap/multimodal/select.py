@@ -43,7 +43,9 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
     """Refuse an encoder output whose per-item feature counts are not the placeholders' (a family whose images do
     not all give the same number of features, which the batch's layout assumed)."""
     if torch.is_tensor(value):
-        got = [value.shape[1]] * value.shape[0] if value.dim() == 3 else [value.shape[0]]
+        parts = value.shape[0] // len(items) if value.dim() == 3 and len(items) and \
+            value.shape[0] % len(items) == 0 else 1  # an item encoded as equal parts (Video-LLaVA: its frames)
+        got = [value.shape[1] * parts] * (value.shape[0] // parts) if value.dim() == 3 else [value.shape[0]]
         want = items.tolist() if value.dim() == 3 else [int(items.sum())]
     elif isinstance(value, (list, tuple)) and value and all(torch.is_tensor(v) for v in value):
         got, want = [v.reshape(-1, v.shape[-1]).shape[0] for v in value], items.tolist()

@@ -247,7 +247,11 @@ def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec
     are derived from that. Skipped for a model on the meta device and for counted items (asked per image)."""
     if spec.counts("image") or any(p.is_meta for p in inner.parameters()):
         return
-    param = next(inner.parameters())
+    tower = next((getattr(inner, n) for n in ("visual", "vision_tower", "vision_model", "vision_encoder")
+                  if isinstance(getattr(inner, n, None), torch.nn.Module)), inner)
+    param = next((p for p in tower.parameters() if p.is_floating_point()), None)  # not a quantized weight's
+    if param is None:
+        return
     errors = []
     devices = [param.device] if param.device.type == "cuda" else []
     for pixels, extra, expect in _minimal_images(model, spec, param.device):

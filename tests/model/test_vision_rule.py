@@ -139,3 +139,16 @@ def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
     assert mllama.layout.modalities[0].item_keys == ("aspect_ratio_ids", "aspect_ratio_mask")
     idefics = hf_hsap.vision_spec(model_of("idefics", meta=True))
     assert idefics.layout.cross_key == "image_attention_mask" and idefics.layout.modalities[0].token_id == -1
+
+
+def test_a_vision_tower_s_token_mixer_is_not_taken_for_the_decoder_s() -> None:
+    """LFM3-VL's vision tower has short convolutions (run per image); only the decoder's mixers need hf_hsap's
+    kernel hooks, so check_model passes it on packed rows, and the decoder's modules stay checked."""
+    from hf_hsap.integrations.model_check import check_model, encoder_parts
+
+    model = model_of("lfm3_vl")
+    parts = encoder_parts(model)
+    tower = [m for m in model.modules() if type(m).__name__ == "Lfm3VlVisionShortConv"]
+    assert tower and all(id(m) in parts for m in tower)
+    assert not any(id(m) in parts for m in model.model.language_model.modules())
+    assert check_model(model, sp_size=2, packed=True).attention_layers > 0

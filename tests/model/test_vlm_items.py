@@ -51,9 +51,10 @@ def two_image_documents(family: str) -> list[dict[str, Any]]:
     return [both, *docs[2:]]
 
 
-def exact(family: str, docs: list[dict[str, Any]], pools: vlm_zoo_run.PoolManager, mode: str) -> None:
-    """The packed row of ``docs`` is exact at sp1 and in ``mode`` (an item split across the ranks) against each
-    document alone."""
+def exact(family: str, docs: list[dict[str, Any]], pools: vlm_zoo_run.PoolManager, mode: str,
+          split: bool = True) -> None:
+    """The packed row of ``docs`` is exact at sp1 and in ``mode`` (with ``split``: an item split across the ranks)
+    against each document alone."""
     config, _, state = built(family)
     ref = VZ.documents_alone(config, state, docs, "sdpa")
     tol = VZ.tolerance(family)
@@ -64,7 +65,7 @@ def exact(family: str, docs: list[dict[str, Any]], pools: vlm_zoo_run.PoolManage
     assert set(res) == {"sp1", mode}
     for m, r in res.items():
         assert r["outcome"] == "exact", (family, m, r)
-    assert res[mode]["split"] > 0, res[mode]
+    assert (res[mode]["split"] > 0) == split, res[mode]
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,40 @@ def test_videos_beside_any_resolution_images_are_exact(family: str, vlm_pools) -
     docs = VD.with_videos(config, model, VD.documents(config, model))
     assert sum("pixel_values_videos" in d for d in docs) == 3
     exact(family, docs, vlm_pools, "sp2_u2")
+
+
+def as_grid_videos(family: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every other image document of a grid family made a video document (its patches and grid as the video's,
+    its placeholders the video token, its token types 2)."""
+    spec = hf_hsap.vision_spec(built(family)[1])
+    image, video = spec.layout.modalities[0].token_id, spec.layout.modalities[1].token_id
+    out, k = [], 0
+    for doc in docs:
+        doc = dict(doc)
+        if "image_grid_thw" in doc and k % 2 == 0:
+            doc["pixel_values_videos"], doc["video_grid_thw"] = doc.pop("pixel_values"), doc.pop("image_grid_thw")
+            doc["input_ids"] = torch.where(doc["input_ids"] == image, video, doc["input_ids"])
+            if "mm_token_type_ids" in doc:
+                doc["mm_token_type_ids"] = doc["mm_token_type_ids"] * 2
+        k += "video_grid_thw" in doc or "image_grid_thw" in doc
+        out.append(doc)
+    return out
+
+
+# (family, SP 2 mode, whether an item is split there): grids split only past two ranks (Qwen-VL's split videos:
+# tests/model/test_vlm.py at SP 4)
+@pytest.mark.parametrize("family,mode,split", [("video_llava", "sp2_u1", True), ("cosmos3_omni", "sp2_u1", False)])
+def test_videos_of_a_family_the_rule_carries_them_for_are_exact(family: str, mode: str, split: bool,
+                                                                 vlm_pools) -> None:
+    """Videos carried by derivation (``get_video_features`` takes the video, and its grid, only; the model marks
+    them with the video token): Video-LLaVA's frame stacks (encoded frame by frame) beside its images, Cosmos 3's
+    video grids beside its image grids."""
+    config, model, _ = built(family)
+    docs = VD.documents(config, model)
+    docs = as_grid_videos(family, docs) if "image_grid_thw" in docs[0] else VD.with_videos(config, model, docs, every=1)
+    assert sum("pixel_values_videos" in d for d in docs) >= 2 and any("pixel_values" in d for d in docs)
+    assert [m.name for m in hf_hsap.vision_spec(model).layout.modalities] == ["image", "video"]
+    exact(family, docs, vlm_pools, mode, split)
 
 
 def collate(family: str, docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 16}},  # top-k a multiple of its 16-token pools
-    "janus": {"vq_config": {"base_channels": 32}},
+    "janus": {"vq_config": {"base_channels": 32}, "vision_config": {"projection_dim": 64}},  # its aligner: the text width
     "muse_glimmer": {"out_hidden_size": 128},  # the merged 2x2 patches of the 32-wide tower
     "step3p7": {"text_config": {"sliding_window": 8}},
 }
