@@ -101,13 +101,12 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
-        axis = m.item_axis if m.grid_key is None else 0  # a grid's pixel rows and per-item keys: axis 0
         pixels = batch[m.pixel_key]
-        local[m.pixel_key] = pixels.index_select(axis, pixel_idx.to(pixels.device))
+        local[m.pixel_key] = pixels.index_select(m.axis(m.pixel_key), pixel_idx.to(pixels.device))
         item_idx = torch.from_numpy(items)
         for key in m.item_keys:
             if batch.get(key) is not None:
                 value = torch.as_tensor(batch[key])
-                local[key] = value.index_select(axis, item_idx.to(value.device))
+                local[key] = value.index_select(m.axis(key), item_idx.to(value.device))
     local[ROWS_KEY] = rows_of
     return local

@@ -18,6 +18,7 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from .items import anyres_counter, sizes_counter
+from .navit import navit_spec
 
 __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
            "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
@@ -97,6 +98,9 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     if inner is None:
         raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
                          "use PackingCollator(max_length) alone")
+    derived = _derived_spec(model, inner)
+    if derived is not None:
+        return derived
     if family not in accepted_families():
         sub_models = [m for m in model.modules() if hasattr(m, "_supports_sdpa")]  # every tower must take it
         attn = "sdpa" if all(m._supports_sdpa for m in sub_models) else "eager"
@@ -140,6 +144,12 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
 
 
+def _derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:
+    """The spec of a family whose per-item inputs are derived from its model (:mod:`.navit`), or ``None``."""
+    image = _token(model.config, "image_token_id", "image_token_index")
+    return None if image is None else navit_spec(model, inner, image)
+
+
 def _is_pixtral_llava(config: Any) -> bool:
     """A LLaVA whose vision tower is Pixtral's (it splits its features by ``image_sizes``)."""
     vision = getattr(config, "vision_config", None)
@@ -172,7 +182,12 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     image = spec.layout.modalities[0]
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
-    if image.grid_key is not None:
+    if image.grid_key is not None and image.grid_dims == 2:  # NaViT: one crop of one merge block, [1, C, p, cells * p]
+        side = int(round(spec.layout.merge ** 0.5))
+        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), image.cell_size, side * side * image.cell_size)
+        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
+        n_tokens = 1
+    elif image.grid_key is not None:
         side = int(round(spec.layout.merge ** 0.5))  # one placeholder: one merge window of patches
         channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))
         dim = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size ** 2

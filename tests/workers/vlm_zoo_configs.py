@@ -77,7 +77,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0}},
     "janus": {"vq_config": {"base_channels": 32}},
-    "muse_glimmer": {"out_hidden_size": 128},  # the merged 2x2 patches of the 32-wide tower
+    "muse_glimmer": {"out_hidden_size": 128},
+    # MiniCPM-V: the ViT window merger after the first of the 2 layers (its default, 6, is past them)
+    "minicpm_ocr": {"insert_layer_id": 0},
+    "minicpmv4_6": {"insert_layer_id": 0},
+    "minicpmv4_7": {"insert_layer_id": 0},  # the merged 2x2 patches of the 32-wide tower
     "step3p7": {"text_config": {"sliding_window": 8}},
 }
 # families whose tiny model is not built, with the reason

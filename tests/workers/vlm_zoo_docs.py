@@ -116,6 +116,12 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
+        def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = 2 * thw[1], 2 * thw[2]  # grid (1, 8, 8): 16x16 patches (16 placeholders after the 4x4 merge)
+            return {"pixel_values": torch.randn(1, c, patch, h * w * patch, generator=g, dtype=dtype),
+                    "target_sizes": torch.tensor([[h, w]], dtype=torch.int32)}
+        out.append(("NaViT patches with target sizes", navit))
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             side = size // patch
@@ -161,7 +167,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
     Raises:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
-    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask"}
+    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
+             "target_sizes"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
