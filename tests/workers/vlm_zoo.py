@@ -150,7 +150,7 @@ def documents_alone(config: Any, state: dict[str, torch.Tensor], docs: list[dict
     Args:
         config: the tiny config; state: its weights; docs: the documents; attn: ``"sdpa"`` or ``"eager"``.
     """
-    with zoo.full_precision_softmax():
+    with zoo.full_precision(config, DTYPE):
         model = VC.build_model(config, attn, DTYPE, state_dict=state)
         logits, loss, n_items = alone_backward(model, docs)
     return {"logits": logits, "loss": loss, "n_items": n_items, "grads": _grads(model)}
@@ -166,7 +166,7 @@ def native_run(config: Any, state: dict[str, torch.Tensor], docs: list[dict[str,
     """
     from hf_hsap.multimodal import vision_keys
 
-    with zoo.full_precision_softmax():
+    with zoo.full_precision(config, DTYPE):
         model = VC.build_model(config, attn, DTYPE, state_dict=state)
         spec = make_spec(model, how, item_keys(docs))
         real = sum(d["input_ids"].numel() for d in docs)
@@ -205,7 +205,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     sp_size, ulysses = MODES[mode]
     sp = get_sp(sp_size, ulysses) if sp_size > 1 else 1
     config = VC.tiny_config(family)
-    with zoo.full_precision_softmax():
+    with zoo.full_precision(config, DTYPE):
         model = VC.build_model(config, "hsap", DTYPE, state_dict=state)
         spec = make_spec(model, how, item_keys(docs))
         layers = hf_hsap.prepare_model(model, sp_size=sp_size).check.attention_layers
