@@ -82,7 +82,9 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 return doc
             return make
         return [("grid", grid(lambda n: (n, c * tp * patch * patch))),
-                ("grid patches", grid(lambda n: (n, c, patch, patch)))]
+                ("grid patches", grid(lambda n: (n, c, patch, patch))),
+                # Inkling 2: one row of merge x merge patches (channels last) per placeholder, the grid in placeholders
+                ("grid of placeholder patches", grid(lambda n: (n, merge * patch, merge * patch, c)))]
 
     def image(shape: tuple[int, ...], sizes: bool) -> Maker:
         def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -118,7 +120,7 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     out = []
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-            h, w = 2 * thw[1], 2 * thw[2]  # grid (1, 8, 8): 16x16 patches (16 placeholders after the 4x4 merge)
+            h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
             return {"pixel_values": torch.randn(1, c, patch, h * w * patch, generator=g, dtype=dtype),
                     "target_sizes": torch.tensor([[h, w]], dtype=torch.int32)}
         out.append(("NaViT patches with target sizes", navit))
@@ -139,6 +141,11 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     with_sizes = "image_sizes" in params
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
+
+    def patch_rows(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        n = thw[1] * thw[2]  # grid (1, 8, 8): 64 patches, one placeholder each
+        return {"pixel_values": torch.randn(n, tp, patch, patch, c, generator=g, dtype=dtype)}
+    out.append(("patch rows [patches, t, p, p, C]", patch_rows))  # Inkling: an MLP per patch (channels last)
     return out
 
 
