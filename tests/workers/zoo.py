@@ -75,8 +75,8 @@ def full_precision_softmax() -> Iterator[None]:
 
 @contextlib.contextmanager
 def float64_casts_kept(on: bool = True) -> Iterator[None]:
-    """Inside (``on``): a float64 tensor cast to float32 (``.float()``, ``.to`` / ``.type(torch.float32)``) stays
-    float64.
+    """Inside (``on``): a float64 tensor cast to float32 (``.float()``, ``.to`` / ``.type(torch.float32)``, a
+    ``torch.zeros_like(x, dtype=torch.float32)`` accumulator) stays float64.
 
     The recurrent kernels of hybrid models (the gated delta rule, Mamba's scans) compute in float32 on purpose;
     inside this a float64 run of them is float64 throughout, so the reference and hf_hsap's run, which cuts the same
@@ -102,11 +102,20 @@ def float64_casts_kept(on: bool = True) -> Iterator[None]:
             return self
         return saved_type(self, *args, **kw)
 
+    saved_zeros_like = torch.zeros_like
+
+    def zeros_like(x: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:  # a float32 accumulator (Inkling 2's MoE)
+        if x.dtype == torch.float64 and kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+        return saved_zeros_like(x, *args, **kw)
+
     torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = to, flt, typ  # type: ignore[method-assign]
+    torch.zeros_like = zeros_like  # type: ignore[assignment]
     try:
         yield
     finally:
         torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = saved_to, saved_float, saved_type  # type: ignore
+        torch.zeros_like = saved_zeros_like  # type: ignore[assignment]
 
 
 
