@@ -124,6 +124,15 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
             return {"pixel_values": torch.randn(1, c, patch, h * w * patch, generator=g, dtype=dtype),
                     "target_sizes": torch.tensor([[h, w]], dtype=torch.int32)}
         out.append(("NaViT patches with target sizes", navit))
+    if "spatial_shapes" in params:  # NaFlex (LFM2-VL): patch rows padded to the processor's most, a patch mask
+        def naflex(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = 2 * thw[1], 2 * thw[2]  # grid (1, 8, 8): 16x16 patches (64 placeholders after the 2x2 unshuffle)
+            most = 256  # every image padded to 256 patches, as a processor pads to its max_num_patches
+            mask = torch.zeros(1, most, dtype=torch.bool)
+            mask[0, :h * w] = True
+            pixels = torch.randn(1, most, c * patch * patch, generator=g, dtype=dtype) * mask[..., None]
+            return {"pixel_values": pixels, "spatial_shapes": torch.tensor([[h, w]]), "pixel_attention_mask": mask}
+        out.append(("NaFlex patches with spatial shapes", naflex))
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             side = size // patch
@@ -175,7 +184,7 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes"}
+             "target_sizes", "spatial_shapes"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
