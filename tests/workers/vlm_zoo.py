@@ -191,6 +191,18 @@ def get_sp(sp_size: int, ulysses: int) -> Any:
     return _GROUPS[key]
 
 
+def hsap_model(config: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model built with ``attn_implementation="hsap"``, or, where a tower picks its attention class from a
+    table without it at construction (SAM's ``SAM_VISION_ATTENTION_CLASSES``: DeepSeek-VL-Hybrid), with the
+    reference's: ``prepare_model`` then gives the decoder ``"hsap"`` (the path for a model loaded with SDPA)."""
+    try:
+        return VC.build_model(config, "hsap", DTYPE, state_dict=state)
+    except KeyError as e:
+        if "hsap" not in str(e):
+            raise
+        return VC.build_model(config, reference_attention(config), DTYPE, state_dict=state)
+
+
 def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str, Any]], how: str, mode: str
                ) -> dict[str, Any]:
     """One rank of a mode: the packed row through ``shard_batch`` + ``model(**local)`` ("hsap").
@@ -206,7 +218,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     sp = get_sp(sp_size, ulysses) if sp_size > 1 else 1
     config = VC.tiny_config(family)
     with zoo.full_precision(config, DTYPE):
-        model = VC.build_model(config, "hsap", DTYPE, state_dict=state)
+        model = hsap_model(config, state)
         spec = make_spec(model, how, item_keys(docs))
         layers = hf_hsap.prepare_model(model, sp_size=sp_size).check.attention_layers
         real = sum(d["input_ids"].numel() for d in docs)

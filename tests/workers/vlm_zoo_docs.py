@@ -148,6 +148,13 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
         out.append(("images per row with masks", per_row))
         out.append(("tiles per row with a tile mask", tile_mask))
     with_sizes = "image_sizes" in params
+    if "high_res_pixel_values" in params:  # DeepSeek-VL-Hybrid: each image at its low and high resolution
+        high = int(config.high_res_vision_config.image_size)
+
+        def two_views(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            return {"pixel_values": torch.randn(1, c, size, size, generator=g, dtype=dtype),
+                    "high_res_pixel_values": torch.randn(1, c, high, high, generator=g, dtype=dtype)}
+        out.append(("low- and high-resolution image", two_views))
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
 
@@ -184,7 +191,7 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
