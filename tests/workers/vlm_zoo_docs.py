@@ -158,6 +158,11 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
 
+    def flat_patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        side = size // patch  # a fixed-size image's patches, one placeholder each (the processor pads every image)
+        return {"pixel_values": torch.randn(1, side * side, patch * patch * c, generator=g, dtype=dtype)}
+    out.append(("flattened patches [images, patches, p * p * C]", flat_patches))  # Fuyu: a linear patch embedding
+
     def patch_rows(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
         n = thw[1] * thw[2]  # grid (1, 8, 8): 64 patches, one placeholder each
         return {"pixel_values": torch.randn(n, tp, patch, patch, c, generator=g, dtype=dtype)}
@@ -171,6 +176,8 @@ def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     with torch.no_grad():
         out = feature_module(model).get_image_features(**image, return_dict=True)
     feats = getattr(out, "pooler_output", None)
+    if feats is None:  # Fuyu merges its patch embeddings, the last hidden state
+        feats = getattr(out, "last_hidden_state", None)
     if feats is None:
         feats = out[0] if isinstance(out, (tuple, list)) else out
     if torch.is_tensor(feats):
