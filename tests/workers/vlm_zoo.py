@@ -105,6 +105,8 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     if how == "grid":
         v = model.config.vision_config
         merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 1) ** 2
+        if getattr(v, "merge_kernel_size", None):  # Kimi-K2.5: an h x w kernel, the temporal axis pooled
+            merge = int(torch.tensor(list(v.merge_kernel_size)).prod())
         inner = mm_spec.inner_vlm(model) or VD.feature_module(model)
         keys = ("image_grid_thw", *item_keys)
         layout = VisionLayout(family, (Modality("image", token, "pixel_values", "image_grid_thw", keys, 1),),
