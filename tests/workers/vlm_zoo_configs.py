@@ -76,7 +76,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0}},
-    "janus": {"vq_config": {"base_channels": 32}},
+    "janus": {"vq_config": {"base_channels": 32},
+              "vision_config": {"projection_dim": 64}},  # its aligner's output is the text model's width
     "kimi_k25": {"projection_hidden_size": 32},
     "fuyu": {"patch_size": 2},  # its linear patch embedding's input is patch_size ** 2 * channels  # the projector's norm is over the tower's width
     "muse_glimmer": {"out_hidden_size": 128},

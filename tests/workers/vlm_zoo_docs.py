@@ -253,9 +253,13 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
     kind, make = image_maker(config, model)
     g = torch.Generator().manual_seed(seed)
+    pixels = _params(type(model).forward).get("pixel_values")
+    every = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2: no text-only forward
     docs = []
     for before, grid, after in shapes:
         doc: dict[str, Any] = {}
+        if grid is None and every:
+            grid = (1, 2, 2)  # the smallest image (fixed-size families ignore the grid)
         body = [torch.randint(3, low, (before,), generator=g)]
         if grid is not None:
             image = make(grid, g, dtype)
