@@ -88,6 +88,8 @@ class VisionLayout:
         merge: pixel rows per placeholder token of a grid family (``spatial_merge_size ** 2``), else 1.
         image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
+        empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
+            modality gets its pixels and per-item keys with no items (``[0, ...]``) rather than none.
     """
 
     family: str
@@ -95,6 +97,7 @@ class VisionLayout:
     merge: int = 1
     image_blocks: bool = False
     counted: tuple[str, ...] = ()
+    empty_items: bool = False
 
 
 @dataclass(frozen=True)

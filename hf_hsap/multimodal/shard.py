@@ -68,7 +68,7 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
 
     Returns:
         The local pixels and per-item keys of the items with a local placeholder (a modality with none is left
-        out) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
+        out, or given with no items where ``layout.empty_items``) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
         placeholder, in local token order, the row of the local items' concatenated features it takes; and the
         placeholders of every local item (what the encoder's output is checked against).
 
@@ -94,6 +94,11 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         item = np.searchsorted(token_start, mine, side="right") - 1  # the item of each local placeholder
         items = np.unique(item)  # local items, in document order
         if items.size == 0:
+            if layout.empty_items:  # a forward that requires the pixels: none of them
+                for key in (m.pixel_key, *m.item_keys):
+                    if batch.get(key) is not None:
+                        value = torch.as_tensor(batch[key])
+                        local[key] = value.narrow(m.axis(key), 0, 0)
             continue
         new_start = np.zeros(tokens.size, dtype=np.int64)
         new_start[items] = np.concatenate([[0], np.cumsum(tokens[items])[:-1]])

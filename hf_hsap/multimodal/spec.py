@@ -21,6 +21,7 @@ from .items import anyres_counter, sizes_counter
 from .naflex import naflex_spec
 from .navit import navit_spec
 from .paired import paired_spec
+from .qformer import qformer_spec
 
 __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
            "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
@@ -148,11 +149,15 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
 
 def _derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:
     """The spec of a family whose per-item inputs are derived from its model (:mod:`.navit`, :mod:`.naflex`,
-    :mod:`.paired`), or ``None``."""
+    :mod:`.paired`, :mod:`.qformer`), or ``None``."""
     image = _token(model.config, "image_token_id", "image_token_index")
     if image is None:
         return None
-    return navit_spec(model, inner, image) or naflex_spec(model, inner, image) or paired_spec(model, inner, image)
+    for derive in (navit_spec, naflex_spec, paired_spec, qformer_spec):
+        spec = derive(model, inner, image)
+        if spec is not None:
+            return spec
+    return None
 
 
 def _is_pixtral_llava(config: Any) -> bool:

@@ -148,6 +148,15 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
         out.append(("images per row with masks", per_row))
         out.append(("tiles per row with a tile mask", tile_mask))
     with_sizes = "image_sizes" in params
+    if "qformer_input_ids" in params:  # InstructBLIP: each image with its instruction for the Q-Former
+        words = int(config.qformer_config.vocab_size)
+
+        def instructed(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            n = 2 + thw[2]  # instructions of different lengths (padded in the packed batch)
+            return {"pixel_values": torch.randn(1, c, size, size, generator=g, dtype=dtype),
+                    "qformer_input_ids": torch.randint(3, words, (1, n), generator=g),
+                    "qformer_attention_mask": torch.ones(1, n, dtype=torch.int64)}
+        out.append(("image with a Q-Former instruction", instructed))
     if "high_res_pixel_values" in params:  # DeepSeek-VL-Hybrid: each image at its low and high resolution
         high = int(config.high_res_vision_config.image_size)
 
@@ -198,7 +207,7 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes", "high_res_pixel_values"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
