@@ -89,7 +89,8 @@ class VisionLayout:
         image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
         empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
-            modality gets its pixels and per-item keys with no items (``[0, ...]``) rather than none.
+            modality gets the batch's cheapest item and keeps none of its feature rows (its towers take no empty
+            batch), rather than no pixels.
     """
 
     family: str

@@ -6,7 +6,7 @@ documents' images in document order along axis 0, each counted at ``num_query_to
 each image's instruction to the Q-Former (``qformer_input_ids [images, length]`` with its
 ``qformer_attention_mask``, required with it here): per-item keys, zero-padded to the batch's longest instruction,
 the mask hiding the padding as the processor's batch does. Their forwards require the pixels, so a rank holding no
-image gets them with no images (:attr:`~hf_hsap.data.vision.VisionLayout.empty_items`).
+image encodes one and keeps none of its rows (:attr:`~hf_hsap.data.vision.VisionLayout.empty_items`).
 """
 from __future__ import annotations
 
