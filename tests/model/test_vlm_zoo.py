@@ -3,8 +3,9 @@
 
 Families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact at sp1 and at SP 2 against
 each document alone (float64, its vision tower's float32 island tolerance); every family whose images carry
-per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks), exact at
-sp1 and in one SP 2 mode with an image split across the ranks; and PaliGemma, refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no WRONG and no crash, and
+per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks) or whose
+encoder takes per-item inputs (MiniCPM-V's crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's high-resolution
+view, InstructBLIP's Q-Former prompts), exact at sp1 and in one SP 2 mode with an image split across the ranks; and PaliGemma, refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no WRONG and no crash, and
 MODELS.md's section is what the script renders from them.
 """
 from __future__ import annotations
@@ -62,7 +63,11 @@ def test_accepted_family_is_exact_at_sp1_and_sp2(vlm_pools, script) -> None:
 # the families of per-item keys, each with one SP mode that splits an image across the two ranks
 PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_onevision", "sp2_u1"),
             ("mistral3", "sp2_u2"), ("lighton_ocr", "sp2_u1"), ("idefics2", "sp2_u2"), ("idefics3", "sp2_u1"),
-            ("smolvlm", "sp2_u2"), ("granite_docling", "sp2_u1")]
+            ("smolvlm", "sp2_u2"), ("granite_docling", "sp2_u1"),
+            # per-item encoder inputs derived from the model: NaViT crops with their own rope index, NaFlex patches,
+            # a second (high-resolution) view, Q-Former prompts padded with their masks
+            ("minicpmv4_7", "sp2_u1"), ("lfm2_vl", "sp2_u2"), ("deepseek_vl_hybrid", "sp2_u1"),
+            ("instructblip", "sp2_u2")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)
