@@ -78,8 +78,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0}},
     "janus": {"vq_config": {"base_channels": 32},
               "vision_config": {"projection_dim": 64}},  # its aligner's output is the text model's width
-    "kimi_k25": {"projection_hidden_size": 32},
-    "fuyu": {"patch_size": 2},  # its linear patch embedding's input is patch_size ** 2 * channels  # the projector's norm is over the tower's width
+    "kimi_k25": {"projection_hidden_size": 32},  # the projector's norm is over the tower's width
+    "fuyu": {"patch_size": 2},  # its linear patch embedding's input is patch_size ** 2 * channels
     "muse_glimmer": {"out_hidden_size": 128},
     # MiniCPM-V: the ViT window merger after the first of the 2 layers (its default, 6, is past them)
     "minicpm_ocr": {"insert_layer_id": 0},
