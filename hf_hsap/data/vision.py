@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "item_sizes",
-           "pack_vision", "vision_batch"]
+__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_uncarried",
+           "item_sizes", "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
 TOKENS_KEY = "hsap_vision_tokens"  # batch key: {modality name: [n_items] placeholders of each item} (counted items)
@@ -115,12 +115,15 @@ class VisionSpec:
             family whose items of one modality take different numbers of placeholders (derived from the model,
             :mod:`hf_hsap.multimodal.items`), or ``None`` (grids, or the same number for every item). A
             modality it does not count raises ``KeyError``.
+        uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
+            refused by the collator, never packed without it.
     """
 
     layout: VisionLayout
     rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
     token_type_key: str | None = None
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
+    uncarried: tuple[str, ...] = ()
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
@@ -144,6 +147,21 @@ def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
     if other:
         raise ValueError(f"{layout.family}: {other} on packed rows are not made exact yet (only "
                          f"{sorted(known)}); train these documents with one document per row (no packing)")
+
+
+def check_uncarried(spec: VisionSpec, examples: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a document holding a key the model's forward takes but packed rows do not carry (``spec.uncarried``):
+    packing it without that key would train on other inputs than the document's.
+
+    Raises:
+        ValueError: naming the document, the keys and the fix.
+    """
+    for i, ex in enumerate(examples):
+        held = [k for k in spec.uncarried if ex.get(k) is not None]
+        if held:
+            raise ValueError(f"example {i}: {spec.layout.family}'s {held} are not carried on packed rows yet (only "
+                             "input_ids, labels, the pixels and their per-item keys); train such documents with one "
+                             "document per row (no packing)")
 
 
 def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any], n_tokens: int
@@ -238,6 +256,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     """
     order = [i for row in rows for i in row]
     check_pixel_keys(spec.layout, [key for ex in examples for key in ex if ex.get(key) is not None])
+    check_uncarried(spec, examples)
     out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
     counted: dict[str, torch.Tensor] = {}
     for m in spec.layout.modalities:
