@@ -32,6 +32,7 @@ from .items import anyres_counter, sizes_counter
 from .naflex import naflex_spec
 from .navit import navit_spec
 from .paired import paired_spec
+from .patches import patches_spec
 from .qformer import qformer_spec
 from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -164,11 +165,12 @@ def _derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec 
     """The spec of a family whose encoder takes per-item inputs besides the pixels, derived from its model and
     config: NaViT crops (:mod:`.navit`: MiniCPM-V's ``target_sizes``), NaFlex patches (:mod:`.naflex`: LFM2-VL's
     ``spatial_shapes``), a second pixel view (:mod:`.paired`: DeepSeek-VL-Hybrid), a Q-Former's queries and prompt
-    (:mod:`.qformer`: BLIP-2, InstructBLIP); ``None`` for any other."""
+    (:mod:`.qformer`: BLIP-2, InstructBLIP), linear patch embeddings without a tower (:mod:`.patches`: Fuyu);
+    ``None`` for any other."""
     image = token(model.config, "image_token_id", "image_token_index")
     if image is None:
         return None
-    for derive in (navit_spec, naflex_spec, paired_spec, qformer_spec):
+    for derive in (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec):
         spec = derive(model, inner, image)
         if spec is not None:
             return spec
@@ -202,6 +204,9 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     index per document."""
     vision = model.config.vision_config
     merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
+    kernel = getattr(vision, "merge_kernel_size", None)  # Kimi-K2.5: an h x w kernel (the temporal axis pooled)
+    if kernel:
+        merge = int(torch.tensor(list(kernel)).prod())
     mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
     if video is not None and "video_grid_thw" in keys and \
             _video_takes_only(inner, {"pixel_values_videos", "video_grid_thw"}, video):
