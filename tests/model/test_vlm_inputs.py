@@ -1,7 +1,8 @@
 """Families whose image encoder takes per-item inputs besides the pixels, derived from the model by ``vision_spec``:
 MiniCPM-V's NaViT crops (``target_sizes``, pixels along the last axis), LFM2-VL's NaFlex patches (``spatial_shapes``,
 ``pixel_attention_mask``), DeepSeek-VL-Hybrid's high-resolution view, the Q-Former families' prompts
-(InstructBLIP's ``qformer_input_ids``) and their required pixels on a rank without an image. What the packed batch
+(InstructBLIP's ``qformer_input_ids``) and their required pixels on a rank without an image, Kimi-K2.5's merge
+kernel and Fuyu's linear patch embedding. What the packed batch
 carries and what it refuses, on the multimodal zoo's tiny models (their exactness in every SP mode:
 ``tests/model/test_vlm_zoo.py`` PER_ITEM, ``scripts/vlm_zoo.py``).
 """
@@ -86,6 +87,17 @@ def test_a_qformer_prompt_without_its_mask_is_refused() -> None:
     del docs[1]["qformer_attention_mask"]
     with pytest.raises(ValueError, match=r"example 1: its images have pixel_values but no qformer_attention_mask"):
         hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
+def test_kimi_s_grid_merges_its_kernel_and_fuyu_s_patches_are_uniform() -> None:
+    kimi = hf_hsap.vision_spec(built("kimi_k25")[1])
+    assert kimi.layout.merge == 4 and kimi.layout.modalities[0].grid_key == "image_grid_thw"  # a 2 x 2 kernel
+    docs, fuyu = docs_and_spec("fuyu")
+    image = fuyu.layout.modalities[0]
+    assert (image.grid_key, image.item_keys, fuyu.layout.counted) == (None, (), ())
+    batch = hf_hsap.PackingCollator(512, vision=fuyu)(docs)
+    patches = sum(d["pixel_values"].shape[1] for d in docs if "pixel_values" in d)
+    assert int((batch["input_ids"] == image.token_id).sum()) == patches  # one placeholder per patch
 
 
 @pytest.mark.parametrize("required", [False, True])
