@@ -11,7 +11,9 @@ the model (:mod:`.structure`):
   ``pixel_attention_mask`` in ``get_image_features`` (Idefics: ``[rows, images, C, H, W]``), or one pixel row per
   image; ``token_type_ids`` (image blocks) and ``mm_token_type_ids`` filled from the placeholders; videos where
   ``get_video_features`` takes nothing but the video (and its grid);
-- what its encoder returns for a minimal image (asked once per model: the rows the placeholders stand for).
+- what its encoder returns for a minimal image (asked once per model: the rows the placeholders stand for);
+- encoders that take per-item inputs besides the pixels, read from their signatures (:mod:`.derived`: MiniCPM-V's
+  crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's second view, the Q-Former families, Fuyu's patches).
 
 It refuses a model for a structural reason no packing fixes (:data:`.structure.REFUSAL_KINDS`: encoder-decoder,
 VQ codes in the vocabulary, no placeholder, no image encoder) or for an input the family needs that packed rows do
@@ -29,11 +31,7 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from .items import anyres_counter, sizes_counter
-from .naflex import naflex_spec
-from .navit import navit_spec
-from .paired import paired_spec
-from .patches import patches_spec
-from .qformer import qformer_spec
+from .derived import derived_spec
 from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
 
@@ -106,7 +104,7 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     if refusal is not None:
         raise refusal
     keys = forward_keys(model)
-    derived = _derived_spec(model, inner)
+    derived = derived_spec(model, inner)
     if derived is not None:  # exact in the multimodal zoo in every mode, its encoder's rows checked every forward
         return _with_uncarried(derived, keys)
     encode = type(inner).get_image_features
@@ -159,22 +157,6 @@ def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
     uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
     return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
                       item_tokens=spec.item_tokens, uncarried=uncarried)
-
-
-def _derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:
-    """The spec of a family whose encoder takes per-item inputs besides the pixels, derived from its model and
-    config: NaViT crops (:mod:`.navit`: MiniCPM-V's ``target_sizes``), NaFlex patches (:mod:`.naflex`: LFM2-VL's
-    ``spatial_shapes``), a second pixel view (:mod:`.paired`: DeepSeek-VL-Hybrid), a Q-Former's queries and prompt
-    (:mod:`.qformer`: BLIP-2, InstructBLIP), linear patch embeddings without a tower (:mod:`.patches`: Fuyu);
-    ``None`` for any other."""
-    image = token(model.config, "image_token_id", "image_token_index")
-    if image is None:
-        return None
-    for derive in (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec):
-        spec = derive(model, inner, image)
-        if spec is not None:
-            return spec
-    return None
 
 
 def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:
