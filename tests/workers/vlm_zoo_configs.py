@@ -84,7 +84,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # MiniCPM-V: the ViT window merger after the first of the 2 layers (its default, 6, is past them)
     "minicpm_ocr": {"insert_layer_id": 0},
     "minicpmv4_6": {"insert_layer_id": 0},
-    "minicpmv4_7": {"insert_layer_id": 0},  # the merged 2x2 patches of the 32-wide tower
+    "minicpmv4_7": {"insert_layer_id": 0,  # and its canvas rope index's markers (<image>, </image>, <slice>, ...)
+                    "image_start_id": 90, "image_end_id": 89, "slice_start_id": 88, "slice_end_id": 87,
+                    "newline_id": 86},  # the merged 2x2 patches of the 32-wide tower
     "step3p7": {"text_config": {"sliding_window": 8}},
 }
 # families whose tiny model is not built, with the reason

@@ -227,6 +227,9 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
 SHAPES = [(21, (1, 8, 8), 11), (2, (1, 4, 4), 4), (5, None, 7), (1, (1, 2, 4), 2), (3, (1, 4, 2), 6)]
 
 
+_CANVAS_MARKERS = ("image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id")  # MiniCPM-V 4.7
+
+
 def _marker(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
     return next((fields[n] for n in names if isinstance(fields.get(n), int)), None)
 
@@ -256,10 +259,13 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
     vocab = config.get_text_config().vocab_size
     fields = config.to_dict()
+    start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index",
+                             "image_start_id"))  # MiniCPM-V 4.7's <image>
+    end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index",
+                           "image_end_id"))
     specials = [v for n, v in fields.items() if n.endswith(SPECIAL_SUFFIXES) and isinstance(v, int) and v > 2]
-    low = min([vocab, *specials])  # text tokens stay below every special id
-    start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"))
-    end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
+    specials += [v for n, v in fields.items() if n in _CANVAS_MARKERS and isinstance(v, int)]
+    low = min([vocab, *specials, *(m for m in (start, end) if m is not None)])  # text stays below every special id
     kind, make = image_maker(config, model)
     g = torch.Generator().manual_seed(seed)
     pixels = _params(type(model).forward).get("pixel_values")
