@@ -51,6 +51,8 @@ class Modality:
         pixel_axis: the axis of the pixels along which a grid item's cells lie (0; MiniCPM-V's NaViT row
             ``[1, C, p, cells * p]``: 3).
         cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
+        required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
+            document holding items without one is refused.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Modality:
     grid_dims: int = 3
     pixel_axis: int = 0
     cell_size: int = 1
+    required: tuple[str, ...] = ()
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a

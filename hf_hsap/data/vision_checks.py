@@ -54,6 +54,11 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
             items = _uniform_items(m, ex, n, placeholders, seen)
         if not items:
             continue
+        missing = [k for k in m.required if ex.get(k) is None]
+        if missing:
+            raise ValueError(f"example {n}: its {m.name}s have {m.pixel_key} but no {', '.join(missing)} (the "
+                             f"model's encoder needs it for each {m.name}); keep the processor's "
+                             f"{', '.join(missing)} with each document")
         for key in (m.pixel_key, *m.item_keys):
             if key == m.grid_key or ex.get(key) is None:
                 continue

@@ -33,5 +33,5 @@ def paired_spec(model: torch.nn.Module, inner: torch.nn.Module, image_token: int
                   and p.default is inspect.Parameter.empty and n in forward)
     if not views or "pixel_values" not in params:
         return None
-    image = Modality("image", image_token, "pixel_values", item_keys=views)
+    image = Modality("image", image_token, "pixel_values", item_keys=views, required=views)
     return VisionSpec(VisionLayout(str(model.config.model_type), (image,)))

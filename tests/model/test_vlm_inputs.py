@@ -73,6 +73,14 @@ def test_high_resolution_views_travel_with_their_images() -> None:
                                                                   if "high_res_pixel_values" in d]))
 
 
+def test_an_image_without_its_high_resolution_view_is_refused() -> None:
+    docs, spec = docs_and_spec("deepseek_vl_hybrid")
+    for doc in docs:  # missing from every document (not only beside documents that give it)
+        doc.pop("high_res_pixel_values", None)
+    with pytest.raises(ValueError, match=r"example 0: its images have pixel_values but no high_res_pixel_values"):
+        hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
 def test_qformer_prompts_are_padded_and_masked() -> None:
     docs, spec = docs_and_spec("instructblip")
     batch = hf_hsap.PackingCollator(512, vision=spec)(docs)
