@@ -48,6 +48,13 @@ class Modality:
             images, C, H, W]``: 1), for a modality without a grid.
         padded: the keys (pixels or per-item) whose other dimensions may differ between documents, zero-padded to
             the batch's largest (the model reads each item's true extent from another key, e.g. ``image_sizes``).
+        grid_dims: the columns of a grid (Qwen-VL's ``[t, h, w]``: 3; MiniCPM-V's ``target_sizes`` ``[h, w]``: 2);
+            an item has the product of its grid's cells.
+        pixel_axis: the axis of the pixels along which a grid item's cells lie (0; MiniCPM-V's NaViT row
+            ``[1, C, p, cells * p]``: 3).
+        cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
+        required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
+            document holding items without one is refused.
     """
 
     name: str
@@ -58,6 +65,21 @@ class Modality:
     type_id: int = 1
     item_axis: int = 0
     padded: tuple[str, ...] = ()
+    grid_dims: int = 3
+    pixel_axis: int = 0
+    cell_size: int = 1
+    required: tuple[str, ...] = ()
+
+    def axis(self, key: str) -> int:
+        """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
+        grid's pixel cells: ``pixel_axis``; its per-item keys: 0)."""
+        if self.grid_key is None:
+            return self.item_axis
+        return self.pixel_axis if key == self.pixel_key else 0
+
+    def grid_cells(self, grid: Any) -> torch.Tensor:
+        """``[n_items]`` int64 cells of each item of a grid (the product of its ``grid_dims`` columns)."""
+        return torch.as_tensor(grid).reshape(-1, self.grid_dims).to("cpu", torch.int64).prod(dim=1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,9 @@ class VisionLayout:
             placeholder ``token_id`` may be -1, none), or ``None``.
         position_start: the first position the model gives a document called alone (PaliGemma's are 1-indexed):
             ``shard_batch`` adds it to the collator's 0-based positions.
+        empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
+            modality gets the batch's cheapest item and keeps none of its feature rows (its towers take no empty
+            batch), rather than no pixels.
     """
 
     family: str
@@ -88,6 +113,7 @@ class VisionLayout:
     counted: tuple[str, ...] = ()
     cross_key: str | None = None
     position_start: int = 0
+    empty_items: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,8 +189,8 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
             uniform items split evenly).
 
     Returns:
-        ``(tokens [n_items], rows [n_items])`` int64 (rows: pixel rows of a grid item, else 1 entry along the item
-        axis).
+        ``(tokens [n_items], rows [n_items])`` int64 (rows: a grid item's pixel entries along its pixel axis, else 1
+        entry along the item axis).
 
     Raises:
         ValueError: the placeholders do not match the items.
@@ -172,9 +198,9 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     pixels = batch[modality.pixel_key]
     counted = (batch.get(TOKENS_KEY) or {}).get(modality.name)
     if modality.grid_key is not None:
-        grid = torch.as_tensor(batch[modality.grid_key]).reshape(-1, 3).to(torch.int64).numpy()
-        rows = grid.prod(axis=1)
-        tokens = rows // layout.merge
+        cells = modality.grid_cells(batch[modality.grid_key]).numpy()
+        rows = cells * modality.cell_size
+        tokens = cells // layout.merge
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
         if tokens.size != int(pixels.shape[modality.item_axis]):
@@ -252,7 +278,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         for key in (m.pixel_key, *m.item_keys):
             parts = [torch.as_tensor(examples[i][key]) for i in order if examples[i].get(key) is not None]
             if parts:
-                out[key] = _cat_items(parts, m.item_axis if m.grid_key is None else 0, key in m.padded, key)
+                out[key] = _cat_items(parts, m.axis(key), key in m.padded, key)
         if spec.counts(m.name):
             counts = [c for i in order if examples[i].get(m.pixel_key) is not None
                       for c in spec.item_tokens(m.name, examples[i])]

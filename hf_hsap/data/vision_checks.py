@@ -56,11 +56,16 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
             items = _uniform_items(m, ex, n, placeholders, seen)
         if not items:
             continue
+        missing = [k for k in m.required if ex.get(k) is None]
+        if missing:
+            raise ValueError(f"example {n}: its {m.name}s have {m.pixel_key} but no {', '.join(missing)} (the "
+                             f"model's encoder needs it for each {m.name}); keep the processor's "
+                             f"{', '.join(missing)} with each document")
         for key in (m.pixel_key, *m.item_keys):
             if key == m.grid_key or ex.get(key) is None:
                 continue
             value = torch.as_tensor(ex[key])
-            axis = m.item_axis if m.grid_key is None else 0
+            axis = m.axis(key)
             if key != m.pixel_key:
                 _check_entries(m, key, value, n, items)
             rest = tuple(d for i, d in enumerate(value.shape) if i != axis)
@@ -113,23 +118,27 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
         raise ValueError(f"example {n} has {m.grid_key} but no {m.pixel_key}; keep the processor's pixels with each "
                          "document")
     grid = torch.as_tensor(grid).to(torch.int64)
-    if grid.dim() != 2 or grid.shape[1] != 3:
-        raise ValueError(f"example {n}: {m.grid_key} has shape {tuple(grid.shape)}, expected [n_{m.name}s, 3] "
-                         "(t, h, w per item, as the processor gives it)")
-    rows = grid.prod(dim=1)
-    n_rows = int(torch.as_tensor(pixels).shape[0])
-    if n_rows != int(rows.sum()):
-        raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} rows but its {m.name} grids ask for "
-                         f"{int(rows.sum())} (t*h*w of {_grids(grid)}); keep each document's pixels with its own grid")
-    tokens = int(rows.sum()) // layout.merge
+    if grid.dim() != 2 or grid.shape[1] != m.grid_dims:
+        what = "t, h, w" if m.grid_dims == 3 else "h, w"
+        raise ValueError(f"example {n}: {m.grid_key} has shape {tuple(grid.shape)}, expected [n_{m.name}s, "
+                         f"{m.grid_dims}] ({what} per item, as the processor gives it)")
+    cells = m.grid_cells(grid)
+    shape = torch.as_tensor(pixels).shape
+    n_rows = int(shape[m.pixel_axis]) if len(shape) > m.pixel_axis else 0
+    if n_rows != int(cells.sum()) * m.cell_size:
+        unit = "rows" if m.cell_size == 1 else f"entries along axis {m.pixel_axis} ({m.cell_size} per cell)"
+        raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} {unit} but its {m.name} grids ask for "
+                         f"{int(cells.sum()) * m.cell_size} ({'*'.join('thw'[-m.grid_dims:])} of {_grids(grid)}); "
+                         "keep each document's pixels with its own grid")
+    tokens = int(cells.sum()) // layout.merge
     if placeholders != tokens:
         side = int(round(layout.merge ** 0.5))
-        its = f"its {m.name} has a {_grids(grid)} grid" if len(rows) == 1 else \
-            f"its {len(rows)} {m.name}s have {_grids(grid)} grids"
+        its = f"its {m.name} has a {_grids(grid)} grid" if len(cells) == 1 else \
+            f"its {len(cells)} {m.name}s have {_grids(grid)} grids"
         raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
                          f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
                          "tokenize each document with the model's processor and keep its pixels with it")
-    return len(rows)
+    return len(cells)
 
 
 def _grids(grid: torch.Tensor) -> str:
@@ -208,7 +217,7 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
 
 def _check_entries(m: Modality, key: str, value: torch.Tensor, n: int, items: int) -> None:
     """Refuse a per-item key of example ``n`` without one entry per item along the modality's item axis."""
-    axis = m.item_axis if m.grid_key is None else 0
+    axis = m.axis(key)
     entries = int(value.shape[axis]) if value.dim() > axis else value.numel()
     if entries != items:
         raise ValueError(f"example {n}: {key} has {entries} entries for its {items} {m.name}(s); give one per "

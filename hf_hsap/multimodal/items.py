@@ -9,7 +9,8 @@ before any encoder runs, so the collator counts them per image from the image's 
   encoder cost;
 - image sizes (a Pixtral tower: Mistral 3, LightOnOCR, LLaVA with a Pixtral tower): the split the model's
   ``get_image_features`` makes, ``(height // r) * (width // r)`` with ``r`` its patch size times its
-  ``spatial_merge_size``.
+  ``spatial_merge_size``; the same over LFM2-VL's ``spatial_shapes`` (in patches) with ``r`` its
+  ``downsample_factor`` (:mod:`.naflex`).
 
 Every forward checks these counts against what the encoder returned (:func:`hf_hsap.multimodal.select.select_rows`),
 so a count that disagreed with the model would stop training, never train on misplaced features.
@@ -28,9 +29,9 @@ __all__ = ["ItemCounter", "anyres_counter", "sizes_counter"]
 ItemCounter = Callable[[str, Mapping[str, Any]], list[int]]
 
 
-def _sizes(ex: Mapping[str, Any]) -> torch.Tensor:
-    """``[n_images, 2]`` (height, width) of one document."""
-    return torch.as_tensor(ex["image_sizes"]).reshape(-1, 2).to("cpu", torch.int64)
+def _sizes(ex: Mapping[str, Any], key: str = "image_sizes") -> torch.Tensor:
+    """``[n_images, 2]`` (height, width) of one document (``key``: ``image_sizes``, LFM2-VL's ``spatial_shapes``)."""
+    return torch.as_tensor(ex[key]).reshape(-1, 2).to("cpu", torch.int64)
 
 
 def anyres_counter(inner: torch.nn.Module, *, one_image_per_document: bool = False) -> ItemCounter:
@@ -74,11 +75,13 @@ def anyres_counter(inner: torch.nn.Module, *, one_image_per_document: bool = Fal
     return count
 
 
-def sizes_counter(ratio: int) -> ItemCounter:
-    """The placeholder counter of a family that splits its features by ``image_sizes // ratio``.
+def sizes_counter(ratio: int, *, key: str = "image_sizes") -> ItemCounter:
+    """The placeholder counter of a family that splits its features by ``sizes // ratio``.
 
     Args:
-        ratio: pixels per placeholder side (the tower's patch size times the projector's merge).
+        ratio: pixels (or patches) per placeholder side (Pixtral: the tower's patch size times the projector's
+            merge; LFM2-VL: its ``downsample_factor`` over ``spatial_shapes`` in patches).
+        key: the per-image ``[n, 2]`` sizes (``image_sizes``; ``spatial_shapes``).
 
     Returns:
         ``count(modality, document) -> [placeholders of each image]`` (``KeyError`` for another modality).
@@ -86,6 +89,6 @@ def sizes_counter(ratio: int) -> ItemCounter:
     def count(name: str, ex: Mapping[str, Any]) -> list[int]:
         if name != "image":
             raise KeyError(name)
-        return (_sizes(ex) // ratio).prod(dim=-1).tolist()
+        return (_sizes(ex, key) // ratio).prod(dim=-1).tolist()
 
     return count

@@ -61,7 +61,8 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
 
 
 def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image") -> Any:
-    """Cut an encoder output (``pooler_output`` and deepstack features) to ``rows``.
+    """Cut an encoder output (``pooler_output`` and deepstack features; ``last_hidden_state`` where it has no
+    ``pooler_output``) to ``rows``.
 
     Args:
         output: what ``get_image_features(..., return_dict=True)`` returned.
@@ -75,9 +76,12 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     Raises:
         ValueError: the output's per-item counts differ from ``items``.
     """
-    if items is not None and getattr(output, "pooler_output", None) is not None:
-        _check_counts(output.pooler_output, items, name)
-    for name in _SELECTED_FIELDS:
+    fields = _SELECTED_FIELDS
+    if getattr(output, "pooler_output", None) is None and getattr(output, "last_hidden_state", None) is not None:
+        fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
+    if items is not None:
+        _check_counts(getattr(output, fields[0]), items, name)
+    for name in fields:
         value = getattr(output, name, None)
         if value is not None:
             setattr(output, name, _select(value, rows))

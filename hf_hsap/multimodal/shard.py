@@ -111,7 +111,7 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
 
     Returns:
         The local pixels and per-item keys of the items with a local placeholder (a modality with none is left
-        out) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
+        out; where ``layout.empty_items``, one item whose rows it keeps none of) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
         placeholder, in local token order, the row of the local items' concatenated features it takes; and the
         placeholders of every local item (what the encoder's output is checked against).
 
@@ -136,21 +136,24 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         token_start = np.concatenate([[0], np.cumsum(tokens)[:-1]])
         item = np.searchsorted(token_start, mine, side="right") - 1  # the item of each local placeholder
         items = np.unique(item)  # local items, in document order
+        keep = items
         if items.size == 0:
-            continue
+            if not layout.empty_items:
+                continue
+            keep = np.argmin(rows)[None]  # a forward that requires the pixels: the cheapest item, none of its rows
         new_start = np.zeros(tokens.size, dtype=np.int64)
         new_start[items] = np.concatenate([[0], np.cumsum(tokens[items])[:-1]])
-        rows_of[m.name] = torch.from_numpy(mine - token_start[item] + new_start[item])
-        rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
+        rows_of[m.name] = torch.from_numpy((mine - token_start[item] + new_start[item]).astype(np.int64))
+        rows_of[items_key(m.name)] = torch.from_numpy(tokens[keep])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        items = keep
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
-        axis = m.item_axis if m.grid_key is None else 0  # a grid's pixel rows and per-item keys: axis 0
         pixels = batch[m.pixel_key]
-        local[m.pixel_key] = pixels.index_select(axis, pixel_idx.to(pixels.device))
+        local[m.pixel_key] = pixels.index_select(m.axis(m.pixel_key), pixel_idx.to(pixels.device))
         item_idx = torch.from_numpy(items)
         for key in m.item_keys:
             if batch.get(key) is not None:
                 value = torch.as_tensor(batch[key])
-                local[key] = value.index_select(axis, item_idx.to(value.device))
+                local[key] = value.index_select(m.axis(key), item_idx.to(value.device))
     local[ROWS_KEY] = rows_of
     return local

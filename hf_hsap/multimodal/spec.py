@@ -11,7 +11,9 @@ the model (:mod:`.structure`):
   ``pixel_attention_mask`` in ``get_image_features`` (Idefics: ``[rows, images, C, H, W]``), or one pixel row per
   image; ``token_type_ids`` (image blocks) and ``mm_token_type_ids`` filled from the placeholders; videos where
   ``get_video_features`` takes nothing but the video (and its grid);
-- what its encoder returns for a minimal image (asked once per model: the rows the placeholders stand for).
+- what its encoder returns for a minimal image (asked once per model: the rows the placeholders stand for);
+- encoders that take per-item inputs besides the pixels, read from their signatures (:mod:`.derived`: MiniCPM-V's
+  crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's second view, the Q-Former families, Fuyu's patches).
 
 It refuses a model for a structural reason no packing fixes (:data:`.structure.REFUSAL_KINDS`: encoder-decoder,
 VQ codes in the vocabulary, no placeholder, no image encoder) or for an input the family needs that packed rows do
@@ -30,6 +32,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .items import anyres_counter, sizes_counter
+from .derived import derived_spec
 from .prefix import is_prefix_lm, position_start
 from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -105,6 +108,9 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     if refusal is not None:
         raise refusal
     keys = forward_keys(model)
+    derived = derived_spec(model, inner)
+    if derived is not None:  # exact in the multimodal zoo in every mode, its encoder's rows checked every forward
+        return _with_uncarried(derived, keys)
     encode = type(inner).get_image_features
     if "pixel_values" not in keys | set(param_names(encode)):
         raise _refuse(model, "input not carried", "its forward takes no pixel_values")
@@ -145,9 +151,14 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         raise _refuse(model, "recurrent layers", (
             f"its decoder has recurrent layers ({', '.join(recurrent)}) beside its own multimodal rope index, a pair "
             "not made exact on packed rows yet"))
+    _check_rows(model, inner, spec)
+    return _with_uncarried(spec, keys)
+
+
+def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
+    """``spec`` with the forward's keys it does not carry (:attr:`~hf_hsap.data.vision.VisionSpec.uncarried`)."""
     carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
     uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
-    _check_rows(model, inner, spec)
     return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
                       item_tokens=spec.item_tokens, uncarried=uncarried)
 
@@ -179,6 +190,9 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     index per document."""
     vision = model.config.vision_config
     merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
+    kernel = getattr(vision, "merge_kernel_size", None)  # Kimi-K2.5: an h x w kernel (the temporal axis pooled)
+    if kernel:
+        merge = int(torch.tensor(list(kernel)).prod())
     mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
     if video is not None and "video_grid_thw" in keys and \
             _video_takes_only(inner, {"pixel_values_videos", "video_grid_thw"}, video):
@@ -350,6 +364,11 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if model in _IMAGES:  # the image the encoder took when the spec was derived
         pixels, given, n_tokens = _IMAGES[model]
         extra = {k: v.to(device) for k, v in given.items()}
+    elif image.grid_key is not None and image.grid_dims == 2:  # NaViT: one crop of one merge block [1, C, p, cells*p]
+        side = int(round(spec.layout.merge ** 0.5))
+        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), image.cell_size, side * side * image.cell_size)
+        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
+        n_tokens = 1
     elif image.grid_key is not None:
         side = int(round(spec.layout.merge ** 0.5))  # one placeholder: one merge window of patches
         channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))

@@ -33,6 +33,13 @@ def model_of(family: str, *, meta: bool = False, **config: Any) -> torch.nn.Modu
     raise AssertionError(f"{family} builds with neither attention")
 
 
+def without_qformer(model: torch.nn.Module) -> torch.nn.Module:
+    """A BLIP-2 without its Q-Former module: no Q-Former layout (``multimodal/qformer.py``) is derived, and its
+    forward still requires pixel_values."""
+    model.qformer = None
+    return model
+
+
 def refusal(model: torch.nn.Module) -> VisionRefusal:
     with pytest.raises(VisionRefusal) as info:
         hf_hsap.vision_spec(model)
@@ -78,8 +85,8 @@ STRUCTURAL = [
     (lambda: model_of("git", meta=True), "no image encoder", "no get_image_features"),
     (lambda: cross_without_tiles(), "cross-attention", "cross_attention_mask"),
     (lambda: model_of("kosmos-2", meta=True), "no placeholder", "no image_token_id"),
-    (lambda: model_of("blip-2", meta=True), "image required", "requires pixel_values"),
-    (lambda: model_of("lfm2_vl", meta=True), "input not carried", "get_image_features needs spatial_shapes"),
+    (lambda: without_qformer(model_of("blip-2", meta=True)), "image required", "requires pixel_values"),
+    (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
     (lambda: model_of("qwen2_5_omni_thinker", meta=True), "input not carried", "get_rope_index) takes audio_seqlens"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)

@@ -3,11 +3,13 @@
 
 Families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact at sp1 and at SP 2 against
 each document alone (float64, its vision tower's float32 island tolerance); every family whose images carry
-per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks), exact at
-sp1 and in one SP 2 mode with an image split across the ranks, PaliGemma's prefix-LM blocks among them; Mllama's and
-Idefics' cross-attention with a document split across the ranks; and a family refused by ``vision_spec`` with a fix
-that runs (one document per row). The committed results have no WRONG and no crash, are what ``vision_spec`` derives
-now (slow: every zoo family built), and MODELS.md's section is what the script renders from them.
+per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks) or whose
+encoder takes per-item inputs (MiniCPM-V's crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's high-resolution
+view, InstructBLIP's Q-Former prompts), exact at sp1 and in one SP 2 mode with an image split across the ranks,
+PaliGemma's prefix-LM blocks among them; Mllama's and Idefics' cross-attention with a document split across the ranks;
+and a family refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no
+WRONG and no crash, are what ``vision_spec`` derives now (slow: every zoo family built), and MODELS.md's section is
+what the script renders from them.
 """
 from __future__ import annotations
 
@@ -66,7 +68,11 @@ def test_accepted_family_is_exact_at_sp1_and_sp2(vlm_pools, script) -> None:
 PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_onevision", "sp2_u1"),
             ("mistral3", "sp2_u2"), ("lighton_ocr", "sp2_u1"), ("idefics2", "sp2_u2"), ("idefics3", "sp2_u1"),
             ("smolvlm", "sp2_u2"), ("granite_docling", "sp2_u1"),
-            ("paligemma", "sp2_u2")]  # PaliGemma: each document's image + prompt prefix is a bidirectional block
+            ("paligemma", "sp2_u2"),  # PaliGemma: each document's image + prompt prefix is a bidirectional block
+            # per-item encoder inputs derived from the model: NaViT crops with their own rope index, NaFlex patches,
+            # a second (high-resolution) view, Q-Former prompts padded with their masks
+            ("minicpmv4_7", "sp2_u1"), ("lfm2_vl", "sp2_u2"), ("deepseek_vl_hybrid", "sp2_u1"),
+            ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1")]  # Fuyu: patch embeddings cut from the last hidden state
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)

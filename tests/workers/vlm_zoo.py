@@ -114,6 +114,8 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     if how == "grid":
         v = model.config.vision_config
         merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 1) ** 2
+        if getattr(v, "merge_kernel_size", None):  # Kimi-K2.5: an h x w kernel, the temporal axis pooled
+            merge = int(torch.tensor(list(v.merge_kernel_size)).prod())
         inner = mm_structure.inner_vlm(model) or VD.feature_module(model)
         keys = ("image_grid_thw", *item_keys)
         layout = VisionLayout(family, (Modality("image", token, "pixel_values", "image_grid_thw", keys, 1),),
@@ -202,6 +204,18 @@ def get_sp(sp_size: int, ulysses: int) -> Any:
     return _GROUPS[key]
 
 
+def hsap_model(config: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model built with ``attn_implementation="hsap"``, or, where a tower picks its attention class from a
+    table without it at construction (SAM's ``SAM_VISION_ATTENTION_CLASSES``: DeepSeek-VL-Hybrid), with the
+    reference's: ``prepare_model`` then gives the decoder ``"hsap"`` (the path for a model loaded with SDPA)."""
+    try:
+        return VC.build_model(config, "hsap", DTYPE, state_dict=state)
+    except KeyError as e:
+        if "hsap" not in str(e):
+            raise
+        return VC.build_model(config, reference_attention(config), DTYPE, state_dict=state)
+
+
 def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str, Any]], how: str, mode: str
                ) -> dict[str, Any]:
     """One rank of a mode: the packed row through ``shard_batch`` + ``model(**local)`` ("hsap").
@@ -217,7 +231,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     sp = get_sp(sp_size, ulysses) if sp_size > 1 else 1
     config = VC.tiny_config(family)
     with zoo.full_precision(config, DTYPE):
-        model = VC.build_model(config, "hsap", DTYPE, state_dict=state)
+        model = hsap_model(config, state)
         spec = make_spec(model, how, item_keys(docs))
         layers = hf_hsap.prepare_model(model, sp_size=sp_size).check.attention_layers
         real = sum(d["input_ids"].numel() for d in docs)

@@ -76,8 +76,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 16}},  # top-k a multiple of its 16-token pools
-    "janus": {"vq_config": {"base_channels": 32}, "vision_config": {"projection_dim": 64}},  # its aligner: the text width
+    "janus": {"vq_config": {"base_channels": 32},
+              "vision_config": {"projection_dim": 64}},  # its aligner's output is the text model's width
+    "kimi_k25": {"projection_hidden_size": 32},  # the projector's norm is over the tower's width
+    "fuyu": {"patch_size": 2},  # its linear patch embedding's input is patch_size ** 2 * channels
     "muse_glimmer": {"out_hidden_size": 128},  # the merged 2x2 patches of the 32-wide tower
+    # MiniCPM-V: the ViT window merger after the first of the 2 layers (its default, 6, is past them)
+    "minicpm_ocr": {"insert_layer_id": 0},
+    "minicpmv4_6": {"insert_layer_id": 0},
+    "minicpmv4_7": {"insert_layer_id": 0,  # and its canvas rope index's markers (<image>, </image>, <slice>, ...)
+                    "image_start_id": 90, "image_end_id": 89, "slice_start_id": 88, "slice_end_id": 87,
+                    "newline_id": 86},
     "step3p7": {"text_config": {"sliding_window": 8}},
 }
 # families whose tiny model is not built, with the reason

@@ -84,7 +84,9 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 return doc
             return make
         return [("grid", grid(lambda n: (n, c * tp * patch * patch))),
-                ("grid patches", grid(lambda n: (n, c, patch, patch)))]
+                ("grid patches", grid(lambda n: (n, c, patch, patch))),
+                # Inkling 2: one row of merge x merge patches (channels last) per placeholder, the grid in placeholders
+                ("grid of placeholder patches", grid(lambda n: (n, merge * patch, merge * patch, c)))]
 
     def image(shape: tuple[int, ...], sizes: bool) -> Maker:
         def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -118,6 +120,21 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
+        def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
+            return {"pixel_values": torch.randn(1, c, patch, h * w * patch, generator=g, dtype=dtype),
+                    "target_sizes": torch.tensor([[h, w]], dtype=torch.int32)}
+        out.append(("NaViT patches with target sizes", navit))
+    if "spatial_shapes" in params:  # NaFlex (LFM2-VL): patch rows padded to the processor's most, a patch mask
+        def naflex(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = 2 * thw[1], 2 * thw[2]  # grid (1, 8, 8): 16x16 patches (64 placeholders after the 2x2 unshuffle)
+            most = 256  # every image padded to 256 patches, as a processor pads to its max_num_patches
+            mask = torch.zeros(1, most, dtype=torch.bool)
+            mask[0, :h * w] = True
+            pixels = torch.randn(1, most, c * patch * patch, generator=g, dtype=dtype) * mask[..., None]
+            return {"pixel_values": pixels, "spatial_shapes": torch.tensor([[h, w]]), "pixel_attention_mask": mask}
+        out.append(("NaFlex patches with spatial shapes", naflex))
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             side = size // patch
@@ -133,8 +150,34 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
         out.append(("images per row with masks", per_row))
         out.append(("tiles per row with a tile mask", tile_mask))
     with_sizes = "image_sizes" in params
+    if "qformer_input_ids" in params:  # InstructBLIP: each image with its instruction for the Q-Former
+        words = int(config.qformer_config.vocab_size)
+
+        def instructed(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            n = 2 + thw[2]  # instructions of different lengths (padded in the packed batch)
+            return {"pixel_values": torch.randn(1, c, size, size, generator=g, dtype=dtype),
+                    "qformer_input_ids": torch.randint(3, words, (1, n), generator=g),
+                    "qformer_attention_mask": torch.ones(1, n, dtype=torch.int64)}
+        out.append(("image with a Q-Former instruction", instructed))
+    if "high_res_pixel_values" in params:  # DeepSeek-VL-Hybrid: each image at its low and high resolution
+        high = int(config.high_res_vision_config.image_size)
+
+        def two_views(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            return {"pixel_values": torch.randn(1, c, size, size, generator=g, dtype=dtype),
+                    "high_res_pixel_values": torch.randn(1, c, high, high, generator=g, dtype=dtype)}
+        out.append(("low- and high-resolution image", two_views))
     out.append(("image", image((1, c, size, size), with_sizes)))
     out.append(("images per row", image((1, 1, c, size, size), with_sizes)))  # Idefics: [rows, images, C, H, W]
+
+    def flat_patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        side = size // patch  # a fixed-size image's patches, one placeholder each (the processor pads every image)
+        return {"pixel_values": torch.randn(1, side * side, patch * patch * c, generator=g, dtype=dtype)}
+    out.append(("flattened patches [images, patches, p * p * C]", flat_patches))  # Fuyu: a linear patch embedding
+
+    def patch_rows(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        n = thw[1] * thw[2]  # grid (1, 8, 8): 64 patches, one placeholder each
+        return {"pixel_values": torch.randn(n, tp, patch, patch, c, generator=g, dtype=dtype)}
+    out.append(("patch rows [patches, t, p, p, C]", patch_rows))  # Inkling: an MLP per patch (channels last)
     return out
 
 
@@ -144,6 +187,8 @@ def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     with torch.no_grad():
         out = feature_module(model).get_image_features(**image, return_dict=True)
     feats = getattr(out, "pooler_output", None)
+    if feats is None:  # Fuyu merges its patch embeddings, the last hidden state
+        feats = getattr(out, "last_hidden_state", None)
     if feats is None:
         feats = out[0] if isinstance(out, (tuple, list)) else out
     if torch.is_tensor(feats):
@@ -163,7 +208,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
     Raises:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
-    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask"}
+    known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
@@ -181,6 +227,9 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
 # per document (text before, grid (t, h, w) in patches or None, text after), as tests/workers/vlm.py: one long
 # document whose image SP must split, a text-only one and short ones (fixed-size-image families ignore the grid)
 SHAPES = [(21, (1, 8, 8), 11), (2, (1, 4, 4), 4), (5, None, 7), (1, (1, 2, 4), 2), (3, (1, 4, 2), 6)]
+
+
+_CANVAS_MARKERS = ("image_start_id", "image_end_id", "slice_start_id", "slice_end_id", "newline_id")  # MiniCPM-V 4.7
 
 
 def _marker(fields: dict[str, Any], names: tuple[str, ...]) -> int | None:
@@ -214,15 +263,22 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
     vocab = config.get_text_config().vocab_size
     fields = config.to_dict()
+    start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index",
+                             "image_start_id"))  # MiniCPM-V 4.7's <image>
+    end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index",
+                           "image_end_id"))
     specials = [v for n, v in fields.items() if n.endswith(SPECIAL_SUFFIXES) and isinstance(v, int) and v > 2]
-    low = min([vocab, *specials])  # text tokens stay below every special id
-    start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"))
-    end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
+    specials += [v for n, v in fields.items() if n in _CANVAS_MARKERS and isinstance(v, int)]
+    low = min([vocab, *specials, *(m for m in (start, end) if m is not None)])  # text stays below every special id
     kind, make = image_maker(config, model)
     g = torch.Generator().manual_seed(seed)
+    pixels = _params(type(model).forward).get("pixel_values")
+    every = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2: no text-only forward
     docs = []
     for before, grid, after in shapes:
         doc: dict[str, Any] = {}
+        if grid is None and every:
+            grid = (1, 2, 2)  # the smallest image (fixed-size families ignore the grid)
         body = [torch.randint(3, low, (before,), generator=g)]
         if grid is not None:
             image = make(grid, g, dtype)

@@ -75,8 +75,9 @@ def full_precision_softmax() -> Iterator[None]:
 
 @contextlib.contextmanager
 def float64_casts_kept(on: bool = True) -> Iterator[None]:
-    """Inside (``on``): a float64 tensor cast to float32 (``.float()``, ``.to`` / ``.type(torch.float32)``) stays
-    float64.
+    """Inside (``on``): a float64 tensor cast to float32 (``.float()``, ``.to`` / ``.type(torch.float32)``, a
+    ``torch.zeros_like(x, dtype=torch.float32)`` accumulator) stays float64, and a float32 tensor ``@`` such a kept
+    one is computed in float64.
 
     The recurrent kernels of hybrid models (the gated delta rule, Mamba's scans) compute in float32 on purpose;
     inside this a float64 run of them is float64 throughout, so the reference and hf_hsap's run, which cuts the same
@@ -102,11 +103,29 @@ def float64_casts_kept(on: bool = True) -> Iterator[None]:
             return self
         return saved_type(self, *args, **kw)
 
+    saved_zeros_like = torch.zeros_like
+
+    def zeros_like(x: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:  # a float32 accumulator (Inkling 2's MoE)
+        if x.dtype == torch.float64 and kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+        return saved_zeros_like(x, *args, **kw)
+
+    saved_matmul = torch.Tensor.__matmul__
+
+    def matmul(self: torch.Tensor, other: Any) -> torch.Tensor:  # float32 weights @ a kept float64 (SigLIP 2's resize)
+        if torch.is_tensor(other) and {self.dtype, other.dtype} == {torch.float32, torch.float64}:
+            self, other = self.double(), other.double()
+        return saved_matmul(self, other)
+
     torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = to, flt, typ  # type: ignore[method-assign]
+    torch.zeros_like = zeros_like  # type: ignore[assignment]
+    torch.Tensor.__matmul__ = matmul  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.Tensor.to, torch.Tensor.float, torch.Tensor.type = saved_to, saved_float, saved_type  # type: ignore
+        torch.zeros_like = saved_zeros_like  # type: ignore[assignment]
+        torch.Tensor.__matmul__ = saved_matmul  # type: ignore[method-assign]
 
 
 

@@ -1,0 +1,50 @@
+"""Families that query each image with a Q-Former (BLIP-2, InstructBLIP), derived from the model: a ``qformer``
+sub-model and ``config.num_query_tokens``.
+
+Every image becomes ``num_query_tokens`` placeholders (the Q-Former's query outputs), so a packed row carries the
+documents' images in document order along axis 0, each counted at ``num_query_tokens``. InstructBLIP also feeds
+each image's instruction to the Q-Former (``qformer_input_ids [images, length]`` with its
+``qformer_attention_mask``, required with it here): per-item keys, zero-padded to the batch's longest instruction,
+the mask hiding the padding as the processor's batch does. Their forwards require the pixels, so a rank holding no
+image encodes one and keeps none of its rows (:attr:`~hf_hsap.data.vision.VisionLayout.empty_items`).
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..data.vision import Modality, VisionLayout, VisionSpec
+
+__all__ = ["qformer_spec"]
+
+IDS_KEY, MASK_KEY = "qformer_input_ids", "qformer_attention_mask"
+
+
+def qformer_spec(model: torch.nn.Module, inner: torch.nn.Module, image_token: int) -> VisionSpec | None:
+    """The spec of a Q-Former family, or ``None`` (no ``qformer`` sub-model with ``num_query_tokens`` queries).
+
+    Args:
+        model: the model; inner: its module with ``get_image_features``; image_token: the placeholder id.
+
+    Returns:
+        Images as a counted modality (``num_query_tokens`` each) with the Q-Former's prompt as per-item keys where
+        ``get_image_features`` takes one; 1-D positions.
+    """
+    queries = getattr(model.config, "num_query_tokens", None)
+    if getattr(inner, "qformer", None) is None or not isinstance(queries, int):
+        return None
+    keys = (IDS_KEY, MASK_KEY) if IDS_KEY in inspect.signature(inner.get_image_features).parameters else ()
+    image = Modality("image", image_token, "pixel_values", item_keys=keys, padded=keys)
+    pixels = inspect.signature(type(model).forward).parameters.get("pixel_values")
+    required = pixels is not None and pixels.default is inspect.Parameter.empty
+    layout = VisionLayout(str(model.config.model_type), (image,), counted=("image",), empty_items=required)
+
+    def count(name: str, ex: Mapping[str, Any]) -> list[int]:
+        if name != "image":
+            raise KeyError(name)
+        return [queries] * int(torch.as_tensor(ex["pixel_values"]).shape[0])
+
+    return VisionSpec(layout, item_tokens=count)
