@@ -17,6 +17,7 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from .grid import grid_spec
 from .items import anyres_counter, sizes_counter
 
 __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
@@ -25,9 +26,11 @@ __all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_F
 logger = get_logger(__name__)
 
 # Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
-GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
+# Videos too (GLM-4V's frames as images: .grid); Qwen3.5's decoder is a gated-delta-rule hybrid.
+GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
+                           "glm4v_moe"})
 # The same layout, exact in the multimodal zoo on images; their videos are not made exact yet (refused).
-GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4_5", "hyperclovax_vision_v2",
+GRID_IMAGE_FAMILIES = frozenset({"glm46v", "glmga", "glm_ocr", "exaone4_5", "hyperclovax_vision_v2",
                                  "cohere_compass", "cosmos3_edge", "cosmos3_omni", "llava_onevision1_5",
                                  "minimax_m3_vl", "muse_glimmer"})
 # One pixel row per image (or per fixed-size tile), the same number of placeholders per row, 1-D positions; each
@@ -108,21 +111,7 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     image = _token(config, "image_token_id", "image_token_index")
     video = _token(config, "video_token_id", "video_token_index")
     if family in GRID_FAMILIES | GRID_IMAGE_FAMILIES:
-        vision = config.vision_config
-        merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
-        mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
-        if video is not None and family in GRID_FAMILIES:
-            extra = ("second_per_grid_ts",) if family == "qwen2_5_vl" else ()
-            mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw",
-                                 ("video_grid_thw", *extra), 2))
-
-        def rope_index(**doc: Any) -> torch.Tensor:
-            return inner.get_rope_index(**doc)[0]  # [3, 1, n]
-
-        layout = VisionLayout(family, tuple(mods), merge=merge)
-        takes_types = "mm_token_type_ids" in inspect.signature(type(model).forward).parameters
-        return VisionSpec(layout, rope_index=rope_index if callable(getattr(inner, "get_rope_index", None)) else None,
-                          token_type_key="mm_token_type_ids" if takes_types else None)
+        return grid_spec(model, inner, family, image, video)
     if family in ANYRES_FAMILIES:
         mods = [Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))]
         if video is not None and callable(getattr(inner, "get_video_features", None)):  # [videos, frames, C, H, W]

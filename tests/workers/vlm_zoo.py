@@ -12,6 +12,7 @@ in ``GRID_FAMILIES`` (``"grid"``): what adding the family there would give.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import spec as mm_spec
+from hf_hsap.multimodal.grid import grid_spec
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
@@ -102,20 +104,13 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     token = mm_spec._token(model.config, "image_token_id", "image_token_index")
     if token is None:
         raise ValueError(f"{family}: no image_token_id / image_token_index in its config")
-    if how == "grid":
-        v = model.config.vision_config
-        merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 1) ** 2
+    if how == "grid":  # what vision_spec gives a grid family (hf_hsap.multimodal.grid), the image's extra keys too
         inner = mm_spec.inner_vlm(model) or VD.feature_module(model)
-        keys = ("image_grid_thw", *item_keys)
-        layout = VisionLayout(family, (Modality("image", token, "pixel_values", "image_grid_thw", keys, 1),),
-                              merge=merge)
-        rope = None
-        if callable(getattr(inner, "get_rope_index", None)):
-            def rope(**doc: Any) -> torch.Tensor:
-                return inner.get_rope_index(**doc)[0]  # [3, 1, n]
-        forward = inspect.signature(type(model).forward).parameters
-        return VisionSpec(layout, rope_index=rope,
-                          token_type_key="mm_token_type_ids" if "mm_token_type_ids" in forward else None)
+        video = mm_spec._token(model.config, "video_token_id", "video_token_index")
+        spec = grid_spec(model, inner, family, token, video)
+        image = dataclasses.replace(spec.layout.modalities[0], item_keys=("image_grid_thw", *item_keys))
+        layout = dataclasses.replace(spec.layout, modalities=(image, *spec.layout.modalities[1:]))
+        return dataclasses.replace(spec, layout=layout)
     blocks = how == "uniform+blocks"
     keys = item_keys if how == "uniform+keys" else ()
     layout = VisionLayout(family, (Modality("image", token, "pixel_values", None, keys),), image_blocks=blocks)
@@ -124,7 +119,8 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
 
 def item_keys(docs: list[dict[str, Any]]) -> tuple[str, ...]:
     """The per-image keys of the documents besides the pixels, the grid and the per-token keys."""
-    skip = {"pixel_values", "image_grid_thw", "labels", *_PER_TOKEN}
+    skip = {"pixel_values", "image_grid_thw", "labels", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
+            *_PER_TOKEN}
     return tuple(sorted({k for d in docs for k in d if k not in skip}))
 
 

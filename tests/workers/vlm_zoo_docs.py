@@ -215,12 +215,14 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     start = _marker(fields, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"))
     end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
     kind, make = image_maker(config, model)
+    video = grid_video(config, model, kind, make)
     g = torch.Generator().manual_seed(seed)
     docs = []
-    for before, grid, after in shapes:
+    for k, (before, grid, after) in enumerate(shapes):
         doc: dict[str, Any] = {}
         body = [torch.randint(3, low, (before,), generator=g)]
-        if grid is not None:
+        video_at: list[torch.Tensor] = []  # the video's placeholder runs (type 2)
+        if grid is not None and not (video is not None and video.shared and k in VIDEO_DOCS):
             image = make(grid, g, dtype)
             try:
                 n_tok = _feature_rows(model, image)
@@ -230,16 +232,72 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
             body += ([torch.tensor([start])] if start is not None else []) + [torch.full((n_tok,), token)] + \
                 ([torch.tensor([end])] if end is not None else [])
         body.append(torch.randint(3, low, (after,), generator=g))
+        if video is not None and k in VIDEO_DOCS:  # a video after the text: (t, h, w) = (2, 4, 4), then (2, 2, 4)
+            keys, runs = video((2, 4, 4) if k == VIDEO_DOCS[0] else (2, 2, 4), g, dtype)
+            doc.update(keys)
+            for run in runs:
+                body += [torch.randint(3, low, (1,), generator=g)]  # a timestamp's text before each frame
+                n_body = sum(int(b.numel()) for b in body)
+                body += ([torch.tensor([start])] if start is not None else []) + [run] + \
+                    ([torch.tensor([end])] if end is not None else [])
+                video_at.append(torch.arange(run.numel()) + n_body + (start is not None))
+            body.append(torch.randint(3, low, (2,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
         for key in ("token_type_ids", "mm_token_type_ids"):
             if key in _params(type(model).forward):
                 doc[key] = (ids == token).to(torch.int64)
+                for where in video_at:
+                    doc[key][where] = 2
         labels = ids.clone()
         labels[ids >= low] = -100  # no loss on placeholders and markers
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+VIDEO_DOCS = (1, 3)  # the documents a grid family's video is added to (documents())
+
+
+def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> Callable[..., Any] | None:
+    """A grid family's video maker, where its ``get_video_features`` takes a ``video_grid_thw`` (else ``None``).
+
+    Returns:
+        ``video(thw, generator, dtype) -> (keys, runs)``: ``pixel_values_videos`` and ``video_grid_thw`` (and
+        ``second_per_grid_ts`` where the rope index reads it), and the placeholder runs: one per frame where the
+        model's rope index places each frame apart (Qwen3-VL, GLM-4V: a timestamp between frames), else one; the
+        video placeholder is the image token where the model's placeholder mask says so (GLM-4V: ``video.shared``;
+        such a model's own forward cannot take an image and a video together, so its video documents hold no image).
+    """
+    from hf_hsap.multimodal.grid import video_is_image_token
+
+    inner = feature_module(model)
+    vtoken = next((getattr(config, n) for n in ("video_token_id", "video_token_index")
+                   if isinstance(getattr(config, n, None), int)), None)
+    if not kind.startswith("grid") or vtoken is None or \
+            "video_grid_thw" not in _params(getattr(inner, "get_video_features", None)):
+        return None
+    itoken = image_token_id(config)
+    token = itoken if video_is_image_token(inner, itoken, vtoken) else vtoken
+    rope = getattr(inner, "get_rope_index", None)
+    per_frame = callable(rope) and "repeat_interleave(video_grid_thw" in inspect.getsource(rope)
+    seconds = "second_per_grid_ts" in _params(rope)
+
+    def video(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], list]:
+        image = make(thw, g, dtype)
+        keys = {"pixel_values_videos": image["pixel_values"], "video_grid_thw": image["image_grid_thw"]}
+        if seconds:
+            keys["second_per_grid_ts"] = torch.tensor([1.0])
+        with torch.no_grad():
+            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype),
+                                           video_grid_thw=keys["video_grid_thw"], return_dict=True)
+        feats = out.pooler_output
+        n = feats.numel() // feats.shape[-1] if torch.is_tensor(feats) else sum(f.numel() // f.shape[-1] for f in feats)
+        frames = thw[0] if per_frame else 1
+        return keys, [torch.full((n // frames,), token) for _ in range(frames)]
+
+    video.shared = token == itoken  # type: ignore[attr-defined]  # a document holds a video or images, not both
+    return video
 
 
 def with_videos(config: Any, model: torch.nn.Module, docs: list[dict[str, Any]], *, frames: int = 2, every: int = 2,
