@@ -7,9 +7,10 @@ from the model, not from a list of family names:
 
 - the merge factor: the vision config's ``spatial_merge_size`` (or ``merge_size``) squared;
 - the modalities: images, and videos where ``get_video_features`` takes a ``video_grid_thw``; the per-item keys
-  the rope index reads besides the grid (``second_per_grid_ts`` / ``second_per_grids``);
+  the rope index reads besides the grid (the seconds per temporal patch: the forward's ``second_per_grid_ts`` or
+  ``video_second_per_grid``, the rope index's ``second_per_grids``);
 - the rope index: ``get_rope_index`` called with the keywords its signature takes (the omni thinkers take no
-  ``mm_token_type_ids``; they name the seconds per grid ``second_per_grids``);
+  ``mm_token_type_ids``, name the seconds per grid ``second_per_grids`` and index by an ``attention_mask``);
 - videos whose placeholders are the image token (GLM-4V: the model's own ``get_placeholder_mask`` marks the image
   token for both): such a model cannot tell an image's placeholders from a video frame's in one forward, so
   :func:`frames_as_images` gives it each video frame as an image of grid ``[1, h, w]`` (its ``get_video_features``
@@ -27,7 +28,8 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 
 __all__ = ["frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index", "video_is_image_token"]
 
-_SECONDS_KEYS = ("second_per_grid_ts", "second_per_grids")  # a video's seconds per temporal patch, by its two names
+# a video's seconds per temporal patch, by its names: the forward's (Qwen2.5-VL, the omni thinkers) and the rope index's
+_SECONDS_KEYS = ("second_per_grid_ts", "video_second_per_grid", "second_per_grids")
 
 
 def _params(fn: Any) -> dict[str, inspect.Parameter]:
@@ -77,6 +79,8 @@ def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
         for key in _SECONDS_KEYS:
             if key in doc and seconds is not None and key != seconds:
                 doc[seconds] = doc.pop(key)
+        if "attention_mask" in params and doc.get("attention_mask") is None:  # the omni thinkers index by it
+            doc["attention_mask"] = torch.ones_like(doc["input_ids"])
         return fn(**{k: v for k, v in doc.items() if k in params})[0]  # [3, 1, n]
 
     return index
@@ -162,7 +166,8 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     if takes_video and video is not None and video_is_image_token(inner, image, video):
         document = frames_as_images(image)
     elif takes_video and video is not None:
-        extra = ("second_per_grid_ts",) if "second_per_grid_ts" in rope_params else ()  # Qwen2.5-VL's seconds
+        forward = _params(type(model).forward)
+        extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
         mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
     return VisionSpec(VisionLayout(family, tuple(mods), merge=merge), rope_index=rope,

@@ -28,7 +28,7 @@ logger = get_logger(__name__)
 # Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
 # Videos too (GLM-4V's frames as images: .grid); Qwen3.5's decoder is a gated-delta-rule hybrid.
 GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
-                           "glm4v_moe"})
+                           "glm4v_moe", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"})
 # The same layout, exact in the multimodal zoo on images; their videos are not made exact yet (refused).
 GRID_IMAGE_FAMILIES = frozenset({"glm46v", "glmga", "glm_ocr", "exaone4_5", "hyperclovax_vision_v2",
                                  "cohere_compass", "cosmos3_edge", "cosmos3_omni", "llava_onevision1_5",

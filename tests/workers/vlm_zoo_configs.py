@@ -79,6 +79,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "janus": {"vq_config": {"base_channels": 32}},
     "muse_glimmer": {"out_hidden_size": 128},  # the merged 2x2 patches of the 32-wide tower
     "step3p7": {"text_config": {"sliding_window": 8}},
+    # the omni thinkers' rope index finds each image after its vision start token, which their checkpoints' configs
+    # name (vision_start_token_id) and the config class's defaults leave out
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89},
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "

@@ -249,11 +249,23 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 doc[key] = (ids == token).to(torch.int64)
                 for where in video_at:
                     doc[key][where] = 2
+        if _positions_need_mask(model):  # as the processor gives it: all ones
+            doc["attention_mask"] = torch.ones_like(ids)
         labels = ids.clone()
         labels[ids >= low] = -100  # no loss on placeholders and markers
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def _positions_need_mask(model: torch.nn.Module) -> bool:
+    """Whether the forward computes its multimodal rotary positions only when given an ``attention_mask`` (the omni
+    thinkers' ``compute_3d_position_ids``; without one a document alone would run on 1-D positions)."""
+    fn = getattr(feature_module(model), "compute_3d_position_ids", None)
+    try:
+        return callable(fn) and "and attention_mask is not None" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 VIDEO_DOCS = (1, 3)  # the documents a grid family's video is added to (documents())
@@ -281,13 +293,14 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
     token = itoken if video_is_image_token(inner, itoken, vtoken) else vtoken
     rope = getattr(inner, "get_rope_index", None)
     per_frame = callable(rope) and "repeat_interleave(video_grid_thw" in inspect.getsource(rope)
-    seconds = "second_per_grid_ts" in _params(rope)
+    seconds = next((k for k in ("second_per_grid_ts", "video_second_per_grid") if k in _params(type(model).forward)),
+                   None)  # a video's seconds per temporal patch, where the forward takes them
 
     def video(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], list]:
         image = make(thw, g, dtype)
         keys = {"pixel_values_videos": image["pixel_values"], "video_grid_thw": image["image_grid_thw"]}
         if seconds:
-            keys["second_per_grid_ts"] = torch.tensor([1.0])
+            keys[seconds] = torch.tensor([1.0])
         with torch.no_grad():
             out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype),
                                            video_grid_thw=keys["video_grid_thw"], return_dict=True)
