@@ -108,7 +108,8 @@ class VisionSpec:
         return self.item_tokens is not None and name in self.layout.counted
 
 
-PIXEL_KEYS = ("pixel_values", "pixel_values_videos")  # the batch keys of pixels any modality can carry
+# the batch keys of pixels (and audio features) any modality can carry
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos", "input_features")
 
 
 def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:

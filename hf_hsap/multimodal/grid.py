@@ -14,7 +14,9 @@ from the model, not from a list of family names:
 - videos whose placeholders are the image token (GLM-4V: the model's own ``get_placeholder_mask`` marks the image
   token for both): such a model cannot tell an image's placeholders from a video frame's in one forward, so
   :func:`frames_as_images` gives it each video frame as an image of grid ``[1, h, w]`` (its ``get_video_features``
-  encodes a video as exactly those frames, and its rope index places a frame as it places such an image).
+  encodes a video as exactly those frames, and its rope index places a frame as it places such an image);
+- audios (the omni thinkers): :mod:`.audio`, their placeholders counted by the audio tower, each audio's real frames
+  handed to the rope index (``audio_seqlens``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
+from .audio import audio_counter, audio_modality
 
 __all__ = ["frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index", "video_is_image_token"]
 
@@ -81,6 +84,8 @@ def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
                 doc[seconds] = doc.pop(key)
         if "attention_mask" in params and doc.get("attention_mask") is None:  # the omni thinkers index by it
             doc["attention_mask"] = torch.ones_like(doc["input_ids"])
+        if "audio_seqlens" in params and doc.get("feature_attention_mask") is not None:  # each audio's real frames
+            doc["audio_seqlens"] = torch.as_tensor(doc.pop("feature_attention_mask")).sum(-1)
         return fn(**{k: v for k, v in doc.items() if k in params})[0]  # [3, 1, n]
 
     return index
@@ -155,7 +160,8 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
             type; image, video: the placeholder tokens (``video``: ``None`` without).
 
     Returns:
-        Its spec: images, videos (as a modality, or as frames of images), merge factor, rope index, token types.
+        Its spec: images, videos (as a modality, or as frames of images), audios, merge factor, rope index, token
+        types.
     """
     merge = grid_merge(model.config)
     rope = rope_index(inner)
@@ -169,6 +175,10 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
         forward = _params(type(model).forward)
         extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
         mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
+    audio = audio_modality(model, inner)
+    if audio is not None:
+        mods.append(audio)
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
-    return VisionSpec(VisionLayout(family, tuple(mods), merge=merge), rope_index=rope,
-                      token_type_key="mm_token_type_ids" if takes_types else None, document=document)
+    layout = VisionLayout(family, tuple(mods), merge=merge, counted=("audio",) if audio is not None else ())
+    return VisionSpec(layout, rope_index=rope, token_type_key="mm_token_type_ids" if takes_types else None,
+                      item_tokens=audio_counter(inner) if audio is not None else None, document=document)

@@ -216,6 +216,7 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     end = _marker(fields, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
     kind, make = image_maker(config, model)
     video = grid_video(config, model, kind, make)
+    audio = audio_maker(config, model)
     g = torch.Generator().manual_seed(seed)
     docs = []
     for k, (before, grid, after) in enumerate(shapes):
@@ -249,6 +250,19 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 doc[key] = (ids == token).to(torch.int64)
                 for where in video_at:
                     doc[key][where] = 2
+        if audio is not None and k in AUDIO_DOCS:  # an audio after the text: 24 real frames, then 20 of 32
+            keys, n_audio = audio(24 if k == AUDIO_DOCS[0] else 32, 24 if k == AUDIO_DOCS[0] else 20, g, dtype)
+            doc.update(keys)
+            a_start = _marker(fields, ("audio_start_token_id",))
+            a_end = _marker(fields, ("audio_end_token_id",))
+            a_token = _marker(fields, ("audio_token_id", "audio_token_index"))
+            ids = torch.cat([ids] + ([torch.tensor([a_start])] if a_start is not None else []) +
+                            [torch.full((n_audio,), a_token)] + ([torch.tensor([a_end])] if a_end is not None else []) +
+                            [torch.randint(3, low, (2,), generator=g)])
+            doc["input_ids"] = ids
+            for key in ("token_type_ids", "mm_token_type_ids"):
+                if key in doc:
+                    doc[key] = torch.cat([doc[key], torch.zeros(ids.numel() - doc[key].numel(), dtype=torch.int64)])
         if _positions_need_mask(model):  # as the processor gives it: all ones
             doc["attention_mask"] = torch.ones_like(ids)
         labels = ids.clone()
@@ -266,6 +280,36 @@ def _positions_need_mask(model: torch.nn.Module) -> bool:
         return callable(fn) and "and attention_mask is not None" in inspect.getsource(fn)
     except (OSError, TypeError):
         return False
+
+
+AUDIO_DOCS = (2, 4)  # the documents an omni model's audio is added to (documents())
+
+
+def audio_maker(config: Any, model: torch.nn.Module) -> Callable[..., Any] | None:
+    """An audio maker for a model with an audio modality (:func:`hf_hsap.multimodal.audio.audio_modality`), else
+    ``None``.
+
+    Returns:
+        ``audio(frames, real, generator, dtype) -> (keys, placeholders)``: ``input_features [1, mel, frames]`` (zero
+        past the ``real`` frames) with its ``feature_attention_mask [1, frames]``, and as many placeholders as the
+        model's ``get_audio_features`` returns rows.
+    """
+    from hf_hsap.multimodal.audio import audio_modality
+
+    inner = feature_module(model)
+    if audio_modality(model, inner) is None:
+        return None
+    mel = int(config.audio_config.num_mel_bins)
+
+    def audio(frames: int, real: int, g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
+        mask = torch.zeros(1, frames, dtype=torch.int64)
+        mask[:, :real] = 1
+        feats = torch.randn(1, mel, frames, generator=g, dtype=dtype) * mask[:, None]
+        with torch.no_grad():
+            out = inner.get_audio_features(feats.to(model.dtype), feature_attention_mask=mask, return_dict=True)
+        return {"input_features": feats, "feature_attention_mask": mask}, int(out.last_hidden_state.shape[0])
+
+    return audio
 
 
 VIDEO_DOCS = (1, 3)  # the documents a grid family's video is added to (documents())
