@@ -146,10 +146,15 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     """
     pixels = batch[modality.pixel_key]
     counted = (batch.get(TOKENS_KEY) or {}).get(modality.name)
-    if modality.grid_key is not None:
+    if modality.grid_key is not None:  # its pixel rows; its placeholders: merged rows, or the model's count
         grid = torch.as_tensor(batch[modality.grid_key]).reshape(-1, 3).to(torch.int64).numpy()
         rows = grid.prod(axis=1)
-        tokens = rows // layout.merge
+        tokens = rows // layout.merge if counted is None else \
+            torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
+        if tokens.size != rows.size:
+            raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
+                             f"{modality.grid_key} holds {rows.size}; pack the documents with "
+                             "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
         if tokens.size != int(pixels.shape[modality.item_axis]):
