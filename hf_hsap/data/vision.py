@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "item_sizes",
-           "pack_vision", "vision_batch"]
+__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_uncarried",
+           "item_sizes", "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
 TOKENS_KEY = "hsap_vision_tokens"  # batch key: {modality name: [n_items] placeholders of each item} (counted items)
@@ -95,6 +95,8 @@ class VisionSpec:
         document: ``(example, n) -> example``: how the collator first rewrites each processor output into the
             layout's modalities (GLM-4V's video frames as images: :func:`hf_hsap.multimodal.grid.frames_as_images`),
             or ``None``.
+        uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
+            refused by the collator, never packed without it.
     """
 
     layout: VisionLayout
@@ -102,14 +104,14 @@ class VisionSpec:
     token_type_key: str | None = None
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
     document: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = field(default=None, compare=False)
+    uncarried: tuple[str, ...] = ()
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
         return self.item_tokens is not None and name in self.layout.counted
 
 
-# the batch keys of pixels (and audio features) any modality can carry
-PIXEL_KEYS = ("pixel_values", "pixel_values_videos", "input_features")
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")  # the batch keys of pixels any modality can carry
 
 
 def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
@@ -126,6 +128,21 @@ def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
     if other:
         raise ValueError(f"{layout.family}: {other} on packed rows are not made exact yet (only "
                          f"{sorted(known)}); train these documents with one document per row (no packing)")
+
+
+def check_uncarried(spec: VisionSpec, examples: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a document holding a key the model's forward takes but packed rows do not carry (``spec.uncarried``):
+    packing it without that key would train on other inputs than the document's.
+
+    Raises:
+        ValueError: naming the document, the keys and the fix.
+    """
+    for i, ex in enumerate(examples):
+        held = [k for k in spec.uncarried if ex.get(k) is not None]
+        if held:
+            raise ValueError(f"example {i}: {spec.layout.family}'s {held} are not carried on packed rows yet (only "
+                             "input_ids, labels, the pixels and their per-item keys); train such documents with one "
+                             "document per row (no packing)")
 
 
 def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any], n_tokens: int
@@ -146,15 +163,10 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     """
     pixels = batch[modality.pixel_key]
     counted = (batch.get(TOKENS_KEY) or {}).get(modality.name)
-    if modality.grid_key is not None:  # its pixel rows; its placeholders: merged rows, or the model's count
+    if modality.grid_key is not None:
         grid = torch.as_tensor(batch[modality.grid_key]).reshape(-1, 3).to(torch.int64).numpy()
         rows = grid.prod(axis=1)
-        tokens = rows // layout.merge if counted is None else \
-            torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
-        if tokens.size != rows.size:
-            raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
-                             f"{modality.grid_key} holds {rows.size}; pack the documents with "
-                             "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
+        tokens = rows // layout.merge
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
         if tokens.size != int(pixels.shape[modality.item_axis]):
@@ -225,6 +237,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     """
     order = [i for row in rows for i in row]
     check_pixel_keys(spec.layout, [key for ex in examples for key in ex if ex.get(key) is not None])
+    check_uncarried(spec, examples)
     out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
     counted: dict[str, torch.Tensor] = {}
     for m in spec.layout.modalities:

@@ -47,8 +47,7 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
     for m in spec.layout.modalities:
         placeholders = int((ids == m.token_id).sum())
         if m.grid_key is not None:
-            counted = spec.item_tokens(m.name, ex) if spec.counts(m.name) and ex.get(m.grid_key) is not None else None
-            items = _grid_items(m, spec.layout, ex, n, placeholders, counted)
+            items = _grid_items(m, spec.layout, ex, n, placeholders)
         elif spec.counts(m.name):
             items = _counted_items(m, spec, ex, n, placeholders)
         else:
@@ -97,10 +96,8 @@ def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: A
         raise ValueError(message(first, k))
 
 
-def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int,
-                counted: list[int] | None = None) -> int:
-    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders
-    (``counted``: the model's placeholders of each item, where they are not the merged patches)."""
+def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
+    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders."""
     pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
     if pixels is None and grid is None:
         if placeholders:
@@ -122,11 +119,7 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
     if n_rows != int(rows.sum()):
         raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} rows but its {m.name} grids ask for "
                          f"{int(rows.sum())} (t*h*w of {_grids(grid)}); keep each document's pixels with its own grid")
-    tokens = int(rows.sum()) // layout.merge if counted is None else int(sum(counted))
-    if placeholders != tokens and counted is not None:
-        raise ValueError(f"example {n}: the model counts {tokens} {m.name} placeholders for its {_grids(grid)} "
-                         f"grid(s) ({counted} per item) but the document holds {placeholders} (id {m.token_id}); "
-                         "tokenize each document with the model's processor and keep its pixels with it")
+    tokens = int(rows.sum()) // layout.merge
     if placeholders != tokens:
         side = int(round(layout.merge ** 0.5))
         its = f"its {m.name} has a {_grids(grid)} grid" if len(rows) == 1 else \

@@ -15,8 +15,6 @@ from the model, not from a list of family names:
   token for both): such a model cannot tell an image's placeholders from a video frame's in one forward, so
   :func:`frames_as_images` gives it each video frame as an image of grid ``[1, h, w]`` (its ``get_video_features``
   encodes a video as exactly those frames, and its rope index places a frame as it places such an image);
-- placeholders per image that are not the merged patches (HunYuan-VL's row separators and boundaries):
-  :func:`grid_counter` asks the encoder on small zero images;
 - audios (the omni thinkers): :mod:`.audio`, their placeholders counted by the audio tower, each audio's real frames
   handed to the rope index (``audio_seqlens``).
 """
@@ -31,9 +29,13 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from .audio import audio_counter, audio_modality
 
-__all__ = ["frames_as_images", "grid_counter", "grid_merge", "grid_spec", "is_grid_model", "rope_index",
+__all__ = ["ROPE_INPUTS", "frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index",
            "video_is_image_token"]
 
+# the rope index's inputs rope_index() gives it from one document (besides the forward's per-item keys)
+ROPE_INPUTS = frozenset({"self", "kwargs", "input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw",
+                         "video_grid_thw", "second_per_grid_ts", "second_per_grids", "audio_seqlens",
+                         "use_audio_in_video"})
 # a video's seconds per temporal patch, by its names: the forward's (Qwen2.5-VL, the omni thinkers) and the rope index's
 _SECONDS_KEYS = ("second_per_grid_ts", "video_second_per_grid", "second_per_grids")
 
@@ -154,77 +156,6 @@ def frames_as_images(image: int, *, types_key: str = "mm_token_type_ids", video_
     return document
 
 
-def _encoder_rows(inner: torch.nn.Module, h: int, w: int) -> int | None:
-    """Feature rows the model's ``get_image_features`` makes of one zero image of grid ``[1, h, w]`` (flattened
-    patches ``[h * w, C * t * p * p]``, or ``[h * w, C, p, p]`` for a tower that takes them so), or ``None``."""
-    vision = inner.config.vision_config
-    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3)
-    patch = int(getattr(vision, "patch_size", 1) or 1)
-    temporal = int(getattr(vision, "temporal_patch_size", 1) or 1)
-    dtype = next(inner.parameters()).dtype
-    grid = torch.tensor([[1, h, w]])
-    for shape in ((h * w, channels * temporal * patch * patch), (h * w, channels, patch, patch)):
-        try:
-            with torch.no_grad():
-                out = inner.get_image_features(pixel_values=torch.zeros(*shape, dtype=dtype), image_grid_thw=grid,
-                                               return_dict=True).pooler_output
-        except Exception:  # noqa: BLE001 - the other pixel layout, else no answer
-            continue
-        return int(out.numel() // out.shape[-1]) if torch.is_tensor(out) else \
-            int(sum(o.numel() // o.shape[-1] for o in out))
-    return None
-
-
-def grid_counter(inner: torch.nn.Module, merge: int) -> Callable[[Mapping[str, Any]], list[int]] | None:
-    """The model's placeholders per image where they are not its merged patches (HunYuan-VL: a separator after each
-    merged row and two boundary rows), asked from its encoder: ``a*H*W + b*H + c*W + d`` (``H``, ``W``: merged rows
-    and columns) fitted on four small zero images and checked on a fifth. Every forward checks the count again
-    (:func:`hf_hsap.multimodal.select.select_rows`).
-
-    Returns:
-        ``count(document) -> [placeholders of each image]``, or ``None`` where the merged patches are the count (or
-        the encoder gives no answer on the probes).
-    """
-    side = int(round(merge ** 0.5))
-    probes = [(2, 2), (2, 3), (3, 2), (3, 3), (4, 2)]
-    got = []
-    for h, w in probes:
-        rows = _encoder_rows(inner, h * side, w * side)
-        if rows is None:
-            return None
-        got.append(rows)
-    if all(r == h * w for r, (h, w) in zip(got, probes)):
-        return None
-    basis = torch.tensor([[h * w, h, w, 1] for h, w in probes], dtype=torch.float64)
-    coef = torch.linalg.solve(basis[:4], torch.tensor(got[:4], dtype=torch.float64)).round().to(torch.int64)
-    if int(basis[4].to(torch.int64) @ coef) != got[4]:
-        return None  # not of that form: the merged patches stay the rule, and the forward's check refuses
-
-    def count(ex: Mapping[str, Any]) -> list[int]:
-        grid = torch.as_tensor(ex["image_grid_thw"]).reshape(-1, 3).to(torch.int64)
-        h, w = grid[:, 1] // side, grid[:, 2] // side
-        return (grid[:, 0] * (coef[0] * h * w + coef[1] * h + coef[2] * w + coef[3])).tolist()
-
-    return count
-
-
-def _item_counter(image: Callable[[Mapping[str, Any]], list[int]] | None,
-                  audio: Callable[[str, Mapping[str, Any]], list[int]] | None
-                  ) -> Callable[[str, Mapping[str, Any]], list[int]] | None:
-    """One ``item_tokens`` of the counted modalities (images by :func:`grid_counter`, audios by the audio tower)."""
-    if image is None and audio is None:
-        return None
-
-    def count(name: str, ex: Mapping[str, Any]) -> list[int]:
-        if name == "image" and image is not None:
-            return image(ex)
-        if audio is not None:
-            return audio(name, ex)
-        raise KeyError(name)
-
-    return count
-
-
 def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image: int, video: int | None
               ) -> VisionSpec:
     """The :class:`VisionSpec` of a grid family (see the module docstring).
@@ -252,10 +183,7 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     audio = audio_modality(model, inner)
     if audio is not None:
         mods.append(audio)
-    images = grid_counter(inner, merge)
-    counted = ("image",) * (images is not None) + ("audio",) * (audio is not None)
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
-    layout = VisionLayout(family, tuple(mods), merge=merge, counted=counted)
+    layout = VisionLayout(family, tuple(mods), merge=merge, counted=("audio",) if audio is not None else ())
     return VisionSpec(layout, rope_index=rope, token_type_key="mm_token_type_ids" if takes_types else None,
-                      item_tokens=_item_counter(images, audio_counter(inner) if audio is not None else None),
-                      document=document)
+                      item_tokens=audio_counter(inner) if audio is not None else None, document=document)

@@ -80,28 +80,3 @@ def test_attention_layout_reads_multimodal_positions() -> None:
     four = torch.cat([text[None], mrope])
     assert layout_same_length(1, 6, four, None, torch.device("cpu")).cu_q == (0, 3, 6)
 
-
-def test_grid_counter_fits_the_encoder_s_rows() -> None:
-    """An encoder that adds a separator after each merged row and two boundary rows (HunYuan-VL's layout) is counted
-    per image from its answers on small zero images; one that returns the merged patches needs no count."""
-    from types import SimpleNamespace
-
-    from hf_hsap.multimodal.grid import grid_counter
-
-    class Inner(torch.nn.Module):
-        def __init__(self, extra: bool) -> None:
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
-            self.extra = extra
-            self.config = SimpleNamespace(vision_config=SimpleNamespace(in_channels=3, patch_size=2,
-                                                                        temporal_patch_size=1))
-
-        def get_image_features(self, pixel_values, image_grid_thw, return_dict=True):
-            assert pixel_values.shape[1] == 12  # flattened C * p * p patches
-            h, w = (int(v) // 2 for v in image_grid_thw[0, 1:])
-            rows = h * (w + 1) + 2 if self.extra else h * w
-            return SimpleNamespace(pooler_output=torch.zeros(rows, 4))
-
-    assert grid_counter(Inner(False), 4) is None
-    count = grid_counter(Inner(True), 4)
-    assert count({"image_grid_thw": torch.tensor([[1, 8, 8], [1, 4, 6]])}) == [4 * 5 + 2, 2 * 4 + 2]
