@@ -48,9 +48,13 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # PaddleOCR-VL's vision tower casts q, k to float32 for its rotary embedding as Qwen-VL's does, LFM3-VL's does that and
 # normalizes in float32 (Lfm3VlRMSNorm): exact at sp1 and SP 2 (no image split there), off by ~5e-8 at SP 4 in the
 # tower's gradients; with those casts kept in float64 every mode of both is exact to 2e-15.
+# The omni thinkers' vision towers are Qwen2.5-VL's (float32 rotary: q, k cast and cos / sin from float32 freqs): the
+# Qwen2.5-Omni thinker is off by 1.8e-7 at SP 4 / Ulysses 2 (an image split over 4 ranks), by 4e-9 with the q, k casts
+# kept in float64 (the rest: the float32 frequencies), and exact to 1e-15 at sp1.
 ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
               "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
-              "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7}
+              "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7,
+              "qwen2_5_omni_thinker": 1e-6, "qwen3_omni_moe_thinker": 1e-6}
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
 SP_TIMEOUT_S = 15.0  # hf_hsap's communication timeout in the worker ranks (tiny models: a stalled peer raises)
