@@ -79,6 +79,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "janus": {"vq_config": {"base_channels": 32}},
     "muse_glimmer": {"out_hidden_size": 128},  # the merged 2x2 patches of the 32-wide tower
     "step3p7": {"text_config": {"sliding_window": 8}},
+    # ERNIE-4.5-VL's rotary sections are (h, w, t), h == w (it interleaves them): 3 + 3 + 2 = half of the tiny head
+    "ernie4_5_vl_moe": {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                            "mrope_section": [3, 3, 2]}}},
     # the omni thinkers' rope index finds each image after its vision start token, which their checkpoints' configs
     # name (vision_start_token_id) and the config class's defaults leave out
     "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},

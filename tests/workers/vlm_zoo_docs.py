@@ -330,9 +330,11 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
     inner = feature_module(model)
     vtoken = next((getattr(config, n) for n in ("video_token_id", "video_token_index")
                    if isinstance(getattr(config, n, None), int)), None)
-    if not kind.startswith("grid") or vtoken is None or \
-            "video_grid_thw" not in _params(getattr(inner, "get_video_features", None)):
-        return None
+    encode = _params(getattr(inner, "get_video_features", None))
+    needs = {n for n, p in encode.items() if p.default is inspect.Parameter.empty and
+             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw"}
+    if not kind.startswith("grid") or vtoken is None or "video_grid_thw" not in encode or needs:
+        return None  # no grid video, or one that needs inputs not made here (VideoLLaMA3's video_merge_sizes)
     itoken = image_token_id(config)
     token = itoken if video_is_image_token(inner, itoken, vtoken) else vtoken
     rope = getattr(inner, "get_rope_index", None)
