@@ -12,7 +12,7 @@ from the model, not from a list of family names:
 - the rope index: ``get_rope_index`` called with the keywords its signature takes (the omni thinkers take no
   ``mm_token_type_ids``, name the seconds per grid ``second_per_grids`` and index by an ``attention_mask``);
 - videos whose placeholders are the image token (GLM-4V: the model's own ``get_placeholder_mask`` marks the image
-  token for both): such a model cannot tell an image's placeholders from a video frame's in one forward, so
+  token for both, :func:`video_placeholder`): such a model cannot tell an image's placeholders from a video frame's in one forward, so
   :func:`frames_as_images` gives it each video frame as an image of grid ``[1, h, w]`` (its ``get_video_features``
   encodes a video as exactly those frames, and its rope index places a frame as it places such an image);
 - audios (the omni thinkers): :mod:`.audio`, their placeholders counted by the audio tower, each audio's real frames
@@ -30,7 +30,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from .audio import audio_counter, audio_modality
 
 __all__ = ["ROPE_INPUTS", "frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index",
-           "video_is_image_token"]
+           "video_placeholder"]
 
 # the rope index's inputs rope_index() gives it from one document (besides the forward's per-item keys)
 ROPE_INPUTS = frozenset({"self", "kwargs", "input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw",
@@ -58,20 +58,20 @@ def grid_merge(config: Any) -> int:
     return int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
 
 
-def video_is_image_token(inner: torch.nn.Module, image: int, video: int | None) -> bool:
-    """Whether the model's video placeholders are its image token (its ``get_placeholder_mask`` asked on two
-    tokens, the image's and the video's): then images and video frames share one token in a forward."""
+def video_placeholder(inner: torch.nn.Module, image: int, video: int | None) -> str | None:
+    """Which token the model's own ``get_placeholder_mask`` marks as a video's placeholder, asked on the two tokens
+    alone: ``"video"`` (its video token), ``"image"`` (the image token: GLM-4V), or ``None`` (neither, e.g. the image
+    token inside video start / end tokens, or a mask that needs more than the ids: the videos are not carried)."""
     mask_fn = getattr(inner, "get_placeholder_mask", None)
     if not callable(mask_fn) or video is None:
-        return False
-    ids = torch.tensor([[image, video]])
-    embeds = torch.zeros(1, 2, 1)
+        return None
     try:
         with torch.no_grad():
-            _, video_mask = mask_fn(ids, inputs_embeds=embeds)
-    except Exception:  # noqa: BLE001 - a mask that needs more than ids: it finds the video token by itself
-        return False
-    return bool(video_mask.reshape(2)[0]) and not bool(video_mask.reshape(2)[1])
+            masks = mask_fn(torch.tensor([[image, video]]), inputs_embeds=torch.zeros(1, 2, 1))
+        marked = masks[1].reshape(2).tolist()
+    except Exception:  # noqa: BLE001 - a mask that needs more than the ids
+        return None
+    return {(False, True): "video", (True, False): "image"}.get((bool(marked[0]), bool(marked[1])))
 
 
 def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
@@ -98,7 +98,8 @@ def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
 
 def frames_as_images(image: int, *, types_key: str = "mm_token_type_ids", video_type: int = 2
                      ) -> Callable[[Mapping[str, Any], int], dict[str, Any]]:
-    """The document transform of a family whose video frames are image placeholders (:func:`video_is_image_token`).
+    """The document transform of a family whose video frames are image placeholders (:func:`video_placeholder`:
+    ``"image"``).
 
     Args:
         image: the image (and video frame) placeholder token; types_key: the per-token modality key the processor
@@ -174,9 +175,10 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
     takes_video = "video_grid_thw" in _params(getattr(inner, "get_video_features", None))
     document = None
-    if takes_video and video is not None and video_is_image_token(inner, image, video):
+    marks = video_placeholder(inner, image, video) if takes_video else None
+    if marks == "image":
         document = frames_as_images(image)
-    elif takes_video and video is not None:
+    elif marks == "video":
         forward = _params(type(model).forward)
         extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
         mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
