@@ -281,6 +281,7 @@ class PackingCollator:
             )
         if len(examples) == 0:
             raise ValueError("PackingCollator got an empty batch; use a DataLoader batch_size >= 1")
+        examples = self._as_layout(examples)
         docs: list[tuple[np.ndarray, np.ndarray]] = []
         too_long = cut_tokens = unmasked = 0  # for the log: over-long documents, tokens truncated, no masks
         seen: dict[str, tuple[int, Any]] = {}  # what earlier vision examples fixed for the batch
@@ -346,6 +347,13 @@ class PackingCollator:
             self._log_documents(len(examples), too_long, cut_tokens, unmasked)
         return docs
 
+    def _as_layout(self, examples: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """The examples rewritten into the vision layout's items (``VisionSpec.document``, e.g. GLM-4V's video
+        frames as images); the examples themselves where the spec has no such rewrite."""
+        if self.vision is None or getattr(self.vision, "document", None) is None or isinstance(examples, Mapping):
+            return examples
+        return [self.vision.document(ex, n) if isinstance(ex, Mapping) else ex for n, ex in enumerate(examples)]
+
     def _log_documents(self, examples: int, too_long: int, cut_tokens: int, unmasked: int) -> None:
         """Say once per setting what :meth:`documents` cut (INFO) and which examples had no prompt mask (WARNING)."""
         if too_long:
@@ -363,6 +371,7 @@ class PackingCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Pack ``examples`` into a batch; see the class docstring for the returned fields and shapes."""
+        examples = self._as_layout(examples)  # idempotent: documents() applies it too
         docs = self.documents(examples)
         row_len = self.row_length
         rows = best_fit_decreasing([d[0].size for d in docs], row_len)

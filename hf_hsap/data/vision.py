@@ -130,6 +130,9 @@ class VisionSpec:
             family whose items of one modality take different numbers of placeholders (derived from the model,
             :mod:`hf_hsap.multimodal.items`), or ``None`` (grids, or the same number for every item). A
             modality it does not count raises ``KeyError``.
+        document: ``(example, n) -> example``: how the collator first rewrites each processor output into the
+            layout's modalities (GLM-4V's video frames as images: :func:`hf_hsap.multimodal.grid.frames_as_images`),
+            or ``None``.
         uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
             refused by the collator, never packed without it.
     """
@@ -138,6 +141,7 @@ class VisionSpec:
     rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
     token_type_key: str | None = None
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
+    document: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = field(default=None, compare=False)
     uncarried: tuple[str, ...] = ()
 
     def counts(self, name: str) -> bool:

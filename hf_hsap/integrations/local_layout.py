@@ -77,6 +77,13 @@ def _positions(position_ids: torch.Tensor | None, batch: int, length: int) -> to
     """``position_ids`` as ``[B, L]`` (expanding a shared ``[1, L]``), or ``None``."""
     if position_ids is None:
         return None
+    if position_ids.dim() == 3 and position_ids.shape[0] == 4:  # [text, t, h, w] rows: the text row
+        position_ids = position_ids[0]
+    elif position_ids.dim() == 3 and position_ids.shape[0] == 3:
+        # multimodal rotary rows [t, h, w] that a model hands its layers instead of the text positions (GLM-4.5V's
+        # MoE): their steps inside an image are not document starts; the documents come from the mask function,
+        # which Transformers builds from the text positions
+        return None
     if position_ids.dim() != 2 or position_ids.shape[-1] != length:
         raise ValueError(
             f"attn_implementation='hsap' expects position_ids of shape [batch, {length}], got "
@@ -94,7 +101,8 @@ def layout_same_length(
 
     Args:
         batch, length: ``B`` and ``L``.
-        position_ids: ``[B, L]`` (or ``[1, L]``) positions, or ``None``; used when ``mask`` is not the mask
+        position_ids: ``[B, L]`` (or ``[1, L]``) positions (multimodal rotary ``[4, B, L]``: the text row; ``[3, B,
+            L]``: not used), or ``None``; used when ``mask`` is not the mask
             function's document ids.
         mask: ``None``, a ``[B, L]`` bool padding mask, or the ``[B, L]`` integer document ids of
             :func:`document_ids` (``0`` = padding), which add their boundaries to those of ``position_ids``.

@@ -22,8 +22,9 @@ from .spec import inner_vlm, vision_spec
 __all__ = ["prepare_vision", "select_rows"]
 
 logger = get_logger(__name__)
-_FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features"}
+_FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features", "audio": "get_audio_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
+_AUDIO_FIELDS = ("last_hidden_state",)  # an audio encoder's rows (the omni thinkers merge its last_hidden_state)
 
 
 def _select(value: Any, rows: torch.Tensor) -> Any:
@@ -68,7 +69,8 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         output: what ``get_image_features(..., return_dict=True)`` returned.
         rows: ``[n_local]`` rows of the concatenated per-item features, in local token order.
         items: ``[n_items]`` placeholders of every local item (checked against the output), or ``None``.
-        name: the modality (for the message).
+        name: the modality (for the message; ``"audio"``: the ``last_hidden_state`` is cut, the rows an audio
+            encoder returns).
 
     Returns:
         ``output`` with those fields replaced (the same object).
@@ -76,15 +78,15 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     Raises:
         ValueError: the output's per-item counts differ from ``items``.
     """
-    fields = _SELECTED_FIELDS
-    if getattr(output, "pooler_output", None) is None and getattr(output, "last_hidden_state", None) is not None:
+    fields = _AUDIO_FIELDS if name == "audio" else _SELECTED_FIELDS
+    if getattr(output, fields[0], None) is None and getattr(output, "last_hidden_state", None) is not None:
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
-    if items is not None:
+    if items is not None and getattr(output, fields[0], None) is not None:
         _check_counts(getattr(output, fields[0]), items, name)
-    for name in fields:
-        value = getattr(output, name, None)
+    for field_name in fields:
+        value = getattr(output, field_name, None)
         if value is not None:
-            setattr(output, name, _select(value, rows))
+            setattr(output, field_name, _select(value, rows))
     return output
 
 

@@ -31,10 +31,11 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
-from .items import anyres_counter, sizes_counter
 from .derived import derived_spec
+from .grid import ROPE_INPUTS, grid_spec
+from .items import anyres_counter, sizes_counter
 from .prefix import is_prefix_lm, position_start
-from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
+from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
 
 __all__ = ["VisionRefusal", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
@@ -146,11 +147,6 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         spec = _grid_spec(model, inner, keys, image, video)
     else:
         spec = _item_spec(model, inner, keys, image, video)
-    recurrent = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_KINDS)
-    if recurrent and spec.rope_index is not None:
-        raise _refuse(model, "recurrent layers", (
-            f"its decoder has recurrent layers ({', '.join(recurrent)}) beside its own multimodal rope index, a pair "
-            "not made exact on packed rows yet"))
     _check_rows(model, inner, spec)
     return _with_uncarried(spec, keys)
 
@@ -160,7 +156,7 @@ def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
     carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
     uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
     return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
-                      item_tokens=spec.item_tokens, uncarried=uncarried)
+                      item_tokens=spec.item_tokens, document=spec.document, uncarried=uncarried)
 
 
 def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:
@@ -185,38 +181,17 @@ def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> 
 
 def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
                video: int | None) -> VisionSpec:
-    """Flattened patches with a ``[t, h, w]`` grid per item (Qwen-VL-like): merge ``spatial_merge_size ** 2``,
-    videos beside images where ``get_video_features`` takes the video and its grid only, the model's own rope
-    index per document."""
-    vision = model.config.vision_config
-    merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
-    kernel = getattr(vision, "merge_kernel_size", None)  # Kimi-K2.5: an h x w kernel (the temporal axis pooled)
-    if kernel:
-        merge = int(torch.tensor(list(kernel)).prod())
-    mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
-    if video is not None and "video_grid_thw" in keys and \
-            _video_takes_only(inner, {"pixel_values_videos", "video_grid_thw"}, video):
-        extra = tuple(k for k in ("second_per_grid_ts",) if k in keys)
-        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
+    """Flattened patches with a ``[t, h, w]`` grid per item (Qwen-VL-like), read from the model by
+    :func:`.grid.grid_spec` (videos, GLM-4V's frames as images, the omni thinkers' audios, the rope index called
+    by its signature); refused where the rope index takes inputs packed rows do not give it per document."""
     rope = getattr(inner, "get_rope_index", None)
-    rope_index = None
     if callable(rope):
-        takes = set(param_names(rope))
-        given = {"input_ids", "mm_token_type_ids", "attention_mask"} | {k for m in mods for k in m.item_keys} | \
-            {"image_grid_thw", "video_grid_thw"}
-        other = sorted(takes - given)
-        if "mm_token_type_ids" not in takes or other:
+        other = sorted(set(param_names(rope)) - ROPE_INPUTS - keys)
+        if other:
             raise _refuse(model, "input not carried", (
-                f"its rope index (get_rope_index) takes {', '.join(other) or 'no mm_token_type_ids'}"
-                f"{' and no mm_token_type_ids' if other and 'mm_token_type_ids' not in takes else ''}, "
-                "which packed rows do not give it per document yet"))
-
-        def rope_index(**doc: Any) -> torch.Tensor:
-            return rope(**doc)[0]  # [3, 1, n]
-
-    layout = VisionLayout(model.config.model_type, tuple(mods), merge=merge)
-    return VisionSpec(layout, rope_index=rope_index,
-                      token_type_key="mm_token_type_ids" if "mm_token_type_ids" in keys else None)
+                f"its rope index (get_rope_index) takes {', '.join(other)}, which packed rows do not give it per "
+                "document yet"))
+    return grid_spec(model, inner, model.config.model_type, image, video)
 
 
 def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,

@@ -87,11 +87,9 @@ STRUCTURAL = [
     (lambda: model_of("kosmos-2", meta=True), "no placeholder", "no image_token_id"),
     (lambda: without_qformer(model_of("blip-2", meta=True)), "image required", "requires pixel_values"),
     (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
-    (lambda: model_of("qwen2_5_omni_thinker", meta=True), "input not carried", "get_rope_index) takes audio_seqlens"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
-    (lambda: model_of("qwen3_5", meta=True), "recurrent layers", "recurrent layers (linear_attention)"),
     (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
 ]
 

@@ -173,11 +173,12 @@ def test_a_pad_token_that_is_a_placeholder_is_refused() -> None:
         hf_hsap.PackingCollator(64, pad_token_id=model.config.image_token_id, vision=hf_hsap.vision_spec(model))
 
 
-def test_videos_of_an_image_only_family_are_refused() -> None:
-    """A family made exact on images only (GLM-4V, ...) refuses packed videos instead of encoding them on every rank."""
+def test_videos_of_a_layout_without_videos_are_refused() -> None:
+    """A layout that carries no videos (a family whose videos are not carried) refuses packed videos instead of
+    dropping them."""
     from hf_hsap.data.vision import Modality, VisionLayout, check_pixel_keys
 
-    layout = VisionLayout("glm4v", (Modality("image", 5, "pixel_values", "image_grid_thw", ("image_grid_thw",)),))
+    layout = VisionLayout("some_vlm", (Modality("image", 5, "pixel_values", "image_grid_thw", ("image_grid_thw",)),))
     check_pixel_keys(layout, ["input_ids", "pixel_values"])
     with pytest.raises(ValueError, match="one document per row"):
         check_pixel_keys(layout, ["input_ids", "pixel_values", "pixel_values_videos"])

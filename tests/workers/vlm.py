@@ -62,7 +62,8 @@ def documents_alone(family: str, video: bool = False) -> dict[str, Any]:
             "grads": {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}}
 
 
-PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids")  # the document keys with one entry per token
+# the document keys with one entry per token (attention_mask: where the forward's multimodal positions need it)
+PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids", "attention_mask")
 
 
 def alone_backward(model: torch.nn.Module, docs: list[dict[str, Any]]) -> tuple[torch.Tensor, float, int]:

@@ -12,6 +12,7 @@ rope index): what lifting the refusal would give where the rest of the path alre
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
 from hf_hsap.multimodal import structure as mm_structure
+from hf_hsap.multimodal.grid import grid_spec
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
 from hf_hsap.multimodal.cross import CROSS_KEY
 from hf_hsap.multimodal.prefix import is_prefix_lm
@@ -51,9 +53,13 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # PaddleOCR-VL's vision tower casts q, k to float32 for its rotary embedding as Qwen-VL's does, LFM3-VL's does that and
 # normalizes in float32 (Lfm3VlRMSNorm): exact at sp1 and SP 2 (no image split there), off by ~5e-8 at SP 4 in the
 # tower's gradients; with those casts kept in float64 every mode of both is exact to 2e-15.
+# The omni thinkers' vision towers are Qwen2.5-VL's (float32 rotary: q, k cast and cos / sin from float32 freqs): the
+# Qwen2.5-Omni thinker is off by 1.8e-7 at SP 4 / Ulysses 2 (an image split over 4 ranks), by 4e-9 with the q, k casts
+# kept in float64 (the rest: the float32 frequencies), and exact to 1e-15 at sp1.
 ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
               "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
-              "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7}
+              "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7,
+              "qwen2_5_omni_thinker": 1e-6, "qwen3_omni_moe_thinker": 1e-6}
 ISLAND_TOL["mllama"] = 1e-7
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
@@ -111,22 +117,13 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     token = mm_structure.token(model.config, "image_token_id", "image_token_index")
     if token is None:
         raise ValueError(f"{family}: no image_token_id / image_token_index in its config")
-    if how == "grid":
-        v = model.config.vision_config
-        merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 1) ** 2
-        if getattr(v, "merge_kernel_size", None):  # Kimi-K2.5: an h x w kernel, the temporal axis pooled
-            merge = int(torch.tensor(list(v.merge_kernel_size)).prod())
+    if how == "grid":  # what vision_spec gives a grid family (hf_hsap.multimodal.grid), the image's extra keys too
         inner = mm_structure.inner_vlm(model) or VD.feature_module(model)
-        keys = ("image_grid_thw", *item_keys)
-        layout = VisionLayout(family, (Modality("image", token, "pixel_values", "image_grid_thw", keys, 1),),
-                              merge=merge)
-        rope = None
-        if callable(getattr(inner, "get_rope_index", None)):
-            def rope(**doc: Any) -> torch.Tensor:
-                return inner.get_rope_index(**doc)[0]  # [3, 1, n]
-        forward = inspect.signature(type(model).forward).parameters
-        return VisionSpec(layout, rope_index=rope,
-                          token_type_key="mm_token_type_ids" if "mm_token_type_ids" in forward else None)
+        video = mm_structure.token(model.config, "video_token_id", "video_token_index")
+        spec = grid_spec(model, inner, family, token, video)
+        image = dataclasses.replace(spec.layout.modalities[0], item_keys=("image_grid_thw", *item_keys))
+        layout = dataclasses.replace(spec.layout, modalities=(image, *spec.layout.modalities[1:]))
+        return dataclasses.replace(spec, layout=layout)
     blocks = how == "uniform+blocks"
     keys = item_keys if how == "uniform+keys" else ()
     prefix = blocks and is_prefix_lm(model)  # PaliGemma: each document's prefix is the block, not its image
@@ -137,7 +134,8 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
 
 def item_keys(docs: list[dict[str, Any]]) -> tuple[str, ...]:
     """The per-image keys of the documents besides the pixels, the grid and the per-token keys."""
-    skip = {"pixel_values", "image_grid_thw", "labels", *_PER_TOKEN}
+    skip = {"pixel_values", "image_grid_thw", "labels", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
+            "video_second_per_grid", "input_features", "feature_attention_mask", *_PER_TOKEN}
     return tuple(sorted({k for d in docs for k in d if k not in skip}))
 
 

@@ -88,6 +88,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                     "image_start_id": 90, "image_end_id": 89, "slice_start_id": 88, "slice_end_id": 87,
                     "newline_id": 86},
     "step3p7": {"text_config": {"sliding_window": 8}},
+    # ERNIE-4.5-VL's rotary sections are (h, w, t), h == w (it interleaves them): 3 + 3 + 2 = half of the tiny head
+    "ernie4_5_vl_moe": {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                            "mrope_section": [3, 3, 2]}}},
+    # the omni thinkers' rope index finds each image after its vision start token, which their checkpoints' configs
+    # name (vision_start_token_id) and the config class's defaults leave out
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89},
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "

@@ -271,16 +271,19 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     specials += [v for n, v in fields.items() if n in _CANVAS_MARKERS and isinstance(v, int)]
     low = min([vocab, *specials, *(m for m in (start, end) if m is not None)])  # text stays below every special id
     kind, make = image_maker(config, model)
+    video = grid_video(config, model, kind, make)
+    audio = audio_maker(config, model)
     g = torch.Generator().manual_seed(seed)
     pixels = _params(type(model).forward).get("pixel_values")
     every = pixels is not None and pixels.default is inspect.Parameter.empty  # BLIP-2: no text-only forward
     docs = []
-    for before, grid, after in shapes:
+    for k, (before, grid, after) in enumerate(shapes):
         doc: dict[str, Any] = {}
         if grid is None and every:
             grid = (1, 2, 2)  # the smallest image (fixed-size families ignore the grid)
         body = [torch.randint(3, low, (before,), generator=g)]
-        if grid is not None:
+        video_at: list[torch.Tensor] = []  # the video's placeholder runs (type 2)
+        if grid is not None and not (video is not None and video.shared and k in VIDEO_DOCS):
             image = make(grid, g, dtype)
             try:
                 n_tok = _feature_rows(model, image)
@@ -291,11 +294,38 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 ([torch.tensor([end])] if end is not None else [])
         n_prefix = sum(int(b.numel()) for b in body)  # text before and the image: a prefix-LM's prefix
         body.append(torch.randint(3, low, (after,), generator=g))
+        if video is not None and k in VIDEO_DOCS:  # a video after the text: (t, h, w) = (2, 4, 4), then (2, 2, 4)
+            keys, runs = video((2, 4, 4) if k == VIDEO_DOCS[0] else (2, 2, 4), g, dtype)
+            doc.update(keys)
+            for run in runs:
+                body += [torch.randint(3, low, (1,), generator=g)]  # a timestamp's text before each frame
+                n_body = sum(int(b.numel()) for b in body)
+                body += ([torch.tensor([start])] if start is not None else []) + [run] + \
+                    ([torch.tensor([end])] if end is not None else [])
+                video_at.append(torch.arange(run.numel()) + n_body + (start is not None))
+            body.append(torch.randint(3, low, (2,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
         for key in ("token_type_ids", "mm_token_type_ids"):
             if key in _params(type(model).forward):
                 doc[key] = (ids == token).to(torch.int64)
+                for where in video_at:
+                    doc[key][where] = 2
+        if audio is not None and k in AUDIO_DOCS:  # an audio after the text: 24 real frames, then 20 of 32
+            keys, n_audio = audio(24 if k == AUDIO_DOCS[0] else 32, 24 if k == AUDIO_DOCS[0] else 20, g, dtype)
+            doc.update(keys)
+            a_start = _marker(fields, ("audio_start_token_id",))
+            a_end = _marker(fields, ("audio_end_token_id",))
+            a_token = _marker(fields, ("audio_token_id", "audio_token_index"))
+            ids = torch.cat([ids] + ([torch.tensor([a_start])] if a_start is not None else []) +
+                            [torch.full((n_audio,), a_token)] + ([torch.tensor([a_end])] if a_end is not None else []) +
+                            [torch.randint(3, low, (2,), generator=g)])
+            doc["input_ids"] = ids
+            for key in ("token_type_ids", "mm_token_type_ids"):
+                if key in doc:
+                    doc[key] = torch.cat([doc[key], torch.zeros(ids.numel() - doc[key].numel(), dtype=torch.int64)])
+        if _positions_need_mask(model):  # as the processor gives it: all ones
+            doc["attention_mask"] = torch.ones_like(ids)
         if is_prefix_lm(model):  # PaliGemma: 0 on the image and the prompt, 1 on the suffix
             doc["token_type_ids"] = prefix_token_types(ids.numel(), n_prefix)
         labels = ids.clone()
@@ -356,6 +386,96 @@ def cross_documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int,
                 doc.update(pixel_values=pixels[:, :, 0], image_attention_mask=mask[..., 0])
         docs.append(doc)
     return docs
+
+
+def _positions_need_mask(model: torch.nn.Module) -> bool:
+    """Whether the forward computes its multimodal rotary positions only when given an ``attention_mask`` (the omni
+    thinkers' ``compute_3d_position_ids``; without one a document alone would run on 1-D positions)."""
+    fn = getattr(feature_module(model), "compute_3d_position_ids", None)
+    try:
+        return callable(fn) and "and attention_mask is not None" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+AUDIO_DOCS = (2, 4)  # the documents an omni model's audio is added to (documents())
+
+
+def audio_maker(config: Any, model: torch.nn.Module) -> Callable[..., Any] | None:
+    """An audio maker for a model with an audio modality (:func:`hf_hsap.multimodal.audio.audio_modality`), else
+    ``None``.
+
+    Returns:
+        ``audio(frames, real, generator, dtype) -> (keys, placeholders)``: ``input_features [1, mel, frames]`` (zero
+        past the ``real`` frames) with its ``feature_attention_mask [1, frames]``, and as many placeholders as the
+        model's ``get_audio_features`` returns rows.
+    """
+    from hf_hsap.multimodal.audio import audio_modality
+
+    inner = feature_module(model)
+    if audio_modality(model, inner) is None:
+        return None
+    mel = int(config.audio_config.num_mel_bins)
+
+    def audio(frames: int, real: int, g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
+        mask = torch.zeros(1, frames, dtype=torch.int64)
+        mask[:, :real] = 1
+        feats = torch.randn(1, mel, frames, generator=g, dtype=dtype) * mask[:, None]
+        with torch.no_grad():
+            out = inner.get_audio_features(feats.to(model.dtype), feature_attention_mask=mask, return_dict=True)
+        return {"input_features": feats, "feature_attention_mask": mask}, int(out.last_hidden_state.shape[0])
+
+    return audio
+
+
+VIDEO_DOCS = (1, 3)  # the documents a grid family's video is added to (documents())
+
+
+def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> Callable[..., Any] | None:
+    """A grid family's video maker, where its ``get_video_features`` takes a ``video_grid_thw`` (else ``None``).
+
+    Returns:
+        ``video(thw, generator, dtype) -> (keys, runs)``: ``pixel_values_videos`` and ``video_grid_thw`` (and
+        ``second_per_grid_ts`` where the rope index reads it), and the placeholder runs: one per frame where the
+        model's rope index places each frame apart (Qwen3-VL, GLM-4V: a timestamp between frames), else one; the
+        video placeholder is the image token where the model's placeholder mask says so (GLM-4V: ``video.shared``;
+        such a model's own forward cannot take an image and a video together, so its video documents hold no image).
+    """
+    from hf_hsap.multimodal.grid import video_placeholder
+
+    inner = feature_module(model)
+    vtoken = next((getattr(config, n) for n in ("video_token_id", "video_token_index")
+                   if isinstance(getattr(config, n, None), int)), None)
+    encode = _params(getattr(inner, "get_video_features", None))
+    needs = {n for n, p in encode.items() if p.default is inspect.Parameter.empty and
+             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw"}
+    if not kind.startswith("grid") or vtoken is None or "video_grid_thw" not in encode or needs:
+        return None  # no grid video, or one that needs inputs not made here (VideoLLaMA3's video_merge_sizes)
+    itoken = image_token_id(config)
+    marks = video_placeholder(inner, itoken, vtoken)  # as grid_spec reads it: no video where it reads none
+    if marks is None:
+        return None
+    token = itoken if marks == "image" else vtoken
+    rope = getattr(inner, "get_rope_index", None)
+    per_frame = callable(rope) and "repeat_interleave(video_grid_thw" in inspect.getsource(rope)
+    seconds = next((k for k in ("second_per_grid_ts", "video_second_per_grid") if k in _params(type(model).forward)),
+                   None)  # a video's seconds per temporal patch, where the forward takes them
+
+    def video(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], list]:
+        image = make(thw, g, dtype)
+        keys = {"pixel_values_videos": image["pixel_values"], "video_grid_thw": image["image_grid_thw"]}
+        if seconds:
+            keys[seconds] = torch.tensor([1.0])
+        with torch.no_grad():
+            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype),
+                                           video_grid_thw=keys["video_grid_thw"], return_dict=True)
+        feats = out.pooler_output
+        n = feats.numel() // feats.shape[-1] if torch.is_tensor(feats) else sum(f.numel() // f.shape[-1] for f in feats)
+        frames = thw[0] if per_frame else 1
+        return keys, [torch.full((n // frames,), token) for _ in range(frames)]
+
+    video.shared = token == itoken  # type: ignore[attr-defined]  # a document holds a video or images, not both
+    return video
 
 
 def with_videos(config: Any, model: torch.nn.Module, docs: list[dict[str, Any]], *, frames: int = 2, every: int = 2,
