@@ -22,7 +22,7 @@ def vlm_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 
             ``HSAPSFTConfig`` fields.
 
     Returns:
-        ``losses`` (the logged ones), ``attn`` (decoder, vision tower), and for the first batch: ``images``,
+        ``losses`` and ``num_tokens`` (TRL's logged ones, per step), ``attn`` (decoder, vision tower), and for the first batch: ``images``,
         ``docs``, ``trained`` (tokens with a label) and ``tokens``.
     """
     from datasets import Dataset
@@ -44,7 +44,8 @@ def vlm_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 
     probe = trainer.data_collator(examples)
     trainer.train()
     text = model.config.get_text_config()._attn_implementation
-    return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    return {"losses": [h["loss"] for h in logged], "num_tokens": [h["num_tokens"] for h in logged],
             "attn": (text, model.config.vision_config._attn_implementation), "images": images,
             "docs": int(probe["cu_seq_lens_q"].numel() - 1), "trained": int((probe["labels"] != -100).sum()),
             "tokens": int(probe["input_ids"].numel())}
@@ -55,9 +56,9 @@ def family_losses(family: str, out_dir: str, steps: int = 2) -> dict[str, Any]:
     return vlm_sft_losses(1, out_dir, steps=steps, family=family)
 
 
-def sp_losses(family: str, out_dir: str, ulysses: str, steps: int = 2) -> list[float]:
-    """One family's logged losses at SP = the pool's world, Ulysses ``ulysses`` (a pool rank runs it)."""
+def sp_losses(family: str, out_dir: str, ulysses: str, steps: int = 2) -> dict[str, Any]:
+    """One family's :func:`vlm_sft_losses` at SP = the pool's world, Ulysses ``ulysses`` (a pool rank runs it)."""
     import torch.distributed as dist
 
-    return vlm_sft_losses(dist.get_world_size(), out_dir, ulysses=ulysses, steps=steps, family=family)["losses"]
+    return vlm_sft_losses(dist.get_world_size(), out_dir, ulysses=ulysses, steps=steps, family=family)
 
