@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ATTENTION_TILES", "MIXERS", "MIXERS_READY", "ModelChanges", "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS",
-           "state_of"]
+__all__ = ["ATTENTION_TILES", "MIXERS", "MIXERS_READY", "ModelChanges", "PREFIX_LM", "PREPARED", "PROBE_KEY", "RELAY",
+           "VISION_ROWS", "state_of"]
 
 # Attributes stored in a module's ``__dict__`` (never on its class).
 MIXERS = "_hsap_mixers"  # the model's MixerContext (hybrid models: the layout every recurrent layer reads)
@@ -21,6 +21,7 @@ MIXERS_READY = "_hsap_mixers_ready"  # on every module of a model whose recurren
 RELAY = "_hsap_relay"  # the PlanRelay of a model and of the attention layers its kwargs do not reach
 VISION_ROWS = "_hsap_vision_rows"  # a vision-language model's row selection (this rank's feature rows)
 PREPARED = "_hsap_prepared"  # the PreparedModel of a model prepare_model changed
+PREFIX_LM = "_hsap_prefix_lm"  # a prefix-LM decoder's attention layer: causal by its model's mask (PaliGemma)
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
 
 # The keyword argument of check_model's probe forward (the attention layers it reaches get the SP plan too).

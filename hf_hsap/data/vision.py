@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "item_sizes",
-           "pack_vision", "vision_batch"]
+from .cross import pack_cross_mask
+
+__all__ = ["PIXEL_KEYS", "TOKENS_KEY", "Modality", "VisionLayout", "VisionSpec", "check_pixel_keys", "check_uncarried",
+           "item_sizes", "pack_vision", "vision_batch"]
 
 LAYOUT_KEY = "hsap_vision"  # the batch key of the VisionLayout (consumed by shard_batch)
 TOKENS_KEY = "hsap_vision_tokens"  # batch key: {modality name: [n_items] placeholders of each item} (counted items)
@@ -68,14 +70,21 @@ class VisionLayout:
         modalities: the model's vision inputs.
         merge: pixel rows per placeholder token of a grid family (``spatial_merge_size ** 2``), else 1.
         image_blocks: image placeholders attend to each other bidirectionally (Gemma 3's ``token_type_ids``).
+        prefix_blocks: a prefix-LM: each document's tokens of type 0 (PaliGemma's ``token_type_ids``: image and
+            prompt) attend to each other bidirectionally, the rest (type 1, the suffix) causally.
         counted: the modalities whose placeholders per item :attr:`VisionSpec.item_tokens` counts.
+        cross_key: the per-token, per-image mask of a family whose text attends to its images through
+            cross-attention (Mllama's ``cross_attention_mask``, Idefics' ``image_attention_mask``: :mod:`.cross`; its
+            placeholder ``token_id`` may be -1, none), or ``None``.
     """
 
     family: str
     modalities: tuple[Modality, ...]
     merge: int = 1
     image_blocks: bool = False
+    prefix_blocks: bool = False
     counted: tuple[str, ...] = ()
+    cross_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,12 +101,15 @@ class VisionSpec:
             family whose items of one modality take different numbers of placeholders (derived from the model,
             :mod:`hf_hsap.multimodal.items`), or ``None`` (grids, or the same number for every item). A
             modality it does not count raises ``KeyError``.
+        uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
+            refused by the collator, never packed without it.
     """
 
     layout: VisionLayout
     rope_index: Callable[..., torch.Tensor] | None = field(default=None, compare=False)
     token_type_key: str | None = None
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
+    uncarried: tuple[str, ...] = ()
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
@@ -121,6 +133,21 @@ def check_pixel_keys(layout: VisionLayout, keys: Any) -> None:
     if other:
         raise ValueError(f"{layout.family}: {other} on packed rows are not made exact yet (only "
                          f"{sorted(known)}); train these documents with one document per row (no packing)")
+
+
+def check_uncarried(spec: VisionSpec, examples: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a document holding a key the model's forward takes but packed rows do not carry (``spec.uncarried``):
+    packing it without that key would train on other inputs than the document's.
+
+    Raises:
+        ValueError: naming the document, the keys and the fix.
+    """
+    for i, ex in enumerate(examples):
+        held = [k for k in spec.uncarried if ex.get(k) is not None]
+        if held:
+            raise ValueError(f"example {i}: {spec.layout.family}'s {held} are not carried on packed rows yet (only "
+                             "input_ids, labels, the pixels and their per-item keys); train such documents with one "
+                             "document per row (no packing)")
 
 
 def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any], n_tokens: int
@@ -215,6 +242,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     """
     order = [i for row in rows for i in row]
     check_pixel_keys(spec.layout, [key for ex in examples for key in ex if ex.get(key) is not None])
+    check_uncarried(spec, examples)
     out: dict[str, Any] = {LAYOUT_KEY: spec.layout}
     counted: dict[str, torch.Tensor] = {}
     for m in spec.layout.modalities:
@@ -229,6 +257,9 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
                 counted[m.name] = torch.tensor(counts, dtype=torch.int64)
     if counted:
         out[TOKENS_KEY] = counted
+    if spec.layout.cross_key is not None:  # Mllama, Idefics: which of its own images each token attends to
+        out.update(pack_cross_mask(spec.layout.cross_key, spec.layout.modalities[0].pixel_key, examples, docs, rows,
+                                   row_len))
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
@@ -238,7 +269,9 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             ids = docs[i][0]
             given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
             t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
-            if given is None:
+            if given is None and spec.layout.prefix_blocks:  # no types: the model runs the document causally
+                t = np.ones(ids.size, np.int64)
+            elif given is None:
                 for m in spec.layout.modalities:
                     t[ids == m.token_id] = m.type_id
             types[r, offset:offset + ids.size] = t
@@ -247,6 +280,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             offset += ids.size
         if rope is not None and offset < row_len:  # the padding document: text positions from 0
             rope[:, r, offset:] = np.arange(row_len - offset)
+        if spec.layout.prefix_blocks:  # padding is causal (type 1), never a bidirectional prefix
+            types[r, offset:] = 1
     if spec.token_type_key:
         out[spec.token_type_key] = torch.from_numpy(types)
     out["rope"] = None if rope is None else torch.from_numpy(rope)

@@ -50,6 +50,8 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
             items = _grid_items(m, spec.layout, ex, n, placeholders)
         elif spec.counts(m.name):
             items = _counted_items(m, spec, ex, n, placeholders)
+        elif m.token_id < 0:  # no placeholder (Idefics: its per-token image mask says which tokens see which image)
+            items = _n_items(m, ex, n)
         else:
             items = _uniform_items(m, ex, n, placeholders, seen)
         if not items:

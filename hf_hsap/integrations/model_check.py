@@ -246,6 +246,13 @@ def _forward_uses_interface(cls: type) -> bool:
         return False
 
 
+def encoder_parts(model: torch.nn.Module) -> set[int]:
+    """The ids of every module inside a vision / audio encoder of ``model`` (a sub-model whose config is an
+    encoder's): they run on each item's own tokens (the items' exactness is the multimodal checks'), never on the
+    decoder's packed rows."""
+    return {id(x) for m in model.modules() if is_encoder_module(m) for x in m.modules()}
+
+
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder's attention layers of ``model``: modules whose forward calls the AttentionInterface, less a vision
     or audio encoder's."""
@@ -273,8 +280,9 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     config = model.config
     family = _family(text_config(config))
     check_config(config, packed=packed, sp_size=sp_size)
+    encoders = encoder_parts(model)  # a vision / audio tower's mixers run per item, not on the packed rows
     words = [m for m in model.modules() if any(w in type(m).__name__ for w in MIXER_CLASS_WORDS)
-             and "Norm" not in type(m).__name__ and not _calls_attention_interface(m)]
+             and "Norm" not in type(m).__name__ and not _calls_attention_interface(m) and id(m) not in encoders]
     mixers = mixer_layers(model) if family in MIXER_FAMILIES else []
     ids = {id(p) for p in mixers}
     inside = {id(x) for p in mixers for x in p.modules()}  # a recurrent layer, its parts and its parents count

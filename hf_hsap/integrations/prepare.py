@@ -30,6 +30,7 @@ from ..log import get_logger
 from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
+from ..multimodal.prefix import mark_prefix_lm
 from .mixer_hooks import prepare_mixers
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
@@ -151,6 +152,7 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         _use_hsap_in_decoder(model, changes)
         if disable_attention_dropout:
             _disable_attention_dropout(model, changes)
+        mark_prefix_lm(model, attention_modules(model), changes)  # PaliGemma: causal by its mask, not by its flag
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:
             prepare_mixers(model, changes)

@@ -23,7 +23,8 @@ import torch
 
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
-from ..multimodal import image_blocks, shard_vision, vision_keys
+from ..multimodal import batch_blocks, shard_vision, vision_keys
+from ..multimodal.cross import shard_cross
 from ..plan.blocks import keep_blocks_whole
 from ..data.positions import check_position_ids, document_starts
 from ..sp_plan import SPPlan, plan_sequence
@@ -222,8 +223,8 @@ def shard_batch(
         _check_same_batch(_batch_digest(parts), sp)
     plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement))
     vision = batch.get(VISION_LAYOUT_KEY)
-    blocks = image_blocks(vision, ids, cu) if vision is not None and vision.image_blocks else None
-    if blocks is not None:  # Gemma 3: an image's tokens see each other both ways; each image inside one part
+    blocks = batch_blocks(vision, batch, ids, cu)
+    if blocks is not None:  # Gemma 3's images, PaliGemma's prefixes: seen both ways, each block inside one part
         whole = keep_blocks_whole(plan, blocks)
         if whole is not plan:
             plan = SPPlan.bind(whole, sp) if isinstance(plan, SPPlan) else whole
@@ -246,7 +247,9 @@ def shard_batch(
     }
     if blocks is not None:
         local["hsap_blocks"] = blocks
-    if vision is not None:
+    if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
+        local.update(shard_cross(batch, vision, shard))
+    elif vision is not None:
         local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
     elif any(batch.get(k) is not None for k in PIXEL_KEYS):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "

@@ -24,6 +24,9 @@ Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`)
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
 attention sinks (``s_aux``, GPT-OSS; the sinks get their gradient).
 
+Cross-attention layers (Mllama's text-to-image layers, :mod:`.cross_attention`) attend per document over the
+rank's own image states, without the plan.
+
 Vision and audio encoders (a non-causal call from a module with a vision / audio config) get their own
 per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
 
@@ -42,10 +45,12 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from ..model_state import RELAY, state_of
+from ..model_state import PREFIX_LM, RELAY, state_of
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
-from .encoder_attention import encoder_forward, is_encoder_call
+from ..multimodal.cross import CROSS_KEY, is_cross_attention
+from .cross_attention import cross_forward
+from .encoder_attention import encoder_forward, is_encoder_call, is_encoder_module
 from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
@@ -116,15 +121,31 @@ def hsap_attention_forward(
         raise ValueError("this vision-language model got hsap_vision_rows from shard_batch but does not keep its "
                          "rank's image feature rows: call hf_hsap.prepare_model(model, sp_size=...) once before "
                          "the first forward (the trainers do)")
+    if is_cross_attention(module):  # text-to-image cross-attention (Mllama): not the self-attention plan's business
+        check_supported(module, dropout, position_bias=position_bias)
+        if kwargs.get(CROSS_KEY) is None and cu_seq_lens_q is not None and cu_seq_lens_q.numel() > 2:
+            raise ValueError(f"{type(module).__name__} (cross-attention) got a packed row of "
+                             f"{cu_seq_lens_q.numel() - 1} documents without their images per token (hsap_cross): every token would attend to "
+                             "every document's images. Call model(**hf_hsap.shard_batch(batch, sp)) (sp=1 on one "
+                             "process)")
+        out = cross_forward(module, query, key, value, attention_mask, scaling, docs=kwargs.get(CROSS_KEY),
+                            plan=hsap_plan, plan_use=hsap_plan_use)
+        return out, None
     if state_of(module, RELAY) is not None:  # a layer the model's call does not reach: its plan and its documents
         if hsap_plan is None:
             hsap_plan, hsap_plan_use = relayed(module, "hsap_plan"), relayed(module, "hsap_plan_use")
             hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
         if position_ids is None and cu_seq_lens_q is None:
             position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
-    if is_encoder_call(module, is_causal):  # a vision / audio tower: per-image bidirectional attention
+    own_mask = attention_mask is not None and attention_mask.dim() == 4 and is_encoder_module(module)
+    if is_encoder_call(module, is_causal) or own_mask:  # a vision / audio tower (Mllama's: its own dense tile mask,
+        # which SDPA applies whatever the layer's is_causal): per-image bidirectional attention
         return encoder_forward(module, query, key, value, attention_mask, scaling, dropout=dropout,
                                cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
+    if is_causal is None and state_of(module, PREFIX_LM) is not None:
+        # a prefix-LM's decoder (PaliGemma's Gemma: use_bidirectional_attention) is causal by its model's mask (the
+        # hsap mask function refuses one that is not); its prefixes are the batch's blocks (hsap_blocks)
+        is_causal = True
     check_supported(module, dropout, is_causal=is_causal, position_bias=position_bias)
     variant = attention_variant(module, query.shape[1], sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
     query, key, value = cast_qkv(query, key, value)  # autocast: q, k arrive in fp32, v in bf16

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.cross import IMAGES_KEY
 from ..data.vision import LAYOUT_KEY, TOKENS_KEY, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
 
-__all__ = ["ROWS_KEY", "image_blocks", "items_key", "shard_vision", "vision_keys"]
+__all__ = ["ROWS_KEY", "batch_blocks", "image_blocks", "items_key", "prefix_blocks", "shard_vision", "vision_keys"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
 
@@ -33,7 +34,8 @@ def items_key(name: str) -> str:
 
 def vision_keys(layout: VisionLayout) -> set[str]:
     """Every batch key :func:`shard_vision` replaces (pixels and per-item keys)."""
-    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY}
+    cross = {layout.cross_key, IMAGES_KEY} if getattr(layout, "cross_key", None) else set()
+    return {key for m in layout.modalities for key in (m.pixel_key, *m.item_keys)} | {LAYOUT_KEY, TOKENS_KEY} | cross
 
 
 def image_blocks(layout: VisionLayout, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:
@@ -48,6 +50,47 @@ def image_blocks(layout: VisionLayout, ids: torch.Tensor, cu_seqlens: torch.Tens
     """
     image = next(m for m in layout.modalities if m.name == "image")
     return blocks_from_mask(ids.reshape(-1).to("cpu") == image.token_id, cu_seqlens)
+
+
+def prefix_blocks(types: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:
+    """The bidirectional prefixes of a prefix-LM (PaliGemma): in each document, its tokens of type 0 (image and
+    prompt; PaliGemma's mask puts them in one group, ``token_type_ids == 0``), which must be one run.
+
+    Args:
+        types: ``[B, L]`` token types (0: prefix, 1: causal suffix); cu_seqlens: ``[n + 1]`` documents.
+
+    Returns:
+        The :class:`~hf_hsap.plan.blocks.Blocks` over the flattened tokens.
+
+    Raises:
+        ValueError: a document whose type-0 tokens are not one run (its suffix would see a later prefix token).
+    """
+    flag = np.asarray(torch.as_tensor(types).detach().to("cpu").reshape(-1)) == 0
+    cu = np.asarray(torch.as_tensor(cu_seqlens).detach().to("cpu"), dtype=np.int64)
+    starts = flag & ~np.concatenate([[False], flag[:-1]])
+    starts[cu[:-1]] = flag[cu[:-1]]  # a run at a document start starts there
+    runs = np.add.reduceat(starts.astype(np.int64), cu[:-1]) if cu.size > 1 else np.zeros(0, np.int64)
+    bad = np.flatnonzero(runs > 1)
+    if bad.size:
+        d = int(bad[0])
+        raise ValueError(f"document {d} (tokens {cu[d]}..{cu[d + 1]} of the packed batch) has {int(runs[d])} separate "
+                         "runs of token_type_ids == 0; a prefix-LM's prefix (image and prompt) is one run, its suffix "
+                         "(type 1) after it: give the processor's token_type_ids")
+    return blocks_from_mask(flag, cu)
+
+
+def batch_blocks(layout: VisionLayout | None, batch: Mapping[str, Any], ids: torch.Tensor, cu_seqlens: torch.Tensor
+                 ) -> Blocks | None:
+    """The bidirectional blocks of a packed batch: image blocks (Gemma 3), prefixes (PaliGemma; none when the batch
+    has no ``token_type_ids``: the model then runs every document causally) or ``None`` (a causal family)."""
+    if layout is None:
+        return None
+    if layout.image_blocks:
+        return image_blocks(layout, ids, cu_seqlens)
+    if getattr(layout, "prefix_blocks", False):
+        types = batch.get("token_type_ids")
+        return Blocks((), ()) if types is None else prefix_blocks(types, cu_seqlens)
+    return None
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -1,67 +1,63 @@
-"""Which vision-language families hf_hsap trains on packed rows, and what it must know of each.
+"""What hf_hsap must know of a vision-language model to train it on packed rows, derived from the model itself.
 
-A family is listed only where the tests show it exact (logits and every gradient against each document run
-alone): its placeholders are the feature rows in document order, and its positions are either 1-D (restarting
-per document) or its own multimodal rope index of each document alone. Images carry their per-item keys
-(``image_sizes``, ``pixel_attention_mask``) in document order; where an image's placeholders depend on its size
-(LLaVA-NeXT's any-resolution tiles, Pixtral's image sizes) the model counts them per image (:mod:`.items`). Families
-that attend to images through cross-attention (Mllama) or whose inputs are not carried yet are refused with a fix.
+A packed row is one sample with many images: every per-item input the family's processor emits is carried in
+document order, and each document keeps its own positions. :func:`vision_spec` reads, not a list of families, but
+the model (:mod:`.structure`):
+
+- its placeholders (``image_token_id`` / ``image_token_index``, ``video_token_id`` ...);
+- which keys its forward and its encoders take: ``image_grid_thw`` (a grid of flattened patches per item, with the
+  model's own ``get_rope_index`` per document where it has one), ``pack_image_features`` (any-resolution tiles:
+  placeholders counted per image by the model, :mod:`.items`), a Pixtral tower (``image_sizes`` of padded images),
+  ``pixel_attention_mask`` in ``get_image_features`` (Idefics: ``[rows, images, C, H, W]``), or one pixel row per
+  image; ``token_type_ids`` (image blocks) and ``mm_token_type_ids`` filled from the placeholders; videos where
+  ``get_video_features`` takes nothing but the video (and its grid);
+- what its encoder returns for a minimal image (asked once per model: the rows the placeholders stand for).
+
+It refuses a model for a structural reason no packing fixes (:data:`.structure.REFUSAL_KINDS`: encoder-decoder,
+VQ codes in the vocabulary, no placeholder, no image encoder) or for an input the family needs that packed rows do
+not carry yet (named), each with a fix that works; keys the forward takes but packing does not carry are listed in
+:attr:`~hf_hsap.data.vision.VisionSpec.uncarried`, and the collator refuses a document that holds one.
 """
 from __future__ import annotations
 
-import inspect
 import sys
+import weakref
 from typing import Any
 
 import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .items import anyres_counter, sizes_counter
+from .prefix import is_prefix_lm
+from .structure import (ATTENTION_KINDS, CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
+                        param_names, required, structural_refusal, token)
 
-__all__ = ["ANYRES_FAMILIES", "GRID_FAMILIES", "GRID_IMAGE_FAMILIES", "PER_ROW_FAMILIES", "SIZED_FAMILIES",
-           "UNIFORM_FAMILIES", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
+__all__ = ["VisionRefusal", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
 
 logger = get_logger(__name__)
-
-# Qwen-VL: flattened patches with a [t, h, w] grid per item, multimodal rope index per document.
-GRID_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
-# The same layout, exact in the multimodal zoo on images; their videos are not made exact yet (refused).
-GRID_IMAGE_FAMILIES = frozenset({"glm4v", "glm46v", "glmga", "glm_ocr", "exaone4_5", "hyperclovax_vision_v2",
-                                 "cohere_compass", "cosmos3_edge", "cosmos3_omni", "llava_onevision1_5",
-                                 "minimax_m3_vl", "muse_glimmer"})
-# One pixel row per image (or per fixed-size tile), the same number of placeholders per row, 1-D positions; each
-# exact in the multimodal zoo (scripts/vlm_zoo.py). The encoder's per-row feature count is checked every forward.
-UNIFORM_FAMILIES = frozenset({"llava", "gemma3", "shieldgemma2", "vipllava", "internvl", "qianfan_ocr", "deepseek_vl",
-                              "got_ocr2", "pp_chart2table", "cohere2_vision", "aya_vision", "ovis2", "step3p7"})
-# Any-resolution tiles: pixel_values [images, tiles, C, H, W] (tiles zero-padded to the batch's most) with
-# image_sizes [images, 2]; each image's placeholders counted by the model's pack_image_features (.items). Videos:
-# pixel_values_videos [videos, frames, C, H, W], the same frames (and placeholders) for every video of a batch.
-ANYRES_FAMILIES = frozenset({"llava_next", "llava_next_video", "llava_onevision"})
-# A Pixtral tower: pixel_values [images, C, H, W] zero-padded to the batch's largest, image_sizes [images, 2] the true
-# sizes, (H // r) * (W // r) placeholders per image (LLaVA with a Pixtral tower too: see _is_pixtral_llava).
-SIZED_FAMILIES = frozenset({"mistral3", "lighton_ocr"})
-# Idefics: pixel_values [rows, images, C, H, W] and pixel_attention_mask [rows, images, H, W]; a packed row is one
-# sample whose images are every document's tiles (item axis 1), the same number of placeholders per tile.
-PER_ROW_FAMILIES = frozenset({"idefics2", "idefics3", "smolvlm", "granite_docling"})
-# Image blocks attend bidirectionally (token_type_ids == 1): the mask rule "same document AND (causal OR same
-# image)" that the "hsap" kernels do not take yet.
-_BLOCK_FAMILIES = frozenset({"gemma3", "shieldgemma2", "gemma3n", "gemma4", "paligemma"})
+_SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its spec (the encoder is asked once)
+_IMAGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (pixels, inputs, rows) its encoder took
 
 
-def accepted_families() -> frozenset[str]:
-    """Every family :func:`vision_spec` accepts."""
-    return GRID_FAMILIES | GRID_IMAGE_FAMILIES | UNIFORM_FAMILIES | ANYRES_FAMILIES | SIZED_FAMILIES | \
-        PER_ROW_FAMILIES
+def accepted_families(models: Any) -> frozenset[str]:
+    """The families among ``models`` that :func:`vision_spec` accepts (e.g. every family of the multimodal zoo).
 
+    Args:
+        models: an iterable of models.
 
-def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The module whose forward encodes the images and merges them (has ``get_image_features``), or ``None``."""
-    for m in (getattr(model, "model", None), model):
-        if m is not None and callable(getattr(type(m), "get_image_features", None)) and \
-                (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
-            return m
-    return None
+    Returns:
+        Their ``config.model_type`` where ``vision_spec`` returns a spec.
+    """
+    out = set()
+    for model in models:
+        try:
+            vision_spec(model)
+        except ValueError:
+            continue
+        out.add(str(model.config.model_type))
+    return frozenset(out)
 
 
 def is_vlm(model: torch.nn.Module) -> bool:
@@ -69,90 +65,263 @@ def is_vlm(model: torch.nn.Module) -> bool:
     return inner_vlm(model) is not None
 
 
-def _token(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def vision_spec(model: torch.nn.Module) -> VisionSpec:
     """The :class:`~hf_hsap.data.vision.VisionSpec` of a vision-language model, for
-    ``PackingCollator(max_length, vision=vision_spec(model))``.
+    ``PackingCollator(max_length, vision=vision_spec(model))``, derived from the model (module docstring).
 
     Args:
         model: a Transformers vision-language model (``AutoModelForImageTextToText``).
 
     Returns:
-        Its modalities, placeholder tokens, merge factor and (Qwen-VL) its own rope index.
+        Its modalities, placeholder tokens, merge factor, per-item keys, (grid families) its own rope index and the
+        forward's keys packing does not carry.
 
     Raises:
-        ValueError: not a vision-language model, or a family hf_hsap does not make exact on packed rows (the
-            message names what works instead).
+        VisionRefusal: a ``ValueError`` naming its ``kind`` (:data:`.structure.REFUSAL_KINDS`), the structure read
+            and a fix that works.
     """
+    if model in _SPECS:
+        return _SPECS[model]
+    spec = _derive(model)
+    _SPECS[model] = spec
+    return spec
+
+
+def _refuse(model: torch.nn.Module, kind: str, what: str) -> VisionRefusal:
+    return VisionRefusal(kind, f"{model.config.model_type}: {what}; {fix(model)}")
+
+
+def _not_carried(model: torch.nn.Module, where: str, keys: list[str]) -> VisionRefusal:
+    return _refuse(model, "input not carried", f"{where} needs {', '.join(keys)}, which packed rows do not carry yet")
+
+
+def _derive(model: torch.nn.Module) -> VisionSpec:
+    """:func:`vision_spec` uncached."""
     config = model.config
-    family = str(getattr(config, "model_type", type(config).__name__))
+    if is_cross_attention_vlm(model):  # Mllama, Idefics: text attends to the images by cross-attention
+        return cross_spec(model)
     inner = inner_vlm(model)
-    if inner is None:
-        raise ValueError(f"{family} has no image encoder (no get_image_features); text models need no vision spec: "
-                         "use PackingCollator(max_length) alone")
-    if family not in accepted_families():
-        sub_models = [m for m in model.modules() if hasattr(m, "_supports_sdpa")]  # every tower must take it
-        attn = "sdpa" if all(m._supports_sdpa for m in sub_models) else "eager"
-        raise ValueError(
-            f"{family}: packed image+text rows are exact in hf_hsap for {sorted(accepted_families())} "
-            f"only (each is tested against every document run alone); train {family} with one document per row "
-            f"(no packing: TRL's SFTTrainer with packing=False, attn_implementation='{attn}') or use a listed family"
-        )
-    image = _token(config, "image_token_id", "image_token_index")
-    video = _token(config, "video_token_id", "video_token_index")
-    if family in GRID_FAMILIES | GRID_IMAGE_FAMILIES:
-        vision = config.vision_config
-        merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
-        mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
-        if video is not None and family in GRID_FAMILIES:
-            extra = ("second_per_grid_ts",) if family == "qwen2_5_vl" else ()
-            mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw",
-                                 ("video_grid_thw", *extra), 2))
+    refusal = structural_refusal(model, inner)
+    if refusal is not None:
+        raise refusal
+    keys = forward_keys(model)
+    encode = type(inner).get_image_features
+    if "pixel_values" not in keys | set(param_names(encode)):
+        raise _refuse(model, "input not carried", "its forward takes no pixel_values")
+    if "pixel_values" in required(type(model).forward):
+        raise _refuse(model, "image required", (
+            "its forward requires pixel_values on every call, so a packed row (or an SP rank's part of one) "
+            "holding no image cannot run"))
+    projector = getattr(inner, "multi_modal_projector", None)
+    if callable(getattr(projector, "get_visual_indicator_features", None)):
+        raise _refuse(model, "encoder layout", (
+            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) and "
+            "counts them against the images of one forward, which an SP rank's part of a packed row does not hold "
+            "whole"))
+    missing = [k for k in required(encode) if k not in CARRIED_KEYS]
+    if missing:
+        raise _not_carried(model, "get_image_features", missing)
+    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS)
+    if per_token:
+        raise _not_carried(model, "its forward (per token)", per_token)
+    text = config.get_text_config()
+    bidirectional = getattr(text, "use_bidirectional_attention", None)
+    if bidirectional in (True, "all") and not is_prefix_lm(model):  # a prefix-LM's prefixes are blocks (.prefix)
+        raise _refuse(model, "bidirectional text", (
+            f"its text attends bidirectionally (use_bidirectional_attention={bidirectional!r}: a prefix-LM over "
+            "image and prefix), which hf_hsap's causal kernels do not take yet"))
+    if bidirectional == "vision":
+        raise _refuse(model, "image blocks", (
+            "its image placeholders attend to each other on some layer kinds only "
+            "(use_bidirectional_attention='vision'), which hf_hsap's image blocks (every layer) do not take yet"))
+    image = token(config, "image_token_id", "image_token_index")
+    video = token(config, "video_token_id", "video_token_index")
+    if "image_grid_thw" in keys:
+        spec = _grid_spec(model, inner, keys, image, video)
+    else:
+        spec = _item_spec(model, inner, keys, image, video)
+    recurrent = sorted(set(getattr(text, "layer_types", None) or ()) - ATTENTION_KINDS)
+    if recurrent and spec.rope_index is not None:
+        raise _refuse(model, "recurrent layers", (
+            f"its decoder has recurrent layers ({', '.join(recurrent)}) beside its own multimodal rope index, a pair "
+            "not made exact on packed rows yet"))
+    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
+    uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
+    _check_rows(model, inner, spec)
+    return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
+                      item_tokens=spec.item_tokens, uncarried=uncarried)
+
+
+def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:
+    """Whether ``get_video_features`` exists, takes nothing but ``allowed`` (and encoder options), and the model
+    marks a video's features by its own placeholder ``video`` (GLM-4V marks them with the image token, told apart
+    by ``mm_token_type_ids`` only, which the packed-row planner does not count per modality yet)."""
+    encode = getattr(type(inner), "get_video_features", None)
+    if not callable(encode) or set(param_names(encode)) - CONTROL_KEYS - allowed:
+        return False
+    mask = getattr(inner, "get_placeholder_mask", None)
+    if not callable(mask):
+        return False
+    embed = inner.get_input_embeddings().weight
+    ids = torch.tensor([[video]], device=embed.device)
+    try:
+        with torch.no_grad():
+            masks = mask(ids, inputs_embeds=torch.zeros(1, 1, embed.shape[-1], dtype=embed.dtype, device=embed.device))
+        return isinstance(masks, tuple) and len(masks) == 2 and bool(masks[1].any()) and not bool(masks[0].any())
+    except Exception:  # noqa: BLE001 - a mask the model cannot make of one video token (or on meta): not carried
+        return False
+
+
+def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
+               video: int | None) -> VisionSpec:
+    """Flattened patches with a ``[t, h, w]`` grid per item (Qwen-VL-like): merge ``spatial_merge_size ** 2``,
+    videos beside images where ``get_video_features`` takes the video and its grid only, the model's own rope
+    index per document."""
+    vision = model.config.vision_config
+    merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1) ** 2
+    mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
+    if video is not None and "video_grid_thw" in keys and \
+            _video_takes_only(inner, {"pixel_values_videos", "video_grid_thw"}, video):
+        extra = tuple(k for k in ("second_per_grid_ts",) if k in keys)
+        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
+    rope = getattr(inner, "get_rope_index", None)
+    rope_index = None
+    if callable(rope):
+        takes = set(param_names(rope))
+        given = {"input_ids", "mm_token_type_ids", "attention_mask"} | {k for m in mods for k in m.item_keys} | \
+            {"image_grid_thw", "video_grid_thw"}
+        other = sorted(takes - given)
+        if "mm_token_type_ids" not in takes or other:
+            raise _refuse(model, "input not carried", (
+                f"its rope index (get_rope_index) takes {', '.join(other) or 'no mm_token_type_ids'}"
+                f"{' and no mm_token_type_ids' if other and 'mm_token_type_ids' not in takes else ''}, "
+                "which packed rows do not give it per document yet"))
 
         def rope_index(**doc: Any) -> torch.Tensor:
-            return inner.get_rope_index(**doc)[0]  # [3, 1, n]
+            return rope(**doc)[0]  # [3, 1, n]
 
-        layout = VisionLayout(family, tuple(mods), merge=merge)
-        takes_types = "mm_token_type_ids" in inspect.signature(type(model).forward).parameters
-        return VisionSpec(layout, rope_index=rope_index if callable(getattr(inner, "get_rope_index", None)) else None,
-                          token_type_key="mm_token_type_ids" if takes_types else None)
-    if family in ANYRES_FAMILIES:
-        mods = [Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))]
-        if video is not None and callable(getattr(inner, "get_video_features", None)):  # [videos, frames, C, H, W]
-            mods.append(Modality("video", video, "pixel_values_videos", type_id=2))
-        count = anyres_counter(inner, one_image_per_document=family == "llava_onevision")
-        return VisionSpec(VisionLayout(family, tuple(mods), counted=("image",)), item_tokens=count)
-    if family in SIZED_FAMILIES or _is_pixtral_llava(config):
+    layout = VisionLayout(model.config.model_type, tuple(mods), merge=merge)
+    return VisionSpec(layout, rope_index=rope_index,
+                      token_type_key="mm_token_type_ids" if "mm_token_type_ids" in keys else None)
+
+
+def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
+               video: int | None) -> VisionSpec:
+    """Items along an axis of the pixels: any-resolution tiles (``pack_image_features``), a Pixtral tower
+    (``image_sizes``), Idefics' images per row (``pixel_attention_mask``), or one pixel row per image; videos
+    ``[videos, frames, C, H, W]`` where ``get_video_features`` takes nothing but them."""
+    config = model.config
+    family = config.model_type
+    encode = param_names(type(inner).get_image_features)
+    videos = ()
+    if video is not None and "pixel_values_videos" in keys and \
+            _video_takes_only(inner, {"pixel_values_videos"}, video):
+        videos = (Modality("video", video, "pixel_values_videos", type_id=2),)
+    types = "token_type_ids" if "token_type_ids" in keys else "mm_token_type_ids" if "mm_token_type_ids" in keys \
+        else None
+    if callable(getattr(inner, "pack_image_features", None)) and "image_sizes" in encode:
+        mod = Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))
+        count = anyres_counter(inner, one_image_per_document="batch_num_images" in encode)
+        return VisionSpec(VisionLayout(family, (mod, *videos), counted=("image",)), item_tokens=count,
+                          token_type_key=types)
+    if getattr(getattr(config, "vision_config", None), "model_type", None) == "pixtral" and "image_sizes" in keys:
         mod = Modality("image", image, "pixel_values", item_keys=("image_sizes",), padded=("pixel_values",))
         ratio = int(config.vision_config.patch_size) * int(getattr(config, "spatial_merge_size", None) or 1)
-        return VisionSpec(VisionLayout(family, (mod,), counted=("image",)), item_tokens=sizes_counter(ratio))
-    if family in PER_ROW_FAMILIES:
+        return VisionSpec(VisionLayout(family, (mod, *videos), counted=("image",)), item_tokens=sizes_counter(ratio),
+                          token_type_key=types)
+    if "pixel_attention_mask" in encode:
         mod = Modality("image", image, "pixel_values", item_keys=("pixel_attention_mask",), item_axis=1)
-        return VisionSpec(VisionLayout(family, (mod,)))
-    layout = VisionLayout(family, (Modality("image", image, "pixel_values"),), image_blocks=family in _BLOCK_FAMILIES)
-    return VisionSpec(layout, token_type_key="token_type_ids" if family in _BLOCK_FAMILIES else None)
+        return VisionSpec(VisionLayout(family, (mod, *videos)), token_type_key=types)
+    item_keys = tuple(k for k in ("image_sizes", "pixel_mask", "image_position_ids") if k in keys)
+    mod = Modality("image", image, "pixel_values", item_keys=item_keys)
+    prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
+    layout = VisionLayout(family, (mod, *videos), image_blocks=types == "token_type_ids" and not prefix,
+                          prefix_blocks=prefix)
+    return VisionSpec(layout, token_type_key=types)
 
 
-def _is_pixtral_llava(config: Any) -> bool:
-    """A LLaVA whose vision tower is Pixtral's (it splits its features by ``image_sizes``)."""
-    vision = getattr(config, "vision_config", None)
-    return config.model_type == "llava" and getattr(vision, "model_type", None) == "pixtral"
+def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec) -> None:
+    """Ask the encoder for a minimal image of the derived layout (a grid of 2 x 2 merge windows, or one image of
+    the tower's size) and refuse a family whose encoder takes none of the layout's pixel shapes, returns rows of
+    another width than the text's embeddings, or (grid) other than one row per merge window: an item's placeholders
+    are derived from that. Skipped for a model on the meta device and for counted items (asked per image)."""
+    if spec.counts("image") or any(p.is_meta for p in inner.parameters()):
+        return
+    param = next(inner.parameters())
+    errors = []
+    devices = [param.device] if param.device.type == "cuda" else []
+    for pixels, extra, expect in _minimal_images(model, spec, param.device):
+        try:
+            with torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
+                rows, width = _feature_rows(inner, pixels.to(param.device, param.dtype), **extra)
+            _IMAGES[model] = pixels, extra, rows
+            break
+        except Exception as e:  # noqa: BLE001 - any failure of the encoder on the layout's pixels
+            errors.append(f"{tuple(pixels.shape)}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    else:
+        raise _refuse(model, "encoder layout", (
+            f"its get_image_features takes none of the pixel shapes of the layout derived from its forward "
+            f"({'; '.join(errors)})" if errors else
+            "its vision config gives no image size (vision_config.image_size) to derive one image's pixels from"))
+    hidden = getattr(model.config.get_text_config(), "hidden_size", None)
+    if hidden is not None and width != hidden:
+        raise _refuse(model, "encoder layout", (
+            f"its get_image_features returns rows {width} wide where its text embeddings are {hidden}: its forward "
+            "does not place them as one row per placeholder"))
+    if expect is not None and rows != expect:
+        raise _refuse(model, "encoder layout", (
+            f"its encoder returns {rows} rows for a grid of {expect} merge windows (rows of its own besides one per "
+            "window), which the packed-row planner does not count yet"))
 
 
-def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor) -> int:
-    """How many placeholder rows the model's encoder makes of ``pixels`` (asked, not derived from the config)."""
+def _geometry(vision: Any) -> tuple[int, int | None, int, int]:
+    """``(channels, image side or None, patch side, frames per temporal patch)`` of a vision config."""
+    channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None)
+                   or getattr(vision, "in_chans", None) or 3)
+    size = getattr(vision, "image_size", None)
+    size = int(size[0] if isinstance(size, (list, tuple)) else size) if size else None
+    patch = getattr(vision, "patch_size", None) or 1
+    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
+    frames = int(getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", None) or 1)
+    return channels, size, patch, frames
+
+
+def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.device
+                    ) -> list[tuple[torch.Tensor, dict[str, Any], int | None]]:
+    """``[(pixels, other get_image_features inputs, expected rows or None)]``: the smallest image of the layout in
+    each pixel shape it may take."""
+    image = spec.layout.modalities[0]
+    vision = getattr(model.config, "vision_config", None)
+    if vision is None:
+        return []
+    c, size, patch, frames = _geometry(vision)
+    if image.grid_key is not None:  # 2 x 2 merge windows of patches, flattened or not
+        side = int(round(spec.layout.merge ** 0.5))
+        n = 4 * side * side
+        grid = {image.grid_key: torch.tensor([[1, 2 * side, 2 * side]], device=device)}
+        return [(torch.ones(n, c * frames * patch * patch), grid, 4), (torch.ones(n, c, patch, patch), grid, 4)]
+    if "image_position_ids" in image.item_keys:  # patches with their (x, y): one pooling window's square
+        side = int(getattr(vision, "pooling_kernel_size", None) or 1) * 2
+        xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
+        return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
+                 None)]
+    if size is None:
+        return []
+    if image.item_axis == 1:  # Idefics: [rows, images, C, H, W] with its pixel mask (all-zero pixels are padding)
+        mask = torch.ones(1, 1, size, size, dtype=torch.bool, device=device)
+        return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None),
+                (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None)]  # one per tile
+    return [(torch.ones(1, c, size, size), {}, None)]
+
+
+def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:
+    """``(rows, width)`` of the placeholder rows the model's encoder makes of ``pixels`` (asked, not derived from
+    the config)."""
     with torch.no_grad():
-        out = inner.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
+        out = inner.get_image_features(pixel_values=pixels, return_dict=True, **extra).pooler_output
     if torch.is_tensor(out):
-        return int(out.numel() // out.shape[-1])
-    return int(sum(v.numel() // v.shape[-1] for v in out))
+        return int(out.numel() // out.shape[-1]), int(out.shape[-1])
+    return int(sum(v.numel() // v.shape[-1] for v in out)), int(out[0].shape[-1])
 
 
 def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> dict[str, Any] | None:
@@ -169,10 +338,15 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         spec = vision_spec(model)
     except ValueError:
         return None
+    if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
+        return cross_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
-    if image.grid_key is not None:
+    if model in _IMAGES:  # the image the encoder took when the spec was derived
+        pixels, given, n_tokens = _IMAGES[model]
+        extra = {k: v.to(device) for k, v in given.items()}
+    elif image.grid_key is not None:
         side = int(round(spec.layout.merge ** 0.5))  # one placeholder: one merge window of patches
         channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))
         dim = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size ** 2
@@ -187,16 +361,16 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         if spec.counts("image"):  # one image of the tower's size, with its image_sizes
             extra["image_sizes"] = torch.tensor([[h, w]], device=device)
             n_tokens = spec.item_tokens("image", {"image_sizes": extra["image_sizes"]})[0]
-            if spec.layout.family in ANYRES_FAMILIES:  # its tiles (the model's own count)
-                inner = inner_vlm(model)
+            inner = inner_vlm(model)
+            if callable(getattr(inner, "pack_image_features", None)):  # any-resolution: its tiles (the model's count)
                 tiles = sys.modules[type(inner).__module__].image_size_to_num_patches(
                     image_size=[h, w], grid_pinpoints=model.config.image_grid_pinpoints, patch_size=h)
                 pixels = torch.zeros(1, int(tiles), channels, h, w)
         elif image.item_axis == 1:  # Idefics: [rows, images, C, H, W]; an all-zero image would be padding
             pixels = torch.ones(1, 1, channels, h, w)
-            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
+            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
         else:
-            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))
+            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
     ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)

@@ -18,6 +18,16 @@ def test_blocks_are_runs_inside_documents() -> None:
     assert blocks == Blocks((1, 7, 9), (4, 9, 11))
 
 
+def test_prefix_blocks_are_each_documents_type0_run() -> None:
+    from hf_hsap.multimodal.shard import prefix_blocks
+
+    # PaliGemma's token types: 0 = image and prompt (one bidirectional group per document), 1 = causal suffix
+    types = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1]])
+    assert prefix_blocks(types, torch.tensor([0, 5, 8, 12])) == Blocks((0, 5), (3, 7))  # [8] is one token
+    with pytest.raises(ValueError, match="document 1 .* 2 separate runs"):  # 0 1 0: the suffix would see a prefix
+        prefix_blocks(torch.tensor([[0, 0, 1, 0, 1, 0]]), torch.tensor([0, 2, 6]))
+
+
 def _dense_reference(q, k, v, cu, blocks: Blocks, scale: float) -> torch.Tensor:
     """Softmax attention with the mask ``same document AND (causal OR same block)``, float64, dense."""
     n = q.shape[0]

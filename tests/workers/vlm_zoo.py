@@ -6,9 +6,9 @@ A family's tiny model (``vlm_zoo_configs.py``) and documents run, in float64, th
 and are compared with the same weights on each document alone (SDPA, or eager where the family has no SDPA, as
 ``tests/workers/vlm.py`` does): logits of every token, the loss and every parameter gradient of
 ``loss + sum(w * logits)``. The spec is ``vision_spec(model)`` (``"library"``) or, for the families it refuses
-(the probe), the one it would build if the family were listed in ``UNIFORM_FAMILIES`` (``"uniform"``: one pixel
-row per image, the same number of placeholders per image, 1-D positions) or, for images with an ``image_grid_thw``,
-in ``GRID_FAMILIES`` (``"grid"``): what adding the family there would give.
+(the probe), a plain spec of the layout the documents have: ``"uniform"`` (one pixel row per image, the same number
+of placeholders per image, 1-D positions) or, for images with an ``image_grid_thw``, ``"grid"`` (the model's own
+rope index): what lifting the refusal would give where the rest of the path already holds.
 """
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ import torch.nn.functional as F
 
 import hf_hsap
 from hf_hsap.data.vision import Modality, VisionLayout, VisionSpec
-from hf_hsap.multimodal import spec as mm_spec
+from hf_hsap.multimodal import structure as mm_structure
 from hf_hsap.multimodal import ROWS_KEY, vision_spec
+from hf_hsap.multimodal.cross import CROSS_KEY
+from hf_hsap.multimodal.prefix import is_prefix_lm
 from hf_hsap.testing import rel_err
 from workers.vlm import PER_TOKEN as _PER_TOKEN
 from workers.vlm import alone_backward, weights
@@ -43,9 +45,16 @@ TOL = 1e-9  # relative error of logits, loss and every gradient
 # float32 (Gemma3RMSNorm casts x and the weight), so a norm weight's gradient is a float32 sum over the tokens, per
 # document in the reference and over the packed row here; Transformers' own packed row of Gemma 3 is not exact
 # (its image-block mask), so it cannot measure that (see tolerance). ShieldGemma 2 is Gemma 3's model class.
+# Mllama's cross-attention normalizes its keys in float32 (MllamaTextRMSNorm casts its input, so the gradient into
+# the vision states is rounded to float32 on each rank holding part of a document and summed after; with that norm
+# patched to float64 its SP 4 modes are exact to 2e-15).
+# PaddleOCR-VL's vision tower casts q, k to float32 for its rotary embedding as Qwen-VL's does, LFM3-VL's does that and
+# normalizes in float32 (Lfm3VlRMSNorm): exact at sp1 and SP 2 (no image split there), off by ~5e-8 at SP 4 in the
+# tower's gradients; with those casts kept in float64 every mode of both is exact to 2e-15.
 ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_moe": 1e-7, "exaone4_5": 1e-7,
               "glm_ocr": 1e-7, "hyperclovax_vision_v2": 1e-7, "mistral3": 1e-7, "lighton_ocr": 1e-7, "idefics2": 1e-7,
-              "gemma3": 1e-6, "shieldgemma2": 1e-6}
+              "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7}
+ISLAND_TOL["mllama"] = 1e-7
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
 SP_TIMEOUT_S = 15.0  # hf_hsap's communication timeout in the worker ranks (tiny models: a stalled peer raises)
@@ -87,9 +96,9 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     """The collator's spec.
 
     Args:
-        model: the model; how: ``"library"`` = :func:`vision_spec`; ``"uniform"`` = what ``vision_spec`` returns for
-            a family of ``UNIFORM_FAMILIES`` (``"uniform+blocks"``: one of its block families too, image blocks and
-            ``token_type_ids``); ``"grid"`` = what it returns for a family of ``GRID_FAMILIES`` (images only: merge
+        model: the model; how: ``"library"`` = :func:`vision_spec`; ``"uniform"`` = one pixel row per image
+            (``"uniform+blocks"``: with image blocks and ``token_type_ids``, as Gemma 3); ``"grid"`` = a grid of
+            flattened patches per image (images only: merge
             ``spatial_merge_size ** 2``, the model's own ``get_rope_index``); ``"uniform+keys"``: uniform, carrying
             ``item_keys`` too; item_keys: per-image keys besides the pixels and the grid.
 
@@ -99,13 +108,13 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     if how == "library":
         return vision_spec(model)
     family = model.config.model_type
-    token = mm_spec._token(model.config, "image_token_id", "image_token_index")
+    token = mm_structure.token(model.config, "image_token_id", "image_token_index")
     if token is None:
         raise ValueError(f"{family}: no image_token_id / image_token_index in its config")
     if how == "grid":
         v = model.config.vision_config
         merge = int(getattr(v, "spatial_merge_size", None) or getattr(v, "merge_size", None) or 1) ** 2
-        inner = mm_spec.inner_vlm(model) or VD.feature_module(model)
+        inner = mm_structure.inner_vlm(model) or VD.feature_module(model)
         keys = ("image_grid_thw", *item_keys)
         layout = VisionLayout(family, (Modality("image", token, "pixel_values", "image_grid_thw", keys, 1),),
                               merge=merge)
@@ -118,7 +127,9 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
                           token_type_key="mm_token_type_ids" if "mm_token_type_ids" in forward else None)
     blocks = how == "uniform+blocks"
     keys = item_keys if how == "uniform+keys" else ()
-    layout = VisionLayout(family, (Modality("image", token, "pixel_values", None, keys),), image_blocks=blocks)
+    prefix = blocks and is_prefix_lm(model)  # PaliGemma: each document's prefix is the block, not its image
+    layout = VisionLayout(family, (Modality("image", token, "pixel_values", None, keys),),
+                          image_blocks=blocks and not prefix, prefix_blocks=prefix)
     return VisionSpec(layout, token_type_key="token_type_ids" if blocks else None)
 
 
@@ -215,6 +226,8 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         rows = local.get(ROWS_KEY, {})
         split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
+        if local.get(CROSS_KEY) is not None:  # cross-attention: a document with images partly on this rank
+            split = cross_split(local[CROSS_KEY], batch["cu_seq_lens_q"], idx)
         out = model(**local)
         hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
@@ -233,6 +246,19 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
     if sp_size == 1 or sp.rank == 0:
         res["grads"] = grads
     return res
+
+
+def cross_split(docs: Any, cu: torch.Tensor, idx: torch.Tensor) -> int:
+    """1 when this rank holds part (not all) of a document with images (its images encoded here and elsewhere).
+
+    Args:
+        docs: the rank's ``CrossDocs``; cu: ``[n + 1]`` documents; idx: ``[T_local]`` global token indices.
+    """
+    doc = torch.searchsorted(cu.to(idx.device), idx, right=True) - 1
+    with_images = docs.ranges[:, 1] > docs.ranges[:, 0]
+    held = torch.bincount(doc[with_images], minlength=cu.numel() - 1)
+    length = cu[1:] - cu[:-1]
+    return int(bool(((held > 0) & (held < length)).any()))
 
 
 def worker_jobs(family: str, state: dict[str, torch.Tensor], docs: list[dict[str, Any]],

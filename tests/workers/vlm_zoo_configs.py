@@ -312,4 +312,10 @@ def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed
         model = cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
     if state_dict is not None:
         model.load_state_dict(state_dict, strict=True)
+    else:  # a gate initialised at 0 (Mllama's cross-attention and tile gates, Idefics' alphas: tanh(0) = 0) would
+        with torch.no_grad():  # hide its path from the comparison
+            for name, p in model.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if ("gate" in leaf or leaf.startswith("alpha_")) and p.numel() <= 16 and not bool(p.any()):
+                    p.fill_(0.5)
     return model.to(dtype).train()

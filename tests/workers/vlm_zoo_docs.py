@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from hf_hsap.examples import TINY_VLMS, vlm_documents
+from hf_hsap.multimodal.cross import is_cross_attention_vlm
+from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
@@ -205,6 +207,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
     """
     if examples and config.model_type in TINY_VLMS:
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
+    if is_cross_attention_vlm(model):
+        return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
@@ -229,15 +233,71 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
             doc.update(image)
             body += ([torch.tensor([start])] if start is not None else []) + [torch.full((n_tok,), token)] + \
                 ([torch.tensor([end])] if end is not None else [])
+        n_prefix = sum(int(b.numel()) for b in body)  # text before and the image: a prefix-LM's prefix
         body.append(torch.randint(3, low, (after,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
         for key in ("token_type_ids", "mm_token_type_ids"):
             if key in _params(type(model).forward):
                 doc[key] = (ids == token).to(torch.int64)
+        if is_prefix_lm(model):  # PaliGemma: 0 on the image and the prompt, 1 on the suffix
+            doc["token_type_ids"] = prefix_token_types(ids.numel(), n_prefix)
         labels = ids.clone()
         labels[ids >= low] = -100  # no loss on placeholders and markers
         doc["labels"] = labels
+        docs.append(doc)
+    return docs
+
+
+def cross_documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]],
+                    *, seed: int = 0, dtype: torch.dtype = torch.float64) -> list[dict[str, Any]]:
+    """Documents of a cross-attention family as its processor gives them.
+
+    Mllama: ``text, <|image|> per image, text``; every image ``[max_num_tiles, C, S, S]`` with its real tiles first
+    (the rest zero), its ``aspect_ratio_ids`` (1 + the index of its tiles' ``[rows, cols]`` in
+    ``supported_aspect_ratios``) and ``aspect_ratio_mask``; ``cross_attention_mask [1, n, images, max_num_tiles]``:
+    each image's real tiles from its placeholder to the document's end (the tokens before it attend to none). A grid
+    ``(t, h, w)`` gives an image of ``ceil(h / 4) x ceil(w / 4)`` tiles, and a grid of 64 patches or more a second
+    image of ``1 x 2`` tiles. Idefics: ``[1, images, C, S, S]`` and ``image_attention_mask [1, n, images]`` the same
+    way, without placeholders (its config names none), and an image in every document (it runs none without).
+
+    Returns:
+        One dict per document (``input_ids [n]``, ``labels [n]``: -100 on the placeholders, the image inputs).
+    """
+    v = config.vision_config
+    c, size = int(getattr(v, "num_channels", 3)), int(v.image_size)
+    tiled = "aspect_ratio_ids" in _params(type(model).forward)
+    tiles = int(v.max_num_tiles) if tiled else 1
+    ratios = [list(r) for r in v.supported_aspect_ratios] if tiled else []
+    token = image_token_id(config) if tiled else None
+    low = min(config.get_text_config().vocab_size, token if token is not None else 10 ** 9)
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for before, grid, after in shapes:
+        grid = grid if grid is not None or tiled else (1, 2, 2)  # Idefics: every document has an image
+        layouts = [] if grid is None else [[-(-grid[1] // 4), -(-grid[2] // 4)]] + \
+            ([[1, 2]] if grid[1] * grid[2] >= 64 else [])
+        if not tiled:
+            layouts = [[1, 1] for _ in layouts]
+        n_img = len(layouts)
+        marks = torch.full((n_img,), token) if token is not None else torch.zeros(0, dtype=torch.int64)
+        ids = torch.cat([torch.randint(3, low, (before,), generator=g), marks,
+                         torch.randint(3, low, (after,), generator=g)])
+        doc: dict[str, Any] = {"input_ids": ids, "labels": torch.where(ids >= low, -100, ids)}
+        if n_img:
+            pixels = torch.zeros(1, n_img, tiles, c, size, size, dtype=dtype)
+            mask = torch.zeros(1, ids.numel(), n_img, tiles, dtype=torch.int64)
+            ratio_mask = torch.zeros(1, n_img, tiles, dtype=torch.int64)
+            for j, (rows, cols) in enumerate(layouts):
+                real = rows * cols
+                pixels[0, j, :real] = torch.randn(real, c, size, size, generator=g, dtype=dtype)
+                ratio_mask[0, j, :real] = 1
+                mask[0, before + (j if token is not None else 0):, j, :real] = 1
+            if tiled:
+                doc.update(pixel_values=pixels, cross_attention_mask=mask, aspect_ratio_mask=ratio_mask,
+                           aspect_ratio_ids=torch.tensor([[ratios.index(r) + 1 for r in layouts]]))
+            else:
+                doc.update(pixel_values=pixels[:, :, 0], image_attention_mask=mask[..., 0])
         docs.append(doc)
     return docs
 
