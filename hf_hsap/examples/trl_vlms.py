@@ -68,8 +68,11 @@ def _check(family: str) -> None:
 
 def chat_template(family: str) -> str:
     """The tiny processors' chat template: ``role: content`` lines, the assistant's inside TRL's generation
-    markers, each image written as the family's own placeholder text."""
-    return _CHAT_TEMPLATE.replace("IMAGE", _IMAGE_TEXT.get(family, "<image>"))
+    markers, each image written as the family's own placeholder text; Mllama's starts with the BOS token, as
+    Llama 3.2's does (its processor adds one to a text without it, after the template's assistant mask was
+    taken: the mask would be shifted)."""
+    template = _CHAT_TEMPLATE.replace("IMAGE", _IMAGE_TEXT.get(family, "<image>"))
+    return "{{- bos_token -}}" + template if family == "mllama" else template
 
 
 def _tokenizer(family: str) -> Any:
