@@ -23,8 +23,9 @@ the user's win:
 * ``--dataset_name``: a directory of ``datasets.save_to_disk`` (written as Parquet to ``<output_dir>/data``, which
   ``load_dataset`` reads), or anything ``load_dataset`` reads (rows with ``images`` + ``messages``); default the
   generated shapes set of :func:`hf_hsap.examples.vlm.vlm_sft_rows` (``--train_rows`` rows, no download);
-* ``--packing`` and ``--assistant_only_loss`` on, ``--max_length 256``, 8 examples per micro-batch, one line
-  and one ``<output_dir>/metrics.jsonl`` record per step (loss, grad_norm, lr);
+* ``--packing`` and ``--assistant_only_loss`` on, ``--max_length 512`` (a LLaVA-NeXT document of three images is
+  314 tokens), 8 examples per micro-batch, one line and one ``<output_dir>/metrics.jsonl`` record per step (loss,
+  grad_norm, lr);
 * at the end one line (and ``<output_dir>/packing.json``) with what the trained rows held: documents, images and
   trained tokens per packed row; TRL's script then saves the model to ``--output_dir``.
 """
@@ -92,7 +93,7 @@ def hsap_sft_argv(args: argparse.Namespace, argv: list[str], model: str, data: s
     cuda = torch.cuda.is_available()
     defaults = [
         "--output_dir", args.output_dir, "--seed", str(args.seed), "--data_seed", str(args.seed),
-        "--packing", "--assistant_only_loss", "true", "--max_length", "256", "--max_steps", "10",
+        "--packing", "--assistant_only_loss", "true", "--max_length", "512", "--max_steps", "10",
         "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
         "--learning_rate", "2e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "0",
         "--logging_steps", "1", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
