@@ -235,7 +235,8 @@ def tiny_trl_config(family: str, tokenizer: Any) -> Any:
     if family in ("llava", "llava_next"):
         cls = T.LlavaConfig if family == "llava" else T.LlavaNextConfig
         extra = {} if family == "llava" else {"image_grid_pinpoints": _PINPOINTS}
-        return cls(text_config={"model_type": "llama", **text}, vision_config={"model_type": "clip_vision_model", **clip},
+        return cls(text_config={"model_type": "llama", **text},
+                   vision_config={"model_type": "clip_vision_model", **clip},
                    image_token_index=ids["image_token"], vision_feature_layer=-1, tie_word_embeddings=False, **extra)
     if family == "mllama":
         return T.MllamaConfig(

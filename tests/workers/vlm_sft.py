@@ -22,8 +22,8 @@ def vlm_sft_losses(sp_size: int, out_dir: str, ulysses: str = "1", steps: int = 
             ``HSAPSFTConfig`` fields.
 
     Returns:
-        ``losses`` and ``num_tokens`` (TRL's logged ones, per step), ``attn`` (decoder, vision tower), and for the first batch: ``images``,
-        ``docs``, ``trained`` (tokens with a label) and ``tokens``.
+        ``losses`` and ``num_tokens`` (TRL's logged ones, per step), ``attn`` (decoder, vision tower), and for
+        the first batch: ``images``, ``docs``, ``trained`` (tokens with a label) and ``tokens``.
     """
     from datasets import Dataset
 
