@@ -22,6 +22,9 @@ def _check_sp4(pools, tmp_path, family: str, steps: int) -> None:
     # assistant-only loss: fewer trained tokens than tokens
     assert sp1["attn"] == ("hsap", "sdpa")
     assert sp1["docs"] >= 4 and sp1["images"] >= 4 and 0 < sp1["trained"] < sp1["tokens"] // 2
+    # TRL's num_tokens: the packed rows' tokens so far (Qwen-VL's rotary positions are [4, rows, tokens])
+    seen = sp1["num_tokens"]
+    assert all(n % W.ROW == 0 for n in seen) and W.ROW <= seen[0] < seen[-1]
     for ulysses in ("1", "2"):
         ranks = pools(4, TIMEOUT_S).run(W.sp_losses, family, str(tmp_path / f"sp4u{ulysses}"), ulysses, steps)
         for res in ranks:
