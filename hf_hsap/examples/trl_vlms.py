@@ -119,8 +119,8 @@ def tiny_trl_processor(family: str) -> Any:
     if family == "smolvlm":
         images = T.SmolVLMImageProcessor(size={"longest_edge": 2 * _PIXELS},
                                          max_image_size={"longest_edge": 2 * _PIXELS}, do_image_splitting=False)
-        return _image_only(T.SmolVLMProcessor)(image_processor=images, tokenizer=tok, image_seq_len=_SMOLVLM_TOKENS,
-                                               chat_template=template)
+        return _with_videos(T.SmolVLMProcessor, "SmolVLMVideoProcessor", {}, image_processor=images, tokenizer=tok,
+                            image_seq_len=_SMOLVLM_TOKENS, chat_template=template)
     if family == "gemma3":
         images = T.Gemma3ImageProcessor(size=square)
         return T.Gemma3Processor(image_processor=images, tokenizer=tok, image_seq_length=4, chat_template=template)
@@ -128,22 +128,32 @@ def tiny_trl_processor(family: str) -> Any:
         images = T.Qwen2VLImageProcessor(patch_size=_VIT["patch_size"], temporal_patch_size=2, merge_size=2,
                                          min_pixels=4 * 4, max_pixels=32 * 32)
         cls = T.Qwen2_5_VLProcessor if family == "qwen2_5_vl" else T.Qwen3VLProcessor
-        return _image_only(cls)(image_processor=images, tokenizer=tok, chat_template=template)
+        video = "Qwen2VLVideoProcessor" if family == "qwen2_5_vl" else "Qwen3VLVideoProcessor"
+        return _with_videos(cls, video, dict(patch_size=_VIT["patch_size"], temporal_patch_size=2, merge_size=2),
+                            image_processor=images, tokenizer=tok, chat_template=template)
     images = T.PixtralImageProcessor(size={"longest_edge": 2 * _PIXELS}, patch_size=_VIT["patch_size"])
     return _pixtral_processor()(image_processor=images, tokenizer=tok, patch_size=_VIT["patch_size"],
                                 spatial_merge_size=2, chat_template=template)
 
 
+def _with_videos(cls: type, video: str, video_kwargs: dict[str, Any], **kwargs: Any) -> Any:
+    """``cls(**kwargs)`` with its video processor (Transformers' class named ``video``, built from
+    ``video_kwargs``) where torchvision is installed; else :func:`_image_only`'s ``cls`` without one."""
+    import importlib.util
+
+    import transformers as T
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return cls(video_processor=getattr(T, video)(**video_kwargs), **kwargs)
+    return _image_only(cls)(**kwargs)
+
+
 def _image_only(cls: type) -> type:
-    """``cls`` where torchvision is installed; else ``cls`` without its video processor (Transformers builds video
-    processors with torchvision only). Images take the class's own code either way; videos are refused.
+    """``cls`` without its video processor (Transformers builds video processors with torchvision only). Images
+    take the class's own code; videos are refused.
 
     Written here because Transformers has no image-only form of these processors: SmolVLM's, Qwen2.5-VL's and
     Qwen3-VL's constructors require a video processor even for image data."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return cls
 
     def __init__(self: Any, image_processor: Any, tokenizer: Any, chat_template: str | None = None,
                  **kwargs: Any) -> None:
@@ -205,7 +215,6 @@ def _pixtral_processor() -> type:
         def model_input_names(self) -> list[str]:
             return [*self.tokenizer.model_input_names, *self.image_processor.model_input_names, "image_sizes"]
 
-    PixtralProcessor.__module__ = "transformers"
     return PixtralProcessor
 
 
