@@ -26,6 +26,7 @@ setup(
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "matplotlib>=3.7", "tensorboard",
                  "import-linter>=2.1", "scipy>=1.10",
+                 "num2words",  # SmolVLM's processor (the tiny TRL VLMs of hf_hsap.examples.trl_vlms)
                  "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],  # the docs site (tests/docs)
         "bench": ["matplotlib>=3.7", "scipy>=1.10"],
         "gpu": ["flash-attn>=2.6"],

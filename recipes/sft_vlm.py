@@ -3,6 +3,7 @@
     accelerate launch --config_file accelerate_configs/cpu_4proc.yaml recipes/sft_vlm.py \
         --hsap_sp_size 4 --hsap_ulysses_size 2 --max_steps 10
     python recipes/sft_vlm.py --max_steps 10                             # the same losses on one process
+    python recipes/sft_vlm.py --model qwen2_5_vl --max_steps 10          # another built-in tiny VLM of TRL's set
     python recipes/sft_vlm.py --model_name_or_path path/to/vlm --dataset_name path/to/dataset
 
 A thin wrapper of ``hsap-sft`` (:mod:`hf_hsap.cli.sft`, TRL's own ``sft`` script with ``HSAPSFTTrainer``): TRL
@@ -13,13 +14,18 @@ placeholders, assistant-only labels) and ``HSAPSFTTrainer`` packs the documents 
 placeholders it holds. Every flag but ``--train_rows`` is an ``hsap-sft`` flag; the recipe's defaults come first,
 the user's win:
 
-* ``--model_name_or_path``: default the tiny random LLaVA of :func:`hf_hsap.examples.vlm.save_tiny_vlm`, saved to
-  ``<output_dir>/base_model``;
+* ``--model``: a built-in tiny random VLM of TRL's SFT examples and docs (:data:`hf_hsap.examples.TRL_VLMS`:
+  ``llava`` (default), ``llava_next``, ``mllama``, ``smolvlm``, ``gemma3``, ``qwen2_5_vl``, ``qwen3_vl``,
+  ``mistral3``), saved with its own processor by :func:`hf_hsap.examples.save_tiny_vlm` to
+  ``<output_dir>/base_model``; the trainer gets that processor as built (Transformers loads SmolVLM's and
+  Qwen-VL's with torchvision only). ``--model_name_or_path`` instead: a checkpoint of any family that
+  :func:`hf_hsap.vision_spec` accepts (the others are refused before the first step);
 * ``--dataset_name``: a directory of ``datasets.save_to_disk`` (written as Parquet to ``<output_dir>/data``, which
   ``load_dataset`` reads), or anything ``load_dataset`` reads (rows with ``images`` + ``messages``); default the
   generated shapes set of :func:`hf_hsap.examples.vlm.vlm_sft_rows` (``--train_rows`` rows, no download);
-* ``--packing`` and ``--assistant_only_loss`` on, ``--max_length 256``, 8 examples per micro-batch, one line
-  and one ``<output_dir>/metrics.jsonl`` record per step (loss, grad_norm, lr);
+* ``--packing`` and ``--assistant_only_loss`` on, ``--max_length 512`` (a LLaVA-NeXT document of three images is
+  314 tokens), 8 examples per micro-batch, one line and one ``<output_dir>/metrics.jsonl`` record per step (loss,
+  grad_norm, lr);
 * at the end one line (and ``<output_dir>/packing.json``) with what the trained rows held: documents, images and
   trained tokens per packed row; TRL's script then saves the model to ``--output_dir``.
 """
@@ -40,6 +46,7 @@ import hf_hsap  # noqa: E402,F401  (registers the "hsap" attention)
 from hf_hsap.checkpoint import PREEMPTED_EXIT_CODE  # noqa: E402
 from hf_hsap.cli.sft import make_parser, run as run_sft  # noqa: E402
 from hf_hsap.data import IGNORE_INDEX  # noqa: E402
+from hf_hsap.examples import TRL_VLMS  # noqa: E402
 from hf_hsap.integrations import HSAPSFTTrainer  # noqa: E402
 from hf_hsap.log import get_logger  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -60,7 +67,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         ``(recipe flags, argv)``.
     """
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model_name_or_path", default=None, help="a VLM directory or Hub name (default: the tiny LLaVA)")
+    p.add_argument("--model", default="llava", choices=list(TRL_VLMS),
+                   help="the built-in tiny VLM to train when no --model_name_or_path is given (default: llava)")
+    p.add_argument("--model_name_or_path", default=None, help="a VLM directory or Hub name (default: --model)")
     p.add_argument("--dataset_name", default=None,
                    help="a save_to_disk directory or a load_dataset name / directory (default: the generated set)")
     p.add_argument("--train_rows", type=int, default=64, help="rows of the generated set (default data only)")
@@ -84,14 +93,14 @@ def hsap_sft_argv(args: argparse.Namespace, argv: list[str], model: str, data: s
     cuda = torch.cuda.is_available()
     defaults = [
         "--output_dir", args.output_dir, "--seed", str(args.seed), "--data_seed", str(args.seed),
-        "--packing", "--assistant_only_loss", "true", "--max_length", "256", "--max_steps", "10",
+        "--packing", "--assistant_only_loss", "true", "--max_length", "512", "--max_steps", "10",
         "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
         "--learning_rate", "2e-3", "--lr_scheduler_type", "cosine", "--warmup_steps", "0",
         "--logging_steps", "1", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
         "--bf16", str(cuda), "--use_cpu", str(not cuda), "--dataloader_num_workers", "0",
         "--hsap_sp_size", "1",
     ]
-    return defaults + _without(argv, ("--model_name_or_path", "--dataset_name", "--train_rows")) + [
+    return defaults + _without(argv, ("--model", "--model_name_or_path", "--dataset_name", "--train_rows")) + [
         "--model_name_or_path", model, "--dataset_name", data]
 
 
@@ -115,7 +124,8 @@ def _is_saved_to_disk(path: str) -> bool:
 
 
 def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, str]:
-    """The model (the tiny LLaVA saved once, or the user's) and the dataset (Parquet splits, or the user's).
+    """The model (``--model``'s built-in tiny VLM saved once, or the user's) and the dataset (Parquet splits, or
+    the user's).
 
     Args:
         args: :func:`parse_args`' flags; main_process: write files (the other ranks wait, then read them).
@@ -136,8 +146,9 @@ def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, s
     if not main_process:
         return model, data
     if args.model_name_or_path is None:
-        logger.info("sft_vlm: no --model_name_or_path: the tiny random LLaVA (seed %d) saved to %s", args.seed, model)
-        save_tiny_vlm(model, seed=args.seed)
+        logger.info("sft_vlm: no --model_name_or_path: the tiny random %s (seed %d) saved to %s",
+                    TRL_VLMS[args.model], args.seed, model)
+        save_tiny_vlm(model, args.model, seed=args.seed)
     if args.dataset_name is None or _is_saved_to_disk(args.dataset_name):
         from datasets import Dataset, DatasetDict, load_from_disk
 
@@ -158,20 +169,23 @@ def prepare_inputs(args: argparse.Namespace, main_process: bool) -> tuple[str, s
     return model, data
 
 
-def batch_stats(examples: Sequence[Any], batch: Mapping[str, Any]) -> list[int]:
+def count_images(examples: Sequence[Mapping[str, Any]]) -> int:
+    """The images of a batch's examples (TRL's ``images`` list or single ``image``): a vision document is never
+    cut, so a packed batch holds exactly these, whatever the family's pixel layout (tiles, patches, a batch axis)."""
+    return sum(len(ex["images"] or ()) if "images" in ex else int(ex.get("image") is not None) for ex in examples)
+
+
+def batch_stats(examples: Sequence[Any], batch: Mapping[str, Any], images: int) -> list[int]:
     """One packed batch's counters, in the order of :data:`STATS`.
 
     Args:
-        examples: the collator's input (one document each); batch: its packed output.
+        examples: the collator's input (one document each); batch: its packed output; images: the examples'
+            images (:func:`count_images`, before TRL's collator rewrites the examples).
 
     Returns:
         ``[1, rows, documents, images, trained tokens]``.
     """
     rows = int(batch["input_ids"].shape[0])
-    if batch.get("image_grid_thw") is not None:  # grid families: pixel rows are patches, one grid row per image
-        images = int(batch["image_grid_thw"].shape[0])
-    else:
-        images = int(batch["pixel_values"].shape[0]) if batch.get("pixel_values") is not None else 0
     return [1, rows, len(examples), images, int((batch["labels"] != IGNORE_INDEX).sum())]
 
 
@@ -188,8 +202,9 @@ class CountingCollator:
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, Any]:
         """Pack ``examples`` with the wrapped collator and record the batch's counters."""
+        images = count_images(examples)
         batch = self.collate(examples)
-        self.batches.append(batch_stats(examples, batch))
+        self.batches.append(batch_stats(examples, batch, images))
         return batch
 
 
@@ -200,7 +215,11 @@ class VLMRecipeTrainer(HSAPSFTTrainer):  # type: ignore[misc,valid-type]
         *args, **kwargs: ``HSAPSFTTrainer``'s arguments.
     """
 
+    builtin_processor: Any = None  # the built-in tiny VLM's processor (--model), given to TRL as processing_class
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if self.builtin_processor is not None and kwargs.get("processing_class") is None:
+            kwargs["processing_class"] = self.builtin_processor
         super().__init__(*args, **kwargs)
         self.row_counter = CountingCollator(self.data_collator)
         self.data_collator = self.row_counter
@@ -292,7 +311,13 @@ def main(argv: list[str] | None = None) -> None:
               f"(ulysses {training_args.hsap_ulysses_size or 'default'}) | model {model} | data {data} | rows of "
               f"{training_args.max_length} tokens | assistant-only loss {training_args.assistant_only_loss}",
               flush=True)
-    trainer = run_sft(*parsed, callbacks=[lambda t: StepLogCallback(t, writer)], trainer_class=VLMRecipeTrainer)
+    trainer_class = VLMRecipeTrainer
+    if args.model_name_or_path is None:  # the built-in model: its processor as built here, not from_pretrained
+        from hf_hsap.examples import tiny_trl_processor
+
+        trainer_class = type("VLMRecipeTrainer", (VLMRecipeTrainer,),
+                             {"builtin_processor": tiny_trl_processor(args.model)})
+    trainer = run_sft(*parsed, callbacks=[lambda t: StepLogCallback(t, writer)], trainer_class=trainer_class)
     finish_distributed()
     if trainer.hsap_preempted:
         sys.exit(PREEMPTED_EXIT_CODE)

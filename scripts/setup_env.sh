@@ -16,7 +16,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   fi
   .venv/bin/pip install -q "$spec"
 fi
-if ! .venv/bin/python -c "import hf_hsap, pytest, hypothesis, trl, matplotlib, importlinter, scipy, mkdocs, material, mkdocstrings" >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import hf_hsap, pytest, hypothesis, trl, matplotlib, importlinter, scipy, mkdocs, material, mkdocstrings, num2words" >/dev/null 2>&1 \
     || [ ! -x .venv/bin/hsap-sft ]; then
   .venv/bin/pip install -q -e ".[test]"
 fi

@@ -5,8 +5,9 @@ shipped SFT set written as a ``datasets`` directory (``train.jsonl`` / ``test.js
     model_dir = save_tiny_model("runs/tiny-llama")       # AutoModelForCausalLM.from_pretrained(model_dir)
     data_dir = save_sft_data("runs/sft-data")             # datasets.load_dataset(data_dir)["train"]
 
-Tiny vision-language models, their documents, a processor and a generated image + text set: :mod:`.vlm`
-(``tiny_vlm``, ``vlm_documents``, ``save_tiny_vlm``, ``vlm_sft_rows``, ...), re-exported here.
+Tiny vision-language models, their documents and a generated image + text set: :mod:`.vlm` (``tiny_vlm``,
+``vlm_documents``, ``vlm_sft_rows``, ...); the eight VLMs of TRL's SFT examples as tiny models with their own
+processors: :mod:`.trl_vlms` (``tiny_trl_vlm``, ``save_tiny_vlm``, ...); all re-exported here.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .vlm import TINY_VLMS, save_tiny_vlm, tiny_vlm, tiny_vlm_config, tiny_vlm_processor, vlm_documents, vlm_sft_rows
+from .trl_vlms import TRL_VLMS, save_tiny_vlm, tiny_trl_config, tiny_trl_processor, tiny_trl_vlm
+from .vlm import TINY_VLMS, tiny_vlm, tiny_vlm_config, vlm_documents, vlm_sft_rows
 
-__all__ = ["BUILTIN_MODELS", "TINY_VLMS", "builtin_config", "save_sft_data", "save_tiny_model", "save_tiny_vlm",
-           "tiny_vlm", "tiny_vlm_config", "tiny_vlm_processor", "vlm_documents", "vlm_sft_rows", "write_splits"]
+__all__ = ["BUILTIN_MODELS", "TINY_VLMS", "TRL_VLMS", "builtin_config", "save_sft_data", "save_tiny_model",
+           "save_tiny_vlm", "tiny_trl_config", "tiny_trl_processor", "tiny_trl_vlm", "tiny_vlm", "tiny_vlm_config",
+           "vlm_documents", "vlm_sft_rows", "write_splits"]
 
 # Built-in model configs: random init, no download. Heads are multiples of 8 for the GPU-sized ones (so
 # --ulysses_size 8 divides them); the tiny ones use 4 query / 2 key-value heads (Ulysses 2 on CPU).

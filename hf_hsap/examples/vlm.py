@@ -16,8 +16,7 @@ import torch
 
 from ..data.packing import IGNORE_INDEX
 
-__all__ = ["TINY_VLMS", "save_tiny_vlm", "tiny_vlm", "tiny_vlm_config", "tiny_vlm_processor", "vlm_documents",
-           "vlm_sft_rows"]
+__all__ = ["TINY_VLMS", "tiny_vlm", "tiny_vlm_config", "vlm_documents", "vlm_sft_rows"]
 
 TINY_VLMS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
 _TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -172,69 +171,6 @@ def vlm_documents(config: Any, shapes: list[tuple[int, tuple[int, int, int] | No
         doc["labels"] = labels
         docs.append(doc)
     return docs
-
-
-# The tiny LLaVA's processor: the shipped tokenizer plus the four placeholder tokens (ids V-4 .. V-1), CLIP's image
-# processor at 8 x 8 pixels (16 placeholders per image) and a chat template with TRL's generation markers.
-_PLACEHOLDERS = ("<image>", "<video>", "<vision_start>", "<vision_end>")
-_CHAT_TEMPLATE = (
-    "{%- macro render(content) -%}"
-    "{%- if content is string -%}{{- content -}}"
-    "{%- else -%}{%- for part in content -%}"
-    "{%- if part['type'] == 'image' -%}<image>{%- else -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{%- endmacro -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{{- 'assistant: ' -}}{%- generation -%}{{- render(message['content']) + eos_token -}}{%- endgeneration -%}"
-    "{%- else -%}{{- message['role'] + ': ' + render(message['content']) -}}{%- endif -%}"
-    "{{- '\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}"
-)
-
-
-def tiny_vlm_processor() -> Any:
-    """The processor of the tiny LLaVA (:func:`save_tiny_vlm`), built offline from the shipped tokenizer.
-
-    Returns:
-        A ``LlavaProcessor``; its tokenizer has ``len = V`` with ``<image>`` at ``V - 4``.
-    """
-    from transformers import AutoTokenizer, CLIPImageProcessor, LlavaProcessor
-
-    from ..data import tokenizer_path
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_path()))
-    tok.add_special_tokens({"additional_special_tokens": list(_PLACEHOLDERS)})
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    size = tiny_vlm_config("llava").vision_config.image_size
-    images = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
-    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=_PATCH, image_token="<image>",
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=_CHAT_TEMPLATE)
-
-
-def save_tiny_vlm(path: str, seed: int = 0) -> str:
-    """Save the tiny LLaVA (random init from ``seed``, float32, vocabulary of the shipped tokenizer) and its
-    processor to ``path``: ``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained(path)`` load them.
-
-    Returns:
-        ``path``.
-    """
-    from pathlib import Path
-
-    from transformers import AutoModelForImageTextToText
-
-    processor = tiny_vlm_processor()
-    config = tiny_vlm_config("llava", vocab_size=len(processor.tokenizer))
-    config.text_config.pad_token_id = processor.tokenizer.pad_token_id
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config)
-    Path(path).mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    processor.save_pretrained(path)
-    return str(path)
 
 
 _COLORS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40),

@@ -5,7 +5,7 @@ needs all of them. ``torch.distributed.all_gather_object`` would pickle every ba
 round-trip through host memory twice). Here the batches travel as bytes in two collectives: a fixed-size
 int64 header (key digest, dtypes, shapes) and one uint8 buffer per rank, padded to the longest::
 
-    header[r] = [present, key digest, n, has non-tensors, (dtype, ndim, d0, d1, d2, d3) x n]      int64 [HEADER]
+    header[r] = [present, key digest, n, has non-tensors, (dtype, ndim, d0, .., d5) x n]       int64 [HEADER]
     data[r]   = concat(t.view(uint8) for t in tensors of rank r), padded        uint8 [max bytes]
 
 The few non-tensor values a collator may add (e.g. ``max_length_q``) take one small object gather, only on
@@ -24,7 +24,7 @@ __all__ = ["collective_device", "gather_batches"]
 
 _DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float64,
            torch.float32, torch.float16, torch.bfloat16)
-_MAX_KEYS, _MAX_DIMS = 32, 4
+_MAX_KEYS, _MAX_DIMS = 32, 6  # 6 dims: Mllama's pixels [batch, images, tiles, channels, height, width]
 _HEADER = 4 + _MAX_KEYS * (2 + _MAX_DIMS)
 
 

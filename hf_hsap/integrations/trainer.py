@@ -404,7 +404,8 @@ if _SFTTrainer is not None:
             self._metrics[mode]["mean_token_accuracy"].append((correct / valid).item() if valid > 0 else 0.0)
             if mode == "train":  # TRL's count: a padded batch's mask, else the row's positions
                 mask, positions = inputs.get("attention_mask"), inputs["position_ids"]
-                local = mask.sum() if mask is not None else torch.tensor(positions.size(1), device=positions.device)
+                # the row's last axis: multimodal rotary positions are [3 or 4, rows, tokens]
+                local = mask.sum() if mask is not None else torch.tensor(positions.size(-1), device=positions.device)
                 self._total_train_tokens += int(gather(local.reshape(1)).sum().item()) // self._tp_size
             self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
 

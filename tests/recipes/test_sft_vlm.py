@@ -29,9 +29,13 @@ def _close(got: list[float], ref: list[float]) -> bool:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_recipe_sp2_logs_the_sp1_losses_with_several_documents_and_images_per_row(tmp_path: Path) -> None:
-    sp1 = run_recipe("sft_vlm.py", tmp_path / "sp1", ["--hsap_sp_size", "1", *RECIPE_ARGS])
-    sp2 = run_recipe("sft_vlm.py", tmp_path / "sp2", ["--hsap_sp_size", "2", *RECIPE_ARGS], procs=2)
+@pytest.mark.parametrize("family,architecture", [("llava", "LlavaForConditionalGeneration"),
+                                                 ("smolvlm", "SmolVLMForConditionalGeneration")])
+def test_recipe_sp2_logs_the_sp1_losses_with_several_documents_and_images_per_row(
+        tmp_path: Path, family: str, architecture: str) -> None:
+    args = ["--model", family, *RECIPE_ARGS]
+    sp1 = run_recipe("sft_vlm.py", tmp_path / "sp1", ["--hsap_sp_size", "1", *args])
+    sp2 = run_recipe("sft_vlm.py", tmp_path / "sp2", ["--hsap_sp_size", "2", *args], procs=2)
     assert [r["step"] for r in sp1] == [1, 2, 3] and [r["step"] for r in sp2] == [1, 2, 3]
     losses1, losses2 = [r["loss"] for r in sp1], [r["loss"] for r in sp2]
     assert _close(losses2, losses1), (losses2, losses1)
@@ -45,8 +49,28 @@ def test_recipe_sp2_logs_the_sp1_losses_with_several_documents_and_images_per_ro
     assert 0 < pack1["trained_tokens_per_row"] < pack1["row_length"] / 2
     # the run saved the fine-tuned VLM (TRL's script) next to the base model the recipe built
     config = json.loads((tmp_path / "sp2" / "config.json").read_text())
-    assert config["architectures"] == ["LlavaForConditionalGeneration"]
+    assert config["architectures"] == [architecture]
     assert (tmp_path / "sp2" / "base_model" / "processor_config.json").exists()
+
+
+def test_recipe_model_flag_saves_the_built_in_tiny_vlm_of_trl_s_set(tmp_path: Path) -> None:
+    from hf_hsap.examples import TRL_VLMS
+
+    args, argv = sft_vlm.parse_args(["--model", "mistral3", "--output_dir", str(tmp_path / "out")])
+    assert args.model == "mistral3" and args.model_name_or_path is None
+    model, _ = sft_vlm.prepare_inputs(args, main_process=True)
+    config = json.loads((Path(model) / "config.json").read_text())
+    assert model == str(tmp_path / "out" / "base_model") and config["model_type"] == "mistral3"
+    assert config["architectures"] == ["Mistral3ForConditionalGeneration"]
+    assert json.loads((Path(model) / "processor_config.json").read_text())["processor_class"] == "PixtralProcessor"
+    hsap_argv = sft_vlm.hsap_sft_argv(args, argv, model, "d")
+    assert "--model" not in hsap_argv and "mistral3" not in hsap_argv  # a recipe flag, not an hsap-sft one
+    assert list(TRL_VLMS) == ["llava", "llava_next", "mllama", "smolvlm", "gemma3", "qwen2_5_vl", "qwen3_vl",
+                              "mistral3"]
+    with pytest.raises(SystemExit):  # argparse names the choices
+        sft_vlm.parse_args(["--model", "blip-2"])
+    # images per packed row: counted from the examples, whatever the family's pixel layout
+    assert sft_vlm.count_images([{"images": [1, 2]}, {"images": []}, {"image": 3}, {"image": None}]) == 3
 
 
 def test_recipe_writes_a_save_to_disk_dataset_as_parquet_that_load_dataset_reads(tmp_path: Path) -> None:

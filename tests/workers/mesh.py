@@ -85,7 +85,8 @@ def mesh_layout(sp_size: int, ulysses: int | str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- gather_batches
 def rank_batch(rank: int, extras: bool = True) -> dict[str, Any]:
     """Rank ``rank``'s batch: ``[1, 5 + 3 * rank]`` tensors of several dtypes (one non-contiguous, a bf16 one
-    holding nan / -0.0 / inf), a 1-D int32, a 0-dim and an empty tensor, and (``extras``) an int and a string."""
+    holding nan / -0.0 / inf), a 1-D int32, a 0-dim, an empty and a 6-D tensor, and (``extras``) an int and a
+    string."""
     g = torch.Generator().manual_seed(10 + rank)
     n = 5 + 3 * rank
     ids = torch.randint(0, 1000, (1, n), generator=g, dtype=torch.int64)
@@ -101,6 +102,7 @@ def rank_batch(rank: int, extras: bool = True) -> dict[str, Any]:
         "cu_seq_lens_q": torch.tensor([0, 2, n], dtype=torch.int32),
         "num_items_in_batch": torch.tensor(n - 1),  # 0-dim int64
         "empty": torch.zeros(1, 0, 2),  # float32, no elements
+        "tiles": torch.randn(1, 2, 1 + rank, 3, 2, 2, generator=g),  # 6-D: Mllama's [B, images, tiles, C, H, W]
     }
     if extras:
         batch["max_length_q"] = n - 2
