@@ -113,16 +113,18 @@ def _safe(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return zoo.classify(e)
 
 
-def fp64_tolerance(eager: dict[str, Any]) -> float:
-    """The float64 tolerance of a family: :data:`zoo.TOL` ``["fp64"]``, or 10x the error of Transformers' own
-    eager packed-row run (no hf_hsap) when that is above it but at float32 rounding level (below
-    :data:`FLOAT32_ISLAND`): the model computes parts in float32 (e.g. a router or RoPE), whose results depend on
-    the shapes of the matrix products (each document alone vs the packed row)."""
-    err = eager.get("err")
-    if eager.get("outcome") != "WRONG" or not err:
-        return zoo.TOL["fp64"]
-    floor = max(err["logits"], err["grads"])
-    return 10 * floor if floor < FLOAT32_ISLAND else zoo.TOL["fp64"]
+def fp64_tolerance(sanity: dict[str, dict[str, Any]]) -> float:
+    """The float64 tolerance of a family: :data:`zoo.TOL` ``["fp64"]``, or 10x the larger error of Transformers' own
+    packed-row runs (eager and SDPA, no hf_hsap) when that is above it but at float32 rounding level (below
+    :data:`FLOAT32_ISLAND`): the model computes parts in float32 (e.g. a router, RoPE, or CodeGen's / GPT-J's
+    attention inputs on the attention-interface path), whose results depend on the shapes of the matrix products
+    (each document alone vs the packed row). SDPA counts too: hf_hsap runs the attention-interface path, whose
+    float32 steps the eager path may not take (CodeGen: eager matches each document alone exactly where SDPA and
+    hf_hsap differ by the same 1e-9)."""
+    floors = [max(r["err"]["logits"], r["err"]["grads"]) for r in sanity.values()
+              if r.get("outcome") == "WRONG" and r.get("err")]
+    floor = max(floors, default=0.0)
+    return 10 * floor if zoo.TOL["fp64"] < floor < FLOAT32_ISLAND else zoo.TOL["fp64"]
 
 
 def run_family(family: str, pools: PoolManager | None, dtypes: tuple[str, ...] = tuple(zoo.DTYPES),
@@ -170,7 +172,7 @@ def run_family(family: str, pools: PoolManager | None, dtypes: tuple[str, ...] =
 
     check = "fp64" if "fp64" in dtypes else "fp32"
     rec["sanity"] = {attn: _safe(one, attn, check, False) for attn in (("eager", "sdpa") if sanity else ("eager",))}
-    tol = {**zoo.TOL, "fp64": fp64_tolerance(rec["sanity"]["eager"])}
+    tol = {**zoo.TOL, "fp64": fp64_tolerance(rec["sanity"])}
     if tol["fp64"] > zoo.TOL["fp64"]:
         rec["fp64_tol"] = tol["fp64"]
 
