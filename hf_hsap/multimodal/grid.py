@@ -32,7 +32,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from .audio import audio_counter, audio_modality
 
 __all__ = ["ROPE_INPUTS", "frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index",
-           "video_placeholder"]
+           "video_marks", "video_placeholder"]
 
 # the rope index's inputs rope_index() gives it from one document (besides the forward's per-item keys)
 ROPE_INPUTS = frozenset({"self", "kwargs", "input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw",
@@ -78,6 +78,18 @@ def video_placeholder(inner: torch.nn.Module, image: int, video: int | None) -> 
     except Exception:  # noqa: BLE001 - a mask that needs more than the ids
         return None
     return {(False, True): "video", (True, False): "image"}.get((bool(marked[0]), bool(marked[1])))
+
+
+def video_marks(model: torch.nn.Module, inner: torch.nn.Module, image: int, video: int | None) -> str | None:
+    """How a grid family's videos are carried: ``"video"`` (their own modality), ``"image"`` (frames as images), or
+    ``None`` (not carried: no ``get_video_features`` taking a ``video_grid_thw``, a placeholder mask that does not
+    tell, or a tower that pools the temporal axis (Kimi-K2.5's ``merge_kernel_size``: a video's placeholders are not
+    ``t * h * w / merge``))."""
+    if "video_grid_thw" not in _params(getattr(inner, "get_video_features", None)):
+        return None
+    if getattr(getattr(model.config, "vision_config", None), "merge_kernel_size", None):
+        return None
+    return video_placeholder(inner, image, video)
 
 
 def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
@@ -179,9 +191,8 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     rope = rope_index(inner)
     rope_params = _params(getattr(inner, "get_rope_index", None))
     mods = [Modality("image", image, "pixel_values", "image_grid_thw", ("image_grid_thw",), 1)]
-    takes_video = "video_grid_thw" in _params(getattr(inner, "get_video_features", None))
     document = None
-    marks = video_placeholder(inner, image, video) if takes_video else None
+    marks = video_marks(model, inner, image, video)
     if marks == "image":
         document = frames_as_images(image)
     elif marks == "video":

@@ -157,3 +157,12 @@ def test_a_vision_tower_s_token_mixer_is_not_taken_for_the_decoder_s() -> None:
     assert tower and all(id(m) in parts for m in tower)
     assert not any(id(m) in parts for m in model.model.language_model.modules())
     assert check_model(model, sp_size=2, packed=True).attention_layers > 0
+
+
+def test_a_tower_pooling_the_temporal_axis_carries_no_videos() -> None:
+    """Kimi-K2.5's merge kernel pools a video's frames (its placeholders are not ``t * h * w / merge``): its images
+    are a grid family's, its videos are not carried (the collator refuses a document holding one)."""
+    spec = hf_hsap.vision_spec(model_of("kimi_k25"))
+    assert [m.name for m in spec.layout.modalities] == ["image"]
+    assert spec.layout.merge == 4  # the 2 x 2 kernel
+    assert "pixel_values_videos" in spec.uncarried

@@ -441,7 +441,7 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
         video placeholder is the image token where the model's placeholder mask says so (GLM-4V: ``video.shared``;
         such a model's own forward cannot take an image and a video together, so its video documents hold no image).
     """
-    from hf_hsap.multimodal.grid import video_placeholder
+    from hf_hsap.multimodal.grid import video_marks
 
     inner = feature_module(model)
     vtoken = next((getattr(config, n) for n in ("video_token_id", "video_token_index")
@@ -452,7 +452,7 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
     if not kind.startswith("grid") or vtoken is None or "video_grid_thw" not in encode or needs:
         return None  # no grid video, or one that needs inputs not made here (VideoLLaMA3's video_merge_sizes)
     itoken = image_token_id(config)
-    marks = video_placeholder(inner, itoken, vtoken)  # as grid_spec reads it: no video where it reads none
+    marks = video_marks(model, inner, itoken, vtoken)  # as grid_spec reads it: no video where it reads none
     if marks is None:
         return None
     token = itoken if marks == "image" else vtoken
