@@ -30,7 +30,11 @@ def reference(family: str, video: bool) -> dict:
 
 
 def check(family: str, results: list[dict], video: bool = False) -> None:
-    ref = reference(family, video)
+    check_against(reference(family, video), family, results)
+
+
+def check_against(ref: dict, family: str, results: list[dict]) -> None:
+    """Every rank's ``results`` against the documents alone ``ref``: logits, loss, every gradient (the tower's)."""
     tol = ISLAND_TOL.get(family, TOL)
     tower = [g for n, g in ref["grads"].items() if "vision" in n or "visual" in n]
     assert tower and any(float(g.abs().max()) > 1e-6 for g in tower)  # the vision tower's gradients are tested
