@@ -41,7 +41,38 @@ def vlm_section(res: dict[str, Any]) -> str:
                      f"{ratio(a['peak_mib'], b['peak_mib'])} | {secs(a['cpu_s'])} | {secs(b['cpu_s'])} | "
                      f"{ratio(a['cpu_s'], b['cpu_s'])} | {secs(a['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
                      f"{_encoded(a)} | {_encoded(b)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _video_lines(res)) + "\n"
+
+
+def _video_lines(res: dict[str, Any]) -> list[str]:
+    """The long video row's table (results without one: none)."""
+    if not res.get("video_rows"):
+        return []
+    v, cfg = res["video_row"], res["config"]
+    lines = ["", "### Long video row", "",
+             f"One packed row of {v['tokens']:,} tokens: {v['videos']} videos, {v['placeholders']:,} video "
+             f"placeholders, {v['pixel_rows']:,} pixel rows (grids {', '.join(str(tuple(g)) for _, g, _ in cfg['video'])}"
+             "), split across ranks by the plan. `once`: a video split across ranks is encoded by one holder (the "
+             "least encoder work so far) and the others receive their feature rows (`HSAPConfig(vision_encoding="
+             "\"once\")`, `hf_hsap.multimodal.exchange`); `holders`: every holder encodes it whole; `baseline`: "
+             "every rank encodes every video (the tower replicated). `auto` is what the default picks from the rule's "
+             "prices (their constants are stated, not calibrated on a GPU). Losses equal within "
+             f"{max(r[s]['loss_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e}, "
+             "the group's summed gradients within "
+             f"{max(r[s]['grad_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e} "
+             "(relative). Busiest rank's CPU time per step, vision tower time and tensor peak; pixel rows encoded "
+             "and feature rows received per rank.", "",
+             "| SP | auto | step s once | holders | baseline | vision s once | holders | baseline | peak MiB once | "
+             "holders | baseline | pixel rows per rank once | holders | rows received once |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in res["video_rows"]:
+        o, h, b = r["once"], r["holders"], r["baseline"]
+        lines.append(f"| {r['sp']} | {r['auto']} | {secs(o['cpu_s'])} | {secs(h['cpu_s'])} | {secs(b['cpu_s'])} | "
+                     f"{secs(o['vision_cpu_s'])} | {secs(h['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
+                     f"{mib(o['peak_mib'])} | {mib(h['peak_mib'])} | {mib(b['peak_mib'])} | "
+                     f"{', '.join(f'{x:,}' for x in o['pixel_rows'])} | {', '.join(f'{x:,}' for x in h['pixel_rows'])} "
+                     f"| {', '.join(f'{x:,}' for x in o['received'])} |")
+    return lines
 
 
 def _encoded(s: dict[str, Any]) -> str:
