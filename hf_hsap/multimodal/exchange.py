@@ -33,6 +33,7 @@ group: a rank without pixels of a modality never calls that encoder), with
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,7 @@ import torch
 
 from ..comm.p2p import Splits
 from ..config import VISION_ENCODINGS
-from ..log import get_logger
+from ..log import get_logger, log_once
 from ..plan.cost import CostModel
 
 __all__ = ["ENCODINGS", "Holdings", "RowExchange", "Route", "VisionPrice", "exchange_rows", "route_items"]
@@ -201,10 +202,13 @@ def route_items(mods: Sequence[Holdings], size: int, rank: int, *, encoding: str
         raise ValueError(f"vision_encoding={encoding!r}: use one of {ENCODINGS}")
     owners, encodes, once, holders, moved = _owners(mods, size, price or VisionPrice.from_cost(None))
     use_once = moved > 0 and (encoding == "once" or (encoding == "auto" and once < holders))
-    if size > 1 and moved > 0:
-        logger.info("vision items split across ranks: %s (busiest rank's price: holders %.3g, once %.3g moving %d "
-                    "rows; encoding=%s)", "encoded once, rows sent" if use_once else "encoded by every holder",
-                    holders, once, moved, encoding)
+    if size > 1 and moved > 0:  # the first batch of each choice at info, every batch at debug
+        choice = "encoded once, rows sent" if use_once else "encoded by every holder"
+        msg = ("vision items split across ranks: %s (busiest rank's price: holders %.3g, once %.3g moving %d rows; "
+               "vision_encoding=%s; the prices' constants are stated, not calibrated)")
+        if not log_once(logger, logging.INFO, ("vision encoding", choice, encoding), msg, choice, holders, once,
+                        moved, encoding):
+            logger.debug(msg, choice, holders, once, moved, encoding)
     out = {}
     for k, h in enumerate(mods):
         mine = h.held[rank]

@@ -77,11 +77,12 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     Raises:
         ValueError: the output's per-item counts differ from ``items``.
     """
+    fields = _SELECTED_FIELDS
     if items is not None and getattr(output, "pooler_output", None) is not None:
         _check_counts(output.pooler_output, items, name)
     if exchange is not None:
-        exchange_rows(output, exchange, _SELECTED_FIELDS)
-    for name in _SELECTED_FIELDS:
+        exchange_rows(output, exchange, fields)
+    for name in fields:
         value = getattr(output, name, None)
         if value is not None:
             setattr(output, name, _select(value, rows))

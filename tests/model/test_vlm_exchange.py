@@ -6,6 +6,8 @@ vision tower's included, :func:`test_vlm.check`) on rows where one rank holds pa
 of its own, so that rows really move (asserted)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -47,12 +49,17 @@ def test_a_holder_with_no_item_of_its_own_encodes_one() -> None:
     assert all(r.items.tolist() == [0] and r.exchange is None for r in routes)
 
 
-def test_auto_chooses_by_the_busiest_ranks_price() -> None:
+def test_auto_chooses_by_the_busiest_ranks_price(caplog) -> None:
     """Two large items each split over ranks 0-1 and 1-2: every holder encoding puts both on rank 1. Cheap rows:
-    once (rank 1 encodes one); rows dearer than encoding: holders."""
+    once (rank 1 encodes one); rows dearer than encoding: holders. The choice is logged."""
+    from hf_hsap.log import forget_logged
+
     h = _holdings([8, 8, 1, 1, 1], [[0, 1, 16], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17], [18]])
-    once = route_items([h], 3, 1, encoding="auto", price=CHEAP, executor=object())["image"]
+    forget_logged()
+    with caplog.at_level(logging.INFO, logger="hf_hsap"):
+        once = route_items([h], 3, 1, encoding="auto", price=CHEAP, executor=object())["image"]
     assert once.exchange is not None and once.items.size < 4
+    assert "encoded once, rows sent" in caplog.text
     dear = VisionPrice(patch_cost=1.0, row_cost=1000.0, round_cost=0.0)
     assert route_items([h], 3, 1, encoding="auto", price=dear, executor=object())["image"].exchange is None
 
