@@ -11,7 +11,6 @@ import logging
 import numpy as np
 import pytest
 
-import hf_hsap
 from hf_hsap.multimodal.exchange import Holdings, VisionPrice, route_items
 from test_vlm import check_against
 from workers import vlm_exchange as X
@@ -64,13 +63,9 @@ def test_auto_chooses_by_the_busiest_ranks_price(caplog) -> None:
     assert route_items([h], 3, 1, encoding="auto", price=dear, executor=object())["image"].exchange is None
 
 
-def test_vision_encoding_is_validated() -> None:
-    with pytest.raises(ValueError, match="vision_encoding"):
-        hf_hsap.HSAPConfig(vision_encoding="twice")
-
-
 @pytest.mark.parametrize("family,sp_size,ulysses,video,encoding", [
-    ("qwen2_5_vl", 2, 1, False, "once"), ("qwen2_5_vl", 4, 2, True, "once"), ("llava", 2, 2, False, "once")])
+    ("qwen2_5_vl", 2, 1, False, "once"), ("qwen2_5_vl", 4, 2, True, "once"), ("llava", 2, 2, False, "once"),
+    ("qwen3_vl", 2, 1, True, "once")])  # Qwen3-VL: its deepstack rows travel with the pooled ones
 def test_split_items_match_documents_alone(family: str, sp_size: int, ulysses: int, video: bool, encoding: str,
                                            pools) -> None:
     shapes = SPLIT_VIDEO if video else SPLIT
