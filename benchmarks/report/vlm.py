@@ -24,12 +24,13 @@ def vlm_section(res: dict[str, Any]) -> str:
              f"{row['placeholders']:,} image placeholders, {row['pixel_rows']:,} pixel rows. SP = world size on "
              "spawned gloo ranks (CPU). `baseline`: every rank encodes every image and merges it into the global "
              "row's embeddings; a pre-hook on the language model then cuts `inputs_embeds` and `position_ids` to "
-             f"the rank's tokens (the same plan). Its loss equals hf_hsap's within {worst_loss:.1e} and each "
-             f"rank's gradients within {worst_grad:.1e} (relative). Peak: the exact tensor peak of one step "
+             f"the rank's tokens (the same plan). Its loss equals hf_hsap's within {worst_loss:.1e} and the SP "
+             f"group's summed gradients within {worst_grad:.1e} (relative). Peak: the exact tensor peak of one step "
              f"(TensorPeak); time: CPU time of one step, median of {cfg['reps']} interleaved rounds after a "
              "warm-up; vision: the vision tower's forward + backward alone on the pixels the rank encodes; "
-             "busiest rank of each. Ratio = hf_hsap / baseline. hf_hsap encodes an image split across ranks whole "
-             "on each of them: pixel rows encoded summed over ranks " + ", ".join(
+             "busiest rank of each. Ratio = hf_hsap / baseline. hf_hsap encodes an image split across ranks on "
+             "each holder or once (its rows sent), as the default `vision_encoding=\"auto\"` prices it: pixel "
+             "rows encoded summed over ranks " + ", ".join(
                  f"{sum(r[hs]['pixel_rows']):,} at SP {r['sp']}" for r in res["rows"]) +
              f" (the row has {row['pixel_rows']:,}).", "",
              "| SP | peak MiB hf_hsap | baseline | ratio | step s hf_hsap | baseline | ratio | vision s hf_hsap "
