@@ -1,7 +1,8 @@
 """Vision-language models on packed image / video + text rows, under sequence parallelism.
 
 - :func:`vision_spec` (:mod:`.spec`): what the packing collator needs of a model, for the families made exact.
-- :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`.
+- :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`; an image or video
+  split across ranks encoded by every holder or once, its rows sent (:mod:`.exchange`, chosen per batch by price).
 - :func:`prepare_vision` (:mod:`.select`): the model keeps only its rank's feature rows; called by
   :func:`hf_hsap.prepare_model`.
 """
