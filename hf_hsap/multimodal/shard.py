@@ -110,8 +110,8 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         mods.append(Holdings(m.name, tokens, patches, tuple(held)))
         sizes[m.name] = (m, tokens, rows)
     sp = getattr(plan, "sp", None)
-    executor = None if sp is None or size == 1 else P2PExecutor(sp.group, sp.global_ranks, sp.comm_stats,
-                                                                   sp.timeout_s)
+    # its own counters (the SP group's comm_stats count the attention's KV)
+    executor = None if sp is None or size == 1 else P2PExecutor(sp.group, sp.global_ranks, timeout_s=sp.timeout_s)
     price = VisionPrice.from_cost(getattr(plan, "cost", None))
     local: dict[str, Any] = {}
     rows_of: dict[str, Any] = {}
