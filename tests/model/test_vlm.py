@@ -86,8 +86,8 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
         return
     key = "video" if video else ("pixel" if family == "llava" else "image")
     items = len(W.VIDEO_SHAPES if video else [s for s in W.SHAPES if s[1] is not None])
-    # more local items than items: one held by two ranks, encoded by both, its features split between them
-    assert sum(r["local_items"].get(key, 0) for r in results) > items
+    # an item held by two ranks: encoded by both (more local items than items), or once and its rows sent
+    assert sum(r["local_items"].get(key, 0) for r in results) > items or sum(r["received"] for r in results) > 0
 
 
 @pytest.mark.parametrize("family,kv_token_cost", [("qwen3_vl", None), ("gemma3", 1e6)])
