@@ -218,8 +218,10 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
                                     if sp_size > 1 else None)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         rows = local.get(ROWS_KEY, {})
-        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
-        moved = sum(ex.recv_rows for k, ex in rows.items() if k.endswith(":exchange"))  # rows this rank received
+        got = {m: rows[f"{m}:exchange"].recv_rows if f"{m}:exchange" in rows else 0 for m in rows if ":" not in m}
+        # holds part of an item: encodes more rows than it keeps, or receives rows of one encoded once elsewhere
+        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() - got[m] or got[m] > 0 for m in got)
+        moved = sum(got.values())  # rows this rank received
         out = model(**local)
         hf_hsap.check_plan_used(local, expected_layers=layers)  # as the trainers call it
         logits = out.logits[0]
