@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 ROUNDS = ("auto", "batched", "by_peer")
 RECURRENT_MODES = ("auto", "summaries", "heads")
+VISION_ENCODINGS = ("auto", "holders", "once")  # how a vision item split across SP ranks is encoded
 ULYSSES_MODES = ("auto", "per_batch")  # the non-int values of ulysses_size
 DEFAULT_TIMEOUT_S = 600.0
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -87,6 +88,10 @@ class HSAPConfig:
             head shards, whole documents per rank, where the heads divide the group; other kernels take summaries)
             or ``"auto"`` (per batch, the one the plan's cost model prices faster: :func:`hf_hsap.plan.cost.recurrent_mode`).
             Read from the SP group's config (``init_sequence_parallel``), for every batch it runs.
+        vision_encoding: how an image or video whose placeholders are split across SP ranks is encoded:
+            ``"holders"`` (every holder encodes it whole), ``"once"`` (one holder encodes it and sends the others
+            their feature rows) or ``"auto"`` (per batch, the cheaper on the busiest rank:
+            :func:`hf_hsap.multimodal.exchange.route_items`). Read by ``shard_batch``.
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).
@@ -106,6 +111,7 @@ class HSAPConfig:
     windows: Any = None
     per_batch_memory_cap: bool = True
     recurrent_mode: str = "auto"
+    vision_encoding: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> ValueError:
@@ -133,6 +139,8 @@ class HSAPConfig:
             raise bad("placement", f"must be one of {PLACEMENTS}")
         if self.recurrent_mode not in RECURRENT_MODES:
             raise bad("recurrent_mode", f"must be one of {RECURRENT_MODES}")
+        if self.vision_encoding not in VISION_ENCODINGS:
+            raise bad("vision_encoding", f"must be one of {VISION_ENCODINGS}")
         if self.rounds not in ROUNDS:
             raise bad("rounds", f"must be one of {ROUNDS}")
         if self.recv_budget_tokens is not None and (isinstance(self.recv_budget_tokens, bool)

@@ -222,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "vlm_zoo.json"),
                         help="raw results")
     parser.add_argument("--no-probe", action="store_true", help="do not run refused families as if listed")
+    parser.add_argument("--vision-encoding", choices=("auto", "holders", "once"), default="auto",
+                        help="HSAPConfig.vision_encoding of the SP modes (an item split across ranks encoded by "
+                             "every holder, or once with its rows sent)")
     args = parser.parse_args(argv)
+    from workers.vlm_zoo import ENCODING_ENV
+
+    os.environ[ENCODING_ENV] = args.vision_encoding  # read by the spawned ranks
     warnings.filterwarnings("ignore")
     import torch
     import transformers
@@ -233,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     from workers import vlm_zoo_run, zoo_run
 
     families = [f for f in args.families.split(",") if f] or VC.families()
-    header = {"command": "python scripts/vlm_zoo.py" + (f" --families {args.families}" if args.families else ""),
+    header = {"command": "python scripts/vlm_zoo.py" + (f" --families {args.families}" if args.families else "")
+              + (f" --vision-encoding {args.vision_encoding}" if args.vision_encoding != "auto" else ""),
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "transformers": transformers.__version__,
               "torch": torch.__version__, "json": os.path.relpath(args.json, ROOT), "seconds": 0.0,
               "commit": _commit()}

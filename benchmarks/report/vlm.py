@@ -24,12 +24,13 @@ def vlm_section(res: dict[str, Any]) -> str:
              f"{row['placeholders']:,} image placeholders, {row['pixel_rows']:,} pixel rows. SP = world size on "
              "spawned gloo ranks (CPU). `baseline`: every rank encodes every image and merges it into the global "
              "row's embeddings; a pre-hook on the language model then cuts `inputs_embeds` and `position_ids` to "
-             f"the rank's tokens (the same plan). Its loss equals hf_hsap's within {worst_loss:.1e} and each "
-             f"rank's gradients within {worst_grad:.1e} (relative). Peak: the exact tensor peak of one step "
+             f"the rank's tokens (the same plan). Its loss equals hf_hsap's within {worst_loss:.1e} and the SP "
+             f"group's summed gradients within {worst_grad:.1e} (relative). Peak: the exact tensor peak of one step "
              f"(TensorPeak); time: CPU time of one step, median of {cfg['reps']} interleaved rounds after a "
              "warm-up; vision: the vision tower's forward + backward alone on the pixels the rank encodes; "
-             "busiest rank of each. Ratio = hf_hsap / baseline. hf_hsap encodes an image split across ranks whole "
-             "on each of them: pixel rows encoded summed over ranks " + ", ".join(
+             "busiest rank of each. Ratio = hf_hsap / baseline. hf_hsap encodes an image split across ranks on "
+             "each holder or once (its rows sent), as the default `vision_encoding=\"auto\"` prices it: pixel "
+             "rows encoded summed over ranks " + ", ".join(
                  f"{sum(r[hs]['pixel_rows']):,} at SP {r['sp']}" for r in res["rows"]) +
              f" (the row has {row['pixel_rows']:,}).", "",
              "| SP | peak MiB hf_hsap | baseline | ratio | step s hf_hsap | baseline | ratio | vision s hf_hsap "
@@ -41,7 +42,38 @@ def vlm_section(res: dict[str, Any]) -> str:
                      f"{ratio(a['peak_mib'], b['peak_mib'])} | {secs(a['cpu_s'])} | {secs(b['cpu_s'])} | "
                      f"{ratio(a['cpu_s'], b['cpu_s'])} | {secs(a['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
                      f"{_encoded(a)} | {_encoded(b)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _video_lines(res)) + "\n"
+
+
+def _video_lines(res: dict[str, Any]) -> list[str]:
+    """The long video row's table (results without one: none)."""
+    if not res.get("video_rows"):
+        return []
+    v, cfg = res["video_row"], res["config"]
+    lines = ["", "### Long video row", "",
+             f"One packed row of {v['tokens']:,} tokens: {v['videos']} videos, {v['placeholders']:,} video "
+             f"placeholders, {v['pixel_rows']:,} pixel rows (grids {', '.join(str(tuple(g)) for _, g, _ in cfg['video'])}"
+             "), split across ranks by the plan. `once`: a video split across ranks is encoded by one holder (the "
+             "least encoder work so far) and the others receive their feature rows (`HSAPConfig(vision_encoding="
+             "\"once\")`, `hf_hsap.multimodal.exchange`); `holders`: every holder encodes it whole; `baseline`: "
+             "every rank encodes every video (the tower replicated). `auto` is what the default picks from the rule's "
+             "prices (their constants are stated, not calibrated on a GPU). Losses equal within "
+             f"{max(r[s]['loss_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e}, "
+             "the group's summed gradients within "
+             f"{max(r[s]['grad_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e} "
+             "(relative). Busiest rank's CPU time per step, vision tower time and tensor peak; pixel rows encoded "
+             "and feature rows received per rank.", "",
+             "| SP | auto | step s once | holders | baseline | vision s once | holders | baseline | peak MiB once | "
+             "holders | baseline | pixel rows per rank once | holders | rows received once |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in res["video_rows"]:
+        o, h, b = r["once"], r["holders"], r["baseline"]
+        lines.append(f"| {r['sp']} | {r['auto']} | {secs(o['cpu_s'])} | {secs(h['cpu_s'])} | {secs(b['cpu_s'])} | "
+                     f"{secs(o['vision_cpu_s'])} | {secs(h['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
+                     f"{mib(o['peak_mib'])} | {mib(h['peak_mib'])} | {mib(b['peak_mib'])} | "
+                     f"{', '.join(f'{x:,}' for x in o['pixel_rows'])} | {', '.join(f'{x:,}' for x in h['pixel_rows'])} "
+                     f"| {', '.join(f'{x:,}' for x in o['received'])} |")
+    return lines
 
 
 def _encoded(s: dict[str, Any]) -> str:

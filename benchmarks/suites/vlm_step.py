@@ -1,6 +1,8 @@
 """A VLM training step under SP on CPU: per-rank tensor peak and step time of one forward + backward of a
 Qwen2.5-VL on one packed image + text row at SP 1, 2 and 4, vision tower included, hf_hsap beside a baseline where
-every rank encodes every image of the row (:mod:`benchmarks.suites.vlm_workers`, whose two schemes are checked equal first).
+every rank encodes every image of the row (:mod:`benchmarks.suites.vlm_workers`, whose two schemes are checked equal first);
+and a long video row at SP 2 and 4 whose videos are split across ranks: each split video encoded once and its rows
+sent (``vision_encoding="once"``), by every holder (``"holders"``), and by every rank (the baseline).
 
 Each SP size runs on its own spawned gloo ranks (SP = world size). Per scheme and rank: the exact tensor peak of one
 step (:class:`benchmarks.tensor_memory.TensorPeak`, in its own untimed step), the CPU time of a step (median of the
@@ -30,6 +32,10 @@ DEFAULT_OUT = RESULTS / "vlm_step.json"
 SHAPES = ((300, (1, 48, 48), 200), (150, (1, 32, 40), 250), (400, None, 300), (100, (1, 32, 32), 120),
           (60, (1, 24, 24), 80), (200, (1, 16, 24), 150), (50, (1, 16, 16), 90), (90, None, 84))
 
+# the long video row: (text before, video grid (t, h, w) in patches, text after); at SP 4 the first two videos are
+# split across ranks and the busiest holder of "every holder encodes" holds pieces of both
+VIDEO_SHAPES = ((20, (4, 24, 32), 10), (20, (4, 24, 32), 10), (20, (4, 16, 32), 10))
+
 
 @dataclass(frozen=True)
 class VLMStepConfig:
@@ -41,6 +47,7 @@ class VLMStepConfig:
         :func:`benchmarks.suites.vlm_workers.model_config`). vocab: text vocabulary. shapes: the row's documents.
         pad_to: the row length's multiple (the same row at every SP size). reps: timed rounds (0: memory only).
         seed: weights, tokens and pixels. loss_tol: largest difference of the two schemes' losses.
+        video: the long video row's documents (:data:`VIDEO_SHAPES`); video_sp_sizes: its SP sizes (empty: not run).
     """
 
     sp_sizes: tuple[int, ...] = (1, 2, 4)
@@ -55,11 +62,15 @@ class VLMStepConfig:
     reps: int = 5
     seed: int = 0
     loss_tol: float = 1e-5
+    video: tuple[tuple[int, tuple[int, int, int], int], ...] = VIDEO_SHAPES
+    video_sp_sizes: tuple[int, ...] = (2, 4)
 
     def quick(self) -> "VLMStepConfig":
         """Tiny sizes at SP 1 and 2, memory only: a smoke run of a few seconds."""
         return dataclasses.replace(self, sp_sizes=(1, 2), text={}, vision={}, vocab=128, reps=0,
-                                   shapes=((6, (1, 8, 8), 5), (3, None, 4), (2, (1, 4, 4), 3), (4, (1, 4, 8), 2)))
+                                   shapes=((6, (1, 8, 8), 5), (3, None, 4), (2, (1, 4, 4), 3), (4, (1, 4, 8), 2)),
+                                   video=((3, (2, 8, 8), 2), (3, (2, 8, 8), 2), (2, (2, 4, 8), 2)),
+                                   video_sp_sizes=(2,))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -83,6 +94,34 @@ def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
                      "loss_err": max(r["loss_err"] for r in rs), "grad_err": max(r["grad_err"] for r in rs),
                      "at_peak": rs[0]["at_peak"]}
     return row
+
+
+def _video_summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One SP size's row of the long video row from every rank's :func:`benchmarks.suites.vlm_workers.run_video`."""
+    row: dict[str, Any] = {"sp": sp_size, "auto": ranks[0]["auto"]}
+    for name in vw.VIDEO_SCHEMES:
+        rs = [r[name] for r in ranks]
+        times = [_median(r["cpu_s"]) for r in rs]
+        vision = [_median(r["vision_cpu_s"]) for r in rs]
+        row[name] = {"peak_mib": max(r["peak_bytes"] for r in rs) / 2**20,
+                     "peak_mib_ranks": [r["peak_bytes"] / 2**20 for r in rs],
+                     "cpu_s": None if None in times else max(times), "cpu_s_ranks": times,
+                     "wall_s": _median(rs[0]["wall_s"]),
+                     "vision_cpu_s": None if None in vision else max(vision), "vision_cpu_s_ranks": vision,
+                     "videos": [r["videos"] for r in rs], "pixel_rows": [r["pixel_rows"] for r in rs],
+                     "sent": [r["sent"] for r in rs], "received": [r["received"] for r in rs],
+                     "tokens": [r["tokens"] for r in rs], "loss": rs[0]["loss"],
+                     "loss_err": max(r["loss_err"] for r in rs), "grad_err": max(r["grad_err"] for r in rs)}
+    return row
+
+
+def video_facts(cfg: VLMStepConfig) -> dict[str, int]:
+    """Tokens, videos, placeholders and pixel rows of the long video row (no model needed)."""
+    merge = model_facts(cfg)["merge"]
+    pixels = sum(t * h * w for _, (t, h, w), _ in cfg.video)
+    tokens = sum(a + b + 2 + t * h * w // merge for a, (t, h, w), b in cfg.video)
+    return {"tokens": -(-tokens // cfg.pad_to) * cfg.pad_to, "videos": len(cfg.video), "placeholders": pixels // merge,
+            "pixel_rows": pixels}
 
 
 def row_facts(cfg: VLMStepConfig) -> dict[str, int]:
@@ -119,7 +158,7 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
     t0 = time.perf_counter()
     own = pools is None
     pools = DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) if own else pools
-    rows, facts = [], row_facts(cfg)
+    rows, video_rows, facts = [], [], row_facts(cfg)
     try:
         for sp_size in cfg.sp_sizes:
             ranks = pools.get(sp_size, timeout_s=timeout_s).run(vw.run_sp, dataclasses.asdict(cfg), sp_size, cfg.reps)
@@ -127,11 +166,17 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
             base = rows[-1]["baseline"]
             assert sum(base["tokens"]) == facts["tokens"] and base["pixel_rows"][0] == facts["pixel_rows"], \
                 f"the row is not the configuration's: {base['tokens']} tokens, {base['pixel_rows']} pixel rows"
+        for sp_size in cfg.video_sp_sizes:
+            ranks = pools.get(sp_size, timeout_s=timeout_s).run(vw.run_video, dataclasses.asdict(cfg), sp_size,
+                                                                cfg.reps)
+            video_rows.append(_video_summary(sp_size, ranks))
+            base = video_rows[-1]["baseline"]
+            assert sum(base["tokens"]) == video_facts(cfg)["tokens"], f"the video row has {base['tokens']} tokens"
     finally:
         if own:
             pools.close()
     return {"config": dataclasses.asdict(cfg), "model": model_facts(cfg), "row": facts, "rows": rows,
-            "seconds": time.perf_counter() - t0}
+            "video_row": video_facts(cfg), "video_rows": video_rows, "seconds": time.perf_counter() - t0}
 
 
 def main(argv: Sequence[str]) -> Outcome:

@@ -3,12 +3,17 @@ Qwen2.5-VL on one packed image + text row under HSAP SP (spawned gloo ranks), by
 row and plan:
 
 * ``hf_hsap``: ``model(**shard_batch(batch, sp))``: each rank encodes only the images with a placeholder on it and
-  keeps its own feature rows (:mod:`hf_hsap.multimodal`);
-* ``baseline``: what sharding at the language model's entrance does: every rank runs the whole vision tower and the
+  keeps its own feature rows, an image split across ranks encoded by each holder or once, as the default
+  ``vision_encoding="auto"`` prices it (:mod:`hf_hsap.multimodal`);
+* ``baseline``: what sharding at the language model's entrance does (the tower replicated): every rank runs the whole vision tower and the
   embedding merge on the global row (all pixels, all ``input_ids``), and a forward pre-hook on the language model
   (:func:`entrance_sharding`) cuts ``inputs_embeds`` and ``position_ids`` to the rank's tokens with the same plan.
 
-Both schemes are checked equal (loss, and this rank's every gradient) before anything is measured.
+Both schemes are checked equal (loss, and every gradient summed over the SP group) before anything is measured.
+
+The long video row (:func:`run_video`) compares three: ``once`` (a video split across ranks encoded by one holder,
+its rows sent: ``vision_encoding="once"``, :mod:`hf_hsap.multimodal.exchange`), ``holders`` (every holder encodes
+it) and ``baseline`` (every rank encodes every video).
 """
 from __future__ import annotations
 
@@ -143,6 +148,17 @@ def step(model: torch.nn.Module, scheme: str, batch: dict[str, Any], local: dict
     return total
 
 
+def group_grads(model: torch.nn.Module, sp: Any) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient summed over the SP group (zeros where none): what the schemes must agree on (a split
+    item's tower gradient sits on its holders, or on its owner alone where it is encoded once)."""
+    grads = {k: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+             for k, p in model.named_parameters()}
+    if getattr(sp, "size", 1) > 1:
+        for g in grads.values():
+            dist.all_reduce(g, group=sp.group)
+    return grads
+
+
 def vision_step(model: torch.nn.Module, pixels: torch.Tensor, grid: torch.Tensor) -> None:
     """Forward + backward of the vision tower alone (merger included) on ``pixels [N, C]`` of the items ``grid``."""
     feats = model.model.visual(pixels, grid_thw=grid).pooler_output  # [N / merge, H]
@@ -160,8 +176,8 @@ def _encoded(scheme: str, batch: dict[str, Any], local: dict[str, Any]) -> tuple
 def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, Any]]:
     """Both schemes at one SP size on this rank (collective over the SP group).
 
-    First one step of each (the warm-up), checked: the global losses equal to ``cfg["loss_tol"]`` and this rank's
-    every gradient equal (relative to its largest entry); then the tensor peak of one step per scheme; then
+    First one step of each (the warm-up), checked: the global losses equal to ``cfg["loss_tol"]`` and every
+    gradient summed over the group equal (relative to its largest entry); then the tensor peak of one step per scheme; then
     ``reps`` interleaved timed rounds of one step per scheme and of the vision tower alone on the pixels the
     scheme encodes (``reps = 0``: memory only).
 
@@ -187,7 +203,7 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
     for name in SCHEMES:
         local = hf_hsap.shard_batch(batch, sp)
         loss = float(step(model, name, batch, local, sp, rank))
-        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        grads = group_grads(model, sp)
         model.zero_grad(set_to_none=True)
         if ref is None:
             ref = (loss, grads)
@@ -196,7 +212,8 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
                      "tokens": int(local["input_ids"].shape[1]),
                      "grad_err": max(float((grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30))
                                      for k, g in ref[1].items())}
-        assert grads.keys() == ref[1].keys(), f"{name}: other parameters got gradients"
+        assert {k for k, g in grads.items() if g.any()} == {k for k, g in ref[1].items() if g.any()}, \
+            f"{name}: other parameters got gradients"
         assert out[name]["loss_err"] <= cfg["loss_tol"], f"{name}: loss {loss} against hf_hsap's {ref[0]}"
     del ref
     for name in SCHEMES:
@@ -226,4 +243,113 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
                 model.zero_grad(set_to_none=True)
             else:
                 out[name]["vision_cpu_s"].append(0.0)
+    return out
+
+
+VIDEO_SCHEMES = ("once", "holders", "baseline")  # the long video row: vision_encoding "once" / "holders"; replicated
+_VIDEO_GLOBAL_KEYS = ("input_ids", "position_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def video_row(model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int], int]], seed: int,
+              pad_to: int) -> dict[str, Any]:
+    """The long video row: every document of ``shapes`` with a video of its grid, in one packed row."""
+    docs = vlm_documents(model.config, shapes, seed=seed, video=True)
+    total = sum(d["input_ids"].numel() for d in docs)
+    return hf_hsap.PackingCollator(total, pad_to_multiple_of=pad_to, vision=vision_spec(model))(docs)
+
+
+def _video_step(model: torch.nn.Module, scheme: str, batch: dict[str, Any], local: dict[str, Any], sp: Any,
+                rank: int | None) -> torch.Tensor:
+    """Forward + backward of the video row by ``scheme`` (``baseline``: every rank encodes every video and cuts the
+    language model's inputs, :func:`entrance_sharding`); returns the global loss."""
+    if scheme == "baseline":
+        skip = set(_VIDEO_GLOBAL_KEYS) | {ROWS_KEY, "mm_token_type_ids"}
+        inputs = {**{k: v for k, v in local.items() if k not in skip},
+                  **{k: batch[k] for k in _VIDEO_GLOBAL_KEYS if k in batch}}
+        with entrance_sharding(model, rank):
+            loss = model(**inputs).loss
+    else:
+        loss = model(**local).loss
+    loss.backward()
+    total = loss.detach().clone()
+    if getattr(sp, "size", 1) > 1:
+        dist.all_reduce(total, group=sp.group)
+    return total
+
+
+def _video_local(batch: dict[str, Any], sp: Any, scheme: str) -> dict[str, Any]:
+    """``shard_batch`` with ``vision_encoding`` of ``scheme`` (the baseline shards as ``holders``)."""
+    if getattr(sp, "size", 1) == 1:
+        return hf_hsap.shard_batch(batch, sp)
+    return hf_hsap.shard_batch(batch, sp, config=sp.config.replace(
+        vision_encoding="holders" if scheme == "baseline" else scheme))
+
+
+def _moved(local: dict[str, Any]) -> tuple[int, int]:
+    """Feature rows this rank sends and receives (the exchanges of ``local``)."""
+    ex = [v for k, v in local.get(ROWS_KEY, {}).items() if k.endswith(":exchange")]
+    return sum(int(e.send_index.numel()) for e in ex), sum(e.recv_rows for e in ex)
+
+
+def run_video(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, Any]:
+    """The long video row at one SP size on this rank, by every scheme of :data:`VIDEO_SCHEMES` (collective).
+
+    As :func:`run_sp`: one checked step per scheme (the global losses within ``cfg["loss_tol"]``, this rank's
+    gradients summed over the group equal), the tensor peak of one step, then ``reps`` interleaved timed rounds of a
+    step and of the vision tower alone on the pixels the scheme encodes here.
+
+    Returns:
+        ``{"auto": the encoding "auto" picks, scheme: {"loss", "loss_err", "grad_err", "videos", "pixel_rows",
+        "sent", "received", "tokens", "peak_bytes", "cpu_s": [...], "wall_s": [...], "vision_cpu_s": [...]}}``.
+    """
+    torch.set_num_threads(1)
+    if sp_size > 1 and sp_size not in _GROUPS:
+        _GROUPS[sp_size] = hf_hsap.init_sequence_parallel(sp_size)
+    sp = _GROUPS.get(sp_size, 1)
+    rank = None if sp_size > 1 else 0
+    model = build(model_config(cfg["text"], cfg["vision"], cfg["vocab"]), cfg["seed"])
+    hf_hsap.prepare_model(model, sp_size=sp_size)
+    batch = video_row(model, [(a, tuple(g), b) for a, g, b in cfg["video"]], cfg["seed"], cfg["pad_to"])
+    auto = hf_hsap.shard_batch(batch, sp, check_previous=False)  # what the default picks (not run)
+    out: dict[str, Any] = {"auto": "once" if any(_moved(auto)) else "holders"}
+    ref = None
+    for name in VIDEO_SCHEMES:
+        local = _video_local(batch, sp, name)
+        loss = float(_video_step(model, name, batch, local, sp, rank))
+        grads = group_grads(model, sp)
+        model.zero_grad(set_to_none=True)
+        ref = ref or (loss, grads)
+        src = batch if name == "baseline" else local
+        sent, received = (0, 0) if name == "baseline" else _moved(local)
+        out[name] = {"loss": loss, "loss_err": abs(loss - ref[0]), "sent": sent, "received": received,
+                     "videos": int(src["video_grid_thw"].shape[0]) if src.get("video_grid_thw") is not None else 0,
+                     "pixel_rows": int(src["pixel_values_videos"].shape[0])
+                     if src.get("pixel_values_videos") is not None else 0,
+                     "tokens": int(local["input_ids"].shape[1]),
+                     "grad_err": max(float((grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30))
+                                     for k, g in ref[1].items())}
+        assert out[name]["loss_err"] <= cfg["loss_tol"], f"{name}: loss {loss} against {ref[0]}"
+    del ref
+    for name in VIDEO_SCHEMES:
+        local = _video_local(batch, sp, name)
+        with TensorPeak() as peak:
+            _video_step(model, name, batch, local, sp, rank)
+        model.zero_grad(set_to_none=True)
+        out[name].update(peak_bytes=peak.peak_bytes, cpu_s=[], wall_s=[], vision_cpu_s=[])
+    for _ in range(reps):
+        for name in VIDEO_SCHEMES:
+            local = _video_local(batch, sp, name)
+            if sp_size > 1:
+                dist.barrier()
+            c0, w0 = time.process_time(), time.perf_counter()
+            _video_step(model, name, batch, local, sp, rank)
+            out[name]["cpu_s"].append(time.process_time() - c0)
+            out[name]["wall_s"].append(time.perf_counter() - w0)
+            model.zero_grad(set_to_none=True)
+            src = batch if name == "baseline" else local
+            c0 = time.process_time()
+            if src.get("pixel_values_videos") is not None:
+                vision_step(model, src["pixel_values_videos"], src["video_grid_thw"])
+                model.zero_grad(set_to_none=True)
+            out[name]["vision_cpu_s"].append(time.process_time() - c0)
     return out

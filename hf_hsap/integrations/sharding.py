@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import HSAPConfig
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
 from ..multimodal import batch_blocks, shard_vision, vision_keys
@@ -193,7 +194,8 @@ def shard_batch(
         sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
         placement: overrides the config's placement (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
         config: the :class:`~hf_hsap.HSAPConfig` to plan with (placement, rounds, receive budget, token
-            slack); default the group's ``sp.config``.
+            slack, how a vision item split across ranks is encoded: ``vision_encoding``); default the group's
+            ``sp.config``.
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
         check_previous: under SP, first check that the forward of the group's previous batch from
@@ -266,7 +268,8 @@ def shard_batch(
     if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
         local.update(shard_cross(batch, vision, shard))
     elif vision is not None:
-        local.update(shard_vision(batch, vision, ids.reshape(-1), shard))
+        encoding = (config or getattr(sp, "config", None) or HSAPConfig()).vision_encoding
+        local.update(shard_vision(batch, vision, ids.reshape(-1), plan, rank=rank, encoding=encoding))
     elif any(batch.get(k) is not None for k in PIXEL_KEYS):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")

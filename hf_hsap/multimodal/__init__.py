@@ -2,7 +2,8 @@
 
 - :func:`vision_spec` (:mod:`.spec`): what the packing collator needs of a model, derived from the model itself
   (:mod:`.structure`: its forward's keys, encoders and placeholders), or a refusal naming the structure.
-- :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`.
+- :func:`shard_vision` (:mod:`.shard`): each rank's images, called by :func:`hf_hsap.shard_batch`; an image or video
+  split across ranks encoded by every holder or once, its rows sent (:mod:`.exchange`, chosen per batch by price).
 - :func:`prepare_vision` (:mod:`.select`): the model keeps only its rank's feature rows; called by
   :func:`hf_hsap.prepare_model`.
 """

@@ -16,7 +16,8 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
-from .shard import ROWS_KEY, items_key
+from .exchange import exchange_rows
+from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
 
 __all__ = ["prepare_vision", "select_rows"]
@@ -61,7 +62,8 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
                          "placeholders (train it with one document per row, packing off)")
 
 
-def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image") -> Any:
+def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image",
+                exchange: Any = None) -> Any:
     """Cut an encoder output (``pooler_output`` and deepstack features; ``last_hidden_state`` where it has no
     ``pooler_output``) to ``rows``.
 
@@ -71,6 +73,8 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         items: ``[n_items]`` placeholders of every local item (checked against the output), or ``None``.
         name: the modality (for the message; ``"audio"``: the ``last_hidden_state`` is cut, the rows an audio
             encoder returns).
+        exchange: this rank's :class:`~.exchange.RowExchange` of the modality (rows encoded once elsewhere are
+            received, after this rank's own, and its rows others need are sent), or ``None``.
 
     Returns:
         ``output`` with those fields replaced (the same object).
@@ -83,6 +87,8 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
     if items is not None and getattr(output, fields[0], None) is not None:
         _check_counts(getattr(output, fields[0]), items, name)
+    if exchange is not None:
+        exchange_rows(output, exchange, fields)
     for field_name in fields:
         value = getattr(output, field_name, None)
         if value is not None:
@@ -138,7 +144,8 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         finally:
             state.inside = False
         rows = None if state.rows is None else state.rows.get(name)
-        return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name)
+        return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
+                                                    state.rows.get(exchange_key(name)))
     return features
 
 

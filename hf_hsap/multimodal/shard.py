@@ -1,10 +1,11 @@
 """Give each rank of an SP group the images whose placeholder tokens it holds.
 
 The vision tower runs at the language model's entrance, on every rank, for only the items (images, videos) with a
-placeholder on that rank. An item split across ranks is encoded whole by each of its holders, and each keeps the
-feature rows of its own placeholders; the SP group's gradient reduction then sums the item's pieces. This module
+placeholder on that rank. An item split across ranks is encoded whole by each of its holders, each keeping the
+feature rows of its own placeholders (the SP group's gradient reduction then sums the item's pieces), or once, by
+its owner, which sends the other holders their rows (:mod:`.exchange`, chosen per batch by price). This module
 computes, from the global batch and the plan, the local pixels and the feature rows each rank keeps
-(``hsap_vision_rows``, applied by :mod:`.select`)::
+(``hsap_vision_rows``, applied by :mod:`.select`); every holder encoding::
 
     global row   | t t [i0 i0 i0 i0] t t [i1 i1] t |    placeholders of items i0 (4 rows) and i1 (2 rows)
     rank 0 holds | t t  i0 i0                       |    -> encodes i0, keeps feature rows [0, 1]
@@ -18,18 +19,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..comm.p2p import P2PExecutor
 from ..data.cross import IMAGES_KEY
 from ..data.vision import LAYOUT_KEY, TOKENS_KEY, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
+from .exchange import Holdings, VisionPrice, route_items
 
-__all__ = ["ROWS_KEY", "batch_blocks", "image_blocks", "items_key", "prefix_blocks", "shard_vision", "vision_keys"]
+__all__ = ["ROWS_KEY", "batch_blocks", "exchange_key", "image_blocks", "items_key", "prefix_blocks", "shard_vision",
+           "vision_keys"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
 
 
 def items_key(name: str) -> str:
-    """The ``hsap_vision_rows`` entry with the placeholders of every local item of modality ``name``."""
+    """The ``hsap_vision_rows`` entry with the placeholders of every item of modality ``name`` this rank encodes."""
     return f"{name}:items"
+
+
+def exchange_key(name: str) -> str:
+    """The ``hsap_vision_rows`` entry with this rank's :class:`~.exchange.RowExchange` of modality ``name``."""
+    return f"{name}:exchange"
 
 
 def vision_keys(layout: VisionLayout) -> set[str]:
@@ -100,28 +109,35 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
 
 
-def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor, shard: Any) -> dict[str, Any]:
+def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor, plan: Any, *,
+                 rank: int | None = None, encoding: str = "auto") -> dict[str, Any]:
     """This rank's vision inputs and the feature rows it keeps.
 
     Args:
         batch: the global batch (pixels and per-item keys of every item, in document order).
         layout: the batch's :class:`~hf_hsap.data.vision.VisionLayout`.
         ids: ``[B * L]`` global token ids.
-        shard: ``plan.shard`` for this rank (``[B * L, ...] -> [T_local, ...]`` in plan order).
+        plan: the batch's plan (``plan.shard(x, rank=r)``: ``[B * L, ...] -> [T_local, ...]`` of SP rank ``r``).
+        rank: the plan's rank (``None``: the plan's own; an offline plan names it).
+        encoding: how an item split across ranks is encoded (:data:`~hf_hsap.multimodal.exchange.ENCODINGS`,
+            :func:`~hf_hsap.multimodal.exchange.route_items`).
 
     Returns:
-        The local pixels and per-item keys of the items with a local placeholder (a modality with none is left
-        out; where ``layout.empty_items``, one item whose rows it keeps none of) and ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64}}``: for each local
-        placeholder, in local token order, the row of the local items' concatenated features it takes; and the
-        placeholders of every local item (what the encoder's output is checked against).
+        The local pixels and per-item keys of the items this rank encodes (a modality with no local placeholder
+        is left out; where ``layout.empty_items``, one item whose rows it keeps none of) and
+        ``{ROWS_KEY: {name: [n_local] int64, "name:items": [n_items] int64, "name:exchange"}}``: for each local
+        placeholder, in local token order, the row of the encoded items' concatenated features (then the rows
+        received) it takes; the placeholders of every encoded item (what the encoder's output is checked
+        against); the rows sent and received, where any move.
 
     Raises:
         ValueError: placeholders that do not match the pixels.
     """
     check_pixel_keys(layout, [k for k, v in batch.items() if v is not None])
-    local: dict[str, Any] = {}
-    rows_of: dict[str, torch.Tensor] = {}
+    size = plan.size if rank is None else max(plan.size, rank + 1)
+    me = plan.rank if rank is None else rank
     ids = ids.detach().to("cpu")
+    mods, sizes = [], {}
     for m in layout.modalities:
         if batch.get(m.pixel_key) is None:
             if bool((ids == m.token_id).any()):
@@ -131,22 +147,34 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
         feature = torch.full((ids.numel(),), -1, dtype=torch.int64)
         feature[where] = torch.arange(where.numel())
-        mine = shard(feature).to("cpu")  # [T_local] in local token order
-        mine = mine[mine >= 0].numpy()  # global feature row of every local placeholder
-        token_start = np.concatenate([[0], np.cumsum(tokens)[:-1]])
-        item = np.searchsorted(token_start, mine, side="right") - 1  # the item of each local placeholder
-        items = np.unique(item)  # local items, in document order
-        keep = items
-        if items.size == 0:
+        held = []
+        for r in range(size):  # every rank's global feature row of each local placeholder, in local token order
+            mine = plan.shard(feature, rank=r).to("cpu")
+            held.append(mine[mine >= 0].numpy())
+        patches = rows if m.grid_key is not None else tokens * layout.merge  # encoder work: patches
+        mods.append(Holdings(m.name, tokens, patches, tuple(held)))
+        sizes[m.name] = (m, tokens, rows)
+    sp = getattr(plan, "sp", None)
+    # its own counters (the SP group's comm_stats count the attention's KV)
+    executor = None if sp is None or size == 1 else P2PExecutor(sp.group, sp.global_ranks, timeout_s=sp.timeout_s)
+    price = VisionPrice.from_cost(getattr(plan, "cost", None))
+    local: dict[str, Any] = {}
+    rows_of: dict[str, Any] = {}
+    routes = route_items(mods, size, me, encoding=encoding, price=price, executor=executor)
+    for m, tokens, rows in sizes.values():
+        route = routes.get(m.name)
+        if route is None:
             if not layout.empty_items:
                 continue
-            keep = np.argmin(rows)[None]  # a forward that requires the pixels: the cheapest item, none of its rows
-        new_start = np.zeros(tokens.size, dtype=np.int64)
-        new_start[items] = np.concatenate([[0], np.cumsum(tokens[items])[:-1]])
-        rows_of[m.name] = torch.from_numpy((mine - token_start[item] + new_start[item]).astype(np.int64))
-        rows_of[items_key(m.name)] = torch.from_numpy(tokens[keep])
+            items = np.argmin(rows)[None]  # a forward that requires the pixels: the cheapest item, none of its rows
+            rows_of[m.name] = torch.zeros(0, dtype=torch.int64)
+        else:
+            items = route.items
+            rows_of[m.name] = torch.from_numpy(route.rows)
+            if route.exchange is not None:
+                rows_of[exchange_key(m.name)] = route.exchange
+        rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
-        items = keep
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
         pixels = batch[m.pixel_key]
         local[m.pixel_key] = pixels.index_select(m.axis(m.pixel_key), pixel_idx.to(pixels.device))

@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.report.vlm import vlm_section
 
 from benchmarks.suites.vlm_step import DEFAULT_OUT, VLMStepConfig, run_vlm_step
-from benchmarks.suites.vlm_workers import SCHEMES
+from benchmarks.suites.vlm_workers import SCHEMES, VIDEO_SCHEMES
 from hf_hsap.testing import DistPools
 
 
@@ -26,8 +26,15 @@ def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPo
     one, two = res["rows"]
     assert one["hf_hsap"]["pixel_rows"] == one["baseline"]["pixel_rows"]
     assert max(two["hf_hsap"]["pixel_rows"]) < max(two["baseline"]["pixel_rows"])
+    (video,) = res["video_rows"]  # the long video row at SP 2: a video split across the ranks
+    once, holders, base = (video[name] for name in VIDEO_SCHEMES)
+    for s in (once, holders, base):
+        assert s["loss_err"] <= cfg.loss_tol and s["grad_err"] <= 1e-5 and s["cpu_s"] is None
+    assert base["pixel_rows"] == [res["video_row"]["pixel_rows"]] * 2
+    assert sum(once["sent"]) == sum(once["received"]) > 0 == sum(holders["received"])  # rows moved once only
+    assert sum(once["pixel_rows"]) < sum(holders["pixel_rows"])  # the split video encoded by one rank
     text = vlm_section(res)
-    assert text.startswith("## VLM training step") and text.count("\n| ") == 3  # header + 2 SP sizes
+    assert text.startswith("## VLM training step") and text.count("\n| ") == 5  # headers + 2 SP sizes + 1 video row
 
 
 def test_the_detail_file_renders_from_the_committed_results() -> None:

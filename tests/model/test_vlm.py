@@ -30,7 +30,11 @@ def reference(family: str, video: bool) -> dict:
 
 
 def check(family: str, results: list[dict], video: bool = False) -> None:
-    ref = reference(family, video)
+    check_against(reference(family, video), family, results)
+
+
+def check_against(ref: dict, family: str, results: list[dict]) -> None:
+    """Every rank's ``results`` against the documents alone ``ref``: logits, loss, every gradient (the tower's)."""
     tol = ISLAND_TOL.get(family, TOL)
     tower = [g for n, g in ref["grads"].items() if "vision" in n or "visual" in n]
     assert tower and any(float(g.abs().max()) > 1e-6 for g in tower)  # the vision tower's gradients are tested
@@ -82,8 +86,8 @@ def test_sp4_packed_images_match_documents_alone(family: str, ulysses: int, vide
         return
     key = "video" if video else ("pixel" if family == "llava" else "image")
     items = len(W.VIDEO_SHAPES if video else [s for s in W.SHAPES if s[1] is not None])
-    # more local items than items: one held by two ranks, encoded by both, its features split between them
-    assert sum(r["local_items"].get(key, 0) for r in results) > items
+    # an item held by two ranks: encoded by both (more local items than items), or once and its rows sent
+    assert sum(r["local_items"].get(key, 0) for r in results) > items or sum(r["received"] for r in results) > 0
 
 
 @pytest.mark.parametrize("family,kv_token_cost", [("qwen3_vl", None), ("gemma3", 1e6)])

@@ -38,7 +38,7 @@ def test_defaults() -> None:
     ("timeout_s", 0, {}), ("timeout_s", -1.0, {}), ("timeout_s", float("nan"), {}),
     ("gpus_per_node", 0, {}), ("gpus_per_node", 2.0, {}), ("gpus_per_node", "8", {}),
     ("per_batch_memory_cap", 1, {}), ("per_batch_memory_cap", "no", {}),
-    ("recurrent_mode", "ring", {}), ("recurrent_mode", None, {}),
+    ("recurrent_mode", "ring", {}), ("recurrent_mode", None, {}), ("vision_encoding", "twice", {}),
 ])
 def test_bad_field_raises_naming_it(field: str, value, extra: dict) -> None:
     with pytest.raises(ValueError, match=rf"HSAPConfig\.{field}="):

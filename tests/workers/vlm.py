@@ -123,6 +123,7 @@ def vlm_forward_backward(family: str, sp_size: int, ulysses: int | None = 1, pla
             "placement": plan.placement.name, "ulysses": plan.ulysses_size,
             "degrees": sorted(sp.degrees) if sp_size > 1 else [],
             "local_rows": {k: int(v.numel()) for k, v in rows.items() if ":" not in k},
+            "received": sum(v.recv_rows for k, v in rows.items() if k.endswith(":exchange")),  # encoded once elsewhere
             "local_items": {k: int(local[key].shape[0]) for k, key in (("image", "image_grid_thw"),
                                                                          ("video", "video_grid_thw"),
                                                                          ("pixel", "pixel_values")) if key in local}}

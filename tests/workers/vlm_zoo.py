@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from workers import vlm_zoo_docs as VD
 from workers import zoo
 
 DTYPE = torch.float64
+ENCODING_ENV = "HSAP_ZOO_VISION_ENCODING"  # HSAPConfig.vision_encoding of the SP modes (scripts/vlm_zoo.py)
 MODES = {"sp1": (1, 1), "sp2_u1": (2, 1), "sp2_u2": (2, 2), "sp4_u1": (4, 1), "sp4_u2": (4, 2)}  # (SP, Ulysses)
 SP_MODES = tuple(m for m, (p, _) in MODES.items() if p > 1)
 TOL = 1e-9  # relative error of logits, loss and every gradient
@@ -234,10 +236,15 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         layers = hf_hsap.prepare_model(model, sp_size=sp_size).check.attention_layers
         real = sum(d["input_ids"].numel() for d in docs)
         batch = hf_hsap.PackingCollator(real, pad_to_multiple_of=sp_size, vision=spec)(docs)
-        local = hf_hsap.shard_batch(batch, sp)
+        encoding = os.environ.get(ENCODING_ENV, "auto")  # scripts/vlm_zoo.py --vision-encoding
+        local = hf_hsap.shard_batch(batch, sp, config=sp.config.replace(vision_encoding=encoding)
+                                    if sp_size > 1 else None)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         rows = local.get(ROWS_KEY, {})
-        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() for m in rows if ":" not in m)
+        got = {m: rows[f"{m}:exchange"].recv_rows if f"{m}:exchange" in rows else 0 for m in rows if ":" not in m}
+        # holds part of an item: encodes more rows than it keeps, or receives rows of one encoded once elsewhere
+        split = sum(int(rows[f"{m}:items"].sum()) > rows[m].numel() - got[m] or got[m] > 0 for m in got)
+        moved = sum(got.values())  # rows this rank received
         if local.get(CROSS_KEY) is not None:  # cross-attention: a document with images partly on this rank
             split = cross_split(local[CROSS_KEY], batch["cu_seq_lens_q"], idx)
         out = model(**local)
@@ -254,7 +261,7 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         dist.all_reduce(loss, group=sp.group)
     group = dist.get_rank() // sp_size if sp_size > 1 else 0
     res = {"group": group, "index": idx, "logits": logits.detach(), "loss": float(loss), "real": real,
-           "num_items": int(local["num_items_in_batch"]), "split": split}
+           "num_items": int(local["num_items_in_batch"]), "split": split, "moved": moved}
     if sp_size == 1 or sp.rank == 0:
         res["grads"] = grads
     return res
@@ -355,4 +362,5 @@ def combine(ref: dict[str, Any], records: list[dict[str, Any]], tol: float) -> d
         if worst["outcome"] == "exact":
             worst = res
     worst["split"] = sum(r.get("split", 0) for r in records if r["group"] == 0)  # group 0's ranks holding part of an item
+    worst["moved"] = sum(r.get("moved", 0) for r in records if r["group"] == 0)  # feature rows group 0 sent (once)
     return worst
