@@ -108,13 +108,22 @@ def test_kimi_s_grid_merges_its_kernel_and_fuyu_s_patches_are_uniform() -> None:
     assert int((batch["input_ids"] == image.token_id).sum()) == patches  # one placeholder per patch
 
 
+
+class _TwoRanks:
+    """An offline plan of 2 ranks over 10 tokens: rank 0 holds the first 6, rank 1 the rest."""
+
+    size, rank, sp, cost = 2, 1, None, None
+
+    def shard(self, x: torch.Tensor, dim: int = 0, rank: int | None = None) -> torch.Tensor:
+        return x[:6] if rank == 0 else x[6:]
+
 @pytest.mark.parametrize("required", [False, True])
 def test_a_rank_without_an_image_gets_one_only_where_the_forward_requires_pixels(required: bool) -> None:
     image = Modality("image", 9, "pixel_values")
     layout = VisionLayout("blip-2", (image,), empty_items=required)
     ids = torch.tensor([1, 9, 9, 2, 9, 9, 3, 4, 5, 6])  # two images of 2 placeholders, then text
     pixels = torch.arange(2 * 3 * 2 * 2, dtype=torch.float64).reshape(2, 3, 2, 2)
-    local = shard_vision({"pixel_values": pixels}, layout, ids, lambda t: t[6:])  # this rank: text only
+    local = shard_vision({"pixel_values": pixels}, layout, ids, _TwoRanks(), rank=1)  # rank 1: text only
     if not required:
         assert "pixel_values" not in local and local[ROWS_KEY] == {}
         return
