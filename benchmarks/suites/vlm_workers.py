@@ -223,27 +223,38 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
         model.zero_grad(set_to_none=True)
         out[name]["peak_bytes"] = peak.peak_bytes
         out[name]["at_peak"] = [(n, op) for n, op in peak.at_peak[:4]]
-    for name in SCHEMES:
+    _timed_reps(model, batch, out, SCHEMES, reps, sp_size, make_local=lambda name: hf_hsap.shard_batch(batch, sp),
+                run_step=lambda name, local: step(model, name, batch, local, sp, rank),
+                keys=("pixel_values", "image_grid_thw"))
+    return out
+
+
+def _timed_reps(model: torch.nn.Module, batch: dict[str, Any], out: dict[str, dict[str, Any]],
+                schemes: tuple[str, ...], reps: int, sp_size: int, *, make_local: Any, run_step: Any,
+                keys: tuple[str, str]) -> None:
+    """Each scheme's step ``reps`` times, the schemes interleaved: its CPU and wall seconds, then its vision tower
+    alone on the pixels it encodes (``keys``: the pixels and their grid; ``batch`` for the replicated baseline), CPU
+    seconds (0 where it encodes none); appended to ``out[scheme]``."""
+    for name in schemes:
         out[name].update(cpu_s=[], wall_s=[], vision_cpu_s=[])
     for _ in range(reps):
-        for name in SCHEMES:
-            local = hf_hsap.shard_batch(batch, sp)
+        for name in schemes:
+            local = make_local(name)
             if sp_size > 1:
                 dist.barrier()
             c0, w0 = time.process_time(), time.perf_counter()
-            step(model, name, batch, local, sp, rank)
+            run_step(name, local)
             out[name]["cpu_s"].append(time.process_time() - c0)
             out[name]["wall_s"].append(time.perf_counter() - w0)
             model.zero_grad(set_to_none=True)
             src = batch if name == "baseline" else local
-            if src.get("pixel_values") is not None:
-                c0 = time.process_time()
-                vision_step(model, src["pixel_values"], src["image_grid_thw"])
-                out[name]["vision_cpu_s"].append(time.process_time() - c0)
-                model.zero_grad(set_to_none=True)
-            else:
+            if src.get(keys[0]) is None:
                 out[name]["vision_cpu_s"].append(0.0)
-    return out
+                continue
+            c0 = time.process_time()
+            vision_step(model, src[keys[0]], src[keys[1]])
+            out[name]["vision_cpu_s"].append(time.process_time() - c0)
+            model.zero_grad(set_to_none=True)
 
 
 VIDEO_SCHEMES = ("once", "holders", "baseline")  # the long video row: vision_encoding "once" / "holders"; replicated
@@ -335,21 +346,8 @@ def run_video(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, Any]:
         with TensorPeak() as peak:
             _video_step(model, name, batch, local, sp, rank)
         model.zero_grad(set_to_none=True)
-        out[name].update(peak_bytes=peak.peak_bytes, cpu_s=[], wall_s=[], vision_cpu_s=[])
-    for _ in range(reps):
-        for name in VIDEO_SCHEMES:
-            local = _video_local(batch, sp, name)
-            if sp_size > 1:
-                dist.barrier()
-            c0, w0 = time.process_time(), time.perf_counter()
-            _video_step(model, name, batch, local, sp, rank)
-            out[name]["cpu_s"].append(time.process_time() - c0)
-            out[name]["wall_s"].append(time.perf_counter() - w0)
-            model.zero_grad(set_to_none=True)
-            src = batch if name == "baseline" else local
-            c0 = time.process_time()
-            if src.get("pixel_values_videos") is not None:
-                vision_step(model, src["pixel_values_videos"], src["video_grid_thw"])
-                model.zero_grad(set_to_none=True)
-            out[name]["vision_cpu_s"].append(time.process_time() - c0)
+        out[name]["peak_bytes"] = peak.peak_bytes
+    _timed_reps(model, batch, out, VIDEO_SCHEMES, reps, sp_size, make_local=lambda name: _video_local(batch, sp, name),
+                run_step=lambda name, local: _video_step(model, name, batch, local, sp, rank),
+                keys=("pixel_values_videos", "video_grid_thw"))
     return out

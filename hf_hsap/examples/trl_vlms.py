@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .vlm import qwen_vl_config
+
 __all__ = ["TRL_VLMS", "save_tiny_vlm", "tiny_trl_config", "tiny_trl_processor", "tiny_trl_vlm"]
 
 # model type -> the name TRL's docs use; the order of the list
@@ -274,21 +276,10 @@ def tiny_trl_config(family: str, tokenizer: Any) -> Any:
                                                    "head_dim": 8},
                                 image_token_index=ids["image_token"], spatial_merge_size=2, vision_feature_layer=-1,
                                 tie_word_embeddings=False)
-    grid_vision = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32,
-                       patch_size=2, temporal_patch_size=2, spatial_merge_size=2, in_channels=3)
     special = {"image_token_id": ids["image_token"], "video_token_id": ids["video_token"],
                "vision_start_token_id": ids["vision_start_token"], "vision_end_token_id": ids["vision_end_token"]}
-    if family == "qwen2_5_vl":
-        return T.Qwen2_5_VLConfig(
-            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
-            vision_config={**grid_vision, "window_size": 8, "fullatt_block_indexes": [1]},
-            tie_word_embeddings=False, **special)
-    if family == "qwen3_vl":
-        return T.Qwen3VLConfig(
-            text_config={**text, "rope_scaling": {"rope_type": "default", "mrope_section": [2, 1, 1],
-                                                  "mrope_interleaved": True}},
-            vision_config={**grid_vision, "deepstack_visual_indexes": [0], "num_position_embeddings": 16},
-            tie_word_embeddings=False, **special)
+    if family in ("qwen2_5_vl", "qwen3_vl"):
+        return qwen_vl_config(family, text, special)
     raise AssertionError(family)  # every family is handled above
 
 

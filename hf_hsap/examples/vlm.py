@@ -16,7 +16,7 @@ import torch
 
 from ..data.packing import IGNORE_INDEX
 
-__all__ = ["TINY_VLMS", "tiny_vlm", "tiny_vlm_config", "vlm_documents", "vlm_sft_rows"]
+__all__ = ["TINY_VLMS", "qwen_vl_config", "tiny_vlm", "tiny_vlm_config", "vlm_documents", "vlm_sft_rows"]
 
 TINY_VLMS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
 _TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -42,24 +42,13 @@ def tiny_vlm_config(family: str, vocab_size: int = 128) -> Any:
 
     text = dict(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None, **_TEXT)
     special = _special(vocab_size)
-    grid_vision = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32,
-                       patch_size=_PATCH, temporal_patch_size=2, spatial_merge_size=2, in_channels=3)
     if family == "qwen2_vl":
         return T.Qwen2VLConfig(text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
                                vision_config=dict(depth=2, embed_dim=16, hidden_size=32, mlp_ratio=2, num_heads=2,
                                                   patch_size=_PATCH, temporal_patch_size=2, spatial_merge_size=2),
                                tie_word_embeddings=False, **special)
-    if family == "qwen2_5_vl":
-        return T.Qwen2_5_VLConfig(
-            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
-            vision_config={**grid_vision, "window_size": 8, "fullatt_block_indexes": [1]},
-            tie_word_embeddings=False, **special)
-    if family == "qwen3_vl":
-        return T.Qwen3VLConfig(
-            text_config={**text, "rope_scaling": {"rope_type": "default", "mrope_section": [2, 1, 1],
-                                                  "mrope_interleaved": True}},
-            vision_config={**grid_vision, "deepstack_visual_indexes": [0], "num_position_embeddings": 16},
-            tie_word_embeddings=False, **special)
+    if family in ("qwen2_5_vl", "qwen3_vl"):
+        return qwen_vl_config(family, text, special)
     clip = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, image_size=8,
                 patch_size=_PATCH, projection_dim=16)
     if family == "llava":
@@ -74,6 +63,27 @@ def tiny_vlm_config(family: str, vocab_size: int = 128) -> Any:
                               image_token_index=special["image_token_id"], boi_token_index=special["vision_start_token_id"],
                               eoi_token_index=special["vision_end_token_id"], tie_word_embeddings=False)
     raise ValueError(f"no tiny config for {family!r}; choose one of {TINY_VLMS}")
+
+
+def qwen_vl_config(family: str, text: dict[str, Any], special: dict[str, int]) -> Any:
+    """A tiny Qwen2.5-VL or Qwen3-VL config: a 2-layer grid tower of 2-pixel patches (2 frames per temporal patch,
+    2 x 2 merge) over ``text``, the placeholders ``special`` (``image_token_id``, ``video_token_id``,
+    ``vision_start_token_id``, ``vision_end_token_id``); shared by :func:`tiny_vlm_config` and the TRL set
+    (:mod:`.trl_vlms`)."""
+    import transformers as T
+
+    grid_vision = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32,
+                       patch_size=_PATCH, temporal_patch_size=2, spatial_merge_size=2, in_channels=3)
+    if family == "qwen2_5_vl":
+        return T.Qwen2_5_VLConfig(
+            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
+            vision_config={**grid_vision, "window_size": 8, "fullatt_block_indexes": [1]},
+            tie_word_embeddings=False, **special)
+    return T.Qwen3VLConfig(
+        text_config={**text, "rope_scaling": {"rope_type": "default", "mrope_section": [2, 1, 1],
+                                              "mrope_interleaved": True}},
+        vision_config={**grid_vision, "deepstack_visual_indexes": [0], "num_position_embeddings": 16},
+        tie_word_embeddings=False, **special)
 
 
 def tiny_vlm(family: str, dtype: torch.dtype = torch.float32, attn: str = "hsap", seed: int = 0,
