@@ -189,13 +189,7 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
         ``{scheme: {"loss", "loss_err", "grad_err", "images", "pixel_rows", "tokens", "peak_bytes", "at_peak",
         "cpu_s": [...], "wall_s": [...], "vision_cpu_s": [...]}}``.
     """
-    torch.set_num_threads(1)
-    if sp_size > 1 and sp_size not in _GROUPS:
-        _GROUPS[sp_size] = hf_hsap.init_sequence_parallel(sp_size)
-    sp = _GROUPS.get(sp_size, 1)
-    rank = None if sp_size > 1 else 0
-    model = build(model_config(cfg["text"], cfg["vision"], cfg["vocab"]), cfg["seed"])
-    hf_hsap.prepare_model(model, sp_size=sp_size)
+    sp, rank, model = _set_up(cfg, sp_size)
     shapes = [(a, tuple(g) if g else None, b) for a, g, b in cfg["shapes"]]
     batch = packed_row(model, shapes, cfg["seed"], cfg["pad_to"])
     out: dict[str, dict[str, Any]] = {}
@@ -227,6 +221,18 @@ def run_sp(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, dict[str, 
                 run_step=lambda name, local: step(model, name, batch, local, sp, rank),
                 keys=("pixel_values", "image_grid_thw"))
     return out
+
+
+def _set_up(cfg: dict[str, Any], sp_size: int) -> tuple[Any, int | None, torch.nn.Module]:
+    """``(sp, rank, model)`` of one run: the SP group of ``sp_size`` (made once per process; 1 without SP), the
+    rank ``shard_batch`` is given (the group's own under SP, 0 without), the prepared model of ``cfg``."""
+    torch.set_num_threads(1)
+    if sp_size > 1 and sp_size not in _GROUPS:
+        _GROUPS[sp_size] = hf_hsap.init_sequence_parallel(sp_size)
+    sp = _GROUPS.get(sp_size, 1)
+    model = build(model_config(cfg["text"], cfg["vision"], cfg["vocab"]), cfg["seed"])
+    hf_hsap.prepare_model(model, sp_size=sp_size)
+    return sp, None if sp_size > 1 else 0, model
 
 
 def _timed_reps(model: torch.nn.Module, batch: dict[str, Any], out: dict[str, dict[str, Any]],
@@ -313,13 +319,7 @@ def run_video(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, Any]:
         ``{"auto": the encoding "auto" picks, scheme: {"loss", "loss_err", "grad_err", "videos", "pixel_rows",
         "sent", "received", "tokens", "peak_bytes", "cpu_s": [...], "wall_s": [...], "vision_cpu_s": [...]}}``.
     """
-    torch.set_num_threads(1)
-    if sp_size > 1 and sp_size not in _GROUPS:
-        _GROUPS[sp_size] = hf_hsap.init_sequence_parallel(sp_size)
-    sp = _GROUPS.get(sp_size, 1)
-    rank = None if sp_size > 1 else 0
-    model = build(model_config(cfg["text"], cfg["vision"], cfg["vocab"]), cfg["seed"])
-    hf_hsap.prepare_model(model, sp_size=sp_size)
+    sp, rank, model = _set_up(cfg, sp_size)
     batch = video_row(model, [(a, tuple(g), b) for a, g, b in cfg["video"]], cfg["seed"], cfg["pad_to"])
     auto = hf_hsap.shard_batch(batch, sp, check_previous=False)  # what the default picks (not run)
     out: dict[str, Any] = {"auto": "once" if any(_moved(auto)) else "holders"}
