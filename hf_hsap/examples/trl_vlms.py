@@ -194,7 +194,7 @@ def _pixtral_processor() -> type:
     class PixtralProcessor(ProcessorMixin):  # noqa: D401 - named as the class its saved files load
         """Ministral-3's processor for images (see :func:`_pixtral_processor`)."""
 
-        def __init__(self, image_processor: Any, tokenizer: Any, patch_size: int = 16, spatial_merge_size: int = 1,
+        def __init__(self, image_processor: Any, tokenizer: Any, *, patch_size: int = 16, spatial_merge_size: int = 1,
                      chat_template: str | None = None, image_token: str = "[IMG]",
                      image_break_token: str = "[IMG_BREAK]", image_end_token: str = "[IMG_END]") -> None:
             super().__init__(image_processor, tokenizer, chat_template=chat_template)

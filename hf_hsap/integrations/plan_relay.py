@@ -13,9 +13,10 @@ the attention reads them there when its own keyword arguments lack them. No mode
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -120,6 +121,21 @@ def relayed_documents(module: torch.nn.Module, rows: int, length: int
     return None, None, None  # another call's (a cached generation step) or none: the layer's own inputs decide
 
 
+@contextlib.contextmanager
+def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Every module's attributes as they were before the probe: a forward may cache what it computed on the module
+    (Qwen-VL's ``rope_deltas``), and the probe must leave the model unchanged. Attributes the forward adds stay:
+    they record what it set up once (Transformers' ``_output_capturing_hooks_installed`` with its hooks)."""
+    saved = [(m, dict(vars(m))) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            for key, value in attrs.items():
+                if key in m.__dict__ and m.__dict__[key] is not value:
+                    m.__dict__[key] = value
+
+
 def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) -> Probe | None:
     """Which attention layers a text forward runs, and which of them a keyword argument of ``model(...)`` (what the
     SP plan needs) or the call's ``position_ids`` (what a direct packed call's documents need) does not reach.
@@ -175,7 +191,7 @@ def probe_attention(model: torch.nn.Module, attention: list[torch.nn.Module]) ->
     # on CUDA the kernels take bf16 / fp16: an fp32 model (trained under autocast) is probed under autocast too
     autocast = param.device.type == "cuda" and param.dtype in (torch.float32, torch.float64)
     try:  # the random streams stay as they were (a model with dropout would draw from them)
-        with torch.no_grad(), torch.random.fork_rng(devices=devices), \
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), _attributes_kept(model), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             model(**inputs, use_cache=False, **{PROBE_KEY: True})
     except ValueError:  # "hsap" refused a layer feature (position biases, a dense mask, ...): the answer
