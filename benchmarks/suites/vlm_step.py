@@ -77,22 +77,28 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _scheme_row(rs: list[dict[str, Any]]) -> tuple[dict[str, Any], list, list]:
+    """What every row reports of one scheme over its ranks' results ``rs``: the busiest rank's peak, step and vision
+    CPU seconds (medians), the wall seconds of rank 0, tokens, loss and the worst errors; and the per-rank medians of
+    the step and vision times."""
+    times = [_median(r["cpu_s"]) for r in rs]
+    vision = [_median(r["vision_cpu_s"]) for r in rs]
+    row = {"peak_mib": max(r["peak_bytes"] for r in rs) / 2**20,
+           "peak_mib_ranks": [r["peak_bytes"] / 2**20 for r in rs],
+           "cpu_s": None if None in times else max(times), "wall_s": _median(rs[0]["wall_s"]),
+           "vision_cpu_s": None if None in vision else max(vision),
+           "pixel_rows": [r["pixel_rows"] for r in rs], "tokens": [r["tokens"] for r in rs], "loss": rs[0]["loss"],
+           "loss_err": max(r["loss_err"] for r in rs), "grad_err": max(r["grad_err"] for r in rs)}
+    return row, times, vision
+
+
 def _summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """One SP size's row of the results from every rank's :func:`benchmarks.suites.vlm_workers.run_sp`."""
     row: dict[str, Any] = {"sp": sp_size}
     for name in vw.SCHEMES:
         rs = [r[name] for r in ranks]
-        times = [_median(r["cpu_s"]) for r in rs]
-        vision = [_median(r["vision_cpu_s"]) for r in rs]
-        row[name] = {"peak_mib": max(r["peak_bytes"] for r in rs) / 2**20,
-                     "peak_mib_ranks": [r["peak_bytes"] / 2**20 for r in rs],
-                     "cpu_s": None if None in times else max(times),
-                     "wall_s": _median(rs[0]["wall_s"]),
-                     "vision_cpu_s": None if None in vision else max(vision),
-                     "images": [r["images"] for r in rs], "pixel_rows": [r["pixel_rows"] for r in rs],
-                     "tokens": [r["tokens"] for r in rs], "loss": rs[0]["loss"],
-                     "loss_err": max(r["loss_err"] for r in rs), "grad_err": max(r["grad_err"] for r in rs),
-                     "at_peak": rs[0]["at_peak"]}
+        row[name], _, _ = _scheme_row(rs)
+        row[name].update(images=[r["images"] for r in rs], at_peak=rs[0]["at_peak"])
     return row
 
 
@@ -101,17 +107,9 @@ def _video_summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {"sp": sp_size, "auto": ranks[0]["auto"]}
     for name in vw.VIDEO_SCHEMES:
         rs = [r[name] for r in ranks]
-        times = [_median(r["cpu_s"]) for r in rs]
-        vision = [_median(r["vision_cpu_s"]) for r in rs]
-        row[name] = {"peak_mib": max(r["peak_bytes"] for r in rs) / 2**20,
-                     "peak_mib_ranks": [r["peak_bytes"] / 2**20 for r in rs],
-                     "cpu_s": None if None in times else max(times), "cpu_s_ranks": times,
-                     "wall_s": _median(rs[0]["wall_s"]),
-                     "vision_cpu_s": None if None in vision else max(vision), "vision_cpu_s_ranks": vision,
-                     "videos": [r["videos"] for r in rs], "pixel_rows": [r["pixel_rows"] for r in rs],
-                     "sent": [r["sent"] for r in rs], "received": [r["received"] for r in rs],
-                     "tokens": [r["tokens"] for r in rs], "loss": rs[0]["loss"],
-                     "loss_err": max(r["loss_err"] for r in rs), "grad_err": max(r["grad_err"] for r in rs)}
+        row[name], times, vision = _scheme_row(rs)
+        row[name].update(cpu_s_ranks=times, vision_cpu_s_ranks=vision, videos=[r["videos"] for r in rs],
+                         sent=[r["sent"] for r in rs], received=[r["received"] for r in rs])
     return row
 
 
