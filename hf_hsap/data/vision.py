@@ -103,6 +103,9 @@ class VisionLayout:
         empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
             modality gets the batch's cheapest item and keeps none of its feature rows (its towers take no empty
             batch), rather than no pixels.
+        rope_rows_only: the text model takes its multimodal rotary rows alone, not Transformers' packed
+            ``[1 + rows, B, L]`` (HunYuan-VL): ``shard_batch`` gives the model the local positions without row 0 (the
+            text positions it read the documents from).
     """
 
     family: str
@@ -114,6 +117,7 @@ class VisionLayout:
     cross_key: str | None = None
     position_start: int = 0
     empty_items: bool = False
+    rope_rows_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,12 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
         cells = modality.grid_cells(batch[modality.grid_key]).numpy()
         rows = cells * modality.cell_size
         tokens = cells // layout.merge
+        if counted is not None:  # a grid whose placeholders the model counts per item (:mod:`..multimodal.grid_rows`)
+            tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
+            if tokens.size != cells.size:
+                raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
+                                 f"{modality.grid_key} holds {cells.size}; pack the documents with "
+                                 "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
         if tokens.size != int(pixels.shape[modality.item_axis]):

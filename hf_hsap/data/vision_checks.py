@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .vision import Modality, VisionLayout, VisionSpec
+from .vision import Modality, VisionSpec
 
 __all__ = ["check_vision_example"]
 
@@ -47,7 +47,7 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
     for m in spec.layout.modalities:
         placeholders = int((ids == m.token_id).sum())
         if m.grid_key is not None:
-            items = _grid_items(m, spec.layout, ex, n, placeholders)
+            items = _grid_items(m, spec, ex, n, placeholders)
         elif spec.counts(m.name):
             items = _counted_items(m, spec, ex, n, placeholders)
         elif m.token_id < 0:  # no placeholder (Idefics: its per-token image mask says which tokens see which image)
@@ -103,8 +103,10 @@ def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: A
         raise ValueError(message(first, k))
 
 
-def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
-    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders."""
+def _grid_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
+    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders
+    (``t * h * w / merge`` per item, or the model's count where :attr:`VisionSpec.item_tokens` counts them)."""
+    layout = spec.layout
     pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
     if pixels is None and grid is None:
         if placeholders:
@@ -130,6 +132,8 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
         raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} {unit} but its {m.name} grids ask for "
                          f"{int(cells.sum()) * m.cell_size} ({'*'.join('thw'[-m.grid_dims:])} of {_grids(grid)}); "
                          "keep each document's pixels with its own grid")
+    if spec.counts(m.name):
+        return _counted_grid(m, spec, ex, n, placeholders, grid)
     tokens = int(cells.sum()) // layout.merge
     if placeholders != tokens:
         side = int(round(layout.merge ** 0.5))
@@ -139,6 +143,26 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
                          f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
                          "tokenize each document with the model's processor and keep its pixels with it")
     return len(cells)
+
+
+def _counted_grid(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int,
+                  grid: torch.Tensor) -> int:
+    """The items of a grid modality whose placeholders the model counts per item (VideoLLaMA3's per-item merge
+    sizes, HunYuan-VL's row separators), after checking the counts against the document's placeholders."""
+    for key in m.item_keys:
+        if key != m.grid_key and ex.get(key) is not None:
+            _check_entries(m, key, torch.as_tensor(ex[key]), n, len(grid))
+    try:
+        counts = [int(c) for c in spec.item_tokens(m.name, ex)]
+    except (ValueError, IndexError, RuntimeError) as e:
+        raise ValueError(f"example {n}: {e}") from e
+    if len(counts) != len(grid) or sum(counts) != placeholders:
+        its = f"its {m.name} ({_grids(grid)}) takes" if len(grid) == 1 else \
+            f"its {len(grid)} {m.name}s ({_grids(grid)}) take"
+        raise ValueError(f"example {n}: {its} {'+'.join(map(str, counts))} placeholders by the model's count but the "
+                         f"document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); tokenize each "
+                         "document with the model's processor and keep its pixels with it")
+    return len(grid)
 
 
 def _grids(grid: torch.Tensor) -> str:

@@ -265,6 +265,8 @@ def shard_batch(
         local["hsap_blocks"] = blocks
     if vision is not None and vision.position_start:  # PaliGemma counts each document's positions from 1
         local["position_ids"] = local["position_ids"] + vision.position_start
+    if vision is not None and vision.rope_rows_only and local["position_ids"].dim() == 3:  # HunYuan-VL
+        local["position_ids"] = local["position_ids"][1:]  # [1 + rows, 1, T] -> its rotary rows [rows, 1, T]
     if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
         local.update(shard_cross(batch, vision, shard))
     elif vision is not None:

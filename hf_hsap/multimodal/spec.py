@@ -33,6 +33,7 @@ from ..log import get_logger
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
+from .grid_rows import vision_geometry
 from .items import anyres_counter, sizes_counter
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
@@ -191,7 +192,12 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
             raise _refuse(model, "input not carried", (
                 f"its rope index (get_rope_index) takes {', '.join(other)}, which packed rows do not give it per "
                 "document yet"))
-    return grid_spec(model, inner, model.config.model_type, image, video)
+    try:
+        return grid_spec(model, inner, model.config.model_type, image, video)
+    except VisionRefusal:
+        raise
+    except ValueError as e:  # rows per item that are no formula of the grid (.grid_rows)
+        raise _refuse(model, "encoder layout", str(e)) from e
 
 
 def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
@@ -267,18 +273,6 @@ def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec
             "window), which the packed-row planner does not count yet"))
 
 
-def _geometry(vision: Any) -> tuple[int, int | None, int, int]:
-    """``(channels, image side or None, patch side, frames per temporal patch)`` of a vision config."""
-    channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None)
-                   or getattr(vision, "in_chans", None) or 3)
-    size = getattr(vision, "image_size", None)
-    size = int(size[0] if isinstance(size, (list, tuple)) else size) if size else None
-    patch = getattr(vision, "patch_size", None) or 1
-    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
-    frames = int(getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", None) or 1)
-    return channels, size, patch, frames
-
-
 def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.device
                     ) -> list[tuple[torch.Tensor, dict[str, Any], int | None]]:
     """``[(pixels, other get_image_features inputs, expected rows or None)]``: the smallest image of the layout in
@@ -287,7 +281,7 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
     vision = getattr(model.config, "vision_config", None)
     if vision is None:
         return []
-    c, size, patch, frames = _geometry(vision)
+    c, size, patch, frames = vision_geometry(vision)
     if image.grid_key is not None:  # 2 x 2 merge windows of patches, flattened or not
         side = int(round(spec.layout.merge ** 0.5))
         n = 4 * side * side
@@ -351,6 +345,10 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         pixels = torch.zeros(side * side, dim)
         extra[image.grid_key] = torch.tensor([[1, side, side]], device=device)
         n_tokens = 1
+        if spec.counts("image"):  # placeholders counted per item (.grid_rows): a merge size of 1, or the model's rows
+            extra.update({k: torch.ones(1, dtype=torch.int64, device=device) for k in image.item_keys
+                          if k.endswith("merge_sizes")})
+            n_tokens = spec.item_tokens("image", extra)[0]
     else:
         size = vision.image_size
         h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]

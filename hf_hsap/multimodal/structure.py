@@ -26,7 +26,8 @@ CONTROL_KEYS = frozenset({
 # Per-item and per-token keys a packed row can carry in document order (which ones a family uses: its spec).
 CARRIED_KEYS = frozenset({
     "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "image_sizes",
-    "pixel_attention_mask", "pixel_mask", "image_position_ids", "mm_token_type_ids", "token_type_ids"})
+    "pixel_attention_mask", "pixel_mask", "image_position_ids", "mm_token_type_ids", "token_type_ids",
+    "image_merge_sizes", "video_merge_sizes"})
 # The text config's layer kinds that are softmax attention (the rest mix tokens recurrently: linear attention,
 # short convolutions, Mamba, hybrids).
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
