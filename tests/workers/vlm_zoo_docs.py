@@ -79,8 +79,8 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 n = thw[0] * thw[1] * thw[2]
                 doc = {"pixel_values": torch.randn(*shape(n), generator=g, dtype=dtype),
                        "image_grid_thw": torch.tensor([list(thw)])}
-                if "image_merge_sizes" in params:
-                    doc["image_merge_sizes"] = torch.tensor([merge])
+                if "image_merge_sizes" in params:  # VideoLLaMA3: its image processor's merge size (its videos': 2)
+                    doc["image_merge_sizes"] = torch.tensor([1])
                 return doc
             return make
         return [("grid", grid(lambda n: (n, c * tp * patch * patch))),
@@ -448,9 +448,9 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
                    if isinstance(getattr(config, n, None), int)), None)
     encode = _params(getattr(inner, "get_video_features", None))
     needs = {n for n, p in encode.items() if p.default is inspect.Parameter.empty and
-             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw"}
+             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw", "video_merge_sizes"}
     if not kind.startswith("grid") or vtoken is None or "video_grid_thw" not in encode or needs:
-        return None  # no grid video, or one that needs inputs not made here (VideoLLaMA3's video_merge_sizes)
+        return None  # no grid video, or one that needs inputs not made here
     itoken = image_token_id(config)
     marks = video_marks(model, inner, itoken, vtoken)  # as grid_spec reads it: no video where it reads none
     if marks is None:
@@ -466,9 +466,12 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
         keys = {"pixel_values_videos": image["pixel_values"], "video_grid_thw": image["image_grid_thw"]}
         if seconds:
             keys[seconds] = torch.tensor([1.0])
+        if "video_merge_sizes" in encode:  # VideoLLaMA3: its video processor's merge size (its images': 1)
+            keys["video_merge_sizes"] = torch.tensor([2])
         with torch.no_grad():
-            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype),
-                                           video_grid_thw=keys["video_grid_thw"], return_dict=True)
+            given = {k: v for k, v in keys.items() if k in encode and k != "pixel_values_videos"}
+            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype), **given,
+                                           return_dict=True)
         feats = out.pooler_output
         n = feats.numel() // feats.shape[-1] if torch.is_tensor(feats) else sum(f.numel() // f.shape[-1] for f in feats)
         frames = thw[0] if per_frame else 1
