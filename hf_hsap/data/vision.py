@@ -55,6 +55,9 @@ class Modality:
         cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
         required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
             document holding items without one is refused.
+        keep_key: the per-item ``[n_items, rows]`` mask of the encoder's rows the model keeps (VideoLLaMA3's
+            ``video_compression_mask``, carried per item by :mod:`hf_hsap.multimodal.grid_rows`), applied to each
+            item's rows before the placeholders take them, or ``None``.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Modality:
     pixel_axis: int = 0
     cell_size: int = 1
     required: tuple[str, ...] = ()
+    keep_key: str | None = None
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a

@@ -227,7 +227,9 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
         forward = _params(type(model).forward)
         extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
         mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
-    mods, counters = grid_counter(model, inner, mods, frozenset(_params(type(model).forward)))
+    mods, counters, keep = grid_counter(model, inner, mods, frozenset(_params(type(model).forward)), merge=merge)
+    if keep is not None:  # per-item keep masks (VideoLLaMA3's video_compression_mask), after any frames as images
+        document = keep if document is None else _then(document, keep)
     audio = audio_modality(model, inner)
     if audio is not None:
         mods.append(audio)
@@ -237,6 +239,14 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
                           rope_rows_only=rope is not None and not takes_text_row(model, inner))
     return VisionSpec(layout, rope_index=rope, token_type_key="mm_token_type_ids" if takes_types else None,
                       item_tokens=_by_name(counters) if counters else None, document=document)
+
+
+def _then(first: Callable[[Mapping[str, Any], int], dict[str, Any]],
+          second: Callable[[Mapping[str, Any], int], dict[str, Any]]) -> Callable[[Mapping[str, Any], int], dict[str, Any]]:
+    """The document transform ``second(first(example))``."""
+    def document(ex: Mapping[str, Any], n: int) -> dict[str, Any]:
+        return second(first(ex, n), n)
+    return document
 
 
 def _by_name(counters: Mapping[str, Callable[[Mapping[str, Any]], list[int]]]

@@ -19,6 +19,7 @@ train on misplaced features.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -142,40 +143,56 @@ def fitted_rows(model: torch.nn.Module, inner: torch.nn.Module, name: str) -> Ro
 
 
 def grid_counter(model: torch.nn.Module, inner: torch.nn.Module, mods: list[Modality],
-                 forward: frozenset[str] | set[str]) -> tuple[list[Modality], dict[str, Callable[..., list[int]]]]:
-    """The grid modalities with their per-item merge-size keys added, and a placeholder counter for each modality
-    whose items do not take ``t * h * w / merge`` placeholders (see the module docstring).
+                 forward: frozenset[str] | set[str], *, merge: int
+                 ) -> tuple[list[Modality], dict[str, Rows], Callable[[Mapping[str, Any], int], dict[str, Any]] | None]:
+    """The grid modalities with their per-item merge-size and keep-mask keys added, a placeholder counter for each
+    modality whose items do not take ``t * h * w / merge`` placeholders, and the document transform that carries a
+    keep mask per item (see the module docstring).
 
     Args:
         model: the model; inner: its module with the feature methods; mods: the grid modalities (image, video);
-        forward: the forward's keywords.
+        forward: the forward's keywords; merge: patches per placeholder of the fixed rule.
 
     Returns:
-        ``(modalities, {name: count(document) -> [placeholders of each item]})``.
+        ``(modalities, {name: count(document) -> [placeholders of each item]}, document or None)``; ``document(example,
+        n) -> example`` with each keep mask ``[rows of all items]`` as ``[n_items, most rows]`` (``False`` past an
+        item's rows).
 
     Raises:
         ValueError: an encoder whose rows per item are no formula of the grid (:func:`fitted_rows`).
     """
-    out, counters = [], {}
+    out, counters, keeps = [], {}, []
     for m in mods:
         key = merge_size_key(inner, m.name, forward)
-        if key is not None:
-            out.append(Modality(m.name, m.token_id, m.pixel_key, m.grid_key, (*m.item_keys, key), m.type_id))
-            counters[m.name] = _merge_count(m, key)
-            continue
-        out.append(m)
-        formula = fitted_rows(model, inner, m.name) if m.name in _METHODS else None
-        if formula is not None:
-            counters[m.name] = _formula_count(m, formula)
-    return out, counters
+        keep = f"{m.name}_compression_mask" if f"{m.name}_compression_mask" in forward else None
+        formula = None if key is not None or m.name not in _METHODS else fitted_rows(model, inner, m.name)
+        rows = _merge_rows(m, key) if key is not None else _formula_rows(m, formula) if formula is not None \
+            else _fixed_rows(m, merge)
+        extra = tuple(k for k in (key, keep) if k is not None)
+        out.append(dataclasses.replace(m, item_keys=(*m.item_keys, *extra), keep_key=keep,
+                                       padded=(*m.padded, keep) if keep else m.padded))
+        if keep is not None:
+            keeps.append((m, keep, rows))
+        if extra or formula is not None:
+            counters[m.name] = _kept_count(m, keep, rows)
+    return out, counters, (_keep_document(keeps) if keeps else None)
 
 
 def _grid(m: Modality, ex: Mapping[str, Any]) -> torch.Tensor:
     return torch.as_tensor(ex[m.grid_key]).reshape(-1, 3).to("cpu", torch.int64)
 
 
-def _merge_count(m: Modality, key: str) -> Callable[[Mapping[str, Any]], list[int]]:
-    def count(ex: Mapping[str, Any]) -> list[int]:
+Rows = Callable[[Mapping[str, Any]], list[int]]
+
+
+def _fixed_rows(m: Modality, merge: int) -> Rows:
+    def rows(ex: Mapping[str, Any]) -> list[int]:
+        return (_grid(m, ex).prod(dim=1) // merge).tolist()
+    return rows
+
+
+def _merge_rows(m: Modality, key: str) -> Rows:
+    def rows(ex: Mapping[str, Any]) -> list[int]:
         if ex.get(key) is None:
             raise ValueError(f"its {m.name}s have no {key} (the model merges each {m.name} by its own size); keep the "
                              f"processor's {key} with each document")
@@ -185,14 +202,56 @@ def _merge_count(m: Modality, key: str) -> Callable[[Mapping[str, Any]], list[in
             raise ValueError(f"{key} has {sizes.numel()} entries for its {len(grid)} {m.name}(s); give one per "
                              f"{m.name}, as the processor does")
         return (grid.prod(dim=1) // sizes ** 2).tolist()
-    return count
+    return rows
 
 
-def _formula_count(m: Modality, formula: RowFormula) -> Callable[[Mapping[str, Any]], list[int]]:
-    def count(ex: Mapping[str, Any]) -> list[int]:
+def _formula_rows(m: Modality, formula: RowFormula) -> Rows:
+    def rows(ex: Mapping[str, Any]) -> list[int]:
         grid = _grid(m, ex)
         if not formula.frames and bool((grid[:, 0] != 1).any()):
             raise ValueError(f"its {m.name} grids {grid.tolist()} have more than one frame, which the model's "
                              f"{m.name} encoder does not take (it merges single frames)")
         return [formula(*g) for g in grid.tolist()]
+    return rows
+
+
+def _kept_count(m: Modality, keep: str | None, rows: Rows) -> Rows:
+    """Each item's placeholders: its encoder rows, or the rows its keep mask keeps (after :func:`_keep_document`)."""
+    def count(ex: Mapping[str, Any]) -> list[int]:
+        n_rows = rows(ex)
+        if keep is None or ex.get(keep) is None:
+            return n_rows
+        mask = torch.as_tensor(ex[keep]).to(torch.bool)
+        if mask.dim() != 2 or mask.shape[0] != len(n_rows) or any(bool(mask[i, r:].any()) for i, r in
+                                                                  enumerate(n_rows)):
+            raise ValueError(f"its {keep} of shape {tuple(mask.shape)} does not mark its {len(n_rows)} {m.name}s' "
+                             f"{'+'.join(map(str, n_rows))} encoder rows; keep the processor's {keep} with each document")
+        return mask.sum(dim=1).tolist()
     return count
+
+
+def _keep_document(keeps: list[tuple[Modality, str, Rows]]) -> Callable[[Mapping[str, Any], int], dict[str, Any]]:
+    """``document(example, n)``: each keep mask over all the example's items' rows (the processor's ``[rows]``) as
+    ``[n_items, most rows]``, so that it is carried and sliced per item like a grid."""
+    def document(ex: Mapping[str, Any], n: int) -> dict[str, Any]:
+        out = dict(ex)
+        for m, keep, rows in keeps:
+            if ex.get(keep) is None or ex.get(m.grid_key) is None:
+                continue
+            mask = torch.as_tensor(ex[keep]).to(torch.bool)
+            if mask.dim() != 1:
+                continue  # already per item
+            try:
+                n_rows = rows(ex)
+            except ValueError as e:
+                raise ValueError(f"example {n}: {e}") from e
+            if mask.numel() != sum(n_rows):
+                raise ValueError(f"example {n}: {keep} has {mask.numel()} entries but its {len(n_rows)} {m.name}s' "
+                                 f"encoder rows are {'+'.join(map(str, n_rows))}; keep the processor's {keep} with "
+                                 "each document")
+            per_item = torch.zeros(len(n_rows), max(n_rows, default=0), dtype=torch.bool)
+            for i, part in enumerate(mask.split(n_rows)):
+                per_item[i, :part.numel()] = part
+            out[keep] = per_item
+        return out
+    return document

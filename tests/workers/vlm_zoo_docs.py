@@ -460,6 +460,7 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
     per_frame = callable(rope) and "repeat_interleave(video_grid_thw" in inspect.getsource(rope)
     seconds = next((k for k in ("second_per_grid_ts", "video_second_per_grid") if k in _params(type(model).forward)),
                    None)  # a video's seconds per temporal patch, where the forward takes them
+    compress = "video_compression_mask" in _params(type(model).forward)  # a mask of the encoder's rows kept
 
     def video(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], list]:
         image = make(thw, g, dtype)
@@ -474,6 +475,11 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
                                            return_dict=True)
         feats = out.pooler_output
         n = feats.numel() // feats.shape[-1] if torch.is_tensor(feats) else sum(f.numel() // f.shape[-1] for f in feats)
+        if compress:  # VideoLLaMA3's token compression: a later frame's unchanged rows dropped (here every other one)
+            keep = torch.ones(n, dtype=torch.bool)
+            keep[n // thw[0]::2] = False
+            keys["video_compression_mask"] = keep
+            n = int(keep.sum())
         frames = thw[0] if per_frame else 1
         return keys, [torch.full((n // frames,), token) for _ in range(frames)]
 
