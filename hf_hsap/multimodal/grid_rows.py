@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -92,48 +93,47 @@ def _encoder_rows(inner: torch.nn.Module, name: str, pixel_shape: Callable[[int]
     return int(sum(v.numel() // v.shape[-1] for v in out))
 
 
-def fitted_rows(model: torch.nn.Module, inner: torch.nn.Module, name: str) -> RowFormula | None:
+def fitted_rows(model: torch.nn.Module, inner: torch.nn.Module, name: str, *, merge: int) -> RowFormula | None:
     """The encoder's rows per item of modality ``name`` as a :class:`RowFormula`, or ``None`` where it returns one
     row per merge window (the fixed rule applies) or cannot be asked (a model on the meta device, a tower that takes
-    no zero pixels of the grid layout).
+    no zero pixels of the grid layout, a merge window that is not a square: ``merge`` patches per placeholder).
 
     Raises:
         ValueError: the encoder's rows are not such a formula of the grid (a probe it does not predict).
     """
     param = next((p for p in inner.parameters() if p.is_floating_point()), None)
-    if param is None or param.is_meta:
+    side = math.isqrt(merge)
+    if param is None or param.is_meta or side * side != merge:
         return None
     c, _, patch, frames = vision_geometry(model.config.vision_config)
-    vision = model.config.vision_config
-    merge = int(getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1)
     shapes = (lambda n: (n, c * frames * patch * patch), lambda n: (n, c, patch, patch))  # flattened or not
     devices = [param.device] if param.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
         for shape in shapes:
             try:
-                rows = [_encoder_rows(inner, name, shape, thw, merge, param) for thw in _FIT]
+                r22 = _encoder_rows(inner, name, shape, _FIT[0], side, param)
                 break
             except Exception:  # noqa: BLE001 - this pixel shape is not the tower's; try the next
                 continue
         else:
             return None
-        if rows[0] == 4:  # one row per merge window at 2 x 2: the fixed rule (checked further by spec's probe)
+        if r22 == 4:  # one row per merge window at 2 x 2: the fixed rule (checked further by spec's probe)
             return None
-        r22, r23, r32, r33 = rows
+        r23, r32, r33 = (_encoder_rows(inner, name, shape, thw, side, param) for thw in _FIT[1:])
         a = (r33 - r32) - (r23 - r22)
         c_ = (r23 - r22) - 2 * a
         b = (r32 - r22) - 2 * a
         k = r22 - 4 * a - 2 * b - 2 * c_
         try:
-            two = _encoder_rows(inner, name, shape, (2, 2, 2), merge, param)
+            two = _encoder_rows(inner, name, shape, (2, 2, 2), side, param)
             e, takes_frames = 2 * r22 - two, True
         except Exception:  # noqa: BLE001 - a tower that takes single frames only (HunYuan-VL's merger)
             e, takes_frames = 0, False
-        formula = RowFormula((a, b, c_, k - e, e), merge, takes_frames)
+        formula = RowFormula((a, b, c_, k - e, e), side, takes_frames)
         checks = list(_CHECK) + ([(2, 3, 2)] if takes_frames else [])
         for thw in checks:
-            got = _encoder_rows(inner, name, shape, thw, merge, param)
-            want = formula(thw[0], thw[1] * merge, thw[2] * merge)
+            got = _encoder_rows(inner, name, shape, thw, side, param)
+            want = formula(thw[0], thw[1] * side, thw[2] * side)
             if got != want:
                 raise ValueError(
                     f"its {name} encoder returns {got} rows for a grid of {thw[0]}x{thw[1]}x{thw[2]} merge windows, "
@@ -165,7 +165,8 @@ def grid_counter(model: torch.nn.Module, inner: torch.nn.Module, mods: list[Moda
     for m in mods:
         key = merge_size_key(inner, m.name, forward)
         keep = f"{m.name}_compression_mask" if f"{m.name}_compression_mask" in forward else None
-        formula = None if key is not None or m.name not in _METHODS else fitted_rows(model, inner, m.name)
+        formula = None if key is not None or m.name not in _METHODS else \
+            fitted_rows(model, inner, m.name, merge=merge)
         rows = _merge_rows(m, key) if key is not None else _formula_rows(m, formula) if formula is not None \
             else _fixed_rows(m, merge)
         extra = tuple(k for k in (key, keep) if k is not None)
