@@ -103,9 +103,25 @@ def test_each_refusal_names_the_structure_it_read_and_a_fix(make, kind: str, wor
         assert "one document per row" in str(e) and "packing=False" in str(e)
 
 
-def test_an_encoder_that_adds_rows_of_its_own_is_refused_after_asking_it() -> None:
-    e = refusal(model_of("hunyuan_vl"))  # its encoder returns 8 rows for 4 merge windows
-    assert e.kind == "encoder layout" and "returns 8 rows for a grid of 4 merge windows" in str(e)
+def test_an_encoder_whose_rows_are_no_formula_of_the_grid_is_refused_after_asking_it() -> None:
+    """HunYuan-VL's own rows (H * (W + 1) + 2 per image) are counted (``multimodal/grid_rows.py``); with (H * W) ** 2
+    more rows per image they are no ``t * (a*H*W + b*H + c*W + d) + e``: the probes past the fit disagree."""
+    model = model_of("hunyuan_vl")
+    assert hf_hsap.vision_spec(model).counts("image")
+    model = model_of("hunyuan_vl")
+    own = model.model.get_image_features
+
+    def squared(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any) -> Any:
+        out = own(pixel_values, image_grid_thw, **kwargs)
+        windows = (image_grid_thw.prod(-1) // 4).tolist()
+        out.pooler_output = tuple(torch.cat([v, v[:1].expand(w * w, -1)]) for v, w in zip(out.pooler_output, windows))
+        return out
+
+    model.model.get_image_features = squared
+    e = refusal(model)
+    assert e.kind == "encoder layout"
+    assert "returns 162 rows for a grid of 1x4x3 merge windows, not the 144 of the rows it returned for smaller grids" \
+        in str(e) and "one document per row" in str(e)
 
 
 def test_every_refusal_kind_is_tested() -> None:
