@@ -186,6 +186,11 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     :func:`.grid.grid_spec` (videos, GLM-4V's frames as images, the omni thinkers' audios, the rope index called
     by its signature); refused where the rope index takes inputs packed rows do not give it per document."""
     rope = getattr(inner, "get_rope_index", None)
+    sections = (getattr(model.config.get_text_config(), "rope_parameters", None) or {}).get("mrope_section") or ()
+    if callable(rope) and len(sections) not in (0, 3):  # e.g. a HunYuan-VL with 4 axes (its last three: w, h, image)
+        raise _refuse(model, "input not carried", (
+            f"its rope index gives {len(sections)} rotary rows (rope_parameters['mrope_section'] = {list(sections)}), "
+            "but packed rows carry 3 per token (Transformers' packed [4, B, L] with the text positions) yet"))
     if callable(rope):
         other = sorted(set(param_names(rope)) - ROPE_INPUTS - keys)
         if other:

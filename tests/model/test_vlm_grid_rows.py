@@ -119,3 +119,13 @@ def test_video_llama3_refuses_a_keep_mask_of_other_rows_naming_the_example() -> 
     no_sizes = {k: v for k, v in docs[1].items() if k != "video_merge_sizes"}
     with pytest.raises(ValueError, match=r"example 0: its videos have no video_merge_sizes"):
         hf_hsap.PackingCollator(256, vision=spec)([no_sizes])
+
+
+def test_a_rope_index_of_other_than_three_rotary_rows_is_refused() -> None:
+    config = VC.tiny_config("hunyuan_vl")
+    config.text_config.rope_parameters["mrope_section"] = [2, 2, 2, 2]  # 4 axes: 1-D, then width, height, image
+    model = VC.build_model(config, "eager", torch.float64)
+    with pytest.raises(hf_hsap.multimodal.VisionRefusal, match=r"its rope index gives 4 rotary rows .* packed rows "
+                                                               r"carry 3 per token") as info:
+        hf_hsap.vision_spec(model)
+    assert info.value.kind == "input not carried" and "one document per row" in str(info.value)
