@@ -241,8 +241,10 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
                       item_tokens=_by_name(counters) if counters else None, document=document)
 
 
-def _then(first: Callable[[Mapping[str, Any], int], dict[str, Any]],
-          second: Callable[[Mapping[str, Any], int], dict[str, Any]]) -> Callable[[Mapping[str, Any], int], dict[str, Any]]:
+Document = Callable[[Mapping[str, Any], int], dict[str, Any]]  # VisionSpec.document
+
+
+def _then(first: Document, second: Document) -> Document:
     """The document transform ``second(first(example))``."""
     def document(ex: Mapping[str, Any], n: int) -> dict[str, Any]:
         return second(first(ex, n), n)

@@ -226,7 +226,8 @@ def _kept_count(m: Modality, keep: str | None, rows: Rows) -> Rows:
         if mask.dim() != 2 or mask.shape[0] != len(n_rows) or any(bool(mask[i, r:].any()) for i, r in
                                                                   enumerate(n_rows)):
             raise ValueError(f"its {keep} of shape {tuple(mask.shape)} does not mark its {len(n_rows)} {m.name}s' "
-                             f"{'+'.join(map(str, n_rows))} encoder rows; keep the processor's {keep} with each document")
+                             f"{'+'.join(map(str, n_rows))} encoder rows; keep the processor's {keep} with each "
+                             "document")
         return mask.sum(dim=1).tolist()
     return count
 
