@@ -22,6 +22,7 @@ from hf_hsap.examples import TINY_VLMS, vlm_documents
 from hf_hsap.multimodal.cross import is_cross_attention_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
+from workers.vlm_zoo_unplaced import unplaced_documents
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
 
@@ -258,6 +259,9 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     if is_cross_attention_vlm(model):
         return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
+    unplaced = unplaced_documents(config, model, shapes, seed=seed, dtype=dtype)  # Kosmos-2, InstructBLIP-Video
+    if unplaced is not None:
+        return unplaced
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
