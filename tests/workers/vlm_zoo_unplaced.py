@@ -51,6 +51,7 @@ def unplaced_documents(config: Any, model: torch.nn.Module, shapes: list, *, see
             ids, marks = torch.cat([head, tail]), None
         elif mod.mark_key is not None:
             doc[mod.pixel_key] = _image(config, mod.pixel_key, k, g, dtype)
+            doc.update({key: torch.tensor([24 + k]) for key in mod.item_keys})  # Kosmos-2.5: the image's width, height
             n = spec.item_tokens("image", doc)[0]
             edge = -1 if hasattr(_text_module(model), "segment_emb") else 0  # Kosmos-2.5's start / end segment
             body = torch.randint(3, low, (n + 2,), generator=g)
