@@ -19,7 +19,7 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from .structure import token
 
-__all__ = ["qformer_spec", "video_qformer_spec"]
+__all__ = ["qformer_spec", "video_qformer_probe_inputs", "video_qformer_spec"]
 
 IDS_KEY, MASK_KEY = "qformer_input_ids", "qformer_attention_mask"
 
@@ -83,3 +83,21 @@ def video_qformer_spec(model: torch.nn.Module, inner: torch.nn.Module) -> Vision
         return [queries * int(shape[1])] * int(shape[0])
 
     return VisionSpec(layout, item_tokens=count)
+
+
+def video_qformer_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.device, dtype: torch.dtype
+                               ) -> dict[str, Any] | None:
+    """``check_model``'s probe inputs for a video Q-Former family: one one-frame video of the tower's size with a
+    one-token instruction, its placeholders between two text tokens; ``None`` without a vision image size."""
+    video = spec.layout.modalities[0]
+    vision = getattr(model.config, "vision_config", None)
+    size = getattr(vision, "image_size", None)
+    if not isinstance(size, int):
+        return None
+    pixels = torch.zeros(1, 1, int(getattr(vision, "num_channels", 3)), size, size, device=device, dtype=dtype)
+    n = spec.item_tokens("video", {video.pixel_key: pixels})[0]
+    out = {"input_ids": torch.tensor([[1] + [video.token_id] * n + [1]], device=device), video.pixel_key: pixels}
+    if IDS_KEY in video.item_keys:
+        out[IDS_KEY] = torch.ones(1, 1, dtype=torch.long, device=device)
+        out[MASK_KEY] = torch.ones(1, 1, dtype=torch.long, device=device)
+    return out

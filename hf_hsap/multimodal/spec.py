@@ -35,6 +35,7 @@ from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .items import anyres_counter, sizes_counter
 from .marked import marked_probe_inputs
+from .qformer import video_qformer_probe_inputs
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -339,6 +340,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         return cross_probe_inputs(model, spec, device, dtype)
     if spec.layout.modalities[0].mark_key is not None:  # images placed by a per-token mask (Kosmos-2)
         return marked_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
+        return video_qformer_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
