@@ -19,7 +19,7 @@ from hf_hsap.multimodal import vision_spec
 
 __all__ = ["unplaced_documents"]
 
-FRAMES = 4  # per video (one frame count per packed batch)
+FRAMES = 8  # per video (one frame count per packed batch)
 
 
 def unplaced_documents(config: Any, model: torch.nn.Module, shapes: list, *, seed: int = 0,
