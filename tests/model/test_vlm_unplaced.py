@@ -2,7 +2,8 @@
 ``qformer.video_qformer_spec``): Kosmos-2 / Kosmos-2.5 place each image's rows by a per-token mask
 (``image_embeds_position_mask``), carried per token in document order; InstructBLIP-Video queries each video's frames
 with its Q-Former and places the rows at its video token. Their exactness under SP is the zoo's
-(``test_vlm_zoo.PER_ITEM``); here the derived spec, the carried mask and the per-document refusals.
+(``test_vlm_zoo.PER_ITEM``); here the derived spec, the carried mask, the per-document refusals and what
+``prepare_model`` changes on Kosmos-2 (no dense causal mask of its own, its projection's attention per image).
 """
 from __future__ import annotations
 
@@ -66,3 +67,20 @@ def test_a_video_q_former_family_counts_query_rows_per_frame() -> None:
     docs[1]["labels"] = docs[1]["input_ids"].clone()
     with pytest.raises(ValueError, match=r"example 1: its video takes \d+ placeholders .* holds 0 video"):
         hf_hsap.PackingCollator(1024, vision=spec)(docs)
+
+
+def test_prepare_model_drops_kosmos_2s_own_dense_mask_and_serves_its_projection_per_image() -> None:
+    from hf_hsap.integrations.encoder_attention import is_encoder_module
+
+    config = VC.tiny_config("kosmos-2")
+    model = VC.build_model(config, "hsap", VZ.DTYPE)
+    text, x_attn = model.text_model.model, model.image_to_text_projection.x_attn
+    assert not is_encoder_module(x_attn)  # a text-config layer, not causal: "hsap" would refuse it
+    prepared = hf_hsap.prepare_model(model)
+    assert is_encoder_module(x_attn)
+    shape, embeds = (1, 4), torch.zeros(1, 4, 8)  # float32: its own mask fills finfo.min in the default dtype
+    assert text._prepare_decoder_attention_mask(torch.ones(shape), shape, embeds, 0) is None  # the plan's documents
+    with pytest.raises(ValueError, match="no padding inside a row"):
+        text._prepare_decoder_attention_mask(torch.tensor([[1, 1, 0, 0]]), shape, embeds, 0)
+    prepared.undo()
+    assert not is_encoder_module(x_attn) and text._prepare_decoder_attention_mask(None, shape, embeds, 0).dim() == 4

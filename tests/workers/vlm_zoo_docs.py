@@ -6,7 +6,8 @@ A document is ``text, [start] placeholders [end], text``: its pixels are made fo
 document's image size), Pixtral's images of their own sizes with ``image_sizes``, Idefics' images per row with their
 ``pixel_attention_mask`` (1 to 4 tiles, the last one's right patches padding), Gemma 4's patches with their
 positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is what the
-model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families of
+model's own ``get_image_features`` returns for them (the rows a processor would insert). Families without an image
+placeholder id (Kosmos-2's per-token image mask, InstructBLIP-Video's videos) take ``vlm_zoo_unplaced.py``. The five families of
 :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
 """
 from __future__ import annotations
