@@ -25,6 +25,8 @@ PREFIX_LM = "_hsap_prefix_lm"  # a prefix-LM decoder's attention layer: causal b
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
 INDEXED = "_hsap_indexed"  # an indexed-attention layer whose top-k runs per document (integrations/indexed.py)
 INDEXED_DOCS = "_hsap_indexed_docs"  # the documents of the current forward, on an indexed layer's indexer
+ENCODER_PART = "_hsap_encoder_part"  # a non-causal attention layer of a VLM's image path under a text config (Kosmos-2's
+# image-to-text projection): it runs on one item's rows, as an encoder's layer
 
 # The keyword argument of check_model's probe forward (the attention layers it reaches get the SP plan too).
 PROBE_KEY = "hsap_kwargs_probe"

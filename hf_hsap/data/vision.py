@@ -58,6 +58,9 @@ class Modality:
         keep_key: the per-item ``[n_items, rows]`` mask of the encoder's rows the model keeps (VideoLLaMA3's
             ``video_compression_mask``, carried per item by :mod:`hf_hsap.multimodal.grid_rows`), applied to each
             item's rows before the placeholders take them, or ``None``.
+        mark_key: the per-token key whose entries equal to 1 mark this modality's placeholders, for a model that
+            places its features by a mask instead of a token id (Kosmos-2's ``image_embeds_position_mask``;
+            ``token_id`` is then -1), or ``None``.
     """
 
     name: str
@@ -73,6 +76,33 @@ class Modality:
     cell_size: int = 1
     required: tuple[str, ...] = ()
     keep_key: str | None = None
+    mark_key: str | None = None
+
+    @property
+    def marker(self) -> str:
+        """What marks this modality's placeholders, for messages: ``id 5`` or ``image_embeds_position_mask == 1``."""
+        return f"id {self.token_id}" if self.mark_key is None else f"{self.mark_key} == 1"
+
+    def placeholders(self, ids: Any, source: Mapping[str, Any]) -> Any:
+        """Which of ``ids`` are this modality's placeholders.
+
+        Args:
+            ids: token ids (a tensor or a numpy array, any shape); source: the example or batch holding
+                :attr:`mark_key` for ``ids`` (same number of entries), read only for a marked modality.
+
+        Returns:
+            A bool tensor / array shaped as ``ids`` (a marked modality without its mask in ``source``: none).
+        """
+        if self.mark_key is None:
+            return ids == self.token_id
+        mark = source.get(self.mark_key)
+        if isinstance(ids, np.ndarray):
+            if mark is None:
+                return np.zeros(ids.shape, dtype=bool)
+            return np.asarray(torch.as_tensor(mark).detach().to("cpu")).reshape(ids.shape) == 1
+        if mark is None:
+            return torch.zeros_like(ids, dtype=torch.bool)
+        return torch.as_tensor(mark).to(ids.device).reshape(ids.shape) == 1
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
@@ -234,7 +264,7 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
         tokens = np.full(n_items, n_tokens // n_items, dtype=np.int64)
         rows = np.ones(n_items, dtype=np.int64)
     if int(tokens.sum()) != n_tokens:
-        raise ValueError(f"the batch has {n_tokens} {modality.name} placeholder tokens (id {modality.token_id}) but "
+        raise ValueError(f"the batch has {n_tokens} {modality.name} placeholder tokens ({modality.marker}) but "
                          f"its {modality.pixel_key} stand for {int(tokens.sum())}; tokenize each document with the "
                          "model's processor and keep its pixels with it")
     return tokens, rows

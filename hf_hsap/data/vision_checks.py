@@ -45,7 +45,7 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
         raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
                          f"token (the processor's {key}) or leave it out (the collator fills it)")
     for m in spec.layout.modalities:
-        placeholders = int((ids == m.token_id).sum())
+        placeholders = int(m.placeholders(ids, ex).sum())
         if m.grid_key is not None:
             items = _grid_items(m, spec, ex, n, placeholders)
         elif spec.counts(m.name):
@@ -110,7 +110,7 @@ def _grid_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, pl
     pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
     if pixels is None and grid is None:
         if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) but no "
                              f"{m.pixel_key}; keep the processor's pixels with each document")
         return 0
     if grid is None:
@@ -140,7 +140,7 @@ def _grid_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, pl
         its = f"its {m.name} has a {_grids(grid)} grid" if len(cells) == 1 else \
             f"its {len(cells)} {m.name}s have {_grids(grid)} grids"
         raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
-                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
+                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens ({m.marker}); "
                          "tokenize each document with the model's processor and keep its pixels with it")
     return len(cells)
 
@@ -178,15 +178,15 @@ def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int
     if items == 0:
         return 0
     if placeholders == 0:
-        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
-                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with "
+        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens ("
+                         f"{m.marker}); tokenize each document with the model's processor and keep its pixels with "
                          "it")
     if placeholders % items:
-        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) for its "
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) for its "
                          f"{items} {m.pixel_key} item(s): not the same number for each; give each {m.name} its "
                          "processor's placeholders")
     _same_in_batch(seen, f"{m.name} placeholders", n, placeholders // items,
-                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens (id {m.token_id}) "
+                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens ({m.marker}) "
                                     f"per {m.name} where example {k} holds {first}; every {m.name} of this family has "
                                     "the same number: give each its processor's placeholders")
     return items
@@ -196,7 +196,7 @@ def _items_with_pixels(m: Modality, ex: Mapping[str, Any], n: int, placeholders:
     """:func:`_n_items`, after refusing placeholders without pixels."""
     items = _n_items(m, ex, n)
     if items == 0 and placeholders:
-        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) but no "
                          f"{m.pixel_key}; keep the processor's pixels with each document")
     return items
 
@@ -234,7 +234,7 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
         its = f"its {m.name} takes" if items == 1 else f"its {items} {m.name}s take"
         raise ValueError(f"example {n}: {its} {'+'.join(map(str, counts))} placeholders by the model's count (from "
                          f"{', '.join((m.pixel_key, *m.item_keys))}) but the document holds {placeholders} {m.name} "
-                         f"placeholder tokens (id {m.token_id}); tokenize each document with the model's processor "
+                         f"placeholder tokens ({m.marker}); tokenize each document with the model's processor "
                          "and keep its pixels with it")
     return items
 

@@ -25,6 +25,8 @@ __all__ = ["keep_rows", "prepare_vision", "select_rows"]
 logger = get_logger(__name__)
 _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features", "audio": "get_audio_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
+_DECODER_KEYS = ("position_ids", "shift_labels", "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k",
+                 "max_length_q", "max_length_k")  # a packed row's keys for the decoder, never an encoder's
 _AUDIO_FIELDS = ("last_hidden_state",)  # an audio encoder's rows (the omni thinkers merge its last_hidden_state)
 
 
@@ -168,7 +170,9 @@ def _spec_or_none(model: torch.nn.Module) -> Any:
 def _wrap(method: Any, state: _Rows, name: str) -> Any:
     @functools.wraps(method)
     def features(*args: Any, **kwargs: Any) -> Any:
-        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("hsap_")}  # the decoder's plan stays there
+        # the decoder's plan and text inputs stay there (InstructBLIP-Video passes its forward's keyword arguments,
+        # the packed row's position_ids too, on to its Q-Former, whose own text positions they are not)
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("hsap_") and k not in _DECODER_KEYS}
         if state.inside:
             return method(*args, **kwargs)
         state.inside = True

@@ -139,11 +139,12 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
     ids = ids.detach().to("cpu")
     mods, sizes = [], {}
     for m in layout.modalities:
+        marks = m.placeholders(ids, batch)  # [B * L] placeholder flags (its id, or its per-token mask)
         if batch.get(m.pixel_key) is None:
-            if bool((ids == m.token_id).any()):
-                raise ValueError(f"the batch has {m.name} placeholder tokens (id {m.token_id}) but no {m.pixel_key}")
+            if bool(marks.any()):
+                raise ValueError(f"the batch has {m.name} placeholder tokens ({m.marker}) but no {m.pixel_key}")
             continue
-        where = torch.nonzero(ids == m.token_id).flatten()  # [N] global placeholder positions
+        where = torch.nonzero(marks).flatten()  # [N] global placeholder positions
         tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
         feature = torch.full((ids.numel(),), -1, dtype=torch.int64)
         feature[where] = torch.arange(where.numel())

@@ -35,6 +35,8 @@ from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .grid_rows import vision_geometry
 from .items import anyres_counter, sizes_counter
+from .marked import marked_probe_inputs
+from .qformer import video_qformer_probe_inputs
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -113,7 +115,10 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     derived = derived_spec(model, inner)
     if derived is not None:  # exact in the multimodal zoo in every mode, its encoder's rows checked every forward
         return _with_uncarried(derived, keys)
-    encode = type(inner).get_image_features
+    encode = getattr(type(inner), "get_image_features", None)
+    if encode is None:  # a video-only encoder not derived above
+        raise _refuse(model, "no image encoder", "it has get_video_features but no get_image_features, and its videos "
+                                                 "are not queried by a Q-Former (the video-only layout hf_hsap takes)")
     if "pixel_values" not in keys | set(param_names(encode)):
         raise _refuse(model, "input not carried", "its forward takes no pixel_values")
     if "pixel_values" in required(type(model).forward):
@@ -332,6 +337,10 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         return None
     if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
         return cross_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].mark_key is not None:  # images placed by a per-token mask (Kosmos-2)
+        return marked_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
+        return video_qformer_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
     vision = model.config.vision_config
     extra: dict[str, Any] = {}

@@ -84,7 +84,10 @@ STRUCTURAL = [
     (chameleon, "VQ codes in the vocabulary", "VQ codes"),
     (lambda: model_of("git", meta=True), "no image encoder", "no get_image_features"),
     (lambda: cross_without_tiles(), "cross-attention", "cross_attention_mask"),
-    (lambda: model_of("kosmos-2", meta=True), "no placeholder", "no image_token_id"),
+    # no image token and no per-token image mask (Kosmos-2's image_embeds_position_mask is accepted)
+    (lambda: model_of("llava", meta=True, image_token_id=None), "no placeholder", "no image_token_id"),
+    (lambda: model_of("instructblipvideo", meta=True, video_token_index=None), "no placeholder",
+     "no video_token_id"),  # a video-only model (InstructBLIP-Video, accepted with its video token)
     (lambda: without_qformer(model_of("blip-2", meta=True)), "image required", "requires pixel_values"),
     (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",

@@ -5,7 +5,7 @@ Families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact
 each document alone (float64, its vision tower's float32 island tolerance); every family whose images carry
 per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks) or whose
 encoder takes per-item inputs (MiniCPM-V's crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's high-resolution
-view, InstructBLIP's Q-Former prompts), exact at sp1 and in one SP 2 mode with an image split across the ranks,
+view, InstructBLIP's Q-Former prompts, Kosmos-2's per-token image mask, InstructBLIP-Video's frames), exact at sp1 and in one SP 2 mode with an image split across the ranks,
 PaliGemma's prefix-LM blocks among them; Mllama's and Idefics' cross-attention with a document split across the ranks;
 and a family refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no
 WRONG and no crash, are what ``vision_spec`` derives now (slow: every zoo family built), and MODELS.md's section is
@@ -75,7 +75,9 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1"),  # Fuyu: patch embeddings cut from the last hidden state
             # grids counted per item from the model: the encoder's own rows (newline, begin and end rows), and merge
             # sizes per item with a video's token-compression mask
-            ("hunyuan_vl", "sp2_u1"), ("video_llama_3", "sp2_u1")]
+            ("hunyuan_vl", "sp2_u1"), ("video_llama_3", "sp2_u1"),
+            # no placeholder id: images placed by a per-token mask (Kosmos-2), videos at a Q-Former's video token
+            ("instructblipvideo", "sp2_u2"), ("kosmos-2", "sp2_u1")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)

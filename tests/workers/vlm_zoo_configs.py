@@ -66,6 +66,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llava_next_video": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "llava_onevision": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "lighton_ocr": {"vision_config": {"image_size": 32}},  # Pixtral: images up to 32 pixels a side
+    "kosmos-2.5": {"latent_query_num": 16},  # 16 rows per image (2048 by default)
     "mistral3": {"vision_config": {"image_size": 32}},
     # Idefics 3 tiles of 16 pixels: 16 placeholders each (4 of 8 pixels), so that SP splits one
     "granite_docling": {"vision_config": {"image_size": 16, "scale_factor": 2}},

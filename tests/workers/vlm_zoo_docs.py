@@ -6,7 +6,8 @@ A document is ``text, [start] placeholders [end], text``: its pixels are made fo
 document's image size), Pixtral's images of their own sizes with ``image_sizes``, Idefics' images per row with their
 ``pixel_attention_mask`` (1 to 4 tiles, the last one's right patches padding), Gemma 4's patches with their
 positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is what the
-model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families of
+model's own ``get_image_features`` returns for them (the rows a processor would insert). Families without an image
+placeholder id (Kosmos-2's per-token image mask, InstructBLIP-Video's videos) take ``vlm_zoo_unplaced.py``. The five families of
 :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hf_hsap.examples import TINY_VLMS, vlm_documents
 from hf_hsap.multimodal.cross import is_cross_attention_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
+from workers.vlm_zoo_unplaced import unplaced_documents
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
 
@@ -258,6 +260,9 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     if is_cross_attention_vlm(model):
         return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
+    unplaced = unplaced_documents(config, model, shapes, seed=seed, dtype=dtype)  # Kosmos-2, InstructBLIP-Video
+    if unplaced is not None:
+        return unplaced
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
