@@ -55,6 +55,9 @@ class Modality:
         cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
         required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
             document holding items without one is refused.
+        time_merge: a grid item's temporal patches merged into one placeholder row after the layout's spatial merge
+            (ERNIE-4.5-VL's videos: its resampler's ``temporal_merge_size``), 1 without: an item has
+            ``cells / (merge * time_merge)`` placeholders.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Modality:
     pixel_axis: int = 0
     cell_size: int = 1
     required: tuple[str, ...] = ()
+    time_merge: int = 1
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
@@ -135,6 +139,9 @@ class VisionSpec:
             or ``None``.
         uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
             refused by the collator, never packed without it.
+        token_keys: further per-token keys the model reads, ``{key: {token id: type}}`` (ERNIE-4.5-VL's
+            ``moe_mm_token_type_ids``, :mod:`hf_hsap.multimodal.markers`): the collator carries each document's own
+            and fills a missing one from these token ids (0 elsewhere, and on padding).
     """
 
     layout: VisionLayout
@@ -143,6 +150,7 @@ class VisionSpec:
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
     document: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = field(default=None, compare=False)
     uncarried: tuple[str, ...] = ()
+    token_keys: Mapping[str, Mapping[int, int]] = field(default_factory=dict, compare=False)
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
@@ -204,7 +212,7 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     if modality.grid_key is not None:
         cells = modality.grid_cells(batch[modality.grid_key]).numpy()
         rows = cells * modality.cell_size
-        tokens = cells // layout.merge
+        tokens = cells // (layout.merge * modality.time_merge)
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
         if tokens.size != int(pixels.shape[modality.item_axis]):
@@ -257,6 +265,17 @@ def _doc_positions(spec: VisionSpec, ex: Mapping[str, Any], ids: np.ndarray, typ
     return pos.reshape(3, -1).to(torch.int64).numpy()
 
 
+def _token_values(given: Any, ids: np.ndarray, marks: Mapping[int, int]) -> np.ndarray:
+    """``[n]`` one document's values of a per-token key (:attr:`VisionSpec.token_keys`): its own, else ``marks``'
+    type on each marked token id, 0 elsewhere."""
+    if given is not None:
+        return np.asarray(torch.as_tensor(given).reshape(-1), dtype=np.int64)
+    out = np.zeros(ids.size, dtype=np.int64)
+    for token_id, kind in marks.items():
+        out[ids == token_id] = kind
+    return out
+
+
 def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
                 rows: list[list[int]], row_len: int) -> dict[str, Any]:
     """The vision part of a packed batch: pixels and items in row order, token types, rotary positions.
@@ -267,8 +286,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         docs: ``(input_ids, labels)`` per document; rows: document indices per packed row; row_len: ``L``.
 
     Returns:
-        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision",
-        "hsap_vision_tokens" (counted items only)}``.
+        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], each token key: [B, L], "rope": [3, B, L] or
+        None, "hsap_vision", "hsap_vision_tokens" (counted items only)}``.
 
     Shapes:
         ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
@@ -296,10 +315,13 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
+    marked = {key: np.zeros((n_rows, row_len), dtype=np.int64) for key in spec.token_keys}
     for r, row in enumerate(rows):
         offset = 0
         for i in row:
             ids = docs[i][0]
+            for key, value in marked.items():
+                value[r, offset:offset + ids.size] = _token_values(examples[i].get(key), ids, spec.token_keys[key])
             given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
             t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
             if given is None and spec.layout.prefix_blocks:  # no types: the model runs the document causally
@@ -317,6 +339,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             types[r, offset:] = 1
     if spec.token_type_key:
         out[spec.token_type_key] = torch.from_numpy(types)
+    out.update({key: torch.from_numpy(value) for key, value in marked.items()})
     out["rope"] = None if rope is None else torch.from_numpy(rope)
     return out
 

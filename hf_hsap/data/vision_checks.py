@@ -44,6 +44,12 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
     if types is not None and types.numel() != ids.size:
         raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
                          f"token (the processor's {key}) or leave it out (the collator fills it)")
+    for extra in spec.token_keys:
+        given = ex.get(extra)
+        if given is not None and torch.as_tensor(given).numel() != ids.size:
+            raise ValueError(f"example {n}: {extra} has {torch.as_tensor(given).numel()} entries for {ids.size} "
+                             f"input_ids; give one per token (the processor's {extra}) or leave it out (the collator "
+                             "fills it)")
     for m in spec.layout.modalities:
         placeholders = int((ids == m.token_id).sum())
         if m.grid_key is not None:
@@ -130,12 +136,13 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
         raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} {unit} but its {m.name} grids ask for "
                          f"{int(cells.sum()) * m.cell_size} ({'*'.join('thw'[-m.grid_dims:])} of {_grids(grid)}); "
                          "keep each document's pixels with its own grid")
-    tokens = int(cells.sum()) // layout.merge
+    tokens = int(cells.sum()) // (layout.merge * m.time_merge)
     if placeholders != tokens:
         side = int(round(layout.merge ** 0.5))
+        side = f"{side}x{side}" + (f"x{m.time_merge} (temporal)" if m.time_merge > 1 else "")
         its = f"its {m.name} has a {_grids(grid)} grid" if len(cells) == 1 else \
             f"its {len(cells)} {m.name}s have {_grids(grid)} grids"
-        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
+        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side} "
                          f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
                          "tokenize each document with the model's processor and keep its pixels with it")
     return len(cells)

@@ -22,6 +22,7 @@ not carry yet (named), each with a fix that works; keys the forward takes but pa
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from typing import Any
@@ -34,6 +35,7 @@ from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .items import anyres_counter, sizes_counter
+from .markers import marker_keys
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -128,7 +130,8 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     missing = [k for k in required(encode) if k not in CARRIED_KEYS]
     if missing:
         raise _not_carried(model, "get_image_features", missing)
-    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS)
+    markers = marker_keys(config, keys)  # ERNIE-4.5-VL's MoE routing types (placeholders and their start / end)
+    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS and k not in markers)
     if per_token:
         raise _not_carried(model, "its forward (per token)", per_token)
     text = config.get_text_config()
@@ -148,15 +151,14 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     else:
         spec = _item_spec(model, inner, keys, image, video)
     _check_rows(model, inner, spec)
-    return _with_uncarried(spec, keys)
+    return _with_uncarried(dataclasses.replace(spec, token_keys=markers), keys)
 
 
 def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
     """``spec`` with the forward's keys it does not carry (:attr:`~hf_hsap.data.vision.VisionSpec.uncarried`)."""
-    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
-    uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
-    return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
-                      item_tokens=spec.item_tokens, document=spec.document, uncarried=uncarried)
+    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key} | \
+        set(spec.token_keys)
+    return dataclasses.replace(spec, uncarried=tuple(sorted(keys - CONTROL_KEYS - carried)))
 
 
 def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:

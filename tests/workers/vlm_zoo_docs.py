@@ -311,6 +311,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 doc[key] = (ids == token).to(torch.int64)
                 for where in video_at:
                     doc[key][where] = 2
+        if "moe_mm_token_type_ids" in _params(type(model).forward):  # ERNIE-4.5-VL's processor: the MoE routing
+            doc["moe_mm_token_type_ids"] = _moe_types(fields, ids)  # types, start / end markers included
         if audio is not None and k in AUDIO_DOCS:  # an audio after the text: 24 real frames, then 20 of 32
             keys, n_audio = audio(24 if k == AUDIO_DOCS[0] else 32, 24 if k == AUDIO_DOCS[0] else 20, g, dtype)
             doc.update(keys)
@@ -333,6 +335,17 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def _moe_types(fields: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
+    """``[n]`` as ERNIE-4.5-VL's processor's ``create_moe_mm_token_type_ids``: 1 on image placeholders and the image
+    start / end tokens, 2 on video placeholders and the video start / end tokens, 0 elsewhere."""
+    out = torch.zeros_like(ids)
+    for kind, name in ((1, "image"), (2, "video")):
+        for key in (f"{name}_token_id", f"{name}_start_token_id", f"{name}_end_token_id"):
+            if isinstance(fields.get(key), int):
+                out[ids == fields[key]] = kind
+    return out
 
 
 def cross_documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]],
