@@ -34,6 +34,7 @@ from ..log import get_logger
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
+from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
 from .markers import marker_keys
 from .prefix import is_prefix_lm, position_start
@@ -121,12 +122,12 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         raise _refuse(model, "image required", (
             "its forward requires pixel_values on every call, so a packed row (or an SP rank's part of one) "
             "holding no image cannot run"))
-    projector = getattr(inner, "multi_modal_projector", None)
-    if callable(getattr(projector, "get_visual_indicator_features", None)):
+    indicators = has_indicators(inner)  # Ovis 2.5: learned rows over each item's start / end tokens (.indicators)
+    if indicators and not indicators_supported(model, inner):
         raise _refuse(model, "encoder layout", (
-            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) and "
-            "counts them against the images of one forward, which an SP rank's part of a packed row does not hold "
-            "whole"))
+            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) in a "
+            "merge that counts them against the images of one forward, and its config or merge is not the one "
+            "hf_hsap writes those rows for (hf_hsap.multimodal.indicators)"))
     missing = [k for k in required(encode) if k not in CARRIED_KEYS]
     if missing:
         raise _not_carried(model, "get_image_features", missing)
@@ -151,7 +152,15 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     else:
         spec = _item_spec(model, inner, keys, image, video)
     _check_rows(model, inner, spec)
+    if indicators:  # each document's start / end tokens checked against its items, as the model does alone
+        check = boundary_check(config, grid_keys={m.name: m.grid_key for m in spec.layout.modalities if m.grid_key})
+        spec = dataclasses.replace(spec, document=check if spec.document is None else _chained(spec.document, check))
     return _with_uncarried(dataclasses.replace(spec, token_keys=markers), keys)
+
+
+def _chained(first: Any, then: Any) -> Any:
+    """``document(example, n)``: ``first``'s rewrite, then ``then``'s."""
+    return lambda ex, n: then(first(ex, n), n)
 
 
 def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
@@ -371,7 +380,9 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
         else:
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
-    ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
+    marks = boundary_ids(model.config) if has_indicators(inner_vlm(model)) else None  # Ovis 2.5: the image's start
+    body = [image.token_id] * n_tokens if marks is None else [marks[0]] + [image.token_id] * n_tokens + [marks[1]]
+    ids = torch.tensor([[1] + body + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
     return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

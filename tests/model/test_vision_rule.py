@@ -77,6 +77,19 @@ def cross_without_tiles() -> torch.nn.Module:
     return model
 
 
+def other_merge(model: torch.nn.Module) -> torch.nn.Module:
+    """Ovis 2.5 whose merge of features and start / end rows is not the one hf_hsap writes those rows for (Ovis 2.5
+    itself is accepted: hf_hsap.multimodal.indicators)."""
+    inner = model.model
+
+    class OtherMerge(type(inner)):
+        def _merge_visual_features(self, input_ids, inputs_embeds, visual_features):  # noqa: D102
+            return inputs_embeds
+
+    inner.__class__ = OtherMerge
+    return model
+
+
 # (what the model is, its refusal kind, words of the message naming the structure read)
 STRUCTURAL = [
     (llama, "text model", "PackingCollator(max_length) alone"),
@@ -90,7 +103,7 @@ STRUCTURAL = [
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
-    (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
+    (lambda: other_merge(model_of("ovis2_5", meta=True)), "encoder layout", "get_visual_indicator_features"),
 ]
 
 

@@ -297,12 +297,16 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         if video is not None and k in VIDEO_DOCS:  # a video after the text: (t, h, w) = (2, 4, 4), then (2, 2, 4)
             keys, runs = video((2, 4, 4) if k == VIDEO_DOCS[0] else (2, 2, 4), g, dtype)
             doc.update(keys)
+            v_start, v_end = start, end
+            if not video.shared:  # a video of its own token: its own start / end markers where the config names them
+                v_start = _marker(fields, ("video_start_token_id",)) or start  # (Ovis 2.5 writes a learned
+                v_end = _marker(fields, ("video_end_token_id",)) or end  # embedding there, counted per video)
             for run in runs:
                 body += [torch.randint(3, low, (1,), generator=g)]  # a timestamp's text before each frame
                 n_body = sum(int(b.numel()) for b in body)
-                body += ([torch.tensor([start])] if start is not None else []) + [run] + \
-                    ([torch.tensor([end])] if end is not None else [])
-                video_at.append(torch.arange(run.numel()) + n_body + (start is not None))
+                body += ([torch.tensor([v_start])] if v_start is not None else []) + [run] + \
+                    ([torch.tensor([v_end])] if v_end is not None else [])
+                video_at.append(torch.arange(run.numel()) + n_body + (v_start is not None))
             body.append(torch.randint(3, low, (2,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
