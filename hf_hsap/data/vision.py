@@ -58,6 +58,10 @@ class Modality:
         time_merge: a grid item's temporal patches merged into one placeholder row after the layout's spatial merge
             (ERNIE-4.5-VL's videos: its resampler's ``temporal_merge_size``), 1 without: an item has
             ``cells / (merge * time_merge)`` placeholders.
+        rows_key: a per-item key giving each item's entries along the item axis of the pixels (Molmo2's
+            ``image_num_crops``: an image is that many crops), or ``None`` (one entry per item).
+        token_rows: per-item keys with one entry per placeholder of the item along axis 0 (Molmo2's
+            ``image_token_pooling``: the patches each placeholder pools, indices into the item's own patches).
     """
 
     name: str
@@ -73,6 +77,8 @@ class Modality:
     cell_size: int = 1
     required: tuple[str, ...] = ()
     time_merge: int = 1
+    rows_key: str | None = None
+    token_rows: tuple[str, ...] = ()
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
@@ -107,6 +113,9 @@ class VisionLayout:
         empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
             modality gets the batch's cheapest item and keeps none of its feature rows (its towers take no empty
             batch), rather than no pixels.
+        type_blocks: the per-token type key whose tokens of type 1 attend to each other bidirectionally within a
+            document (Molmo2's ``mm_token_type_ids``: all of a document's image tokens, one run per document), or
+            ``None``.
     """
 
     family: str
@@ -118,6 +127,7 @@ class VisionLayout:
     cross_key: str | None = None
     position_start: int = 0
     empty_items: bool = False
+    type_blocks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,11 +225,13 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
         tokens = cells // (layout.merge * modality.time_merge)
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
-        if tokens.size != int(pixels.shape[modality.item_axis]):
+        rows = np.ones(tokens.size, dtype=np.int64) if modality.rows_key is None else \
+            torch.as_tensor(batch[modality.rows_key]).reshape(-1).to("cpu", torch.int64).numpy()
+        if rows.size != tokens.size or int(rows.sum()) != int(pixels.shape[modality.item_axis]):
             raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
-                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])}; pack the documents "
-                             "with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
-        rows = np.ones(tokens.size, dtype=np.int64)
+                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])} entries for "
+                             f"{int(rows.sum())}; pack the documents with PackingCollator(max_length, "
+                             "vision=hf_hsap.vision_spec(model))")
     else:
         n_items = int(pixels.shape[modality.item_axis])
         if n_items == 0 or n_tokens % n_items:

@@ -5,7 +5,8 @@
 - NaFlex patches (:mod:`.naflex`: LFM2-VL's ``spatial_shapes`` and ``pixel_attention_mask``);
 - a second pixel view (:mod:`.paired`: DeepSeek-VL-Hybrid's ``high_res_pixel_values``);
 - a Q-Former's queries and prompt (:mod:`.qformer`: BLIP-2, InstructBLIP);
-- a linear patch embedding without a tower (:mod:`.patches`: Fuyu).
+- a linear patch embedding without a tower (:mod:`.patches`: Fuyu);
+- crops whose placeholders pool chosen patches (:mod:`.pooled`: Molmo2's ``image_token_pooling``).
 
 Each is exact in the multimodal zoo in every mode; the encoder's rows per item are checked against the
 placeholders every forward (:mod:`.select`).
@@ -19,12 +20,13 @@ from .naflex import naflex_spec
 from .navit import navit_spec
 from .paired import paired_spec
 from .patches import patches_spec
+from .pooled import pooled_spec
 from .qformer import qformer_spec
 from .structure import token
 
 __all__ = ["derived_spec"]
 
-_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec)
+_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, pooled_spec)
 
 
 def derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:

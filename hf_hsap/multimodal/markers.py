@@ -6,10 +6,10 @@ ERNIE-4.5-VL routes each token to its text or its vision experts by ``moe_mm_tok
 document's own (or fills it from the token ids, as the processor does) and ``shard_batch`` gives each rank its
 tokens' slice, so every token keeps its own routing on a packed row and under SP.
 
-The rule, read from the model: a forward key ending in ``token_type_ids`` besides ``mm_token_type_ids`` /
-``token_type_ids`` is such a key where the config names start or end tokens of a modality
-(``{image,video}_start_token_id`` / ``_end_token_id``): each of those, and the modality's placeholder, gets the
-modality's type.
+The rule, read from the model: a forward key that is a variant of the multimodal types (``*_mm_token_type_ids``)
+is such a key where the config names start or end tokens of a modality (``{image,video}_start_token_id`` /
+``_end_token_id``): each of those, and the modality's placeholder, gets the modality's type. Any other per-token key
+stays refused by :func:`~hf_hsap.multimodal.spec.vision_spec` (named).
 """
 from __future__ import annotations
 
@@ -56,6 +56,6 @@ def marker_keys(config: Any, keys: Iterable[str]) -> dict[str, dict[int, int]]:
     Returns:
         ``{key: {token id: type}}`` (empty when there is none, or the config names no start / end token).
     """
-    extra = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS)
+    extra = sorted(k for k in keys if k.endswith("_mm_token_type_ids") and k not in CARRIED_KEYS)
     types = marker_types(config)
     return {k: dict(types) for k in extra} if types else {}

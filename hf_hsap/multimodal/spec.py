@@ -37,6 +37,7 @@ from .grid import ROPE_INPUTS, grid_spec
 from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
 from .markers import marker_keys
+from .pooled import pooled_probe_inputs
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -345,6 +346,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
         return cross_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
+    if image.token_rows:  # Molmo2: crops whose placeholders pool chosen patches
+        return pooled_probe_inputs(model, spec, device, dtype)
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
     if model in _IMAGES:  # the image the encoder took when the spec was derived

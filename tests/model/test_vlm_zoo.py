@@ -74,7 +74,9 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             ("minicpmv4_7", "sp2_u1"), ("lfm2_vl", "sp2_u2"), ("deepseek_vl_hybrid", "sp2_u1"),
             ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1"),  # Fuyu: patch embeddings cut from the last hidden state
             # MoE routing types per token (placeholders and their start / end markers), videos merged in time
-            ("ernie4_5_vl_moe", "sp2_u1")]
+            ("ernie4_5_vl_moe", "sp2_u1"),
+            # pooling rows per placeholder, crops per image, a bidirectional block over a document's image tokens
+            ("molmo2", "sp2_u2")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)

@@ -120,6 +120,8 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "image_token_pooling" in params:  # Molmo2: crops of patches, each placeholder pooling 2x2 patches of one crop
+        out.append(("pooled crops", pooled_crops(c, size, patch)))
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
@@ -181,6 +183,27 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     return out
 
 
+def pooled_crops(c: int, size: int, patch: int) -> Maker:
+    """Molmo2's image inputs as its processor gives them: a low-resolution crop and ``k`` high-resolution crops
+    (grid ``(1, h, w)``: ``k = max(1, h // 4)``) of ``side x side`` patches, every placeholder pooling a 2 x 2 window
+    of one crop (``image_token_pooling``: indices into the image's own patches), ``image_grids`` ``[h_low, w_low,
+    h_high, w_high]`` (the low crop's windows, then the high crops' side by side) and ``image_num_crops``."""
+    side = size // patch
+    half = side // 2
+
+    def window(crop: int, r: int, col: int) -> list[int]:
+        return [crop * side * side + (2 * r + dr) * side + 2 * col + dc for dr in (0, 1) for dc in (0, 1)]
+
+    def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        k = max(1, thw[1] // 4)
+        rows = [window(0, r, col) for r in range(half) for col in range(half)]
+        rows += [window(1 + col // half, r, col % half) for r in range(half) for col in range(half * k)]
+        return {"pixel_values": torch.randn(1 + k, side * side, c * patch * patch, generator=g, dtype=dtype),
+                "image_token_pooling": torch.tensor(rows), "image_grids": torch.tensor([[half, half, half, half * k]]),
+                "image_num_crops": torch.tensor([1 + k])}
+    return make
+
+
 def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     """How many feature rows (placeholders) the model makes of one image's inputs."""
     image = {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in image.items()}
@@ -209,7 +232,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids", "image_token_pooling",
+             "image_grids"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
