@@ -61,6 +61,13 @@ class Modality:
         mark_key: the per-token key whose entries equal to 1 mark this modality's placeholders, for a model that
             places its features by a mask instead of a token id (Kosmos-2's ``image_embeds_position_mask``;
             ``token_id`` is then -1), or ``None``.
+        time_merge: a grid item's temporal patches merged into one placeholder row after the layout's spatial merge
+            (ERNIE-4.5-VL's videos: its resampler's ``temporal_merge_size``), 1 without: an item has
+            ``cells / (merge * time_merge)`` placeholders.
+        rows_key: a per-item key giving each item's entries along the item axis of the pixels (Molmo2's
+            ``image_num_crops``: an image is that many crops), or ``None`` (one entry per item).
+        token_rows: per-item keys with one entry per placeholder of the item along axis 0 (Molmo2's
+            ``image_token_pooling``: the patches each placeholder pools, indices into the item's own patches).
     """
 
     name: str
@@ -103,6 +110,9 @@ class Modality:
         if mark is None:
             return torch.zeros_like(ids, dtype=torch.bool)
         return torch.as_tensor(mark).to(ids.device).reshape(ids.shape) == 1
+    time_merge: int = 1
+    rows_key: str | None = None
+    token_rows: tuple[str, ...] = ()
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
@@ -140,6 +150,9 @@ class VisionLayout:
         rope_rows_only: the text model takes its multimodal rotary rows alone, not Transformers' packed
             ``[1 + rows, B, L]`` (HunYuan-VL): ``shard_batch`` gives the model the local positions without row 0 (the
             text positions it read the documents from).
+        type_blocks: the per-token type key whose tokens of type 1 attend to each other bidirectionally within a
+            document (Molmo2's ``mm_token_type_ids``: all of a document's image tokens, one run per document), or
+            ``None``.
     """
 
     family: str
@@ -152,6 +165,7 @@ class VisionLayout:
     position_start: int = 0
     empty_items: bool = False
     rope_rows_only: bool = False
+    type_blocks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,9 @@ class VisionSpec:
             or ``None``.
         uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
             refused by the collator, never packed without it.
+        token_keys: further per-token keys the model reads, ``{key: {token id: type}}`` (ERNIE-4.5-VL's
+            ``moe_mm_token_type_ids``, :mod:`hf_hsap.multimodal.markers`): the collator carries each document's own
+            and fills a missing one from these token ids (0 elsewhere, and on padding).
     """
 
     layout: VisionLayout
@@ -181,6 +198,7 @@ class VisionSpec:
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
     document: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = field(default=None, compare=False)
     uncarried: tuple[str, ...] = ()
+    token_keys: Mapping[str, Mapping[int, int]] = field(default_factory=dict, compare=False)
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
@@ -242,7 +260,7 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     if modality.grid_key is not None:
         cells = modality.grid_cells(batch[modality.grid_key]).numpy()
         rows = cells * modality.cell_size
-        tokens = cells // layout.merge
+        tokens = cells // (layout.merge * modality.time_merge)
         if counted is not None:  # a grid whose placeholders the model counts per item (:mod:`..multimodal.grid_rows`)
             tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
             if tokens.size != cells.size:
@@ -251,11 +269,13 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
                                  "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
-        if tokens.size != int(pixels.shape[modality.item_axis]):
+        rows = np.ones(tokens.size, dtype=np.int64) if modality.rows_key is None else \
+            torch.as_tensor(batch[modality.rows_key]).reshape(-1).to("cpu", torch.int64).numpy()
+        if rows.size != tokens.size or int(rows.sum()) != int(pixels.shape[modality.item_axis]):
             raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
-                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])}; pack the documents "
-                             "with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
-        rows = np.ones(tokens.size, dtype=np.int64)
+                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])} entries for "
+                             f"{int(rows.sum())}; pack the documents with PackingCollator(max_length, "
+                             "vision=hf_hsap.vision_spec(model))")
     else:
         n_items = int(pixels.shape[modality.item_axis])
         if n_items == 0 or n_tokens % n_items:
@@ -301,6 +321,17 @@ def _doc_positions(spec: VisionSpec, ex: Mapping[str, Any], ids: np.ndarray, typ
     return pos.reshape(3, -1).to(torch.int64).numpy()
 
 
+def _token_values(given: Any, ids: np.ndarray, marks: Mapping[int, int]) -> np.ndarray:
+    """``[n]`` one document's values of a per-token key (:attr:`VisionSpec.token_keys`): its own, else ``marks``'
+    type on each marked token id, 0 elsewhere."""
+    if given is not None:
+        return np.asarray(torch.as_tensor(given).reshape(-1), dtype=np.int64)
+    out = np.zeros(ids.size, dtype=np.int64)
+    for token_id, kind in marks.items():
+        out[ids == token_id] = kind
+    return out
+
+
 def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
                 rows: list[list[int]], row_len: int) -> dict[str, Any]:
     """The vision part of a packed batch: pixels and items in row order, token types, rotary positions.
@@ -311,8 +342,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         docs: ``(input_ids, labels)`` per document; rows: document indices per packed row; row_len: ``L``.
 
     Returns:
-        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision",
-        "hsap_vision_tokens" (counted items only)}``.
+        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], each token key: [B, L], "rope": [3, B, L] or
+        None, "hsap_vision", "hsap_vision_tokens" (counted items only)}``.
 
     Shapes:
         ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
@@ -340,10 +371,13 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
+    marked = {key: np.zeros((n_rows, row_len), dtype=np.int64) for key in spec.token_keys}
     for r, row in enumerate(rows):
         offset = 0
         for i in row:
             ids = docs[i][0]
+            for key, value in marked.items():
+                value[r, offset:offset + ids.size] = _token_values(examples[i].get(key), ids, spec.token_keys[key])
             given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
             t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
             if given is None and spec.layout.prefix_blocks:  # no types: the model runs the document causally
@@ -361,6 +395,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             types[r, offset:] = 1
     if spec.token_type_key:
         out[spec.token_type_key] = torch.from_numpy(types)
+    out.update({key: torch.from_numpy(value) for key, value in marked.items()})
     out["rope"] = None if rope is None else torch.from_numpy(rope)
     return out
 

@@ -287,6 +287,8 @@ def shard_batch(
     skip = vision_keys(vision) if vision is not None else set()
     if blocks is not None:  # the blocks replace the model's own bidirectional mask overlay
         skip |= {"token_type_ids", "mm_token_type_ids"}
+        if getattr(vision, "type_blocks", None):  # Molmo2 requires its types when training: all text (no overlay)
+            local[vision.type_blocks] = torch.zeros_like(local["input_ids"])
     for key, value in batch.items():
         if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels",
                                                                       "num_items_in_batch", PLAN_USE_KEY):

@@ -9,6 +9,7 @@
 - images placed by a per-token mask, no placeholder id (:mod:`.marked`: Kosmos-2, Kosmos-2.5);
 - videos queried frame by frame by a Q-Former (:mod:`.qformer`: InstructBLIP-Video, whose placeholder is its video
   token).
+- crops whose placeholders pool chosen patches (:mod:`.pooled`: Molmo2's ``image_token_pooling``).
 
 Each is exact in the multimodal zoo in every mode; the encoder's rows per item are checked against the
 placeholders every forward (:mod:`.select`).
@@ -23,12 +24,13 @@ from .navit import navit_spec
 from .marked import marked_spec
 from .paired import paired_spec
 from .patches import patches_spec
+from .pooled import pooled_spec
 from .qformer import qformer_spec, video_qformer_spec
 from .structure import token
 
 __all__ = ["derived_spec"]
 
-_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec)
+_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, pooled_spec)
 _UNPLACED = (marked_spec, video_qformer_spec)  # rules for models without an image placeholder id
 
 

@@ -5,7 +5,8 @@ its ``t * h * w / merge`` placeholders take the merged patches in order, and eac
 multimodal rotary positions (the model's ``get_rope_index`` on that document alone). Everything here is derived
 from the model, not from a list of family names:
 
-- the merge factor: the vision config's ``spatial_merge_size`` (or ``merge_size``) squared;
+- the merge factor: the vision config's ``spatial_merge_size`` (or ``merge_size``) squared, and for videos its
+  ``temporal_merge_size`` (ERNIE-4.5-VL's resampler merges a video's temporal patches in pairs, an image's not);
 - the modalities: images, and videos where ``get_video_features`` takes a ``video_grid_thw``; the per-item keys
   the rope index reads besides the grid (the seconds per temporal patch: the forward's ``second_per_grid_ts`` or
   ``video_second_per_grid``, the rope index's ``second_per_grids``);
@@ -226,7 +227,9 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     elif marks == "video":
         forward = _params(type(model).forward)
         extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
-        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
+        time_merge = int(getattr(model.config.vision_config, "temporal_merge_size", None) or 1)  # ERNIE-4.5-VL
+        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2,
+                             time_merge=time_merge))
     mods, counters, keep = grid_counter(model, inner, mods, frozenset(_params(type(model).forward)), merge=merge)
     if keep is not None:  # per-item keep masks (VideoLLaMA3's video_compression_mask), after any frames as images
         document = keep if document is None else _then(document, keep)

@@ -17,6 +17,7 @@ import torch
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
 from .exchange import exchange_rows
+from .indicators import prepare_indicators
 from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
 
@@ -213,6 +214,8 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     for m in {model, inner}:
         changes.hook(m.register_forward_pre_hook(state.pre, with_kwargs=True))
     changes.hook(model.register_forward_hook(state.post, always_call=True))
+    if spec is not None:
+        prepare_indicators(model, inner, changes)  # Ovis 2.5: item boundary rows per token (.indicators)
     changes.put(model, VISION_ROWS, state)
     logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
     return True

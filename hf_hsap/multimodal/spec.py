@@ -22,6 +22,7 @@ not carry yet (named), each with a fix that works; keys the forward takes but pa
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from typing import Any
@@ -34,10 +35,13 @@ from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .grid_rows import vision_geometry
+from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
 from .marked import marked_probe_inputs
-from .qformer import video_qformer_probe_inputs
+from .markers import marker_keys
+from .pooled import pooled_probe_inputs
 from .prefix import is_prefix_lm, position_start
+from .qformer import video_qformer_probe_inputs
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
 
@@ -125,16 +129,17 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         raise _refuse(model, "image required", (
             "its forward requires pixel_values on every call, so a packed row (or an SP rank's part of one) "
             "holding no image cannot run"))
-    projector = getattr(inner, "multi_modal_projector", None)
-    if callable(getattr(projector, "get_visual_indicator_features", None)):
+    indicators = has_indicators(inner)  # Ovis 2.5: learned rows over each item's start / end tokens (.indicators)
+    if indicators and not indicators_supported(model, inner):
         raise _refuse(model, "encoder layout", (
-            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) and "
-            "counts them against the images of one forward, which an SP rank's part of a packed row does not hold "
-            "whole"))
+            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) in a "
+            "merge that counts them against the images of one forward, and its config or merge is not the one "
+            "hf_hsap writes those rows for (hf_hsap.multimodal.indicators)"))
     missing = [k for k in required(encode) if k not in CARRIED_KEYS]
     if missing:
         raise _not_carried(model, "get_image_features", missing)
-    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS)
+    markers = marker_keys(config, keys)  # ERNIE-4.5-VL's MoE routing types (placeholders and their start / end)
+    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS and k not in markers)
     if per_token:
         raise _not_carried(model, "its forward (per token)", per_token)
     text = config.get_text_config()
@@ -154,15 +159,22 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     else:
         spec = _item_spec(model, inner, keys, image, video)
     _check_rows(model, inner, spec)
-    return _with_uncarried(spec, keys)
+    if indicators:  # each document's start / end tokens checked against its items, as the model does alone
+        check = boundary_check(config, grid_keys={m.name: m.grid_key for m in spec.layout.modalities if m.grid_key})
+        spec = dataclasses.replace(spec, document=check if spec.document is None else _chained(spec.document, check))
+    return _with_uncarried(dataclasses.replace(spec, token_keys=markers), keys)
+
+
+def _chained(first: Any, then: Any) -> Any:
+    """``document(example, n)``: ``first``'s rewrite, then ``then``'s."""
+    return lambda ex, n: then(first(ex, n), n)
 
 
 def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
     """``spec`` with the forward's keys it does not carry (:attr:`~hf_hsap.data.vision.VisionSpec.uncarried`)."""
-    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
-    uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
-    return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
-                      item_tokens=spec.item_tokens, document=spec.document, uncarried=uncarried)
+    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key} | \
+        set(spec.token_keys)
+    return dataclasses.replace(spec, uncarried=tuple(sorted(keys - CONTROL_KEYS - carried)))
 
 
 def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:
@@ -342,6 +354,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
         return video_qformer_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
+    if image.token_rows:  # Molmo2: crops whose placeholders pool chosen patches
+        return pooled_probe_inputs(model, spec, device, dtype)
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
     if model in _IMAGES:  # the image the encoder took when the spec was derived
@@ -381,7 +395,9 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
         else:
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
-    ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
+    marks = boundary_ids(model.config) if has_indicators(inner_vlm(model)) else None  # Ovis 2.5: the image's start
+    body = [image.token_id] * n_tokens if marks is None else [marks[0]] + [image.token_id] * n_tokens + [marks[1]]
+    ids = torch.tensor([[1] + body + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
     return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

@@ -77,6 +77,30 @@ def cross_without_tiles() -> torch.nn.Module:
     return model
 
 
+def other_token_types(model: torch.nn.Module) -> torch.nn.Module:
+    """ERNIE-4.5-VL whose forward also takes per-token types that are not a variant of its multimodal types (ERNIE
+    itself is accepted: its moe_mm_token_type_ids are derived, hf_hsap.multimodal.markers)."""
+    class OtherTypes(type(model)):
+        def forward(self, input_ids=None, region_token_type_ids=None, **kwargs):  # noqa: D102
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    model.__class__ = OtherTypes
+    return model
+
+
+def other_merge(model: torch.nn.Module) -> torch.nn.Module:
+    """Ovis 2.5 whose merge of features and start / end rows is not the one hf_hsap writes those rows for (Ovis 2.5
+    itself is accepted: hf_hsap.multimodal.indicators)."""
+    inner = model.model
+
+    class OtherMerge(type(inner)):
+        def _merge_visual_features(self, input_ids, inputs_embeds, visual_features):  # noqa: D102
+            return inputs_embeds
+
+    inner.__class__ = OtherMerge
+    return model
+
+
 # (what the model is, its refusal kind, words of the message naming the structure read)
 STRUCTURAL = [
     (llama, "text model", "PackingCollator(max_length) alone"),
@@ -89,11 +113,12 @@ STRUCTURAL = [
     (lambda: model_of("instructblipvideo", meta=True, video_token_index=None), "no placeholder",
      "no video_token_id"),  # a video-only model (InstructBLIP-Video, accepted with its video token)
     (lambda: without_qformer(model_of("blip-2", meta=True)), "image required", "requires pixel_values"),
-    (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
+    (lambda: other_token_types(model_of("ernie4_5_vl_moe", meta=True)), "input not carried",
+     "its forward (per token) needs region_token_type_ids"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
-    (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
+    (lambda: other_merge(model_of("ovis2_5", meta=True)), "encoder layout", "get_visual_indicator_features"),
 ]
 
 

@@ -77,7 +77,11 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             # sizes per item with a video's token-compression mask
             ("hunyuan_vl", "sp2_u1"), ("video_llama_3", "sp2_u1"),
             # no placeholder id: images placed by a per-token mask (Kosmos-2), videos at a Q-Former's video token
-            ("instructblipvideo", "sp2_u2"), ("kosmos-2", "sp2_u1")]
+            ("instructblipvideo", "sp2_u2"), ("kosmos-2", "sp2_u1"),
+            # MoE routing types per token (placeholders and their start / end markers), videos merged in time
+            ("ernie4_5_vl_moe", "sp2_u1"),
+            # pooling rows per placeholder, crops per image, a bidirectional block over a document's image tokens
+            ("molmo2", "sp2_u2")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)
@@ -114,6 +118,21 @@ def test_cross_attention_family_is_exact_with_a_document_split_across_ranks(fami
     two = VZ.combine(ref, got, tol)
     assert two["outcome"] == "exact", two
     assert two["split"] == 2  # both ranks hold part of the first document and encode its images
+
+
+def test_item_boundary_rows_are_exact_with_an_image_split_across_ranks(vlm_pools) -> None:
+    """Ovis 2.5 writes a learned row over each image's start and end tokens: with the first document's image cut by
+    SP 2, its start token lies on one rank and its end token on the other (hf_hsap.multimodal.indicators)."""
+    config = VC.tiny_config("ovis2_5")
+    model = VC.build_model(config, "sdpa", VZ.DTYPE)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    docs = VD.documents(config, model, shapes=[(3, (1, 8, 8), 30), (5, None, 4), (2, (1, 4, 4), 4)])
+    ref = VZ.documents_alone(config, state, docs, "sdpa")
+    tol = VZ.tolerance("ovis2_5")
+    got = vlm_zoo_run.run_sp_jobs(vlm_pools, "ovis2_5", state, docs, [("library", "sp2_u1")])[("library", "sp2_u1")]
+    two = VZ.combine(ref, got, tol)
+    assert two["outcome"] == "exact", two
+    assert two["split"] == 2  # both ranks hold part of the first image: its start on one, its end on the other
 
 
 def test_refused_family_names_a_fix_that_runs(script) -> None:

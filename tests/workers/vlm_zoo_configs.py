@@ -74,7 +74,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "smolvlm": {"vision_config": {"image_size": 16}},
     "mllama": {"vision_config": {"image_size": 8, "num_global_layers": 1, "intermediate_layers_indices": [0],
                                  "vision_output_dim": 64}, "text_config": {"cross_attention_layers": [1]}},
-    "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},
+    "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]},
+               "image_patch_id": 150},  # a placeholder inside the tiny embedding table (96 + 128 extra rows)
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 16}},  # top-k a multiple of its 16-token pools
     "janus": {"vq_config": {"base_channels": 32},

@@ -122,6 +122,8 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "image_token_pooling" in params:  # Molmo2: crops of patches, each placeholder pooling 2x2 patches of one crop
+        out.append(("pooled crops", pooled_crops(c, size, patch)))
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
@@ -183,6 +185,27 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     return out
 
 
+def pooled_crops(c: int, size: int, patch: int) -> Maker:
+    """Molmo2's image inputs as its processor gives them: a low-resolution crop and ``k`` high-resolution crops
+    (grid ``(1, h, w)``: ``k = max(1, h // 4)``) of ``side x side`` patches, every placeholder pooling a 2 x 2 window
+    of one crop (``image_token_pooling``: indices into the image's own patches), ``image_grids`` ``[h_low, w_low,
+    h_high, w_high]`` (the low crop's windows, then the high crops' side by side) and ``image_num_crops``."""
+    side = size // patch
+    half = side // 2
+
+    def window(crop: int, r: int, col: int) -> list[int]:
+        return [crop * side * side + (2 * r + dr) * side + 2 * col + dc for dr in (0, 1) for dc in (0, 1)]
+
+    def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        k = max(1, thw[1] // 4)
+        rows = [window(0, r, col) for r in range(half) for col in range(half)]
+        rows += [window(1 + col // half, r, col % half) for r in range(half) for col in range(half * k)]
+        return {"pixel_values": torch.randn(1 + k, side * side, c * patch * patch, generator=g, dtype=dtype),
+                "image_token_pooling": torch.tensor(rows), "image_grids": torch.tensor([[half, half, half, half * k]]),
+                "image_num_crops": torch.tensor([1 + k])}
+    return make
+
+
 def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     """How many feature rows (placeholders) the model makes of one image's inputs."""
     image = {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in image.items()}
@@ -211,7 +234,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids", "image_token_pooling",
+             "image_grids"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
@@ -302,12 +326,16 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         if video is not None and k in VIDEO_DOCS:  # a video after the text: (t, h, w) = (2, 4, 4), then (2, 2, 4)
             keys, runs = video((2, 4, 4) if k == VIDEO_DOCS[0] else (2, 2, 4), g, dtype)
             doc.update(keys)
+            v_start, v_end = start, end
+            if not video.shared:  # a video of its own token: its own start / end markers where the config names them
+                v_start = _marker(fields, ("video_start_token_id",)) or start  # (Ovis 2.5 writes a learned
+                v_end = _marker(fields, ("video_end_token_id",)) or end  # embedding there, counted per video)
             for run in runs:
                 body += [torch.randint(3, low, (1,), generator=g)]  # a timestamp's text before each frame
                 n_body = sum(int(b.numel()) for b in body)
-                body += ([torch.tensor([start])] if start is not None else []) + [run] + \
-                    ([torch.tensor([end])] if end is not None else [])
-                video_at.append(torch.arange(run.numel()) + n_body + (start is not None))
+                body += ([torch.tensor([v_start])] if v_start is not None else []) + [run] + \
+                    ([torch.tensor([v_end])] if v_end is not None else [])
+                video_at.append(torch.arange(run.numel()) + n_body + (v_start is not None))
             body.append(torch.randint(3, low, (2,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
@@ -316,6 +344,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 doc[key] = (ids == token).to(torch.int64)
                 for where in video_at:
                     doc[key][where] = 2
+        if "moe_mm_token_type_ids" in _params(type(model).forward):  # ERNIE-4.5-VL's processor: the MoE routing
+            doc["moe_mm_token_type_ids"] = _moe_types(fields, ids)  # types, start / end markers included
         if audio is not None and k in AUDIO_DOCS:  # an audio after the text: 24 real frames, then 20 of 32
             keys, n_audio = audio(24 if k == AUDIO_DOCS[0] else 32, 24 if k == AUDIO_DOCS[0] else 20, g, dtype)
             doc.update(keys)
@@ -338,6 +368,17 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def _moe_types(fields: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
+    """``[n]`` as ERNIE-4.5-VL's processor's ``create_moe_mm_token_type_ids``: 1 on image placeholders and the image
+    start / end tokens, 2 on video placeholders and the video start / end tokens, 0 elsewhere."""
+    out = torch.zeros_like(ids)
+    for kind, name in ((1, "image"), (2, "video")):
+        for key in (f"{name}_token_id", f"{name}_start_token_id", f"{name}_end_token_id"):
+            if isinstance(fields.get(key), int):
+                out[ids == fields[key]] = kind
+    return out
 
 
 def cross_documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]],
