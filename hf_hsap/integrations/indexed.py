@@ -4,7 +4,10 @@ An indexed layer (DeepSeek-V3.2, GLM-MoE-DSA, dots3, AXK2, HY-V4, Mistral-Large-
 causal prefix with a small *lightning indexer* (under ``no_grad``: it selects, it gets no gradient), keeps the
 ``index_topk`` best keys per query (``topk`` indices ``[B, S, k]``; ``"shared"`` layers reuse the previous layer's)
 and runs softmax attention over those keys only. Transformers hands the indices to the attention function as
-``indices=`` (an ``"eager"`` / ``"sdpa"`` model folds them into a dense mask instead).
+``indices=`` (an ``"eager"`` / ``"sdpa"`` model folds them into a dense mask instead). Two other kinds build the
+mask in the layer (:mod:`.indexed_masks`): GLM-5-Next scatters its pooled top-k into a mask, Qwen4-Exp's QSA
+indexer returns a selection mask; hf_hsap runs their indexers per document the same way, and the bool mask that
+reaches the attention is then the allowed keys.
 
 Exact per document means each query's top-k is the one the document alone gives: its indexer's scores over its own
 document's causal prefix only (a prefix shorter than ``k`` keeps all of it: ``topk`` then also returns masked keys,
@@ -38,9 +41,9 @@ Transformers' indexer on that document alone) and ``O(S * L * H)`` attention sco
 document and layer: a row of many short documents pays their Python overhead. Exact: float64 logits and every
 parameter gradient against each document alone (``tests/model/test_indexed.py``, the zoos).
 Refused, each with its fix: a KV cache (generation: use ``"eager"``), bidirectional image blocks in an indexed
-layer, an unprepared model, indexed layers that select keys in their own code rather than passing top-k indices to
-the attention interface (:func:`~.indexed_layers.other_indexed_layers`: Qwen4-Exp's QSA, GLM-5-Next's pooled
-indexer; refused by :func:`~.model_check.check_model`).
+layer, an unprepared model, indexed layers that hand their selection to the attention in a way
+:func:`~.indexed_layers.indexed_kind` does not know (:func:`~.indexed_layers.other_indexed_layers`, refused by
+:func:`~.model_check.check_model`).
 """
 from __future__ import annotations
 
