@@ -60,7 +60,7 @@ from ..log import get_logger
 from ..model_state import INDEXED, INDEXED_DOCS, INDEXED_MASK, ModelChanges, state_of
 from .indexed_layers import (KIND_INDICES, KIND_TOPK_MASK, has_indexed_layers, indexed_kind, indexed_layers,
                              other_indexed_layers)
-from .indexed_masks import place_selection, topk_mask_builder
+from .indexed_masks import check_padding, place_selection, topk_mask_builder
 from .local_layout import document_ids
 from .model_check import UnsupportedModelError
 from .plan_relay import relayed
@@ -191,7 +191,7 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
     plan = _plan_of(module, kwargs)
     own = state_of(module, INDEXED) == KIND_TOPK_MASK  # the layer builds its mask: its own stays for its indexer
     if own:
-        _check_padding(module, kwargs.get("attention_mask"), plan)
+        check_padding(module, kwargs.get("attention_mask"), plan, fix=_FIX_PREPARE)
     if plan is not None:
         mask, positions = _plan_mask(plan, hidden.device)  # [S, L], [S]
         mask = mask[None, None]  # [1, 1, S, L]
@@ -216,18 +216,6 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
     if getattr(module, "indexer", None) is not None:
         module.indexer.__dict__[INDEXED_DOCS] = docs
     return args, kwargs
-
-
-def _check_padding(module: torch.nn.Module, mask: Any, plan: Any) -> None:
-    """A ``"topk_mask"`` layer's own ``[B, S]`` bool padding mask: under SP none of its tokens may be padding (the
-    indexer of a document alone sees no padding)."""
-    if mask is not None and (not torch.is_tensor(mask) or mask.dtype != torch.bool or mask.dim() != 2):
-        raise ValueError(f"{type(module).__name__}: an indexed-attention layer that builds its own mask got a "
-                         f"{getattr(mask, 'dim', lambda: '?')()}D mask, not its [B, S] bool padding mask; "
-                         f"{_FIX_PREPARE}")
-    if plan is not None and plan.size > 1 and mask is not None and not bool(mask.all()):
-        raise ValueError(f"{type(module).__name__}: padding inside a row split over ranks; pack rows without padding "
-                         "(PackingCollator) under sequence parallelism")
 
 
 def _forget_documents(module: torch.nn.Module, args: tuple, output: Any) -> None:

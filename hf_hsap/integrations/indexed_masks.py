@@ -26,7 +26,24 @@ import torch
 
 from ..model_state import INDEXED_MASK, state_of
 
-__all__ = ["place_selection", "topk_mask_builder"]
+__all__ = ["check_padding", "place_selection", "topk_mask_builder"]
+
+
+def check_padding(module: torch.nn.Module, mask: Any, plan: Any, *, fix: str) -> None:
+    """Refuse a ``"topk_mask"`` layer's own mask unless it is a ``[B, S]`` bool padding mask, and padding in a row
+    split over ranks (the indexer of a document alone sees no padding).
+
+    Args:
+        module: the layer. mask: the ``attention_mask`` it got. plan: the call's plan, or ``None``. fix: the fix to
+            name for a mask of another kind.
+    """
+    if mask is not None and (not torch.is_tensor(mask) or mask.dtype != torch.bool or mask.dim() != 2):
+        raise ValueError(f"{type(module).__name__}: an indexed-attention layer that builds its own mask got "
+                         f"{type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}, not its [B, S] bool padding "
+                         f"mask; {fix}")
+    if plan is not None and plan.size > 1 and mask is not None and not bool(mask.all()):
+        raise ValueError(f"{type(module).__name__}: padding inside a row split over ranks; pack rows without padding "
+                         "(PackingCollator) under sequence parallelism")
 
 
 def _selected(topk_indices: torch.Tensor, n_keys: int) -> torch.Tensor:

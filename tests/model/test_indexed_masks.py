@@ -17,6 +17,7 @@ from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextAttenti
 
 from hf_hsap.integrations.indexed_layers import (KIND_INDICES, KIND_SELECT_MASK, KIND_TOPK_MASK, indexed_kind,
                                                  other_indexed_layers)
+from hf_hsap.integrations.indexed_masks import check_padding
 from hf_hsap.mixers import ple
 from workers import indexed_masks as W
 from workers import vlm_zoo_run
@@ -42,6 +43,17 @@ def test_kinds_of_indexed_layers() -> None:
             return hidden_states
 
     assert indexed_kind(OwnSelection) is None and other_indexed_layers(OwnSelection()) == ["OwnSelection"]
+
+
+def test_own_mask_layers_refuse_other_masks_and_split_padding() -> None:
+    layer = torch.nn.Linear(1, 1)
+    check_padding(layer, torch.ones(1, 6, dtype=torch.bool), None, fix="FIX")  # a padding mask: fine
+    with pytest.raises(ValueError, match="bool padding mask; FIX"):
+        check_padding(layer, torch.zeros(1, 1, 6, 6), None, fix="FIX")
+    pad = torch.tensor([[True] * 4 + [False] * 2])
+    check_padding(layer, pad, type("Plan", (), {"size": 1})(), fix="FIX")  # one rank: each document's padding cut
+    with pytest.raises(ValueError, match="padding inside a row split over ranks"):
+        check_padding(layer, pad, type("Plan", (), {"size": 2})(), fix="FIX")
 
 
 def test_packed_row_is_exact_at_sp1(monkeypatch: pytest.MonkeyPatch) -> None:
