@@ -12,8 +12,8 @@ NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
 # their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_zoo.py).
 MIXER_FAMILIES = frozenset({
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini",  # gated delta rule
-    "kimi_linear", "bailing_hybrid",  # KDA
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini", "qwen4_exp_text",  # gated delta rule
+    "kimi_linear", "bailing_hybrid", "glm5_next_text",  # KDA
     "nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2",  # Mamba2 (SSD)
     "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
     "lfm2", "lfm2_moe", "lfm3",  # short convolutions

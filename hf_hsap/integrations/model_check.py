@@ -298,9 +298,10 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     odd = other_indexed_layers(model)
     if odd and (packed or sp_size > 1):
         raise UnsupportedModelError(
-            f"{family}'s indexed-attention layers ({', '.join(odd)}) select their keys in their own code (a selection "
-            "mask or pooled key blocks over the packed row), not as top-k key indices through the attention interface, "
-            f"which is what hf_hsap makes exact per document (DeepSeek-sparse layers); {_SDPA_FIX}")
+            f"{family}'s indexed-attention layers ({', '.join(odd)}) hand their key selection to the attention in a "
+            "way hf_hsap does not know (it makes exact: top-k indices through the attention interface, a top-k "
+            f"turned into a mask by build_attention_mask_from_topk, a selection mask ANDed with the causal mask); "
+            f"{_SDPA_FIX}")
     attention = attention_modules(model)
     if not attention and not mixers:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "
