@@ -35,6 +35,7 @@ from ..multimodal import prepare_vision
 from ..multimodal.prefix import mark_prefix_lm
 from .indexed import prepare_indexed
 from .mixer_hooks import prepare_mixers
+from .relative_bias import prepare_relative_bias
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
 from .plan_relay import relay_plan
@@ -155,6 +156,7 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         _use_hsap_in_decoder(model, changes)
         if disable_attention_dropout:
             _disable_attention_dropout(model, changes)
+        prepare_relative_bias(model, changes)  # before check_model: its probe forward runs the bias layers
         prepare_indexed(model, changes)  # before check_model: its probe forward runs the indexed layers
         mark_prefix_lm(model, attention_modules(model), changes)  # PaliGemma: causal by its mask, not by its flag
         check = check_model(model, sp_size=sp_size, packed=packed)

@@ -49,7 +49,7 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from ..model_state import INDEXED, PREFIX_LM, RELAY, state_of
+from ..model_state import DEPTH, INDEXED, PREFIX_LM, RELAY, state_of
 from ..multimodal.cross import CROSS_KEY, is_cross_attention
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
@@ -60,8 +60,9 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
+from .relative_bias import RelativeLogits, depth_forward, relative_forward
 from .chunked_attention import layer_plan
-from .sp_attention import sp_forward
+from .sp_attention import enter_plan, sp_forward
 from .temperature import fix_temperature
 
 __all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
@@ -139,6 +140,20 @@ def hsap_attention_forward(
             hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
         if position_ids is None and cu_seq_lens_q is None:
             position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
+    if state_of(module, DEPTH) is not None:  # attention over each token's own layer states (Inkling 2): no token mixing
+        return depth_forward(query, key, value, scaling), None
+    if isinstance(position_bias, RelativeLogits):  # a per-query relative bias (Inkling 2, prepared by prepare_model)
+        check_supported(module, dropout, is_causal=is_causal)
+        check_mask_rank(module, attention_mask)
+        window = attention_variant(module, query.shape[1], sliding_window=sliding_window).window
+        ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+        check_plan_mask(hsap_plan, attention_mask, ids_mask)
+        if hsap_plan is not None:
+            enter_plan(module, hsap_plan, hsap_plan_use)
+        out = relative_forward(module, query, key, value, attention_mask, bias=position_bias,
+                               sinks=kwargs.get("sinks"), scaling=scaling, window=window, plan=hsap_plan,
+                               ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q)
+        return out, None
     own_mask = attention_mask is not None and attention_mask.dim() == 4 and is_encoder_module(module)
     if is_encoder_call(module, is_causal) or own_mask:  # a vision / audio tower (Mllama's: its own dense tile mask,
         # which SDPA applies whatever the layer's is_causal): per-image bidirectional attention
