@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ATTENTION_TILES", "DEPTH", "INDEXED", "INDEXED_DOCS", "MIXERS", "MIXERS_READY", "ModelChanges", "PREFIX_LM",
+__all__ = ["ATTENTION_TILES", "DEPTH", "INDEXED", "RELATIVE_BIAS", "INDEXED_DOCS", "MIXERS", "MIXERS_READY", "ModelChanges", "PREFIX_LM",
            "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS", "state_of"]
 
 # Attributes stored in a module's ``__dict__`` (never on its class).
@@ -25,6 +25,7 @@ PREFIX_LM = "_hsap_prefix_lm"  # a prefix-LM decoder's attention layer: causal b
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
 INDEXED = "_hsap_indexed"  # an indexed-attention layer whose top-k runs per document (integrations/indexed.py)
 INDEXED_DOCS = "_hsap_indexed_docs"  # the documents of the current forward, on an indexed layer's indexer
+RELATIVE_BIAS = "_hsap_relative_bias"  # an attention layer whose position_bias is its per-query table (its width)
 DEPTH = "_hsap_depth_attention"  # a layer attending over each token's own layer states (Inkling 2's residuals)
 
 # The keyword argument of check_model's probe forward (the attention layers it reaches get the SP plan too).

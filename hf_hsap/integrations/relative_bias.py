@@ -1,178 +1,125 @@
-"""Attention with a per-query relative position bias (Inkling 2's), exact on packed rows and under SP.
+"""Attention with a per-query relative position bias (Inkling, Inkling 2), exact on packed rows and under SP.
 
-Inkling 2's attention layers add to each score a bias that depends on the query token and on the backward distance
-``d = position_q - position_k``: ``logits[q, h, d]`` for ``0 <= d < extent``, 0 beyond (``extent`` is
-``rel_extent`` in the full layers, the window in the sliding ones), and a per-query sink logit (one extra softmax
+These layers add to each score a bias that depends on the query token and on the backward distance
+``d = position_q - position_k``: ``table[q, h, d]`` for ``0 <= d < extent``, 0 beyond (``extent`` is ``rel_extent``
+in the full layers, the window in the sliding ones); Inkling 2 adds a per-query sink logit (one more softmax
 column with a zero value). The model hands the attention function the bias as a dense ``[B, H, Lq, Lk]`` tensor
-built from the row's indices, which is wrong on a packed row (distances across documents) and under SP (local
+built from the row's indices: O(L^2), and wrong on a packed row (distances across documents) and under SP (local
 indices). :func:`prepare_relative_bias` replaces, per instance and only while the model runs with
 ``attn_implementation="hsap"``, the bias module's forward by one that returns the per-query table
-:class:`RelativeLogits` (``[B, H, Lq, extent]``, the model's own computation asked for the distances
-``0 .. extent - 1``); :func:`relative_forward` then applies it from each token's document and position in it.
+``[B, H, Lq, extent]`` (the model's own computation, asked for the distances ``0 .. extent - 1``) and marks the
+attention layer (``RELATIVE_BIAS``: the table's width); :func:`relative_forward` then applies the table from each
+token's document and position in it (:func:`~.biased_attention.biased_attention`).
+
+Inkling (v1) also scales a full layer's queries and bias by ``1 + alpha * log(max((n + 1) / n_floor, 1))`` with
+``n`` the row index (``torch.arange`` in its forward) when ``log_scaling_n_floor`` is set: both are rescaled here to
+each token's document position (as :mod:`.temperature` does for Llama 4). Inkling 2 scales by ``position_ids``.
 
 No SAP kernel takes a per-query bias table, so this path computes the attention in torch (float math of the
-inputs' dtype, autograd gives every gradient: q, k, v, the table, the sinks). Under SP each rank gathers the
-row's keys and values in global order (its backward sums the key/value gradients back to their ranks):
-exact, but every rank holds the group's keys and values of these layers (logged once), as for the indexed
-layers (:mod:`.indexed`, whose gather this path shares).
+inputs' dtype; autograd gives every gradient: q, k, v, the table, the sinks). Under SP each rank gathers the row's
+keys and values in global order (its backward sums the key/value gradients back to their ranks): exact, but every
+rank holds the row's keys and values of these layers (logged once), as for the indexed layers (:mod:`.indexed`,
+whose gather this path shares).
 """
 from __future__ import annotations
 
 import logging
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..data.positions import document_starts
 from ..log import get_logger, log_once
-from ..model_state import DEPTH, ModelChanges
+from ..model_state import DEPTH, RELATIVE_BIAS, ModelChanges, state_of
 from ..plan.plan import Plan
+from .biased_attention import biased_attention
 from .indexed import _GatherTokens
 from .local_layout import document_ids
-from ..data.positions import document_starts
+from .plan_use import plan_use_of
 
-__all__ = ["DEPTH", "RelativeLogits", "biased_attention", "depth_forward", "prepare_relative_bias",
-           "relative_forward"]
+__all__ = ["prepare_relative_bias", "relative_bias_extent", "relative_forward"]
 
 logger = get_logger(__name__)
 
-QUERY_CHUNK = 512  # queries per dense score block (memory: heads x chunk x keys of the chunk's documents)
 
-
-@dataclass(frozen=True)
-class RelativeLogits:
-    """A per-query relative position bias table (what the prepared bias module returns under ``"hsap"``).
-
-    Args:
-        logits: ``[B, H, Lq, extent]``: the bias query ``q`` of head ``h`` adds to a key ``d`` tokens back in its
-            document (``0 <= d < extent``); keys further back get no bias.
-        extent: the table's width.
-    """
-
-    logits: torch.Tensor
-    extent: int
-
-
-def _is_bias_module(m: torch.nn.Module) -> bool:
-    return (type(m).__name__.endswith("RelativePositionBias") and hasattr(m, "proj") and hasattr(m, "rel_extent")
-            and hasattr(m, "linear") and hasattr(m, "norm"))
+def _bias_kind(m: torch.nn.Module) -> str | None:
+    """``"hidden"`` for Inkling 2's bias module (``(hidden_states, relative_distance, position_ids)``), ``"states"``
+    for Inkling's (``(relative_states, query_positions, key_positions)``), else ``None``."""
+    if not (hasattr(m, "proj") and hasattr(m, "rel_extent")):
+        return None
+    name = type(m).__name__
+    if name.endswith("RelativePositionBias") and hasattr(m, "linear") and hasattr(m, "norm"):
+        return "hidden"
+    if name.endswith("RelativeLogits"):
+        return "states"
+    return None
 
 
 def prepare_relative_bias(model: torch.nn.Module, changes: ModelChanges) -> int:
-    """Make the model's relative-position-bias modules return :class:`RelativeLogits` under ``"hsap"``.
+    """Make the model's relative-position-bias modules return their per-query table under ``"hsap"`` and mark their
+    attention layers (``RELATIVE_BIAS``); mark Inkling 2's attention residuals (``DEPTH``).
 
     Args:
         model: a Transformers model.
-        changes: the preparation's journal (``undo()`` restores the forwards).
+        changes: the preparation's journal (``undo()`` restores the forwards and drops the marks).
 
     Returns:
-        How many modules were prepared.
+        How many bias modules were prepared.
     """
-    owners = {}
-    for parent in model.modules():
-        for child in parent.children():
-            if _is_bias_module(child) and getattr(parent, "config", None) is not None:
-                owners[id(child)] = parent.config
     count = 0
-    for m in model.modules():
-        if type(m).__name__.endswith("AttentionResidual") and getattr(m, "is_causal", None) is False:
-            changes.put(m, DEPTH, True)  # queries and keys are one token's layer states: see depth_forward
-        if not _is_bias_module(m) or id(m) not in owners:
-            continue
-        changes.set(m, "forward", types.MethodType(_table_forward(owners[id(m)]), m))
-        count += 1
+    for parent in model.modules():
+        if type(parent).__name__.endswith("AttentionResidual") and getattr(parent, "is_causal", None) is False:
+            changes.put(parent, DEPTH, True)  # queries and keys are one token's layer states: see depth_forward
+        config = getattr(parent, "config", None)
+        for child in parent.children():
+            kind = _bias_kind(child)
+            if kind is None or config is None:
+                continue
+            changes.set(child, "forward", types.MethodType(_table_forward(config, kind), child))
+            changes.put(parent, RELATIVE_BIAS, int(child.rel_extent))
+            count += 1
     if count:
         logger.info("prepare_relative_bias: %d relative position bias modules hand hsap attention their per-query "
                     "tables", count)
     return count
 
 
-def _table_forward(config: Any) -> Any:
-    def forward(self: torch.nn.Module, hidden_states: torch.Tensor, relative_distance: torch.Tensor,
-                position_ids: torch.Tensor) -> Any:
+def _table_forward(config: Any, kind: str) -> Any:
+    def forward(self: torch.nn.Module, states: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> Any:
         orig = type(self).forward
         if getattr(config, "_attn_implementation", None) != "hsap":
-            return orig(self, hidden_states, relative_distance, position_ids)
-        extent = int(self.rel_extent)
-        # the model's own bias for the distances 0 .. extent - 1 of every query: its table [B, H, Lq, extent]
-        ladder = torch.arange(extent, device=hidden_states.device).expand(hidden_states.shape[1], extent)
-        return RelativeLogits(orig(self, hidden_states, ladder, position_ids), extent)
+            return orig(self, states, first, second)
+        extent, length, device = int(self.rel_extent), states.shape[1], states.device
+        # the model's own bias at the distances 0 .. extent - 1 of every query: its table [B, H, Lq, extent]
+        ladder = torch.arange(extent, device=device)
+        if kind == "hidden":  # (hidden_states, relative_distance [Lq, Lk], position_ids)
+            return orig(self, states, ladder.expand(length, extent), second)
+        # (relative_states, query_positions, key_positions): distance = query - key
+        return orig(self, states, torch.full((length,), extent - 1, device=device), extent - 1 - ladder)
 
     return forward
 
 
-def depth_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
-                  ) -> torch.Tensor:
-    """Inkling 2's attention residuals: learned queries over each token's stack of layer states (the call's
-    "heads" axis is the tokens, its keys one token's states), so no token mixing and no document rule; plain
-    softmax attention, as eager computes it.
-
-    Args:
-        query: ``[B, L, Nq, D]``. key, value: ``[B, L, Nk, D]``. scaling: softmax scale (``D ** -0.5``: ``None``).
-
-    Returns:
-        ``[B, Nq, L, D]`` (eager's transposed output).
-    """
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    weights = torch.softmax(torch.matmul(query, key.transpose(2, 3)) * scale, dim=-1).to(query.dtype)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous()
+def relative_bias_extent(module: torch.nn.Module, position_bias: Any) -> int | None:
+    """The table width of a prepared layer's call (its ``position_bias`` is then its table), else ``None``."""
+    extent = state_of(module, RELATIVE_BIAS)
+    return extent if extent is not None and torch.is_tensor(position_bias) else None
 
 
-def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
-                     q_doc: torch.Tensor, q_pos: torch.Tensor, k_doc: torch.Tensor, k_pos: torch.Tensor,
-                     scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
-                     chunk: int = QUERY_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention per document with a per-query relative bias table and per-query sinks (plain torch).
+def _log_scale(module: torch.nn.Module, positions: torch.Tensor) -> torch.Tensor:
+    """Inkling's full-layer scale at ``positions`` (float32, as its forward computes it)."""
+    config = module.config
+    n = (positions + 1).float()
+    return 1.0 + config.log_scaling_alpha * torch.log((n / config.log_scaling_n_floor).clamp(min=1.0))
 
-    A query sees the keys of its document (same ``doc``, ``doc >= 0``) at distance ``0 <= d`` (``d < window``
-    with a window); the score is ``scale * q.k + table[q, h, d]`` (``d < extent``; 0 beyond). A sink joins each
-    query's softmax as one more logit with a zero value.
 
-    Args:
-        q: ``[Tq, Hq, D]``. k: ``[Tk, Hkv, D]``. v: ``[Tk, Hkv, Dv]`` (``Hq % Hkv == 0``).
-        table: ``[Tq, Hq, E]`` bias per query, head and distance.
-        q_doc, q_pos: ``[Tq]`` int64 document (``-1``: padding, output 0) and position in it of each query.
-        k_doc, k_pos: ``[Tk]`` the same for the keys.
-        scale: softmax scale. window: Transformers' sliding window (keys ``d < window``), or ``None``.
-        sinks: ``[Tq, Hq]`` sink logits, or ``None``.
-        chunk: queries per dense score block.
-
-    Returns:
-        ``(out [Tq, Hq, Dv], lse [Tq, Hq])``; the lse of the biased scores, the sink included; a query that sees
-        nothing has output 0 and lse ``-inf``.
-    """
-    tq, hq, _ = q.shape
-    hkv, extent = k.shape[1], table.shape[-1]
-    group = hq // hkv
-    outs, lses = [], []
-    for s in range(0, tq, chunk):
-        e = min(tq, s + chunk)
-        qd, qp = q_doc[s:e], q_pos[s:e]
-        keys = torch.nonzero(torch.isin(k_doc, qd[qd >= 0])).flatten()
-        kd, kp = k_doc[keys], k_pos[keys]
-        kc, vc = k[keys], v[keys]  # [Kc, Hkv, D]
-        qc = q[s:e].reshape(e - s, hkv, group, -1)  # [n, Hkv, G, D]
-        scores = torch.einsum("nhgd,khd->hgnk", qc, kc).reshape(hq, e - s, len(keys)) * scale  # [Hq, n, Kc]
-        dist = qp[:, None] - kp[None, :]  # [n, Kc]
-        seen = (qd[:, None] == kd[None, :]) & (qd[:, None] >= 0) & (dist >= 0)
-        if window is not None:
-            seen &= dist < window
-        near = dist.clamp(0, extent - 1).expand(hq, -1, -1)  # [Hq, n, Kc]
-        bias = table[s:e].transpose(0, 1).gather(-1, near)  # [Hq, n, Kc]
-        scores = scores + bias.masked_fill(dist >= extent, 0.0)
-        scores = scores.masked_fill(~seen, float("-inf"))
-        if sinks is not None:
-            scores = torch.cat([scores, sinks[s:e].transpose(0, 1).unsqueeze(-1).to(scores.dtype)], dim=-1)
-        lse = torch.logsumexp(scores, dim=-1)  # [Hq, n]
-        probs = torch.exp(scores - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))  # 0 where nothing seen
-        if sinks is not None:
-            probs = probs[..., :-1]
-        out = torch.einsum("hgnk,khd->nhgd", probs.reshape(hkv, group, e - s, len(keys)), vc.to(probs.dtype))
-        outs.append(out.reshape(e - s, hq, -1))
-        lses.append(lse.transpose(0, 1))
-    return torch.cat(outs).to(q.dtype), torch.cat(lses)
+def _row_scaled(module: torch.nn.Module) -> bool:
+    """Whether the layer scales its queries and bias by the row index (Inkling's full layers with log scaling)."""
+    config = getattr(module, "config", None)
+    return (hasattr(module, "rel_logits_proj") and not getattr(module, "is_sliding", True)
+            and getattr(config, "log_scaling_n_floor", None) is not None)
 
 
 def _positions_of(doc: torch.Tensor) -> torch.Tensor:
@@ -215,21 +162,23 @@ def _plan_documents(plan: Plan, idx: np.ndarray, device: torch.device) -> tuple[
 
 
 def relative_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, *, bias: RelativeLogits, sinks: torch.Tensor | None,
+                     attention_mask: torch.Tensor | None, *, table: torch.Tensor, sinks: torch.Tensor | None,
                      scaling: float | None, window: int | None, plan: Plan | None, ids_mask: bool,
-                     position_ids: torch.Tensor | None, cu_seq_lens_q: torch.Tensor | None) -> torch.Tensor:
+                     position_ids: torch.Tensor | None, cu_seq_lens_q: torch.Tensor | None,
+                     plan_use: Any = None) -> torch.Tensor:
     """The ``"hsap"`` attention of a layer with a per-query relative bias (module docstring).
 
     Args:
         module: the calling attention layer.
         query: ``[B, Hq, L, D]``. key, value: ``[B, Hkv, L, D]`` (no KV cache).
         attention_mask: the mask function's ids, a 2D padding mask or ``None``.
-        bias: the layer's :class:`RelativeLogits` (``[B, Hq, L, E]``).
+        table: the layer's bias table ``[B, Hq, L, E]`` (from its prepared bias module).
         sinks: ``[B, Hq, L, 1]`` per-query sink logits, or ``None``.
         scaling: softmax scale (``D ** -0.5`` when ``None``). window: the layer's sliding window, or ``None``.
         plan: the batch's plan (its layout gives the documents; SP size > 1: the group's keys are gathered).
         ids_mask: whether ``attention_mask`` holds document ids.
         position_ids, cu_seq_lens_q: the documents without a plan.
+        plan_use: the call's ``hsap_plan_use`` (a continued document's first position, for Inkling's log scale).
 
     Returns:
         ``[B, L, Hq, Dv]``.
@@ -243,7 +192,7 @@ def relative_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     q = query.transpose(1, 2).reshape(b * length, hq, d)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * length, value.shape[1], value.shape[-1])
-    table = bias.logits.transpose(1, 2).reshape(b * length, hq, -1)
+    table = table.transpose(1, 2).reshape(b * length, hq, -1)
     snk = None if sinks is None else sinks[..., 0].transpose(1, 2).reshape(b * length, hq)
     if plan is not None:
         if b != 1:
@@ -254,6 +203,16 @@ def relative_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         q_doc, q_pos = _local_documents(b, length, attention_mask=attention_mask, ids_mask=ids_mask,
                                         position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q, device=q.device)
     k_doc, k_pos = q_doc, q_pos
+    if _row_scaled(module):  # Inkling: queries and table scaled by the row index -> by the document position
+        first = 0
+        if plan is not None and plan.size > 1:
+            use = plan_use_of(plan, plan_use)
+            if use is not None and use.first_positions is not None:
+                first = torch.as_tensor(use.first_positions, device=q.device)[q_doc]
+        rows = torch.arange(length, device=q.device).repeat(b)
+        ratio = (_log_scale(module, q_pos + first).double() / _log_scale(module, rows).double())
+        ratio = ratio.to(torch.promote_types(q.dtype, torch.float32))[:, None, None]  # [N, 1, 1]
+        q, table = (q * ratio).to(q.dtype), (table * ratio).to(table.dtype)
     if plan is not None and plan.size > 1:
         log_once(logger, logging.INFO, "relative bias gather",
                  "hsap attention: %s adds a per-query relative position bias, which no SAP kernel takes: its keys "

@@ -60,7 +60,8 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
-from .relative_bias import RelativeLogits, depth_forward, relative_forward
+from .biased_attention import depth_forward
+from .relative_bias import relative_bias_extent, relative_forward
 from .chunked_attention import layer_plan
 from .sp_attention import enter_plan, sp_forward
 from .temperature import fix_temperature
@@ -142,7 +143,7 @@ def hsap_attention_forward(
             position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
     if state_of(module, DEPTH) is not None:  # attention over each token's own layer states (Inkling 2): no token mixing
         return depth_forward(query, key, value, scaling), None
-    if isinstance(position_bias, RelativeLogits):  # a per-query relative bias (Inkling 2, prepared by prepare_model)
+    if relative_bias_extent(module, position_bias) is not None:  # a per-query bias table (Inkling, prepare_model)
         check_supported(module, dropout, is_causal=is_causal)
         check_mask_rank(module, attention_mask)
         window = attention_variant(module, query.shape[1], sliding_window=sliding_window).window
@@ -150,9 +151,10 @@ def hsap_attention_forward(
         check_plan_mask(hsap_plan, attention_mask, ids_mask)
         if hsap_plan is not None:
             enter_plan(module, hsap_plan, hsap_plan_use)
-        out = relative_forward(module, query, key, value, attention_mask, bias=position_bias,
+        out = relative_forward(module, query, key, value, attention_mask, table=position_bias,
                                sinks=kwargs.get("sinks"), scaling=scaling, window=window, plan=hsap_plan,
-                               ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q)
+                               ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
+                               plan_use=hsap_plan_use)
         return out, None
     own_mask = attention_mask is not None and attention_mask.dim() == 4 and is_encoder_module(module)
     if is_encoder_call(module, is_causal) or own_mask:  # a vision / audio tower (Mllama's: its own dense tile mask,

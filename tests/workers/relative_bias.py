@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import hf_hsap
-from hf_hsap.integrations.relative_bias import RelativeLogits, relative_forward
+from hf_hsap.integrations.relative_bias import relative_forward
 from hf_hsap.testing import rel_err
 from workers.sap import get_sp
 
@@ -65,10 +65,10 @@ def sp_check(cu: list[int], ulysses: int, window: int | None, sinks: bool, seed:
     ref, _ = dense_reference(full, cu, scale, window)
     (ref * x["dout"]).sum().backward()
     local = {k: plan.shard(t).clone().requires_grad_(True) for k, t in x.items() if k != "dout"}
-    bias = RelativeLogits(local["table"].transpose(0, 1)[None], EXTENT)
+    table = local["table"].transpose(0, 1)[None]  # [1, Hq, T_local, E]
     snk = local["sinks"].transpose(0, 1)[None, :, :, None] if sinks else None
     out = relative_forward(torch.nn.Identity(), local["q"].transpose(0, 1)[None], local["k"].transpose(0, 1)[None],
-                           local["v"].transpose(0, 1)[None], None, bias=bias, sinks=snk, scaling=scale,
+                           local["v"].transpose(0, 1)[None], None, table=table, sinks=snk, scaling=scale,
                            window=window, plan=plan, ids_mask=False, position_ids=None, cu_seq_lens_q=None)[0]
     (out * plan.shard(x["dout"])).sum().backward()
     errs = {"out": rel_err(out, plan.shard(ref))}
