@@ -264,7 +264,8 @@ def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec
         raise _refuse(model, "encoder layout", (
             f"its get_image_features takes none of the pixel shapes of the layout derived from its forward "
             f"({'; '.join(errors)})" if errors else
-            "its vision config gives no image size (vision_config.image_size) to derive one image's pixels from"))
+            "its vision config gives no image size (vision_config.image_size) nor patch size to derive one image's "
+            "pixels from"))
     hidden = getattr(model.config.get_text_config(), "hidden_size", None)
     if hidden is not None and width != hidden:
         raise _refuse(model, "encoder layout", (
@@ -313,8 +314,8 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
         xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
         return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
                  None, spec.layout.merge)]
-    if size is None:
-        return []
+    if size is None:  # no image size: one patch per row, channels last (Inkling: an MLP per patch), if it has patches
+        return [(torch.ones(1, frames, patch, patch, c), {}, None, spec.layout.merge)] if patch > 1 else []
     if image.item_axis == 1:  # Idefics: [rows, images, C, H, W] with its pixel mask (all-zero pixels are padding)
         mask = torch.ones(1, 1, size, size, dtype=torch.bool, device=device)
         return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None, spec.layout.merge),
