@@ -28,6 +28,11 @@ Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`)
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
 attention sinks (``s_aux``, GPT-OSS; the sinks get their gradient).
 
+Layers with a per-query relative position bias (Inkling, Inkling 2; their bias modules hand a table once
+``prepare_model`` ran, :mod:`.relative_bias`) attend in torch per document from each token's document position
+(per-query sinks included); Inkling 2's attention residuals (learned queries over one token's layer states) are
+plain attention with no token mixing (:func:`~.biased_attention.depth_forward`).
+
 Cross-attention layers (Mllama's text-to-image layers, :mod:`.cross_attention`) attend per document over the
 rank's own image states, without the plan.
 
@@ -35,7 +40,7 @@ Vision and audio encoders (a non-causal call from a module with a vision / audio
 per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
 
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
-chunked layers in generation past a chunk, non-causal modules or masks, position biases, dense 4D
+chunked layers in generation past a chunk, non-causal modules or masks, dense position biases, dense 4D
 masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
 (:mod:`.model_check`).
 """
@@ -115,7 +120,8 @@ def hsap_attention_forward(
         is_causal: overrides ``module.is_causal``; must not be False.
         s_aux: ``[Hq]`` attention-sink logits (GPT-OSS), or ``None``.
         softcap: logit soft-cap (Gemma 2), or ``None``.
-        position_bias: additive position biases; must be ``None``.
+        position_bias: ``None``, or a prepared relative-bias layer's ``[B, Hq, Lq, E]`` table (``RELATIVE_BIAS``);
+            dense biases are refused.
         hsap_blocks: bidirectional image blocks of the batch (Gemma 3, from :func:`~.sharding.shard_batch`), run by
             the plan's schedule at every SP size; ``None``: none.
         kwargs: the rest of the model's keyword arguments (``use_cache``, ``max_length_q``, ...), unused.
