@@ -39,7 +39,7 @@ from .indexed import _GatherTokens
 from .local_layout import document_ids
 from .plan_use import plan_use_of
 
-__all__ = ["prepare_relative_bias", "relative_bias_extent", "relative_forward"]
+__all__ = ["check_unprepared_bias", "prepare_relative_bias", "relative_bias_extent", "relative_forward"]
 
 logger = get_logger(__name__)
 
@@ -106,6 +106,20 @@ def relative_bias_extent(module: torch.nn.Module, position_bias: Any) -> int | N
     """The table width of a prepared layer's call (its ``position_bias`` is then its table), else ``None``."""
     extent = state_of(module, RELATIVE_BIAS)
     return extent if extent is not None and torch.is_tensor(position_bias) else None
+
+
+def check_unprepared_bias(module: torch.nn.Module, position_bias: Any, sinks: Any) -> None:
+    """Refuse a relative-bias layer's call that ``prepare_model`` did not prepare (its dense bias is built from the
+    row's indices) and per-query ``sinks`` outside a prepared layer (no other path applies them)."""
+    prepared = state_of(module, RELATIVE_BIAS) is not None
+    if not prepared and position_bias is not None and any(_bias_kind(c) for c in module.children()):
+        raise ValueError(f"{type(module).__name__} adds a relative position bias its model builds from the row's "
+                         "indices: call hf_hsap.prepare_model(model, sp_size=...) once before the first forward (the "
+                         "trainers do); it makes the bias per document")
+    if not prepared and sinks is not None:
+        raise ValueError(f"attn_implementation='hsap' takes per-query `sinks` only from a relative-bias layer "
+                         f"prepared by hf_hsap.prepare_model, but {type(module).__name__} passes them; use "
+                         "attn_implementation='eager' for this model")
 
 
 def _log_scale(module: torch.nn.Module, positions: torch.Tensor) -> torch.Tensor:

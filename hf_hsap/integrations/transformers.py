@@ -66,7 +66,7 @@ from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
 from .biased_attention import depth_forward
-from .relative_bias import relative_bias_extent, relative_forward
+from .relative_bias import check_unprepared_bias, relative_bias_extent, relative_forward
 from .chunked_attention import layer_plan
 from .sp_attention import enter_plan, sp_forward
 from .temperature import fix_temperature
@@ -149,6 +149,7 @@ def hsap_attention_forward(
             position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
     if state_of(module, DEPTH) is not None:  # attention over each token's own layer states (Inkling 2): no token mixing
         return depth_forward(query, key, value, scaling), None
+    check_unprepared_bias(module, position_bias, kwargs.get("sinks"))
     if relative_bias_extent(module, position_bias) is not None:  # a per-query bias table (Inkling, prepare_model)
         check_supported(module, dropout, is_causal=is_causal)
         check_mask_rank(module, attention_mask)

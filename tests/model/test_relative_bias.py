@@ -97,3 +97,10 @@ def test_inkling_log_scale_follows_the_document_position(monkeypatch) -> None:
         monkeypatch.setattr(RB, "_row_scaled", lambda module: False)
         off = zoo.packed_run(config, state, "hsap", torch.float64, via_shard=True)
     assert zoo.compare(ref, off["logits"], off["loss"], off["grads"], zoo.TOL["fp64"])["outcome"] == "WRONG"
+
+
+def test_an_unprepared_bias_layer_is_refused_naming_prepare_model() -> None:
+    config = ZC.tiny_config("inkling2_text")
+    model = ZC.build_model(config, "hsap", torch.float64, draw=torch.float64)
+    with pytest.raises(ValueError, match=r"prepare_model"):
+        model(input_ids=torch.tensor([[3, 4, 5, 6]]))
