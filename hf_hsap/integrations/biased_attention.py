@@ -47,11 +47,12 @@ def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: t
         chunk: queries per dense score block.
 
     Returns:
-        ``(out [Tq, Hq, Dv], lse [Tq, Hq])``; the lse of the biased scores, the sink included; a query that sees
-        nothing has output 0 and lse ``-inf``.
+        ``(out [Tq, Hq, Dv], lse [Tq, Hq])``; the lse of the biased scores, the sink included (float32 at least); a
+        query that sees nothing has output 0 and lse ``-inf``.
     """
     tq, hq, _ = q.shape
     hkv, extent = k.shape[1], table.shape[-1]
+    acc = torch.promote_types(q.dtype, torch.float32)  # scores, softmax and the sum over values: float32 at least
     group = hq // hkv
     outs, lses = [], []
     for s in range(0, tq, chunk):
@@ -61,13 +62,13 @@ def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: t
         kd, kp = k_doc[keys], k_pos[keys]
         kc, vc = k[keys], v[keys]  # [Kc, Hkv, D]
         qc = q[s:e].reshape(e - s, hkv, group, -1)  # [n, Hkv, G, D]
-        scores = torch.einsum("nhgd,khd->hgnk", qc, kc).reshape(hq, e - s, len(keys)) * scale  # [Hq, n, Kc]
+        scores = torch.einsum("nhgd,khd->hgnk", qc, kc).reshape(hq, e - s, len(keys)).to(acc) * scale  # [Hq, n, Kc]
         dist = qp[:, None] - kp[None, :]  # [n, Kc]
         seen = (qd[:, None] == kd[None, :]) & (qd[:, None] >= 0) & (dist >= 0)
         if window is not None:
             seen &= dist < window
         near = dist.clamp(0, extent - 1).expand(hq, -1, -1)  # [Hq, n, Kc]
-        bias = table[s:e].transpose(0, 1).gather(-1, near)  # [Hq, n, Kc]
+        bias = table[s:e].transpose(0, 1).gather(-1, near).to(acc)  # [Hq, n, Kc]
         scores = scores + bias.masked_fill(dist >= extent, 0.0)
         scores = scores.masked_fill(~seen, float("-inf"))
         if sinks is not None:
