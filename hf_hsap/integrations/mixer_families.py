@@ -18,6 +18,8 @@ MIXER_FAMILIES = frozenset({
     "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
     "lfm2", "lfm2_moe", "lfm3",  # short convolutions
     "minimax",  # lightning attention (no kernel hook: the layer's forward replaced per instance)
+    "inkling_text", "inkling2_text", "inkling2_loop_text",  # short (+ dynamic) convolutions; their attention's
+    # per-query relative position bias: integrations/relative_bias.py
 })
 # Why a hybrid family's recurrent layers have no kernel hook (what its refusal says).
 NO_HOOK = {
@@ -25,9 +27,7 @@ NO_HOOK = {
     "zaya": "its layers' token mixing runs in their forward",
 }
 # Hybrid families refused for their attention, not their recurrent layers.
-FAMILY_REASONS = {f: ("an attention that adds a learned relative position bias (position_bias), which "
-                       "attn_implementation='hsap' does not implement")
-                   for f in ("inkling_text", "inkling2_text", "inkling2_loop_text")}
+FAMILY_REASONS: dict[str, str] = {}
 # Config fields that only models with non-attention token mixers have (Mamba / SSM, convolutions, linear
 # attention, recurrent blocks), for the families whose config has no `layer_types`.
 MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_ssm", "ssm_state_size",

@@ -81,7 +81,10 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             # MoE routing types per token (placeholders and their start / end markers), videos merged in time
             ("ernie4_5_vl_moe", "sp2_u1"),
             # pooling rows per placeholder, crops per image, a bidirectional block over a document's image tokens
-            ("molmo2", "sp2_u2")]
+            ("molmo2", "sp2_u2"),
+            # Inkling 2: one pixel row per placeholder (the grid counted in placeholders), a per-query relative
+            # position bias and sinks, dynamic short convolutions, attention residuals over each token's layers
+            ("inkling2", "sp2_u2")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)

@@ -98,7 +98,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # default None: one conv and one attention layer
     "lfm2": {"num_hidden_layers": 2, "full_attn_idxs": [1], "layer_types": ["conv", "full_attention"]},  # layer 0 a short causal convolution (the default makes every layer attention)
     "inkling_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
-                     "swa_head_dim": 16, "rel_extent": 64},
+                     "swa_head_dim": 16, "rel_extent": 64,
+                     "log_scaling_n_floor": 4},  # the full layers' log scale from the 4th token on (default: off)
     "inkling2_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
                       "swa_head_dim": 16, "rel_extent": 64},
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
