@@ -34,6 +34,7 @@ from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .items import anyres_counter, sizes_counter
+from .layer_blocks import sliding_only_blocks
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -137,10 +138,6 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         raise _refuse(model, "bidirectional text", (
             f"its text attends bidirectionally (use_bidirectional_attention={bidirectional!r}: a prefix-LM over "
             "image and prefix), which hf_hsap's causal kernels do not take yet"))
-    if bidirectional == "vision":
-        raise _refuse(model, "image blocks", (
-            "its image placeholders attend to each other on some layer kinds only "
-            "(use_bidirectional_attention='vision'), which hf_hsap's image blocks (every layer) do not take yet"))
     image = token(config, "image_token_id", "image_token_index")
     video = token(config, "video_token_id", "video_token_index")
     if "image_grid_thw" in keys:
@@ -224,7 +221,8 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     item_keys = tuple(k for k in ("image_sizes", "pixel_mask", "image_position_ids") if k in keys)
     mod = Modality("image", image, "pixel_values", item_keys=item_keys)
     prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
-    layout = VisionLayout(family, (mod, *videos), image_blocks=types == "token_type_ids" and not prefix,
+    blocks = types == "token_type_ids" and not prefix or sliding_only_blocks(config.get_text_config())
+    layout = VisionLayout(family, (mod, *videos), image_blocks=blocks,
                           prefix_blocks=prefix, position_start=position_start(model) if prefix else 0)
     return VisionSpec(layout, token_type_key=types)
 
@@ -295,6 +293,8 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
         return [(torch.ones(n, c * frames * patch * patch), grid, 4), (torch.ones(n, c, patch, patch), grid, 4)]
     if "image_position_ids" in image.item_keys:  # patches with their (x, y): one pooling window's square
         side = int(getattr(vision, "pooling_kernel_size", None) or 1) * 2
+        if getattr(vision, "model_patch_size", None):  # Gemma 4 unified: merged patches, one row each
+            side, patch = 2, int(vision.model_patch_size)
         xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
         return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
                  None)]
@@ -370,6 +370,6 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         else:
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
     ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
-    if spec.token_type_key == "mm_token_type_ids":
+    if spec.token_type_key == "mm_token_type_ids" and not spec.layout.image_blocks:  # blocks: shard_batch's own
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
     return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

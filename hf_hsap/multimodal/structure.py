@@ -35,7 +35,7 @@ ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_att
 # packed rows do not take yet (each named from the model in the message).
 REFUSAL_KINDS = ("text model", "encoder-decoder", "VQ codes in the vocabulary", "no image encoder",
                  "cross-attention", "no placeholder", "image required", "input not carried", "bidirectional text",
-                 "image blocks", "encoder layout")
+                 "encoder layout")
 
 
 class VisionRefusal(ValueError):

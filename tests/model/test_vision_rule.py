@@ -89,7 +89,6 @@ STRUCTURAL = [
     (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
-    (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
     (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
 ]
 
@@ -132,6 +131,24 @@ def test_a_key_the_forward_takes_but_packing_does_not_carry_is_refused_naming_th
     docs[1]["input_features"] = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match=r"example 1: gemma4's \['input_features'\] are not carried on packed rows"):
         hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
+def test_image_blocks_on_sliding_layers_only_are_derived_from_the_model() -> None:
+    """Gemma 4's use_bidirectional_attention='vision': image blocks (shard_batch's hsap_blocks), applied by its
+    sliding-window layers only (its full-attention layers stay causal, as Transformers' mask)."""
+    from hf_hsap.multimodal.layer_blocks import layer_blocks
+    from hf_hsap.plan.blocks import Blocks
+
+    model = model_of("gemma4", meta=True, use_bidirectional_attention="vision")
+    spec = hf_hsap.vision_spec(model)
+    assert spec.layout.image_blocks and spec.token_type_key == "mm_token_type_ids"
+    assert not hf_hsap.vision_spec(model_of("gemma4", meta=True)).layout.image_blocks  # its default: causal
+    blocks = Blocks((1,), (5,))
+    attention = [m for m in model.modules() if hasattr(m, "sliding_window") and hasattr(m, "q_proj")]
+    kinds = {m.sliding_window is None for m in attention}
+    assert kinds == {True, False}  # the tiny config has both layer kinds
+    for m in attention:
+        assert layer_blocks(m, blocks, m.sliding_window) is (None if m.sliding_window is None else blocks)
 
 
 def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:

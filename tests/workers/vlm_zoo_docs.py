@@ -136,10 +136,13 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
             return {"pixel_values": pixels, "spatial_shapes": torch.tensor([[h, w]]), "pixel_attention_mask": mask}
         out.append(("NaFlex patches with spatial shapes", naflex))
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
+        model_patch = getattr(v, "model_patch_size", None)  # Gemma 4 unified: 4x4 merged patches, a placeholder each
+
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-            side = size // patch
+            p = int(model_patch or patch)
+            side = 4 if model_patch else size // patch  # every image padded to one size, as its processor does
             xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
-            return {"pixel_values": torch.randn(1, side * side, c * patch * patch, generator=g, dtype=dtype),
+            return {"pixel_values": torch.randn(1, side * side, c * p * p, generator=g, dtype=dtype),
                     "image_position_ids": xy.reshape(1, -1, 2)}
         out.append(("patches with positions", patches))
     if getattr(config, "image_grid_pinpoints", None):  # any-resolution: the base image and its tiles by its size
