@@ -170,7 +170,7 @@ def hsap_attention_forward(
     query = fix_temperature(module, query, plan=hsap_plan, plan_use=hsap_plan_use, attention_mask=attention_mask,
                             ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
                             keys=key.shape[2])  # Llama 4's NoPE layers: each token's document position
-    hsap_blocks = layer_blocks(module, hsap_blocks, variant.window)  # Gemma 4: its sliding layers' only
+    hsap_blocks = layer_blocks(module, hsap_blocks)  # Gemma 4: its sliding layers' only
     if hsap_blocks is not None and hsap_plan is None:
         raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
                          "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")

@@ -34,7 +34,7 @@ from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
 from .items import anyres_counter, sizes_counter
-from .layer_blocks import sliding_only_blocks
+from .layer_blocks import vision_blocks
 from .prefix import is_prefix_lm, position_start
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
@@ -221,7 +221,7 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     item_keys = tuple(k for k in ("image_sizes", "pixel_mask", "image_position_ids") if k in keys)
     mod = Modality("image", image, "pixel_values", item_keys=item_keys)
     prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
-    blocks = types == "token_type_ids" and not prefix or sliding_only_blocks(config.get_text_config())
+    blocks = types == "token_type_ids" and not prefix or vision_blocks(config.get_text_config())
     layout = VisionLayout(family, (mod, *videos), image_blocks=blocks,
                           prefix_blocks=prefix, position_start=position_start(model) if prefix else 0)
     return VisionSpec(layout, token_type_key=types)

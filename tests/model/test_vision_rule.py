@@ -133,22 +133,29 @@ def test_a_key_the_forward_takes_but_packing_does_not_carry_is_refused_naming_th
         hf_hsap.PackingCollator(512, vision=spec)(docs)
 
 
-def test_image_blocks_on_sliding_layers_only_are_derived_from_the_model() -> None:
-    """Gemma 4's use_bidirectional_attention='vision': image blocks (shard_batch's hsap_blocks), applied by its
-    sliding-window layers only (its full-attention layers stay causal, as Transformers' mask)."""
-    from hf_hsap.multimodal.layer_blocks import layer_blocks
+def test_image_blocks_and_the_layers_that_see_them_are_derived_from_the_model() -> None:
+    """use_bidirectional_attention='vision': image blocks (shard_batch's hsap_blocks). Gemma 4's forward gives them to
+    its sliding-window layers only (its full-attention layers are marked causal); Gemma 4 unified's to every layer."""
+    from hf_hsap.model_state import ModelChanges
+    from hf_hsap.multimodal.layer_blocks import layer_blocks, mark_causal_layers
     from hf_hsap.plan.blocks import Blocks
 
-    model = model_of("gemma4", meta=True, use_bidirectional_attention="vision")
-    spec = hf_hsap.vision_spec(model)
-    assert spec.layout.image_blocks and spec.token_type_key == "mm_token_type_ids"
-    assert not hf_hsap.vision_spec(model_of("gemma4", meta=True)).layout.image_blocks  # its default: causal
     blocks = Blocks((1,), (5,))
-    attention = [m for m in model.modules() if hasattr(m, "sliding_window") and hasattr(m, "q_proj")]
-    kinds = {m.sliding_window is None for m in attention}
-    assert kinds == {True, False}  # the tiny config has both layer kinds
-    for m in attention:
-        assert layer_blocks(m, blocks, m.sliding_window) is (None if m.sliding_window is None else blocks)
+    for family, sliding_only in (("gemma4", True), ("gemma4_unified", False)):
+        model = model_of(family, meta=True, use_bidirectional_attention="vision")
+        spec = hf_hsap.vision_spec(model)
+        assert spec.layout.image_blocks and spec.token_type_key == "mm_token_type_ids"
+        attention = [m for m in model.modules() if hasattr(m, "sliding_window") and hasattr(m, "q_proj")]
+        assert {m.sliding_window is None for m in attention} == {True, False}  # both layer kinds
+        changes = ModelChanges()
+        marked = mark_causal_layers(model, attention, changes)
+        assert marked == (sum(m.sliding_window is None for m in attention) if sliding_only else 0)
+        for m in attention:
+            full = m.sliding_window is None
+            assert layer_blocks(m, blocks) is (None if full and sliding_only else blocks)
+        changes.undo()
+        assert all(layer_blocks(m, blocks) is blocks for m in attention)
+    assert not hf_hsap.vision_spec(model_of("gemma4", meta=True)).layout.image_blocks  # its default: causal
 
 
 def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
