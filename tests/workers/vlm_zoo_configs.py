@@ -73,6 +73,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # and its SAM's two stride-2 convolutions end at the 32-wide encoder's width
     "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]},
                       "vision_config": {"sam_config": {"downsample_channels": [16, 32]}}},
+    "unlimited_ocr": {"vision_config": {"sam_config": {"downsample_channels": [16, 32]}}},  # its SAM: the same
     # Granite 4 Vision: its Q-Former has a head per 64 of the tower's width (so 64 wide), windows of 4x4 patches
     # pooled to 2x2 queries; any-resolution tiles of 8 pixels
     "granite4_vision": {"deepstack_layer_map": [[1, 1]], "spatial_target_layers": [0, 1, 0, 1],
