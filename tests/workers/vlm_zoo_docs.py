@@ -190,6 +190,9 @@ def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     with torch.no_grad():
         out = feature_module(model).get_image_features(**image, return_dict=True)
     feats = getattr(out, "pooler_output", None)
+    deepstack = getattr(out, "deepstack_features", None)
+    if feats is None and deepstack:  # Granite 4 Vision: (decoder layer, per-image rows) pairs only
+        feats = deepstack[0][1]
     if feats is None:  # Fuyu merges its patch embeddings, the last hidden state
         feats = getattr(out, "last_hidden_state", None)
     if feats is None:
