@@ -5,7 +5,8 @@
 - NaFlex patches (:mod:`.naflex`: LFM2-VL's ``spatial_shapes`` and ``pixel_attention_mask``);
 - a second pixel view (:mod:`.paired`: DeepSeek-VL-Hybrid's ``high_res_pixel_values``);
 - a Q-Former's queries and prompt (:mod:`.qformer`: BLIP-2, InstructBLIP);
-- a linear patch embedding without a tower (:mod:`.patches`: Fuyu).
+- a linear patch embedding without a tower (:mod:`.patches`: Fuyu);
+- flattened patches with an ``(h, w)`` grid per image (:mod:`.hwgrid`: Nemotron-H Omni's ``image_grid_hw``).
 
 Each is exact in the multimodal zoo in every mode; the encoder's rows per item are checked against the
 placeholders every forward (:mod:`.select`).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..data.vision import VisionSpec
+from .hwgrid import hw_grid_spec
 from .naflex import naflex_spec
 from .navit import navit_spec
 from .paired import paired_spec
@@ -24,7 +26,7 @@ from .structure import token
 
 __all__ = ["derived_spec"]
 
-_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec)
+_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, hw_grid_spec)
 
 
 def derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:

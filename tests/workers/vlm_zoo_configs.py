@@ -178,6 +178,7 @@ def _shrink_sub(cls: type, default: Any, overrides: dict[str, Any]) -> dict[str,
     if layers_field:
         kwargs[layers_field] = n
     kwargs.update({k: v for k, v in patterns.items() if k not in VISION})
+    overrides = dict(overrides)  # the family's OVERRIDES entry stays as it is (tiny_config is called again)
     for sub in getattr(cls, "sub_configs", None) or {}:  # a tower of towers (DeepSeek-OCR 2's SAM + encoder)
         value = getattr(default, sub, None)
         if value is not None and hasattr(value, "to_dict"):

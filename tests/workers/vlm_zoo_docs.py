@@ -120,6 +120,12 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "image_grid_hw" in params:  # Nemotron-H Omni: flattened patches and an [h, w] patch grid per image
+        def hw_grid(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = thw[1], thw[2]
+            return {"pixel_values": torch.randn(h * w, c * patch * patch, generator=g, dtype=dtype),
+                    "image_grid_hw": torch.tensor([[h, w]])}
+        out.append(("flattened patches with an (h, w) grid", hw_grid))
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
@@ -215,7 +221,7 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids", "image_grid_hw"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
