@@ -158,6 +158,14 @@ def test_image_blocks_and_the_layers_that_see_them_are_derived_from_the_model() 
     assert not hf_hsap.vision_spec(model_of("gemma4", meta=True)).layout.image_blocks  # its default: causal
 
 
+def test_an_hw_patch_grid_and_a_tower_of_towers_are_derived_from_the_model() -> None:
+    nemotron = hf_hsap.vision_spec(model_of("nemotron_h_omni", meta=True))  # image_grid_hw, 2x2 pixel shuffle
+    image = nemotron.layout.modalities[0]
+    assert (image.grid_key, image.grid_dims, nemotron.layout.merge) == ("image_grid_hw", 2, 4)
+    ocr = hf_hsap.vision_spec(model_of("deepseek_ocr2"))  # SAM then an encoder: the image size is SAM's
+    assert ocr.layout.modalities[0].pixel_key == "pixel_values" and not ocr.layout.image_blocks
+
+
 def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
     paligemma = hf_hsap.vision_spec(model_of("paligemma"))  # bidirectional text with token_type_ids: a prefix-LM
     assert paligemma.layout.prefix_blocks and not paligemma.layout.image_blocks

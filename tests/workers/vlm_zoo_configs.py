@@ -125,6 +125,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89},
 }
+# family -> sub-configs whose dtype the model reads to cast its inputs (Nemotron-H Omni's RADIO tower casts the pixels
+# to vision_config.torch_dtype), set to the model's dtype after it is built
+CONFIG_DTYPE: dict[str, tuple[str, ...]] = {"nemotron_h_omni": ("vision_config",)}
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "
                  "vocabulary_map (no image placeholder to fill)")
@@ -370,4 +373,7 @@ def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed
                 if ("gate" in leaf or leaf.startswith("alpha_")) and p.numel() <= 16 and not p.is_meta \
                         and not bool(p.any()):
                     p.fill_(0.5)
-    return model.to(dtype).train()
+    model = model.to(dtype).train()
+    for sub in CONFIG_DTYPE.get(config.model_type, ()):  # a tower that casts its pixels to its config's dtype
+        getattr(model.config, sub).dtype = dtype
+    return model
