@@ -342,9 +342,15 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if model in _IMAGES:  # the image the encoder took when the spec was derived
         pixels, given, n_tokens = _IMAGES[model]
         extra = {k: v.to(device) for k, v in given.items()}
-    elif image.grid_key is not None and image.grid_dims == 2:  # NaViT: one crop of one merge block [1, C, p, cells*p]
+    elif image.grid_key is not None and image.pixel_axis == 3:  # NaViT: one crop of one merge block [1, C, p, cells*p]
         side = int(round(spec.layout.merge ** 0.5))
         pixels = torch.zeros(1, getattr(vision, "num_channels", 3), image.cell_size, side * side * image.cell_size)
+        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
+        n_tokens = 1
+    elif image.grid_key is not None and image.grid_dims == 2:  # (h, w) grid (.hwgrid): one merge block's patch rows
+        side = int(round(spec.layout.merge ** 0.5))
+        channels = getattr(vision, "num_channels", 3)
+        pixels = torch.zeros(side * side, channels * vision.patch_size ** 2)
         extra[image.grid_key] = torch.tensor([[side, side]], device=device)
         n_tokens = 1
     elif image.grid_key is not None:
