@@ -269,7 +269,7 @@ def _geometry(vision: Any) -> tuple[int, int | None, int, int]:
     """``(channels, image side or None, patch side, frames per temporal patch)`` of a vision config."""
     channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None)
                    or getattr(vision, "in_chans", None) or 3)
-    size = getattr(vision, "image_size", None)
+    size = getattr(vision, "image_size", None) or getattr(vision, "resolution", None)  # a VQ tokenizer's resolution
     if not size:  # a tower of towers (DeepSeek-OCR 2: SAM, then an encoder): the first tower's input size
         towers = [getattr(vision, n, None) for n in (getattr(vision, "sub_configs", None) or {})]
         size = next((t.image_size for t in towers if getattr(t, "image_size", None)), None)
@@ -307,7 +307,8 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
         mask = torch.ones(1, 1, size, size, dtype=torch.bool, device=device)
         return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None),
                 (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None)]  # one per tile
-    return [(torch.ones(1, c, size, size), {}, None)]
+    sizes = {"image_sizes": torch.tensor([[size, size]], device=device)} if "image_sizes" in image.item_keys else {}
+    return [(torch.ones(1, c, size, size), sizes, None)]  # Apertus 1.5 tokenizes each image at its image_sizes
 
 
 def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:

@@ -166,6 +166,14 @@ def test_an_hw_patch_grid_and_a_tower_of_towers_are_derived_from_the_model() -> 
     assert ocr.layout.modalities[0].pixel_key == "pixel_values" and not ocr.layout.image_blocks
 
 
+def test_vq_codes_scattered_into_placeholders_are_packed_like_features() -> None:
+    """Apertus 1.5 tokenizes each image into VQ codes, embeds them and fills its placeholders with them (its
+    get_placeholder_mask): accepted, with its per-image image_sizes; Chameleon's vocabulary_map stays refused."""
+    apertus = hf_hsap.vision_spec(model_of("apertus1p5"))
+    assert apertus.layout.modalities[0].item_keys == ("image_sizes",)
+    assert refusal(chameleon()).kind == "VQ codes in the vocabulary"
+
+
 def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:
     paligemma = hf_hsap.vision_spec(model_of("paligemma"))  # bidirectional text with token_type_ids: a prefix-LM
     assert paligemma.layout.prefix_blocks and not paligemma.layout.image_blocks

@@ -55,7 +55,7 @@ ANYRES_PINPOINTS = [[8, 8], [8, 16], [16, 8], [16, 16]]
 # family -> config arguments on top of the generic shrinking (``text_config`` / ``vision_config`` dicts merge)
 OVERRIDES: dict[str, dict[str, Any]] = {
     "aria": {"projector_patch_to_query_dict": {16: 4}},  # 16 patches of a tiny image -> 4 queries
-    # Apertus 1.5's VQ codes in the vocabulary: 32 image codes from id 16, then 32 audio codes (below the specials)
+    # Apertus 1.5's VQ codes (embedded into its placeholders): 32 image codes from id 16, then 32 audio codes
     "apertus1p5": {"image_token_offset": 16, "audio_token_offset": 48,
                    "vision_config": {"base_channels": 32},  # its VQ encoder's group norms have 32 groups
                    # WavTokenizer: 4 filters doubled by each of 2 down-samplings, one LSTM layer
