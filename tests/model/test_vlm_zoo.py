@@ -74,8 +74,7 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             ("minicpmv4_7", "sp2_u1"), ("lfm2_vl", "sp2_u2"), ("deepseek_vl_hybrid", "sp2_u1"),
             ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1"),  # Fuyu: patch embeddings cut from the last hidden state
             ("gemma4_unified", "sp2_u2"),  # Gemma 4 unified: encoder-free merged patches, image blocks on every layer
-            ("deepseek_ocr2", "sp2_u1"),  # DeepSeek-OCR 2: a tower of towers (SAM, then an encoder)
-            ("nemotron_h_omni", "sp2_u2")]  # Nemotron-H Omni: patch rows with an (h, w) grid, a Mamba hybrid decoder
+            ("deepseek_ocr2", "sp2_u1")]  # DeepSeek-OCR 2: a tower of towers (SAM, then an encoder)
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)
