@@ -335,8 +335,12 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
         return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None, spec.layout.merge),
                 (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None,
                  spec.layout.merge)]  # one per tile
-    sizes = {"image_sizes": torch.tensor([[size, size]], device=device)} if "image_sizes" in image.item_keys else {}
-    return [(torch.ones(1, c, size, size), sizes, None, spec.layout.merge)]  # Apertus 1.5: tokenized at its sizes
+    plain = [(torch.ones(1, c, size, size), {}, None, spec.layout.merge)]
+    if "image_sizes" not in image.item_keys:
+        return plain
+    # or with its image_sizes (Apertus 1.5 tokenizes each image at its sizes; LLaVA's CLIP tower takes none)
+    sizes = {"image_sizes": torch.tensor([[size, size]], device=device)}
+    return plain + [(torch.ones(1, c, size, size), sizes, None, spec.layout.merge)]
 
 
 def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:
