@@ -1,69 +1,209 @@
-"""Audio items of a multimodal model (the omni thinkers: Qwen2.5-Omni, Qwen3-Omni), asked from the model.
+"""Audio items of a multimodal model (the omni thinkers, and the audio-language models: Voxtral, AudioFlamingo 3,
+Qwen3-ASR, ...), asked from the model.
 
-A processor gives each audio ``input_features [audios, mel, frames]`` with ``feature_attention_mask [audios,
-frames]`` (the frames zero-padded to the batch's longest); the model's ``get_audio_features`` encodes each audio's
-real frames and returns one feature row per placeholder in ``last_hidden_state``. A packed row carries every
-document's audios along the first axis (frames zero-padded to the row's longest, as the processor pads a batch), and
-each audio's placeholders are counted by the audio tower's own ``_get_feat_extract_output_lengths`` on its real
-frames, so that the SP planner knows them before any encoder runs; every forward checks them against the encoder
-(:func:`hf_hsap.multimodal.select.select_rows`).
+A processor gives each audio clip its features ``input_features [clips, ...frames...]`` and, where the model takes
+one, a mask of its real frames (``feature_attention_mask`` / ``input_features_mask [clips, frames]``; the frames
+zero-padded to the batch's longest); the model's ``get_audio_features`` encodes the clips and returns one feature row
+per placeholder (``pooler_output``, or ``last_hidden_state`` where it has none). What is carried per clip is read from
+the model: the keys ``get_audio_features`` takes that its forward takes too, the first of them the features (the
+"pixels" of the modality), the rest per-clip keys; a key the forward takes whose name extends the features' key
+(``input_features_mask``) but that ``get_audio_features`` does not take masks the encoder's *output* rows (Granite
+Speech: the forward keeps ``features[mask]``).
+
+A packed row carries every document's clips along the first axis (frames zero-padded to the row's longest, as the
+processor pads a batch), and each clip's placeholders are counted before any encoder runs, so that the SP planner
+knows them:
+
+- by the audio tower's own ``_get_feat_extract_output_lengths`` (a method, or its module's function with the tower
+  config's arguments, e.g. ``n_window``) on the clip's real frames, where the encoder takes a frame mask;
+- by the output mask's real rows, where the forward masks the output;
+- else every clip has the same placeholders (fixed-length clips, e.g. Voxtral's 30-second chunks).
+
+Every forward checks the counts against the encoder (:func:`hf_hsap.multimodal.select.select_rows`).
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from ..data.vision import Modality
+from ..data.vision import Modality, VisionLayout, VisionSpec
+from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
-__all__ = ["AUDIO_TYPE", "audio_counter", "audio_modality"]
+__all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_spec", "is_audio_lm",
+           "output_mask_key"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
+AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
+
+
+def _encode_params(inner: torch.nn.Module) -> list[str]:
+    """The named parameters of the inner model's ``get_audio_features``, in order."""
+    encode = getattr(type(inner), "get_audio_features", None)
+    return list(param_names(inspect.unwrap(encode))) if callable(encode) else []
+
+
+def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, tuple[str, ...]] | None:
+    """``(features key, per-clip keys)``: the keys ``get_audio_features`` takes that the forward takes too (the
+    first one the features), or ``None`` where there are none."""
+    forward = forward_keys(model)
+    keys = [k for k in _encode_params(inner) if k in forward and k not in CONTROL_KEYS]
+    return (keys[0], tuple(keys[1:])) if keys else None
+
+
+def output_mask_key(model: torch.nn.Module, inner: torch.nn.Module) -> str | None:
+    """The forward's key that masks the encoder's output rows (its name extends the features' key, and
+    ``get_audio_features`` does not take it: Granite Speech's ``input_features_mask``), or ``None``."""
+    inputs = audio_inputs(model, inner)
+    if inputs is None:
+        return None
+    taken = set(_encode_params(inner))
+    return next((k for k in sorted(forward_keys(model)) if k.startswith(inputs[0] + "_") and k.endswith("mask")
+                 and k not in taken), None)
+
+
+def _frame_mask_key(item_keys: tuple[str, ...]) -> str | None:
+    """The per-clip key that marks the real frames (``feature_attention_mask``, ``input_features_mask``)."""
+    return next((k for k in item_keys if k.endswith("mask")), None)
 
 
 def _lengths_fn(inner: torch.nn.Module) -> Callable[[torch.Tensor], Any] | None:
-    """The audio tower's ``_get_feat_extract_output_lengths`` (frames -> feature rows), or ``None``."""
+    """The audio tower's ``_get_feat_extract_output_lengths`` (frames -> feature rows): its method, or its module's
+    function bound to the tower config's values of its other parameters (Qwen3-Omni's ``n_window``); ``None``."""
     for module in inner.modules():
         fn = getattr(module, "_get_feat_extract_output_lengths", None)
         if callable(fn) and module is not inner:
             return fn
+    for module in inner.modules():
+        fn = getattr(sys.modules.get(type(module).__module__), "_get_feat_extract_output_lengths", None)
+        config = getattr(module, "config", None)
+        if module is inner or not callable(fn) or config is None:
+            continue
+        extra = list(inspect.signature(fn).parameters)[1:]
+        if all(hasattr(config, n) for n in extra) and "Audio" in type(config).__name__:
+            return functools.partial(fn, **{n: getattr(config, n) for n in extra})
     return None
 
 
 def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality | None:
-    """The audio :class:`Modality` of a model whose ``get_audio_features`` takes ``input_features`` and their
-    ``feature_attention_mask`` and whose forward takes both, or ``None``."""
+    """The audio :class:`Modality` of a model with ``get_audio_features``, an audio placeholder and the features
+    among its forward's keys (module docstring), or ``None``."""
     encode = getattr(inner, "get_audio_features", None)
-    token = next((getattr(model.config, n) for n in ("audio_token_id", "audio_token_index")
-                  if isinstance(getattr(model.config, n, None), int)), None)
-    if not callable(encode) or token is None or _lengths_fn(inner) is None:
+    placeholder = token(model.config, *AUDIO_TOKENS)
+    inputs = audio_inputs(model, inner)
+    if not callable(encode) or placeholder is None or inputs is None:
         return None
-    params = set(inspect.signature(encode).parameters)
-    forward = set(inspect.signature(type(model).forward).parameters)
-    keys = {"input_features", "feature_attention_mask"}
-    if not keys <= params or not keys <= forward:
-        return None
-    return Modality("audio", token, "input_features", item_keys=("feature_attention_mask",), type_id=AUDIO_TYPE,
-                    padded=("input_features", "feature_attention_mask"))
+    features, item_keys = inputs
+    out_mask = output_mask_key(model, inner)
+    item_keys = item_keys + ((out_mask,) if out_mask else ())
+    if _frame_mask_key(item_keys) is not None and out_mask is None and _lengths_fn(inner) is None:
+        return None  # a frame mask but no rule to count a clip's rows before encoding it
+    return Modality("audio", placeholder, features, item_keys=item_keys, type_id=AUDIO_TYPE,
+                    padded=(features, *item_keys))
 
 
-def audio_counter(inner: torch.nn.Module) -> Callable[[str, Mapping[str, Any]], list[int]]:
-    """``count("audio", document) -> [placeholders of each audio]``: the audio tower's output lengths of each audio's
-    real frames (``feature_attention_mask.sum(-1)``); ``KeyError`` for another modality."""
-    lengths = _lengths_fn(inner)
+def audio_counter(model: torch.nn.Module, inner: torch.nn.Module
+                  ) -> Callable[[str, Mapping[str, Any]], list[int]] | None:
+    """``count("audio", document) -> [placeholders of each clip]`` (module docstring; ``KeyError`` for another
+    modality), or ``None`` where every clip has the same placeholders (no mask)."""
+    inputs = audio_inputs(model, inner)
+    if inputs is None:
+        return None
+    out_mask = output_mask_key(model, inner)
+    key = out_mask or _frame_mask_key(inputs[1])
+    if key is None:
+        return None
+    lengths = None if out_mask else _lengths_fn(inner)
 
     def count(name: str, ex: Mapping[str, Any]) -> list[int]:
         if name != "audio":
             raise KeyError(name)
-        mask = ex.get("feature_attention_mask")
+        mask = ex.get(key)
         if mask is None:
-            raise ValueError("an audio document needs its feature_attention_mask (the processor's, one row per "
-                             "audio): its placeholders are counted from the real frames")
-        frames = torch.as_tensor(mask).reshape(-1, torch.as_tensor(mask).shape[-1]).sum(-1).to(torch.int64)
-        out = lengths(frames)
+            raise ValueError(f"an audio document needs its {key} (the processor's, one row per clip): its "
+                             "placeholders are counted from it")
+        mask = torch.as_tensor(mask)
+        real = mask.reshape(-1, mask.shape[-1]).sum(-1).to(torch.int64)
+        if lengths is None:  # a mask of the output rows: its real rows are the placeholders
+            return [int(x) for x in real]
+        out = lengths(real)
         out = out[-1] if isinstance(out, tuple) else out  # (after the convolutions, after the pooling)
         return [int(x) for x in torch.as_tensor(out).reshape(-1)]
 
     return count
+
+
+def is_audio_lm(inner: torch.nn.Module | None) -> bool:
+    """Whether ``inner`` (:func:`~.structure.inner_vlm`) encodes audio only (``get_audio_features``, no
+    ``get_image_features``)."""
+    return inner is not None and callable(getattr(type(inner), "get_audio_features", None)) and \
+        not callable(getattr(type(inner), "get_image_features", None))
+
+
+def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
+    """The spec of an audio-language model (audio only: 1-D positions restarting per document).
+
+    Raises:
+        VisionRefusal: ``"no placeholder"`` (no audio token in the config) or ``"input not carried"`` (no
+            features key its forward and ``get_audio_features`` share, or a frame mask without a rule to count a
+            clip's rows).
+    """
+    family = model.config.model_type
+    if token(model.config, *AUDIO_TOKENS) is None:
+        raise VisionRefusal("no placeholder", (
+            f"{family}'s config has no audio_token_id / audio_token_index: no placeholder tokens mark where a clip's "
+            f"features go, so a packed row cannot keep each clip with its document; {fix(model)}"))
+    mod = audio_modality(model, inner)
+    if mod is None:
+        raise VisionRefusal("input not carried", (
+            f"{family}: its get_audio_features takes {', '.join(_encode_params(inner)) or 'nothing named'} and its "
+            "forward no features key of them with a rule to count each clip's rows; " + fix(model)))
+    count = audio_counter(model, inner)
+    layout = VisionLayout(family, (mod,), counted=("audio",) if count is not None else ())
+    return VisionSpec(layout, item_tokens=count)
+
+
+def _clip_frames(audio_config: Any) -> int:
+    """The frames of the smallest clip to ask the encoder about: a Whisper-like tower's fixed input
+    (``2 * max_source_positions``), else 100."""
+    most = getattr(audio_config, "max_source_positions", None)
+    return 2 * int(most) if isinstance(most, int) else 100
+
+
+def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.device, dtype: torch.dtype
+                       ) -> dict[str, Any]:
+    """``check_model``'s probe of an audio-language model: two text tokens around one clip's placeholders (as many
+    as its encoder returns rows for a clip of :func:`_clip_frames` frames).
+
+    Args:
+        model: the model; spec: its audio spec; device, dtype: of the features.
+
+    Returns:
+        ``model(**inputs)`` keyword arguments.
+
+    Shapes:
+        ``input_features [1, mel, frames]`` (``num_mel_bins`` of the audio config), masks ``[1, frames]``.
+    """
+    from .structure import inner_vlm
+
+    inner = inner_vlm(model)
+    audio = spec.layout.modalities[0]
+    config = getattr(model.config, "audio_config", None)
+    frames = _clip_frames(config)
+    mel = int(getattr(config, "num_mel_bins", None) or 80)
+    feats = torch.zeros(1, mel, frames, device=device, dtype=dtype)
+    extra = {k: torch.ones(1, frames, dtype=torch.int64, device=device) for k in audio.item_keys
+             if k.endswith("mask") and k != output_mask_key(model, inner)}
+    with torch.no_grad():
+        out = inner.get_audio_features(feats, **extra, return_dict=True)
+    rows = out.pooler_output if getattr(out, "pooler_output", None) is not None else out.last_hidden_state
+    n = int(rows.numel() // rows.shape[-1])
+    out_mask = output_mask_key(model, inner)
+    if out_mask is not None:
+        extra[out_mask] = torch.ones(1, int(rows.shape[-2]), dtype=torch.bool, device=device)
+    ids = torch.tensor([[1] + [audio.token_id] * n + [1]], device=device)
+    return {"input_ids": ids, audio.pixel_key: feats, **extra}

@@ -205,4 +205,4 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
     layout = VisionLayout(family, tuple(mods), merge=merge, counted=("audio",) if audio is not None else ())
     return VisionSpec(layout, rope_index=rope, token_type_key="mm_token_type_ids" if takes_types else None,
-                      item_tokens=audio_counter(inner) if audio is not None else None, document=document)
+                      item_tokens=audio_counter(model, inner) if audio is not None else None, document=document)

@@ -25,7 +25,17 @@ __all__ = ["prepare_vision", "select_rows"]
 logger = get_logger(__name__)
 _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features", "audio": "get_audio_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
-_AUDIO_FIELDS = ("last_hidden_state",)  # an audio encoder's rows (the omni thinkers merge its last_hidden_state)
+
+
+def _audio_fields(output: Any) -> tuple[str, ...]:
+    """The fields of an audio encoder's output that hold its rows: ``pooler_output`` (the projected rows
+    AudioFlamingo 3, Voxtral, ... merge), with ``last_hidden_state`` where that holds the same rows (the omni
+    thinkers merge it), else ``last_hidden_state``."""
+    pooled, last = getattr(output, "pooler_output", None), getattr(output, "last_hidden_state", None)
+    if pooled is None:
+        return ("last_hidden_state",)
+    same = torch.is_tensor(pooled) and torch.is_tensor(last) and last.shape == pooled.shape
+    return ("pooler_output", "last_hidden_state") if same else ("pooler_output",)
 
 
 def _select(value: Any, rows: torch.Tensor) -> Any:
@@ -71,8 +81,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         output: what ``get_image_features(..., return_dict=True)`` returned.
         rows: ``[n_local]`` rows of the concatenated per-item features, in local token order.
         items: ``[n_items]`` placeholders of every local item (checked against the output), or ``None``.
-        name: the modality (for the message; ``"audio"``: the ``last_hidden_state`` is cut, the rows an audio
-            encoder returns).
+        name: the modality (for the message; ``"audio"``: the fields of :func:`_audio_fields`).
         exchange: this rank's :class:`~.exchange.RowExchange` of the modality (rows encoded once elsewhere are
             received, after this rank's own, and its rows others need are sent), or ``None``.
 
@@ -82,7 +91,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     Raises:
         ValueError: the output's per-item counts differ from ``items``.
     """
-    fields = _AUDIO_FIELDS if name == "audio" else _SELECTED_FIELDS
+    fields = _audio_fields(output) if name == "audio" else _SELECTED_FIELDS
     if getattr(output, fields[0], None) is None and getattr(output, "last_hidden_state", None) is not None:
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
     if items is not None and getattr(output, fields[0], None) is not None:

@@ -75,12 +75,13 @@ def token(config: Any, *names: str) -> int | None:
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The module whose forward encodes the images and merges them (has ``get_image_features`` and a language model),
-    or ``None``."""
-    for m in (getattr(model, "model", None), model):
-        if m is not None and callable(getattr(type(m), "get_image_features", None)) and \
-                (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
-            return m
+    """The module whose forward encodes the images (or, for an audio-language model, the audio clips) and merges
+    them (has ``get_image_features`` / ``get_audio_features`` and a language model), or ``None``."""
+    for method in ("get_image_features", "get_audio_features"):
+        for m in (getattr(model, "model", None), model):
+            if m is not None and callable(getattr(type(m), method, None)) and \
+                    (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
+                return m
     return None
 
 

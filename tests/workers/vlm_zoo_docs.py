@@ -19,8 +19,11 @@ from typing import Any
 import torch
 
 from hf_hsap.examples import TINY_VLMS, vlm_documents
+from hf_hsap.multimodal.audio import is_audio_lm
 from hf_hsap.multimodal.cross import is_cross_attention_vlm
+from hf_hsap.multimodal.structure import inner_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
+from workers.vlm_zoo_audio import audio_documents
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
@@ -258,6 +261,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     if is_cross_attention_vlm(model):
         return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
+    if is_audio_lm(inner_vlm(model)):  # an audio-language model: one clip per document (vlm_zoo_audio)
+        return audio_documents(config, model, seed=seed, dtype=dtype)
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
