@@ -22,8 +22,9 @@ from ..log import get_logger, log_once
 __all__ = ["encoder_forward", "is_encoder_call", "is_encoder_config", "is_encoder_module"]
 
 logger = get_logger(__name__)
-_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer")  # Perceiver: a per-image resampler
-# (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features and its prompt
+_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer", "Encoder", "Adaptor")  # Perceiver: a
+# per-image resampler (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features and
+# its prompt; Encoder, Adaptor: the audio-language models' towers (VoxtralEncoderConfig, FunAsrNanoAdaptorConfig)
 
 
 def is_encoder_config(config: Any) -> bool:

@@ -17,6 +17,8 @@ knows them:
 - by the audio tower's own ``_get_feat_extract_output_lengths`` (a method, or its module's function with the tower
   config's arguments, e.g. ``n_window``) on the clip's real frames, where the encoder takes a frame mask;
 - by the output mask's real rows, where the forward masks the output;
+- by the document's runs of placeholders, one per clip, where the encoder takes a frame mask but the model names no
+  rule (GLM-ASR computes its rows inline);
 - else every clip has the same placeholders (fixed-length clips, e.g. Voxtral's 30-second chunks).
 
 Every forward checks the counts against the encoder (:func:`hf_hsap.multimodal.select.select_rows`).
@@ -34,8 +36,8 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
-__all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_spec", "is_audio_lm",
-           "output_mask_key"]
+__all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
+           "is_audio_lm", "output_mask_key", "placeholder_runs"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
@@ -84,7 +86,7 @@ def _lengths_fn(inner: torch.nn.Module) -> Callable[[torch.Tensor], Any] | None:
         if module is inner or not callable(fn) or config is None:
             continue
         extra = list(inspect.signature(fn).parameters)[1:]
-        if all(hasattr(config, n) for n in extra) and "Audio" in type(config).__name__:
+        if all(hasattr(config, n) for n in extra):  # the tower's config names them
             return functools.partial(fn, **{n: getattr(config, n) for n in extra})
     return None
 
@@ -100,10 +102,10 @@ def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality |
     features, item_keys = inputs
     out_mask = output_mask_key(model, inner)
     item_keys = item_keys + ((out_mask,) if out_mask else ())
-    if _frame_mask_key(item_keys) is not None and out_mask is None and _lengths_fn(inner) is None:
-        return None  # a frame mask but no rule to count a clip's rows before encoding it
-    return Modality("audio", placeholder, features, item_keys=item_keys, type_id=AUDIO_TYPE,
-                    padded=(features, *item_keys))
+    # an encoder without a frame mask attends to padded frames: a row's clips keep their own frames (not padded)
+    padded = (features, *item_keys) if _frame_mask_key(inputs[1]) is not None else tuple(k for k in item_keys
+                                                                                        if k == out_mask)
+    return Modality("audio", placeholder, features, item_keys=item_keys, type_id=AUDIO_TYPE, padded=padded)
 
 
 def audio_counter(model: torch.nn.Module, inner: torch.nn.Module
@@ -118,10 +120,13 @@ def audio_counter(model: torch.nn.Module, inner: torch.nn.Module
     if key is None:
         return None
     lengths = None if out_mask else _lengths_fn(inner)
+    placeholder = token(model.config, *AUDIO_TOKENS)
 
     def count(name: str, ex: Mapping[str, Any]) -> list[int]:
         if name != "audio":
             raise KeyError(name)
+        if not out_mask and lengths is None:  # no named rule: the document's placeholder runs, one per clip
+            return placeholder_runs(ex["input_ids"], placeholder)
         mask = ex.get(key)
         if mask is None:
             raise ValueError(f"an audio document needs its {key} (the processor's, one row per clip): its "
@@ -137,6 +142,17 @@ def audio_counter(model: torch.nn.Module, inner: torch.nn.Module
     return count
 
 
+def placeholder_runs(ids: Any, placeholder: int) -> list[int]:
+    """The lengths of the runs of ``placeholder`` in one document's ``ids`` (one run per clip, in order: how its
+    processor marked each clip, where the model names no rule to count a clip's rows before encoding it; every
+    forward still checks the encoder's rows against them)."""
+    flag = torch.as_tensor(ids).reshape(-1) == placeholder
+    zero = torch.zeros(1, dtype=torch.int8)
+    edges = torch.diff(torch.cat([zero, flag.to(torch.int8), zero]))
+    starts, ends = torch.nonzero(edges == 1).reshape(-1), torch.nonzero(edges == -1).reshape(-1)
+    return [int(x) for x in ends - starts]
+
+
 def is_audio_lm(inner: torch.nn.Module | None) -> bool:
     """Whether ``inner`` (:func:`~.structure.inner_vlm`) encodes audio only (``get_audio_features``, no
     ``get_image_features``)."""
@@ -149,19 +165,24 @@ def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
 
     Raises:
         VisionRefusal: ``"no placeholder"`` (no audio token in the config) or ``"input not carried"`` (no
-            features key its forward and ``get_audio_features`` share, or a frame mask without a rule to count a
-            clip's rows).
+            features key its forward and ``get_audio_features`` share, or an encoder that reads the text's tokens).
     """
     family = model.config.model_type
     if token(model.config, *AUDIO_TOKENS) is None:
         raise VisionRefusal("no placeholder", (
             f"{family}'s config has no audio_token_id / audio_token_index: no placeholder tokens mark where a clip's "
             f"features go, so a packed row cannot keep each clip with its document; {fix(model)}"))
+    text = [k for k in _encode_params(inner) if k in ("input_ids", "attention_mask", "position_ids")]
+    if text:  # MusicFlamingo: each clip's time stamps from the placeholder runs of the whole row's input_ids
+        raise VisionRefusal("input not carried", (
+            f"{family}: its get_audio_features takes the text's {', '.join(text)} (it reads the clips' placeholder "
+            "runs in them), of which an SP rank holds only its own part, so a clip's features would depend on how "
+            "the row is cut; " + fix(model)))
     mod = audio_modality(model, inner)
     if mod is None:
         raise VisionRefusal("input not carried", (
-            f"{family}: its get_audio_features takes {', '.join(_encode_params(inner)) or 'nothing named'} and its "
-            "forward no features key of them with a rule to count each clip's rows; " + fix(model)))
+            f"{family}: its get_audio_features takes {', '.join(_encode_params(inner)) or 'no named input'}, none of "
+            "which its forward takes, so a packed row has no features key to carry per clip; " + fix(model)))
     count = audio_counter(model, inner)
     layout = VisionLayout(family, (mod,), counted=("audio",) if count is not None else ())
     return VisionSpec(layout, item_tokens=count)

@@ -16,6 +16,7 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
+from .audio import output_mask_key
 from .exchange import exchange_rows
 from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
@@ -113,8 +114,10 @@ class _Rows:
             pixels must say where the images are (``hsap_blocks`` from ``shard_batch``, or ``token_type_ids``).
     """
 
-    def __init__(self, family: str, image_blocks: bool) -> None:
+    def __init__(self, family: str, image_blocks: bool, out_mask_key: str | None = None) -> None:
         self.rows: dict[str, torch.Tensor] | None = None
+        self.out_mask_key = out_mask_key  # the forward's mask of the audio encoder's output rows (Granite Speech)
+        self.out_mask: torch.Tensor | None = None  # this forward's: applied to the encoder's rows before the cut
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
         self.family, self.image_blocks = family, image_blocks
 
@@ -128,10 +131,13 @@ class _Rows:
         rows = kwargs.pop(ROWS_KEY, None)
         if rows is not None:
             self.rows = rows
+            if self.out_mask_key is not None and kwargs.get(self.out_mask_key) is not None:
+                self.out_mask = kwargs.pop(self.out_mask_key)  # applied here, before the rows are cut
         return args, kwargs
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.rows = None
+        self.out_mask = None
 
 
 def _spec_or_none(model: torch.nn.Module) -> Any:
@@ -153,6 +159,8 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         finally:
             state.inside = False
         rows = None if state.rows is None else state.rows.get(name)
+        if rows is not None and name == "audio" and state.out_mask is not None:  # the rows the forward would keep
+            out.pooler_output = out.pooler_output[state.out_mask.to(out.pooler_output.device).bool()]
         return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
                                                     state.rows.get(exchange_key(name)))
     return features
@@ -175,7 +183,8 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
         return True
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
-    state = _Rows(family, spec is not None and spec.layout.image_blocks)
+    state = _Rows(family, spec is not None and spec.layout.image_blocks,
+                  output_mask_key(model, inner) if callable(getattr(inner, "get_audio_features", None)) else None)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))

@@ -4,9 +4,11 @@ the omni thinkers, as a processor would give them.
 A clip is ``input_features`` of its family's layout (``[1, mel, frames]``, or ``[1, frames, features]``) with, where
 the model takes one, the mask of its real frames (``feature_attention_mask`` / ``input_features_mask [1, frames]``;
 the frames past the real ones zero), or, where the forward masks the encoder's output rows (Granite Speech), that
-output mask ``[1, rows]``. A Whisper-like tower takes a fixed number of frames (``2 * max_source_positions``, the
-processor's 30 seconds): every clip has that many, its real frames fewer. Each clip's placeholders are as many as
-the rows the model's own ``get_audio_features`` returns for it alone (what its processor inserts).
+output mask ``[1, rows]`` (the rows of its real frames). A tower without a frame mask attends to the padding, so its
+clips are padded alike (to the longest, as its processor pads a batch; the collator does not pad them); a
+Whisper-like tower takes a fixed number of frames (``2 * max_source_positions``, the processor's 30 seconds), Qwen3's
+whole chunks of ``2 * n_window``: every clip has that many, its real frames fewer. Each clip's placeholders are as
+many as the rows the model's own ``get_audio_features`` returns for it alone (what its processor inserts).
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
     mel = int(getattr(audio, "num_mel_bins", None) or getattr(audio, "input_dim", None) or 16)
     most = getattr(audio, "max_source_positions", None)
     fixed = 2 * int(most) if isinstance(most, int) else None
+    window = getattr(audio, "n_window", None)  # Qwen3's tower: frames in whole chunks of 2 * n_window
+    chunk = 2 * int(window) if isinstance(window, int) else None
 
     def make(layout: str, length: Callable[[int], int]) -> Clip:
         def clip(real: int, g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
@@ -72,13 +76,18 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
             with torch.no_grad():
                 got = _rows(inner.get_audio_features(feats.to(model.dtype), **{k: v for k, v in keys.items()
                                                                                if k != features}, return_dict=True))
-            if out_mask is not None:  # every output row of the clip alone is real
-                keys[out_mask] = torch.ones(1, got.shape[-2], dtype=torch.bool)
+            if out_mask is not None:  # the output rows of its real frames (the rest: padding the forward drops)
+                rows = int(got.shape[-2])
+                keys[out_mask] = torch.arange(rows)[None] < -(-rows * real // n)
+                return keys, int(keys[out_mask].sum())
             return keys, int(got.numel() // got.shape[-1])
         return clip
 
+    if frame_mask is None and fixed is None and frames is None:  # an encoder without a frame mask attends to the
+        frames = max(s[1] for s in AUDIO_SHAPES)  # padding: every clip padded to the batch's longest, as in a batch
     lengths = [(f"{frames} frames", lambda real: frames)] if frames is not None else \
-        [("its real frames", lambda real: real)] + ([(f"{fixed} frames", lambda real: fixed)] if fixed else [])
+        [("its real frames", lambda real: real)] + ([(f"{fixed} frames", lambda real: fixed)] if fixed else []) + \
+        ([(f"whole chunks of {chunk} frames", lambda real: -(-real // chunk) * chunk)] if chunk else [])
     errors = []
     for layout in ("mel", "frames"):
         for name, length in lengths:

@@ -97,7 +97,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # the omni thinkers' rope index finds each image after its vision start token, which their checkpoints' configs
     # name (vision_start_token_id) and the config class's defaults leave out
     "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},
-    "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89,
+                               "audio_config": {"n_window": 50}},
+    # audio-text: Qwen3's audio tower counts 13 rows per full chunk of 2 * n_window frames (its default, 50), and
+    # Voxtral / GLM-ASR merge 4 encoder frames into one projector input (intermediate_size = 4 x the tower's width)
+    "qwen3_asr": {"audio_config": {"n_window": 50}},
+    "voxtral": {"audio_config": {"intermediate_size": 128}},
+    "voxtral_realtime": {"audio_config": {"intermediate_size": 128}},
+    "glmasr": {"audio_config": {"intermediate_size": 128}},
+    "fun_asr_nano": {"adaptor_config": {"hidden_size": 64, "intermediate_size": 16}},  # its output: the text width
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "

@@ -1,0 +1,76 @@
+"""Audio-language families (``hf_hsap.multimodal.audio``) on packed rows: what the model tells the spec.
+
+Through the multimodal zoo's harness (``tests/workers/vlm_zoo*.py``: float64, logits and every parameter gradient
+against each document alone, 4 documents of one audio clip each), each way of counting a clip's placeholders once, at
+sp1 and in one SP 2 mode that splits a clip across the ranks: AudioFlamingo 3 (the tower's own
+``_get_feat_extract_output_lengths`` on the real frames of ``input_features_mask``), Voxtral (fixed-length clips, no
+mask: the same placeholders per clip), GLM-ASR (a frame mask and rows computed inline: the document's placeholder
+runs) and Granite Speech (the forward masks the encoder's output rows: applied before the cut). Without a run: which
+families the rule takes, the placeholder runs, and the refusals.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_hsap.multimodal import VisionRefusal, vision_spec
+from hf_hsap.multimodal.audio import placeholder_runs
+
+from workers import vlm_zoo_configs as VC
+from workers import vlm_zoo_docs as VD
+from workers import vlm_zoo_run
+
+
+@pytest.fixture(scope="module")
+def vlm_pools(pools):
+    """The harness's pool manager over the session's pool of 2 ranks (SP 2 without DP)."""
+    manager = vlm_zoo_run.PoolManager(world=2, pools=pools)
+    yield manager
+    manager.close()
+
+
+def test_audio_families_are_the_causal_lms_with_an_audio_encoder() -> None:
+    families = VC.audio_families()
+    assert {"audioflamingo3", "voxtral", "granite_speech", "glmasr", "qwen3_asr"} <= set(families)
+    assert not {"whisper", "speech_to_text", "speecht5", "qwen2_audio"} & set(families)  # no get_audio_features
+    assert not set(families) & set(VC.vision_families())  # the omni thinkers run with their images
+    assert VC.families() == VC.vision_families() + families
+
+
+# each way of counting a clip's placeholders, with the SP 2 mode whose plan splits a clip across the two ranks
+AUDIO = [("audioflamingo3", "sp2_u1"), ("voxtral", "sp2_u2"), ("glmasr", "sp2_u1"), ("granite_speech", "sp2_u2")]
+
+
+@pytest.mark.parametrize("family,mode", AUDIO)
+def test_audio_family_is_exact_at_sp1_and_sp2(family: str, mode: str, vlm_pools) -> None:
+    config = VC.tiny_config(family)
+    model = VC.build_model(config, "sdpa", torch.float64)
+    spec = vision_spec(model)
+    assert [m.name for m in spec.layout.modalities] == ["audio"]
+    docs = VD.documents(config, model)
+    counts = [len(d["input_ids"]) for d in docs]
+    assert len(docs) == 4 and len(set(counts)) == 4
+    rec = vlm_zoo_run.run_family(family, vlm_pools, modes=("sp1", mode))
+    assert rec["status"] == "run" and rec["spec"] == {"outcome": "accepted"}, rec.get("spec")
+    assert rec["section"] == "audio-text"
+    assert set(rec["results"]) == {"sp1", mode}
+    for m, res in rec["results"].items():
+        assert res["outcome"] == "exact", (m, res)
+        assert max(res["err"]["logits"], res["err"]["loss"], res["err"]["grads"]) <= rec["tol"]
+    assert rec["results"][mode]["split"] == 2  # both ranks hold part of one clip
+
+
+def test_placeholder_runs_count_each_clip() -> None:
+    a, t = 7, 1
+    assert placeholder_runs(torch.tensor([t, a, a, a, t, t, a, a, t]), a) == [3, 2]
+    assert placeholder_runs(torch.tensor([a, a, t, a]), a) == [2, 1]
+    assert placeholder_runs(torch.tensor([t, t]), a) == []
+
+
+def test_audio_model_without_a_placeholder_is_refused() -> None:
+    config = VC.tiny_config("audioflamingo3")
+    config.audio_token_id = None
+    model = VC.build_model(config, "sdpa")
+    with pytest.raises(VisionRefusal, match="no audio_token_id / audio_token_index.*one document per row") as e:
+        vision_spec(model)
+    assert e.value.kind == "no placeholder"
