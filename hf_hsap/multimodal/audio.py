@@ -102,10 +102,50 @@ def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality |
     features, item_keys = inputs
     out_mask = output_mask_key(model, inner)
     item_keys = item_keys + ((out_mask,) if out_mask else ())
-    # an encoder without a frame mask attends to padded frames: a row's clips keep their own frames (not padded)
-    padded = (features, *item_keys) if _frame_mask_key(inputs[1]) is not None else tuple(k for k in item_keys
-                                                                                        if k == out_mask)
+    # an encoder that attends to padded frames (no frame mask, or one it does not pass to its tower): a row's clips
+    # keep their own frames (not padded)
+    frame_mask = _frame_mask_key(inputs[1])
+    masked = frame_mask is not None and _ignores_padding(model, inner, features, frame_mask)
+    padded = (features, *item_keys) if masked else tuple(k for k in item_keys if k == out_mask)
     return Modality("audio", placeholder, features, item_keys=item_keys, type_id=AUDIO_TYPE, padded=padded)
+
+
+def _ignores_padding(model: torch.nn.Module, inner: torch.nn.Module, features: str, mask_key: str) -> bool:
+    """Whether the encoder's rows of a clip ignore zero frames padded after it, as the collator pads a row's clips to
+    its longest (asked: one clip of :func:`_clip_frames` frames, its second half masked, and the same clip padded
+    with as many zero frames again). ``True`` on the meta device (not asked) or where the encoder takes no longer
+    clip (a fixed-length tower: every clip has its frames). GLM-ASR takes the frame mask but only counts rows with
+    it: its tower attends to the padding."""
+    param = next((p for p in inner.parameters() if p.is_floating_point()), None)
+    if param is None or param.is_meta:
+        return True
+    config = getattr(model.config, "audio_config", None)
+    frames = _clip_frames(config)
+    mel = int(getattr(config, "num_mel_bins", None) or 80)
+    real = (torch.arange(frames) < frames // 2).to(torch.int64)[None]
+    clip = torch.randn(1, mel, frames, generator=torch.Generator().manual_seed(0)) * real[:, None]
+    devices = [param.device] if param.device.type == "cuda" else []
+    rows = []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
+            for pad in (0, frames):
+                torch.manual_seed(0)  # the same dropout draws (a model in train mode) for both
+                given = torch.nn.functional.pad(clip, (0, pad)).to(param.device, param.dtype)
+                mask = torch.nn.functional.pad(real, (0, pad)).to(param.device)
+                rows.append(_audio_rows(inner.get_audio_features(**{features: given, mask_key: mask},
+                                                                 return_dict=True)))
+    except Exception:  # noqa: BLE001 - no longer clip: a fixed-length tower (its clips are never padded)
+        return True
+    if rows[0].shape != rows[1].shape:
+        return False
+    scale = float(rows[0].abs().max()) or 1.0  # equal up to the kernels' rounding (another length, another kernel)
+    return float((rows[0] - rows[1]).abs().max()) <= 1e-3 * scale
+
+
+def _audio_rows(out: Any) -> torch.Tensor:
+    """The rows an audio encoder's output hands the text model (``pooler_output``, else ``last_hidden_state``)."""
+    pooled = getattr(out, "pooler_output", None)
+    return pooled if pooled is not None else out.last_hidden_state
 
 
 def audio_counter(model: torch.nn.Module, inner: torch.nn.Module
@@ -189,10 +229,13 @@ def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
 
 
 def _clip_frames(audio_config: Any) -> int:
-    """The frames of the smallest clip to ask the encoder about: a Whisper-like tower's fixed input
-    (``2 * max_source_positions``), else 100."""
-    most = getattr(audio_config, "max_source_positions", None)
-    return 2 * int(most) if isinstance(most, int) else 100
+    """The frames of a clip to ask the encoder about: one chunk of Qwen3's tower (``2 * n_window``), a Whisper-like
+    tower's fixed input (``2 * max_source_positions``), else 128."""
+    for name in ("n_window", "max_source_positions"):
+        value = getattr(audio_config, name, None)
+        if isinstance(value, int):
+            return 2 * value
+    return 128
 
 
 def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.device, dtype: torch.dtype
@@ -221,7 +264,7 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
              if k.endswith("mask") and k != output_mask_key(model, inner)}
     with torch.no_grad():
         out = inner.get_audio_features(feats, **extra, return_dict=True)
-    rows = out.pooler_output if getattr(out, "pooler_output", None) is not None else out.last_hidden_state
+    rows = _audio_rows(out)
     n = int(rows.numel() // rows.shape[-1])
     out_mask = output_mask_key(model, inner)
     if out_mask is not None:

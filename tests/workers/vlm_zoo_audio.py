@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hf_hsap.multimodal.audio import audio_inputs, output_mask_key
+from hf_hsap.multimodal.audio import audio_inputs, audio_modality, output_mask_key
 from hf_hsap.multimodal.structure import inner_vlm, token
 from workers.vlm_zoo_configs import NotBuildable, first_line
 
@@ -83,8 +83,9 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
             return keys, int(got.numel() // got.shape[-1])
         return clip
 
-    if frame_mask is None and fixed is None and frames is None:  # an encoder without a frame mask attends to the
-        frames = max(s[1] for s in AUDIO_SHAPES)  # padding: every clip padded to the batch's longest, as in a batch
+    mod = audio_modality(model, inner)
+    if features not in mod.padded and fixed is None and frames is None:  # an encoder that attends to the padding:
+        frames = max(s[1] for s in AUDIO_SHAPES)  # every clip padded to the batch's longest, as in a batch
     lengths = [(f"{frames} frames", lambda real: frames)] if frames is not None else \
         [("its real frames", lambda real: real)] + ([(f"{fixed} frames", lambda real: fixed)] if fixed else []) + \
         ([(f"whole chunks of {chunk} frames", lambda real: -(-real // chunk) * chunk)] if chunk else [])

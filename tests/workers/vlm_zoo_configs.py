@@ -106,6 +106,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "voxtral_realtime": {"audio_config": {"intermediate_size": 128}},
     "glmasr": {"audio_config": {"intermediate_size": 128}},
     "fun_asr_nano": {"adaptor_config": {"hidden_size": 64, "intermediate_size": 16}},  # its output: the text width
+    # Granite Speech's Q-Former projector cross-attends to the conformer's rows (hidden_dim 32)
+    "granite_speech": {"projector_config": {"encoder_hidden_size": 32}},
+    "granite_speech_plus": {"projector_config": {"encoder_hidden_size": 32}},
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "
