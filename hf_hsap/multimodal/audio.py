@@ -37,7 +37,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
 __all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
-           "is_audio_lm", "output_mask_key", "placeholder_runs"]
+           "batch_statistics", "encode_per_clip", "is_audio_lm", "output_mask_key", "placeholder_runs"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
@@ -250,20 +250,29 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
         ``model(**inputs)`` keyword arguments.
 
     Shapes:
-        ``input_features [1, mel, frames]`` (``num_mel_bins`` of the audio config), masks ``[1, frames]``.
+        ``input_features [1, mel, frames]`` or ``[1, frames, mel]`` (``num_mel_bins`` / ``input_dim`` of the audio
+        config), masks ``[1, frames]``.
     """
     from .structure import inner_vlm
 
     inner = inner_vlm(model)
     audio = spec.layout.modalities[0]
-    config = getattr(model.config, "audio_config", None)
+    config = getattr(model.config, "audio_config", None) or getattr(model.config, "encoder_config", None)
     frames = _clip_frames(config)
-    mel = int(getattr(config, "num_mel_bins", None) or 80)
-    feats = torch.zeros(1, mel, frames, device=device, dtype=dtype)
+    mel = int(getattr(config, "num_mel_bins", None) or getattr(config, "input_dim", None) or 80)
     extra = {k: torch.ones(1, frames, dtype=torch.int64, device=device) for k in audio.item_keys
              if k.endswith("mask") and k != output_mask_key(model, inner)}
-    with torch.no_grad():
-        out = inner.get_audio_features(feats, **extra, return_dict=True)
+    error: Exception | None = None
+    for shape in ((1, mel, frames), (1, frames, mel)):  # mel bins first (Whisper-like), or frames first (Granite)
+        feats = torch.zeros(*shape, device=device, dtype=dtype)
+        try:
+            with torch.no_grad():
+                out = inner.get_audio_features(feats, **extra, return_dict=True)
+            break
+        except Exception as e:  # noqa: BLE001 - the other layout
+            error = e
+    else:
+        raise error
     rows = _audio_rows(out)
     n = int(rows.numel() // rows.shape[-1])
     out_mask = output_mask_key(model, inner)
@@ -271,3 +280,39 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
         extra[out_mask] = torch.ones(1, int(rows.shape[-2]), dtype=torch.bool, device=device)
     ids = torch.tensor([[1] + [audio.token_id] * n + [1]], device=device)
     return {"input_ids": ids, audio.pixel_key: feats, **extra}
+
+
+def batch_statistics(inner: torch.nn.Module) -> bool:
+    """Whether the audio encoder normalizes over its batch (a ``BatchNorm`` outside the language model: Granite
+    Speech's conformer), so that a clip's features depend on the clips encoded with it in training mode."""
+    text = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
+    inside = {id(m) for m in text.modules()} if isinstance(text, torch.nn.Module) else set()
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and id(m) not in inside for m in inner.modules())
+
+
+def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``method(*args, **kwargs)`` (``get_audio_features`` of a row's clips) one clip at a time, as each document
+    alone encodes its clip, the outputs' per-clip fields concatenated along the clips.
+
+    Args:
+        method: the encoder; args, kwargs: its call, the features first (``[clips, ...]``); every tensor with as
+            many entries along its first axis is split per clip, the rest passed whole.
+
+    Returns:
+        The first clip's output object with every tensor field the concatenation of the clips'.
+    """
+    feats = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
+    n = int(feats.shape[0])
+    if n <= 1:
+        return method(*args, **kwargs)
+
+    def part(value: Any, i: int) -> Any:
+        return value[i:i + 1] if torch.is_tensor(value) and value.dim() and value.shape[0] == n else value
+
+    outs = [method(*(part(a, i) for a in args), **{k: part(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    first = outs[0]
+    for key in list(first.keys()):
+        values = [o[key] for o in outs]
+        if all(torch.is_tensor(v) for v in values):
+            first[key] = torch.cat(values, dim=0)
+    return first

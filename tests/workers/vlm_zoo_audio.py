@@ -26,6 +26,7 @@ __all__ = ["AUDIO_SHAPES", "audio_documents", "clip_maker"]
 # per document (text before, real frames of its clip, text after): a long clip that SP splits, and shorter ones
 AUDIO_SHAPES = [(5, 96, 4), (3, 40, 6), (2, 64, 3), (4, 24, 5)]
 
+HOP = 160  # raw audio samples per frame (the Whisper feature extractor's hop length)
 Clip = Callable[[int, torch.Generator, torch.dtype], tuple[dict[str, Any], int]]
 
 
@@ -56,7 +57,8 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
     out_mask = output_mask_key(model, inner)
     frame_mask = next((k for k in item_keys if k.endswith("mask")), None)
     audio = getattr(config, "audio_config", None) or getattr(config, "encoder_config", None)
-    mel = int(getattr(audio, "num_mel_bins", None) or getattr(audio, "input_dim", None) or 16)
+    mel = int(getattr(audio, "input_size", None) or getattr(audio, "num_mel_bins", None)  # FunASR: stacked frames
+              or getattr(audio, "input_dim", None) or 16)
     most = getattr(audio, "max_source_positions", None)
     fixed = 2 * int(most) if isinstance(most, int) else None
     window = getattr(audio, "n_window", None)  # Qwen3's tower: frames in whole chunks of 2 * n_window
@@ -73,6 +75,9 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
             keys: dict[str, Any] = {features: feats}
             if frame_mask is not None:
                 keys[frame_mask] = mask
+            for key in item_keys:  # a mask of the raw samples (MOSS's padding_mask): the real frames' (hop 160)
+                if key.endswith("mask") and key != frame_mask:
+                    keys[key] = torch.ones(1, real * HOP, dtype=torch.int64)
             with torch.no_grad():
                 got = _rows(inner.get_audio_features(feats.to(model.dtype), **{k: v for k, v in keys.items()
                                                                                if k != features}, return_dict=True))

@@ -109,6 +109,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Granite Speech's Q-Former projector cross-attends to the conformer's rows (hidden_dim 32)
     "granite_speech": {"projector_config": {"encoder_hidden_size": 32}},
     "granite_speech_plus": {"projector_config": {"encoder_hidden_size": 32}},
+    "nemo_speechlm": {"word_timestamp_config": {"blank_token_id": 31}},  # the last of its 32 tiny classes
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "
