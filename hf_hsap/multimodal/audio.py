@@ -50,11 +50,18 @@ def _encode_params(inner: torch.nn.Module) -> list[str]:
 
 
 def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, tuple[str, ...]] | None:
-    """``(features key, per-clip keys)``: the keys ``get_audio_features`` takes that the forward takes too (the
-    first one the features), or ``None`` where there are none."""
+    """``(features key, per-clip keys)``: the keys ``get_audio_features`` takes that the forward takes too, the first
+    one the features, then the masks and the keys it requires (an optional one that is not a mask, e.g. the omni
+    thinkers' ``audio_feature_lengths``, is another way to give what the mask gives: not carried); ``None`` where
+    there are none."""
     forward = forward_keys(model)
-    keys = [k for k in _encode_params(inner) if k in forward and k not in CONTROL_KEYS]
-    return (keys[0], tuple(keys[1:])) if keys else None
+    encode = getattr(type(inner), "get_audio_features", None)
+    params = param_names(inspect.unwrap(encode)) if callable(encode) else {}
+    keys = [k for k in params if k in forward and k not in CONTROL_KEYS]
+    if not keys:
+        return None
+    items = tuple(k for k in keys[1:] if k.endswith("mask") or params[k].default is inspect.Parameter.empty)
+    return keys[0], items
 
 
 def output_mask_key(model: torch.nn.Module, inner: torch.nn.Module) -> str | None:

@@ -5,8 +5,9 @@ against each document alone, 4 documents of one audio clip each), each way of co
 sp1 and in one SP 2 mode that splits a clip across the ranks: AudioFlamingo 3 (the tower's own
 ``_get_feat_extract_output_lengths`` on the real frames of ``input_features_mask``), Voxtral (fixed-length clips, no
 mask: the same placeholders per clip), GLM-ASR (a frame mask and rows computed inline: the document's placeholder
-runs) and Granite Speech (the forward masks the encoder's output rows: applied before the cut). Without a run: which
-families the rule takes, the placeholder runs, and the refusals.
+runs) and Granite Speech (the forward masks the encoder's output rows: applied before the cut; its conformer's
+BatchNorm: each clip encoded alone). Without a run: which families the rule takes, the placeholder runs, and the
+refusals.
 """
 from __future__ import annotations
 
@@ -67,10 +68,14 @@ def test_placeholder_runs_count_each_clip() -> None:
     assert placeholder_runs(torch.tensor([t, t]), a) == []
 
 
-def test_audio_model_without_a_placeholder_is_refused() -> None:
-    config = VC.tiny_config("audioflamingo3")
-    config.audio_token_id = None
-    model = VC.build_model(config, "sdpa")
-    with pytest.raises(VisionRefusal, match="no audio_token_id / audio_token_index.*one document per row") as e:
+@pytest.mark.parametrize("family,kind,words", [
+    # Voxtral Realtime adds its audio rows to every text position (streaming), with no placeholder to fill
+    ("voxtral_realtime", "no placeholder", "no audio_token_id / audio_token_index"),
+    # MusicFlamingo's encoder time-stamps each clip from the placeholder runs of the whole row's input_ids
+    ("musicflamingo", "input not carried", "takes the text's input_ids")])
+def test_audio_family_refusal_names_its_structure(family: str, kind: str, words: str) -> None:
+    model = VC.build_model(VC.tiny_config(family), "sdpa")
+    with pytest.raises(VisionRefusal, match=words) as e:
         vision_spec(model)
-    assert e.value.kind == "no placeholder"
+    assert e.value.kind == kind
+    assert "one document per row" in str(e.value)

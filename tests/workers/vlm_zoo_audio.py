@@ -1,7 +1,8 @@
 """Audio clips and documents of the multimodal zoo's audio-language models (``vlm_zoo_configs.audio_families``) and of
 the omni thinkers, as a processor would give them.
 
-A clip is ``input_features`` of its family's layout (``[1, mel, frames]``, or ``[1, frames, features]``) with, where
+A clip is ``input_features`` of its family's layout (``[1, mel, frames]``, ``[1, frames, features]``, or a waveform
+``input_values [1, samples]`` of 160 samples a frame) with, where
 the model takes one, the mask of its real frames (``feature_attention_mask`` / ``input_features_mask [1, frames]``;
 the frames past the real ones zero), or, where the forward masks the encoder's output rows (Granite Speech), that
 output mask ``[1, rows]`` (the rows of its real frames). A tower without a frame mask attends to the padding, so its
@@ -12,12 +13,13 @@ many as the rows the model's own ``get_audio_features`` returns for it alone (wh
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from hf_hsap.multimodal.audio import audio_inputs, audio_modality, output_mask_key
+from hf_hsap.multimodal.audio import audio_counter, audio_inputs, audio_modality, output_mask_key
 from hf_hsap.multimodal.structure import inner_vlm, token
 from workers.vlm_zoo_configs import NotBuildable, first_line
 
@@ -66,21 +68,26 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
 
     def make(layout: str, length: Callable[[int], int]) -> Clip:
         def clip(real: int, g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
-            n = length(real)
+            n, real = length(real), real
+            if layout == "raw":  # a waveform: HOP samples per frame
+                n, real = n * HOP, real * HOP
             mask = torch.zeros(1, n, dtype=torch.int64)
             mask[:, :real] = 1
-            shape = (1, mel, n) if layout == "mel" else (1, n, mel)
+            shape = {"mel": (1, mel, n), "frames": (1, n, mel), "raw": (1, n)}[layout]
             feats = torch.randn(*shape, generator=g, dtype=dtype)
-            feats = feats * (mask[:, None] if layout == "mel" else mask[..., None])
+            feats = feats * (mask[:, None] if layout == "mel" else mask[..., None] if layout == "frames" else mask)
             keys: dict[str, Any] = {features: feats}
             if frame_mask is not None:
                 keys[frame_mask] = mask
             for key in item_keys:  # a mask of the raw samples (MOSS's padding_mask): the real frames' (hop 160)
                 if key.endswith("mask") and key != frame_mask:
                     keys[key] = torch.ones(1, real * HOP, dtype=torch.int64)
+            extra = {k: v for k, v in keys.items() if k != features}
+            if takes_ids:  # MusicFlamingo's encoder reads the clip's placeholder run (counted by the tower's rule)
+                n_ids = count("audio", keys)[0]
+                extra["input_ids"] = torch.full((1, n_ids), token(config, "audio_token_id", "audio_token_index"))
             with torch.no_grad():
-                got = _rows(inner.get_audio_features(feats.to(model.dtype), **{k: v for k, v in keys.items()
-                                                                               if k != features}, return_dict=True))
+                got = _rows(inner.get_audio_features(feats.to(model.dtype), **extra, return_dict=True))
             if out_mask is not None:  # the output rows of its real frames (the rest: padding the forward drops)
                 rows = int(got.shape[-2])
                 keys[out_mask] = torch.arange(rows)[None] < -(-rows * real // n)
@@ -89,13 +96,17 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
         return clip
 
     mod = audio_modality(model, inner)
+    if mod is None:
+        raise NotBuildable("the config has no audio_token_id / audio_token_index (no placeholder to insert)")
+    takes_ids = "input_ids" in inspect.signature(inspect.unwrap(type(inner).get_audio_features)).parameters
+    count = audio_counter(model, inner)
     if features not in mod.padded and fixed is None and frames is None:  # an encoder that attends to the padding:
         frames = max(s[1] for s in AUDIO_SHAPES)  # every clip padded to the batch's longest, as in a batch
     lengths = [(f"{frames} frames", lambda real: frames)] if frames is not None else \
         [("its real frames", lambda real: real)] + ([(f"{fixed} frames", lambda real: fixed)] if fixed else []) + \
         ([(f"whole chunks of {chunk} frames", lambda real: -(-real // chunk) * chunk)] if chunk else [])
     errors = []
-    for layout in ("mel", "frames"):
+    for layout in ("mel", "frames", "raw"):
         for name, length in lengths:
             clip = make(layout, length)
             try:

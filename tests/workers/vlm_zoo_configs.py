@@ -110,6 +110,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granite_speech": {"projector_config": {"encoder_hidden_size": 32}},
     "granite_speech_plus": {"projector_config": {"encoder_hidden_size": 32}},
     "nemo_speechlm": {"word_timestamp_config": {"blank_token_id": 31}},  # the last of its 32 tiny classes
+    "omniasr": {"audio_config": {"conv_dim": [32] * 7}},  # its raw-audio feature encoder's channels
+    # VibeVoice's two raw-audio tokenizer encoders: one block per stage, 8 filters (doubled per stage)
+    "vibevoice_asr": {f"{kind}_tokenizer_encoder_config": {"depths": [1] * 7, "num_filters": 4}
+                      for kind in ("semantic", "acoustic")},
 }
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "
