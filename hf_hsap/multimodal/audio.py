@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ from ..data.vision import Modality, VisionLayout, VisionSpec
 from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
 __all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
-           "batch_statistics", "encode_per_clip", "is_audio_lm", "output_mask_key", "placeholder_runs"]
+           "encode_per_clip", "is_audio_lm", "output_mask_key", "placeholder_runs"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
@@ -117,36 +118,62 @@ def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality |
     return Modality("audio", placeholder, features, item_keys=item_keys, type_id=AUDIO_TYPE, padded=padded)
 
 
+_ASKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> whether its encoder ignores padding
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and values up to the kernels' rounding (another length or batch, another kernel)."""
+    if a.shape != b.shape:
+        return False
+    scale = float(a.abs().max()) if a.numel() else 1.0
+    return float((a - b).abs().max()) <= 1e-3 * (scale or 1.0)
+
+
 def _ignores_padding(model: torch.nn.Module, inner: torch.nn.Module, features: str, mask_key: str) -> bool:
-    """Whether the encoder's rows of a clip ignore zero frames padded after it, as the collator pads a row's clips to
-    its longest (asked: one clip of :func:`_clip_frames` frames, its second half masked, and the same clip padded
-    with as many zero frames again). ``True`` on the meta device (not asked) or where the encoder takes no longer
-    clip (a fixed-length tower: every clip has its frames). GLM-ASR takes the frame mask but only counts rows with
-    it: its tower attends to the padding."""
+    """Whether the audio encoder's rows of a clip ignore zero frames padded after it, as the collator pads a row's
+    clips to its longest; asked once per model with one clip of :func:`_clip_frames` frames in the first layout its
+    encoder takes, its second half masked, alone and with as many zero frames again. ``True`` on the meta device or
+    where the encoder takes none of the layouts (not asked), or no longer clip (a fixed-length tower: every clip has
+    its frames). GLM-ASR takes the frame mask but only counts rows with it: its tower attends to the padding."""
+    if model in _ASKED:
+        return _ASKED[model]
     param = next((p for p in inner.parameters() if p.is_floating_point()), None)
     if param is None or param.is_meta:
         return True
-    config = getattr(model.config, "audio_config", None)
+    config = getattr(model.config, "audio_config", None) or getattr(model.config, "encoder_config", None)
     frames = _clip_frames(config)
-    mel = int(getattr(config, "num_mel_bins", None) or 80)
-    real = (torch.arange(frames) < frames // 2).to(torch.int64)[None]
-    clip = torch.randn(1, mel, frames, generator=torch.Generator().manual_seed(0)) * real[:, None]
+    mel = int(getattr(config, "num_mel_bins", None) or getattr(config, "input_dim", None) or 80)
     devices = [param.device] if param.device.type == "cuda" else []
-    rows = []
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
-            for pad in (0, frames):
-                torch.manual_seed(0)  # the same dropout draws (a model in train mode) for both
-                given = torch.nn.functional.pad(clip, (0, pad)).to(param.device, param.dtype)
-                mask = torch.nn.functional.pad(real, (0, pad)).to(param.device)
-                rows.append(_audio_rows(inner.get_audio_features(**{features: given, mask_key: mask},
-                                                                 return_dict=True)))
-    except Exception:  # noqa: BLE001 - no longer clip: a fixed-length tower (its clips are never padded)
-        return True
-    if rows[0].shape != rows[1].shape:
-        return False
-    scale = float(rows[0].abs().max()) or 1.0  # equal up to the kernels' rounding (another length, another kernel)
-    return float((rows[0] - rows[1]).abs().max()) <= 1e-3 * scale
+    g = torch.Generator().manual_seed(0)
+
+    def encode(clip: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(0)  # the same dropout draws (a model in train mode) for every call
+        out = inner.get_audio_features(**{features: clip.to(param.device, param.dtype), mask_key: mask.to(
+            param.device)}, return_dict=True)
+        rows = _audio_rows(out)
+        return rows.reshape(-1, rows.shape[-1])
+
+    answer = True
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
+        for shape, axis in (((1, mel, frames), 2), ((1, frames, mel), 1), ((1, 1, frames * 160), 2)):  # a waveform:
+            n = shape[axis]  # 160 samples a frame
+            real = (torch.arange(n) < n // 2).to(torch.int64)[None]
+            clip = torch.randn(*shape, generator=g) * real.reshape([1] * (len(shape) - 1 - (axis == 1)) + [-1] +
+                                                                    [1] * (axis == 1))
+            try:
+                alone = encode(clip, real)
+            except Exception:  # noqa: BLE001 - not this layout
+                continue
+            more = list(shape)
+            more[axis] = n
+            try:
+                padded = encode(torch.cat([clip, torch.zeros(more)], dim=axis), torch.cat([real, 0 * real], dim=1))
+            except Exception:  # noqa: BLE001 - no longer clip: a fixed-length tower (its clips are never padded)
+                padded = alone
+            answer = _close(alone, padded)
+            break
+    _ASKED[model] = answer
+    return answer
 
 
 def _audio_rows(out: Any) -> torch.Tensor:
@@ -289,17 +316,11 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
     return {"input_ids": ids, audio.pixel_key: feats, **extra}
 
 
-def batch_statistics(inner: torch.nn.Module) -> bool:
-    """Whether the audio encoder normalizes over its batch (a ``BatchNorm`` outside the language model: Granite
-    Speech's conformer), so that a clip's features depend on the clips encoded with it in training mode."""
-    text = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
-    inside = {id(m) for m in text.modules()} if isinstance(text, torch.nn.Module) else set()
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and id(m) not in inside for m in inner.modules())
-
-
 def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``method(*args, **kwargs)`` (``get_audio_features`` of a row's clips) one clip at a time, as each document
-    alone encodes its clip, the outputs' per-clip fields concatenated along the clips.
+    alone encodes its clip, the outputs' per-clip fields concatenated along the clips. An audio encoder's rows of a
+    clip may depend on the clips encoded with it: Granite Speech's conformer normalizes over its batch (BatchNorm),
+    Qwen3-Omni's tower pads a batch's chunks to the longest; one clip at a time is each document alone.
 
     Args:
         method: the encoder; args, kwargs: its call, the features first (``[clips, ...]``); every tensor with as

@@ -16,7 +16,7 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
-from .audio import batch_statistics, encode_per_clip, output_mask_key
+from .audio import encode_per_clip, output_mask_key
 from .exchange import exchange_rows
 from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
@@ -117,7 +117,7 @@ class _Rows:
     def __init__(self, family: str, image_blocks: bool, out_mask_key: str | None = None,
                  per_clip: bool = False) -> None:
         self.rows: dict[str, torch.Tensor] | None = None
-        self.per_clip = per_clip  # the audio encoder normalizes over its batch: a packed row's clips one at a time
+        self.per_clip = per_clip  # a packed row's audio clips encoded one at a time (audio.encode_per_clip)
         self.out_mask_key = out_mask_key  # the forward's mask of the audio encoder's output rows (Granite Speech)
         self.out_mask: torch.Tensor | None = None  # this forward's: applied to the encoder's rows before the cut
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
@@ -157,7 +157,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
             return method(*args, **kwargs)
         state.inside = True
         try:
-            if name == "audio" and state.per_clip and state.rows is not None:  # batch statistics: each clip alone
+            if name == "audio" and state.per_clip and state.rows is not None:  # each clip as its document alone
                 out = encode_per_clip(method, args, kwargs)
             else:
                 out = method(*args, **kwargs)
@@ -190,7 +190,7 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     family = str(getattr(model.config, "model_type", type(model).__name__))
     audio = callable(getattr(inner, "get_audio_features", None))
     state = _Rows(family, spec is not None and spec.layout.image_blocks,
-                  output_mask_key(model, inner) if audio else None, audio and batch_statistics(inner))
+                  output_mask_key(model, inner) if audio else None, per_clip=audio)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))

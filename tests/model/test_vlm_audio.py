@@ -6,7 +6,7 @@ sp1 and in one SP 2 mode that splits a clip across the ranks: AudioFlamingo 3 (t
 ``_get_feat_extract_output_lengths`` on the real frames of ``input_features_mask``), Voxtral (fixed-length clips, no
 mask: the same placeholders per clip), GLM-ASR (a frame mask and rows computed inline: the document's placeholder
 runs) and Granite Speech (the forward masks the encoder's output rows: applied before the cut; its conformer's
-BatchNorm: each clip encoded alone). Without a run: which families the rule takes, the placeholder runs, and the
+BatchNorm: each clip encoded alone, as every family's clips are). Without a run: which families the rule takes, the placeholder runs, and the
 refusals.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the omni thinkers, as a processor would give them.
 
 A clip is ``input_features`` of its family's layout (``[1, mel, frames]``, ``[1, frames, features]``, or a waveform
-``input_values [1, samples]`` of 160 samples a frame) with, where
+``input_values [1, 1, samples]`` of 160 samples a frame) with, where
 the model takes one, the mask of its real frames (``feature_attention_mask`` / ``input_features_mask [1, frames]``;
 the frames past the real ones zero), or, where the forward masks the encoder's output rows (Granite Speech), that
 output mask ``[1, rows]`` (the rows of its real frames). A tower without a frame mask attends to the padding, so its
@@ -73,9 +73,9 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
                 n, real = n * HOP, real * HOP
             mask = torch.zeros(1, n, dtype=torch.int64)
             mask[:, :real] = 1
-            shape = {"mel": (1, mel, n), "frames": (1, n, mel), "raw": (1, n)}[layout]
+            shape = {"mel": (1, mel, n), "frames": (1, n, mel), "raw": (1, 1, n)}[layout]
             feats = torch.randn(*shape, generator=g, dtype=dtype)
-            feats = feats * (mask[:, None] if layout == "mel" else mask[..., None] if layout == "frames" else mask)
+            feats = feats * (mask[..., None] if layout == "frames" else mask[:, None])
             keys: dict[str, Any] = {features: feats}
             if frame_mask is not None:
                 keys[frame_mask] = mask
