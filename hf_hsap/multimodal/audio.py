@@ -229,9 +229,9 @@ def placeholder_runs(ids: Any, placeholder: int) -> list[int]:
 
 def is_audio_lm(inner: torch.nn.Module | None) -> bool:
     """Whether ``inner`` (:func:`~.structure.inner_vlm`) encodes audio only (``get_audio_features``, no
-    ``get_image_features``)."""
+    ``get_image_features`` / ``get_video_features``)."""
     return inner is not None and callable(getattr(type(inner), "get_audio_features", None)) and \
-        not callable(getattr(type(inner), "get_image_features", None))
+        not any(callable(getattr(type(inner), n, None)) for n in ("get_image_features", "get_video_features"))
 
 
 def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
