@@ -5,9 +5,9 @@
 Runs ``tests/workers/vlm_zoo_run.run_family`` for each family (tiny random model, one packed row of 5 image + text
 documents, or of 4 audio + text documents for the audio-text families, float64; one process, and SP 2 / SP 4 with
 Ulysses 1 / 2 on 4 spawned gloo ranks), compares with each document run alone, writes the raw results as JSON
-(updated after every family, default ``benchmarks/results/vlm_zoo.json``) and replaces the section "Multimodal models" at the end of MODELS.md (between
-the markers :data:`START` / :data:`END`; the rest of the file stays byte-identical). For the families
-``vision_spec`` refuses it also prints what listing them would give (the probe, also in the JSON).
+(updated after every family, default ``benchmarks/results/vlm_zoo.json``) and replaces the section "Multimodal
+models" at the end of MODELS.md (between the markers :data:`START` / :data:`END`; the rest of the file stays
+byte-identical). For the families ``vision_spec`` refuses it also prints what listing them would give (the probe, also in the JSON).
 """
 from __future__ import annotations
 
