@@ -453,18 +453,20 @@ AUDIO_DOCS = (2, 4)  # the documents an omni model's audio is added to (document
 
 
 def audio_maker(config: Any, model: torch.nn.Module) -> Callable[..., Any] | None:
-    """An audio maker for a model with an audio modality (:func:`hf_hsap.multimodal.audio.audio_modality`), else
-    ``None``.
+    """An audio maker for a model whose spec carries audios (an audio modality beside its images), else ``None``.
 
     Returns:
         ``audio(frames, real, generator, dtype) -> (keys, placeholders)``: ``input_features [1, mel, frames]`` (zero
         past the ``real`` frames) with its ``feature_attention_mask [1, frames]``, and as many placeholders as the
         model's ``get_audio_features`` returns rows.
     """
-    from hf_hsap.multimodal.audio import audio_modality
+    from hf_hsap.multimodal import vision_spec
 
     inner = feature_module(model)
-    if audio_modality(model, inner) is None:
+    try:  # audios only where the model's spec carries them (Gemma 4's are not carried yet)
+        if not any(m.name == "audio" for m in vision_spec(model).layout.modalities):
+            return None
+    except ValueError:
         return None
     mel = int(config.audio_config.num_mel_bins)
 
