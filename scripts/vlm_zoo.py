@@ -1,13 +1,13 @@
-"""Multimodal zoo sweep: every vision-language family of Transformers on packed image + text rows.
+"""Multimodal zoo sweep: every vision-language and audio-language family of Transformers on packed rows.
 
     .venv/bin/python scripts/vlm_zoo.py [--families qwen2_5_vl,llava] [--json PATH] [--out MODELS.md] [--no-probe]
 
 Runs ``tests/workers/vlm_zoo_run.run_family`` for each family (tiny random model, one packed row of 5 image + text
-documents, float64; one process, and SP 2 / SP 4 with Ulysses 1 / 2 on 4 spawned gloo ranks), compares with each
-document run alone, writes the raw results as JSON (updated after every family, default
-``benchmarks/results/vlm_zoo.json``) and replaces the section "Multimodal models" at the end of MODELS.md (between
-the markers :data:`START` / :data:`END`; the rest of the file stays byte-identical). For the families
-``vision_spec`` refuses it also prints what listing them would give (the probe, also in the JSON).
+documents, or of 4 audio + text documents for the audio-text families, float64; one process, and SP 2 / SP 4 with
+Ulysses 1 / 2 on 4 spawned gloo ranks), compares with each document run alone, writes the raw results as JSON
+(updated after every family, default ``benchmarks/results/vlm_zoo.json``) and replaces the section "Multimodal
+models" at the end of MODELS.md (between the markers :data:`START` / :data:`END`; the rest of the file stays
+byte-identical). For the families ``vision_spec`` refuses it also prints what listing them would give (the probe, also in the JSON).
 """
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 START, END = "<!-- vlm-zoo:start -->", "<!-- vlm-zoo:end -->"
 STATUS_ORDER = ("WRONG", "crash", "refused", "exact")
 SP_MODES = ("sp2_u1", "sp2_u2", "sp4_u1", "sp4_u2")
+
+
+AUDIO = "audio-text"  # a record's "section" for the audio-language families (else "image-text")
+
+
+def _section(rec: dict[str, Any]) -> str:
+    """``"image-text"`` or :data:`AUDIO` (the record's ``section``; records without one are image-text)."""
+    return rec.get("section", "image-text")
 
 
 def family_status(rec: dict[str, Any]) -> str:
@@ -112,6 +120,7 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
     from workers import vlm_zoo as VZ
 
     run = [r for r in records if r["status"] == "run"]
+    n_audio = sum(_section(r) == AUDIO for r in records)
     status = [family_status(r) for r in run]
     counts = {s: status.count(s) for s in STATUS_ORDER}
     refused = [r for r in run if r["spec"]["outcome"] == "refused"]
@@ -139,7 +148,19 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "float32, `tests/workers/vlm_zoo.py`). `refused`: hf_hsap raised on purpose; `crash`: any other exception; "
         "`WRONG`: ran, results differ. Cells: ✓ exact, `k/n` k of n modes exact (✗: some WRONG or crash).",
         "",
-        f"**Summary** ({len(records)} families, {len(records) - len(run)} not buildable): {counts['exact']} exact "
+        "The audio-text families (the section after the table) are the model types of "
+        "`MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES`, `MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES`, "
+        "`MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES` and `MODEL_FOR_PRETRAINING_MAPPING_NAMES` whose model class "
+        "has `get_audio_features` (a causal LM over an audio encoder's rows at placeholders) and that are not "
+        "vision families (`vlm_zoo_configs.audio_families`): the same harness on one packed row of 4 documents with "
+        "one audio clip each (different lengths, the long one split across ranks under SP; "
+        "`tests/workers/vlm_zoo_audio.py`). Speech encoder-decoders (Whisper, Speech2Text, SpeechT5, ...) have no "
+        "`get_audio_features`: their text comes from a decoder cross-attending to the whole encoded audio, outside "
+        "this set; so do models that encode audio inside their forward without that hook (Qwen2-Audio, "
+        "Phi-4-multimodal) or read audio codes as their text stream (Kyutai speech-to-text).",
+        "",
+        f"**Summary** ({len(records)} families: {len(records) - n_audio} image-text, {n_audio} audio-text; "
+        f"{len(records) - len(run)} not buildable): {counts['exact']} exact "
         f"in every mode, {counts['refused']} refused ({by_spec} by `vision_spec`, {counts['refused'] - by_spec} "
         f"in some modes), {counts['crash']} with a crash, {counts['WRONG']} WRONG. Refusals by `vision_spec` whose "
         f"fix was tried: {sum(r.get('fix') is True for r in refused)} work, {len(bad_fix)} fail (✗: "
@@ -148,14 +169,20 @@ def render(records: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "| family | exact at sp1 | exact under SP | refused (message, shortened) | WRONG / crash |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for r in run:
+    audio = [r for r in run if _section(r) == AUDIO]
+    for r in [r for r in run if _section(r) != AUDIO] + (["audio"] if audio else []) + audio:
+        if r == "audio":  # the audio-text families: their own table, the same columns
+            lines += ["", "### Audio-text models", "", "| family | exact at sp1 | exact under SP | refused (message, "
+                      "shortened) | WRONG / crash |", "| --- | --- | --- | --- | --- |"]
+            continue
         name = r["family"] + (f" (tol {r['tol']:.0e})" if r["tol"] > VZ.TOL and r["spec"]["outcome"] == "accepted"
                               else "")
         bad = _bad(r)
         lines.append(f"| {name} | {_cell(r, ('sp1',))} | {_cell(r, SP_MODES)} | {_refused(r)} | "
                      f"{_short('; '.join(bad), 160) if bad else '–'} |")
     lines += ["", "### Not buildable", "", "| family | reason |", "| --- | --- |"]
-    lines += [f"| {r['family']} | {_short(r.get('reason', ''), 160)} |" for r in records if r["status"] != "run"]
+    lines += [f"| {r['family']}{' (audio-text)' if _section(r) == AUDIO else ''} | {_short(r.get('reason', ''), 160)} |"
+              for r in records if r["status"] != "run"]
     return "\n".join(lines + [END]) + "\n"
 
 

@@ -234,9 +234,10 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     if keep is not None:  # per-item keep masks (VideoLLaMA3's video_compression_mask), after any frames as images
         document = keep if document is None else _then(document, keep)
     audio = audio_modality(model, inner)
-    if audio is not None:
+    count = audio_counter(model, inner) if audio is not None else None
+    if count is not None:  # audios counted per clip (the omni thinkers); others (Dots3 Note's chunks) not carried yet
         mods.append(audio)
-        counters["audio"] = functools.partial(audio_counter(inner), "audio")
+        counters["audio"] = functools.partial(count, "audio")
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
     layout = VisionLayout(family, tuple(mods), merge=merge, counted=tuple(counters),
                           rope_rows_only=rope is not None and not takes_text_row(model, inner))

@@ -16,6 +16,7 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
+from .audio import encode_per_clip, output_mask_key
 from .exchange import exchange_rows
 from .indicators import prepare_indicators
 from .shard import ROWS_KEY, exchange_key, items_key
@@ -28,7 +29,17 @@ _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features"
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
 _DECODER_KEYS = ("position_ids", "shift_labels", "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k",
                  "max_length_q", "max_length_k")  # a packed row's keys for the decoder, never an encoder's
-_AUDIO_FIELDS = ("last_hidden_state",)  # an audio encoder's rows (the omni thinkers merge its last_hidden_state)
+
+
+def _audio_fields(output: Any) -> tuple[str, ...]:
+    """The fields of an audio encoder's output that hold its rows: ``pooler_output`` (the projected rows
+    AudioFlamingo 3, Voxtral, ... merge), with ``last_hidden_state`` where that holds the same rows (the omni
+    thinkers merge it), else ``last_hidden_state``."""
+    pooled, last = getattr(output, "pooler_output", None), getattr(output, "last_hidden_state", None)
+    if pooled is None:
+        return ("last_hidden_state",)
+    same = torch.is_tensor(pooled) and torch.is_tensor(last) and last.shape == pooled.shape
+    return ("pooler_output", "last_hidden_state") if same else ("pooler_output",)
 
 
 def _select(value: Any, rows: torch.Tensor) -> Any:
@@ -74,8 +85,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         output: what ``get_image_features(..., return_dict=True)`` returned.
         rows: ``[n_local]`` rows of the concatenated per-item features, in local token order.
         items: ``[n_items]`` placeholders of every local item (checked against the output), or ``None``.
-        name: the modality (for the message; ``"audio"``: the ``last_hidden_state`` is cut, the rows an audio
-            encoder returns).
+        name: the modality (for the message; ``"audio"``: the fields of :func:`_audio_fields`).
         exchange: this rank's :class:`~.exchange.RowExchange` of the modality (rows encoded once elsewhere are
             received, after this rank's own, and its rows others need are sent), or ``None``.
 
@@ -85,7 +95,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     Raises:
         ValueError: the output's per-item counts differ from ``items``.
     """
-    fields = _AUDIO_FIELDS if name == "audio" else _SELECTED_FIELDS
+    fields = _audio_fields(output) if name == "audio" else _SELECTED_FIELDS
     if getattr(output, fields[0], None) is None and getattr(output, "last_hidden_state", None) is not None:
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
     if items is not None and getattr(output, fields[0], None) is not None:
@@ -133,8 +143,12 @@ class _Rows:
             pixels must say where the images are (``hsap_blocks`` from ``shard_batch``, or ``token_type_ids``).
     """
 
-    def __init__(self, family: str, image_blocks: bool, keep_keys: dict[str, str] | None = None) -> None:
+    def __init__(self, family: str, image_blocks: bool, keep_keys: dict[str, str] | None = None,
+                 out_mask_key: str | None = None, per_clip: bool = False) -> None:
         self.rows: dict[str, torch.Tensor] | None = None
+        self.per_clip = per_clip  # a packed row's audio clips encoded one at a time (audio.encode_per_clip)
+        self.out_mask_key = out_mask_key  # the forward's mask of the audio encoder's output rows (Granite Speech)
+        self.out_mask: torch.Tensor | None = None  # this forward's: applied to the encoder's rows before the cut
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
         self.family, self.image_blocks = family, image_blocks
         self.keep_keys = keep_keys or {}  # modality -> its per-item keep mask's key (Modality.keep_key)
@@ -154,11 +168,14 @@ class _Rows:
             mask = kwargs.get(key)
             if torch.is_tensor(mask) and mask.dim() == 2:  # (the processor's own [rows] is left to the model)
                 self.keep[name] = kwargs.pop(key)
+        if rows is not None and self.out_mask_key is not None and kwargs.get(self.out_mask_key) is not None:
+            self.out_mask = kwargs.pop(self.out_mask_key)  # applied here, before the rows are cut
         return args, kwargs
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.rows = None
         self.keep = {}
+        self.out_mask = None
 
 
 def _spec_or_none(model: torch.nn.Module) -> Any:
@@ -178,12 +195,17 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
             return method(*args, **kwargs)
         state.inside = True
         try:
-            out = method(*args, **kwargs)
+            if name == "audio" and state.per_clip and state.rows is not None:  # each clip as its document alone
+                out = encode_per_clip(method, args, kwargs)
+            else:
+                out = method(*args, **kwargs)
         finally:
             state.inside = False
         if name in state.keep:
             out = keep_rows(out, state.keep[name], name)
         rows = None if state.rows is None else state.rows.get(name)
+        if rows is not None and name == "audio" and state.out_mask is not None:  # the rows the forward would keep
+            out.pooler_output = out.pooler_output[state.out_mask.to(out.pooler_output.device).bool()]
         return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
                                                     state.rows.get(exchange_key(name)))
     return features
@@ -207,7 +229,9 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
     keep = {} if spec is None else {m.name: m.keep_key for m in spec.layout.modalities if m.keep_key}
-    state = _Rows(family, spec is not None and spec.layout.image_blocks, keep)
+    audio = callable(getattr(inner, "get_audio_features", None))
+    state = _Rows(family, spec is not None and spec.layout.image_blocks, keep,
+                  output_mask_key(model, inner) if audio else None, per_clip=audio)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))

@@ -31,6 +31,7 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from .audio import audio_probe_inputs, audio_spec, is_audio_lm
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
@@ -113,6 +114,11 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     if is_cross_attention_vlm(model):  # Mllama, Idefics: text attends to the images by cross-attention
         return cross_spec(model)
     inner = inner_vlm(model)
+    if is_audio_lm(inner):  # an audio-language model (Voxtral, AudioFlamingo 3, ...): its clips only
+        refusal = structural_refusal(model, None)
+        if refusal is not None and refusal.kind == "encoder-decoder":
+            raise refusal
+        return _with_uncarried(audio_spec(model, inner), forward_keys(model))
     refusal = structural_refusal(model, inner)
     if refusal is not None:
         raise refusal
@@ -373,6 +379,8 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         return marked_probe_inputs(model, spec, device, dtype)
     if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
         return video_qformer_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].name == "audio":  # an audio-language model: one clip
+        return audio_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
     if image.token_rows:  # Molmo2: crops whose placeholders pool chosen patches
         return pooled_probe_inputs(model, spec, device, dtype)

@@ -80,12 +80,14 @@ def token(config: Any, *names: str) -> int | None:
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward encodes the images (or, for a video-only model such as InstructBLIP-Video, the
-    videos) and merges them (has ``get_image_features`` / ``get_video_features`` and a language model), or ``None``."""
-    for m in (getattr(model, "model", None), model):
-        encodes = any(callable(getattr(type(m), n, None)) for n in ("get_image_features", "get_video_features"))
-        if m is not None and encodes and \
-                (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
-            return m
+    videos; for an audio-language model, the audio clips) and merges them (has ``get_image_features`` /
+    ``get_video_features`` / ``get_audio_features`` and a language model), or ``None``."""
+    for names in (("get_image_features", "get_video_features"), ("get_audio_features",)):
+        for m in (getattr(model, "model", None), model):
+            encodes = any(callable(getattr(type(m), n, None)) for n in names)
+            if m is not None and encodes and \
+                    (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
+                return m
     return None
 
 

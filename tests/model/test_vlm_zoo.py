@@ -167,7 +167,7 @@ def test_a_wrong_gradient_is_flagged() -> None:
 def test_committed_results_have_no_wrong_and_no_crash(script) -> None:
     data = json.loads(RESULTS.read_text())
     if data["header"]["transformers"] == transformers.__version__:  # every family of the installed Transformers
-        assert sorted(r["family"] for r in data["families"]) == VC.families()
+        assert sorted(r["family"] for r in data["families"]) == sorted(VC.families())  # image- and audio-text
     run = [r for r in data["families"] if r["status"] == "run"]
     status = {r["family"]: script.family_status(r) for r in run}
     assert not {f: s for f, s in status.items() if s in ("WRONG", "crash")}

@@ -148,7 +148,7 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
 def item_keys(docs: list[dict[str, Any]]) -> tuple[str, ...]:
     """The per-image keys of the documents besides the pixels, the grid and the per-token keys."""
     skip = {"pixel_values", "image_grid_thw", "labels", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
-            "video_second_per_grid", "input_features", "feature_attention_mask", *_PER_TOKEN}
+            "video_second_per_grid", "input_features", "feature_attention_mask", "input_features_mask", *_PER_TOKEN}
     return tuple(sorted({k for d in docs for k in d if k not in skip}))
 
 

@@ -20,8 +20,11 @@ from typing import Any
 import torch
 
 from hf_hsap.examples import TINY_VLMS, vlm_documents
+from hf_hsap.multimodal.audio import is_audio_lm
 from hf_hsap.multimodal.cross import is_cross_attention_vlm
+from hf_hsap.multimodal.structure import inner_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
+from workers.vlm_zoo_audio import audio_documents
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
 from workers.vlm_zoo_unplaced import unplaced_documents
 
@@ -297,6 +300,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     if is_cross_attention_vlm(model):
         return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
+    if is_audio_lm(inner_vlm(model)):  # an audio-language model: one clip per document (vlm_zoo_audio)
+        return audio_documents(config, model, seed=seed, dtype=dtype)
     unplaced = unplaced_documents(config, model, shapes, seed=seed, dtype=dtype)  # Kosmos-2, InstructBLIP-Video
     if unplaced is not None:
         return unplaced
@@ -461,18 +466,20 @@ AUDIO_DOCS = (2, 4)  # the documents an omni model's audio is added to (document
 
 
 def audio_maker(config: Any, model: torch.nn.Module) -> Callable[..., Any] | None:
-    """An audio maker for a model with an audio modality (:func:`hf_hsap.multimodal.audio.audio_modality`), else
-    ``None``.
+    """An audio maker for a model whose spec carries audios (an audio modality beside its images), else ``None``.
 
     Returns:
         ``audio(frames, real, generator, dtype) -> (keys, placeholders)``: ``input_features [1, mel, frames]`` (zero
         past the ``real`` frames) with its ``feature_attention_mask [1, frames]``, and as many placeholders as the
         model's ``get_audio_features`` returns rows.
     """
-    from hf_hsap.multimodal.audio import audio_modality
+    from hf_hsap.multimodal import vision_spec
 
     inner = feature_module(model)
-    if audio_modality(model, inner) is None:
+    try:  # audios only where the model's spec carries them (Gemma 4's are not carried yet)
+        if not any(m.name == "audio" for m in vision_spec(model).layout.modalities):
+            return None
+    except ValueError:
         return None
     mel = int(config.audio_config.num_mel_bins)
 

@@ -103,14 +103,15 @@ def run_family(family: str, pools: PoolManager | None, modes: tuple[str, ...] = 
             (``vlm_zoo.probe_kind``).
 
     Returns:
-        ``{"family", "status" ("run" | "not buildable"), "reason", "params", "spec": {"outcome": "accepted" |
+        ``{"family", "section" ("image-text" | "audio-text"), "status" ("run" | "not buildable"), "reason", "params", "spec": {"outcome": "accepted" |
         "refused" | "crash", "error"}, "documents" (None or why none were made), "reference" (the attention of
         the documents-alone runs), "fix" (the refusal's fix works: True / why not, :func:`_fix`),
         "native" (Transformers' own packed row), "tol", "results": {mode: outcome} (accepted), "probe": {"spec",
         "results" | "skipped"} (refused, ``probe``), "seconds"}``.
     """
     t0 = time.perf_counter()
-    rec: dict[str, Any] = {"family": family, "status": "run", "results": {}, "tol": VZ.tolerance(family)}
+    rec: dict[str, Any] = {"family": family, "status": "run", "results": {}, "tol": VZ.tolerance(family),
+                           "section": "audio-text" if family in VC.audio_families() else "image-text"}
     try:
         config = VC.tiny_config(family)
         rec["reference"] = VZ.reference_attention(config)
