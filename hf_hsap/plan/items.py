@@ -4,13 +4,14 @@ A vision-language row's items (images, videos, audios) are encoded by the ranks 
 (:mod:`hf_hsap.multimodal.exchange`): every holder encodes an item split across parts (``"holders"``), or one
 owner does and sends the other holders their feature rows (``"once"``). A long video row is mostly encoder work, so
 ``placement="auto"`` weighs it: each part's step time is its decoder time (:func:`.cost.step_time`) plus the encoder
-work of the items it encodes, spread over its layers (:func:`encoder_per_part`), and ``auto``'s candidates include
-the greedy passes refined with that work on their parts (:mod:`.candidates`), so the busiest part's encoder plus
-decoder work is balanced within the token cap.
+work of the items it encodes (:func:`encoder_per_part`), and ``auto``'s candidates include the greedy passes refined
+with that work on their parts (:mod:`.candidates`), so the busiest part's encoder plus decoder work is balanced
+within the token cap.
 
-An item's work is ``patches * patch_work`` decoder-layer tokens (``patch_work``: one patch through the tower, forward
-and backward, in tokens through one decoder layer, :func:`encoder_patch_work`); the planner prices it at the cost
-model's ``token_cost``, so it is in the cost model's unit (attention pairs).
+An item's work is ``patches * patch_work`` decoder tokens (``patch_work``: one patch through the tower, forward and
+backward, in tokens through the decoder's layers, :func:`encoder_patch_work`). The planner's cost model prices one
+layer, so it adds ``work * token_cost`` to each layer's part time: over the decoder's layers that is the encoder's
+share of the step, in the cost model's unit (attention pairs), whatever layer count the planner was given.
 
 The owners (:func:`assign_owners`) are the one rule of :mod:`hf_hsap.multimodal.exchange`: items held by one part are
 encoded there; split items, largest first, by the holder with the least encoder work so far; a holder that would
@@ -37,7 +38,8 @@ class ItemWork:
     Attributes:
         positions: ``[N]`` int64 global (flattened) position of every placeholder.
         item: ``[N]`` int64 the item of each placeholder (``0 .. n_items - 1``).
-        work: ``[n_items]`` float64 encoder work of each item (forward + backward) in decoder-layer tokens.
+        work: ``[n_items]`` float64 encoder work of each item (forward + backward) in decoder tokens (a token
+            through every decoder layer).
         group: ``[n_items]`` int64 the modality (one encoder call) of each item.
         encoding: how an item split across parts is encoded (:data:`ITEM_ENCODINGS`, ``HSAPConfig.vision_encoding``).
     """
@@ -75,12 +77,18 @@ class ItemWork:
 
     @property
     def key(self) -> tuple[bytes, str]:
-        """A hashable digest (the plan cache's key)."""
+        """A digest of the contents (equal items, equal key: what the plan cache compares)."""
         h = hashlib.blake2b(digest_size=16)
         for a in (self.positions, self.item, self.work, self.group):
             h.update(np.ascontiguousarray(a).tobytes())
             h.update(b"|")
         return h.digest(), self.encoding
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemWork) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
 
 
 def layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> int:
@@ -113,10 +121,11 @@ def _tower_params(config: Any) -> int | None:
 
 
 def encoder_patch_work(config: Any, tower: str = "vision_config") -> float:
-    """One patch through a model's ``tower`` (forward + backward) in decoder-layer tokens: the tower's parameters
-    per patch over one decoder layer's (:func:`layer_params` of both: ``depth x (4 h^2 + 3 h ffn)`` against the
-    decoder layer's), FLOPs counted as the cost model counts the decoder's (the tower's own attention pairs and its
-    merger are not counted). Stated from the shapes, not measured (a GPU calibration has not tuned it).
+    """One patch through a model's ``tower`` (forward + backward) in decoder tokens: the tower's parameters per
+    patch over the decoder's per token (:func:`layer_params` of both: ``depth x (4 h^2 + 3 h ffn)`` against
+    ``num_hidden_layers`` decoder layers'), FLOPs counted as the cost model counts the decoder's, ``6 x params`` per
+    token (neither side's attention pairs, nor the tower's merger). Stated from the shapes, not measured (a GPU
+    calibration has not tuned it).
 
     Args:
         config: a vision-language model's config. tower: the attribute of the tower's config (``"audio_config"``).
@@ -136,7 +145,8 @@ def encoder_patch_work(config: Any, tower: str = "vision_config") -> float:
     kv = _first(text, "num_key_value_heads") or heads
     head_dim = _first(text, "head_dim") or max(1, hidden // heads)
     ffn = _first(text, "intermediate_size") or 4 * hidden
-    return float(tower_p) / float(layer_params(hidden, heads, kv, head_dim, ffn))
+    layers = _first(text, "num_hidden_layers") or 1
+    return float(tower_p) / float(layers * layer_params(hidden, heads, kv, head_dim, ffn))
 
 
 def holdings(items: ItemWork, part_of: np.ndarray, n_parts: int) -> np.ndarray:
@@ -176,7 +186,7 @@ def assign_owners(counts: np.ndarray, work: np.ndarray, group: np.ndarray) -> tu
 
 
 def encoder_per_part(items: ItemWork, part_of: np.ndarray, n_parts: int) -> np.ndarray:
-    """``[n_parts]`` encoder work (decoder-layer tokens) of the items each part encodes under ``items.encoding``
+    """``[n_parts]`` encoder work (decoder tokens) of the items each part encodes under ``items.encoding``
     (``"auto"``: the way whose busiest part has less; module docstring).
 
     Args:
