@@ -55,6 +55,9 @@ class Modality:
         cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
         required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
             document holding items without one is refused.
+        patch_work: one patch (pixel row of a grid item; a placeholder's ``merge`` patches otherwise) through the
+            modality's tower, forward + backward, in decoder tokens (:func:`hf_hsap.plan.items.encoder_patch_work`,
+            set by ``vision_spec``); the SP planner balances it with the decoder's work. 0: not weighed.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Modality:
     pixel_axis: int = 0
     cell_size: int = 1
     required: tuple[str, ...] = ()
+    patch_work: float = 0.0
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a
