@@ -68,7 +68,8 @@ def _video_lines(res: dict[str, Any]) -> list[str]:
              f"{max(r[s]['grad_err'] for r in res['video_rows'] for s in names):.1e} "
              "(relative). Busiest rank's CPU time per step, vision tower time and tensor peak; tokens, pixel rows "
              "encoded and feature rows received per rank; spread: the busiest rank's over the least busy rank's "
-             "encoder + decoder time, predicted by the planner's model and measured (CPU time of a step).", "",
+             "encoder + decoder time, predicted by the planner's model (the schemes that shard the tower) and measured "
+             "(CPU time of a step).", "",
              "| SP | auto | scheme | plan | step s | vision s | peak MiB | tokens per rank | pixel rows per rank "
              "| rows received | spread predicted | spread measured |",
              "|---:|---|---|---|---:|---:|---:|---|---|---|---:|---:|"]
@@ -79,7 +80,8 @@ def _video_lines(res: dict[str, Any]) -> list[str]:
             lines.append(f"| {r['sp']} | {r['auto']} | {scheme} | {'enc + dec' if balanced else 'decoder'} | "
                          f"{secs(x['cpu_s'])} | {secs(x['vision_cpu_s'])} | {mib(x['peak_mib'])} | "
                          f"{_ints(x['tokens'])} | {_ints(x['pixel_rows'])} | "
-                         f"{_ints(x['received']) if scheme == 'once' else '–'} | {_spread(x.get('predicted'))} | "
+                         f"{_ints(x['received']) if scheme == 'once' else '–'} | "
+                         f"{_spread(x.get('predicted')) if scheme != 'baseline' else '–'} | "
                          f"{_spread(x.get('cpu_s_ranks'))} |")
     return lines
 

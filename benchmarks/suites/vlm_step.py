@@ -185,13 +185,15 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
 
 def _video_only(out: str) -> Any:
     """``run`` of ``--video-only``: the long video row of ``cfg`` measured alone, merged into the results at
-    ``out`` (their image rows and configuration kept; the video fields and the seconds of this run replaced)."""
+    ``out`` (their image rows and configuration kept, with the image rows' date, commit and seconds as
+    ``rows_stamp``; the video fields replaced, this run's seconds as ``video_seconds``)."""
     def run(cfg: VLMStepConfig) -> dict[str, Any]:
         old = json.loads(Path(out).read_text())
         new = run_vlm_step(dataclasses.replace(cfg, sp_sizes=()))
         config = {**old["config"], **{k: new["config"][k] for k in ("video", "video_sp_sizes")}}
+        rows_stamp = old.get("rows_stamp") or {k: old[k] for k in ("date", "commit", "seconds") if k in old}
         return {**old, "config": config, "video_row": new["video_row"], "video_rows": new["video_rows"],
-                "video_seconds": new["seconds"]}
+                "video_seconds": new["seconds"], "rows_stamp": rows_stamp}
     return run
 
 

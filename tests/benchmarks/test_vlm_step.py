@@ -30,7 +30,8 @@ def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPo
     once, holders, base, once_b, holders_b = (video[name] for name in VIDEO_SCHEMES)
     for s in (once, holders, base, once_b, holders_b):
         assert s["loss_err"] <= cfg.loss_tol and s["grad_err"] <= 1e-5 and s["cpu_s"] is None
-        assert len(s["predicted"]) == 2 and min(s["predicted"]) > 0  # the planner's per-part encoder + decoder
+        # the planner's per-part encoder + decoder work (not for the baseline, which runs the tower on every rank)
+        assert (len(s["predicted"]) == 2 and min(s["predicted"]) > 0) if s is not base else s["predicted"] == []
     # the encoder-weighed plans: the busiest part's predicted encoder + decoder work is never above today's
     assert max(holders_b["predicted"]) <= max(holders["predicted"]) * (1 + 1e-9)
     assert max(once_b["predicted"]) <= max(once["predicted"]) * (1 + 1e-9)
