@@ -99,8 +99,13 @@ def layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int
 
 
 def _first(config: Any, *names: str) -> int | None:
+    """The first of ``names`` that ``config`` has as a positive int (a field that raises on reading, as a
+    heterogeneous config's per-layer ``head_dim`` does, counts as absent)."""
     for n in names:
-        v = getattr(config, n, None)
+        try:
+            v = getattr(config, n, None)
+        except Exception:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError: not a global size
+            continue
         if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0:
             return int(v)
     return None
@@ -115,7 +120,10 @@ def _tower_params(config: Any) -> int | None:
     heads = _first(config, "num_heads", "num_attention_heads", "encoder_attention_heads") or 1
     ffn = _first(config, "intermediate_size", "encoder_ffn_dim")
     if ffn is None:
-        ratio = getattr(config, "mlp_ratio", None)
+        try:
+            ratio = getattr(config, "mlp_ratio", None)
+        except Exception:  # noqa: BLE001 - as in _first
+            ratio = None
         ffn = int(hidden * ratio) if isinstance(ratio, (int, float)) and ratio > 0 else 4 * hidden
     return layers * layer_params(hidden, heads, heads, max(1, hidden // heads), ffn)
 
@@ -135,7 +143,10 @@ def encoder_patch_work(config: Any, tower: str = "vision_config") -> float:
     """
     from ..model_shape import text_config
 
-    sub = getattr(config, tower, None)
+    try:
+        sub = getattr(config, tower, None)
+    except Exception:  # noqa: BLE001 - as in _first
+        sub = None
     text = text_config(config)
     hidden = _first(text, "hidden_size")
     heads = _first(text, "num_attention_heads")
