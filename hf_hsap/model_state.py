@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ATTENTION_TILES", "INDEXED", "INDEXED_DOCS", "MIXERS", "MIXERS_READY", "ModelChanges", "PREFIX_LM",
+__all__ = ["ATTENTION_TILES", "DEPTH", "ENCODER_PART", "INDEXED", "INDEXED_DOCS", "INDEXED_MASK", "MIXERS", "MIXERS_READY",
+           "ModelChanges", "PREFIX_LM", "RELATIVE_BIAS",
            "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS", "state_of"]
 
 # Attributes stored in a module's ``__dict__`` (never on its class).
@@ -25,6 +26,11 @@ PREFIX_LM = "_hsap_prefix_lm"  # a prefix-LM decoder's attention layer: causal b
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
 INDEXED = "_hsap_indexed"  # an indexed-attention layer whose top-k runs per document (integrations/indexed.py)
 INDEXED_DOCS = "_hsap_indexed_docs"  # the documents of the current forward, on an indexed layer's indexer
+ENCODER_PART = "_hsap_encoder_part"  # a non-causal attention layer of a VLM's image path under a text config (Kosmos-2's
+# image-to-text projection): it runs on one item's rows, as an encoder's layer
+INDEXED_MASK = "_hsap_indexed_mask"  # the current forward's document-causal mask, on a layer that builds its own
+RELATIVE_BIAS = "_hsap_relative_bias"  # an attention layer whose position_bias is its per-query table (its width)
+DEPTH = "_hsap_depth_attention"  # a layer attending over each token's own layer states (Inkling 2's residuals)
 
 # The keyword argument of check_model's probe forward (the attention layers it reaches get the SP plan too).
 PROBE_KEY = "hsap_kwargs_probe"

@@ -55,6 +55,19 @@ class Modality:
         cell_size: pixel entries per grid cell along ``pixel_axis`` (1; MiniCPM-V: its patch size ``p``).
         required: per-item keys the encoder cannot run without (DeepSeek-VL-Hybrid's ``high_res_pixel_values``): a
             document holding items without one is refused.
+        keep_key: the per-item ``[n_items, rows]`` mask of the encoder's rows the model keeps (VideoLLaMA3's
+            ``video_compression_mask``, carried per item by :mod:`hf_hsap.multimodal.grid_rows`), applied to each
+            item's rows before the placeholders take them, or ``None``.
+        mark_key: the per-token key whose entries equal to 1 mark this modality's placeholders, for a model that
+            places its features by a mask instead of a token id (Kosmos-2's ``image_embeds_position_mask``;
+            ``token_id`` is then -1), or ``None``.
+        time_merge: a grid item's temporal patches merged into one placeholder row after the layout's spatial merge
+            (ERNIE-4.5-VL's videos: its resampler's ``temporal_merge_size``), 1 without: an item has
+            ``cells / (merge * time_merge)`` placeholders.
+        rows_key: a per-item key giving each item's entries along the item axis of the pixels (Molmo2's
+            ``image_num_crops``: an image is that many crops), or ``None`` (one entry per item).
+        token_rows: per-item keys with one entry per placeholder of the item along axis 0 (Molmo2's
+            ``image_token_pooling``: the patches each placeholder pools, indices into the item's own patches).
         patch_work: one patch (pixel row of a grid item; a placeholder's ``merge`` patches otherwise) through the
             modality's tower, forward + backward, in decoder tokens (:func:`hf_hsap.plan.items.encoder_patch_work`,
             set by ``vision_spec``); the SP planner balances it with the decoder's work. 0: not weighed.
@@ -72,6 +85,37 @@ class Modality:
     pixel_axis: int = 0
     cell_size: int = 1
     required: tuple[str, ...] = ()
+    keep_key: str | None = None
+    mark_key: str | None = None
+
+    @property
+    def marker(self) -> str:
+        """What marks this modality's placeholders, for messages: ``id 5`` or ``image_embeds_position_mask == 1``."""
+        return f"id {self.token_id}" if self.mark_key is None else f"{self.mark_key} == 1"
+
+    def placeholders(self, ids: Any, source: Mapping[str, Any]) -> Any:
+        """Which of ``ids`` are this modality's placeholders.
+
+        Args:
+            ids: token ids (a tensor or a numpy array, any shape); source: the example or batch holding
+                :attr:`mark_key` for ``ids`` (same number of entries), read only for a marked modality.
+
+        Returns:
+            A bool tensor / array shaped as ``ids`` (a marked modality without its mask in ``source``: none).
+        """
+        if self.mark_key is None:
+            return ids == self.token_id
+        mark = source.get(self.mark_key)
+        if isinstance(ids, np.ndarray):
+            if mark is None:
+                return np.zeros(ids.shape, dtype=bool)
+            return np.asarray(torch.as_tensor(mark).detach().to("cpu")).reshape(ids.shape) == 1
+        if mark is None:
+            return torch.zeros_like(ids, dtype=torch.bool)
+        return torch.as_tensor(mark).to(ids.device).reshape(ids.shape) == 1
+    time_merge: int = 1
+    rows_key: str | None = None
+    token_rows: tuple[str, ...] = ()
     patch_work: float = 0.0
 
     def axis(self, key: str) -> int:
@@ -107,6 +151,12 @@ class VisionLayout:
         empty_items: the model's forward requires the pixels (BLIP-2, InstructBLIP): a rank holding no item of a
             modality gets the batch's cheapest item and keeps none of its feature rows (its towers take no empty
             batch), rather than no pixels.
+        rope_rows_only: the text model takes its multimodal rotary rows alone, not Transformers' packed
+            ``[1 + rows, B, L]`` (HunYuan-VL): ``shard_batch`` gives the model the local positions without row 0 (the
+            text positions it read the documents from).
+        type_blocks: the per-token type key whose tokens of type 1 attend to each other bidirectionally within a
+            document (Molmo2's ``mm_token_type_ids``: all of a document's image tokens, one run per document), or
+            ``None``.
     """
 
     family: str
@@ -118,6 +168,8 @@ class VisionLayout:
     cross_key: str | None = None
     position_start: int = 0
     empty_items: bool = False
+    rope_rows_only: bool = False
+    type_blocks: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +191,9 @@ class VisionSpec:
             or ``None``.
         uncarried: keys the model's forward takes that packed rows do not carry (yet): a document holding one is
             refused by the collator, never packed without it.
+        token_keys: further per-token keys the model reads, ``{key: {token id: type}}`` (ERNIE-4.5-VL's
+            ``moe_mm_token_type_ids``, :mod:`hf_hsap.multimodal.markers`): the collator carries each document's own
+            and fills a missing one from these token ids (0 elsewhere, and on padding).
     """
 
     layout: VisionLayout
@@ -147,6 +202,7 @@ class VisionSpec:
     item_tokens: Callable[[str, Mapping[str, Any]], list[int]] | None = field(default=None, compare=False)
     document: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = field(default=None, compare=False)
     uncarried: tuple[str, ...] = ()
+    token_keys: Mapping[str, Mapping[int, int]] = field(default_factory=dict, compare=False)
 
     def counts(self, name: str) -> bool:
         """Whether the items of modality ``name`` are counted by :attr:`item_tokens`."""
@@ -208,14 +264,22 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
     if modality.grid_key is not None:
         cells = modality.grid_cells(batch[modality.grid_key]).numpy()
         rows = cells * modality.cell_size
-        tokens = cells // layout.merge
+        tokens = cells // (layout.merge * modality.time_merge)
+        if counted is not None:  # a grid whose placeholders the model counts per item (:mod:`..multimodal.grid_rows`)
+            tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
+            if tokens.size != cells.size:
+                raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
+                                 f"{modality.grid_key} holds {cells.size}; pack the documents with "
+                                 "PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
     elif counted is not None:
         tokens = torch.as_tensor(counted).reshape(-1).to("cpu", torch.int64).numpy()
-        if tokens.size != int(pixels.shape[modality.item_axis]):
+        rows = np.ones(tokens.size, dtype=np.int64) if modality.rows_key is None else \
+            torch.as_tensor(batch[modality.rows_key]).reshape(-1).to("cpu", torch.int64).numpy()
+        if rows.size != tokens.size or int(rows.sum()) != int(pixels.shape[modality.item_axis]):
             raise ValueError(f"the batch counts the placeholders of {tokens.size} {modality.name}s but its "
-                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])}; pack the documents "
-                             "with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")
-        rows = np.ones(tokens.size, dtype=np.int64)
+                             f"{modality.pixel_key} holds {int(pixels.shape[modality.item_axis])} entries for "
+                             f"{int(rows.sum())}; pack the documents with PackingCollator(max_length, "
+                             "vision=hf_hsap.vision_spec(model))")
     else:
         n_items = int(pixels.shape[modality.item_axis])
         if n_items == 0 or n_tokens % n_items:
@@ -224,7 +288,7 @@ def item_sizes(modality: Modality, layout: VisionLayout, batch: Mapping[str, Any
         tokens = np.full(n_items, n_tokens // n_items, dtype=np.int64)
         rows = np.ones(n_items, dtype=np.int64)
     if int(tokens.sum()) != n_tokens:
-        raise ValueError(f"the batch has {n_tokens} {modality.name} placeholder tokens (id {modality.token_id}) but "
+        raise ValueError(f"the batch has {n_tokens} {modality.name} placeholder tokens ({modality.marker}) but "
                          f"its {modality.pixel_key} stand for {int(tokens.sum())}; tokenize each document with the "
                          "model's processor and keep its pixels with it")
     return tokens, rows
@@ -261,6 +325,17 @@ def _doc_positions(spec: VisionSpec, ex: Mapping[str, Any], ids: np.ndarray, typ
     return pos.reshape(3, -1).to(torch.int64).numpy()
 
 
+def _token_values(given: Any, ids: np.ndarray, marks: Mapping[int, int]) -> np.ndarray:
+    """``[n]`` one document's values of a per-token key (:attr:`VisionSpec.token_keys`): its own, else ``marks``'
+    type on each marked token id, 0 elsewhere."""
+    if given is not None:
+        return np.asarray(torch.as_tensor(given).reshape(-1), dtype=np.int64)
+    out = np.zeros(ids.size, dtype=np.int64)
+    for token_id, kind in marks.items():
+        out[ids == token_id] = kind
+    return out
+
+
 def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: list[tuple[np.ndarray, np.ndarray]],
                 rows: list[list[int]], row_len: int) -> dict[str, Any]:
     """The vision part of a packed batch: pixels and items in row order, token types, rotary positions.
@@ -271,8 +346,8 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
         docs: ``(input_ids, labels)`` per document; rows: document indices per packed row; row_len: ``L``.
 
     Returns:
-        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], "rope": [3, B, L] or None, "hsap_vision",
-        "hsap_vision_tokens" (counted items only)}``.
+        ``{pixel_key: cat, item_key: cat, token_type_key: [B, L], each token key: [B, L], "rope": [3, B, L] or
+        None, "hsap_vision", "hsap_vision_tokens" (counted items only)}``.
 
     Shapes:
         ``B = len(rows)``; padding tokens get type 0 and rotary positions continuing from 0 like text.
@@ -300,10 +375,13 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
     n_rows = len(rows)
     types = np.zeros((n_rows, row_len), dtype=np.int64)
     rope = np.zeros((3, n_rows, row_len), dtype=np.int64) if spec.rope_index is not None else None
+    marked = {key: np.zeros((n_rows, row_len), dtype=np.int64) for key in spec.token_keys}
     for r, row in enumerate(rows):
         offset = 0
         for i in row:
             ids = docs[i][0]
+            for key, value in marked.items():
+                value[r, offset:offset + ids.size] = _token_values(examples[i].get(key), ids, spec.token_keys[key])
             given = examples[i].get(spec.token_type_key) if spec.token_type_key else None
             t = np.asarray(torch.as_tensor(given).reshape(-1)) if given is not None else np.zeros(ids.size, np.int64)
             if given is None and spec.layout.prefix_blocks:  # no types: the model runs the document causally
@@ -321,6 +399,7 @@ def pack_vision(spec: VisionSpec, examples: Sequence[Mapping[str, Any]], docs: l
             types[r, offset:] = 1
     if spec.token_type_key:
         out[spec.token_type_key] = torch.from_numpy(types)
+    out.update({key: torch.from_numpy(value) for key, value in marked.items()})
     out["rope"] = None if rope is None else torch.from_numpy(rope)
     return out
 

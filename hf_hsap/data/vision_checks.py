@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .vision import Modality, VisionLayout, VisionSpec
+from .vision import Modality, VisionSpec
 
 __all__ = ["check_vision_example"]
 
@@ -44,10 +44,16 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
     if types is not None and types.numel() != ids.size:
         raise ValueError(f"example {n}: {key} has {types.numel()} entries for {ids.size} input_ids; give one per "
                          f"token (the processor's {key}) or leave it out (the collator fills it)")
+    for extra in spec.token_keys:
+        given = ex.get(extra)
+        if given is not None and torch.as_tensor(given).numel() != ids.size:
+            raise ValueError(f"example {n}: {extra} has {torch.as_tensor(given).numel()} entries for {ids.size} "
+                             f"input_ids; give one per token (the processor's {extra}) or leave it out (the collator "
+                             "fills it)")
     for m in spec.layout.modalities:
-        placeholders = int((ids == m.token_id).sum())
+        placeholders = int(m.placeholders(ids, ex).sum())
         if m.grid_key is not None:
-            items = _grid_items(m, spec.layout, ex, n, placeholders)
+            items = _grid_items(m, spec, ex, n, placeholders)
         elif spec.counts(m.name):
             items = _counted_items(m, spec, ex, n, placeholders)
         elif m.token_id < 0:  # no placeholder (Idefics: its per-token image mask says which tokens see which image)
@@ -66,7 +72,9 @@ def check_vision_example(ex: Mapping[str, Any], n: int, ids: np.ndarray, *, spec
                 continue
             value = torch.as_tensor(ex[key])
             axis = m.axis(key)
-            if key != m.pixel_key:
+            if key in m.token_rows:  # one entry per placeholder (Molmo2's pooling indices)
+                _check_entries(m, key, value, n, placeholders, per="placeholder")
+            elif key != m.pixel_key:
                 _check_entries(m, key, value, n, items)
             rest = tuple(d for i, d in enumerate(value.shape) if i != axis)
             what = len(rest) if key in m.padded else rest  # padded keys: only their number of dimensions
@@ -103,12 +111,14 @@ def _same_in_batch(seen: dict[str, tuple[int, Any]], what: str, n: int, value: A
         raise ValueError(message(first, k))
 
 
-def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
-    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders."""
+def _grid_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
+    """The items of a grid modality in one example, after checking its grid against its pixels and placeholders
+    (``t * h * w / merge`` per item, or the model's count where :attr:`VisionSpec.item_tokens` counts them)."""
+    layout = spec.layout
     pixels, grid = ex.get(m.pixel_key), ex.get(m.grid_key)
     if pixels is None and grid is None:
         if placeholders:
-            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+            raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) but no "
                              f"{m.pixel_key}; keep the processor's pixels with each document")
         return 0
     if grid is None:
@@ -130,15 +140,38 @@ def _grid_items(m: Modality, layout: VisionLayout, ex: Mapping[str, Any], n: int
         raise ValueError(f"example {n}: {m.pixel_key} holds {n_rows} {unit} but its {m.name} grids ask for "
                          f"{int(cells.sum()) * m.cell_size} ({'*'.join('thw'[-m.grid_dims:])} of {_grids(grid)}); "
                          "keep each document's pixels with its own grid")
-    tokens = int(cells.sum()) // layout.merge
+    if spec.counts(m.name):
+        return _counted_grid(m, spec, ex, n, placeholders, grid)
+    tokens = int(cells.sum()) // (layout.merge * m.time_merge)
     if placeholders != tokens:
         side = int(round(layout.merge ** 0.5))
+        side = f"{side}x{side}" + (f"x{m.time_merge} (temporal)" if m.time_merge > 1 else "")
         its = f"its {m.name} has a {_grids(grid)} grid" if len(cells) == 1 else \
             f"its {len(cells)} {m.name}s have {_grids(grid)} grids"
-        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side}x{side} "
-                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); "
+        raise ValueError(f"example {n}: {its} ({tokens} placeholders after the {side} "
+                         f"merge) but the document holds {placeholders} {m.name} placeholder tokens ({m.marker}); "
                          "tokenize each document with the model's processor and keep its pixels with it")
     return len(cells)
+
+
+def _counted_grid(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int,
+                  grid: torch.Tensor) -> int:
+    """The items of a grid modality whose placeholders the model counts per item (VideoLLaMA3's per-item merge
+    sizes, HunYuan-VL's row separators), after checking the counts against the document's placeholders."""
+    for key in m.item_keys:
+        if key != m.grid_key and ex.get(key) is not None:
+            _check_entries(m, key, torch.as_tensor(ex[key]), n, len(grid))
+    try:
+        counts = [int(c) for c in spec.item_tokens(m.name, ex)]
+    except (ValueError, IndexError, RuntimeError) as e:
+        raise ValueError(f"example {n}: {e}") from e
+    if len(counts) != len(grid) or sum(counts) != placeholders:
+        its = f"its {m.name} ({_grids(grid)}) takes" if len(grid) == 1 else \
+            f"its {len(grid)} {m.name}s ({_grids(grid)}) take"
+        raise ValueError(f"example {n}: {its} {'+'.join(map(str, counts))} placeholders by the model's count but the "
+                         f"document holds {placeholders} {m.name} placeholder tokens (id {m.token_id}); tokenize each "
+                         "document with the model's processor and keep its pixels with it")
+    return len(grid)
 
 
 def _grids(grid: torch.Tensor) -> str:
@@ -154,15 +187,15 @@ def _uniform_items(m: Modality, ex: Mapping[str, Any], n: int, placeholders: int
     if items == 0:
         return 0
     if placeholders == 0:
-        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens (id "
-                         f"{m.token_id}); tokenize each document with the model's processor and keep its pixels with "
+        raise ValueError(f"example {n} has {items} {m.pixel_key} item(s) but no {m.name} placeholder tokens ("
+                         f"{m.marker}); tokenize each document with the model's processor and keep its pixels with "
                          "it")
     if placeholders % items:
-        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) for its "
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) for its "
                          f"{items} {m.pixel_key} item(s): not the same number for each; give each {m.name} its "
                          "processor's placeholders")
     _same_in_batch(seen, f"{m.name} placeholders", n, placeholders // items,
-                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens (id {m.token_id}) "
+                   lambda first, k: f"example {n} holds {placeholders // items} placeholder tokens ({m.marker}) "
                                     f"per {m.name} where example {k} holds {first}; every {m.name} of this family has "
                                     "the same number: give each its processor's placeholders")
     return items
@@ -172,13 +205,14 @@ def _items_with_pixels(m: Modality, ex: Mapping[str, Any], n: int, placeholders:
     """:func:`_n_items`, after refusing placeholders without pixels."""
     items = _n_items(m, ex, n)
     if items == 0 and placeholders:
-        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens (id {m.token_id}) but no "
+        raise ValueError(f"example {n} holds {placeholders} {m.name} placeholder tokens ({m.marker}) but no "
                          f"{m.pixel_key}; keep the processor's pixels with each document")
     return items
 
 
 def _n_items(m: Modality, ex: Mapping[str, Any], n: int) -> int:
-    """The items of a modality without a grid in one example (entries of its pixels along the item axis)."""
+    """The items of a modality without a grid in one example (entries of its pixels along the item axis, or of
+    its ``rows_key`` where an item has several: Molmo2's crops)."""
     pixels = ex.get(m.pixel_key)
     if pixels is None:
         return 0
@@ -186,7 +220,17 @@ def _n_items(m: Modality, ex: Mapping[str, Any], n: int) -> int:
     if len(shape) <= m.item_axis:
         raise ValueError(f"example {n}: {m.pixel_key} has shape {tuple(shape)}, no item axis {m.item_axis}; keep the "
                          "processor's pixels with each document")
-    return int(shape[m.item_axis])
+    if m.rows_key is None:
+        return int(shape[m.item_axis])
+    if ex.get(m.rows_key) is None:
+        raise ValueError(f"example {n}: its {m.name}s have {m.pixel_key} but no {m.rows_key} (each {m.name}'s "
+                         f"entries of {m.pixel_key}); keep the processor's {m.rows_key} with each document")
+    rows = torch.as_tensor(ex[m.rows_key]).reshape(-1)
+    if int(rows.sum()) != int(shape[m.item_axis]):
+        raise ValueError(f"example {n}: {m.pixel_key} holds {int(shape[m.item_axis])} entries along axis "
+                         f"{m.item_axis} but its {m.rows_key} ask for {int(rows.sum())}; keep each document's pixels "
+                         "with its own processor outputs")
+    return int(rows.numel())
 
 
 def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int, placeholders: int) -> int:
@@ -201,7 +245,8 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
                          f"needs it to place each {m.name}); keep the processor's {', '.join(missing)} with each "
                          "document")
     for key in m.item_keys:
-        _check_entries(m, key, torch.as_tensor(ex[key]), n, items)
+        if key not in m.token_rows:
+            _check_entries(m, key, torch.as_tensor(ex[key]), n, items)
     try:
         counts = [int(c) for c in spec.item_tokens(m.name, ex)]
     except (ValueError, IndexError, RuntimeError) as e:
@@ -210,15 +255,17 @@ def _counted_items(m: Modality, spec: VisionSpec, ex: Mapping[str, Any], n: int,
         its = f"its {m.name} takes" if items == 1 else f"its {items} {m.name}s take"
         raise ValueError(f"example {n}: {its} {'+'.join(map(str, counts))} placeholders by the model's count (from "
                          f"{', '.join((m.pixel_key, *m.item_keys))}) but the document holds {placeholders} {m.name} "
-                         f"placeholder tokens (id {m.token_id}); tokenize each document with the model's processor "
+                         f"placeholder tokens ({m.marker}); tokenize each document with the model's processor "
                          "and keep its pixels with it")
     return items
 
 
-def _check_entries(m: Modality, key: str, value: torch.Tensor, n: int, items: int) -> None:
-    """Refuse a per-item key of example ``n`` without one entry per item along the modality's item axis."""
-    axis = m.axis(key)
+def _check_entries(m: Modality, key: str, value: torch.Tensor, n: int, items: int, per: str = "") -> None:
+    """Refuse a per-item key of example ``n`` without one entry per item (``per``: per placeholder) along the
+    modality's item axis."""
+    axis = 0 if per else m.axis(key)
+    what = f"{m.name} {per}".strip()
     entries = int(value.shape[axis]) if value.dim() > axis else value.numel()
     if entries != items:
-        raise ValueError(f"example {n}: {key} has {entries} entries for its {items} {m.name}(s); give one per "
-                         f"{m.name} (along axis {axis}), as the processor does")
+        raise ValueError(f"example {n}: {key} has {entries} entries for its {items} {what}(s); give one per "
+                         f"{what} (along axis {axis}), as the processor does")

@@ -18,12 +18,14 @@ import torch
 
 from ..kernels import varlen_attention
 from ..log import get_logger, log_once
+from ..model_state import ENCODER_PART, state_of
 
 __all__ = ["encoder_forward", "is_encoder_call", "is_encoder_config", "is_encoder_module"]
 
 logger = get_logger(__name__)
-_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer")  # Perceiver: a per-image resampler
-# (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features and its prompt
+_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer", "Adapter")  # Perceiver: a per-image
+# resampler (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features and its
+# prompt; Adapter: Molmo2's pooling of each placeholder's patches (Molmo2AdapterConfig)
 
 
 def is_encoder_config(config: Any) -> bool:
@@ -32,8 +34,9 @@ def is_encoder_config(config: Any) -> bool:
 
 
 def is_encoder_module(module: torch.nn.Module) -> bool:
-    """Whether the attention layer belongs to a vision / audio encoder (its config class says so)."""
-    return is_encoder_config(getattr(module, "config", None))
+    """Whether the attention layer belongs to a vision / audio encoder (its config class says so, or ``prepare_model``
+    flagged it: :func:`hf_hsap.multimodal.marked.mark_image_path_layers`)."""
+    return is_encoder_config(getattr(module, "config", None)) or state_of(module, ENCODER_PART) is not None
 
 
 def is_encoder_call(module: torch.nn.Module, is_causal: bool | None) -> bool:

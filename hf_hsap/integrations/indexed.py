@@ -4,7 +4,10 @@ An indexed layer (DeepSeek-V3.2, GLM-MoE-DSA, dots3, AXK2, HY-V4, Mistral-Large-
 causal prefix with a small *lightning indexer* (under ``no_grad``: it selects, it gets no gradient), keeps the
 ``index_topk`` best keys per query (``topk`` indices ``[B, S, k]``; ``"shared"`` layers reuse the previous layer's)
 and runs softmax attention over those keys only. Transformers hands the indices to the attention function as
-``indices=`` (an ``"eager"`` / ``"sdpa"`` model folds them into a dense mask instead).
+``indices=`` (an ``"eager"`` / ``"sdpa"`` model folds them into a dense mask instead). Two other kinds build the
+mask in the layer (:mod:`.indexed_masks`): GLM-5-Next scatters its pooled top-k into a mask, Qwen4-Exp's QSA
+indexer returns a selection mask; hf_hsap runs their indexers per document the same way, and the bool mask that
+reaches the attention is then the allowed keys.
 
 Exact per document means each query's top-k is the one the document alone gives: its indexer's scores over its own
 document's causal prefix only (a prefix shorter than ``k`` keeps all of it: ``topk`` then also returns masked keys,
@@ -38,9 +41,9 @@ Transformers' indexer on that document alone) and ``O(S * L * H)`` attention sco
 document and layer: a row of many short documents pays their Python overhead. Exact: float64 logits and every
 parameter gradient against each document alone (``tests/model/test_indexed.py``, the zoos).
 Refused, each with its fix: a KV cache (generation: use ``"eager"``), bidirectional image blocks in an indexed
-layer, an unprepared model, indexed layers that select keys in their own code rather than passing top-k indices to
-the attention interface (:func:`~.indexed_layers.other_indexed_layers`: Qwen4-Exp's QSA, GLM-5-Next's pooled
-indexer; refused by :func:`~.model_check.check_model`).
+layer, an unprepared model, indexed layers that hand their selection to the attention in a way
+:func:`~.indexed_layers.indexed_kind` does not know (:func:`~.indexed_layers.other_indexed_layers`, refused by
+:func:`~.model_check.check_model`).
 """
 from __future__ import annotations
 
@@ -54,12 +57,15 @@ import torch.distributed as dist
 from ..config import text_config
 from ..data.positions import document_starts
 from ..log import get_logger
-from ..model_state import INDEXED, INDEXED_DOCS, ModelChanges, state_of
-from .indexed_layers import has_indexed_layers, indexed_layers, other_indexed_layers
+from ..model_state import INDEXED, INDEXED_DOCS, INDEXED_MASK, ModelChanges, state_of
+from .indexed_layers import (KIND_INDICES, KIND_TOPK_MASK, has_indexed_layers, indexed_kind, indexed_layers,
+                             other_indexed_layers)
+from .indexed_masks import check_padding, place_selection, topk_mask_builder
 from .local_layout import document_ids
 from .model_check import UnsupportedModelError
 from .plan_relay import relayed
 from .plan_use import plan_use_of
+from .sharding import text_positions
 
 __all__ = ["check_indexed_ready", "has_indexed_layers", "indexed_forward", "indexed_layers", "other_indexed_layers",
            "prepare_indexed"]  # the layer queries re-exported from indexed_layers
@@ -183,6 +189,9 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
     hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [B, S, hidden]
     batch, length = hidden.shape[:2]
     plan = _plan_of(module, kwargs)
+    own = state_of(module, INDEXED) == KIND_TOPK_MASK  # the layer builds its mask: its own stays for its indexer
+    if own:
+        check_padding(module, kwargs.get("attention_mask"), plan, fix=_FIX_PREPARE)
     if plan is not None:
         mask, positions = _plan_mask(plan, hidden.device)  # [S, L], [S]
         mask = mask[None, None]  # [1, 1, S, L]
@@ -190,13 +199,20 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
         docs = _Documents((tuple(zip(cu[:-1], cu[1:])),), positions, plan)
     else:
         ids = kwargs.get("attention_mask")
-        if ids is not None and (ids.dtype == torch.bool or ids.dim() != 2):
+        pos = kwargs.get("position_ids")
+        if own:  # a [B, L] bool padding mask (or None); documents from the text positions
+            ids = None if ids is None else ids.to(torch.int32)
+            pos = text_positions(pos, torch.Size((batch, length))) if torch.is_tensor(pos) and pos.dim() == 3 else pos
+        elif ids is not None and (ids.dtype == torch.bool or ids.dim() != 2):
             raise ValueError(f"{type(module).__name__}: an indexed-attention layer got a {ids.dim()}D "
                              f"{ids.dtype} mask; {_FIX_PREPARE} and pass packed rows with position_ids")
-        ids = _row_documents(ids, kwargs.get("position_ids"), batch, length, hidden.device)
+        ids = _row_documents(ids, pos, batch, length, hidden.device)
         mask = _ids_mask(ids, batch, length, hidden.device)[:, None]  # [B, 1, L, L]
         docs = _Documents(_spans_of_ids(ids, batch, length), torch.arange(length, device=hidden.device))
-    kwargs["attention_mask"] = mask
+    if own:
+        module.__dict__[INDEXED_MASK] = mask
+    else:
+        kwargs["attention_mask"] = mask
     if getattr(module, "indexer", None) is not None:
         module.indexer.__dict__[INDEXED_DOCS] = docs
     return args, kwargs
@@ -204,6 +220,7 @@ def _mask_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> 
 
 def _forget_documents(module: torch.nn.Module, args: tuple, output: Any) -> None:
     """Forward hook of an indexed layer: its indexer lets go of the call's documents (and plan) once it ran."""
+    module.__dict__[INDEXED_MASK] = None
     if getattr(module, "indexer", None) is not None:
         module.indexer.__dict__[INDEXED_DOCS] = None
 
@@ -228,8 +245,12 @@ def _document_input(x: Any, row: int, span: tuple[int, int], batch: int, length:
     replaced by the document's own causal mask (``mask``), other values unchanged."""
     if isinstance(x, (tuple, list)):
         return type(x)(_document_input(y, row, span, batch, length, mask) for y in x)
-    if torch.is_tensor(x) and x.dtype == torch.bool and x.dim() == 3:
-        return mask
+    if torch.is_tensor(x) and x.dtype == torch.bool and x.dim() in (3, 4):  # the layer's document-causal mask
+        return mask.view((1,) * (x.dim() - 2) + tuple(mask.shape[-2:]))
+    if torch.is_tensor(x) and x.dtype == torch.bool and x.dim() == 2:  # a [B, L] padding mask (GLM-5-Next)
+        if x.shape[-1] == length:
+            return x[row if x.shape[0] == batch else 0][None, span[0]:span[1]]
+        return torch.ones(1, span[1] - span[0], dtype=torch.bool, device=x.device)  # a rank's all-valid tokens
     if _is_tokens(x, batch, length):
         r = row if x.shape[0] == batch else 0
         return x[r:r + 1, span[0]:span[1]]
@@ -252,7 +273,7 @@ def _indexer_forward(indexer: torch.nn.Module, original: Any) -> Any:
         kwargs = {k: _gathered(v, docs.plan, batch, local) for k, v in kwargs.items()}
         length = docs.plan.total_tokens if docs.plan is not None else local
         positions = docs.positions
-        picked = []
+        picked, selections = [], []
         for row, spans in enumerate(docs.spans):
             for span in spans:
                 rows = ((positions >= span[0]) & (positions < span[1])).nonzero().flatten()  # [n] local queries
@@ -265,6 +286,9 @@ def _indexer_forward(indexer: torch.nn.Module, original: Any) -> Any:
                 cut = [_document_input(a, row, span, batch, length, mask) for a in args]
                 out = original(*cut, **{k: _document_input(v, row, span, batch, length, mask)
                                         for k, v in kwargs.items()})
+                if torch.is_tensor(out) and out.dtype == torch.bool and out.dim() == 4:  # a selection mask (QSA)
+                    selections.append((row, rows, span, out[0, 0].index_select(0, positions[rows] - span[0])))
+                    continue
                 if not torch.is_tensor(out) or out.is_floating_point() or out.dim() != 3:
                     raise UnsupportedModelError(
                         f"{type(indexer).__name__} returns {type(out).__name__} rather than top-k key indices "
@@ -272,6 +296,8 @@ def _indexer_forward(indexer: torch.nn.Module, original: Any) -> Any:
                         "per row (attn_implementation='eager')")
                 idx = out[0].index_select(0, positions[rows] - span[0])  # [n_rows, k_doc]
                 picked.append((row, rows, torch.where(idx >= 0, idx + span[0], idx)))
+        if selections:
+            return place_selection(selections, batch=batch, local=local, length=length, device=hidden.device)
         width = max((p[2].shape[-1] for p in picked), default=1)
         dtype = picked[0][2].dtype if picked else torch.int32
         result = torch.full((batch, local, width), -1, dtype=dtype, device=hidden.device)  # [B, S, k]
@@ -294,7 +320,11 @@ def prepare_indexed(model: torch.nn.Module, changes: ModelChanges) -> int:
     """
     layers = indexed_layers(model)
     for layer in layers:
-        changes.put(layer, INDEXED, True)
+        kind = indexed_kind(type(layer))
+        changes.put(layer, INDEXED, kind)
+        if kind == KIND_TOPK_MASK:
+            changes.put(layer, INDEXED_MASK, None)
+            changes.set(layer, "build_attention_mask_from_topk", topk_mask_builder(layer))
         changes.hook(layer.register_forward_pre_hook(_mask_hook, with_kwargs=True))
         changes.hook(layer.register_forward_hook(_forget_documents))
         if layer.indexer is not None:
@@ -352,7 +382,7 @@ def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         query ``[B, Hq, S, D]``, key / value ``[B, Hkv, S_kv, D / Dv]``, attention_mask ``[B, 1, S, L]``,
         indices ``[B, S, k]`` -> ``[B, S, Hq, Dv]``.
     """
-    if indices is None:
+    if indices is None and state_of(module, INDEXED) == KIND_INDICES:
         raise ValueError(f"{type(module).__name__}: an indexed-attention layer called the attention without its "
                          f"top-k indices; {_FIX_PREPARE}")
     if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
@@ -365,14 +395,16 @@ def indexed_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             if use is not None:
                 use.record(module)
     n_keys = key.shape[2]
-    idx = indices.long()
-    idx = torch.where(idx < 0, torch.full_like(idx, n_keys), idx)  # [B, S, k]; a negative index selects nothing
-    selected = torch.zeros(*idx.shape[:2], n_keys + 1, dtype=torch.bool, device=idx.device)
-    selected = selected.scatter(-1, idx, True)[..., :n_keys]  # [B, S, L]
-    allowed = selected & attention_mask[:, 0]  # [B, S, L]
+    allowed = attention_mask[:, 0]  # [B, S, L]; a layer that built its own mask: already the selected keys
+    if indices is not None:
+        idx = indices.long()
+        idx = torch.where(idx < 0, torch.full_like(idx, n_keys), idx)  # [B, S, k]; a negative index selects nothing
+        selected = torch.zeros(*idx.shape[:2], n_keys + 1, dtype=torch.bool, device=idx.device)
+        allowed = selected.scatter(-1, idx, True)[..., :n_keys] & allowed  # [B, S, L]
     if window is not None:
-        pos = _plan_mask(plan, idx.device)[1] if plan is not None else torch.arange(query.shape[2], device=idx.device)
-        allowed = allowed & (torch.arange(n_keys, device=idx.device)[None, :] > pos[:, None] - window)
+        dev = allowed.device
+        pos = _plan_mask(plan, dev)[1] if plan is not None else torch.arange(query.shape[2], device=dev)
+        allowed = allowed & (torch.arange(n_keys, device=allowed.device)[None, :] > pos[:, None] - window)
     compute = torch.promote_types(query.dtype, torch.float32)
     q, k, v = query.to(compute), key.to(compute), value.to(compute)
     group = q.shape[1] // k.shape[1]

@@ -10,9 +10,16 @@ import torch
 
 from ..config import text_config
 
-__all__ = ["INDEXED_LAYER_TYPE", "has_indexed_layers", "indexed_layers", "other_indexed_layers"]
+__all__ = ["INDEXED_LAYER_TYPE", "KIND_INDICES", "KIND_SELECT_MASK", "KIND_TOPK_MASK", "has_indexed_layers",
+           "indexed_kind", "indexed_layers", "other_indexed_layers"]
 
 INDEXED_LAYER_TYPE = "indexed_attention"
+# How an indexed layer hands its indexer's selection to the attention (what :mod:`.indexed` adapts to):
+KIND_INDICES = "indices"  # top-k indices passed to the attention interface as `indices=` (DeepSeek-V3.2, ...)
+KIND_TOPK_MASK = "topk_mask"  # top-k indices turned into a dense mask by the layer's `build_attention_mask_from_topk`
+# (GLM-5-Next's pooled indexer)
+KIND_SELECT_MASK = "select_mask"  # the indexer returns a bool selection mask that the layer ANDs with its causal
+# mask (Qwen4-Exp's QSA)
 
 
 def has_indexed_layers(config: Any) -> bool:
@@ -21,14 +28,29 @@ def has_indexed_layers(config: Any) -> bool:
     return INDEXED_LAYER_TYPE in {str(t) for t in types}
 
 
-@functools.lru_cache(maxsize=None)
-def _passes_indices(cls: type) -> bool:
-    """Whether a layer class's forward hands the indexer's top-k to the attention interface as ``indices=`` (the
-    DeepSeek-sparse contract :mod:`.indexed` implements), read from its source (cached per class)."""
+def _source(fn: Any) -> str:
     try:
-        return "indices=" in inspect.getsource(cls.forward)
+        return inspect.getsource(fn)
     except (OSError, TypeError):
-        return False
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def indexed_kind(cls: type) -> str | None:
+    """How an indexed layer class hands its indexer's selection to the attention (``KIND_*``), read from its methods
+    and source (cached per class); ``None``: none hf_hsap knows (the layer is refused).
+
+    Args:
+        cls: the class of an ``"indexed_attention"`` layer (one with an ``indexer`` attribute).
+    """
+    if callable(getattr(cls, "build_attention_mask_from_topk", None)):
+        return KIND_TOPK_MASK
+    src = _source(cls.forward)
+    if "selected_token_mask" in src and "& selected_token_mask" in src:
+        return KIND_SELECT_MASK
+    if "indices=" in src:
+        return KIND_INDICES
+    return None
 
 
 def _indexed_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -46,12 +68,13 @@ def _indexed_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def indexed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder's DeepSeek-sparse indexed attention layers: indexed-attention modules that pass their top-k key
-    indices to the attention interface (``indices=``); what :func:`prepare_indexed` makes exact."""
-    return [m for m in _indexed_candidates(model) if _passes_indices(type(m))]
+    """The decoder's indexed attention layers of a kind hf_hsap knows (:func:`indexed_kind`: top-k indices through
+    the attention interface, or a mask the layer builds from its indexer's top-k or selection); what
+    :func:`prepare_indexed` makes exact."""
+    return [m for m in _indexed_candidates(model) if indexed_kind(type(m)) is not None]
 
 
 def other_indexed_layers(model: torch.nn.Module) -> list[str]:
-    """Class names of indexed-attention layers that select their keys in their own code (a selection mask, pooled
-    key blocks: Qwen4-Exp's QSA, GLM-5-Next's pooled indexer) rather than top-k indices through the interface."""
-    return sorted({type(m).__name__ for m in _indexed_candidates(model) if not _passes_indices(type(m))})
+    """Class names of indexed-attention layers that hand their selection to the attention in a way
+    :func:`indexed_kind` does not know (refused by the model check)."""
+    return sorted({type(m).__name__ for m in _indexed_candidates(model) if indexed_kind(type(m)) is None})

@@ -12,12 +12,14 @@ NON_MIXING_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Families whose recurrent layers all run through the kernel hooks hf_hsap replaces (`mixer_hooks`), exact against
 # their documents run alone (the zoo: fp32 / fp64, SP 1 / 2 / 4, U 1 / 2; tests/model/test_zoo.py).
 MIXER_FAMILIES = frozenset({
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini",  # gated delta rule
-    "kimi_linear", "bailing_hybrid",  # KDA
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "lara_mini", "qwen4_exp_text",  # gated delta rule
+    "kimi_linear", "bailing_hybrid", "glm5_next_text",  # KDA
     "nemotron_h", "bamba", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2",  # Mamba2 (SSD)
     "zamba", "jamba", "falcon_mamba", "mamba",  # Mamba
     "lfm2", "lfm2_moe", "lfm3",  # short convolutions
     "minimax",  # lightning attention (no kernel hook: the layer's forward replaced per instance)
+    "inkling_text", "inkling2_text", "inkling2_loop_text",  # short (+ dynamic) convolutions; their attention's
+    # per-query relative position bias: integrations/relative_bias.py
 })
 # Why a hybrid family's recurrent layers have no kernel hook (what its refusal says).
 NO_HOOK = {
@@ -25,9 +27,7 @@ NO_HOOK = {
     "zaya": "its layers' token mixing runs in their forward",
 }
 # Hybrid families refused for their attention, not their recurrent layers.
-FAMILY_REASONS = {f: ("an attention that adds a learned relative position bias (position_bias), which "
-                       "attn_implementation='hsap' does not implement")
-                   for f in ("inkling_text", "inkling2_text", "inkling2_loop_text")}
+FAMILY_REASONS: dict[str, str] = {}
 # Config fields that only models with non-attention token mixers have (Mamba / SSM, convolutions, linear
 # attention, recurrent blocks), for the families whose config has no `layer_types`.
 MIXER_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_ssm", "ssm_state_size",

@@ -32,6 +32,7 @@ from ..mixers.heads import HeadsRoute, heads_fit, heads_route, run_heads
 from ..mixers.heads_specs import HEADS_SPECS
 from ..mixers.layers import mixer_layers
 from ..mixers.ops import LAYER_OPS, OPS
+from ..mixers.ple import METHOD_OPS
 from ..model_state import MIXERS, MIXERS_READY, ModelChanges, state_of
 from ..plan.chain import Chain, document_chain, state_chain
 from ..plan.cost import recurrent_mode
@@ -170,6 +171,20 @@ def _layer_replacement(op: Callable, ctx: MixerContext) -> Callable:
     return forward
 
 
+def _method_replacement(name: str, op: Callable, ctx: MixerContext) -> Callable:
+    """Method ``name`` of a layer in :data:`~hf_hsap.mixers.ple.METHOD_OPS`: the document-cut op when the batch has a
+    layout, which gets the class's own method bound to the layer."""
+
+    def method(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        orig = types.MethodType(getattr(type(self), name), self)
+        if ctx.chain is None:
+            return orig(*args, **kwargs)
+        ctx.record(self)
+        return op(self, orig, args, kwargs, ctx.chain, ctx.exchange)
+
+    return method
+
+
 def prepare_mixers(model: torch.nn.Module, changes: ModelChanges) -> MixerContext | None:
     """Make a hybrid model's recurrent layers document-exact on packed rows and under SP.
 
@@ -194,6 +209,10 @@ def prepare_mixers(model: torch.nn.Module, changes: ModelChanges) -> MixerContex
         if type(layer).__name__ in LAYER_OPS:  # no kernel hook: the layer's forward, per instance, as kernelize does
             changes.set(layer, "forward",
                         types.MethodType(_layer_replacement(LAYER_OPS[type(layer).__name__], ctx), layer))
+            continue
+        if type(layer).__name__ in METHOD_OPS:  # token-mixing methods with no kernel hook, per instance
+            for name, op in METHOD_OPS[type(layer).__name__].items():
+                changes.set(layer, name, types.MethodType(_method_replacement(name, op, ctx), layer))
             continue
         for name, fn in layer.__dict__["_kernel_funcs"].items():
             if name in OPS:

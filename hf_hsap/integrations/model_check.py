@@ -31,7 +31,7 @@ import torch
 from ..config import text_config
 from ..log import get_logger
 from ..mixers.layers import mixer_layers
-from ..model_state import MIXERS_READY, state_of
+from ..model_state import DEPTH, MIXERS_READY, state_of
 from ..plan.chain import RECURRENT_LAYER_TYPES
 from .encoder_attention import is_encoder_module
 from .indexed_layers import other_indexed_layers
@@ -257,8 +257,10 @@ def encoder_parts(model: torch.nn.Module) -> set[int]:
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder's attention layers of ``model``: modules whose forward calls the AttentionInterface, less a vision
-    or audio encoder's."""
-    return [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)]
+    or audio encoder's, less the layers that attend over one token's own states (``DEPTH``, marked by
+    ``prepare_model``)."""
+    return [m for m in model.modules() if _calls_attention_interface(m) and not is_encoder_module(m)
+            and state_of(m, DEPTH) is None]  # Inkling 2's attention residuals mix no tokens
 
 
 def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -> ModelCheck:
@@ -298,9 +300,10 @@ def check_model(model: torch.nn.Module, sp_size: int = 1, packed: bool = True) -
     odd = other_indexed_layers(model)
     if odd and (packed or sp_size > 1):
         raise UnsupportedModelError(
-            f"{family}'s indexed-attention layers ({', '.join(odd)}) select their keys in their own code (a selection "
-            "mask or pooled key blocks over the packed row), not as top-k key indices through the attention interface, "
-            f"which is what hf_hsap makes exact per document (DeepSeek-sparse layers); {_SDPA_FIX}")
+            f"{family}'s indexed-attention layers ({', '.join(odd)}) hand their key selection to the attention in a "
+            "way hf_hsap does not know (it makes exact: top-k indices through the attention interface, a top-k "
+            f"turned into a mask by build_attention_mask_from_topk, a selection mask ANDed with the causal mask); "
+            f"{_SDPA_FIX}")
     attention = attention_modules(model)
     if not attention and not mixers:
         raise UnsupportedModelError(f"{family} has no layer that calls Transformers' AttentionInterface, so "

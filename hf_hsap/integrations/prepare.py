@@ -32,9 +32,11 @@ from ..log import get_logger
 from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
+from ..multimodal.marked import drop_dense_masks, mark_image_path_layers
 from ..multimodal.prefix import mark_prefix_lm
 from .indexed import prepare_indexed
 from .mixer_hooks import prepare_mixers
+from .relative_bias import prepare_relative_bias
 from .model_check import (DROPOUT_CONFIG_FIELDS, ModelCheck, attention_dropout_layers, attention_modules,
                           check_model, dropout_settings)
 from .plan_relay import relay_plan
@@ -155,7 +157,10 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         _use_hsap_in_decoder(model, changes)
         if disable_attention_dropout:
             _disable_attention_dropout(model, changes)
+        prepare_relative_bias(model, changes)  # before check_model: its probe forward runs the bias layers
         prepare_indexed(model, changes)  # before check_model: its probe forward runs the indexed layers
+        drop_dense_masks(model, changes)  # Kosmos-2's text transformer builds no dense causal mask of its own
+        mark_image_path_layers(model, changes)  # and its image-to-text projection's attention runs per image
         mark_prefix_lm(model, attention_modules(model), changes)  # PaliGemma: causal by its mask, not by its flag
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:

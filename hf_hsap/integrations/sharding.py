@@ -271,6 +271,8 @@ def shard_batch(
         local["hsap_blocks"] = blocks
     if vision is not None and vision.position_start:  # PaliGemma counts each document's positions from 1
         local["position_ids"] = local["position_ids"] + vision.position_start
+    if vision is not None and vision.rope_rows_only and local["position_ids"].dim() == 3:  # HunYuan-VL
+        local["position_ids"] = local["position_ids"][1:]  # [1 + rows, 1, T] -> its rotary rows [rows, 1, T]
     if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
         local.update(shard_cross(batch, vision, shard))
     elif vision is not None:
@@ -290,6 +292,8 @@ def shard_batch(
     skip = vision_keys(vision) if vision is not None else set()
     if blocks is not None:  # the blocks replace the model's own bidirectional mask overlay
         skip |= {"token_type_ids", "mm_token_type_ids"}
+        if getattr(vision, "type_blocks", None):  # Molmo2 requires its types when training: all text (no overlay)
+            local[vision.type_blocks] = torch.zeros_like(local["input_ids"])
     for key, value in batch.items():
         if key in local or key in skip or key in LAYOUT_KEYS or key in ("labels", "shift_labels",
                                                                       "num_items_in_batch", PLAN_USE_KEY):

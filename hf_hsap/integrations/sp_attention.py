@@ -20,7 +20,7 @@ from .chunked_attention import layer_plan
 from .model_check import check_config, check_mixers_prepared
 from .plan_use import PlanUse, plan_use_of
 
-__all__ = ["sp_attention", "sp_forward"]
+__all__ = ["enter_plan", "sp_attention", "sp_forward"]
 
 logger = get_logger(__name__)
 
@@ -61,6 +61,31 @@ def sp_attention(
     return out.unsqueeze(0)  # [T, Hq, D] -> [1, T, Hq, D]
 
 
+def enter_plan(module: torch.nn.Module, plan: Plan, plan_use: PlanUse | None) -> PlanUse | None:
+    """A layer takes the batch's plan: refuse what the plan cannot express, record that the layer consumed it.
+
+    Args:
+        module: the calling attention layer.
+        plan: the batch's :class:`~hf_hsap.Plan`.
+        plan_use: the call's ``hsap_plan_use`` record, or ``None`` (see :func:`~.plan_use.plan_use_of`).
+
+    Returns:
+        The plan-use record (``None`` at SP size 1 or for a plan made by hand).
+    """
+    config = getattr(module, "config", None)
+    if config is not None:
+        check_config(config, packed=True, sp_size=plan.size)
+        check_mixers_prepared(module, config, plan.size)
+    use = plan_use_of(plan, plan_use) if plan.size > 1 else None
+    if use is not None:
+        use.record(module)
+    elif plan.size > 1:  # a plan made by hand (not by shard_batch): nothing proves that every layer consumed it
+        log_once(logger, logging.WARNING, "no plan use",
+                 "hsap attention: an hsap_plan without its hsap_plan_use record (a plan not made by shard_batch, "
+                 "or not its latest); whether every attention layer consumed the plan is not checked")
+    return use
+
+
 def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: Plan, *,
                scaling: float | None, window: int | None, plan_use: PlanUse | None = None,
                softcap: float | None = None, sinks: torch.Tensor | None = None, blocks: Any = None) -> torch.Tensor:
@@ -88,17 +113,7 @@ def sp_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     Shapes:
         query ``[1, Hq, T, D]``, key/value ``[1, Hkv, T, D]`` -> ``[1, T, Hq, D]``.
     """
-    config = getattr(module, "config", None)
-    if config is not None:
-        check_config(config, packed=True, sp_size=plan.size)
-        check_mixers_prepared(module, config, plan.size)
-    use = plan_use_of(plan, plan_use) if plan.size > 1 else None
-    if use is not None:
-        use.record(module)
-    elif plan.size > 1:  # a plan made by hand (not by shard_batch): nothing proves that every layer consumed it
-        log_once(logger, logging.WARNING, "no plan use",
-                 "hsap attention: an hsap_plan without its hsap_plan_use record (a plan not made by shard_batch, "
-                 "or not its latest); whether every attention layer consumed the plan is not checked")
+    use = enter_plan(module, plan, plan_use)
     if logger.isEnabledFor(logging.DEBUG):  # once per case, not per layer
         log_once(logger, logging.DEBUG, ("sp", plan.size),
                  "hsap attention: sequence-parallel branch, SAP over sp_size=%d (%s)", plan.size,

@@ -28,6 +28,11 @@ Computed exactly, in every branch (:func:`~.attention_checks.attention_variant`)
 ending at itself, also in generation over the sliding caches' keys), logit soft-capping (``softcap``, Gemma 2) and
 attention sinks (``s_aux``, GPT-OSS; the sinks get their gradient).
 
+Layers with a per-query relative position bias (Inkling, Inkling 2; their bias modules hand a table once
+``prepare_model`` ran, :mod:`.relative_bias`) attend in torch per document from each token's document position
+(per-query sinks included); Inkling 2's attention residuals (learned queries over one token's layer states) are
+plain attention with no token mixing (:func:`~.biased_attention.depth_forward`).
+
 Cross-attention layers (Mllama's text-to-image layers, :mod:`.cross_attention`) attend per document over the
 rank's own image states, without the plan.
 
@@ -35,7 +40,7 @@ Vision and audio encoders (a non-causal call from a module with a vision / audio
 per-image bidirectional attention (:mod:`.encoder_attention`); the decoder's plan never applies to them.
 
 Refused with ``ValueError`` (the message names the fix, :mod:`.attention_checks`): attention dropout > 0,
-chunked layers in generation past a chunk, non-causal modules or masks, position biases, dense 4D
+chunked layers in generation past a chunk, non-causal modules or masks, dense position biases, dense 4D
 masks and custom mask overlays, families with non-attention token mixers or attention outside the interface
 (:mod:`.model_check`).
 """
@@ -49,7 +54,7 @@ import torch
 from ..plan.plan import Plan
 from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
-from ..model_state import INDEXED, PREFIX_LM, RELAY, state_of
+from ..model_state import DEPTH, INDEXED, PREFIX_LM, RELAY, state_of
 from ..multimodal.cross import CROSS_KEY, is_cross_attention
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
@@ -60,8 +65,10 @@ from .local_attention import local_forward
 from .local_layout import document_starts
 from .mask import hsap_mask_function
 from .plan_relay import relayed, relayed_documents
+from .biased_attention import depth_forward
+from .relative_bias import check_unprepared_bias, relative_bias_extent, relative_forward
 from .chunked_attention import layer_plan
-from .sp_attention import sp_forward
+from .sp_attention import enter_plan, sp_forward
 from .temperature import fix_temperature
 
 __all__ = ["document_starts", "hsap_attention_forward", "hsap_mask_function"]
@@ -113,7 +120,8 @@ def hsap_attention_forward(
         is_causal: overrides ``module.is_causal``; must not be False.
         s_aux: ``[Hq]`` attention-sink logits (GPT-OSS), or ``None``.
         softcap: logit soft-cap (Gemma 2), or ``None``.
-        position_bias: additive position biases; must be ``None``.
+        position_bias: ``None``, or a prepared relative-bias layer's ``[B, Hq, Lq, E]`` table (``RELATIVE_BIAS``);
+            dense biases are refused.
         hsap_blocks: bidirectional image blocks of the batch (Gemma 3, from :func:`~.sharding.shard_batch`), run by
             the plan's schedule at every SP size; ``None``: none.
         kwargs: the rest of the model's keyword arguments (``use_cache``, ``max_length_q``, ...), unused.
@@ -139,6 +147,22 @@ def hsap_attention_forward(
             hsap_blocks = hsap_blocks if hsap_blocks is not None else relayed(module, "hsap_blocks")
         if position_ids is None and cu_seq_lens_q is None:
             position_ids, cu_seq_lens_q, cu_seq_lens_k = relayed_documents(module, query.shape[0], query.shape[2])
+    if state_of(module, DEPTH) is not None:  # attention over each token's own layer states (Inkling 2): no token mixing
+        return depth_forward(query, key, value, scaling), None
+    check_unprepared_bias(module, position_bias, kwargs.get("sinks"))
+    if relative_bias_extent(module, position_bias) is not None:  # a per-query bias table (Inkling, prepare_model)
+        check_supported(module, dropout, is_causal=is_causal)
+        check_mask_rank(module, attention_mask)
+        window = attention_variant(module, query.shape[1], sliding_window=sliding_window).window
+        ids_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+        check_plan_mask(hsap_plan, attention_mask, ids_mask)
+        if hsap_plan is not None:
+            enter_plan(module, hsap_plan, hsap_plan_use)
+        out = relative_forward(module, query, key, value, attention_mask, table=position_bias,
+                               sinks=kwargs.get("sinks"), scaling=scaling, window=window, plan=hsap_plan,
+                               ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
+                               plan_use=hsap_plan_use)
+        return out, None
     own_mask = attention_mask is not None and attention_mask.dim() == 4 and is_encoder_module(module)
     if is_encoder_call(module, is_causal) or own_mask:  # a vision / audio tower (Mllama's: its own dense tile mask,
         # which SDPA applies whatever the layer's is_causal): per-image bidirectional attention

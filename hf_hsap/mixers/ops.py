@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..plan.chain import Chain
 from .calls import batched_runs, bind, refuse_cache, run_call, state_dtype
+from .dynamic_conv import dynamic_conv
 from .handoff import StateExchange, Summary
 from .scans import mamba2_scan, selective_scan
 
@@ -261,4 +262,6 @@ def lightning(layer: torch.nn.Module, orig: Callable, args: tuple, kwargs: dict[
 
 
 # Layers whose recurrence runs in their own forward, replaced per instance as a whole: class name -> op.
-LAYER_OPS: dict[str, Callable[..., Any]] = {"MiniMaxLightningAttention": lightning}
+LAYER_OPS: dict[str, Callable[..., Any]] = {"MiniMaxLightningAttention": lightning,
+                                             "Inkling2DynamicShortConvolution": dynamic_conv,
+                                             "Inkling2LoopDynamicShortConvolution": dynamic_conv}

@@ -5,7 +5,11 @@
 - NaFlex patches (:mod:`.naflex`: LFM2-VL's ``spatial_shapes`` and ``pixel_attention_mask``);
 - a second pixel view (:mod:`.paired`: DeepSeek-VL-Hybrid's ``high_res_pixel_values``);
 - a Q-Former's queries and prompt (:mod:`.qformer`: BLIP-2, InstructBLIP);
-- a linear patch embedding without a tower (:mod:`.patches`: Fuyu).
+- a linear patch embedding without a tower (:mod:`.patches`: Fuyu);
+- images placed by a per-token mask, no placeholder id (:mod:`.marked`: Kosmos-2, Kosmos-2.5);
+- videos queried frame by frame by a Q-Former (:mod:`.qformer`: InstructBLIP-Video, whose placeholder is its video
+  token).
+- crops whose placeholders pool chosen patches (:mod:`.pooled`: Molmo2's ``image_token_pooling``).
 
 Each is exact in the multimodal zoo in every mode; the encoder's rows per item are checked against the
 placeholders every forward (:mod:`.select`).
@@ -17,14 +21,17 @@ import torch
 from ..data.vision import VisionSpec
 from .naflex import naflex_spec
 from .navit import navit_spec
+from .marked import marked_spec
 from .paired import paired_spec
 from .patches import patches_spec
-from .qformer import qformer_spec
+from .pooled import pooled_spec
+from .qformer import qformer_spec, video_qformer_spec
 from .structure import token
 
 __all__ = ["derived_spec"]
 
-_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec)
+_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, pooled_spec)
+_UNPLACED = (marked_spec, video_qformer_spec)  # rules for models without an image placeholder id
 
 
 def derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec | None:
@@ -36,6 +43,10 @@ def derived_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec |
     Returns:
         The first rule's spec that reads the model (see the module docstring), or ``None``.
     """
+    for unplaced in _UNPLACED:
+        spec = unplaced(model, inner)
+        if spec is not None:
+            return spec
     image = token(model.config, "image_token_id", "image_token_index")
     if image is None:
         return None

@@ -5,7 +5,8 @@ its ``t * h * w / merge`` placeholders take the merged patches in order, and eac
 multimodal rotary positions (the model's ``get_rope_index`` on that document alone). Everything here is derived
 from the model, not from a list of family names:
 
-- the merge factor: the vision config's ``spatial_merge_size`` (or ``merge_size``) squared;
+- the merge factor: the vision config's ``spatial_merge_size`` (or ``merge_size``) squared, and for videos its
+  ``temporal_merge_size`` (ERNIE-4.5-VL's resampler merges a video's temporal patches in pairs, an image's not);
 - the modalities: images, and videos where ``get_video_features`` takes a ``video_grid_thw``; the per-item keys
   the rope index reads besides the grid (the seconds per temporal patch: the forward's ``second_per_grid_ts`` or
   ``video_second_per_grid``, the rope index's ``second_per_grids``);
@@ -15,14 +16,16 @@ from the model, not from a list of family names:
   token for both, :func:`video_placeholder`): such a model cannot tell an image's placeholders from a video frame's in one forward, so
   :func:`frames_as_images` gives it each video frame as an image of grid ``[1, h, w]`` (its ``get_video_features``
   encodes a video as exactly those frames, and its rope index places a frame as it places such an image);
+- items whose placeholders are not ``t * h * w / merge`` (a merge size per item, rows of the encoder's own):
+  counted per item from the model, :mod:`.grid_rows`;
 - audios (the omni thinkers): :mod:`.audio`, their placeholders counted by the audio tower, each audio's real frames
   handed to the rope index (``audio_seqlens``).
 """
 from __future__ import annotations
 
-import math
-
+import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,9 +33,10 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from .audio import audio_counter, audio_modality
+from .grid_rows import grid_counter
 
 __all__ = ["ROPE_INPUTS", "frames_as_images", "grid_merge", "grid_spec", "is_grid_model", "rope_index",
-           "video_marks", "video_placeholder"]
+           "takes_text_row", "video_marks", "video_placeholder"]
 
 # the rope index's inputs rope_index() gives it from one document (besides the forward's per-item keys)
 ROPE_INPUTS = frozenset({"self", "kwargs", "input_ids", "mm_token_type_ids", "attention_mask", "image_grid_thw",
@@ -112,6 +116,31 @@ def rope_index(inner: torch.nn.Module) -> Callable[..., torch.Tensor] | None:
         return fn(**{k: v for k, v in doc.items() if k in params})[0]  # [3, 1, n]
 
     return index
+
+
+def takes_text_row(model: torch.nn.Module, inner: torch.nn.Module) -> bool:
+    """Whether the text model takes Transformers' packed multimodal positions ``[1 + rows, B, L]`` (row 0 the text
+    positions), asked on one zero token: ``False`` where it refuses them and takes its ``rows`` rotary rows alone
+    (HunYuan-VL); ``True`` where it takes them, or where it cannot be asked (no ``language_model``, the meta device,
+    no ``mrope_section``)."""
+    text = getattr(inner, "language_model", None)
+    rows = len((getattr(model.config.get_text_config(), "rope_parameters", None) or {}).get("mrope_section") or ())
+    param = next((p for p in inner.parameters() if p.is_floating_point()), None)
+    if not isinstance(text, torch.nn.Module) or not rows or param is None or param.is_meta:
+        return True
+    width = int(model.config.get_text_config().hidden_size)
+    embeds = torch.zeros(1, 1, width, device=param.device, dtype=param.dtype)
+
+    def runs(n: int) -> bool:
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[param.device] if param.device.type == "cuda" else []):
+                text(inputs_embeds=embeds, position_ids=torch.zeros(n, 1, 1, dtype=torch.int64, device=param.device),
+                     use_cache=False)
+            return True
+        except (ValueError, RuntimeError):
+            return False
+
+    return runs(rows + 1) or not runs(rows)
 
 
 def frames_as_images(image: int, *, types_key: str = "mm_token_type_ids", video_type: int = 2
@@ -198,11 +227,36 @@ def grid_spec(model: torch.nn.Module, inner: torch.nn.Module, family: str, image
     elif marks == "video":
         forward = _params(type(model).forward)
         extra = tuple(k for k in _SECONDS_KEYS if k in forward)[:1]  # the seconds per grid the forward takes
-        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2))
+        time_merge = int(getattr(model.config.vision_config, "temporal_merge_size", None) or 1)  # ERNIE-4.5-VL
+        mods.append(Modality("video", video, "pixel_values_videos", "video_grid_thw", ("video_grid_thw", *extra), 2,
+                             time_merge=time_merge))
+    mods, counters, keep = grid_counter(model, inner, mods, frozenset(_params(type(model).forward)), merge=merge)
+    if keep is not None:  # per-item keep masks (VideoLLaMA3's video_compression_mask), after any frames as images
+        document = keep if document is None else _then(document, keep)
     audio = audio_modality(model, inner)
     if audio is not None:
         mods.append(audio)
+        counters["audio"] = functools.partial(audio_counter(inner), "audio")
     takes_types = "mm_token_type_ids" in _params(type(model).forward)
-    layout = VisionLayout(family, tuple(mods), merge=merge, counted=("audio",) if audio is not None else ())
+    layout = VisionLayout(family, tuple(mods), merge=merge, counted=tuple(counters),
+                          rope_rows_only=rope is not None and not takes_text_row(model, inner))
     return VisionSpec(layout, rope_index=rope, token_type_key="mm_token_type_ids" if takes_types else None,
-                      item_tokens=audio_counter(inner) if audio is not None else None, document=document)
+                      item_tokens=_by_name(counters) if counters else None, document=document)
+
+
+Document = Callable[[Mapping[str, Any], int], dict[str, Any]]  # VisionSpec.document
+
+
+def _then(first: Document, second: Document) -> Document:
+    """The document transform ``second(first(example))``."""
+    def document(ex: Mapping[str, Any], n: int) -> dict[str, Any]:
+        return second(first(ex, n), n)
+    return document
+
+
+def _by_name(counters: Mapping[str, Callable[[Mapping[str, Any]], list[int]]]
+             ) -> Callable[[str, Mapping[str, Any]], list[int]]:
+    """``count(name, document)``: the counter of modality ``name`` (``KeyError`` for a modality not counted)."""
+    def count(name: str, ex: Mapping[str, Any]) -> list[int]:
+        return counters[name](ex)
+    return count

@@ -17,14 +17,17 @@ import torch
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
 from .exchange import exchange_rows
+from .indicators import prepare_indicators
 from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
 
-__all__ = ["prepare_vision", "select_rows"]
+__all__ = ["keep_rows", "prepare_vision", "select_rows"]
 
 logger = get_logger(__name__)
 _FEATURE_METHODS = {"image": "get_image_features", "video": "get_video_features", "audio": "get_audio_features"}
 _SELECTED_FIELDS = ("pooler_output", "deepstack_features")  # Qwen3-VL's deepstack rows follow the placeholders
+_DECODER_KEYS = ("position_ids", "shift_labels", "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k",
+                 "max_length_q", "max_length_k")  # a packed row's keys for the decoder, never an encoder's
 _AUDIO_FIELDS = ("last_hidden_state",)  # an audio encoder's rows (the omni thinkers merge its last_hidden_state)
 
 
@@ -96,6 +99,32 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     return output
 
 
+def keep_rows(output: Any, mask: torch.Tensor, name: str) -> Any:
+    """An encoder output's ``pooler_output`` (one ``[rows_i, D]`` per item) with only the rows each item's keep mask
+    marks (VideoLLaMA3's token compression, which its forward applies to all the items' rows at once).
+
+    Args:
+        output: what ``get_{name}_features(..., return_dict=True)`` returned; mask: ``[n_items, most rows]`` bool
+            (``False`` past an item's rows); name: the modality (for the message).
+
+    Returns:
+        ``output`` with ``pooler_output`` replaced (the same object).
+
+    Raises:
+        ValueError: an output that is not one tensor per item, or a mask of other items.
+    """
+    value = getattr(output, "pooler_output", None)
+    if not isinstance(value, (list, tuple)) or len(value) != mask.shape[0] or \
+            any(v.shape[0] > mask.shape[1] or bool(mask[i, v.shape[0]:].any()) for i, v in enumerate(value)):
+        got = len(value) if isinstance(value, (list, tuple)) else type(value).__name__
+        raise ValueError(f"the {name} encoder's output ({got} items) does not match its keep mask of shape "
+                         f"{tuple(mask.shape)}: pack the documents with PackingCollator(max_length, "
+                         "vision=hf_hsap.vision_spec(model)) and call model(**hf_hsap.shard_batch(batch, sp))")
+    mask = mask.to(device=value[0].device, dtype=torch.bool)
+    output.pooler_output = type(value)(v[mask[i, :v.shape[0]]] for i, v in enumerate(value))
+    return output
+
+
 class _Rows:
     """The rows of the forward in flight (set by the pre-hook, cleared after the forward).
 
@@ -104,10 +133,12 @@ class _Rows:
             pixels must say where the images are (``hsap_blocks`` from ``shard_batch``, or ``token_type_ids``).
     """
 
-    def __init__(self, family: str, image_blocks: bool) -> None:
+    def __init__(self, family: str, image_blocks: bool, keep_keys: dict[str, str] | None = None) -> None:
         self.rows: dict[str, torch.Tensor] | None = None
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
         self.family, self.image_blocks = family, image_blocks
+        self.keep_keys = keep_keys or {}  # modality -> its per-item keep mask's key (Modality.keep_key)
+        self.keep: dict[str, torch.Tensor] = {}  # modality -> the forward's [n_items, rows] keep mask
 
     def pre(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if self.image_blocks and kwargs.get("pixel_values") is not None and kwargs.get("hsap_blocks") is None \
@@ -119,10 +150,15 @@ class _Rows:
         rows = kwargs.pop(ROWS_KEY, None)
         if rows is not None:
             self.rows = rows
+        for name, key in self.keep_keys.items():  # a packed batch's per-item keep mask: applied by the encoder's wrap
+            mask = kwargs.get(key)
+            if torch.is_tensor(mask) and mask.dim() == 2:  # (the processor's own [rows] is left to the model)
+                self.keep[name] = kwargs.pop(key)
         return args, kwargs
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.rows = None
+        self.keep = {}
 
 
 def _spec_or_none(model: torch.nn.Module) -> Any:
@@ -135,7 +171,9 @@ def _spec_or_none(model: torch.nn.Module) -> Any:
 def _wrap(method: Any, state: _Rows, name: str) -> Any:
     @functools.wraps(method)
     def features(*args: Any, **kwargs: Any) -> Any:
-        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("hsap_")}  # the decoder's plan stays there
+        # the decoder's plan and text inputs stay there (InstructBLIP-Video passes its forward's keyword arguments,
+        # the packed row's position_ids too, on to its Q-Former, whose own text positions they are not)
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("hsap_") and k not in _DECODER_KEYS}
         if state.inside:
             return method(*args, **kwargs)
         state.inside = True
@@ -143,6 +181,8 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
             out = method(*args, **kwargs)
         finally:
             state.inside = False
+        if name in state.keep:
+            out = keep_rows(out, state.keep[name], name)
         rows = None if state.rows is None else state.rows.get(name)
         return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
                                                     state.rows.get(exchange_key(name)))
@@ -166,13 +206,16 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
         return True
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
-    state = _Rows(family, spec is not None and spec.layout.image_blocks)
+    keep = {} if spec is None else {m.name: m.keep_key for m in spec.layout.modalities if m.keep_key}
+    state = _Rows(family, spec is not None and spec.layout.image_blocks, keep)
     for name, method in _FEATURE_METHODS.items():
         if callable(getattr(inner, method, None)):
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))
     for m in {model, inner}:
         changes.hook(m.register_forward_pre_hook(state.pre, with_kwargs=True))
     changes.hook(model.register_forward_hook(state.post, always_call=True))
+    if spec is not None:
+        prepare_indicators(model, inner, changes)  # Ovis 2.5: item boundary rows per token (.indicators)
     changes.put(model, VISION_ROWS, state)
     logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
     return True

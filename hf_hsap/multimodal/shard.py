@@ -89,6 +89,36 @@ def prefix_blocks(types: torch.Tensor, cu_seqlens: torch.Tensor) -> Blocks:
     return blocks_from_mask(flag, cu)
 
 
+def type_blocks(types: torch.Tensor, cu_seqlens: torch.Tensor, *, key: str) -> Blocks:
+    """The bidirectional blocks of a family whose tokens of type 1 all see each other within a document (Molmo2:
+    every image token of the document, ``mm_token_type_ids == 1``), which must be one run per document.
+
+    Args:
+        types: ``[B, L]`` token types; cu_seqlens: ``[n + 1]`` documents; key: the types' batch key (messages).
+
+    Returns:
+        The :class:`~hf_hsap.plan.blocks.Blocks` over the flattened tokens.
+
+    Raises:
+        ValueError: a document whose type-1 tokens are separate runs (e.g. two images with text between: the text
+            would have to be outside a block that spans it, which contiguous blocks cannot say).
+    """
+    flag = np.asarray(torch.as_tensor(types).detach().to("cpu").reshape(-1)) == 1
+    cu = np.asarray(torch.as_tensor(cu_seqlens).detach().to("cpu"), dtype=np.int64)
+    starts = flag & ~np.concatenate([[False], flag[:-1]])
+    starts[cu[:-1]] = flag[cu[:-1]]
+    runs = np.add.reduceat(starts.astype(np.int64), cu[:-1]) if cu.size > 1 else np.zeros(0, np.int64)
+    bad = np.flatnonzero(runs > 1)
+    if bad.size:
+        d = int(bad[0])
+        raise ValueError(f"document {d} (tokens {cu[d]}..{cu[d + 1]} of the packed batch) has {int(runs[d])} separate "
+                         f"runs of {key} == 1: this family's image tokens all attend to each other across the text "
+                         "between them, which hf_hsap's contiguous blocks do not take yet; pack documents with one "
+                         "image each (or one run of image tokens), or train such documents with one document per "
+                         "row (no packing)")
+    return blocks_from_mask(flag, cu)
+
+
 def batch_blocks(layout: VisionLayout | None, batch: Mapping[str, Any], ids: torch.Tensor, cu_seqlens: torch.Tensor
                  ) -> Blocks | None:
     """The bidirectional blocks of a packed batch: image blocks (Gemma 3), prefixes (PaliGemma; none when the batch
@@ -97,6 +127,9 @@ def batch_blocks(layout: VisionLayout | None, batch: Mapping[str, Any], ids: tor
         return None
     if layout.image_blocks:
         return image_blocks(layout, ids, cu_seqlens)
+    if getattr(layout, "type_blocks", None):  # Molmo2: all of a document's image tokens (type 1), one run each
+        types = batch.get(layout.type_blocks)
+        return None if types is None else type_blocks(types, cu_seqlens, key=layout.type_blocks)
     if getattr(layout, "prefix_blocks", False):
         types = batch.get("token_type_ids")
         return Blocks((), ()) if types is None else prefix_blocks(types, cu_seqlens)
@@ -121,11 +154,12 @@ def _items(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor
     """
     out = []
     for m in layout.modalities:
+        marks = m.placeholders(ids, batch)  # [B * L] placeholder flags (its id, or its per-token mask)
         if batch.get(m.pixel_key) is None:
-            if bool((ids == m.token_id).any()):
-                raise ValueError(f"the batch has {m.name} placeholder tokens (id {m.token_id}) but no {m.pixel_key}")
+            if bool(marks.any()):
+                raise ValueError(f"the batch has {m.name} placeholder tokens ({m.marker}) but no {m.pixel_key}")
             continue
-        where = torch.nonzero(ids == m.token_id).flatten()  # [N] global placeholder positions
+        where = torch.nonzero(marks).flatten()  # [N] global placeholder positions
         tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
         out.append((m, where, tokens, rows, rows if m.grid_key is not None else tokens * layout.merge))
     return out
@@ -224,9 +258,12 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
         pixels = batch[m.pixel_key]
         local[m.pixel_key] = pixels.index_select(m.axis(m.pixel_key), pixel_idx.to(pixels.device))
         item_idx = torch.from_numpy(items)
+        token_start = np.concatenate([[0], np.cumsum(tokens)[:-1]])
+        token_idx = torch.from_numpy(_ranges(token_start[items], tokens[items]))  # the items' placeholders
         for key in m.item_keys:
             if batch.get(key) is not None:
                 value = torch.as_tensor(batch[key])
-                local[key] = value.index_select(m.axis(key), item_idx.to(value.device))
+                index = token_idx if key in m.token_rows else item_idx  # Molmo2's pooling rows: per placeholder
+                local[key] = value.index_select(0 if key in m.token_rows else m.axis(key), index.to(value.device))
     local[ROWS_KEY] = rows_of
     return local

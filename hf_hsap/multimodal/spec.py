@@ -35,8 +35,14 @@ from ..plan.items import encoder_patch_work
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
+from .grid_rows import vision_geometry
+from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
+from .marked import marked_probe_inputs
+from .markers import marker_keys
+from .pooled import pooled_probe_inputs
 from .prefix import is_prefix_lm, position_start
+from .qformer import video_qformer_probe_inputs
 from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
                         param_names, required, structural_refusal, token)
 
@@ -122,23 +128,27 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     derived = derived_spec(model, inner)
     if derived is not None:  # exact in the multimodal zoo in every mode, its encoder's rows checked every forward
         return _with_uncarried(derived, keys)
-    encode = type(inner).get_image_features
+    encode = getattr(type(inner), "get_image_features", None)
+    if encode is None:  # a video-only encoder not derived above
+        raise _refuse(model, "no image encoder", "it has get_video_features but no get_image_features, and its videos "
+                                                 "are not queried by a Q-Former (the video-only layout hf_hsap takes)")
     if "pixel_values" not in keys | set(param_names(encode)):
         raise _refuse(model, "input not carried", "its forward takes no pixel_values")
     if "pixel_values" in required(type(model).forward):
         raise _refuse(model, "image required", (
             "its forward requires pixel_values on every call, so a packed row (or an SP rank's part of one) "
             "holding no image cannot run"))
-    projector = getattr(inner, "multi_modal_projector", None)
-    if callable(getattr(projector, "get_visual_indicator_features", None)):
+    indicators = has_indicators(inner)  # Ovis 2.5: learned rows over each item's start / end tokens (.indicators)
+    if indicators and not indicators_supported(model, inner):
         raise _refuse(model, "encoder layout", (
-            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) and "
-            "counts them against the images of one forward, which an SP rank's part of a packed row does not hold "
-            "whole"))
+            "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) in a "
+            "merge that counts them against the images of one forward, and its config or merge is not the one "
+            "hf_hsap writes those rows for (hf_hsap.multimodal.indicators)"))
     missing = [k for k in required(encode) if k not in CARRIED_KEYS]
     if missing:
         raise _not_carried(model, "get_image_features", missing)
-    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS)
+    markers = marker_keys(config, keys)  # ERNIE-4.5-VL's MoE routing types (placeholders and their start / end)
+    per_token = sorted(k for k in keys if k.endswith("token_type_ids") and k not in CARRIED_KEYS and k not in markers)
     if per_token:
         raise _not_carried(model, "its forward (per token)", per_token)
     text = config.get_text_config()
@@ -157,16 +167,23 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         spec = _grid_spec(model, inner, keys, image, video)
     else:
         spec = _item_spec(model, inner, keys, image, video)
-    _check_rows(model, inner, spec)
-    return _with_uncarried(spec, keys)
+    spec = _check_rows(model, inner, spec)
+    if indicators:  # each document's start / end tokens checked against its items, as the model does alone
+        check = boundary_check(config, grid_keys={m.name: m.grid_key for m in spec.layout.modalities if m.grid_key})
+        spec = dataclasses.replace(spec, document=check if spec.document is None else _chained(spec.document, check))
+    return _with_uncarried(dataclasses.replace(spec, token_keys=markers), keys)
+
+
+def _chained(first: Any, then: Any) -> Any:
+    """``document(example, n)``: ``first``'s rewrite, then ``then``'s."""
+    return lambda ex, n: then(first(ex, n), n)
 
 
 def _with_uncarried(spec: VisionSpec, keys: frozenset[str]) -> VisionSpec:
     """``spec`` with the forward's keys it does not carry (:attr:`~hf_hsap.data.vision.VisionSpec.uncarried`)."""
-    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key}
-    uncarried = tuple(sorted(keys - CONTROL_KEYS - carried))
-    return VisionSpec(spec.layout, rope_index=spec.rope_index, token_type_key=spec.token_type_key,
-                      item_tokens=spec.item_tokens, document=spec.document, uncarried=uncarried)
+    carried = {k for m in spec.layout.modalities for k in (m.pixel_key, *m.item_keys)} | {spec.token_type_key} | \
+        set(spec.token_keys)
+    return dataclasses.replace(spec, uncarried=tuple(sorted(keys - CONTROL_KEYS - carried)))
 
 
 def _video_takes_only(inner: torch.nn.Module, allowed: set[str], video: int) -> bool:
@@ -195,13 +212,23 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     :func:`.grid.grid_spec` (videos, GLM-4V's frames as images, the omni thinkers' audios, the rope index called
     by its signature); refused where the rope index takes inputs packed rows do not give it per document."""
     rope = getattr(inner, "get_rope_index", None)
+    sections = (getattr(model.config.get_text_config(), "rope_parameters", None) or {}).get("mrope_section") or ()
+    if callable(rope) and len(sections) not in (0, 3):  # e.g. a HunYuan-VL with 4 axes (its last three: w, h, image)
+        raise _refuse(model, "input not carried", (
+            f"its rope index gives {len(sections)} rotary rows (rope_parameters['mrope_section'] = {list(sections)}), "
+            "but packed rows carry 3 per token (Transformers' packed [4, B, L] with the text positions) yet"))
     if callable(rope):
         other = sorted(set(param_names(rope)) - ROPE_INPUTS - keys)
         if other:
             raise _refuse(model, "input not carried", (
                 f"its rope index (get_rope_index) takes {', '.join(other)}, which packed rows do not give it per "
                 "document yet"))
-    return grid_spec(model, inner, model.config.model_type, image, video)
+    try:
+        return grid_spec(model, inner, model.config.model_type, image, video)
+    except VisionRefusal:
+        raise
+    except ValueError as e:  # rows per item that are no formula of the grid (.grid_rows)
+        raise _refuse(model, "encoder layout", str(e)) from e
 
 
 def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
@@ -239,25 +266,32 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     return VisionSpec(layout, token_type_key=types)
 
 
-def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec) -> None:
+def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec) -> VisionSpec:
     """Ask the encoder for a minimal image of the derived layout (a grid of 2 x 2 merge windows, or one image of
     the tower's size) and refuse a family whose encoder takes none of the layout's pixel shapes, returns rows of
     another width than the text's embeddings, or (grid) other than one row per merge window: an item's placeholders
-    are derived from that. Skipped for a model on the meta device and for counted items (asked per image)."""
+    are derived from that. Skipped for a model on the meta device and for counted items (asked per image).
+
+    Returns:
+        ``spec``, or, for a grid family whose encoder takes one pixel row per placeholder with the grid counted in
+        placeholders (Inkling 2: rows of merge x merge patches), ``spec`` with one pixel row per placeholder
+        (``merge`` 1)."""
     if spec.counts("image") or any(p.is_meta for p in inner.parameters()):
-        return
+        return spec
     tower = next((getattr(inner, n) for n in ("visual", "vision_tower", "vision_model", "vision_encoder")
                   if isinstance(getattr(inner, n, None), torch.nn.Module)), inner)
     param = next((p for p in tower.parameters() if p.is_floating_point()), None)  # not a quantized weight's
     if param is None:
-        return
+        return spec
     errors = []
     devices = [param.device] if param.device.type == "cuda" else []
-    for pixels, extra, expect in _minimal_images(model, spec, param.device):
+    for pixels, extra, expect, merge in _minimal_images(model, spec, param.device):
         try:
             with torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
                 rows, width = _feature_rows(inner, pixels.to(param.device, param.dtype), **extra)
             _IMAGES[model] = pixels, extra, rows
+            if merge != spec.layout.merge:
+                spec = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, merge=merge))
             break
         except Exception as e:  # noqa: BLE001 - any failure of the encoder on the layout's pixels
             errors.append(f"{tuple(pixels.shape)}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
@@ -265,7 +299,8 @@ def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec
         raise _refuse(model, "encoder layout", (
             f"its get_image_features takes none of the pixel shapes of the layout derived from its forward "
             f"({'; '.join(errors)})" if errors else
-            "its vision config gives no image size (vision_config.image_size) to derive one image's pixels from"))
+            "its vision config gives no image size (vision_config.image_size) nor patch size to derive one image's "
+            "pixels from"))
     hidden = getattr(model.config.get_text_config(), "hidden_size", None)
     if hidden is not None and width != hidden:
         raise _refuse(model, "encoder layout", (
@@ -275,46 +310,41 @@ def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec
         raise _refuse(model, "encoder layout", (
             f"its encoder returns {rows} rows for a grid of {expect} merge windows (rows of its own besides one per "
             "window), which the packed-row planner does not count yet"))
-
-
-def _geometry(vision: Any) -> tuple[int, int | None, int, int]:
-    """``(channels, image side or None, patch side, frames per temporal patch)`` of a vision config."""
-    channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None)
-                   or getattr(vision, "in_chans", None) or 3)
-    size = getattr(vision, "image_size", None)
-    size = int(size[0] if isinstance(size, (list, tuple)) else size) if size else None
-    patch = getattr(vision, "patch_size", None) or 1
-    patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
-    frames = int(getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", None) or 1)
-    return channels, size, patch, frames
+    return spec
 
 
 def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.device
-                    ) -> list[tuple[torch.Tensor, dict[str, Any], int | None]]:
-    """``[(pixels, other get_image_features inputs, expected rows or None)]``: the smallest image of the layout in
-    each pixel shape it may take."""
+                    ) -> list[tuple[torch.Tensor, dict[str, Any], int | None, int]]:
+    """``[(pixels, other get_image_features inputs, expected rows or None, pixel rows per placeholder)]``: the
+    smallest image of the layout in each pixel shape it may take."""
     image = spec.layout.modalities[0]
     vision = getattr(model.config, "vision_config", None)
     if vision is None:
         return []
-    c, size, patch, frames = _geometry(vision)
+    c, size, patch, frames = vision_geometry(vision)
     if image.grid_key is not None:  # 2 x 2 merge windows of patches, flattened or not
         side = int(round(spec.layout.merge ** 0.5))
         n = 4 * side * side
         grid = {image.grid_key: torch.tensor([[1, 2 * side, 2 * side]], device=device)}
-        return [(torch.ones(n, c * frames * patch * patch), grid, 4), (torch.ones(n, c, patch, patch), grid, 4)]
+        m = spec.layout.merge
+        # or one row of side x side patches (channels last) per placeholder, the grid counted in placeholders
+        # (Inkling 2): then an item has one pixel row per placeholder
+        per_token = {image.grid_key: torch.tensor([[1, 2, 2]], device=device)}
+        return [(torch.ones(n, c * frames * patch * patch), grid, 4, m), (torch.ones(n, c, patch, patch), grid, 4, m),
+                (torch.ones(4, side * patch, side * patch, c), per_token, 4, 1)]
     if "image_position_ids" in image.item_keys:  # patches with their (x, y): one pooling window's square
         side = int(getattr(vision, "pooling_kernel_size", None) or 1) * 2
         xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
         return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
-                 None)]
-    if size is None:
-        return []
+                 None, spec.layout.merge)]
+    if size is None:  # no image size: one patch per row, channels last (Inkling: an MLP per patch), if it has patches
+        return [(torch.ones(1, frames, patch, patch, c), {}, None, spec.layout.merge)] if patch > 1 else []
     if image.item_axis == 1:  # Idefics: [rows, images, C, H, W] with its pixel mask (all-zero pixels are padding)
         mask = torch.ones(1, 1, size, size, dtype=torch.bool, device=device)
-        return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None),
-                (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None)]  # one per tile
-    return [(torch.ones(1, c, size, size), {}, None)]
+        return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None, spec.layout.merge),
+                (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None,
+                 spec.layout.merge)]  # one per tile
+    return [(torch.ones(1, c, size, size), {}, None, spec.layout.merge)]
 
 
 def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:
@@ -343,7 +373,13 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         return None
     if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
         return cross_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].mark_key is not None:  # images placed by a per-token mask (Kosmos-2)
+        return marked_probe_inputs(model, spec, device, dtype)
+    if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
+        return video_qformer_probe_inputs(model, spec, device, dtype)
     image = spec.layout.modalities[0]
+    if image.token_rows:  # Molmo2: crops whose placeholders pool chosen patches
+        return pooled_probe_inputs(model, spec, device, dtype)
     vision = model.config.vision_config
     extra: dict[str, Any] = {}
     if model in _IMAGES:  # the image the encoder took when the spec was derived
@@ -361,6 +397,10 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
         pixels = torch.zeros(side * side, dim)
         extra[image.grid_key] = torch.tensor([[1, side, side]], device=device)
         n_tokens = 1
+        if spec.counts("image"):  # placeholders counted per item (.grid_rows): a merge size of 1, or the model's rows
+            extra.update({k: torch.ones(1, dtype=torch.int64, device=device) for k in image.item_keys
+                          if k.endswith("merge_sizes")})
+            n_tokens = spec.item_tokens("image", extra)[0]
     else:
         size = vision.image_size
         h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
@@ -379,7 +419,9 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
         else:
             n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
-    ids = torch.tensor([[1] + [image.token_id] * n_tokens + [1]], device=device)
+    marks = boundary_ids(model.config) if has_indicators(inner_vlm(model)) else None  # Ovis 2.5: the image's start
+    body = [image.token_id] * n_tokens if marks is None else [marks[0]] + [image.token_id] * n_tokens + [marks[1]]
+    ids = torch.tensor([[1] + body + [1]], device=device)
     if spec.token_type_key == "mm_token_type_ids":
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
     return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ATTENTION_KINDS", "CARRIED_KEYS", "CONTROL_KEYS", "REFUSAL_KINDS", "VisionRefusal", "fix", "forward_keys",
+__all__ = ["ATTENTION_KINDS", "CARRIED_KEYS", "CONTROL_KEYS", "MARK_KEYS", "REFUSAL_KINDS", "VisionRefusal", "fix", "forward_keys",
            "inner_vlm", "param_names", "required", "structural_refusal", "token"]
 
 # Forward keywords that are not a document's vision inputs: text, caches, outputs, options of the encoders.
@@ -26,7 +26,11 @@ CONTROL_KEYS = frozenset({
 # Per-item and per-token keys a packed row can carry in document order (which ones a family uses: its spec).
 CARRIED_KEYS = frozenset({
     "pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "image_sizes",
-    "pixel_attention_mask", "pixel_mask", "image_position_ids", "mm_token_type_ids", "token_type_ids"})
+    "pixel_attention_mask", "pixel_mask", "image_position_ids", "mm_token_type_ids", "token_type_ids",
+    "image_merge_sizes", "video_merge_sizes"})
+# Per-token masks a forward takes to mark where each image's feature rows go, for a model without a placeholder id
+# (Kosmos-2, Kosmos-2.5: 1 on an image's positions): placeholders all the same, carried per token (.marked).
+MARK_KEYS = ("image_embeds_position_mask",)
 # The text config's layer kinds that are softmax attention (the rest mix tokens recurrently: linear attention,
 # short convolutions, Mamba, hybrids).
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
@@ -75,10 +79,11 @@ def token(config: Any, *names: str) -> int | None:
 
 
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The module whose forward encodes the images and merges them (has ``get_image_features`` and a language model),
-    or ``None``."""
+    """The module whose forward encodes the images (or, for a video-only model such as InstructBLIP-Video, the
+    videos) and merges them (has ``get_image_features`` / ``get_video_features`` and a language model), or ``None``."""
     for m in (getattr(model, "model", None), model):
-        if m is not None and callable(getattr(type(m), "get_image_features", None)) and \
+        encodes = any(callable(getattr(type(m), n, None)) for n in ("get_image_features", "get_video_features"))
+        if m is not None and encodes and \
                 (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
             return m
     return None
@@ -133,8 +138,15 @@ def structural_refusal(model: torch.nn.Module, inner: torch.nn.Module | None) ->
         return VisionRefusal("no image encoder", (
             f"{family} has a vision tower but no get_image_features (no encoder whose rows fill placeholders), so "
             f"hf_hsap cannot place its images on packed rows; {fix(model)}"))
-    if token(config, "image_token_id", "image_token_index") is None:
+    marked = any(k in keys for k in MARK_KEYS)  # Kosmos-2: a per-token mask places the images
+    video_only = not callable(getattr(type(inner), "get_image_features", None))  # InstructBLIP-Video
+    if video_only and token(config, "video_token_id", "video_token_index") is None:
         return VisionRefusal("no placeholder", (
-            f"{family}'s config has no image_token_id / image_token_index: no placeholder tokens mark where an "
+            f"{family}'s config has no video_token_id / video_token_index: no placeholder tokens mark where a "
+            f"video's features go, so a packed row cannot keep each video with its document; {fix(model)}"))
+    if not video_only and not marked and token(config, "image_token_id", "image_token_index") is None:
+        return VisionRefusal("no placeholder", (
+            f"{family}'s config has no image_token_id / image_token_index and its forward takes no per-token image "
+            f"mask ({', '.join(MARK_KEYS)}): no placeholder tokens mark where an "
             f"image's features go, so a packed row cannot keep each image with its document; {fix(model)}"))
     return None

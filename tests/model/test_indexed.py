@@ -14,7 +14,7 @@ import torch
 
 import hf_hsap
 from hf_hsap.integrations import UnsupportedModelError
-from hf_hsap.integrations.indexed import indexed_layers, other_indexed_layers
+from hf_hsap.integrations.indexed import indexed_layers
 from hf_hsap.testing import rel_err
 from workers import indexed as W
 from workers import zoo
@@ -87,9 +87,3 @@ def test_unprepared_model_and_cache_are_refused() -> None:
     with pytest.raises(UnsupportedModelError, match="prepare_model"):  # undone: refused again
         model(**batch)
 
-
-def test_other_indexers_are_refused_by_name() -> None:
-    config = ZC.tiny_config("qwen4_exp_text")  # QSA: a selection mask built in its own code, no top-k indices
-    with torch.device("meta"):
-        model = ZC.build_model(config, "eager", torch.float32)
-    assert other_indexed_layers(model) == ["Qwen4ExpTextAttention"] and not indexed_layers(model)

@@ -77,6 +77,30 @@ def cross_without_tiles() -> torch.nn.Module:
     return model
 
 
+def other_token_types(model: torch.nn.Module) -> torch.nn.Module:
+    """ERNIE-4.5-VL whose forward also takes per-token types that are not a variant of its multimodal types (ERNIE
+    itself is accepted: its moe_mm_token_type_ids are derived, hf_hsap.multimodal.markers)."""
+    class OtherTypes(type(model)):
+        def forward(self, input_ids=None, region_token_type_ids=None, **kwargs):  # noqa: D102
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    model.__class__ = OtherTypes
+    return model
+
+
+def other_merge(model: torch.nn.Module) -> torch.nn.Module:
+    """Ovis 2.5 whose merge of features and start / end rows is not the one hf_hsap writes those rows for (Ovis 2.5
+    itself is accepted: hf_hsap.multimodal.indicators)."""
+    inner = model.model
+
+    class OtherMerge(type(inner)):
+        def _merge_visual_features(self, input_ids, inputs_embeds, visual_features):  # noqa: D102
+            return inputs_embeds
+
+    inner.__class__ = OtherMerge
+    return model
+
+
 # (what the model is, its refusal kind, words of the message naming the structure read)
 STRUCTURAL = [
     (llama, "text model", "PackingCollator(max_length) alone"),
@@ -84,13 +108,17 @@ STRUCTURAL = [
     (chameleon, "VQ codes in the vocabulary", "VQ codes"),
     (lambda: model_of("git", meta=True), "no image encoder", "no get_image_features"),
     (lambda: cross_without_tiles(), "cross-attention", "cross_attention_mask"),
-    (lambda: model_of("kosmos-2", meta=True), "no placeholder", "no image_token_id"),
+    # no image token and no per-token image mask (Kosmos-2's image_embeds_position_mask is accepted)
+    (lambda: model_of("llava", meta=True, image_token_id=None), "no placeholder", "no image_token_id"),
+    (lambda: model_of("instructblipvideo", meta=True, video_token_index=None), "no placeholder",
+     "no video_token_id"),  # a video-only model (InstructBLIP-Video, accepted with its video token)
     (lambda: without_qformer(model_of("blip-2", meta=True)), "image required", "requires pixel_values"),
-    (lambda: model_of("molmo2", meta=True), "input not carried", "get_image_features needs image_token_pooling"),
+    (lambda: other_token_types(model_of("ernie4_5_vl_moe", meta=True)), "input not carried",
+     "its forward (per token) needs region_token_type_ids"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
-    (lambda: model_of("ovis2_5", meta=True), "encoder layout", "get_visual_indicator_features"),
+    (lambda: other_merge(model_of("ovis2_5", meta=True)), "encoder layout", "get_visual_indicator_features"),
 ]
 
 
@@ -103,9 +131,25 @@ def test_each_refusal_names_the_structure_it_read_and_a_fix(make, kind: str, wor
         assert "one document per row" in str(e) and "packing=False" in str(e)
 
 
-def test_an_encoder_that_adds_rows_of_its_own_is_refused_after_asking_it() -> None:
-    e = refusal(model_of("hunyuan_vl"))  # its encoder returns 8 rows for 4 merge windows
-    assert e.kind == "encoder layout" and "returns 8 rows for a grid of 4 merge windows" in str(e)
+def test_an_encoder_whose_rows_are_no_formula_of_the_grid_is_refused_after_asking_it() -> None:
+    """HunYuan-VL's own rows (H * (W + 1) + 2 per image) are counted (``multimodal/grid_rows.py``); with (H * W) ** 2
+    more rows per image they are no ``t * (a*H*W + b*H + c*W + d) + e``: the probes past the fit disagree."""
+    model = model_of("hunyuan_vl")
+    assert hf_hsap.vision_spec(model).counts("image")
+    model = model_of("hunyuan_vl")
+    own = model.model.get_image_features
+
+    def squared(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any) -> Any:
+        out = own(pixel_values, image_grid_thw, **kwargs)
+        windows = (image_grid_thw.prod(-1) // 4).tolist()
+        out.pooler_output = tuple(torch.cat([v, v[:1].expand(w * w, -1)]) for v, w in zip(out.pooler_output, windows))
+        return out
+
+    model.model.get_image_features = squared
+    e = refusal(model)
+    assert e.kind == "encoder layout"
+    assert "returns 162 rows for a grid of 1x4x3 merge windows, not the 144 of the rows it returned for smaller grids" \
+        in str(e) and "one document per row" in str(e)
 
 
 def test_every_refusal_kind_is_tested() -> None:

@@ -5,7 +5,7 @@ Families run through the harness: Qwen2.5-VL, accepted by ``vision_spec``, exact
 each document alone (float64, its vision tower's float32 island tolerance); every family whose images carry
 per-item metadata (any-resolution tiles, Pixtral's image sizes, Idefics' images per row with pixel masks) or whose
 encoder takes per-item inputs (MiniCPM-V's crop sizes, LFM2-VL's spatial shapes, DeepSeek-VL-Hybrid's high-resolution
-view, InstructBLIP's Q-Former prompts), exact at sp1 and in one SP 2 mode with an image split across the ranks,
+view, InstructBLIP's Q-Former prompts, Kosmos-2's per-token image mask, InstructBLIP-Video's frames), exact at sp1 and in one SP 2 mode with an image split across the ranks,
 PaliGemma's prefix-LM blocks among them; Mllama's and Idefics' cross-attention with a document split across the ranks;
 and a family refused by ``vision_spec`` with a fix that runs (one document per row). The committed results have no
 WRONG and no crash, are what ``vision_spec`` derives now (slow: every zoo family built), and MODELS.md's section is
@@ -72,7 +72,19 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             # per-item encoder inputs derived from the model: NaViT crops with their own rope index, NaFlex patches,
             # a second (high-resolution) view, Q-Former prompts padded with their masks
             ("minicpmv4_7", "sp2_u1"), ("lfm2_vl", "sp2_u2"), ("deepseek_vl_hybrid", "sp2_u1"),
-            ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1")]  # Fuyu: patch embeddings cut from the last hidden state
+            ("instructblip", "sp2_u2"), ("fuyu", "sp2_u1"),  # Fuyu: patch embeddings cut from the last hidden state
+            # grids counted per item from the model: the encoder's own rows (newline, begin and end rows), and merge
+            # sizes per item with a video's token-compression mask
+            ("hunyuan_vl", "sp2_u1"), ("video_llama_3", "sp2_u1"),
+            # no placeholder id: images placed by a per-token mask (Kosmos-2), videos at a Q-Former's video token
+            ("instructblipvideo", "sp2_u2"), ("kosmos-2", "sp2_u1"),
+            # MoE routing types per token (placeholders and their start / end markers), videos merged in time
+            ("ernie4_5_vl_moe", "sp2_u1"),
+            # pooling rows per placeholder, crops per image, a bidirectional block over a document's image tokens
+            ("molmo2", "sp2_u2"),
+            # Inkling 2: one pixel row per placeholder (the grid counted in placeholders), a per-query relative
+            # position bias and sinks, dynamic short convolutions, attention residuals over each token's layers
+            ("inkling2", "sp2_u2")]
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)
@@ -109,6 +121,21 @@ def test_cross_attention_family_is_exact_with_a_document_split_across_ranks(fami
     two = VZ.combine(ref, got, tol)
     assert two["outcome"] == "exact", two
     assert two["split"] == 2  # both ranks hold part of the first document and encode its images
+
+
+def test_item_boundary_rows_are_exact_with_an_image_split_across_ranks(vlm_pools) -> None:
+    """Ovis 2.5 writes a learned row over each image's start and end tokens: with the first document's image cut by
+    SP 2, its start token lies on one rank and its end token on the other (hf_hsap.multimodal.indicators)."""
+    config = VC.tiny_config("ovis2_5")
+    model = VC.build_model(config, "sdpa", VZ.DTYPE)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    docs = VD.documents(config, model, shapes=[(3, (1, 8, 8), 30), (5, None, 4), (2, (1, 4, 4), 4)])
+    ref = VZ.documents_alone(config, state, docs, "sdpa")
+    tol = VZ.tolerance("ovis2_5")
+    got = vlm_zoo_run.run_sp_jobs(vlm_pools, "ovis2_5", state, docs, [("library", "sp2_u1")])[("library", "sp2_u1")]
+    two = VZ.combine(ref, got, tol)
+    assert two["outcome"] == "exact", two
+    assert two["split"] == 2  # both ranks hold part of the first image: its start on one, its end on the other
 
 
 def test_refused_family_names_a_fix_that_runs(script) -> None:

@@ -63,7 +63,8 @@ def documents_alone(family: str, video: bool = False) -> dict[str, Any]:
 
 
 # the document keys with one entry per token (attention_mask: where the forward's multimodal positions need it)
-PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids", "attention_mask")
+PER_TOKEN = ("input_ids", "mm_token_type_ids", "token_type_ids", "attention_mask", "image_embeds_position_mask",
+             "moe_mm_token_type_ids")
 
 
 def alone_backward(model: torch.nn.Module, docs: list[dict[str, Any]]) -> tuple[torch.Tensor, float, int]:

@@ -67,6 +67,17 @@ ISLAND_TOL = {"qwen2_vl": 1e-7, "qwen2_5_vl": 1e-7, "qwen3_vl": 1e-7, "qwen3_vl_
               "gemma3": 1e-6, "shieldgemma2": 1e-6, "paddleocr_vl": 1e-7, "lfm3_vl": 1e-7,
               "qwen2_5_omni_thinker": 1e-6, "qwen3_omni_moe_thinker": 1e-6}
 ISLAND_TOL["mllama"] = 1e-7
+# VideoLLaMA3's vision tower applies its rotary embedding in float32 as Qwen-VL's does (apply_rotary_pos_emb_vision
+# casts q and k): off by up to 1e-7 at SP 4 (an image and a video split over the ranks: its key bias, whose gradient is
+# float32 rounding only), exact to 2e-15 in every mode with the casts kept in float64.
+ISLAND_TOL["video_llama_3"] = 1e-6
+# ERNIE-4.5-VL's MoE routers score in float32 on purpose (Ernie4_5_VLMoeMoeTopKRouter: .float() of the states and its
+# weight with autocast off, into a float32 router_logits buffer, so keeping those casts in float64 breaks its forward):
+# its logits are bitwise exact in every mode, its gates' weight gradients float32 sums over other token sets (~2e-7).
+ISLAND_TOL["ernie4_5_vl_moe"] = 1e-6
+# Ovis 2.5's vision tower applies its rotary embedding in float32 as Qwen-VL's does (q, k cast): an image split over
+# two ranks and encoded by both is off by ~8e-8 in the tower's gradients (exact to 1e-15 where it is encoded once).
+ISLAND_TOL["ovis2_5"] = 1e-7
 FLOAT32_ISLAND = 1e-5  # a native packed run off by less than this is off by float32 rounding (see tolerance)
 ZERO = 1e-12  # a reference gradient below this is zero in exact arithmetic (e.g. a key bias: softmax ignores it)
 SP_TIMEOUT_S = 15.0  # hf_hsap's communication timeout in the worker ranks (tiny models: a stalled peer raises)

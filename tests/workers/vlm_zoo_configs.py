@@ -66,6 +66,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llava_next_video": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "llava_onevision": {"image_grid_pinpoints": ANYRES_PINPOINTS},
     "lighton_ocr": {"vision_config": {"image_size": 32}},  # Pixtral: images up to 32 pixels a side
+    "kosmos-2.5": {"latent_query_num": 16},  # 16 rows per image (2048 by default)
     "mistral3": {"vision_config": {"image_size": 32}},
     # Idefics 3 tiles of 16 pixels: 16 placeholders each (4 of 8 pixels), so that SP splits one
     "granite_docling": {"vision_config": {"image_size": 16, "scale_factor": 2}},
@@ -73,9 +74,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "smolvlm": {"vision_config": {"image_size": 16}},
     "mllama": {"vision_config": {"image_size": 8, "num_global_layers": 1, "intermediate_layers_indices": [0],
                                  "vision_output_dim": 64}, "text_config": {"cross_attention_layers": [1]}},
-    "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]}},
+    "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]},
+               "image_patch_id": 150},  # a placeholder inside the tiny embedding table (96 + 128 extra rows)
     "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
-    "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 16}},  # top-k a multiple of its 16-token pools
+    # pools of 4 tokens, the best 2 pools and the incomplete tail kept (a selection inside the documents), and a layer
+    # that reuses the previous layer's top-k ("shared")
+    "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 8, "index_kpool": 4,
+                                  "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                                                  "full_attention"],
+                                  "indexer_types": ["full", "full", "full", "shared"]}},
     "janus": {"vq_config": {"base_channels": 32},
               "vision_config": {"projection_dim": 64}},  # its aligner's output is the text model's width
     "kimi_k25": {"projection_hidden_size": 32},  # the projector's norm is over the tower's width

@@ -6,7 +6,8 @@ A document is ``text, [start] placeholders [end], text``: its pixels are made fo
 document's image size), Pixtral's images of their own sizes with ``image_sizes``, Idefics' images per row with their
 ``pixel_attention_mask`` (1 to 4 tiles, the last one's right patches padding), Gemma 4's patches with their
 positions, or Qwen-VL-like flattened patches with an ``image_grid_thw``), and the number of placeholders is what the
-model's own ``get_image_features`` returns for them (the rows a processor would insert). The five families of
+model's own ``get_image_features`` returns for them (the rows a processor would insert). Families without an image
+placeholder id (Kosmos-2's per-token image mask, InstructBLIP-Video's videos) take ``vlm_zoo_unplaced.py``. The five families of
 :data:`hf_hsap.examples.vlm.TINY_VLMS` use :func:`hf_hsap.examples.vlm.vlm_documents`.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hf_hsap.examples import TINY_VLMS, vlm_documents
 from hf_hsap.multimodal.cross import is_cross_attention_vlm
 from hf_hsap.multimodal.prefix import is_prefix_lm, prefix_token_types
 from workers.vlm_zoo_configs import SPECIAL_SUFFIXES, NotBuildable, first_line
+from workers.vlm_zoo_unplaced import unplaced_documents
 
 __all__ = ["SHAPES", "documents", "feature_module", "image_maker", "image_token_id"]
 
@@ -79,8 +81,8 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 n = thw[0] * thw[1] * thw[2]
                 doc = {"pixel_values": torch.randn(*shape(n), generator=g, dtype=dtype),
                        "image_grid_thw": torch.tensor([list(thw)])}
-                if "image_merge_sizes" in params:
-                    doc["image_merge_sizes"] = torch.tensor([merge])
+                if "image_merge_sizes" in params:  # VideoLLaMA3: its image processor's merge size (its videos': 2)
+                    doc["image_merge_sizes"] = torch.tensor([1])
                 return doc
             return make
         return [("grid", grid(lambda n: (n, c * tp * patch * patch))),
@@ -120,6 +122,8 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
                 "pixel_attention_mask": torch.ones(1, n, dtype=torch.bool)}
 
     out = []
+    if "image_token_pooling" in params:  # Molmo2: crops of patches, each placeholder pooling 2x2 patches of one crop
+        out.append(("pooled crops", pooled_crops(c, size, patch)))
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
@@ -181,6 +185,27 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     return out
 
 
+def pooled_crops(c: int, size: int, patch: int) -> Maker:
+    """Molmo2's image inputs as its processor gives them: a low-resolution crop and ``k`` high-resolution crops
+    (grid ``(1, h, w)``: ``k = max(1, h // 4)``) of ``side x side`` patches, every placeholder pooling a 2 x 2 window
+    of one crop (``image_token_pooling``: indices into the image's own patches), ``image_grids`` ``[h_low, w_low,
+    h_high, w_high]`` (the low crop's windows, then the high crops' side by side) and ``image_num_crops``."""
+    side = size // patch
+    half = side // 2
+
+    def window(crop: int, r: int, col: int) -> list[int]:
+        return [crop * side * side + (2 * r + dr) * side + 2 * col + dc for dr in (0, 1) for dc in (0, 1)]
+
+    def make(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+        k = max(1, thw[1] // 4)
+        rows = [window(0, r, col) for r in range(half) for col in range(half)]
+        rows += [window(1 + col // half, r, col % half) for r in range(half) for col in range(half * k)]
+        return {"pixel_values": torch.randn(1 + k, side * side, c * patch * patch, generator=g, dtype=dtype),
+                "image_token_pooling": torch.tensor(rows), "image_grids": torch.tensor([[half, half, half, half * k]]),
+                "image_num_crops": torch.tensor([1 + k])}
+    return make
+
+
 def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     """How many feature rows (placeholders) the model makes of one image's inputs."""
     image = {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in image.items()}
@@ -209,7 +234,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
         NotBuildable: none is accepted (the refusals in the message), or it needs inputs not made here.
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
-             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids"}
+             "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids", "image_token_pooling",
+             "image_grids"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
@@ -258,6 +284,9 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         return vlm_documents(config, shapes, seed=seed, dtype=dtype)
     if is_cross_attention_vlm(model):
         return cross_documents(config, model, shapes, seed=seed, dtype=dtype)
+    unplaced = unplaced_documents(config, model, shapes, seed=seed, dtype=dtype)  # Kosmos-2, InstructBLIP-Video
+    if unplaced is not None:
+        return unplaced
     token = image_token_id(config)
     if token is None:
         raise NotBuildable("the config has no image_token_id / image_token_index (no placeholder to insert)")
@@ -297,12 +326,16 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         if video is not None and k in VIDEO_DOCS:  # a video after the text: (t, h, w) = (2, 4, 4), then (2, 2, 4)
             keys, runs = video((2, 4, 4) if k == VIDEO_DOCS[0] else (2, 2, 4), g, dtype)
             doc.update(keys)
+            v_start, v_end = start, end
+            if not video.shared:  # a video of its own token: its own start / end markers where the config names them
+                v_start = _marker(fields, ("video_start_token_id",)) or start  # (Ovis 2.5 writes a learned
+                v_end = _marker(fields, ("video_end_token_id",)) or end  # embedding there, counted per video)
             for run in runs:
                 body += [torch.randint(3, low, (1,), generator=g)]  # a timestamp's text before each frame
                 n_body = sum(int(b.numel()) for b in body)
-                body += ([torch.tensor([start])] if start is not None else []) + [run] + \
-                    ([torch.tensor([end])] if end is not None else [])
-                video_at.append(torch.arange(run.numel()) + n_body + (start is not None))
+                body += ([torch.tensor([v_start])] if v_start is not None else []) + [run] + \
+                    ([torch.tensor([v_end])] if v_end is not None else [])
+                video_at.append(torch.arange(run.numel()) + n_body + (v_start is not None))
             body.append(torch.randint(3, low, (2,), generator=g))
         ids = torch.cat(body)
         doc["input_ids"] = ids
@@ -311,6 +344,8 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
                 doc[key] = (ids == token).to(torch.int64)
                 for where in video_at:
                     doc[key][where] = 2
+        if "moe_mm_token_type_ids" in _params(type(model).forward):  # ERNIE-4.5-VL's processor: the MoE routing
+            doc["moe_mm_token_type_ids"] = _moe_types(fields, ids)  # types, start / end markers included
         if audio is not None and k in AUDIO_DOCS:  # an audio after the text: 24 real frames, then 20 of 32
             keys, n_audio = audio(24 if k == AUDIO_DOCS[0] else 32, 24 if k == AUDIO_DOCS[0] else 20, g, dtype)
             doc.update(keys)
@@ -333,6 +368,17 @@ def documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple
         doc["labels"] = labels
         docs.append(doc)
     return docs
+
+
+def _moe_types(fields: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
+    """``[n]`` as ERNIE-4.5-VL's processor's ``create_moe_mm_token_type_ids``: 1 on image placeholders and the image
+    start / end tokens, 2 on video placeholders and the video start / end tokens, 0 elsewhere."""
+    out = torch.zeros_like(ids)
+    for kind, name in ((1, "image"), (2, "video")):
+        for key in (f"{name}_token_id", f"{name}_start_token_id", f"{name}_end_token_id"):
+            if isinstance(fields.get(key), int):
+                out[ids == fields[key]] = kind
+    return out
 
 
 def cross_documents(config: Any, model: torch.nn.Module, shapes: list[tuple[int, tuple[int, int, int] | None, int]],
@@ -448,9 +494,9 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
                    if isinstance(getattr(config, n, None), int)), None)
     encode = _params(getattr(inner, "get_video_features", None))
     needs = {n for n, p in encode.items() if p.default is inspect.Parameter.empty and
-             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw"}
+             p.kind is p.POSITIONAL_OR_KEYWORD} - {"self", "pixel_values_videos", "video_grid_thw", "video_merge_sizes"}
     if not kind.startswith("grid") or vtoken is None or "video_grid_thw" not in encode or needs:
-        return None  # no grid video, or one that needs inputs not made here (VideoLLaMA3's video_merge_sizes)
+        return None  # no grid video, or one that needs inputs not made here
     itoken = image_token_id(config)
     marks = video_marks(model, inner, itoken, vtoken)  # as grid_spec reads it: no video where it reads none
     if marks is None:
@@ -460,17 +506,26 @@ def grid_video(config: Any, model: torch.nn.Module, kind: str, make: Maker) -> C
     per_frame = callable(rope) and "repeat_interleave(video_grid_thw" in inspect.getsource(rope)
     seconds = next((k for k in ("second_per_grid_ts", "video_second_per_grid") if k in _params(type(model).forward)),
                    None)  # a video's seconds per temporal patch, where the forward takes them
+    compress = "video_compression_mask" in _params(type(model).forward)  # a mask of the encoder's rows kept
 
     def video(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], list]:
         image = make(thw, g, dtype)
         keys = {"pixel_values_videos": image["pixel_values"], "video_grid_thw": image["image_grid_thw"]}
         if seconds:
             keys[seconds] = torch.tensor([1.0])
+        if "video_merge_sizes" in encode:  # VideoLLaMA3: its video processor's merge size (its images': 1)
+            keys["video_merge_sizes"] = torch.tensor([2])
         with torch.no_grad():
-            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype),
-                                           video_grid_thw=keys["video_grid_thw"], return_dict=True)
+            given = {k: v for k, v in keys.items() if k in encode and k != "pixel_values_videos"}
+            out = inner.get_video_features(pixel_values_videos=keys["pixel_values_videos"].to(model.dtype), **given,
+                                           return_dict=True)
         feats = out.pooler_output
         n = feats.numel() // feats.shape[-1] if torch.is_tensor(feats) else sum(f.numel() // f.shape[-1] for f in feats)
+        if compress:  # VideoLLaMA3's token compression: a later frame's unchanged rows dropped (here every other one)
+            keep = torch.ones(n, dtype=torch.bool)
+            keep[n // thw[0]::2] = False
+            keys["video_compression_mask"] = keep
+            n = int(keep.sum())
         frames = thw[0] if per_frame else 1
         return keys, [torch.full((n // frames,), token) for _ in range(frames)]
 

@@ -134,6 +134,9 @@ def hybrid(config: Any) -> bool:
     return hf_hsap.integrations.model_check.has_mixer_layers(config)
 
 
+DEFAULT_DTYPE_FAMILIES = frozenset({"kosmos-2"})  # float64 runs need float64 as the default dtype (full_precision)
+
+
 @contextlib.contextmanager
 def full_precision(config: Any, dtype: torch.dtype = torch.float64) -> Iterator[None]:
     """:func:`full_precision_softmax`, and for hybrid models in float64 :func:`float64_casts_kept` with float64 as the
@@ -142,7 +145,9 @@ def full_precision(config: Any, dtype: torch.dtype = torch.float64) -> Iterator[
     indexer score in float32, whose rounding differs between the packed row's and a document's matrix shapes)."""
     hybrid_fp64 = (hybrid(config) or hf_hsap.integrations.indexed.has_indexed_layers(config)) and dtype == torch.float64
     saved = torch.get_default_dtype()
-    if hybrid_fp64:
+    # Kosmos-2's text transformer fills its own causal mask with finfo(dtype).min in the default dtype: a float64 run
+    # of it needs float64 as the default (its reference, one document per row, fails otherwise)
+    if hybrid_fp64 or dtype == torch.float64 and getattr(config, "model_type", None) in DEFAULT_DTYPE_FAMILIES:
         torch.set_default_dtype(torch.float64)
     try:
         with full_precision_softmax(), float64_casts_kept(hybrid_fp64):

@@ -98,7 +98,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # default None: one conv and one attention layer
     "lfm2": {"num_hidden_layers": 2, "full_attn_idxs": [1], "layer_types": ["conv", "full_attention"]},  # layer 0 a short causal convolution (the default makes every layer attention)
     "inkling_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
-                     "swa_head_dim": 16, "rel_extent": 64},
+                     "swa_head_dim": 16, "rel_extent": 64,
+                     "log_scaling_n_floor": 4},  # the full layers' log scale from the 4th token on (default: off)
     "inkling2_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
                       "swa_head_dim": 16, "rel_extent": 64},
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
@@ -109,8 +110,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llama4_text": {"attention_chunk_size": 16},
     "longcat_flash": {"num_layers": 2, "head_dim": 8},  # head_dim is the rotary (qk_rope) part
     "mamba2": {"num_heads": 8, "head_dim": 16},  # num_heads * head_dim == expand * hidden
-    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 256,
-                       "indexer_compress_ratio": 4, "hc_lowrank": 16},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 4, "hc_lowrank": 16, "ple_layer_ids": [1, 3], "ple_embed_dim": 32,
+                       "heads_per_ngram": 2, "ngram_vocab_size_base": 61, "make_ngram_vocab_size_divisible_by": 8,
+                       "eos_token_id": 5},
     "roc_bert": {"shape_vocab_size": 32, "pronunciation_vocab_size": 32, "shape_embed_dim": 16,
                  "pronunciation_embed_dim": 16},
     # layers 2 and 4 hybrid: the shared transformer block is tied between at least two layers
