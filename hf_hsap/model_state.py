@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ATTENTION_TILES", "DEPTH", "ENCODER_PART", "INDEXED", "INDEXED_DOCS", "INDEXED_MASK", "MIXERS", "MIXERS_READY",
+__all__ = ["ATTENTION_TILES", "CAUSAL_LAYER", "DEPTH", "ENCODER_PART", "INDEXED", "INDEXED_DOCS", "INDEXED_MASK", "MIXERS", "MIXERS_READY",
            "ModelChanges", "PREFIX_LM", "RELATIVE_BIAS",
            "PREPARED", "PROBE_KEY", "RELAY", "VISION_ROWS", "state_of"]
 
@@ -23,6 +23,7 @@ RELAY = "_hsap_relay"  # the PlanRelay of a model and of the attention layers it
 VISION_ROWS = "_hsap_vision_rows"  # a vision-language model's row selection (this rank's feature rows)
 PREPARED = "_hsap_prepared"  # the PreparedModel of a model prepare_model changed
 PREFIX_LM = "_hsap_prefix_lm"  # a prefix-LM decoder's attention layer: causal by its model's mask (PaliGemma)
+CAUSAL_LAYER = "_hsap_causal_layer"  # an attention layer its model's image blocks skip (Gemma 4's full attention)
 ATTENTION_TILES = "_hsap_attention_tiles"  # an attention layer's query tile (tokens) of the tiled_attention lever
 INDEXED = "_hsap_indexed"  # an indexed-attention layer whose top-k runs per document (integrations/indexed.py)
 INDEXED_DOCS = "_hsap_indexed_docs"  # the documents of the current forward, on an indexed layer's indexer

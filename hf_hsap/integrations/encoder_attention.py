@@ -23,9 +23,10 @@ from ..model_state import ENCODER_PART, state_of
 __all__ = ["encoder_forward", "is_encoder_call", "is_encoder_config", "is_encoder_module"]
 
 logger = get_logger(__name__)
-_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer", "Adapter")  # Perceiver: a per-image
-# resampler (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features and its
-# prompt; Adapter: Molmo2's pooling of each placeholder's patches (Molmo2AdapterConfig)
+_ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer", "Adapter", "Radio")  # Perceiver: a
+# per-image resampler (Idefics 2); QFormer: BLIP-2 / InstructBLIP's querying transformer over one image's features
+# and its prompt; Adapter: Molmo2's pooling of each placeholder's patches (Molmo2AdapterConfig); Radio: NVIDIA's RADIO
+# vision tower (Nemotron-H Omni), whose config class does not say Vision
 
 
 def is_encoder_config(config: Any) -> bool:

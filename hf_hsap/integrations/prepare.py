@@ -32,6 +32,7 @@ from ..log import get_logger
 from ..memory.levers import MemoryLevers, apply_memory_levers
 from ..model_state import PREPARED, ModelChanges, state_of
 from ..multimodal import prepare_vision
+from ..multimodal.layer_blocks import mark_causal_layers
 from ..multimodal.marked import drop_dense_masks, mark_image_path_layers
 from ..multimodal.prefix import mark_prefix_lm
 from .indexed import prepare_indexed
@@ -162,6 +163,7 @@ def prepare_model(model: torch.nn.Module, *, sp_size: int = 1, levers: MemoryLev
         drop_dense_masks(model, changes)  # Kosmos-2's text transformer builds no dense causal mask of its own
         mark_image_path_layers(model, changes)  # and its image-to-text projection's attention runs per image
         mark_prefix_lm(model, attention_modules(model), changes)  # PaliGemma: causal by its mask, not by its flag
+        mark_causal_layers(model, attention_modules(model), changes)  # Gemma 4: image blocks on sliding layers
         check = check_model(model, sp_size=sp_size, packed=packed)
         if check.mixer_layers:
             prepare_mixers(model, changes)

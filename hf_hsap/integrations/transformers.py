@@ -56,6 +56,7 @@ from ..kernels.dtypes import cast_qkv
 from ..log import get_logger, log_once
 from ..model_state import DEPTH, INDEXED, PREFIX_LM, RELAY, state_of
 from ..multimodal.cross import CROSS_KEY, is_cross_attention
+from ..multimodal.layer_blocks import layer_blocks
 from .attention_checks import (NOT_PASSED, attention_variant, check_mask_rank, check_plan_mask, check_supported,
                                check_value_head_dim)
 from .cross_attention import cross_forward
@@ -193,6 +194,7 @@ def hsap_attention_forward(
     query = fix_temperature(module, query, plan=hsap_plan, plan_use=hsap_plan_use, attention_mask=attention_mask,
                             ids_mask=ids_mask, position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q,
                             keys=key.shape[2])  # Llama 4's NoPE layers: each token's document position
+    hsap_blocks = layer_blocks(module, hsap_blocks)  # Gemma 4: its sliding layers' only
     if hsap_blocks is not None and hsap_plan is None:
         raise ValueError("hsap_blocks (bidirectional image blocks) need the batch's plan: pass the batch through "
                          "hf_hsap.shard_batch(batch, sp) (sp=1 on one process)")

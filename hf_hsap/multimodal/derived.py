@@ -10,6 +10,7 @@
 - videos queried frame by frame by a Q-Former (:mod:`.qformer`: InstructBLIP-Video, whose placeholder is its video
   token).
 - crops whose placeholders pool chosen patches (:mod:`.pooled`: Molmo2's ``image_token_pooling``).
+- flattened patches with an ``(h, w)`` grid per image (:mod:`.hwgrid`: Nemotron-H Omni's ``image_grid_hw``).
 
 Each is exact in the multimodal zoo in every mode; the encoder's rows per item are checked against the
 placeholders every forward (:mod:`.select`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..data.vision import VisionSpec
+from .hwgrid import hw_grid_spec
 from .naflex import naflex_spec
 from .navit import navit_spec
 from .marked import marked_spec
@@ -30,7 +32,7 @@ from .structure import token
 
 __all__ = ["derived_spec"]
 
-_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, pooled_spec)
+_RULES = (navit_spec, naflex_spec, paired_spec, qformer_spec, patches_spec, pooled_spec, hw_grid_spec)
 _UNPLACED = (marked_spec, video_qformer_spec)  # rules for models without an image placeholder id
 
 

@@ -40,7 +40,10 @@ def vision_geometry(vision: Any) -> tuple[int, int | None, int, int]:
     """``(channels, image side or None, patch side, frames per temporal patch)`` of a vision config."""
     channels = int(getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None)
                    or getattr(vision, "in_chans", None) or 3)
-    size = getattr(vision, "image_size", None)
+    size = getattr(vision, "image_size", None) or getattr(vision, "resolution", None)  # a VQ tokenizer's resolution
+    if not size:  # a tower of towers (DeepSeek-OCR 2: SAM, then an encoder): the first tower's input size
+        towers = [getattr(vision, n, None) for n in (getattr(vision, "sub_configs", None) or {})]
+        size = next((t.image_size for t in towers if getattr(t, "image_size", None)), None)
     size = int(size[0] if isinstance(size, (list, tuple)) else size) if size else None
     patch = getattr(vision, "patch_size", None) or 1
     patch = int(patch[0] if isinstance(patch, (list, tuple)) else patch)

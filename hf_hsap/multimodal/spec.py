@@ -38,6 +38,7 @@ from .grid import ROPE_INPUTS, grid_spec
 from .grid_rows import vision_geometry
 from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
+from .layer_blocks import vision_blocks
 from .marked import marked_probe_inputs
 from .markers import marker_keys
 from .pooled import pooled_probe_inputs
@@ -157,10 +158,6 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         raise _refuse(model, "bidirectional text", (
             f"its text attends bidirectionally (use_bidirectional_attention={bidirectional!r}: a prefix-LM over "
             "image and prefix), which hf_hsap's causal kernels do not take yet"))
-    if bidirectional == "vision":
-        raise _refuse(model, "image blocks", (
-            "its image placeholders attend to each other on some layer kinds only "
-            "(use_bidirectional_attention='vision'), which hf_hsap's image blocks (every layer) do not take yet"))
     image = token(config, "image_token_id", "image_token_index")
     video = token(config, "video_token_id", "video_token_index")
     if "image_grid_thw" in keys:
@@ -261,7 +258,8 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     item_keys = tuple(k for k in ("image_sizes", "pixel_mask", "image_position_ids") if k in keys)
     mod = Modality("image", image, "pixel_values", item_keys=item_keys)
     prefix = is_prefix_lm(model)  # PaliGemma: each document's image and prompt are one bidirectional block
-    layout = VisionLayout(family, (mod, *videos), image_blocks=types == "token_type_ids" and not prefix,
+    blocks = types == "token_type_ids" and not prefix or vision_blocks(config.get_text_config())
+    layout = VisionLayout(family, (mod, *videos), image_blocks=blocks,
                           prefix_blocks=prefix, position_start=position_start(model) if prefix else 0)
     return VisionSpec(layout, token_type_key=types)
 
@@ -334,6 +332,8 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
                 (torch.ones(4, side * patch, side * patch, c), per_token, 4, 1)]
     if "image_position_ids" in image.item_keys:  # patches with their (x, y): one pooling window's square
         side = int(getattr(vision, "pooling_kernel_size", None) or 1) * 2
+        if getattr(vision, "model_patch_size", None):  # Gemma 4 unified: merged patches, one row each
+            side, patch = 2, int(vision.model_patch_size)
         xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
         return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
                  None, spec.layout.merge)]
@@ -344,7 +344,12 @@ def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.devi
         return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None, spec.layout.merge),
                 (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None,
                  spec.layout.merge)]  # one per tile
-    return [(torch.ones(1, c, size, size), {}, None, spec.layout.merge)]
+    plain = [(torch.ones(1, c, size, size), {}, None, spec.layout.merge)]
+    if "image_sizes" not in image.item_keys:
+        return plain
+    # or with its image_sizes (Apertus 1.5 tokenizes each image at its sizes; LLaVA's CLIP tower takes none)
+    sizes = {"image_sizes": torch.tensor([[size, size]], device=device)}
+    return plain + [(torch.ones(1, c, size, size), sizes, None, spec.layout.merge)]
 
 
 def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:
@@ -385,9 +390,15 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     if model in _IMAGES:  # the image the encoder took when the spec was derived
         pixels, given, n_tokens = _IMAGES[model]
         extra = {k: v.to(device) for k, v in given.items()}
-    elif image.grid_key is not None and image.grid_dims == 2:  # NaViT: one crop of one merge block [1, C, p, cells*p]
+    elif image.grid_key is not None and image.pixel_axis == 3:  # NaViT: one crop of one merge block [1, C, p, cells*p]
         side = int(round(spec.layout.merge ** 0.5))
         pixels = torch.zeros(1, getattr(vision, "num_channels", 3), image.cell_size, side * side * image.cell_size)
+        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
+        n_tokens = 1
+    elif image.grid_key is not None and image.grid_dims == 2:  # (h, w) grid (.hwgrid): one merge block's patch rows
+        side = int(round(spec.layout.merge ** 0.5))
+        channels = getattr(vision, "num_channels", 3)
+        pixels = torch.zeros(side * side, channels * vision.patch_size ** 2)
         extra[image.grid_key] = torch.tensor([[side, side]], device=device)
         n_tokens = 1
     elif image.grid_key is not None:
@@ -422,6 +433,6 @@ def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     marks = boundary_ids(model.config) if has_indicators(inner_vlm(model)) else None  # Ovis 2.5: the image's start
     body = [image.token_id] * n_tokens if marks is None else [marks[0]] + [image.token_id] * n_tokens + [marks[1]]
     ids = torch.tensor([[1] + body + [1]], device=device)
-    if spec.token_type_key == "mm_token_type_ids":
+    if spec.token_type_key == "mm_token_type_ids" and not spec.layout.image_blocks:  # blocks: shard_batch's own
         extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
     return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

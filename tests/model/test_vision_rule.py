@@ -117,7 +117,6 @@ STRUCTURAL = [
      "its forward (per token) needs region_token_type_ids"),
     (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="all"), "bidirectional text",
      "use_bidirectional_attention='all'"),  # every token both ways: not a prefix-LM (PaliGemma's is accepted)
-    (lambda: model_of("gemma4", meta=True, use_bidirectional_attention="vision"), "image blocks", "'vision'"),
     (lambda: other_merge(model_of("ovis2_5", meta=True)), "encoder layout", "get_visual_indicator_features"),
 ]
 
@@ -176,6 +175,47 @@ def test_a_key_the_forward_takes_but_packing_does_not_carry_is_refused_naming_th
     docs[1]["input_features"] = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match=r"example 1: gemma4's \['input_features'\] are not carried on packed rows"):
         hf_hsap.PackingCollator(512, vision=spec)(docs)
+
+
+def test_image_blocks_and_the_layers_that_see_them_are_derived_from_the_model() -> None:
+    """use_bidirectional_attention='vision': image blocks (shard_batch's hsap_blocks). Gemma 4's forward gives them to
+    its sliding-window layers only (its full-attention layers are marked causal); Gemma 4 unified's to every layer."""
+    from hf_hsap.model_state import ModelChanges
+    from hf_hsap.multimodal.layer_blocks import layer_blocks, mark_causal_layers
+    from hf_hsap.plan.blocks import Blocks
+
+    blocks = Blocks((1,), (5,))
+    for family, sliding_only in (("gemma4", True), ("gemma4_unified", False)):
+        model = model_of(family, meta=True, use_bidirectional_attention="vision")
+        spec = hf_hsap.vision_spec(model)
+        assert spec.layout.image_blocks and spec.token_type_key == "mm_token_type_ids"
+        attention = [m for m in model.modules() if hasattr(m, "sliding_window") and hasattr(m, "q_proj")]
+        assert {m.sliding_window is None for m in attention} == {True, False}  # both layer kinds
+        changes = ModelChanges()
+        marked = mark_causal_layers(model, attention, changes)
+        assert marked == (sum(m.sliding_window is None for m in attention) if sliding_only else 0)
+        for m in attention:
+            full = m.sliding_window is None
+            assert layer_blocks(m, blocks) is (None if full and sliding_only else blocks)
+        changes.undo()
+        assert all(layer_blocks(m, blocks) is blocks for m in attention)
+    assert not hf_hsap.vision_spec(model_of("gemma4", meta=True)).layout.image_blocks  # its default: causal
+
+
+def test_an_hw_patch_grid_and_a_tower_of_towers_are_derived_from_the_model() -> None:
+    nemotron = hf_hsap.vision_spec(model_of("nemotron_h_omni", meta=True))  # image_grid_hw, 2x2 pixel shuffle
+    image = nemotron.layout.modalities[0]
+    assert (image.grid_key, image.grid_dims, nemotron.layout.merge) == ("image_grid_hw", 2, 4)
+    ocr = hf_hsap.vision_spec(model_of("deepseek_ocr2"))  # SAM then an encoder: the image size is SAM's
+    assert ocr.layout.modalities[0].pixel_key == "pixel_values" and not ocr.layout.image_blocks
+
+
+def test_vq_codes_scattered_into_placeholders_are_packed_like_features() -> None:
+    """Apertus 1.5 tokenizes each image into VQ codes, embeds them and fills its placeholders with them (its
+    get_placeholder_mask): accepted, with its per-image image_sizes; Chameleon's vocabulary_map stays refused."""
+    apertus = hf_hsap.vision_spec(model_of("apertus1p5"))
+    assert apertus.layout.modalities[0].item_keys == ("image_sizes",)
+    assert refusal(chameleon()).kind == "VQ codes in the vocabulary"
 
 
 def test_prefix_lm_and_cross_attention_are_derived_from_the_model() -> None:

@@ -84,7 +84,9 @@ PER_ITEM = [("llava_next", "sp2_u1"), ("llava_next_video", "sp2_u1"), ("llava_on
             ("molmo2", "sp2_u2"),
             # Inkling 2: one pixel row per placeholder (the grid counted in placeholders), a per-query relative
             # position bias and sinks, dynamic short convolutions, attention residuals over each token's layers
-            ("inkling2", "sp2_u2")]
+            ("inkling2", "sp2_u2"),
+            ("gemma4_unified", "sp2_u2"),  # Gemma 4 unified: encoder-free merged patches, image blocks on every layer
+            ("deepseek_ocr2", "sp2_u1")]  # DeepSeek-OCR 2: a tower of towers (SAM, then an encoder)
 
 
 @pytest.mark.parametrize("family,mode", PER_ITEM)

@@ -55,8 +55,30 @@ ANYRES_PINPOINTS = [[8, 8], [8, 16], [16, 8], [16, 16]]
 # family -> config arguments on top of the generic shrinking (``text_config`` / ``vision_config`` dicts merge)
 OVERRIDES: dict[str, dict[str, Any]] = {
     "aria": {"projector_patch_to_query_dict": {16: 4}},  # 16 patches of a tiny image -> 4 queries
+    # Apertus 1.5's VQ codes (embedded into its placeholders): 32 image codes from id 16, then 32 audio codes
+    "apertus1p5": {"image_token_offset": 16, "audio_token_offset": 48,
+                   "vision_config": {"base_channels": 32},  # its VQ encoder's group norms have 32 groups
+                   # WavTokenizer: 4 filters doubled by each of 2 down-samplings, one LSTM layer
+                   "audio_config": {"num_filters": 4, "upsampling_ratios": [2, 2], "num_lstm_layers": 1}},
+    # Florence-2: a BART encoder-decoder (refused as one) of 1 + 1 layers; its DaViT stages 1 block each
+    "florence2": {"text_config": {"encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 64,
+                                  "decoder_ffn_dim": 64, "decoder_attention_heads": 4},
+                  "vision_config": {"depths": [1, 1, 1, 1]}},
     "gemma4": {"vision_config": {"pooling_kernel_size": 2}},  # 4x4 patches -> 4 soft tokens
-    "granite4_vision": {"deepstack_layer_map": [[1, 1]], "spatial_target_layers": [0, 1, 0, 1]},
+    # Gemma 4 unified's encoder-free embedder: 4-pixel model patches (2x2 of 2 pixels) into 32 wide rows, a 16-entry
+    # position table per axis; its audio frames of 16 samples
+    "gemma4_unified": {"vision_config": {"pooling_kernel_size": 2, "mm_embed_dim": 32, "output_proj_dims": 32,
+                                         "mm_posemb_size": 16}, "audio_config": {"audio_embed_dim": 16}},
+    # DeepSeek-OCR 2's MoE text model names each layer's MLP (its default, None, builds nothing)
+    # and its SAM's two stride-2 convolutions end at the 32-wide encoder's width
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]},
+                      "vision_config": {"sam_config": {"downsample_channels": [16, 32]}}},
+    "unlimited_ocr": {"vision_config": {"sam_config": {"downsample_channels": [16, 32]}}},  # its SAM: the same
+    # Granite 4 Vision: its Q-Former has a head per 64 of the tower's width (so 64 wide), windows of 4x4 patches
+    # pooled to 2x2 queries; any-resolution tiles of 8 pixels
+    "granite4_vision": {"deepstack_layer_map": [[1, 1]], "spatial_target_layers": [0, 1, 0, 1],
+                        "vision_config": {"hidden_size": 64}, "downsample_rate": "2/4",
+                        "image_grid_pinpoints": ANYRES_PINPOINTS},
     "inkling2": {"vision_config": {"posemb_grid_size": 4}},
     "inkling2_loop": {"vision_config": {"posemb_grid_size": 4}},
     "llama4": {"vision_config": {"intermediate_size": 128, "projector_input_dim": 64, "projector_output_dim": 64,
@@ -76,7 +98,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                                  "vision_output_dim": 64}, "text_config": {"cross_attention_layers": [1]}},
     "molmo2": {"vision_config": {"image_size": [8, 8]}, "adapter_config": {"vision_feature_layer": [-1, -2]},
                "image_patch_id": 150},  # a placeholder inside the tiny embedding table (96 + 128 extra rows)
-    "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
+    # RADIO's position table covers images up to max_img_size pixels a side; the projector's input is the tower's
+    # width (vision_hidden_size) times the 2x2 pixel shuffle
+    "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2, "max_img_size": 32},
+                        "vision_hidden_size": 32},
+    # Muse Spark: the adapter's input is the 32-wide tower after its 2x2 merge, its experts' own width; its waveform
+    # pyramid 4 stages of 16
+    "muse_spark": {"out_hidden_size": 128, "text_config": {"moe_hidden_size": 32},
+                   "audio_config": {"hidden_sizes": [16] * 4, "depths": [1] * 4, "patch_sizes": [2] * 4}},
     # pools of 4 tokens, the best 2 pools and the incomplete tail kept (a selection inside the documents), and a layer
     # that reuses the previous layer's top-k ("shared")
     "glm5_next": {"text_config": {"qk_rope_head_dim": 0, "index_topk": 8, "index_kpool": 4,
@@ -103,6 +132,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_5_omni_thinker": {"vision_start_token_id": 89, "vision_end_token_id": 88},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 90, "vision_end_token_id": 89},
 }
+# family -> sub-configs whose dtype the model reads to cast its inputs (Nemotron-H Omni's RADIO tower casts the pixels
+# to vision_config.torch_dtype), set to the model's dtype after it is built
+CONFIG_DTYPE: dict[str, tuple[str, ...]] = {"nemotron_h_omni": ("vision_config",)}
 # families whose tiny model is not built, with the reason
 _EARLY_FUSION = ("early fusion: images are VQ codes mapped into the text vocabulary by the tokenizer's "
                  "vocabulary_map (no image placeholder to fill)")
@@ -156,6 +188,12 @@ def _shrink_sub(cls: type, default: Any, overrides: dict[str, Any]) -> dict[str,
     if layers_field:
         kwargs[layers_field] = n
     kwargs.update({k: v for k, v in patterns.items() if k not in VISION})
+    overrides = dict(overrides)  # the family's OVERRIDES entry stays as it is (tiny_config is called again)
+    for sub in getattr(cls, "sub_configs", None) or {}:  # a tower of towers (DeepSeek-OCR 2's SAM + encoder)
+        value = getattr(default, sub, None)
+        if value is not None and hasattr(value, "to_dict"):
+            kwargs[sub] = {"model_type": value.model_type,
+                           **_shrink_sub(type(value), value, dict(overrides.pop(sub, {})))}
     kwargs.update(overrides)
     return _fit_types(fields, kwargs, default)
 
@@ -342,4 +380,7 @@ def build_model(config: Any, attn: str, dtype: torch.dtype = torch.float32, seed
                 if ("gate" in leaf or leaf.startswith("alpha_")) and p.numel() <= 16 and not p.is_meta \
                         and not bool(p.any()):
                     p.fill_(0.5)
-    return model.to(dtype).train()
+    model = model.to(dtype).train()
+    for sub in CONFIG_DTYPE.get(config.model_type, ()):  # a tower that casts its pixels to its config's dtype
+        getattr(model.config, sub).dtype = dtype
+    return model

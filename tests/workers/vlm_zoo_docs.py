@@ -124,6 +124,12 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
     out = []
     if "image_token_pooling" in params:  # Molmo2: crops of patches, each placeholder pooling 2x2 patches of one crop
         out.append(("pooled crops", pooled_crops(c, size, patch)))
+    if "image_grid_hw" in params:  # Nemotron-H Omni: flattened patches and an [h, w] patch grid per image
+        def hw_grid(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
+            h, w = thw[1], thw[2]
+            return {"pixel_values": torch.randn(h * w, c * patch * patch, generator=g, dtype=dtype),
+                    "image_grid_hw": torch.tensor([[h, w]])}
+        out.append(("flattened patches with an (h, w) grid", hw_grid))
     if "target_sizes" in params:  # MiniCPM-V: NaViT patches side by side, [1, C, p, h * w * p], (h, w) per crop
         def navit(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
             h, w = 4 * thw[1], 4 * thw[2]  # grid (1, 8, 8): 32x32 patches (64 placeholders after the 4x4 merge)
@@ -140,10 +146,13 @@ def _candidates(config: Any, model: torch.nn.Module) -> list[tuple[str, Maker]]:
             return {"pixel_values": pixels, "spatial_shapes": torch.tensor([[h, w]]), "pixel_attention_mask": mask}
         out.append(("NaFlex patches with spatial shapes", naflex))
     if "image_position_ids" in params:  # Gemma 4: [images, patches, C * p * p] and each patch's (x, y)
+        model_patch = getattr(v, "model_patch_size", None)  # Gemma 4 unified: 4x4 merged patches, a placeholder each
+
         def patches(thw: tuple[int, int, int], g: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-            side = size // patch
+            p = int(model_patch or patch)
+            side = 4 if model_patch else size // patch  # every image padded to one size, as its processor does
             xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
-            return {"pixel_values": torch.randn(1, side * side, c * patch * patch, generator=g, dtype=dtype),
+            return {"pixel_values": torch.randn(1, side * side, c * p * p, generator=g, dtype=dtype),
                     "image_position_ids": xy.reshape(1, -1, 2)}
         out.append(("patches with positions", patches))
     if getattr(config, "image_grid_pinpoints", None):  # any-resolution: the base image and its tiles by its size
@@ -212,6 +221,9 @@ def _feature_rows(model: torch.nn.Module, image: dict[str, Any]) -> int:
     with torch.no_grad():
         out = feature_module(model).get_image_features(**image, return_dict=True)
     feats = getattr(out, "pooler_output", None)
+    deepstack = getattr(out, "deepstack_features", None)
+    if feats is None and deepstack:  # Granite 4 Vision: (decoder layer, per-image rows) pairs only
+        feats = deepstack[0][1]
     if feats is None:  # Fuyu merges its patch embeddings, the last hidden state
         feats = getattr(out, "last_hidden_state", None)
     if feats is None:
@@ -235,7 +247,8 @@ def image_maker(config: Any, model: torch.nn.Module) -> tuple[str, Maker]:
     """
     known = {"self", "pixel_values", "image_sizes", "image_grid_thw", "image_merge_sizes", "pixel_attention_mask",
              "target_sizes", "spatial_shapes", "high_res_pixel_values", "qformer_input_ids", "image_token_pooling",
-             "image_grids"}
+             "image_grids",
+             "image_grid_hw"}
     required = [n for n, p in _params(feature_module(model).get_image_features).items()
                 if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and n not in known]
     if required:
