@@ -92,6 +92,9 @@ class HSAPConfig:
             ``"holders"`` (every holder encodes it whole), ``"once"`` (one holder encodes it and sends the others
             their feature rows) or ``"auto"`` (per batch, the cheaper on the busiest rank:
             :func:`hf_hsap.multimodal.exchange.route_items`). Read by ``shard_batch``.
+        vision_balance: ``placement="auto"`` weighs each image's or video's encoder work on the rank that encodes it,
+            so the busiest rank's encoder plus decoder work is balanced (:mod:`hf_hsap.plan.items`); ``False``:
+            the plan weighs the decoder alone. Read by ``shard_batch``.
 
     Raises:
         ValueError: any field out of range (named, with the values it accepts).
@@ -112,6 +115,7 @@ class HSAPConfig:
     per_batch_memory_cap: bool = True
     recurrent_mode: str = "auto"
     vision_encoding: str = "auto"
+    vision_balance: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str) -> ValueError:
@@ -157,8 +161,9 @@ class HSAPConfig:
             except (TypeError, ValueError) as err:
                 raise bad("windows", f"{err} (a per-layer list of windows, None = full attention, or a mapping "
                                      "window -> layers)") from None
-        if not isinstance(self.per_batch_memory_cap, bool):
-            raise bad("per_batch_memory_cap", "must be True or False")
+        for name in ("per_batch_memory_cap", "vision_balance"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be True or False")
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int)
                                                or self.gpus_per_node < 1):
             raise bad("gpus_per_node", "must be a positive int or None")

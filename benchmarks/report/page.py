@@ -69,7 +69,13 @@ def _header(res: dict[str, Any]) -> list[str]:
                                                (("levers", lev), ("memory model", mod)) if d))
     for key, cmd in (("vlm_step", f"`{VLM_CMD}`"), ("hybrid_step", f"`{HYBRID_CMD}`"),
                      ("recurrent_split", f"`{HYBRID_CMD}` (recurrent split step)"), ("soak", f"`{SOAK_CMD}`")):
-        if res.get(key):
+        if res.get(key) and res[key].get("video_seconds"):  # the long video row measured alone (--video-only)
+            rows = res[key].get("rows_stamp")
+            data.append(f"{cmd} `--video-only` (the long video row): {_when(res[key])}, "
+                        f"{res[key]['video_seconds']:.0f} s; the image rows: "
+                        + (f"{_when(rows)}, {rows['seconds']:.0f} s" if rows else
+                           f"an earlier full run, {res[key]['seconds']:.0f} s"))
+        elif res.get(key):
             data.append(f"{cmd}: {_when(res[key])}, {res[key]['seconds']:.0f} s")
     for key in ("model_zoo", "vlm_zoo"):
         if res.get(key):

@@ -46,34 +46,58 @@ def vlm_section(res: dict[str, Any]) -> str:
 
 
 def _video_lines(res: dict[str, Any]) -> list[str]:
-    """The long video row's table (results without one: none)."""
+    """The long video row's table (results without one: none): one line per SP size and scheme present."""
     if not res.get("video_rows"):
         return []
     v, cfg = res["video_row"], res["config"]
+    names = [n for n in _VIDEO_SCHEMES if n in res["video_rows"][0]]
+    seconds = f" ({res['video_seconds']:.0f} s, `--video-only`)" if res.get("video_seconds") else ""
     lines = ["", "### Long video row", "",
-             f"One packed row of {v['tokens']:,} tokens: {v['videos']} videos, {v['placeholders']:,} video "
+             f"One packed row{seconds} of {v['tokens']:,} tokens: {v['videos']} videos, {v['placeholders']:,} video "
              f"placeholders, {v['pixel_rows']:,} pixel rows (grids {', '.join(str(tuple(g)) for _, g, _ in cfg['video'])}"
              "), split across ranks by the plan. `once`: a video split across ranks is encoded by one holder (the "
              "least encoder work so far) and the others receive their feature rows (`HSAPConfig(vision_encoding="
              "\"once\")`, `hf_hsap.multimodal.exchange`); `holders`: every holder encodes it whole; `baseline`: "
-             "every rank encodes every video (the tower replicated). `auto` is what the default picks from the rule's "
-             "prices (their constants are stated, not calibrated on a GPU). Losses equal within "
-             f"{max(r[s]['loss_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e}, "
+             "every rank encodes every video (the tower replicated). Plan `decoder`: the placement weighs the "
+             "decoder's work alone (`vision_balance=False`); `enc + dec`: it also weighs each rank's encoder work "
+             "(`vision_balance=True`, the default; `hf_hsap.plan.items`, the per-patch work stated from the tower's "
+             "shape, not calibrated). `auto` is what the default picks from the rule's prices (their constants are "
+             "stated, not calibrated on a GPU). Losses equal within "
+             f"{max(r[s]['loss_err'] for r in res['video_rows'] for s in names):.1e}, "
              "the group's summed gradients within "
-             f"{max(r[s]['grad_err'] for r in res['video_rows'] for s in ('once', 'holders', 'baseline')):.1e} "
-             "(relative). Busiest rank's CPU time per step, vision tower time and tensor peak; pixel rows encoded "
-             "and feature rows received per rank.", "",
-             "| SP | auto | step s once | holders | baseline | vision s once | holders | baseline | peak MiB once | "
-             "holders | baseline | pixel rows per rank once | holders | rows received once |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             f"{max(r[s]['grad_err'] for r in res['video_rows'] for s in names):.1e} "
+             "(relative). Busiest rank's CPU time per step, vision tower time and tensor peak; tokens, pixel rows "
+             "encoded and feature rows received per rank; spread: the busiest rank's over the least busy rank's "
+             "encoder + decoder time, predicted by the planner's model (the schemes that shard the tower) and measured "
+             "(CPU time of a step).", "",
+             "| SP | auto | scheme | plan | step s | vision s | peak MiB | tokens per rank | pixel rows per rank "
+             "| rows received | spread predicted | spread measured |",
+             "|---:|---|---|---|---:|---:|---:|---|---|---|---:|---:|"]
     for r in res["video_rows"]:
-        o, h, b = r["once"], r["holders"], r["baseline"]
-        lines.append(f"| {r['sp']} | {r['auto']} | {secs(o['cpu_s'])} | {secs(h['cpu_s'])} | {secs(b['cpu_s'])} | "
-                     f"{secs(o['vision_cpu_s'])} | {secs(h['vision_cpu_s'])} | {secs(b['vision_cpu_s'])} | "
-                     f"{mib(o['peak_mib'])} | {mib(h['peak_mib'])} | {mib(b['peak_mib'])} | "
-                     f"{', '.join(f'{x:,}' for x in o['pixel_rows'])} | {', '.join(f'{x:,}' for x in h['pixel_rows'])} "
-                     f"| {', '.join(f'{x:,}' for x in o['received'])} |")
+        for name in names:
+            x = r[name]
+            scheme, _, balanced = name.partition("_")
+            lines.append(f"| {r['sp']} | {r['auto']} | {scheme} | {'enc + dec' if balanced else 'decoder'} | "
+                         f"{secs(x['cpu_s'])} | {secs(x['vision_cpu_s'])} | {mib(x['peak_mib'])} | "
+                         f"{_ints(x['tokens'])} | {_ints(x['pixel_rows'])} | "
+                         f"{_ints(x['received']) if scheme == 'once' else '–'} | "
+                         f"{_spread(x.get('predicted')) if scheme != 'baseline' else '–'} | "
+                         f"{_spread(x.get('cpu_s_ranks'))} |")
     return lines
+
+
+_VIDEO_SCHEMES = ("once", "once_balanced", "holders", "holders_balanced", "baseline")  # the table's order
+
+
+def _ints(xs: list[int]) -> str:
+    return ", ".join(f"{x:,}" for x in xs)
+
+
+def _spread(xs: list[float] | None) -> str:
+    """``max / min`` of per-rank figures (``–``: none, or a rank without)."""
+    if not xs or None in xs or min(xs) <= 0:
+        return "–"
+    return f"{max(xs) / min(xs):.2f}"
 
 
 def _encoded(s: dict[str, Any]) -> str:

@@ -2,24 +2,29 @@
 Qwen2.5-VL on one packed image + text row at SP 1, 2 and 4, vision tower included, hf_hsap beside a baseline where
 every rank encodes every image of the row (:mod:`benchmarks.suites.vlm_workers`, whose two schemes are checked equal first);
 and a long video row at SP 2 and 4 whose videos are split across ranks: each split video encoded once and its rows
-sent (``vision_encoding="once"``), by every holder (``"holders"``), and by every rank (the baseline).
+sent (``vision_encoding="once"``), by every holder (``"holders"``), and by every rank (the baseline), on the plan of
+the decoder's work alone, and the first two again on the plan that weighs each rank's encoder work too
+(``vision_balance``, the default).
 
 Each SP size runs on its own spawned gloo ranks (SP = world size). Per scheme and rank: the exact tensor peak of one
 step (:class:`benchmarks.tensor_memory.TensorPeak`, in its own untimed step), the CPU time of a step (median of the
 interleaved timed rounds after a warm-up), the images and pixel rows its vision tower encodes, and the vision tower's
 own forward + backward time on those pixels. Reported: the busiest rank (max over ranks).
 
-Usage: ``python -m benchmarks vlm [--quick] [--out benchmarks/results/vlm_step.json] [--no-write-md]``
-(``bash scripts/bench_vlm.sh``). Writes the results JSON; the entry point then renders it
+Usage: ``python -m benchmarks vlm [--quick] [--video-only] [--out benchmarks/results/vlm_step.json] [--no-write-md]``
+(``bash scripts/bench_vlm.sh``; ``--video-only``: the long video row alone, its rows replaced in the results at
+``--out``, the image rows kept). Writes the results JSON; the entry point then renders it
 (:func:`benchmarks.report.vlm.vlm_section`) into the detail file ``benchmarks/results/vlm.md`` and
 ``BENCHMARKS.md``'s headline.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from hf_hsap.testing import DistPools
@@ -109,7 +114,8 @@ def _video_summary(sp_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         rs = [r[name] for r in ranks]
         row[name], times, vision = _scheme_row(rs)
         row[name].update(cpu_s_ranks=times, vision_cpu_s_ranks=vision, videos=[r["videos"] for r in rs],
-                         sent=[r["sent"] for r in rs], received=[r["received"] for r in rs])
+                         sent=[r["sent"] for r in rs], received=[r["received"] for r in rs],
+                         predicted=rs[0]["predicted"])
     return row
 
 
@@ -177,8 +183,29 @@ def run_vlm_step(cfg: VLMStepConfig, pools: DistPools | None = None, timeout_s: 
             "video_row": video_facts(cfg), "video_rows": video_rows, "seconds": time.perf_counter() - t0}
 
 
+def _video_only(out: str) -> Any:
+    """``run`` of ``--video-only``: the long video row of ``cfg`` measured alone, merged into the results at
+    ``out`` (their image rows and configuration kept, with the image rows' date, commit and seconds as
+    ``rows_stamp``; the video fields replaced, this run's seconds as ``video_seconds``)."""
+    def run(cfg: VLMStepConfig) -> dict[str, Any]:
+        old = json.loads(Path(out).read_text())
+        new = run_vlm_step(dataclasses.replace(cfg, sp_sizes=()))
+        config = {**old["config"], **{k: new["config"][k] for k in ("video", "video_sp_sizes")}}
+        rows_stamp = old.get("rows_stamp") or {k: old[k] for k in ("date", "commit", "seconds") if k in old}
+        return {**old, "config": config, "video_row": new["video_row"], "video_rows": new["video_rows"],
+                "video_seconds": new["seconds"], "rows_stamp": rows_stamp}
+    return run
+
+
 def main(argv: Sequence[str]) -> Outcome:
-    """``python -m benchmarks vlm`` with the command line ``argv`` (:func:`benchmarks.suites.output.step_main`)."""
+    """``python -m benchmarks vlm`` with the command line ``argv`` (:func:`benchmarks.suites.output.step_main`;
+    ``--video-only``: :func:`_video_only`)."""
+    argv = list(argv)
+    video_only = "--video-only" in argv
+    if video_only:
+        argv.remove("--video-only")
+        out = argv[argv.index("--out") + 1] if "--out" in argv else str(DEFAULT_OUT)
     return step_main(argv, suite="vlm", description=__doc__.split("\n")[0],
-                     config=lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(), run=run_vlm_step,
+                     config=lambda quick: VLMStepConfig().quick() if quick else VLMStepConfig(),
+                     run=_video_only(out) if video_only else run_vlm_step,
                      out=DEFAULT_OUT, quick_help="tiny sizes, SP 1 and 2, memory only")

@@ -11,9 +11,11 @@ row and plan:
 
 Both schemes are checked equal (loss, and every gradient summed over the SP group) before anything is measured.
 
-The long video row (:func:`run_video`) compares three: ``once`` (a video split across ranks encoded by one holder,
+The long video row (:func:`run_video`) compares five: ``once`` (a video split across ranks encoded by one holder,
 its rows sent: ``vision_encoding="once"``, :mod:`hf_hsap.multimodal.exchange`), ``holders`` (every holder encodes
-it) and ``baseline`` (every rank encodes every video).
+it), ``baseline`` (every rank encodes every video), each on the plan of the decoder's work alone
+(``vision_balance=False``), and ``once_balanced`` / ``holders_balanced``: the same on the plan that also weighs each
+rank's encoder work (``vision_balance=True``, the default; :mod:`hf_hsap.plan.items`).
 """
 from __future__ import annotations
 
@@ -263,7 +265,9 @@ def _timed_reps(model: torch.nn.Module, batch: dict[str, Any], out: dict[str, di
             model.zero_grad(set_to_none=True)
 
 
-VIDEO_SCHEMES = ("once", "holders", "baseline")  # the long video row: vision_encoding "once" / "holders"; replicated
+# the long video row: vision_encoding "once" / "holders" on the plan of the decoder's work alone (today's); the tower
+# replicated; "once" / "holders" on the plan that also weighs each part's encoder work (HSAPConfig.vision_balance)
+VIDEO_SCHEMES = ("once", "holders", "baseline", "once_balanced", "holders_balanced")
 _VIDEO_GLOBAL_KEYS = ("input_ids", "position_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
@@ -294,12 +298,35 @@ def _video_step(model: torch.nn.Module, scheme: str, batch: dict[str, Any], loca
     return total
 
 
+def _video_config(sp: Any, scheme: str) -> Any:
+    """The :class:`hf_hsap.HSAPConfig` of ``scheme``: its ``vision_encoding`` (the baseline shards as ``holders``)
+    and whether the plan weighs the encoder (``*_balanced``)."""
+    encoding = scheme.removesuffix("_balanced")
+    return sp.config.replace(vision_encoding="holders" if encoding == "baseline" else encoding,
+                             vision_balance=scheme.endswith("_balanced"))
+
+
 def _video_local(batch: dict[str, Any], sp: Any, scheme: str) -> dict[str, Any]:
-    """``shard_batch`` with ``vision_encoding`` of ``scheme`` (the baseline shards as ``holders``)."""
+    """``shard_batch`` with the configuration of ``scheme`` (:func:`_video_config`)."""
     if getattr(sp, "size", 1) == 1:
         return hf_hsap.shard_batch(batch, sp)
-    return hf_hsap.shard_batch(batch, sp, config=sp.config.replace(
-        vision_encoding="holders" if scheme == "baseline" else scheme))
+    return hf_hsap.shard_batch(batch, sp, config=_video_config(sp, scheme))
+
+
+def predicted_work(batch: dict[str, Any], local: dict[str, Any], encoding: str) -> list[float]:
+    """Every part's encoder + decoder time of one layer by the planner's model (attention pairs): the plan's part
+    times (:func:`hf_hsap.plan.cost.part_times`) plus ``token_cost`` x the encoder work of the items the part
+    encodes under ``encoding`` (:mod:`hf_hsap.plan.items`), whichever plan ``local`` carries."""
+    from hf_hsap.data.vision import LAYOUT_KEY
+    from hf_hsap.multimodal import item_work
+    from hf_hsap.plan.cost import part_times
+    from hf_hsap.plan.items import encoder_per_part, part_of_positions
+
+    plan = local["hsap_plan"]
+    pl, cost = plan.placement, plan.cost
+    items = item_work(batch, batch[LAYOUT_KEY], batch["input_ids"], encoding=encoding)
+    enc = encoder_per_part(items, part_of_positions(pl.start, pl.end, pl.part, items.positions), pl.n_parts)
+    return (part_times(plan.layout, pl, None, cost) + cost.token_cost * enc).tolist()
 
 
 def _moved(local: dict[str, Any]) -> tuple[int, int]:
@@ -317,7 +344,8 @@ def run_video(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, Any]:
 
     Returns:
         ``{"auto": the encoding "auto" picks, scheme: {"loss", "loss_err", "grad_err", "videos", "pixel_rows",
-        "sent", "received", "tokens", "peak_bytes", "cpu_s": [...], "wall_s": [...], "vision_cpu_s": [...]}}``.
+        "sent", "received", "tokens", "predicted" (every part's encoder + decoder time by the planner's model, under
+        SP, but for the baseline), "peak_bytes", "cpu_s": [...], "wall_s": [...], "vision_cpu_s": [...]}}``.
     """
     sp, rank, model = _set_up(cfg, sp_size)
     batch = video_row(model, [(a, tuple(g), b) for a, g, b in cfg["video"]], cfg["seed"], cfg["pad_to"])
@@ -332,7 +360,11 @@ def run_video(cfg: dict[str, Any], sp_size: int, reps: int) -> dict[str, Any]:
         ref = ref or (loss, grads)
         src = batch if name == "baseline" else local
         sent, received = (0, 0) if name == "baseline" else _moved(local)
+        encoding = "holders" if name == "baseline" else name.removesuffix("_balanced")
+        # the planner's model of the schemes that shard the tower (the baseline runs every video on every rank)
+        predicted = predicted_work(batch, local, encoding) if sp_size > 1 and name != "baseline" else []
         out[name] = {"loss": loss, "loss_err": abs(loss - ref[0]), "sent": sent, "received": received,
+                     "predicted": predicted,
                      "videos": int(src["video_grid_thw"].shape[0]) if src.get("video_grid_thw") is not None else 0,
                      "pixel_rows": int(src["pixel_values_videos"].shape[0])
                      if src.get("pixel_values_videos") is not None else 0,

@@ -68,6 +68,9 @@ class Modality:
             ``image_num_crops``: an image is that many crops), or ``None`` (one entry per item).
         token_rows: per-item keys with one entry per placeholder of the item along axis 0 (Molmo2's
             ``image_token_pooling``: the patches each placeholder pools, indices into the item's own patches).
+        patch_work: one patch (pixel row of a grid item; a placeholder's ``merge`` patches otherwise) through the
+            modality's tower, forward + backward, in decoder tokens (:func:`hf_hsap.plan.items.encoder_patch_work`,
+            set by ``vision_spec``); the SP planner balances it with the decoder's work. 0: not weighed.
     """
 
     name: str
@@ -113,6 +116,7 @@ class Modality:
     time_merge: int = 1
     rows_key: str | None = None
     token_rows: tuple[str, ...] = ()
+    patch_work: float = 0.0
 
     def axis(self, key: str) -> int:
         """The axis along which batch key ``key`` (the pixels or a per-item key) lists this modality's items (a

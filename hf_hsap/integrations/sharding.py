@@ -25,7 +25,7 @@ import torch
 from ..config import HSAPConfig
 from ..data.packing import IGNORE_INDEX, shift_labels_global
 from ..data.vision import LAYOUT_KEY as VISION_LAYOUT_KEY, PIXEL_KEYS
-from ..multimodal import batch_blocks, shard_vision, vision_keys
+from ..multimodal import batch_blocks, item_work, shard_vision, vision_keys
 from ..multimodal.cross import shard_cross
 from ..plan.blocks import keep_blocks_whole
 from ..data.positions import check_position_ids, document_starts
@@ -194,7 +194,8 @@ def shard_batch(
         sp: the :class:`~hf_hsap.SPGroup`; ``1`` or ``None`` for no sequence parallelism.
         placement: overrides the config's placement (``auto``, ``balanced``, ``contiguous``, ``zigzag``).
         config: the :class:`~hf_hsap.HSAPConfig` to plan with (placement, rounds, receive budget, token
-            slack, how a vision item split across ranks is encoded: ``vision_encoding``); default the group's
+            slack, how a vision item split across ranks is encoded: ``vision_encoding``, whether the plan weighs the
+            items' encoder work: ``vision_balance``); default the group's
             ``sp.config``.
         verify: compare a digest of the batch across the SP group (one small all-gather per call).
         ignore_index: label value without a target.
@@ -237,8 +238,13 @@ def shard_batch(
     if verify and size > 1:
         parts = [ids, cu] + ([torch.as_tensor(labels)] if labels is not None else [])
         _check_same_batch(_batch_digest(parts), sp)
-    plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement))
     vision = batch.get(VISION_LAYOUT_KEY)
+    hsap = config or getattr(sp, "config", None) or HSAPConfig()
+    items = None  # the items' encoder work, which the plan balances with the decoder's (not under cross-attention)
+    if vision is not None and vision.cross_key is None and size > 1 and hsap.vision_balance:
+        items = item_work(batch, vision, ids, encoding=hsap.vision_encoding)
+    plan = plan_sequence(cu, sp, verify=False, **_plan_kwargs(sp, config, placement),
+                         **({} if items is None else {"items": items}))
     blocks = batch_blocks(vision, batch, ids, cu)
     if blocks is not None:  # Gemma 3's images, PaliGemma's prefixes: seen both ways, each block inside one part
         whole = keep_blocks_whole(plan, blocks)
@@ -270,8 +276,7 @@ def shard_batch(
     if vision is not None and vision.cross_key is not None:  # Mllama: each rank's tokens' own images
         local.update(shard_cross(batch, vision, shard))
     elif vision is not None:
-        encoding = (config or getattr(sp, "config", None) or HSAPConfig()).vision_encoding
-        local.update(shard_vision(batch, vision, ids.reshape(-1), plan, rank=rank, encoding=encoding))
+        local.update(shard_vision(batch, vision, ids.reshape(-1), plan, rank=rank, encoding=hsap.vision_encoding))
     elif any(batch.get(k) is not None for k in PIXEL_KEYS):
         raise ValueError("shard_batch got pixels without their vision layout (the 'hsap_vision' key): pack the "
                          "documents with PackingCollator(max_length, vision=hf_hsap.vision_spec(model))")

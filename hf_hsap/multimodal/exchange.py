@@ -14,11 +14,11 @@ encoded two ways, chosen per batch by :func:`route_items` (the one rule, below):
       rank 1: encodes i0 -> keeps rows 2-5, sends rows 0-1 to rank 0     (backward: receives their gradients)
       rank 0: receives 2 rows                                            (backward: sends their gradients)
 
-The rule (:func:`route_items`): items held by one rank are encoded there. Split items, largest first, go to the
-holder with the least encoder work so far (an item's encoder work: its patches, ``placeholders * merge``).
-A rank calls an encoder only for a modality whose pixels it has, and only callers can take part in an exchange, so a
-holder that would encode no item of a modality also encodes its smallest split item of it (and receives nothing for
-that one). The batch then runs ``"once"`` where it prices cheaper on the busiest rank::
+The rule (:func:`route_items`, its owners by :func:`hf_hsap.plan.items.assign_owners`, which the planner also
+prices): items held by one rank are encoded there. Split items, largest first, go to the holder with the least
+encoder work so far (an item's encoder work: its patches, ``placeholders * merge``). A rank calls an encoder only for
+a modality whose pixels it has, and only callers can take part in an exchange, so a holder that would encode no item
+of a modality also encodes its smallest split item of it (and receives nothing for that one). The batch then runs ``"once"`` where it prices cheaper on the busiest rank::
 
     holders: max_r  patch_cost * patches held by r
     once:    max_r  patch_cost * patches encoded by r + row_cost * rows r sends or receives + round_cost * exchanges
@@ -45,6 +45,7 @@ from ..comm.p2p import Splits
 from ..config import VISION_ENCODINGS
 from ..log import get_logger, log_once
 from ..plan.cost import CostModel
+from ..plan.items import assign_owners
 
 __all__ = ["ENCODINGS", "Holdings", "RowExchange", "Route", "VisionPrice", "exchange_rows", "route_items"]
 
@@ -142,34 +143,16 @@ def _owners(mods: Sequence[Holdings], size: int, price: VisionPrice) -> tuple[li
                                                                                float, float, int]:
     """The rule's "once" assignment: ``(owner [n_items] per modality, encodes [ranks, n_items] per modality,
     busiest price once, busiest price holders, rows moved)``."""
+    if not mods:
+        return [], [], 0.0, 0.0, 0
     counts = [h.counts() for h in mods]
-    load = np.zeros(size)
-    held_load = np.zeros(size)
-    split = []
-    owners, encodes = [], []
-    for k, (h, c) in enumerate(zip(mods, counts)):
-        holds = c > 0
-        held_load += holds.astype(float) @ h.patches.astype(float)
-        n_holders = holds.sum(axis=0)
-        owner = np.where(n_holders == 1, holds.argmax(axis=0), -1)
-        enc = np.zeros_like(holds)
-        one = np.flatnonzero(n_holders == 1)
-        enc[owner[one], one] = True
-        np.add.at(load, owner[one], h.patches[one].astype(float))
-        split += [(-int(h.patches[i]), k, int(i)) for i in np.flatnonzero(n_holders > 1)]
-        owners.append(owner)
-        encodes.append(enc)
-    for _, k, i in sorted(split):  # largest first; to the least-loaded holder (ties: most rows there, lowest rank)
-        holders = np.flatnonzero(counts[k][:, i])
-        r = min(holders, key=lambda r: (load[r], -counts[k][r, i], r))
-        owners[k][i], encodes[k][r, i] = r, True
-        load[r] += mods[k].patches[i]
-    for k, h in enumerate(mods):  # a holder encoding none of the modality's items encodes its smallest split item
-        for r in np.flatnonzero((counts[k] > 0).any(axis=1) & ~encodes[k].any(axis=1)):
-            held = np.flatnonzero(counts[k][r])
-            i = min(held, key=lambda i: (h.patches[i], -counts[k][r, i], i))
-            encodes[k][r, i] = True
-            load[r] += h.patches[i]
+    sizes = [h.tokens.size for h in mods]
+    owner, encode = assign_owners(np.concatenate(counts, axis=1), np.concatenate([h.patches for h in mods]),
+                                  np.repeat(np.arange(len(mods)), sizes))
+    cut = np.cumsum(sizes)[:-1]
+    owners, encodes = np.split(owner, cut), np.split(encode, cut, axis=1)
+    load = sum(e.astype(float) @ h.patches.astype(float) for e, h in zip(encodes, mods))
+    held_load = sum((c > 0).astype(float) @ h.patches.astype(float) for c, h in zip(counts, mods))
     moved = np.zeros(size)
     rounds = np.zeros(size)
     for k in range(len(mods)):

@@ -21,12 +21,13 @@ import torch
 
 from ..comm.p2p import P2PExecutor
 from ..data.cross import IMAGES_KEY
-from ..data.vision import LAYOUT_KEY, TOKENS_KEY, VisionLayout, check_pixel_keys, item_sizes
+from ..data.vision import LAYOUT_KEY, TOKENS_KEY, Modality, VisionLayout, check_pixel_keys, item_sizes
 from ..plan.blocks import Blocks, blocks_from_mask
+from ..plan.items import ItemWork
 from .exchange import Holdings, VisionPrice, route_items
 
-__all__ = ["ROWS_KEY", "batch_blocks", "exchange_key", "image_blocks", "items_key", "prefix_blocks", "shard_vision",
-           "vision_keys"]
+__all__ = ["ROWS_KEY", "batch_blocks", "exchange_key", "image_blocks", "item_work", "items_key", "prefix_blocks",
+           "shard_vision", "vision_keys"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
 
@@ -142,6 +143,58 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
 
 
+def _items(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor
+           ) -> list[tuple[Modality, torch.Tensor, np.ndarray, np.ndarray, np.ndarray]]:
+    """Every modality with pixels in the batch: ``(modality, [N] global placeholder positions, [n_items]
+    placeholders, pixel rows and patches of each item)``; an item's encoder work is its patches (a grid item's
+    pixel rows, else its placeholders times ``layout.merge``).
+
+    Raises:
+        ValueError: placeholders of a modality without pixels, or placeholders that do not match the pixels.
+    """
+    out = []
+    for m in layout.modalities:
+        marks = m.placeholders(ids, batch)  # [B * L] placeholder flags (its id, or its per-token mask)
+        if batch.get(m.pixel_key) is None:
+            if bool(marks.any()):
+                raise ValueError(f"the batch has {m.name} placeholder tokens ({m.marker}) but no {m.pixel_key}")
+            continue
+        where = torch.nonzero(marks).flatten()  # [N] global placeholder positions
+        tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
+        out.append((m, where, tokens, rows, rows if m.grid_key is not None else tokens * layout.merge))
+    return out
+
+
+def item_work(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor, *,
+              encoding: str = "auto") -> ItemWork | None:
+    """The encoder work of the batch's items, for the planner (``plan_sequence(..., items=...)``,
+    :mod:`hf_hsap.plan.items`): each item's patches times its modality's ``patch_work``.
+
+    Args:
+        batch: the global batch. layout: its vision layout. ids: ``[B * L]`` global token ids.
+        encoding: how a split item is encoded (``HSAPConfig.vision_encoding``).
+
+    Returns:
+        The :class:`~hf_hsap.plan.items.ItemWork`, or None where no item weighs (no pixels, or no modality's
+        ``patch_work`` known).
+
+    Raises:
+        ValueError: as :func:`shard_vision`, before any plan is made.
+    """
+    ids = ids.detach().to("cpu").reshape(-1)
+    found = [x for x in _items(batch, layout, ids) if x[0].patch_work > 0]
+    if not found:
+        return None
+    positions, item, work, group = [], [], [], []
+    for k, (m, where, tokens, _, patches) in enumerate(found):
+        positions.append(where.numpy())
+        item.append(np.repeat(np.arange(tokens.size), tokens) + sum(w.size for w in work))
+        work.append(patches.astype(np.float64) * m.patch_work)
+        group.append(np.full(tokens.size, k))
+    return ItemWork.of(np.concatenate(positions), np.concatenate(item), np.concatenate(work), np.concatenate(group),
+                       encoding=encoding)
+
+
 def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tensor, plan: Any, *,
                  rank: int | None = None, encoding: str = "auto") -> dict[str, Any]:
     """This rank's vision inputs and the feature rows it keeps.
@@ -171,21 +224,13 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
     me = plan.rank if rank is None else rank
     ids = ids.detach().to("cpu")
     mods, sizes = [], {}
-    for m in layout.modalities:
-        marks = m.placeholders(ids, batch)  # [B * L] placeholder flags (its id, or its per-token mask)
-        if batch.get(m.pixel_key) is None:
-            if bool(marks.any()):
-                raise ValueError(f"the batch has {m.name} placeholder tokens ({m.marker}) but no {m.pixel_key}")
-            continue
-        where = torch.nonzero(marks).flatten()  # [N] global placeholder positions
-        tokens, rows = item_sizes(m, layout, batch, int(where.numel()))
+    for m, where, tokens, rows, patches in _items(batch, layout, ids):
         feature = torch.full((ids.numel(),), -1, dtype=torch.int64)
         feature[where] = torch.arange(where.numel())
         held = []
         for r in range(size):  # every rank's global feature row of each local placeholder, in local token order
             mine = plan.shard(feature, rank=r).to("cpu")
             held.append(mine[mine >= 0].numpy())
-        patches = rows if m.grid_key is not None else tokens * layout.merge  # encoder work: patches
         mods.append(Holdings(m.name, tokens, patches, tuple(held)))
         sizes[m.name] = (m, tokens, rows)
     sp = getattr(plan, "sp", None)

@@ -31,6 +31,7 @@ import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
+from ..plan.items import encoder_patch_work
 from .audio import audio_probe_inputs, audio_spec, is_audio_lm
 from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
@@ -95,9 +96,17 @@ def vision_spec(model: torch.nn.Module) -> VisionSpec:
     """
     if model in _SPECS:
         return _SPECS[model]
-    spec = _derive(model)
+    spec = _with_patch_work(_derive(model), model.config)
     _SPECS[model] = spec
     return spec
+
+
+def _with_patch_work(spec: VisionSpec, config: Any) -> VisionSpec:
+    """``spec`` with every modality's encoder work per patch (:attr:`~hf_hsap.data.vision.Modality.patch_work`,
+    from its tower's shape: the audio tower's for audio, else the vision tower's)."""
+    mods = tuple(dataclasses.replace(m, patch_work=encoder_patch_work(
+        config, "audio_config" if m.name == "audio" else "vision_config")) for m in spec.layout.modalities)
+    return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, modalities=mods))
 
 
 def _refuse(model: torch.nn.Module, kind: str, what: str) -> VisionRefusal:

@@ -3,7 +3,8 @@
 ``balanced`` at small token slacks (each at most ``token_slack``) and at ``token_slack``, token-neutral and priced;
 ``density`` at the two largest slacks; ``contiguous``; ``zigzag`` (priced in closed form on full attention, built
 only if it wins: its transfers grow as documents x parts squared); with windowed layers, contiguous cuts at equal
-estimated cost. Small slacks pay because tokens cost every linear layer.
+estimated cost. Small slacks pay because tokens cost every linear layer. With vision items (:mod:`.items`), every
+greedy pass is also refined with each part's encoder work on its load, and every candidate is priced with it.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import math
 from typing import Callable
 
 from .balanced import balanced_greedy
-from .cost import step_time, zigzag_part_times, zigzag_time_bound
+from .cost import zigzag_part_times, zigzag_time_bound
 from .density import density_greedy
+from .greedy import Greedy
 from .placement import Placement, contiguous, zigzag
 from .search import Option, Search
 from .windows import weighted_contiguous, window_transfers
@@ -38,6 +40,8 @@ def cheapest_candidate(s: Search) -> Option:
     greedy = [(g, c) for g in (balanced_greedy(layout, n_parts, e) for e in slacks) for c in (tc, None)]
     greedy += [(density_greedy(layout, n_parts, tc, e), tc) for e in slacks[-2:]]
     cands: list[Callable[[], Placement]] = [functools.partial(g.placement, c) for g, c in greedy]
+    if s.items is not None:  # the same passes refined with each part's encoder work on it
+        cands += [functools.partial(_with_encoder, s, g, c) for g, c in greedy]
     cands.append(functools.partial(contiguous, layout, n_parts))
     if not s.full:  # contiguous cuts at equal estimated cost, within the small slacks' cap
         eps = min(AUTO_TOKEN_SLACKS[-1], s.token_slack)
@@ -45,6 +49,14 @@ def cheapest_candidate(s: Search) -> Option:
         cands.append(functools.partial(weighted_contiguous, layout, n_parts, s.layers, tc, cap, s.min_tokens))
     best = _cheapest(s, cands)
     return _zigzag_if_cheaper(s, best) or best
+
+
+def _with_encoder(s: Search, g: Greedy, token_cost: float | None) -> Placement:
+    """``g`` refined with the encoder work of the items each part encodes (in its plain refinement) added to the
+    part's load, as :func:`.cost.step_time` adds it: the refinement moves decoder work off the parts that encode
+    more (:mod:`.items`)."""
+    plain = g.placement(token_cost)
+    return g.placement(token_cost, extra=s.encoder(plain).tolist())
 
 
 def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
@@ -61,7 +73,7 @@ def _cheapest(s: Search, cands: list[Callable[[], Placement]]) -> Option:
         if pl.tokens_per_part().min() < s.min_tokens:
             continue
         tr = {w: None if w is None else window_transfers(pl, s.layout, w) for w in s.layers}
-        t = step_time(s.layout, pl, tr, s.layers, s.cost)
+        t = s.step_time(pl, tr)
         if t < best:
             best, out = t, (pl, tr)
     assert out is not None, "contiguous leaves every part a token when T >= P"
@@ -82,5 +94,5 @@ def _zigzag_if_cheaper(s: Search, best: Option) -> Option | None:
         return None
     pl = zigzag(layout, n_parts)
     tr = {w: window_transfers(pl, layout, w) for w in s.layers}
-    t = step_time(layout, pl, tr, s.layers, cost)  # with a hybrid's recurrent layers, beyond the closed form
+    t = s.step_time(pl, tr)  # with a hybrid's recurrent layers and the encoder, beyond the closed form
     return Option(pl, tr, t) if t < best.time and pl.tokens_per_part().min() >= s.min_tokens else None

@@ -1,11 +1,15 @@
 """The cost that ``placement="auto"`` minimises: a part's step time (fwd + bwd of one layer) in attention pairs::
 
-    t_r = token_cost * tokens_r + max(local_work_r, kv_token_cost * recv_r) + remote_work_r
+    t_r = token_cost * tokens_r + max(local_work_r, kv_token_cost * recv_r) + remote_work_r  [+ encoder_r]
 
 Tokens pay the projections and MLP; pairs against the part's own keys run while the received KV (``recv_r`` tokens)
 is in flight, pairs against received keys wait for it. :class:`CostModel` adds partial overlap, masked diagonal
-blocks, Ulysses' all-to-all and recurrent layers. Defaults: Llama-3-8B on A100 nodes, KV over InfiniBand;
-:meth:`CostModel.from_config` prices other models and GPUs from :mod:`hf_hsap.hardware` (assumptions:
+blocks, Ulysses' all-to-all and recurrent layers. A vision-language batch adds each part's encoder work
+``encoder_r = token_cost x patches x patch_work`` of the items it encodes (:func:`step_time`): ``patch_work`` is one
+patch through the tower (fwd + bwd) in decoder tokens, the tower's parameters per patch over the decoder's (all its
+layers) by the FLOP accounting of :meth:`CostModel.from_shapes` (``6 x params`` per token), so over the layers the
+encoder weighs its share of the step (:func:`.items.encoder_patch_work`: stated from the shapes, not tuned). Defaults: Llama-3-8B on A100 nodes, KV over
+InfiniBand; :meth:`CostModel.from_config` prices other models and GPUs from :mod:`hf_hsap.hardware` (assumptions:
 ``benchmarks/analytic/cost_model.py``). The planner never queries a device.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 from ..hardware import cost_model_kinds, gpu_kind
 from .chain import part_mixer_tokens, recurrent_layers
+from .items import layer_params
 from .layout import Layout
 from .placement import Placement, _zigzag_chunks, rows_work
 from .transfers import Transfers
@@ -145,7 +150,7 @@ class CostModel:
                              f"hidden_size, got {hq}, {hkv}, {hidden}")
         d = int(getattr(config, "head_dim", None) or hidden // hq)
         ffn = int(getattr(config, "intermediate_size", None) or 4 * hidden)
-        params = hidden * d * (2 * hq + 2 * hkv) + 3 * hidden * ffn
+        params = layer_params(hidden, hq, hkv, d, ffn)
         peak, nvl, net = HARDWARE_LINKS[hardware]
         bw, alpha = (nvl, 10e-6) if link == "nvlink" else (net, 20e-6)
         mixers = recurrent_layers(getattr(config, "layer_types", None))
@@ -281,15 +286,20 @@ def zigzag_part_times(layout: Layout, n_parts: int, cost: CostModel) -> np.ndarr
 
 
 def step_time(layout: Layout, pl: Placement, transfers: Mapping[Window, Transfers | None],
-              layers: Mapping[Window, int], cost: CostModel) -> float:
+              layers: Mapping[Window, int], cost: CostModel, *, encoder: np.ndarray | None = None) -> float:
     """Estimated time of one step of a model's layers: per mask kind, its layers times the slowest part's time
-    (each layer waits for its slowest part), plus :func:`mixer_time`.
+    (each layer waits for its slowest part), plus :func:`mixer_time`. With ``encoder``, every layer's part time
+    carries the part's vision encoder work per layer, so a part that encodes more should hold less decoder work
+    (:mod:`.items`); on one mask kind that is the busiest part's ``encoder + decoder`` time.
 
     Args:
         layout, pl: the documents and placement. transfers: per kind (None for the full kind, read from the
             segments). layers: layers per kind. cost: the model.
+        encoder: ``[n_parts]`` encoder time per decoder layer (pairs: ``token_cost`` x the decoder tokens' worth
+            of the items each part encodes, :mod:`.items`), or None (none).
     """
-    attention = sum(n * part_times(layout, pl, transfers[w], cost, w).max() for w, n in layers.items())
+    extra = 0.0 if encoder is None else encoder
+    attention = sum(n * (part_times(layout, pl, transfers[w], cost, w) + extra).max() for w, n in layers.items())
     return float(attention + mixer_time(pl, cost))
 
 

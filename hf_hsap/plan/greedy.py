@@ -42,18 +42,21 @@ class Greedy:
     whole_doc_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
     cu_list: list[int] | None = field(default=None, compare=False, repr=False)
 
-    def placement(self, token_cost: float | None) -> Placement:
+    def placement(self, token_cost: float | None, *, extra: list[float] | None = None) -> Placement:
         """The refined placement, named :attr:`name`; refinements that end alike are one object.
 
         Args:
             token_cost: the refinement evens out ``work + token_cost * tokens`` and may move tokens within ``cap_t``;
                 ``None``: it evens out the work at unchanged token counts.
+            extra: ``[n_parts]`` load (pairs) each part carries besides its attention work (its vision encoder
+                work per layer, :mod:`.items`), which the refinement evens out too; None: none.
         """
         segs = self.segments
         moved = Segments(segs.doc, list(segs.start), list(segs.end), list(segs.part))
         starts, ends, parts = moved.start, moved.end, moved.part
         doc_first = self.cu[:-1].tolist() if self.cu_list is None else self.cu_list  # (its last entry unread)
-        refine_moves(doc_first, moved, list(self.wrk), max_moves=self.max_moves,
+        wrk = list(self.wrk) if extra is None else [w + e for w, e in zip(self.wrk, extra)]
+        refine_moves(doc_first, moved, wrk, max_moves=self.max_moves,
                      tok=None if token_cost is None else list(self.tok), token_cost=token_cost or 0.0,
                      cap_t=self.cap_t, bounds=self._boundaries, sides=self._sides)
         key = (tuple(starts), tuple(ends))  # moves never change a segment's part: equal bounds, equal placement

@@ -17,6 +17,7 @@ from .cost import CostModel
 from .degree import fastest_degree, rank_step_time
 from .density import density
 from .group import GroupSpec, offline_link
+from .items import ItemWork
 from .kinds import plan_kind
 from .layout import Layout, make_layout
 from .placement import DEFAULT_TOKEN_SLACK, PLACEMENTS, Placement, contiguous, zigzag
@@ -58,6 +59,15 @@ def _place(s: Search, name: str) -> tuple[Placement, dict[Window, Transfers]]:
     return pl, {w: window_transfers(pl, layout, w) for w in s.layers}
 
 
+def _checked_items(items: ItemWork | None, layout: Layout) -> ItemWork | None:
+    """``items`` if any weighs (None for none or no work: the text-only plan), checked against the layout."""
+    if items is None or items.n_items == 0 or not items.work.any():
+        return None
+    if items.positions.size and (items.positions.min() < 0 or items.positions.max() >= layout.total_tokens):
+        raise ValueError(f"items: placeholder positions outside the batch's {layout.total_tokens} tokens")
+    return items
+
+
 def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) -> GroupSpec:
     """The group to plan for: a :class:`GroupSpec` as given, or an offline one of ``sp`` ranks."""
     if isinstance(sp, GroupSpec):
@@ -72,12 +82,14 @@ def _group(sp: int | GroupSpec, ulysses_size: int, gpus_per_node: int | None) ->
 
 def plan_layout(layout: Layout, group: GroupSpec, placement: str = "auto", *, recv_budget_tokens: int | None = None,
                 rounds: str = "auto", token_slack: float = DEFAULT_TOKEN_SLACK, cost: CostModel | None = None,
-                windows: Sequence[Window] | Mapping[Window, int] | None = None) -> Plan:
+                windows: Sequence[Window] | Mapping[Window, int] | None = None, items: ItemWork | None = None) -> Plan:
     """Plan one layout for one group: a new :class:`Plan` (no cache, no validation: :func:`plan_sequence`)."""
     U = group.ulysses_size
-    cost = (cost or CostModel.for_link(group.link)).for_ulysses(U)  # tokens also cross the all-to-all when U > 1
+    base = cost or CostModel.for_link(group.link)
+    cost = base.for_ulysses(U)  # tokens also cross the all-to-all when U > 1
     kinds, layers = mask_kinds(windows, layout)
-    search = Search(layout, group.n_parts, cost, token_slack, U, layers, recv_budget_tokens, rounds)
+    search = Search(layout, group.n_parts, cost, token_slack, U, layers, recv_budget_tokens, rounds,
+                    items=_checked_items(items, layout), item_cost=base.token_cost)
     pl, trs = _place(search, placement)
     per_kind = {w: plan_kind(layout, pl, w, cost, recv_budget_tokens, rounds, transfers=trs[w],
                              order_times=None if w is not None else search.orders(pl, trs[w])) for w in kinds}
@@ -108,6 +120,7 @@ def plan_sequence(
     cache: PlanCache | None = None,
     bind: Callable[[Plan], Plan] | None = None,
     windows: Sequence[Window] | Mapping[Window, int] | None = None,
+    items: ItemWork | None = None,
 ) -> Plan:
     """Plan document-masked attention of one packed batch over a group (pure; see the module docstring).
 
@@ -128,6 +141,9 @@ def plan_sequence(
         windows: every layer's attention mask (:mod:`.windows`): a per-layer sequence of sliding windows (``None`` =
             full) or a mapping window -> layer count (``hf_hsap.attention_windows(config)``); one set of transfers
             and rounds per kind over one placement, weighed by layers. Other kinds are planned on demand.
+        items: a vision-language batch's items and their encoder work (:class:`~hf_hsap.plan.items.ItemWork`,
+            what ``shard_batch`` gives): ``auto`` balances every part's encoder plus decoder work
+            (:mod:`hf_hsap.plan.items`). None (text): no encoder work, the plan as without it.
 
     Returns:
         The :class:`Plan`.
@@ -149,12 +165,15 @@ def plan_sequence(
                          "every rank needs at least one token: pack longer rows or use a smaller sp_size")
     cost = cost or CostModel.for_link(group.link)
     _, layers = mask_kinds(windows, layout)
+    items = _checked_items(items, layout)
     key = (layout.digest, group, placement, recv_budget_tokens, rounds, token_slack, cost, bind is not None,
            tuple(sorted(layers.items(), key=lambda kv: -1 if kv[0] is None else kv[0])))
+    if items is not None:
+        key += (items.key,)
 
     def build() -> Plan:
         plan = plan_layout(layout, group, placement, recv_budget_tokens=recv_budget_tokens, rounds=rounds,
-                           token_slack=token_slack, cost=cost, windows=layers)
+                           token_slack=token_slack, cost=cost, windows=layers, items=items)
         return plan if bind is None else bind(plan)
 
     return build() if cache is None else cache.get_or_build(key, build)

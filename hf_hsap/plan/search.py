@@ -9,7 +9,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple
 
+import numpy as np
+
 from .cost import CostModel, step_time
+from .items import ItemWork, encoder_per_part, part_of_positions
 from .layout import Layout
 from .placement import Placement, token_cap
 from .simulation import RoundOrderTimes, simulated
@@ -41,6 +44,8 @@ class Search:
         token_slack: the token cap's slack. min_tokens: the fewest tokens a part may hold.
         layers: layers per mask kind. budget, rounds: the plan's receive budget and rounds option (what the
             simulation runs).
+        items: the vision items' encoder work (:mod:`.items`), or None. item_cost: a decoder token's price per
+            layer (the cost model's ``token_cost`` before Ulysses' all-to-all share).
     """
 
     layout: Layout
@@ -52,6 +57,8 @@ class Search:
     budget: int | None = None
     rounds: str = "auto"
     sims: dict[int, tuple[Placement, Transfers, float, RoundOrderTimes]] = field(default_factory=dict)
+    items: ItemWork | None = None
+    item_cost: float = 0.0
 
     @property
     def full(self) -> bool:
@@ -63,12 +70,24 @@ class Search:
         """The most tokens a part may hold."""
         return token_cap(self.layout.total_tokens, self.n_parts, self.token_slack)
 
+    def encoder(self, pl: Placement) -> np.ndarray | None:
+        """``[n_parts]`` encoder time per decoder layer (pairs) of the items each part of ``pl`` encodes, or None
+        (no items: the text-only price, unchanged)."""
+        if self.items is None:
+            return None
+        part_of = part_of_positions(pl.start, pl.end, pl.part, self.items.positions)
+        return self.item_cost * encoder_per_part(self.items, part_of, pl.n_parts)
+
+    def step_time(self, pl: Placement, tr: Mapping[Window, Transfers | None]) -> float:
+        """The one price: :func:`.cost.step_time` of ``pl`` with its encoder work."""
+        return step_time(self.layout, pl, tr, self.layers, self.cost, encoder=self.encoder(pl))
+
     def price(self, pl: Placement | None) -> Option | None:
         """``pl`` with its transfers and step time, or None (no placement, or a part below ``min_tokens``)."""
         if pl is None or pl.tokens_per_part().min() < self.min_tokens:
             return None
         tr = {w: window_transfers(pl, self.layout, w) for w in self.layers}
-        return Option(pl, tr, step_time(self.layout, pl, tr, self.layers, self.cost))
+        return Option(pl, tr, self.step_time(pl, tr))
 
     def accepts(self, current: Option, found: Option) -> bool:
         """The one rule by which a proposal replaces the plan (module docstring); each plan is simulated once."""

@@ -27,14 +27,20 @@ def test_quick_run_encodes_fewer_images_per_rank_than_the_baseline(pools: DistPo
     assert one["hf_hsap"]["pixel_rows"] == one["baseline"]["pixel_rows"]
     assert max(two["hf_hsap"]["pixel_rows"]) < max(two["baseline"]["pixel_rows"])
     (video,) = res["video_rows"]  # the long video row at SP 2: a video split across the ranks
-    once, holders, base = (video[name] for name in VIDEO_SCHEMES)
-    for s in (once, holders, base):
+    once, holders, base, once_b, holders_b = (video[name] for name in VIDEO_SCHEMES)
+    for s in (once, holders, base, once_b, holders_b):
         assert s["loss_err"] <= cfg.loss_tol and s["grad_err"] <= 1e-5 and s["cpu_s"] is None
+        # the planner's per-part encoder + decoder work (not for the baseline, which runs the tower on every rank)
+        assert (len(s["predicted"]) == 2 and min(s["predicted"]) > 0) if s is not base else s["predicted"] == []
+    # the encoder-weighed plans: the busiest part's predicted encoder + decoder work is never above today's
+    assert max(holders_b["predicted"]) <= max(holders["predicted"]) * (1 + 1e-9)
+    assert max(once_b["predicted"]) <= max(once["predicted"]) * (1 + 1e-9)
     assert base["pixel_rows"] == [res["video_row"]["pixel_rows"]] * 2
     assert sum(once["sent"]) == sum(once["received"]) > 0 == sum(holders["received"])  # rows moved once only
     assert sum(once["pixel_rows"]) < sum(holders["pixel_rows"])  # the split video encoded by one rank
     text = vlm_section(res)
-    assert text.startswith("## VLM training step") and text.count("\n| ") == 5  # headers + 2 SP sizes + 1 video row
+    # headers + 2 SP sizes + one video line per scheme
+    assert text.startswith("## VLM training step") and text.count("\n| ") == 4 + len(VIDEO_SCHEMES)
 
 
 def test_the_detail_file_renders_from_the_committed_results() -> None:

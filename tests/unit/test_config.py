@@ -39,6 +39,7 @@ def test_defaults() -> None:
     ("gpus_per_node", 0, {}), ("gpus_per_node", 2.0, {}), ("gpus_per_node", "8", {}),
     ("per_batch_memory_cap", 1, {}), ("per_batch_memory_cap", "no", {}),
     ("recurrent_mode", "ring", {}), ("recurrent_mode", None, {}), ("vision_encoding", "twice", {}),
+    ("vision_balance", 1, {}), ("vision_balance", "no", {}),
 ])
 def test_bad_field_raises_naming_it(field: str, value, extra: dict) -> None:
     with pytest.raises(ValueError, match=rf"HSAPConfig\.{field}="):

@@ -36,6 +36,10 @@ from workers import zoo
 
 DTYPE = torch.float64
 ENCODING_ENV = "HSAP_ZOO_VISION_ENCODING"  # HSAPConfig.vision_encoding of the SP modes (scripts/vlm_zoo.py)
+# HSAPConfig.vision_balance of the SP modes ("1": the default, the plan weighs each rank's encoder work). The zoo's rows
+# are laid out so that the decoder's plan splits an item across ranks, the case exactness must cover; the
+# encoder-weighed plan may keep it whole, so the zoo plans the decoder alone unless told ("0", the default here)
+BALANCE_ENV = "HSAP_ZOO_VISION_BALANCE"
 MODES = {"sp1": (1, 1), "sp2_u1": (2, 1), "sp2_u2": (2, 2), "sp4_u1": (4, 1), "sp4_u2": (4, 2)}  # (SP, Ulysses)
 SP_MODES = tuple(m for m, (p, _) in MODES.items() if p > 1)
 TOL = 1e-9  # relative error of logits, loss and every gradient
@@ -248,7 +252,9 @@ def packed_run(family: str, state: dict[str, torch.Tensor], docs: list[dict[str,
         real = sum(d["input_ids"].numel() for d in docs)
         batch = hf_hsap.PackingCollator(real, pad_to_multiple_of=sp_size, vision=spec)(docs)
         encoding = os.environ.get(ENCODING_ENV, "auto")  # scripts/vlm_zoo.py --vision-encoding
-        local = hf_hsap.shard_batch(batch, sp, config=sp.config.replace(vision_encoding=encoding)
+        balance = os.environ.get(BALANCE_ENV, "0") == "1"
+        local = hf_hsap.shard_batch(batch, sp, config=sp.config.replace(vision_encoding=encoding,
+                                                                        vision_balance=balance)
                                     if sp_size > 1 else None)
         idx = local["hsap_plan"].local_token_indices(None if sp_size > 1 else 0)
         rows = local.get(ROWS_KEY, {})
