@@ -48,7 +48,7 @@ __all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "REFERENCE_SLIDING", "Mode
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface, and DeepSeek-sparse
 # "indexed_attention" (softmax attention over an indexer's top-k keys, made per-document by integrations/indexed.py).
-# "reference_sliding_attention" (Unlimited-OCR): Transformers masks it with `causal OR (causal AND key in the prefill)`
+# "reference_sliding_attention" (Unlimited-OCR): Transformers masks it with `window OR (causal AND key in the prefill)`
 # over a sliding window; without a KV cache every key is prefill, so one forward (training, prefill) is plain causal
 # attention with no window. Only a decode step after the prefill slides (its cache keeps the prefill and the window).
 REFERENCE_SLIDING = "reference_sliding_attention"
