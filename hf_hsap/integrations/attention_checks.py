@@ -19,7 +19,7 @@ import torch
 
 from ..log import get_logger, log_once
 from ..plan.plan import Plan
-from .model_check import layer_type, sliding_window_size
+from .model_check import REFERENCE_SLIDING, layer_type, sliding_window_size
 
 __all__ = ["NOT_PASSED", "AttentionVariant", "attention_variant", "check_mask_rank",
            "check_plan_mask", "check_supported", "check_value_head_dim", "mask_window"]
@@ -108,7 +108,7 @@ def mask_window(module: torch.nn.Module) -> Any:
     kind = layer_type(config, getattr(module, "layer_idx", None)) if config is not None else None
     if kind == "sliding_attention":
         return sliding_window_size(config)
-    if kind in ("full_attention", "chunked_attention"):
+    if kind in ("full_attention", "chunked_attention", REFERENCE_SLIDING):  # reference sliding: causal in a forward
         return None
     return _UNKNOWN
 

@@ -31,8 +31,12 @@ _ENCODER_CONFIG_WORDS = ("Vision", "Audio", "Visual", "Perceiver", "QFormer", "A
 
 
 def is_encoder_config(config: Any) -> bool:
-    """Whether ``config`` is a vision / audio encoder's (its class name says so)."""
-    return config is not None and any(w in type(config).__name__ for w in _ENCODER_CONFIG_WORDS)
+    """Whether ``config`` is a vision / audio encoder's (its class name says so; a name ending in ``TextConfig`` is a
+    decoder's even where the family's name has an encoder word: Granite 4 Vision's ``Granite4VisionTextConfig``)."""
+    if config is None:
+        return False
+    name = type(config).__name__
+    return not name.endswith("TextConfig") and any(w in name for w in _ENCODER_CONFIG_WORDS)
 
 
 def is_encoder_module(module: torch.nn.Module) -> bool:

@@ -24,7 +24,7 @@ from ..log import get_logger, log_once
 from .encoder_attention import is_encoder_config
 from .indexed import check_indexed_ready
 from .local_layout import document_ids
-from .model_check import UnsupportedModelError, check_config, chunked_attention_size
+from .model_check import UnsupportedModelError, check_config, chunked_attention_size, has_reference_sliding
 
 __all__ = ["hsap_mask_function"]
 
@@ -91,6 +91,10 @@ def hsap_mask_function(
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                          attention_mask=attention_mask, local_size=local_size, use_vmap=use_vmap,
                          **({"device": device} if device is not None else {}), **kwargs)
+    q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
+    cached = not (q_offset == 0 and kv_offset == 0 and kv_length == q_length)
+    if use_vmap and _reference_overlay(config, cached=cached, q_length=q_length, attention_mask=attention_mask):
+        use_vmap = False
     if use_vmap:
         raise ValueError(
             "attn_implementation='hsap' supports causal document-masked attention only, but this model adds a "
@@ -98,9 +102,8 @@ def hsap_mask_function(
             "PackingCollator(max_length, vision=hf_hsap.vision_spec(model)) and call model(**hf_hsap.shard_batch("
             "batch, sp)) (image blocks are then exact), else use attn_implementation='sdpa' for it"
         )
-    q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives 0-dim tensors
-    check_indexed_ready(config, cache=not (q_offset == 0 and kv_offset == 0 and kv_length == q_length))
-    if q_offset == 0 and kv_offset == 0 and kv_length == q_length:
+    check_indexed_ready(config, cache=cached)
+    if not cached:
         ids, packed = _probe_documents(batch_size, q_length, mask_function, attention_mask, device)
         if local_size == 1 and _chunk_size(config, local_size) is None and logger.isEnabledFor(logging.DEBUG):
             log_once(logger, logging.DEBUG, "window of 1",
@@ -136,6 +139,29 @@ def hsap_mask_function(
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
     return attention_mask.bool()
+
+
+def _reference_overlay(config: Any, *, cached: bool, q_length: int, attention_mask: torch.Tensor | None) -> bool:
+    """Whether a mask overlay is the one Unlimited-OCR's ``"reference_sliding_attention"`` mask adds, where it is
+    causal (see :data:`~.model_check.REFERENCE_SLIDING`).
+
+    Its overlay is ``causal AND key in the prefill``: without a cache (training, prefill) every key is prefill, so the
+    composed mask is causal (the probe still refuses a token that sees its successor). In a decode step the cache
+    hands out the prefill keys and the window's, all of them visible to one new token; several new tokens (the
+    window per token) or a padding mask (its columns no longer line up with the kept keys) are refused.
+
+    Raises:
+        UnsupportedModelError: a decode step of several tokens or with a padding mask.
+    """
+    if config is None or not has_reference_sliding(config):
+        return False
+    if cached and (q_length != 1 or (attention_mask is not None and not bool(attention_mask.all()))):
+        raise UnsupportedModelError(
+            "attn_implementation='hsap' decodes reference-sliding-window layers (Unlimited-OCR) one token at a time "
+            f"and without padding, but this step has {q_length} new tokens"
+            f"{' and a padding mask' if attention_mask is not None else ''}; generate with "
+            "attn_implementation='sdpa'")
+    return True
 
 
 def _chunk_size(config: Any, local_size: int | None) -> int | None:

@@ -41,14 +41,19 @@ from .mixer_families import (FAMILY_REASONS, MIXER_CLASS_WORDS, MIXER_FAMILIES, 
 
 logger = get_logger(__name__)
 
-__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "ModelCheck", "UnsupportedModelError", "attention_dropout_layers",
-           "attention_layer_count", "attention_modules", "check_config", "check_mixers_prepared", "check_model",
-           "chunked_attention_size", "has_mixer_layers", "layer_type", "sliding_window_size",
+__all__ = ["ATTENTION_LAYER_TYPES", "MIXER_FAMILIES", "REFERENCE_SLIDING", "ModelCheck", "UnsupportedModelError",
+           "attention_dropout_layers", "attention_layer_count", "attention_modules", "check_config", "check_mixers_prepared", "check_model",
+           "chunked_attention_size", "has_mixer_layers", "has_reference_sliding", "layer_type", "sliding_window_size",
            "uses_attention_interface"]
 
 # `config.layer_types` entries that are plain softmax attention through the AttentionInterface, and DeepSeek-sparse
 # "indexed_attention" (softmax attention over an indexer's top-k keys, made per-document by integrations/indexed.py).
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention"})
+# "reference_sliding_attention" (Unlimited-OCR): Transformers masks it with `window OR (causal AND key in the prefill)`
+# over a sliding window; without a KV cache every key is prefill, so one forward (training, prefill) is plain causal
+# attention with no window. Only a decode step after the prefill slides (its cache keeps the prefill and the window).
+REFERENCE_SLIDING = "reference_sliding_attention"
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
+                                   REFERENCE_SLIDING})
 # Config fields of families whose attention adds a dense bias the model computes itself (Doge's dynamic
 # mask from `dt_states`): "hsap" has no additive biases.
 _DENSE_BIAS_FIELDS = ("keep_window_size",)
@@ -109,6 +114,11 @@ def sliding_window_size(config: Any) -> int | None:
     """``sliding_window`` of the decoder's config: the window ``masking_utils`` builds the sliding layers' mask
     with (``None``: no window)."""
     return getattr(text_config(config), "sliding_window", None)
+
+
+def has_reference_sliding(config: Any) -> bool:
+    """Whether the decoder has ``"reference_sliding_attention"`` layers (see :data:`REFERENCE_SLIDING`)."""
+    return REFERENCE_SLIDING in {str(t) for t in (getattr(text_config(config), "layer_types", None) or [])}
 
 
 def attention_layer_count(config: Any) -> int | None:

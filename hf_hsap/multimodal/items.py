@@ -3,7 +3,7 @@
 A packed row carries several documents' images; the SP planner must know which placeholders belong to which image
 before any encoder runs, so the collator counts them per image from the image's own metadata:
 
-- any-resolution tiles (LLaVA-NeXT, LLaVA-NeXT-Video, LLaVA-OneVision): the model's own ``pack_image_features`` on
+- any-resolution tiles (LLaVA-NeXT, LLaVA-NeXT-Video, LLaVA-OneVision, Granite 4 Vision): the model's own ``pack_image_features`` on
   one-channel zero features of the image's tiles (``image_size_to_num_patches`` of its ``image_sizes``), which
   applies the family's unpadding, newline rows and (OneVision) downsampling exactly as the forward does, at no
   encoder cost;
@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -49,6 +50,9 @@ def anyres_counter(inner: torch.nn.Module, *, one_image_per_document: bool = Fal
     to_patches = sys.modules[type(inner).__module__].image_size_to_num_patches  # the model's own tile count
     tile = int(config.vision_config.image_size)
     side = tile // int(config.vision_config.patch_size)
+    rate = getattr(config, "downsample_rate", None)  # Granite 4 Vision: its Q-Formers pool each tile's side by this
+    if rate is not None and getattr(inner, "layerwise_projectors", None) is not None:  # (what pack_image_features
+        side = int(side * Fraction(rate))  # assumes of its features)
     params = inspect.signature(inner.pack_image_features).parameters
     extra = {"vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None),
              "vision_aspect_ratio": getattr(config, "vision_aspect_ratio", None)}
@@ -68,8 +72,9 @@ def anyres_counter(inner: torch.nn.Module, *, one_image_per_document: bool = Fal
             n_tiles = int(to_patches(image_size=size, grid_pinpoints=config.image_grid_pinpoints, patch_size=tile))
             feats = [torch.zeros(n_tiles, side * side, 1)]  # one channel: only the shapes matter
             with torch.no_grad():
-                _, lens = inner.pack_image_features(feats, size[None], image_newline=newline, **extra)
-            out.append(int(lens[0]))
+                packed = inner.pack_image_features(feats, size[None], image_newline=newline, **extra)
+            # (features, lengths), or one [rows, D] per image (Granite 4 Vision)
+            out.append(int(packed[1][0]) if isinstance(packed, tuple) else int(packed[0].shape[0]))
         return out
 
     return count

@@ -86,6 +86,23 @@ def test_a_document_with_two_images_of_different_sizes_is_exact(family: str, vlm
     exact(family, docs, vlm_pools, "sp2_u1")
 
 
+def test_deepstack_features_per_decoder_layer_are_exact_with_an_image_split(vlm_pools) -> None:
+    """Granite 4 Vision: any-resolution tiles pooled by Q-Formers (the counter applies ``downsample_rate``), each
+    image's features added at several decoder layers (``deepstack_features``: ``(layer, per-image rows)`` pairs, each
+    cut to the rank's own rows); its decoder's config (``Granite4VisionTextConfig``) is a decoder's, not an encoder's."""
+    from hf_hsap.integrations.encoder_attention import is_encoder_config
+
+    config, model, _ = built("granite4_vision")
+    assert not is_encoder_config(config.text_config) and is_encoder_config(config.vision_config)
+    assert len(config.deepstack_layer_map) + len(config.spatial_target_layers) > 1
+    docs = two_image_documents("granite4_vision")
+    spec = hf_hsap.vision_spec(model)
+    counts = spec.item_tokens("image", docs[0])
+    assert len(counts) == 2 and counts[0] != counts[1]
+    assert sum(counts) == int((docs[0]["input_ids"] == spec.layout.modalities[0].token_id).sum())
+    exact("granite4_vision", docs, vlm_pools, "sp2_u1")
+
+
 @pytest.mark.parametrize("family", ["llava_next_video", "llava_onevision"])
 def test_videos_beside_any_resolution_images_are_exact(family: str, vlm_pools) -> None:
     config, model, _ = built(family)

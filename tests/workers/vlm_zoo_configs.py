@@ -353,6 +353,9 @@ def config_kwargs(family: str) -> dict[str, Any]:
     for name in TOP_TEXT_WIDTH:
         if name in fields and text:
             kwargs[name] = hidden
+    for name, value in fields.items():  # the wrapper's own dropouts (Granite 4 Vision's projector_dropout): off
+        if any(w in name for w in _RANDOM_WORDS) and isinstance(value, float) and name not in kwargs:
+            kwargs[name] = 0.0
     if text:  # a wrapper that repeats its text model's width / vocabulary (Ovis 2)
         kwargs.update({k: text[k] for k in ("hidden_size", "vocab_size") if k in fields and k in text})
     if "tie_word_embeddings" in fields:
