@@ -35,19 +35,29 @@ from typing import Any
 import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
+from .audio_inline import has_inline_audio, inline_audio_encoder
 from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
-__all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
+__all__ = ["AUDIO_TYPE", "audio_counter", "audio_encoder", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
            "encode_per_clip", "is_audio_lm", "output_mask_key", "placeholder_runs"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
 
 
+def audio_encoder(inner: torch.nn.Module) -> Callable[..., Any] | None:
+    """The inner model's ``get_audio_features`` (bound), the one hf_hsap gives an inline encoder
+    (:func:`.audio_inline.inline_audio_encoder`: Qwen2-Audio), or ``None``."""
+    if has_inline_audio(inner):
+        return inline_audio_encoder(inner)
+    encode = getattr(inner, "get_audio_features", None)
+    return encode if callable(encode) else None
+
+
 def _encode_params(inner: torch.nn.Module) -> list[str]:
     """The named parameters of the inner model's ``get_audio_features``, in order."""
-    encode = getattr(type(inner), "get_audio_features", None)
-    return list(param_names(inspect.unwrap(encode))) if callable(encode) else []
+    encode = audio_encoder(inner)
+    return list(param_names(inspect.unwrap(encode))) if encode is not None else []
 
 
 def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, tuple[str, ...]] | None:
@@ -56,8 +66,8 @@ def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, t
     thinkers' ``audio_feature_lengths``, is another way to give what the mask gives: not carried); ``None`` where
     there are none."""
     forward = forward_keys(model)
-    encode = getattr(type(inner), "get_audio_features", None)
-    params = param_names(inspect.unwrap(encode)) if callable(encode) else {}
+    encode = audio_encoder(inner)
+    params = param_names(inspect.unwrap(encode)) if encode is not None else {}
     keys = [k for k in params if k in forward and k not in CONTROL_KEYS]
     if not keys:
         return None
@@ -102,10 +112,10 @@ def _lengths_fn(inner: torch.nn.Module) -> Callable[[torch.Tensor], Any] | None:
 def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality | None:
     """The audio :class:`Modality` of a model with ``get_audio_features``, an audio placeholder and the features
     among its forward's keys (module docstring), or ``None``."""
-    encode = getattr(inner, "get_audio_features", None)
+    encode = audio_encoder(inner)
     placeholder = token(model.config, *AUDIO_TOKENS)
     inputs = audio_inputs(model, inner)
-    if not callable(encode) or placeholder is None or inputs is None:
+    if encode is None or placeholder is None or inputs is None:
         return None
     features, item_keys = inputs
     out_mask = output_mask_key(model, inner)
@@ -148,7 +158,7 @@ def _ignores_padding(model: torch.nn.Module, inner: torch.nn.Module, features: s
 
     def encode(clip: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(0)  # the same dropout draws (a model in train mode) for every call
-        out = inner.get_audio_features(**{features: clip.to(param.device, param.dtype), mask_key: mask.to(
+        out = audio_encoder(inner)(**{features: clip.to(param.device, param.dtype), mask_key: mask.to(
             param.device)}, return_dict=True)
         rows = _audio_rows(out)
         return rows.reshape(-1, rows.shape[-1])
@@ -230,7 +240,8 @@ def placeholder_runs(ids: Any, placeholder: int) -> list[int]:
 def is_audio_lm(inner: torch.nn.Module | None) -> bool:
     """Whether ``inner`` (:func:`~.structure.inner_vlm`) encodes audio only (``get_audio_features``, no
     ``get_image_features`` / ``get_video_features``)."""
-    return inner is not None and callable(getattr(type(inner), "get_audio_features", None)) and \
+    return inner is not None and (callable(getattr(type(inner), "get_audio_features", None)) or
+                                  has_inline_audio(inner)) and \
         not any(callable(getattr(type(inner), n, None)) for n in ("get_image_features", "get_video_features"))
 
 
@@ -301,7 +312,7 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
         feats = torch.zeros(*shape, device=device, dtype=dtype)
         try:
             with torch.no_grad():
-                out = inner.get_audio_features(feats, **extra, return_dict=True)
+                out = audio_encoder(inner)(feats, **extra, return_dict=True)
             break
         except Exception as e:  # noqa: BLE001 - the other layout
             error = e

@@ -16,11 +16,13 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
-from .audio import encode_per_clip, output_mask_key
+from .audio import AUDIO_TOKENS, encode_per_clip, output_mask_key
+from .audio_inline import has_inline_audio, inline_audio_encoder, inline_audio_pre
 from .exchange import exchange_rows
 from .indicators import prepare_indicators
 from .shard import ROWS_KEY, exchange_key, items_key
 from .spec import inner_vlm, vision_spec
+from .structure import token
 
 __all__ = ["keep_rows", "prepare_vision", "select_rows"]
 
@@ -229,6 +231,9 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
     keep = {} if spec is None else {m.name: m.keep_key for m in spec.layout.modalities if m.keep_key}
+    inline = has_inline_audio(inner)  # Qwen2-Audio: given the get_audio_features its forward runs inline
+    if inline:
+        changes.set(inner, "get_audio_features", inline_audio_encoder(inner))
     audio = callable(getattr(inner, "get_audio_features", None))
     state = _Rows(family, spec is not None and spec.layout.image_blocks, keep,
                   output_mask_key(model, inner) if audio else None, per_clip=audio)
@@ -237,6 +242,9 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))
     for m in {model, inner}:
         changes.hook(m.register_forward_pre_hook(state.pre, with_kwargs=True))
+    if inline:  # after state.pre: the forward's clips encoded by the wrapped encoder, their rows placed
+        changes.hook(inner.register_forward_pre_hook(inline_audio_pre(token(model.config, *AUDIO_TOKENS)),
+                                                     with_kwargs=True))
     changes.hook(model.register_forward_hook(state.post, always_call=True))
     if spec is not None:
         prepare_indicators(model, inner, changes)  # Ovis 2.5: item boundary rows per token (.indicators)

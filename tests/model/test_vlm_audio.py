@@ -32,14 +32,15 @@ def vlm_pools(pools):
 
 def test_audio_families_are_the_causal_lms_with_an_audio_encoder() -> None:
     families = VC.audio_families()
-    assert {"audioflamingo3", "voxtral", "granite_speech", "glmasr", "qwen3_asr"} <= set(families)
-    assert not {"whisper", "speech_to_text", "speecht5", "qwen2_audio"} & set(families)  # no get_audio_features
+    assert {"audioflamingo3", "voxtral", "granite_speech", "glmasr", "qwen3_asr", "qwen2_audio"} <= set(families)
+    assert not {"whisper", "speech_to_text", "speecht5"} & set(families)  # no get_audio_features
     assert not set(families) & set(VC.vision_families())  # the omni thinkers run with their images
     assert VC.families() == VC.vision_families() + families
 
 
 # each way of counting a clip's placeholders, with the SP 2 mode whose plan splits a clip across the two ranks
-AUDIO = [("audioflamingo3", "sp2_u1"), ("voxtral", "sp2_u1"), ("fun_asr_nano", "sp2_u1"), ("granite_speech", "sp2_u2")]
+AUDIO = [("audioflamingo3", "sp2_u1"), ("voxtral", "sp2_u1"), ("fun_asr_nano", "sp2_u1"), ("granite_speech", "sp2_u2"),
+         ("qwen2_audio", "sp2_u1")]  # Qwen2-Audio: its inline encoder given a get_audio_features (audio_inline)
 
 
 @pytest.mark.parametrize("family,mode", AUDIO)
@@ -58,6 +59,32 @@ def test_audio_family_is_exact_at_sp1_and_sp2(family: str, mode: str, vlm_pools)
         assert res["outcome"] == "exact", (m, res)
         assert max(res["err"]["logits"], res["err"]["loss"], res["err"]["grads"]) <= rec["tol"]
     assert rec["results"][mode]["split"] == 2  # both ranks hold part of one clip
+
+
+def test_inline_audio_encoder_is_installed_and_undone() -> None:
+    """Qwen2-Audio encodes its clips inside its forward: prepare_vision gives its inner model the equivalent
+    get_audio_features (rows of each clip's real frames, as the forward keeps them) and a pre-hook that places them;
+    undo removes both, and the model's own forward gives the same logits as the prepared one."""
+    from hf_hsap.model_state import ModelChanges
+    from hf_hsap.multimodal.select import prepare_vision
+    from hf_hsap.multimodal.structure import inner_vlm
+
+    config = VC.tiny_config("qwen2_audio")
+    model = VC.build_model(config, "sdpa", torch.float64)
+    inner = inner_vlm(model)
+    assert inner is model.model and "get_audio_features" not in inner.__dict__
+    doc = VD.documents(config, model)[0]
+    batch = {k: (v[None] if k == "input_ids" else v) for k, v in doc.items()
+             if k in ("input_ids", "input_features", "feature_attention_mask")}
+    with torch.no_grad():
+        own = model(**batch).logits
+    changes = ModelChanges()
+    assert prepare_vision(model, changes)
+    assert callable(inner.__dict__["get_audio_features"])
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, own)
+    changes.undo()
+    assert "get_audio_features" not in inner.__dict__ and not inner._forward_pre_hooks
 
 
 def test_clips_are_padded_only_where_the_encoder_ignores_padding() -> None:
