@@ -257,12 +257,12 @@ def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
         raise VisionRefusal("no placeholder", (
             f"{family}'s config has no audio_token_id / audio_token_index: no placeholder tokens mark where a clip's "
             f"features go, so a packed row cannot keep each clip with its document; {fix(model)}"))
-    text = [k for k in _encode_params(inner) if k in ("input_ids", "attention_mask", "position_ids")]
-    if text:  # MusicFlamingo: each clip's time stamps from the placeholder runs of the whole row's input_ids
+    # MusicFlamingo reads each clip's placeholder run from input_ids: given its own (encode_per_clip's runs)
+    text = [k for k in _encode_params(inner) if k in ("attention_mask", "position_ids")]
+    if text:
         raise VisionRefusal("input not carried", (
-            f"{family}: its get_audio_features takes the text's {', '.join(text)} (it reads the clips' placeholder "
-            "runs in them), of which an SP rank holds only its own part, so a clip's features would depend on how "
-            "the row is cut; " + fix(model)))
+            f"{family}: its get_audio_features takes the text's {', '.join(text)}, of which an SP rank holds only "
+            "its own part, so a clip's features would depend on how the row is cut; " + fix(model)))
     mod = audio_modality(model, inner)
     if mod is None:
         raise VisionRefusal("input not carried", (
@@ -327,7 +327,8 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
     return {"input_ids": ids, audio.pixel_key: feats, **extra}
 
 
-def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    runs: dict[str, Any] | None = None) -> Any:
     """``method(*args, **kwargs)`` (``get_audio_features`` of a row's clips) one clip at a time, as each document
     alone encodes its clip, the outputs' per-clip fields concatenated along the clips. An audio encoder's rows of a
     clip may depend on the clips encoded with it: Granite Speech's conformer normalizes over its batch (BatchNorm),
@@ -336,12 +337,16 @@ def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     Args:
         method: the encoder; args, kwargs: its call, the features first (``[clips, ...]``); every tensor with as
             many entries along its first axis is split per clip, the rest passed whole.
+        runs: where the encoder reads its clips' placeholder runs from ``input_ids``: ``{"token_id", "tokens",
+            "windows"}`` (:func:`_encode_with_runs`).
 
     Returns:
         The first clip's output object with every tensor field the concatenation of the clips'.
     """
     feats = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
     n = int(feats.shape[0])
+    if runs is not None:  # an encoder reading each clip's placeholder run from input_ids (MusicFlamingo)
+        return _encode_with_runs(method, args, kwargs, n=n, **runs)
     if n <= 1:
         return method(*args, **kwargs)
 
@@ -349,6 +354,43 @@ def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         return value[i:i + 1] if torch.is_tensor(value) and value.dim() and value.shape[0] == n else value
 
     outs = [method(*(part(a, i) for a in args), **{k: part(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    first = outs[0]
+    for key in list(first.keys()):
+        values = [o[key] for o in outs]
+        if all(torch.is_tensor(v) for v in values):
+            first[key] = torch.cat(values, dim=0)
+    return first
+
+
+def _encode_with_runs(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, n: int,
+                      token_id: int, tokens: torch.Tensor, windows: torch.Tensor) -> Any:
+    """``method`` of an encoder that reads each clip's placeholder run from ``input_ids`` (MusicFlamingo: a clip's
+    time stamps are its window's index in its run, a long sample being cut in windows with one run), one clip at a
+    time as its document alone sees it: clip ``i``, window ``w`` of its run (from the whole row:
+    :func:`~.shard.window_key`), is encoded as the last of ``w + 1`` copies of itself with one run of
+    ``(w + 1) * tokens[i]`` placeholders (the encoder's own rule; a window's rows depend on its own frames only);
+    its rows are the last copy's.
+
+    Args:
+        method, args, kwargs: as :func:`encode_per_clip`; n: the clips; token_id: the audio placeholder;
+        tokens, windows: ``[n]`` each clip's placeholders and its window index.
+    """
+    def part(value: Any, i: int, copies: int) -> Any:
+        if torch.is_tensor(value) and value.dim() and value.shape[0] == n:
+            return value[i:i + 1].expand(copies, *value.shape[1:])
+        return value
+
+    outs = []
+    for i in range(n):
+        copies, count = int(windows[i]) + 1, int(tokens[i])
+        ids = torch.full((1, copies * count), token_id, dtype=torch.long, device=kwargs["input_ids"].device)
+        call = {k: part(v, i, copies) for k, v in kwargs.items() if k != "input_ids"}
+        out = method(*(part(a, i, copies) for a in args), input_ids=ids, **call)
+        for key in list(out.keys()):  # the last copy's
+            value = out[key]
+            if torch.is_tensor(value) and value.dim():
+                out[key] = value[-count:] if key == "pooler_output" else value[-1:]
+        outs.append(out)
     first = outs[0]
     for key in list(first.keys()):
         values = [o[key] for o in outs]

@@ -20,7 +20,7 @@ from .audio import AUDIO_TOKENS, encode_per_clip, output_mask_key
 from .audio_inline import has_inline_audio, inline_audio_encoder, inline_audio_pre
 from .exchange import exchange_rows
 from .indicators import prepare_indicators
-from .shard import ROWS_KEY, exchange_key, items_key
+from .shard import ROWS_KEY, exchange_key, items_key, window_key
 from .spec import inner_vlm, vision_spec
 from .structure import token
 
@@ -187,6 +187,15 @@ def _spec_or_none(model: torch.nn.Module) -> Any:
         return None
 
 
+def _runs(method: Any, rows: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Where an audio encoder reads its clips' placeholder runs from ``input_ids`` (MusicFlamingo): the encoded
+    clips' placeholders and window indices (:func:`~.audio._encode_with_runs`); else ``None``."""
+    if kwargs.get("input_ids") is None or rows.get(window_key("audio")) is None:
+        return None
+    return {"token_id": token(getattr(method, "__self__").config, *AUDIO_TOKENS),
+            "tokens": rows[items_key("audio")], "windows": rows[window_key("audio")]}
+
+
 def _wrap(method: Any, state: _Rows, name: str) -> Any:
     @functools.wraps(method)
     def features(*args: Any, **kwargs: Any) -> Any:
@@ -198,7 +207,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         state.inside = True
         try:
             if name == "audio" and state.per_clip and state.rows is not None:  # each clip as its document alone
-                out = encode_per_clip(method, args, kwargs)
+                out = encode_per_clip(method, args, kwargs, runs=_runs(method, state.rows, kwargs))
             else:
                 out = method(*args, **kwargs)
         finally:
