@@ -250,7 +250,8 @@ def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
 
     Raises:
         VisionRefusal: ``"no placeholder"`` (no audio token in the config) or ``"input not carried"`` (no
-            features key its forward and ``get_audio_features`` share, or an encoder that reads the text's tokens).
+            features key its forward and ``get_audio_features`` share, or an encoder that reads the text's attention mask
+            or positions; one that reads ``input_ids``, MusicFlamingo, is given each clip's own run).
     """
     family = model.config.model_type
     if token(model.config, *AUDIO_TOKENS) is None:

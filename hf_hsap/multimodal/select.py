@@ -22,7 +22,7 @@ from .exchange import exchange_rows
 from .indicators import prepare_indicators
 from .shard import ROWS_KEY, exchange_key, items_key, window_key
 from .spec import inner_vlm, vision_spec
-from .structure import token
+from .structure import fix, token
 
 __all__ = ["keep_rows", "prepare_vision", "select_rows"]
 
@@ -57,7 +57,7 @@ def _select(value: Any, rows: torch.Tensor) -> Any:
     return value
 
 
-def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
+def _check_counts(value: Any, items: torch.Tensor, name: str, advice: str | None = None) -> None:
     """Refuse an encoder output whose per-item feature counts are not the placeholders' (a family whose images do
     not all give the same number of features, which the batch's layout assumed)."""
     if torch.is_tensor(value):
@@ -75,11 +75,11 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
         raise ValueError(f"the {name} encoder gave {got} feature rows per item where the placeholders say {want}: "
                          "either the documents' placeholders are not their processor's (tokenize each document with "
                          "the model's processor) or this family's items do not map to a fixed number of "
-                         "placeholders (train it with one document per row, packing off)")
+                         f"placeholders ({advice or 'train it with one document per row, packing off'})")
 
 
 def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image",
-                exchange: Any = None) -> Any:
+                exchange: Any = None, advice: str | None = None) -> Any:
     """Cut an encoder output (``pooler_output`` and deepstack features; ``last_hidden_state`` where it has no
     ``pooler_output``) to ``rows``.
 
@@ -90,6 +90,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         name: the modality (for the message; ``"audio"``: the fields of :func:`_audio_fields`).
         exchange: this rank's :class:`~.exchange.RowExchange` of the modality (rows encoded once elsewhere are
             received, after this rank's own, and its rows others need are sent), or ``None``.
+        advice: the fix a refusal names (:func:`~.structure.fix`: the attention the model's sub-models take).
 
     Returns:
         ``output`` with those fields replaced (the same object).
@@ -101,7 +102,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     if getattr(output, fields[0], None) is None and getattr(output, "last_hidden_state", None) is not None:
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
     if items is not None and getattr(output, fields[0], None) is not None:
-        _check_counts(getattr(output, fields[0]), items, name)
+        _check_counts(getattr(output, fields[0]), items, name, advice)
     if exchange is not None:
         exchange_rows(output, exchange, fields)
     for field_name in fields:
@@ -153,6 +154,7 @@ class _Rows:
         self.out_mask: torch.Tensor | None = None  # this forward's: applied to the encoder's rows before the cut
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
         self.family, self.image_blocks = family, image_blocks
+        self.advice: str | None = None  # the fix a refusal names (structure.fix of the model)
         self.keep_keys = keep_keys or {}  # modality -> its per-item keep mask's key (Modality.keep_key)
         self.keep: dict[str, torch.Tensor] = {}  # modality -> the forward's [n_items, rows] keep mask
 
@@ -218,7 +220,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         if rows is not None and name == "audio" and state.out_mask is not None:  # the rows the forward would keep
             out.pooler_output = out.pooler_output[state.out_mask.to(out.pooler_output.device).bool()]
         return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
-                                                    state.rows.get(exchange_key(name)))
+                                                    state.rows.get(exchange_key(name)), advice=state.advice)
     return features
 
 
@@ -257,6 +259,7 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     changes.hook(model.register_forward_hook(state.post, always_call=True))
     if spec is not None:
         prepare_indicators(model, inner, changes)  # Ovis 2.5: item boundary rows per token (.indicators)
+    state.advice = fix(model)
     changes.put(model, VISION_ROWS, state)
     logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
     return True
