@@ -54,7 +54,7 @@ def inline_audio_encoder(inner: torch.nn.Module) -> Callable[..., Any]:
         conv_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
         rows = (frames - 2) // 2 + 1  # the first convolution's rows of the padded clips (as the forward)
         mask_2d = (torch.arange(rows, device=feats.device)[None] < conv_lengths[:, None]).to(torch.long)
-        dummy = torch.zeros(clips, rows, 1, dtype=inner.multi_modal_projector.linear.weight.dtype,
+        dummy = torch.zeros(clips, rows, 1, dtype=inner.get_input_embeddings().weight.dtype,  # the forward's
                             device=feats.device)
         attention = create_bidirectional_mask(config=tower.config, inputs_embeds=dummy, attention_mask=mask_2d)
         hidden = inner.multi_modal_projector(tower(feats, attention_mask=attention).last_hidden_state)
