@@ -35,19 +35,29 @@ from typing import Any
 import torch
 
 from ..data.vision import Modality, VisionLayout, VisionSpec
+from .audio_inline import has_inline_audio, inline_audio_encoder
 from .structure import CONTROL_KEYS, VisionRefusal, fix, forward_keys, param_names, token
 
-__all__ = ["AUDIO_TYPE", "audio_counter", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
+__all__ = ["AUDIO_TYPE", "audio_counter", "audio_encoder", "audio_inputs", "audio_modality", "audio_probe_inputs", "audio_spec",
            "encode_per_clip", "is_audio_lm", "output_mask_key", "placeholder_runs"]
 
 AUDIO_TYPE = 3  # the audio placeholders' type in the collator's token types (text 0, image 1, video 2)
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
 
 
+def audio_encoder(inner: torch.nn.Module) -> Callable[..., Any] | None:
+    """The inner model's ``get_audio_features`` (bound), the one hf_hsap gives an inline encoder
+    (:func:`.audio_inline.inline_audio_encoder`: Qwen2-Audio), or ``None``."""
+    if has_inline_audio(inner):
+        return inline_audio_encoder(inner)
+    encode = getattr(inner, "get_audio_features", None)
+    return encode if callable(encode) else None
+
+
 def _encode_params(inner: torch.nn.Module) -> list[str]:
     """The named parameters of the inner model's ``get_audio_features``, in order."""
-    encode = getattr(type(inner), "get_audio_features", None)
-    return list(param_names(inspect.unwrap(encode))) if callable(encode) else []
+    encode = audio_encoder(inner)
+    return list(param_names(inspect.unwrap(encode))) if encode is not None else []
 
 
 def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, tuple[str, ...]] | None:
@@ -56,8 +66,8 @@ def audio_inputs(model: torch.nn.Module, inner: torch.nn.Module) -> tuple[str, t
     thinkers' ``audio_feature_lengths``, is another way to give what the mask gives: not carried); ``None`` where
     there are none."""
     forward = forward_keys(model)
-    encode = getattr(type(inner), "get_audio_features", None)
-    params = param_names(inspect.unwrap(encode)) if callable(encode) else {}
+    encode = audio_encoder(inner)
+    params = param_names(inspect.unwrap(encode)) if encode is not None else {}
     keys = [k for k in params if k in forward and k not in CONTROL_KEYS]
     if not keys:
         return None
@@ -102,10 +112,10 @@ def _lengths_fn(inner: torch.nn.Module) -> Callable[[torch.Tensor], Any] | None:
 def audio_modality(model: torch.nn.Module, inner: torch.nn.Module) -> Modality | None:
     """The audio :class:`Modality` of a model with ``get_audio_features``, an audio placeholder and the features
     among its forward's keys (module docstring), or ``None``."""
-    encode = getattr(inner, "get_audio_features", None)
+    encode = audio_encoder(inner)
     placeholder = token(model.config, *AUDIO_TOKENS)
     inputs = audio_inputs(model, inner)
-    if not callable(encode) or placeholder is None or inputs is None:
+    if encode is None or placeholder is None or inputs is None:
         return None
     features, item_keys = inputs
     out_mask = output_mask_key(model, inner)
@@ -148,7 +158,7 @@ def _ignores_padding(model: torch.nn.Module, inner: torch.nn.Module, features: s
 
     def encode(clip: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(0)  # the same dropout draws (a model in train mode) for every call
-        out = inner.get_audio_features(**{features: clip.to(param.device, param.dtype), mask_key: mask.to(
+        out = audio_encoder(inner)(**{features: clip.to(param.device, param.dtype), mask_key: mask.to(
             param.device)}, return_dict=True)
         rows = _audio_rows(out)
         return rows.reshape(-1, rows.shape[-1])
@@ -230,7 +240,8 @@ def placeholder_runs(ids: Any, placeholder: int) -> list[int]:
 def is_audio_lm(inner: torch.nn.Module | None) -> bool:
     """Whether ``inner`` (:func:`~.structure.inner_vlm`) encodes audio only (``get_audio_features``, no
     ``get_image_features`` / ``get_video_features``)."""
-    return inner is not None and callable(getattr(type(inner), "get_audio_features", None)) and \
+    return inner is not None and (callable(getattr(type(inner), "get_audio_features", None)) or
+                                  has_inline_audio(inner)) and \
         not any(callable(getattr(type(inner), n, None)) for n in ("get_image_features", "get_video_features"))
 
 
@@ -239,19 +250,20 @@ def audio_spec(model: torch.nn.Module, inner: torch.nn.Module) -> VisionSpec:
 
     Raises:
         VisionRefusal: ``"no placeholder"`` (no audio token in the config) or ``"input not carried"`` (no
-            features key its forward and ``get_audio_features`` share, or an encoder that reads the text's tokens).
+            features key its forward and ``get_audio_features`` share, or an encoder that reads the text's attention mask
+            or positions; one that reads ``input_ids``, MusicFlamingo, is given each clip's own run).
     """
     family = model.config.model_type
     if token(model.config, *AUDIO_TOKENS) is None:
         raise VisionRefusal("no placeholder", (
             f"{family}'s config has no audio_token_id / audio_token_index: no placeholder tokens mark where a clip's "
             f"features go, so a packed row cannot keep each clip with its document; {fix(model)}"))
-    text = [k for k in _encode_params(inner) if k in ("input_ids", "attention_mask", "position_ids")]
-    if text:  # MusicFlamingo: each clip's time stamps from the placeholder runs of the whole row's input_ids
+    # MusicFlamingo reads each clip's placeholder run from input_ids: given its own (encode_per_clip's runs)
+    text = [k for k in _encode_params(inner) if k in ("attention_mask", "position_ids")]
+    if text:
         raise VisionRefusal("input not carried", (
-            f"{family}: its get_audio_features takes the text's {', '.join(text)} (it reads the clips' placeholder "
-            "runs in them), of which an SP rank holds only its own part, so a clip's features would depend on how "
-            "the row is cut; " + fix(model)))
+            f"{family}: its get_audio_features takes the text's {', '.join(text)}, of which an SP rank holds only "
+            "its own part, so a clip's features would depend on how the row is cut; " + fix(model)))
     mod = audio_modality(model, inner)
     if mod is None:
         raise VisionRefusal("input not carried", (
@@ -301,7 +313,7 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
         feats = torch.zeros(*shape, device=device, dtype=dtype)
         try:
             with torch.no_grad():
-                out = inner.get_audio_features(feats, **extra, return_dict=True)
+                out = audio_encoder(inner)(feats, **extra, return_dict=True)
             break
         except Exception as e:  # noqa: BLE001 - the other layout
             error = e
@@ -316,7 +328,8 @@ def audio_probe_inputs(model: torch.nn.Module, spec: VisionSpec, device: torch.d
     return {"input_ids": ids, audio.pixel_key: feats, **extra}
 
 
-def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                    runs: dict[str, Any] | None = None) -> Any:
     """``method(*args, **kwargs)`` (``get_audio_features`` of a row's clips) one clip at a time, as each document
     alone encodes its clip, the outputs' per-clip fields concatenated along the clips. An audio encoder's rows of a
     clip may depend on the clips encoded with it: Granite Speech's conformer normalizes over its batch (BatchNorm),
@@ -325,12 +338,16 @@ def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     Args:
         method: the encoder; args, kwargs: its call, the features first (``[clips, ...]``); every tensor with as
             many entries along its first axis is split per clip, the rest passed whole.
+        runs: where the encoder reads its clips' placeholder runs from ``input_ids``: ``{"token_id", "tokens",
+            "windows"}`` (:func:`_encode_with_runs`).
 
     Returns:
         The first clip's output object with every tensor field the concatenation of the clips'.
     """
     feats = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
     n = int(feats.shape[0])
+    if runs is not None:  # an encoder reading each clip's placeholder run from input_ids (MusicFlamingo)
+        return _encode_with_runs(method, args, kwargs, n=n, **runs)
     if n <= 1:
         return method(*args, **kwargs)
 
@@ -338,6 +355,43 @@ def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         return value[i:i + 1] if torch.is_tensor(value) and value.dim() and value.shape[0] == n else value
 
     outs = [method(*(part(a, i) for a in args), **{k: part(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    first = outs[0]
+    for key in list(first.keys()):
+        values = [o[key] for o in outs]
+        if all(torch.is_tensor(v) for v in values):
+            first[key] = torch.cat(values, dim=0)
+    return first
+
+
+def _encode_with_runs(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, n: int,
+                      token_id: int, tokens: torch.Tensor, windows: torch.Tensor) -> Any:
+    """``method`` of an encoder that reads each clip's placeholder run from ``input_ids`` (MusicFlamingo: a clip's
+    time stamps are its window's index in its run, a long sample being cut in windows with one run), one clip at a
+    time as its document alone sees it: clip ``i``, window ``w`` of its run (from the whole row:
+    :func:`~.shard.window_key`), is encoded as the last of ``w + 1`` copies of itself with one run of
+    ``(w + 1) * tokens[i]`` placeholders (the encoder's own rule; a window's rows depend on its own frames only);
+    its rows are the last copy's.
+
+    Args:
+        method, args, kwargs: as :func:`encode_per_clip`; n: the clips; token_id: the audio placeholder;
+        tokens, windows: ``[n]`` each clip's placeholders and its window index.
+    """
+    def part(value: Any, i: int, copies: int) -> Any:
+        if torch.is_tensor(value) and value.dim() and value.shape[0] == n:
+            return value[i:i + 1].expand(copies, *value.shape[1:])
+        return value
+
+    outs = []
+    for i in range(n):
+        copies, count = int(windows[i]) + 1, int(tokens[i])
+        ids = torch.full((1, copies * count), token_id, dtype=torch.long, device=kwargs["input_ids"].device)
+        call = {k: part(v, i, copies) for k, v in kwargs.items() if k != "input_ids"}
+        out = method(*(part(a, i, copies) for a in args), input_ids=ids, **call)
+        for key in list(out.keys()):  # the last copy's
+            value = out[key]
+            if torch.is_tensor(value) and value.dim():
+                out[key] = value[-count:] if key == "pooler_output" else value[-1:]
+        outs.append(out)
     first = outs[0]
     for key in list(first.keys()):
         values = [o[key] for o in outs]

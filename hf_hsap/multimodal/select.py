@@ -16,11 +16,13 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, VISION_ROWS, ModelChanges, state_of
-from .audio import encode_per_clip, output_mask_key
+from .audio import AUDIO_TOKENS, encode_per_clip, output_mask_key
+from .audio_inline import has_inline_audio, inline_audio_encoder, inline_audio_pre
 from .exchange import exchange_rows
 from .indicators import prepare_indicators
-from .shard import ROWS_KEY, exchange_key, items_key
+from .shard import ROWS_KEY, exchange_key, items_key, window_key
 from .spec import inner_vlm, vision_spec
+from .structure import fix, token
 
 __all__ = ["keep_rows", "prepare_vision", "select_rows"]
 
@@ -55,7 +57,7 @@ def _select(value: Any, rows: torch.Tensor) -> Any:
     return value
 
 
-def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
+def _check_counts(value: Any, items: torch.Tensor, name: str, advice: str | None = None) -> None:
     """Refuse an encoder output whose per-item feature counts are not the placeholders' (a family whose images do
     not all give the same number of features, which the batch's layout assumed)."""
     if torch.is_tensor(value):
@@ -73,11 +75,11 @@ def _check_counts(value: Any, items: torch.Tensor, name: str) -> None:
         raise ValueError(f"the {name} encoder gave {got} feature rows per item where the placeholders say {want}: "
                          "either the documents' placeholders are not their processor's (tokenize each document with "
                          "the model's processor) or this family's items do not map to a fixed number of "
-                         "placeholders (train it with one document per row, packing off)")
+                         f"placeholders ({advice or 'train it with one document per row, packing off'})")
 
 
 def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = None, name: str = "image",
-                exchange: Any = None) -> Any:
+                exchange: Any = None, advice: str | None = None) -> Any:
     """Cut an encoder output (``pooler_output`` and deepstack features; ``last_hidden_state`` where it has no
     ``pooler_output``) to ``rows``.
 
@@ -88,6 +90,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
         name: the modality (for the message; ``"audio"``: the fields of :func:`_audio_fields`).
         exchange: this rank's :class:`~.exchange.RowExchange` of the modality (rows encoded once elsewhere are
             received, after this rank's own, and its rows others need are sent), or ``None``.
+        advice: the fix a refusal names (:func:`~.structure.fix`: the attention the model's sub-models take).
 
     Returns:
         ``output`` with those fields replaced (the same object).
@@ -99,7 +102,7 @@ def select_rows(output: Any, rows: torch.Tensor, items: torch.Tensor | None = No
     if getattr(output, fields[0], None) is None and getattr(output, "last_hidden_state", None) is not None:
         fields = ("last_hidden_state",)  # Fuyu merges its patch embeddings, the encoder's last hidden state
     if items is not None and getattr(output, fields[0], None) is not None:
-        _check_counts(getattr(output, fields[0]), items, name)
+        _check_counts(getattr(output, fields[0]), items, name, advice)
     if exchange is not None:
         exchange_rows(output, exchange, fields)
     for field_name in fields:
@@ -151,6 +154,7 @@ class _Rows:
         self.out_mask: torch.Tensor | None = None  # this forward's: applied to the encoder's rows before the cut
         self.inside = False  # within a wrapped encoder call (Qwen3-VL's video path calls the image one)
         self.family, self.image_blocks = family, image_blocks
+        self.advice: str | None = None  # the fix a refusal names (structure.fix of the model)
         self.keep_keys = keep_keys or {}  # modality -> its per-item keep mask's key (Modality.keep_key)
         self.keep: dict[str, torch.Tensor] = {}  # modality -> the forward's [n_items, rows] keep mask
 
@@ -185,6 +189,15 @@ def _spec_or_none(model: torch.nn.Module) -> Any:
         return None
 
 
+def _runs(method: Any, rows: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Where an audio encoder reads its clips' placeholder runs from ``input_ids`` (MusicFlamingo): the encoded
+    clips' placeholders and window indices (:func:`~.audio._encode_with_runs`); else ``None``."""
+    if kwargs.get("input_ids") is None or rows.get(window_key("audio")) is None:
+        return None
+    return {"token_id": token(getattr(method, "__self__").config, *AUDIO_TOKENS),
+            "tokens": rows[items_key("audio")], "windows": rows[window_key("audio")]}
+
+
 def _wrap(method: Any, state: _Rows, name: str) -> Any:
     @functools.wraps(method)
     def features(*args: Any, **kwargs: Any) -> Any:
@@ -196,7 +209,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         state.inside = True
         try:
             if name == "audio" and state.per_clip and state.rows is not None:  # each clip as its document alone
-                out = encode_per_clip(method, args, kwargs)
+                out = encode_per_clip(method, args, kwargs, runs=_runs(method, state.rows, kwargs))
             else:
                 out = method(*args, **kwargs)
         finally:
@@ -207,7 +220,7 @@ def _wrap(method: Any, state: _Rows, name: str) -> Any:
         if rows is not None and name == "audio" and state.out_mask is not None:  # the rows the forward would keep
             out.pooler_output = out.pooler_output[state.out_mask.to(out.pooler_output.device).bool()]
         return out if rows is None else select_rows(out, rows, state.rows.get(items_key(name)), name,
-                                                    state.rows.get(exchange_key(name)))
+                                                    state.rows.get(exchange_key(name)), advice=state.advice)
     return features
 
 
@@ -229,6 +242,9 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
     spec = _spec_or_none(model)
     family = str(getattr(model.config, "model_type", type(model).__name__))
     keep = {} if spec is None else {m.name: m.keep_key for m in spec.layout.modalities if m.keep_key}
+    inline = has_inline_audio(inner)  # Qwen2-Audio: given the get_audio_features its forward runs inline
+    if inline:
+        changes.set(inner, "get_audio_features", inline_audio_encoder(inner))
     audio = callable(getattr(inner, "get_audio_features", None))
     state = _Rows(family, spec is not None and spec.layout.image_blocks, keep,
                   output_mask_key(model, inner) if audio else None, per_clip=audio)
@@ -237,9 +253,13 @@ def prepare_vision(model: torch.nn.Module, changes: ModelChanges) -> bool:
             changes.set(inner, method, _wrap(getattr(inner, method), state, name))
     for m in {model, inner}:
         changes.hook(m.register_forward_pre_hook(state.pre, with_kwargs=True))
+    if inline:  # after state.pre: the forward's clips encoded by the wrapped encoder, their rows placed
+        changes.hook(inner.register_forward_pre_hook(inline_audio_pre(token(model.config, *AUDIO_TOKENS)),
+                                                     with_kwargs=True))
     changes.hook(model.register_forward_hook(state.post, always_call=True))
     if spec is not None:
         prepare_indicators(model, inner, changes)  # Ovis 2.5: item boundary rows per token (.indicators)
+    state.advice = fix(model)
     changes.put(model, VISION_ROWS, state)
     logger.info("prepare_vision: %s keeps only this rank's image / video feature rows", type(model).__name__)
     return True

@@ -27,7 +27,7 @@ from ..plan.items import ItemWork
 from .exchange import Holdings, VisionPrice, route_items
 
 __all__ = ["ROWS_KEY", "batch_blocks", "exchange_key", "image_blocks", "item_work", "items_key", "prefix_blocks",
-           "shard_vision", "vision_keys"]
+           "shard_vision", "vision_keys", "window_key"]
 
 ROWS_KEY = "hsap_vision_rows"  # local batch key: {modality name: [n_local_placeholders] feature rows}
 
@@ -40,6 +40,27 @@ def items_key(name: str) -> str:
 def exchange_key(name: str) -> str:
     """The ``hsap_vision_rows`` entry with this rank's :class:`~.exchange.RowExchange` of modality ``name``."""
     return f"{name}:exchange"
+
+
+def window_key(name: str) -> str:
+    """The ``hsap_vision_rows`` entry with, for every item of modality ``name`` this rank encodes, its index in its
+    run of placeholders (0 where the item's placeholders start a run: an audio sample cut in windows, one item each,
+    has one run; MusicFlamingo time-stamps each window by it)."""
+    return f"{name}:window"
+
+
+def _run_windows(where: torch.Tensor, tokens: np.ndarray) -> np.ndarray:
+    """Each item's index in its run of placeholders (:func:`window_key`) from the global placeholder positions
+    ``where`` and the items' placeholders ``tokens`` (in order)."""
+    ends = np.cumsum(tokens)
+    if len(tokens) == 0 or (tokens <= 0).any():
+        return np.zeros(len(tokens), dtype=np.int64)
+    pos = where.numpy()
+    joined = np.r_[False, pos[ends[:-1]] == pos[ends[:-1] - 1] + 1]  # first placeholder right after the last one
+    window = np.zeros(len(tokens), dtype=np.int64)
+    for i in range(1, len(tokens)):
+        window[i] = window[i - 1] + 1 if joined[i] else 0
+    return window
 
 
 def vision_keys(layout: VisionLayout) -> set[str]:
@@ -253,6 +274,8 @@ def shard_vision(batch: Mapping[str, Any], layout: VisionLayout, ids: torch.Tens
             if route.exchange is not None:
                 rows_of[exchange_key(m.name)] = route.exchange
         rows_of[items_key(m.name)] = torch.from_numpy(tokens[items])
+        if m.name == "audio":
+            rows_of[window_key(m.name)] = torch.from_numpy(_run_windows(where, np.asarray(tokens))[items])
         row_start = np.concatenate([[0], np.cumsum(rows)[:-1]])
         pixel_idx = torch.from_numpy(_ranges(row_start[items], rows[items]))
         pixels = batch[m.pixel_key]

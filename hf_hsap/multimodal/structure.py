@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .audio_inline import has_inline_audio
+
 __all__ = ["ATTENTION_KINDS", "CARRIED_KEYS", "CONTROL_KEYS", "MARK_KEYS", "REFUSAL_KINDS", "VisionRefusal", "fix", "forward_keys",
            "inner_vlm", "param_names", "required", "structural_refusal", "token"]
 
@@ -81,10 +83,12 @@ def token(config: Any, *names: str) -> int | None:
 def inner_vlm(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward encodes the images (or, for a video-only model such as InstructBLIP-Video, the
     videos; for an audio-language model, the audio clips) and merges them (has ``get_image_features`` /
-    ``get_video_features`` / ``get_audio_features`` and a language model), or ``None``."""
+    ``get_video_features`` / ``get_audio_features``, or an inline audio encoder: :mod:`.audio_inline`, and a
+    language model), or ``None``."""
     for names in (("get_image_features", "get_video_features"), ("get_audio_features",)):
         for m in (getattr(model, "model", None), model):
-            encodes = any(callable(getattr(type(m), n, None)) for n in names)
+            encodes = any(callable(getattr(type(m), n, None)) for n in names) or \
+                ("get_audio_features" in names and has_inline_audio(m))  # Qwen2-Audio encodes inline
             if m is not None and encodes and \
                     (hasattr(m, "language_model") or hasattr(m, "text_model")):  # Idefics names it text_model
                 return m

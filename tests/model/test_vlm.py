@@ -163,6 +163,9 @@ def test_an_encoder_whose_rows_per_item_differ_from_the_placeholders_is_refused(
     per_item = SimpleNamespace(pooler_output=(torch.zeros(3, 8), torch.zeros(5, 8)))
     with pytest.raises(ValueError, match="fixed number of placeholders"):
         select_rows(per_item, torch.arange(8), torch.tensor([4, 4]))
+    fix = "train x with one document per row (no packing: ..., attn_implementation='eager')"
+    with pytest.raises(ValueError, match=r"attn_implementation='eager'\)\)$"):  # the model's own fix, named
+        select_rows(per_item, torch.arange(8), torch.tensor([4, 4]), advice=fix)
     ok = SimpleNamespace(pooler_output=(torch.zeros(4, 8), torch.ones(4, 8)))
     assert select_rows(ok, torch.tensor([7, 0]), torch.tensor([4, 4])).pooler_output[0][:, 0].tolist() == [1.0, 0.0]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hf_hsap.multimodal.audio import audio_counter, audio_inputs, audio_modality, output_mask_key
+from hf_hsap.multimodal.audio import audio_counter, audio_encoder, audio_inputs, audio_modality, output_mask_key
 from hf_hsap.multimodal.structure import inner_vlm, token
 from workers.vlm_zoo_configs import NotBuildable, first_line
 
@@ -87,7 +87,7 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
                 n_ids = count("audio", keys)[0]
                 extra["input_ids"] = torch.full((1, n_ids), token(config, "audio_token_id", "audio_token_index"))
             with torch.no_grad():
-                got = _rows(inner.get_audio_features(feats.to(model.dtype), **extra, return_dict=True))
+                got = _rows(audio_encoder(inner)(feats.to(model.dtype), **extra, return_dict=True))
             if out_mask is not None:  # the output rows of its real frames (the rest: padding the forward drops)
                 rows = int(got.shape[-2])
                 keys[out_mask] = torch.arange(rows)[None] < -(-rows * real // n)
@@ -98,7 +98,7 @@ def clip_maker(config: Any, model: torch.nn.Module, frames: int | None = None) -
     mod = audio_modality(model, inner)
     if mod is None:
         raise NotBuildable("the config has no audio_token_id / audio_token_index (no placeholder to insert)")
-    takes_ids = "input_ids" in inspect.signature(inspect.unwrap(type(inner).get_audio_features)).parameters
+    takes_ids = "input_ids" in inspect.signature(inspect.unwrap(audio_encoder(inner))).parameters
     count = audio_counter(model, inner)
     if features not in mod.padded and fixed is None and frames is None:  # an encoder that attends to the padding:
         frames = max(s[1] for s in AUDIO_SHAPES)  # every clip padded to the batch's longest, as in a batch

@@ -181,7 +181,8 @@ def vision_families() -> list[str]:
 
 def _audio_class_name(family: str) -> str | None:
     """The class of ``family`` in the first of :data:`AUDIO_MAPPINGS` that lists it whose model class has
-    ``get_audio_features`` (an audio encoder whose rows fill placeholders), or ``None``."""
+    ``get_audio_features`` or an inline audio encoder (an audio encoder whose rows fill placeholders), or
+    ``None``."""
     import transformers
     from transformers.models.auto import modeling_auto
 
@@ -191,9 +192,22 @@ def _audio_class_name(family: str) -> str | None:
             cls = getattr(transformers, name) if isinstance(name, str) else None
         except (ImportError, AttributeError):  # a class whose backend is not installed
             cls = None
-        if cls is not None and callable(getattr(cls, "get_audio_features", None)):
+        if cls is not None and (callable(getattr(cls, "get_audio_features", None)) or _inline_audio(family, cls)):
             return name
     return None
+
+
+def _inline_audio(family: str, cls: type) -> bool:
+    """Whether ``family``'s model encodes its audio inline (Qwen2-Audio: no ``get_audio_features``): its config has
+    an ``audio_config`` and an audio placeholder token, and its forward takes ``input_features``."""
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[family]()
+    placeholder = any(getattr(config, n, None) is not None for n in ("audio_token_id", "audio_token_index"))
+    return placeholder and getattr(config, "audio_config", None) is not None and \
+        "input_features" in inspect.signature(cls.forward).parameters
 
 
 def audio_families() -> list[str]:
