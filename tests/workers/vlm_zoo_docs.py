@@ -481,7 +481,10 @@ def audio_maker(config: Any, model: torch.nn.Module) -> Callable[..., Any] | Non
             return None
     except ValueError:
         return None
-    mel = int(config.audio_config.num_mel_bins)
+    mel = getattr(config.audio_config, "num_mel_bins", None)
+    if mel is None:  # a waveform input (Muse Spark's input_values): not made here, its documents have no audio
+        return None
+    mel = int(mel)
 
     def audio(frames: int, real: int, g: torch.Generator, dtype: torch.dtype) -> tuple[dict[str, Any], int]:
         mask = torch.zeros(1, frames, dtype=torch.int64)
