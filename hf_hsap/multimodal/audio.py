@@ -355,12 +355,7 @@ def encode_per_clip(method: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         return value[i:i + 1] if torch.is_tensor(value) and value.dim() and value.shape[0] == n else value
 
     outs = [method(*(part(a, i) for a in args), **{k: part(v, i) for k, v in kwargs.items()}) for i in range(n)]
-    first = outs[0]
-    for key in list(first.keys()):
-        values = [o[key] for o in outs]
-        if all(torch.is_tensor(v) for v in values):
-            first[key] = torch.cat(values, dim=0)
-    return first
+    return _joined(outs)
 
 
 def _encode_with_runs(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, n: int,
@@ -392,6 +387,11 @@ def _encode_with_runs(method: Callable[..., Any], args: tuple[Any, ...], kwargs:
             if torch.is_tensor(value) and value.dim():
                 out[key] = value[-count:] if key == "pooler_output" else value[-1:]
         outs.append(out)
+    return _joined(outs)
+
+
+def _joined(outs: list[Any]) -> Any:
+    """The clips' encoder outputs as one: the first, its tensor fields concatenated over the clips (dim 0)."""
     first = outs[0]
     for key in list(first.keys()):
         values = [o[key] for o in outs]
