@@ -95,6 +95,7 @@ def vlm_pools(pools):
     manager.close()
 
 
+@pytest.mark.slow  # through the VLM harness (CI runs the slow half too)
 def test_glm5_next_is_exact_at_sp1_and_sp2(vlm_pools) -> None:
     rec = vlm_zoo_run.run_family("glm5_next", vlm_pools, modes=("sp1", "sp2_u2"))
     assert rec["status"] == "run" and rec["spec"] == {"outcome": "accepted"}, rec.get("spec")

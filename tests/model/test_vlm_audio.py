@@ -40,8 +40,12 @@ def test_audio_families_are_the_causal_lms_with_an_audio_encoder() -> None:
 
 
 # each way of counting a clip's placeholders, with the SP 2 mode whose plan splits a clip across the two ranks
-AUDIO = [("audioflamingo3", "sp2_u1"), ("voxtral", "sp2_u1"), ("fun_asr_nano", "sp2_u1"), ("granite_speech", "sp2_u2"),
-         ("qwen2_audio", "sp2_u1"), ("musicflamingo", "sp2_u2")]  # MusicFlamingo: each clip given its own run  # Qwen2-Audio: its inline encoder given a get_audio_features (audio_inline)
+# (all but the first in the slow half, which CI runs too)
+AUDIO = [("audioflamingo3", "sp2_u1")] + [
+    pytest.param(family, mode, marks=pytest.mark.slow) for family, mode in (
+        ("voxtral", "sp2_u1"), ("fun_asr_nano", "sp2_u1"), ("granite_speech", "sp2_u2"),
+        ("qwen2_audio", "sp2_u1"),  # Qwen2-Audio: its inline encoder given a get_audio_features (audio_inline)
+        ("musicflamingo", "sp2_u2"))]  # MusicFlamingo: each clip given its own run
 
 
 @pytest.mark.parametrize("family,mode", AUDIO)
