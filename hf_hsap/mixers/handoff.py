@@ -30,6 +30,7 @@ import torch
 
 from ..comm.p2p import P2PExecutor
 from ..plan.chain import Chain, Segment
+from .subnormals import flush_subnormals
 
 __all__ = ["Recurrence", "SegmentOp", "StateExchange", "Summary", "run_segments", "run_with_final", "summaries",
            "zero_runs"]
@@ -68,10 +69,12 @@ class Recurrence(Protocol):
     def summarize(self, parts: list[torch.Tensor]) -> Summary:
         """A continued run from the zero state, with its transition and what its correction reads."""
 
-    # optional: ``run_many(parts_list)`` / ``summarize_many(parts_list)``, the same for several runs in as few kernel
-    # calls as padding allows (:func:`zero_runs`, :func:`summaries` fall back to one call per run); and
-    # ``rerun_backward = True``: a continued run's summary is taken without autograd and its backward is the kernel
-    # rerun from the true initial state (:class:`_Summaries`), where the summarising call's own backward costs more
+    # optional: ``run_many(parts_list)`` / ``summarize_many(parts_list, ends=...)``, the same for several runs in as
+    # few kernel calls as padding allows (:func:`zero_runs`, :func:`summaries` fall back to one call per run); and
+    # ``rerun = True``: a continued run's summary is taken without autograd, and its output is the kernel run again
+    # from the true initial state under autograd (:class:`_Summaries`), where the summarising call's own backward
+    # costs more. The summary then serves the folds and the initial state's gradient only (its correction without
+    # ``out``), and a run that no later run continues (``ends``) needs no final state or transition either.
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         """The run's output from its true initial state ``init``."""
@@ -209,10 +212,19 @@ def zero_runs(rec: Recurrence, parts: list[list[torch.Tensor]]) -> list[tuple[to
     return many(parts) if many is not None else [rec.run(p, None) for p in parts]
 
 
-def summaries(rec: Recurrence, parts: list[list[torch.Tensor]]) -> list[Summary]:
-    """Every continued run's :class:`Summary`: the recurrence's ``summarize_many``, else a call per run."""
+def summaries(rec: Recurrence, parts: list[list[torch.Tensor]], *, ends: list[bool] | None = None) -> list[Summary]:
+    """Every continued run's :class:`Summary`: the recurrence's ``summarize_many``, else a call per run; subnormal
+    floats flushed on the CPU (a transition decays through them, :mod:`.subnormals`).
+
+    Args:
+        rec: the kernel. parts: each run's inputs. ends: per run, whether no later run continues it (a ``rerun``
+            recurrence then summarises only what its correction reads); ``None``: every summary whole.
+    """
     many = getattr(rec, "summarize_many", None)
-    return many(parts) if many is not None else [rec.summarize(p) for p in parts]
+    with flush_subnormals(parts[0][0].device):
+        if many is None:
+            return [rec.summarize(p) for p in parts]
+        return many(parts, ends=ends) if ends is not None and getattr(rec, "rerun", False) else many(parts)
 
 
 def _pack(rec: Recurrence, final: torch.Tensor, transition: torch.Tensor | None) -> torch.Tensor:
@@ -250,22 +262,23 @@ class _Summaries(torch.autograd.Function):
             sums: list[Summary] = [None] * len(segs)  # type: ignore[list-item]
             for i, (out, final) in zip(first, zero_runs(rec, [parts[i] for i in first]) if first else []):
                 sums[i] = Summary(out, final.to(rec.state_dtype))
-            rerun = bool(getattr(rec, "rerun_backward", False))
+            rerun = bool(getattr(rec, "rerun", False))
             with torch.set_grad_enabled(grad and not rerun):
-                got_sums = summaries(rec, [parts[i] for i in cont]) if cont else []
+                got_sums = summaries(rec, [parts[i] for i in cont], ends=[not segs[i].later for i in cont]
+                                     ) if cont else []
             for i, s in zip(cont, got_sums):
-                if rerun:  # the summary as leaves: their gradients reach the kernel through the rerun (backward)
+                if rerun and s.final is not None:  # leaves: their gradients reach the kernel through the rerun
                     s.final = s.final.detach().requires_grad_(grad)
                     s.transition = s.transition.detach().requires_grad_(grad)
                 sums[i] = s
-            like = _pack(rec, sums[0].final, None).detach() if sums else tensors[0].new_zeros(
-                math.prod(rec.state_shape) + math.prod(rec.transition_shape), dtype=rec.state_dtype)
+            like = tensors[0].new_zeros(math.prod(rec.state_shape) + math.prod(rec.transition_shape),
+                                        dtype=rec.state_dtype)
             mine = {(seg.doc, seg.run): s for seg, s in zip(segs, sums)}
             sends = [(p, (doc, run), _pack(rec, mine[doc, run].final, mine[doc, run].transition).detach())
                      for p, doc, run in chain.sends()]
             got = exchange.exchange(sends, [(p, (doc, run)) for p, doc, run in chain.receives()], like)
             received = {key: row.detach().requires_grad_(grad) for key, row in got.items()}
-            outs, states = [], {}
+            outs, reruns = [], {}
             for k, (seg, s) in enumerate(zip(segs, sums)):
                 if not seg.continued:
                     outs.append(s.out)
@@ -277,12 +290,14 @@ class _Summaries(torch.autograd.Function):
                     else:
                         b, a = _unpack(rec, received[seg.doc, i])
                     state = b if state is None else rec.transit(a, state) + b
-                states[k] = state
                 outs.append(rec.correct(s, state))
+                if rerun:  # the output itself: the kernel from the true initial state, its graph kept for backward
+                    with torch.set_grad_enabled(grad):
+                        reruns[k] = rec.run(parts[k], state.detach())
         ctx.op, ctx.chain, ctx.exchange, ctx.like, ctx.rerun = op, chain, exchange, like, rerun
         ctx.leaves, ctx.parts, ctx.sums, ctx.outs, ctx.received = leaves, parts, sums, outs, received
-        ctx.states = states
-        return _cat(op, chain, [o.detach() for o in outs])
+        ctx.reruns = reruns
+        return _cat(op, chain, [reruns[k][0].detach() if k in reruns else o.detach() for k, o in enumerate(outs)])
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
@@ -292,7 +307,8 @@ class _Summaries(torch.autograd.Function):
         # 1. the gradients of the summaries this rank received (and, rerun, of its own continued runs' summaries,
         # which later runs here may fold): through its folds and corrections only
         rerun = [i for i, seg in enumerate(segs) if seg.continued and ctx.rerun]
-        local = [(i, y) for i in rerun for y in (ctx.sums[i].final, ctx.sums[i].transition) if y.requires_grad]
+        local = [(i, y) for i in rerun for y in (ctx.sums[i].final, ctx.sums[i].transition)
+                 if y is not None and y.requires_grad]
         keys = list(received)
         cont = [i for i, seg in enumerate(segs) if seg.continued and outs[i].requires_grad]
         back: dict[Any, torch.Tensor] = {}
@@ -321,7 +337,7 @@ class _Summaries(torch.autograd.Function):
                 g_final = None if g is None else _unpack(rec, g)[0]
                 if i in local_gb:
                     g_final = local_gb[i] if g_final is None else g_final + local_gb[i]
-                for y, gy in _rerun(rec, ctx.parts[i], ctx.states[i], g_out=g_outs[i], g_final=g_final):
+                for y, gy in _rerun_pairs(ctx.reruns[i], g_out=g_outs[i], g_final=g_final):
                     ys.append(y)
                     gys.append(gy)
                 continue
@@ -349,18 +365,17 @@ class _Summaries(torch.autograd.Function):
         for (j, _), g in zip(param_leaves, grads[len(token_leaves):]):
             merged[j] = g
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
-        ctx.parts = ctx.sums = ctx.outs = ctx.received = ctx.states = None
+        ctx.parts = ctx.sums = ctx.outs = ctx.received = ctx.reruns = None
         return (None, None, None, *[g if need else None for g, need in zip(merged, needs)])
 
 
-def _rerun(rec: Recurrence, parts: list[torch.Tensor], init: torch.Tensor, *, g_out: torch.Tensor,
-           g_final: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A continued run's backward as its kernel rerun from its true initial state: ``(output, its gradient)`` and
-    ``(final state, its gradient)``, what its summary's gradients amount to. Every consumer folds ``S' = A S0 + B``
-    with the same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the rerun's ``A S0 + B``
-    carries both (pairs for the one local backward)."""
-    with torch.enable_grad():
-        out, final = rec.run(parts, init.detach())
+def _rerun_pairs(rerun: tuple[torch.Tensor, torch.Tensor], *, g_out: torch.Tensor,
+                 g_final: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A continued run's backward through its kernel rerun from its true initial state (forward): ``(output, its
+    gradient)`` and ``(final state, its gradient)``, what its summary's gradients amount to. Every consumer folds
+    ``S' = A S0 + B`` with the same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the
+    rerun's ``A S0 + B`` carries both (pairs for the one local backward)."""
+    out, final = rerun
     pairs = [(out, g_out.to(out.dtype))] if out.requires_grad else []
     if g_final is not None and final.requires_grad:
         pairs.append((final, g_final.to(final.dtype)))

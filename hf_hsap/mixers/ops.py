@@ -9,8 +9,9 @@ output takes from the folded initial state:
 
 - ``causal_conv1d_fn``: the state is the run's last ``kernel - 1`` inputs (several earlier runs when they are
   shorter), the transition a shift; a continued run recomputes its first ``kernel - 1`` outputs over them;
-- ``chunk_gated_delta_rule`` / ``chunk_kda``: one call with the value widened by ``d_k`` columns gives the transition
-  (``[heads, d_k, d_k]``) and the query the initial state sees (:class:`_DeltaRule`);
+- ``chunk_gated_delta_rule`` / ``chunk_kda``: one call from the initial state ``I`` gives the transition
+  (``[heads, d_k, d_k]``) and the query the initial state sees; a continued run's output is the kernel rerun from its
+  true initial state (:class:`_DeltaRule`);
 - ``mamba_chunk_scan_combined`` (Mamba2's SSD) and ``selective_scan_fn`` (Mamba's scan): closed forms of the
   initial state's term and decay (:mod:`.scans`);
 - the fused training paths (``mamba_split_conv1d_scan_combined``, ``mamba_inner_fn``) return ``None``, which
@@ -103,14 +104,15 @@ def conv1d(orig: Callable, args: tuple, kwargs: dict[str, Any], chain: Chain, ex
 class _DeltaRule:
     """``chunk_gated_delta_rule`` / ``chunk_kda`` on one run ``(q, k, v [1, n, H, D], g, beta)``, state
     ``[1, H, D_k, D_v]``. The transition acts on the state's ``D_k`` rows from the left and every ``D_v`` column
-    evolves alike, so one call with the value widened by ``D_k`` zero columns and the initial state ``[0 | I]``
-    gives, besides the zero-state output and final state, the transition ``A`` (``[1, H, D_k, D_k]``) and the
-    query the initial state sees, ``q~`` (``[1, n, H, D_k]``): ``out = out_0 + q~ S0``. That call runs in the state
-    dtype, so the correction is added before the output is rounded once. Its backward would be the widened call's
-    (twice the value columns); the run's backward is the plain kernel rerun from its true initial state instead
-    (``rerun_backward``)."""
+    evolves alike, so a call with the initial state ``I`` and ``D_k`` zero value columns gives the transition ``A``
+    (``[1, H, D_k, D_k]``) and the query the initial state sees, ``q~`` (``[1, n, H, D_k]``: ``out = out_0 + q~ S0``).
+    A run that a later run continues also needs its final state from zero, so its call widens the value instead
+    (``[v | 0]``, initial state ``[0 | I]``). Both run in the state dtype without autograd: the run's output is the
+    plain kernel rerun from its true initial state (``rerun``), whose backward costs what a whole run's does, where
+    the summarising call's would cost more; the summary gives the folds and the initial state's gradient
+    (``q~^T dout``)."""
 
-    rerun_backward = True
+    rerun = True
 
     def __init__(self, orig: Callable, rest: dict[str, Any], heads: int, dk: int, dv: int,
                  dtype: torch.dtype) -> None:
@@ -136,26 +138,48 @@ class _DeltaRule:
     def summarize(self, t: list) -> Summary:
         return self.summarize_many([t])[0]
 
-    def summarize_many(self, parts: list[list]) -> list[Summary]:
-        sd = self.state_dtype
+    def summarize_many(self, parts: list[list], ends: list[bool] | None = None) -> list[Summary]:
+        """Every run's summary; ``ends[i]``: run ``i`` is continued by no later run (its transition and final state
+        are not computed, nor its zero-state output)."""
+        ends = [False] * len(parts) if ends is None else ends
+        out: list[Summary] = [None] * len(parts)  # type: ignore[list-item]
+        for last in (False, True):
+            idx = [i for i, e in enumerate(ends) if e == last]
+            if idx:
+                for i, s in zip(idx, self._summaries([parts[i] for i in idx], whole=not last)):
+                    out[i] = s
+        return out
+
+    def _summaries(self, parts: list[list], *, whole: bool) -> list[Summary]:
+        """One batched summarising call (:meth:`summarize_many`); ``whole``: with the zero-state output and final
+        state (the value widened) or not (the value all zero columns)."""
+        sd, dv = self.state_dtype, self.dv if whole else 0
 
         def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
             qs, ks, vs, gs, bs = (x.to(sd) for x in t)
-            wide = torch.cat([vs, vs.new_zeros((*vs.shape[:-1], self.dk))], dim=-1)
+            zeros = vs.new_zeros((*vs.shape[:-1], self.dk))
             eye = torch.eye(self.dk, dtype=sd, device=vs.device).expand(vs.shape[0], self.state_shape[1], -1, -1)
-            init = torch.cat([eye.new_zeros((*eye.shape[:3], self.dv)), eye], dim=-1)  # [N, H, D_k, D_v + D_k]
-            return self.orig(qs, ks, wide, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
+            if whole:
+                vs, init = torch.cat([vs, zeros], dim=-1), torch.cat([eye.new_zeros((*eye.shape[:3], dv)), eye], -1)
+            else:
+                vs, init = zeros, eye.contiguous()
+            return self.orig(qs, ks, vs, g=gs, beta=bs, initial_state=init, output_final_state=True, **self.rest)
 
         def split(r: tuple, row: int, n: int, _: int) -> Summary:
             out, final = r[0][row:row + 1, :n], r[1][row:row + 1]
-            return Summary(out[..., :self.dv], final[..., :self.dv], final[..., self.dv:],
-                           (out[..., self.dv:], parts[0][0].dtype))
+            carry = (out[..., dv:], parts[0][0].dtype)
+            if not whole:
+                return Summary(None, None, None, carry)  # type: ignore[arg-type]
+            return Summary(out[..., :dv], final[..., :dv], final[..., dv:], carry)
 
         return batched_runs(parts, (1,) * 5, left=False, call=call, split=split)
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
+        """``out_0 + q~ S0``: the output from ``init`` (the initial state's term alone for a summary without
+        ``out``)."""
         q_seen, dtype = summary.carry
-        return (summary.out + torch.einsum("bthk,bhkv->bthv", q_seen, init)).to(dtype)
+        term = torch.einsum("bthk,bhkv->bthv", q_seen, init)
+        return (term if summary.out is None else summary.out + term).to(dtype)
 
     def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         return transition @ state
