@@ -322,7 +322,8 @@ def mixer_time(pl: Placement, cost: CostModel) -> float:
 
     Summaries (:mod:`hf_hsap.mixers.handoff`): every part runs all its runs at once; the layers wait for the
     busiest part, whose tokens cost ``mixer_token_cost`` each and twice in runs that continue a split document
-    (their call also gives the summary: the delta rule's widened value, the scans' closed-form correction), and,
+    (the summarising call and the run itself: the delta rule's call from the state ``I``, then its kernel from the
+    true state; the scans' closed-form correction), and,
     when any document is split, for one summary exchange (``handoff_cost``), whatever the number of parts it spans.
     Heads (offered when ``mixer_a2a_token_cost > 0``): ``T / P`` tokens of mixer work and ``T / P`` tokens through
     the all-to-all per part.
