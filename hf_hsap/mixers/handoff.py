@@ -42,11 +42,12 @@ class Summary:
 
     Attributes:
         out: its output. final: its final state ``B`` (the state dtype). transition: ``A`` (``None`` for a run that
-        starts its document, whose initial state is zero). carry: what :meth:`Recurrence.correct` reads.
+        starts its document, whose initial state is zero). carry: what :meth:`Recurrence.correct` reads. A
+        ``rerun`` recurrence's run that no later run continues leaves ``out``, ``final`` and ``transition`` ``None``.
     """
 
-    out: torch.Tensor
-    final: torch.Tensor
+    out: torch.Tensor | None
+    final: torch.Tensor | None
     transition: torch.Tensor | None = None
     carry: Any = None
 

@@ -169,7 +169,7 @@ class _DeltaRule:
             out, final = r[0][row:row + 1, :n], r[1][row:row + 1]
             carry = (out[..., dv:], parts[0][0].dtype)
             if not whole:
-                return Summary(None, None, None, carry)  # type: ignore[arg-type]
+                return Summary(None, None, None, carry)
             return Summary(out[..., :dv], final[..., :dv], final[..., dv:], carry)
 
         return batched_runs(parts, (1,) * 5, left=False, call=call, split=split)

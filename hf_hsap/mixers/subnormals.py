@@ -3,10 +3,9 @@
 A continued run's transition is a product of its tokens' decays (``exp(sum g)`` for Mamba2 and the gated delta rule,
 ``exp(-slope n)`` for lightning attention): over a run of thousands of tokens it falls below float32's smallest normal
 number (1.2e-38) long before it reaches zero, and so do the terms that the initial state contributes to the run's
-later outputs. x86 CPUs take a microcode path for every arithmetic operation on a subnormal operand, tens of times
-slower than the normal one: measured on this project's CPU benchmark model, the gated delta rule's summarising call
-ran 1.5-2x as long as with subnormals flushed. Flushing them changes values below 1.2e-38 (2.2e-308 in float64) to
-zero, far below any tolerance a float32 or float64 result is held to.
+later outputs. x86 CPUs take a slow microcode path for every arithmetic operation on a subnormal operand (what that
+costs a split row: ``bash scripts/bench_hybrid.sh``). Flushing them changes values below 1.2e-38 (2.2e-308 in
+float64) to zero, far below any tolerance a float32 or float64 result is held to.
 
 torch exposes the CPU's flush-to-zero mode only as a per-thread switch (:func:`torch.set_flush_denormal`) with no
 getter, so :func:`flush_subnormals` probes the current mode and puts it back. GPUs are left alone: their kernels
