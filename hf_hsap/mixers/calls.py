@@ -132,6 +132,7 @@ class _Placed:
         self.rec, self.present, self.n = rec, present, n
         self.state_shape, self.transition_shape, self.state_dtype = (rec.state_shape, rec.transition_shape,
                                                                      rec.state_dtype)
+        self.rerun = bool(getattr(rec, "rerun", False))  # the handoff reads it: a continued run's output rerun
 
     def _full(self, parts: list[torch.Tensor]) -> list[torch.Tensor | None]:
         full: list[torch.Tensor | None] = [None] * self.n
@@ -147,10 +148,12 @@ class _Placed:
         full = [self._full(p) for p in parts]
         return many(full) if many is not None else [self.rec.run(f, None) for f in full]
 
-    def summarize_many(self, parts: list[list[torch.Tensor]]) -> list[Summary]:
+    def summarize_many(self, parts: list[list[torch.Tensor]], ends: list[bool] | None = None) -> list[Summary]:
         many = getattr(self.rec, "summarize_many", None)
         full = [self._full(p) for p in parts]
-        return many(full) if many is not None else [self.rec.summarize(f) for f in full]
+        if many is None:
+            return [self.rec.summarize(f) for f in full]
+        return many(full, ends=ends) if ends is not None and self.rerun else many(full)
 
     def summarize(self, parts: list[torch.Tensor]) -> Summary:
         return self.rec.summarize(self._full(parts))

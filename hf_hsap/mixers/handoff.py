@@ -305,11 +305,12 @@ class _Summaries(torch.autograd.Function):
         op, chain, rec = ctx.op, ctx.chain, ctx.op.recurrence
         segs, outs, received = chain.segments, ctx.outs, ctx.received
         g_outs = [op.slice(seg, grad_out).to(o.dtype) for seg, o in zip(segs, outs)]
-        # 1. the gradients of the summaries this rank received (and, rerun, of its own continued runs' summaries,
-        # which later runs here may fold): through its folds and corrections only
+        # 1. the gradients of the summaries this rank received (and, rerun, of its own runs' summaries, which later
+        # runs here may fold: a rerun output is cut from its initial state, so the folds carry that gradient):
+        # through its folds and corrections only
         rerun = [i for i, seg in enumerate(segs) if seg.continued and ctx.rerun]
-        local = [(i, y) for i in rerun for y in (ctx.sums[i].final, ctx.sums[i].transition)
-                 if y is not None and y.requires_grad]
+        local = [(i, y) for i in (range(len(segs)) if ctx.rerun else ())
+                 for y in (ctx.sums[i].final, ctx.sums[i].transition) if y is not None and y.requires_grad]
         keys = list(received)
         cont = [i for i, seg in enumerate(segs) if seg.continued and outs[i].requires_grad]
         back: dict[Any, torch.Tensor] = {}
@@ -345,12 +346,13 @@ class _Summaries(torch.autograd.Function):
             if outs[i].requires_grad:
                 ys.append(outs[i])
                 gys.append(g_outs[i])
-            if g is not None:
-                gb, ga = _unpack(rec, g)
-                for y, gy in ((s.final, gb), (s.transition, ga)):
-                    if y is not None and y.requires_grad:
-                        ys.append(y)
-                        gys.append(gy.to(y.dtype))
+            gb, ga = _unpack(rec, g) if g is not None else (None, None)
+            if i in local_gb:  # its final state, folded by a rerun run here
+                gb = local_gb[i] if gb is None else gb + local_gb[i]
+            for y, gy in ((s.final, gb), (s.transition, ga)):
+                if gy is not None and y is not None and y.requires_grad:
+                    ys.append(y)
+                    gys.append(gy.to(y.dtype))
         token_leaves = [(i, j, p) for i, ps in enumerate(ctx.parts) for j, (p, d) in
                         enumerate(zip(ps, op.token_dims)) if d is not None and p.requires_grad]
         param_leaves = [(j, t) for j, (t, d) in enumerate(zip(ctx.leaves, op.token_dims))
