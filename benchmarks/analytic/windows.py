@@ -33,8 +33,8 @@ import numpy as np
 
 from .distributions import DISTRIBUTIONS, zigzag_owner
 from .hsap_scheme import hsap_stats_from_plan
-from .schemes import (LLAMA3_8B_SHAPE, SchemeStats, doc_chunk_segments, row_segments,
-                      window_rows_work, window_useful_pairs)
+from .schemes import LLAMA3_8B_SHAPE, SchemeStats
+from .window_pairs import doc_chunk_segments, row_segments, window_rows_work, window_useful_pairs
 
 WINDOW_MODELS: dict[str, dict] = {
     "mistral": {"label": "Mistral-style: W = 4096 on every layer", "layers": {4096: 32}},

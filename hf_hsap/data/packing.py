@@ -27,7 +27,8 @@ import torch
 
 from ..log import get_logger, log_once
 from .positions import cu_seqlens_from_position_ids
-from .vision import PIXEL_KEYS, vision_batch
+from .vision import PIXEL_KEYS
+from .vision_pack import vision_batch
 from .vision_checks import check_vision_example
 
 __all__ = [

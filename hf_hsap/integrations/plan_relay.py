@@ -22,7 +22,7 @@ import torch
 
 from ..log import get_logger
 from ..model_state import PROBE_KEY, RELAY, ModelChanges, state_of
-from ..multimodal.spec import probe_inputs
+from ..multimodal.probe import probe_inputs
 
 logger = get_logger(__name__)
 

@@ -23,7 +23,6 @@ not carry yet (named), each with a fix that works; keys the forward takes but pa
 from __future__ import annotations
 
 import dataclasses
-import sys
 import weakref
 from typing import Any
 
@@ -32,27 +31,23 @@ import torch
 from ..data.vision import Modality, VisionLayout, VisionSpec
 from ..log import get_logger
 from ..plan.items import encoder_patch_work
-from .audio import audio_probe_inputs, audio_spec, is_audio_lm
-from .cross import cross_probe_inputs, cross_spec, is_cross_attention_vlm
+from .audio import audio_spec, is_audio_lm
+from .cross import cross_spec, is_cross_attention_vlm
 from .derived import derived_spec
 from .grid import ROPE_INPUTS, grid_spec
-from .grid_rows import vision_geometry
-from .indicators import boundary_check, boundary_ids, has_indicators, indicators_supported
+from .encoder_rows import check_encoder_rows
+from .indicators import boundary_check, has_indicators, indicators_supported
 from .items import anyres_counter, sizes_counter
 from .layer_blocks import vision_blocks
-from .marked import marked_probe_inputs
 from .markers import marker_keys
-from .pooled import pooled_probe_inputs
 from .prefix import is_prefix_lm, position_start
-from .qformer import video_qformer_probe_inputs
-from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, fix, forward_keys, inner_vlm,
-                        param_names, required, structural_refusal, token)
+from .structure import (CARRIED_KEYS, CONTROL_KEYS, VisionRefusal, forward_keys, inner_vlm, param_names, refusal,
+                        required, structural_refusal, token)
 
-__all__ = ["VisionRefusal", "accepted_families", "inner_vlm", "is_vlm", "probe_inputs", "vision_spec"]
+__all__ = ["VisionRefusal", "accepted_families", "inner_vlm", "is_vlm", "vision_spec"]
 
 logger = get_logger(__name__)
 _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its spec (the encoder is asked once)
-_IMAGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (pixels, inputs, rows) its encoder took
 
 
 def accepted_families(models: Any) -> frozenset[str]:
@@ -109,12 +104,8 @@ def _with_patch_work(spec: VisionSpec, config: Any) -> VisionSpec:
     return dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, modalities=mods))
 
 
-def _refuse(model: torch.nn.Module, kind: str, what: str) -> VisionRefusal:
-    return VisionRefusal(kind, f"{model.config.model_type}: {what}; {fix(model)}")
-
-
 def _not_carried(model: torch.nn.Module, where: str, keys: list[str]) -> VisionRefusal:
-    return _refuse(model, "input not carried", f"{where} needs {', '.join(keys)}, which packed rows do not carry yet")
+    return refusal(model, "input not carried", f"{where} needs {', '.join(keys)}, which packed rows do not carry yet")
 
 
 def _derive(model: torch.nn.Module) -> VisionSpec:
@@ -137,17 +128,17 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         return _with_uncarried(derived, keys)
     encode = getattr(type(inner), "get_image_features", None)
     if encode is None:  # a video-only encoder not derived above
-        raise _refuse(model, "no image encoder", "it has get_video_features but no get_image_features, and its videos "
+        raise refusal(model, "no image encoder", "it has get_video_features but no get_image_features, and its videos "
                                                  "are not queried by a Q-Former (the video-only layout hf_hsap takes)")
     if "pixel_values" not in keys | set(param_names(encode)):
-        raise _refuse(model, "input not carried", "its forward takes no pixel_values")
+        raise refusal(model, "input not carried", "its forward takes no pixel_values")
     if "pixel_values" in required(type(model).forward):
-        raise _refuse(model, "image required", (
+        raise refusal(model, "image required", (
             "its forward requires pixel_values on every call, so a packed row (or an SP rank's part of one) "
             "holding no image cannot run"))
     indicators = has_indicators(inner)  # Ovis 2.5: learned rows over each item's start / end tokens (.indicators)
     if indicators and not indicators_supported(model, inner):
-        raise _refuse(model, "encoder layout", (
+        raise refusal(model, "encoder layout", (
             "it writes learned embeddings at each image's start / end tokens (get_visual_indicator_features) in a "
             "merge that counts them against the images of one forward, and its config or merge is not the one "
             "hf_hsap writes those rows for (hf_hsap.multimodal.indicators)"))
@@ -161,7 +152,7 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
     text = config.get_text_config()
     bidirectional = getattr(text, "use_bidirectional_attention", None)
     if bidirectional in (True, "all") and not is_prefix_lm(model):  # a prefix-LM's prefixes are blocks (.prefix)
-        raise _refuse(model, "bidirectional text", (
+        raise refusal(model, "bidirectional text", (
             f"its text attends bidirectionally (use_bidirectional_attention={bidirectional!r}: a prefix-LM over "
             "image and prefix), which hf_hsap's causal kernels do not take yet"))
     image = token(config, "image_token_id", "image_token_index")
@@ -170,7 +161,7 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         spec = _grid_spec(model, inner, keys, image, video)
     else:
         spec = _item_spec(model, inner, keys, image, video)
-    spec = _check_rows(model, inner, spec)
+    spec = check_encoder_rows(model, inner, spec)
     if indicators:  # each document's start / end tokens checked against its items, as the model does alone
         check = boundary_check(config, grid_keys={m.name: m.grid_key for m in spec.layout.modalities if m.grid_key})
         spec = dataclasses.replace(spec, document=check if spec.document is None else _chained(spec.document, check))
@@ -217,13 +208,13 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     rope = getattr(inner, "get_rope_index", None)
     sections = (getattr(model.config.get_text_config(), "rope_parameters", None) or {}).get("mrope_section") or ()
     if callable(rope) and len(sections) not in (0, 3):  # e.g. a HunYuan-VL with 4 axes (its last three: w, h, image)
-        raise _refuse(model, "input not carried", (
+        raise refusal(model, "input not carried", (
             f"its rope index gives {len(sections)} rotary rows (rope_parameters['mrope_section'] = {list(sections)}), "
             "but packed rows carry 3 per token (Transformers' packed [4, B, L] with the text positions) yet"))
     if callable(rope):
         other = sorted(set(param_names(rope)) - ROPE_INPUTS - keys)
         if other:
-            raise _refuse(model, "input not carried", (
+            raise refusal(model, "input not carried", (
                 f"its rope index (get_rope_index) takes {', '.join(other)}, which packed rows do not give it per "
                 "document yet"))
     try:
@@ -231,7 +222,7 @@ def _grid_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     except VisionRefusal:
         raise
     except ValueError as e:  # rows per item that are no formula of the grid (.grid_rows)
-        raise _refuse(model, "encoder layout", str(e)) from e
+        raise refusal(model, "encoder layout", str(e)) from e
 
 
 def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[str], image: int,
@@ -268,179 +259,3 @@ def _item_spec(model: torch.nn.Module, inner: torch.nn.Module, keys: frozenset[s
     layout = VisionLayout(family, (mod, *videos), image_blocks=blocks,
                           prefix_blocks=prefix, position_start=position_start(model) if prefix else 0)
     return VisionSpec(layout, token_type_key=types)
-
-
-def _check_rows(model: torch.nn.Module, inner: torch.nn.Module, spec: VisionSpec) -> VisionSpec:
-    """Ask the encoder for a minimal image of the derived layout (a grid of 2 x 2 merge windows, or one image of
-    the tower's size) and refuse a family whose encoder takes none of the layout's pixel shapes, returns rows of
-    another width than the text's embeddings, or (grid) other than one row per merge window: an item's placeholders
-    are derived from that. Skipped for a model on the meta device and for counted items (asked per image).
-
-    Returns:
-        ``spec``, or, for a grid family whose encoder takes one pixel row per placeholder with the grid counted in
-        placeholders (Inkling 2: rows of merge x merge patches), ``spec`` with one pixel row per placeholder
-        (``merge`` 1)."""
-    if spec.counts("image") or any(p.is_meta for p in inner.parameters()):
-        return spec
-    tower = next((getattr(inner, n) for n in ("visual", "vision_tower", "vision_model", "vision_encoder")
-                  if isinstance(getattr(inner, n, None), torch.nn.Module)), inner)
-    param = next((p for p in tower.parameters() if p.is_floating_point()), None)  # not a quantized weight's
-    if param is None:
-        return spec
-    errors = []
-    devices = [param.device] if param.device.type == "cuda" else []
-    for pixels, extra, expect, merge in _minimal_images(model, spec, param.device):
-        try:
-            with torch.random.fork_rng(devices=devices):  # training's random streams stay as they were
-                rows, width = _feature_rows(inner, pixels.to(param.device, param.dtype), **extra)
-            _IMAGES[model] = pixels, extra, rows
-            if merge != spec.layout.merge:
-                spec = dataclasses.replace(spec, layout=dataclasses.replace(spec.layout, merge=merge))
-            break
-        except Exception as e:  # noqa: BLE001 - any failure of the encoder on the layout's pixels
-            errors.append(f"{tuple(pixels.shape)}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-    else:
-        raise _refuse(model, "encoder layout", (
-            f"its get_image_features takes none of the pixel shapes of the layout derived from its forward "
-            f"({'; '.join(errors)})" if errors else
-            "its vision config gives no image size (vision_config.image_size) nor patch size to derive one image's "
-            "pixels from"))
-    hidden = getattr(model.config.get_text_config(), "hidden_size", None)
-    if hidden is not None and width != hidden:
-        raise _refuse(model, "encoder layout", (
-            f"its get_image_features returns rows {width} wide where its text embeddings are {hidden}: its forward "
-            "does not place them as one row per placeholder"))
-    if expect is not None and rows != expect:
-        raise _refuse(model, "encoder layout", (
-            f"its encoder returns {rows} rows for a grid of {expect} merge windows (rows of its own besides one per "
-            "window), which the packed-row planner does not count yet"))
-    return spec
-
-
-def _minimal_images(model: torch.nn.Module, spec: VisionSpec, device: torch.device
-                    ) -> list[tuple[torch.Tensor, dict[str, Any], int | None, int]]:
-    """``[(pixels, other get_image_features inputs, expected rows or None, pixel rows per placeholder)]``: the
-    smallest image of the layout in each pixel shape it may take."""
-    image = spec.layout.modalities[0]
-    vision = getattr(model.config, "vision_config", None)
-    if vision is None:
-        return []
-    c, size, patch, frames = vision_geometry(vision)
-    if image.grid_key is not None:  # 2 x 2 merge windows of patches, flattened or not
-        side = int(round(spec.layout.merge ** 0.5))
-        n = 4 * side * side
-        grid = {image.grid_key: torch.tensor([[1, 2 * side, 2 * side]], device=device)}
-        m = spec.layout.merge
-        # or one row of side x side patches (channels last) per placeholder, the grid counted in placeholders
-        # (Inkling 2): then an item has one pixel row per placeholder
-        per_token = {image.grid_key: torch.tensor([[1, 2, 2]], device=device)}
-        return [(torch.ones(n, c * frames * patch * patch), grid, 4, m), (torch.ones(n, c, patch, patch), grid, 4, m),
-                (torch.ones(4, side * patch, side * patch, c), per_token, 4, 1)]
-    if "image_position_ids" in image.item_keys:  # patches with their (x, y): one pooling window's square
-        side = int(getattr(vision, "pooling_kernel_size", None) or 1) * 2
-        if getattr(vision, "model_patch_size", None):  # Gemma 4 unified: merged patches, one row each
-            side, patch = 2, int(vision.model_patch_size)
-        xy = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy"), -1)
-        return [(torch.ones(1, side * side, c * patch * patch), {"image_position_ids": xy.reshape(1, -1, 2).to(device)},
-                 None, spec.layout.merge)]
-    if size is None:  # no image size: one patch per row, channels last (Inkling: an MLP per patch), if it has patches
-        return [(torch.ones(1, frames, patch, patch, c), {}, None, spec.layout.merge)] if patch > 1 else []
-    if image.item_axis == 1:  # Idefics: [rows, images, C, H, W] with its pixel mask (all-zero pixels are padding)
-        mask = torch.ones(1, 1, size, size, dtype=torch.bool, device=device)
-        return [(torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask}, None, spec.layout.merge),
-                (torch.ones(1, 1, c, size, size), {"pixel_attention_mask": mask[:, :, 0, 0]}, None,
-                 spec.layout.merge)]  # one per tile
-    plain = [(torch.ones(1, c, size, size), {}, None, spec.layout.merge)]
-    if "image_sizes" not in image.item_keys:
-        return plain
-    # or with its image_sizes (Apertus 1.5 tokenizes each image at its sizes; LLaVA's CLIP tower takes none)
-    sizes = {"image_sizes": torch.tensor([[size, size]], device=device)}
-    return plain + [(torch.ones(1, c, size, size), sizes, None, spec.layout.merge)]
-
-
-def _feature_rows(inner: torch.nn.Module, pixels: torch.Tensor, **extra: Any) -> tuple[int, int]:
-    """``(rows, width)`` of the placeholder rows the model's encoder makes of ``pixels`` (asked, not derived from
-    the config)."""
-    with torch.no_grad():
-        out = inner.get_image_features(pixel_values=pixels, return_dict=True, **extra).pooler_output
-    if torch.is_tensor(out):
-        return int(out.numel() // out.shape[-1]), int(out.shape[-1])
-    return int(sum(v.numel() // v.shape[-1] for v in out)), int(out[0].shape[-1])
-
-
-def probe_inputs(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> dict[str, Any] | None:
-    """A two-text-token forward's inputs with one smallest image between them, for ``check_model``'s probe (the
-    decoder must get the keyword arguments with images too); ``None`` for a model without a vision spec.
-
-    Args:
-        model: the model; device, dtype: where and in which dtype its pixels go.
-
-    Returns:
-        ``model(**inputs)`` keyword arguments (zero pixels), or ``None``.
-    """
-    try:
-        spec = vision_spec(model)
-    except ValueError:
-        return None
-    if spec.layout.cross_key is not None:  # cross-attention (Mllama, Idefics)
-        return cross_probe_inputs(model, spec, device, dtype)
-    if spec.layout.modalities[0].mark_key is not None:  # images placed by a per-token mask (Kosmos-2)
-        return marked_probe_inputs(model, spec, device, dtype)
-    if spec.layout.modalities[0].name == "video":  # videos only (InstructBLIP-Video's Q-Former)
-        return video_qformer_probe_inputs(model, spec, device, dtype)
-    if spec.layout.modalities[0].name == "audio":  # an audio-language model: one clip
-        return audio_probe_inputs(model, spec, device, dtype)
-    image = spec.layout.modalities[0]
-    if image.token_rows:  # Molmo2: crops whose placeholders pool chosen patches
-        return pooled_probe_inputs(model, spec, device, dtype)
-    vision = model.config.vision_config
-    extra: dict[str, Any] = {}
-    if model in _IMAGES:  # the image the encoder took when the spec was derived
-        pixels, given, n_tokens = _IMAGES[model]
-        extra = {k: v.to(device) for k, v in given.items()}
-    elif image.grid_key is not None and image.pixel_axis == 3:  # NaViT: one crop of one merge block [1, C, p, cells*p]
-        side = int(round(spec.layout.merge ** 0.5))
-        pixels = torch.zeros(1, getattr(vision, "num_channels", 3), image.cell_size, side * side * image.cell_size)
-        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
-        n_tokens = 1
-    elif image.grid_key is not None and image.grid_dims == 2:  # (h, w) grid (.hwgrid): one merge block's patch rows
-        side = int(round(spec.layout.merge ** 0.5))
-        channels = getattr(vision, "num_channels", 3)
-        pixels = torch.zeros(side * side, channels * vision.patch_size ** 2)
-        extra[image.grid_key] = torch.tensor([[side, side]], device=device)
-        n_tokens = 1
-    elif image.grid_key is not None:
-        side = int(round(spec.layout.merge ** 0.5))  # one placeholder: one merge window of patches
-        channels = getattr(vision, "in_channels", getattr(vision, "in_chans", 3))
-        dim = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size ** 2
-        pixels = torch.zeros(side * side, dim)
-        extra[image.grid_key] = torch.tensor([[1, side, side]], device=device)
-        n_tokens = 1
-        if spec.counts("image"):  # placeholders counted per item (.grid_rows): a merge size of 1, or the model's rows
-            extra.update({k: torch.ones(1, dtype=torch.int64, device=device) for k in image.item_keys
-                          if k.endswith("merge_sizes")})
-            n_tokens = spec.item_tokens("image", extra)[0]
-    else:
-        size = vision.image_size
-        h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
-        channels = getattr(vision, "num_channels", 3)
-        pixels = torch.zeros(1, channels, h, w)
-        if spec.counts("image"):  # one image of the tower's size, with its image_sizes
-            extra["image_sizes"] = torch.tensor([[h, w]], device=device)
-            n_tokens = spec.item_tokens("image", {"image_sizes": extra["image_sizes"]})[0]
-            inner = inner_vlm(model)
-            if callable(getattr(inner, "pack_image_features", None)):  # any-resolution: its tiles (the model's count)
-                tiles = sys.modules[type(inner).__module__].image_size_to_num_patches(
-                    image_size=[h, w], grid_pinpoints=model.config.image_grid_pinpoints, patch_size=h)
-                pixels = torch.zeros(1, int(tiles), channels, h, w)
-        elif image.item_axis == 1:  # Idefics: [rows, images, C, H, W]; an all-zero image would be padding
-            pixels = torch.ones(1, 1, channels, h, w)
-            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
-        else:
-            n_tokens = _feature_rows(inner_vlm(model), pixels.to(device, dtype))[0]
-    marks = boundary_ids(model.config) if has_indicators(inner_vlm(model)) else None  # Ovis 2.5: the image's start
-    body = [image.token_id] * n_tokens if marks is None else [marks[0]] + [image.token_id] * n_tokens + [marks[1]]
-    ids = torch.tensor([[1] + body + [1]], device=device)
-    if spec.token_type_key == "mm_token_type_ids" and not spec.layout.image_blocks:  # blocks: shard_batch's own
-        extra["mm_token_type_ids"] = (ids == image.token_id).to(torch.int64)
-    return {"input_ids": ids, image.pixel_key: pixels.to(device, dtype), **extra}

@@ -16,7 +16,7 @@ import torch
 from .audio_inline import has_inline_audio
 
 __all__ = ["ATTENTION_KINDS", "CARRIED_KEYS", "CONTROL_KEYS", "MARK_KEYS", "REFUSAL_KINDS", "VisionRefusal", "fix", "forward_keys",
-           "inner_vlm", "param_names", "required", "structural_refusal", "token"]
+           "inner_vlm", "param_names", "refusal", "required", "structural_refusal", "token"]
 
 # Forward keywords that are not a document's vision inputs: text, caches, outputs, options of the encoders.
 CONTROL_KEYS = frozenset({
@@ -101,6 +101,11 @@ def fix(model: torch.nn.Module) -> str:
     attn = "sdpa" if all(m._supports_sdpa for m in sub_models) else "eager"
     return (f"train {model.config.model_type} with one document per row (no packing: TRL's SFTTrainer with "
             f"packing=False, attn_implementation='{attn}')")
+
+
+def refusal(model: torch.nn.Module, kind: str, what: str) -> VisionRefusal:
+    """A refusal of ``kind`` (:data:`REFUSAL_KINDS`) naming the family, what was read (``what``) and :func:`fix`."""
+    return VisionRefusal(kind, f"{model.config.model_type}: {what}; {fix(model)}")
 
 
 def structural_refusal(model: torch.nn.Module, inner: torch.nn.Module | None) -> VisionRefusal | None:

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.analytic import distributions as dist
 from benchmarks.analytic import schemes as sc
+from benchmarks.analytic import window_pairs as wp
 from benchmarks.analytic import windows as wn
 from benchmarks.report import windows as wrep
 from benchmarks.suites import windows as wrun
@@ -57,7 +58,7 @@ def test_window_pairs_match_enumeration() -> None:
     qb, kb = qa + rng.integers(0, 40, 400), ka + rng.integers(0, 40, 400)
     W = rng.integers(1, 50, 400)
     for w_opt in (None, "rand"):
-        got = [int(sc.window_pairs(qa[t], qb[t], ka[t], kb[t], None if w_opt is None else int(W[t])))
+        got = [int(wp.window_pairs(qa[t], qb[t], ka[t], kb[t], None if w_opt is None else int(W[t])))
                for t in range(400)]
         want = []
         for t in range(400):
@@ -72,16 +73,16 @@ def test_window_pairs_match_enumeration() -> None:
     for W_ in (1, 7, 50):
         a, b = np.array([0, 3, 10]), np.array([5, 60, 11])
         ref = [sum(min(x + 1, W_) for x in range(u, v)) for u, v in zip(a, b)]
-        assert list(sc.window_rows_work(a, b, W_)) == ref
-    assert sc.window_useful_pairs(np.array([3, 10]), 4) == (1 + 2 + 3) + (1 + 2 + 3 + 4 * 7)
-    assert sc.window_useful_pairs(np.array([3, 10]), None) == dist.useful_pairs(np.array([3, 10]))
+        assert list(wp.window_rows_work(a, b, W_)) == ref
+    assert wp.window_useful_pairs(np.array([3, 10]), 4) == (1 + 2 + 3) + (1 + 2 + 3 + 4 * 7)
+    assert wp.window_useful_pairs(np.array([3, 10]), None) == dist.useful_pairs(np.array([3, 10]))
 
 
 def test_segment_pair_matrix_without_window_is_pair_matrix() -> None:
     for L, P, _ in _layouts(20, seed=2):
         for C, owner in ((P, np.arange(P)), (2 * P, dist.zigzag_owner(P))):
-            d, a, b, c = sc.row_segments(L, C)
-            got = sc.segment_pair_matrix(d, a, b, owner[c], P, None)
+            d, a, b, c = wp.row_segments(L, C)
+            got = wp.segment_pair_matrix(d, a, b, owner[c], P, None)
             assert np.array_equal(got, dist.pair_matrix(dist.row_chunk_matrix(L, C), owner, P))
 
 
@@ -113,7 +114,7 @@ def test_te_windowed_work_matches_brute_force_on_padded_documents() -> None:
         w = _brute(padded, _te_owner(padded, P), P, W)
         s = sc.te_p2p(L, P, GQA, window=W)
         assert np.array_equal(s.work, w.sum(1)) and np.array_equal(ring_step_matrix(s), w)
-        assert s.useful_pairs == sc.window_useful_pairs(L, W) and s.T == L.sum()
+        assert s.useful_pairs == wp.window_useful_pairs(L, W) and s.T == L.sum()
         assert np.array_equal(s.bytes_intra + s.bytes_inter,
                               sc.te_p2p(L, P, GQA).bytes_intra + sc.te_p2p(L, P, GQA).bytes_inter)
 
@@ -227,7 +228,7 @@ def test_derived_hsap_figures_equal_the_planners() -> None:
         assert diff == 0
         for k in ("work", "recv_kv", "tokens", "bytes_intra", "bytes_inter"):
             assert np.allclose(getattr(a, k), getattr(b, k)), k
-        assert a.bytes_inter.sum() > 0 and a.useful_pairs == sc.window_useful_pairs(L, window)
+        assert a.bytes_inter.sum() > 0 and a.useful_pairs == wp.window_useful_pairs(L, window)
 
 
 # ----------------------------------------------------------------------------- the section

@@ -32,6 +32,7 @@ from workers.vlm import PER_TOKEN as _PER_TOKEN
 from workers.vlm import alone_backward, weights
 from workers import vlm_zoo_configs as VC
 from workers import vlm_zoo_docs as VD
+from workers.vlm_zoo_images import feature_module
 from workers import zoo
 
 DTYPE = torch.float64
@@ -135,7 +136,7 @@ def make_spec(model: torch.nn.Module, how: str, item_keys: tuple[str, ...] = ())
     if token is None:
         raise ValueError(f"{family}: no image_token_id / image_token_index in its config")
     if how == "grid":  # what vision_spec gives a grid family (hf_hsap.multimodal.grid), the image's extra keys too
-        inner = mm_structure.inner_vlm(model) or VD.feature_module(model)
+        inner = mm_structure.inner_vlm(model) or feature_module(model)
         video = mm_structure.token(model.config, "video_token_id", "video_token_index")
         spec = grid_spec(model, inner, family, token, video)
         image = dataclasses.replace(spec.layout.modalities[0], item_keys=("image_grid_thw", *item_keys))
