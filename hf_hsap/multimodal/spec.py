@@ -115,13 +115,13 @@ def _derive(model: torch.nn.Module) -> VisionSpec:
         return cross_spec(model)
     inner = inner_vlm(model)
     if is_audio_lm(inner):  # an audio-language model (Voxtral, AudioFlamingo 3, ...): its clips only
-        refusal = structural_refusal(model, None)
-        if refusal is not None and refusal.kind == "encoder-decoder":
-            raise refusal
+        refused = structural_refusal(model, None)
+        if refused is not None and refused.kind == "encoder-decoder":
+            raise refused
         return _with_uncarried(audio_spec(model, inner), forward_keys(model))
-    refusal = structural_refusal(model, inner)
-    if refusal is not None:
-        raise refusal
+    refused = structural_refusal(model, inner)
+    if refused is not None:
+        raise refused
     keys = forward_keys(model)
     derived = derived_spec(model, inner)
     if derived is not None:  # exact in the multimodal zoo in every mode, its encoder's rows checked every forward
