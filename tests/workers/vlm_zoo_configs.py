@@ -145,7 +145,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Granite Speech's Q-Former projector cross-attends to the conformer's rows (hidden_dim 32)
     "granite_speech": {"projector_config": {"encoder_hidden_size": 32}},
     "granite_speech_plus": {"projector_config": {"encoder_hidden_size": 32}},
-    "nemo_speechlm": {"word_timestamp_config": {"blank_token_id": 31}},  # the last of its 32 tiny classes
+    # the last of its 32 tiny classes; its diarization head reads the 32-wide diarization encoder
+    "nemo_speechlm": {"word_timestamp_config": {"blank_token_id": 31},
+                      "audio_config": {"diarization_config": {"head_config": {"audio_hidden_size": 32}}}},
     "omniasr": {"audio_config": {"conv_dim": [32] * 7}},  # its raw-audio feature encoder's channels
     # VibeVoice's two raw-audio tokenizer encoders: one block per stage, 8 filters (doubled per stage)
     "vibevoice_asr": {f"{kind}_tokenizer_encoder_config": {"depths": [1] * 7, "num_filters": 4}
