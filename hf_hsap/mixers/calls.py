@@ -153,7 +153,7 @@ class _Placed:
         full = [self._full(p) for p in parts]
         if many is None:
             return [self.rec.summarize(f) for f in full]
-        return many(full, ends=ends) if ends is not None and self.rerun else many(full)
+        return many(full) if ends is None else many(full, ends=ends)  # handoff.summaries gives ends to rerun ones
 
     def summarize(self, parts: list[torch.Tensor]) -> Summary:
         return self.rec.summarize(self._full(parts))
