@@ -156,12 +156,17 @@ def _splits(peers: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _cat(op: SegmentOp, chain: Chain, outs: list[torch.Tensor]) -> torch.Tensor:
-    """The segments' outputs in local order, as ``[B, ..., L, ...]`` (rows stacked)."""
+def _cat(op: SegmentOp, chain: Chain, outs: list[torch.Tensor], *, dim: int | None = None) -> torch.Tensor:
+    """The segments' tensors (outputs, or an input's gradients along its token dimension ``dim``; default: the
+    output's) in local order, as ``[B, ..., L, ...]`` (rows stacked, contiguous; one segment's tensor uncopied
+    where it is contiguous already)."""
+    if len(outs) == 1:
+        return outs[0].contiguous()
     per_row: list[list[torch.Tensor]] = [[] for _ in range(op.rows)]
     for seg, out in zip(chain.segments, outs):
         per_row[seg.start // op.length].append(out)
-    return torch.cat([torch.cat(r, dim=op.out_dim) for r in per_row], dim=0)
+    d = op.out_dim if dim is None else dim
+    return torch.cat([torch.cat(r, dim=d) for r in per_row], dim=0)
 
 
 def run_with_final(op: SegmentOp, chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,12 +364,12 @@ class _Summaries(torch.autograd.Function):
                         if d is None and t.requires_grad]
         inputs = [p for _, _, p in token_leaves] + [t for _, t in param_leaves]
         grads = torch.autograd.grad(ys, inputs, gys, allow_unused=True) if ys and inputs else [None] * len(inputs)
-        merged: list[torch.Tensor | None] = [None] * len(op.token_dims)
+        per_run: dict[int, list[torch.Tensor]] = {}  # an input's gradient per run (every run cuts every input)
         for (i, j, p), g in zip(token_leaves, grads):
-            if merged[j] is None:
-                merged[j] = torch.zeros_like(ctx.leaves[j])
-            if g is not None:
-                op.slice(segs[i], merged[j], op.token_dims[j]).copy_(g)
+            per_run.setdefault(j, []).append(g if g is not None else torch.zeros_like(p))
+        merged: list[torch.Tensor | None] = [None] * len(op.token_dims)
+        for j, gs_j in per_run.items():  # the runs tile the rows: their gradients joined, not copied into zeros
+            merged[j] = _cat(op, chain, gs_j, dim=op.token_dims[j])
         for (j, _), g in zip(param_leaves, grads[len(token_leaves):]):
             merged[j] = g
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)

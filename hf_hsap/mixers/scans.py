@@ -72,9 +72,11 @@ class _Mamba2:
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
         log_decay, Cs, zs, dtype = summary.carry
-        heads = log_decay.shape[-1]
-        C = Cs.to(init.dtype).repeat_interleave(heads // Cs.shape[2], dim=2)  # [1, n, H, N]
-        y = summary.out.to(init.dtype) + torch.exp(log_decay)[..., None] * torch.einsum("bthn,bhpn->bthp", C, init)
+        b, n, groups, _ = Cs.shape
+        heads, p = init.shape[1], init.shape[2]
+        # heads grouped as the kernel shares C among them (no [1, n, H, N] copy of C): [1, n, G, H / G, P]
+        ct = torch.einsum("btgn,bgkpn->btgkp", Cs.to(init.dtype), init.reshape(b, groups, heads // groups, p, -1))
+        y = torch.addcmul(summary.out.to(init.dtype), torch.exp(log_decay)[..., None], ct.reshape(b, n, heads, p))
         if zs is not None:
             y = y * F.silu(zs.to(init.dtype))
         return y.to(dtype)
