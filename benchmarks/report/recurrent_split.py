@@ -61,23 +61,6 @@ def _model_lines(res: dict[str, Any]) -> list[str]:
                       "bytes per summary"], body)]
 
 
-def _allocator_text(res: dict[str, Any]) -> str:
-    """How the ranks allocated memory, and the goal's figures again with the other allocator (same run)."""
-    al = res.get("allocators")
-    if al is None:
-        return ""
-    env = " ".join(f"`{k}={v}`" for k, v in al["env"].items()) or "glibc's defaults"
-    text = (f" The ranks allocate host memory with {env} (`benchmarks/suites/allocator.py`): glibc keeps what it "
-            "frees, as the GPU's caching allocator does, instead of mapping every step's activations in again.")
-    check = al.get("check")
-    if check:
-        figs = [f"{LABELS[n]} {m['cpu_ratio']:.2f}" for n, m in check["models"].items() if m["cpu_ratio"] is not None]
-        text += (f" The same SP {check['sp']} rows on fresh ranks with glibc's default allocator, same run: A / B "
-                 f"{', '.join(figs)} (the page faults of its trimmed heap, counted as system time, land unevenly on "
-                 "the two rows).")
-    return text
-
-
 def split_section(res: dict[str, Any]) -> str:
     """The markdown of the split-document section (module docstring)."""
     cfg, t = res["config"], res["config"]["tokens"]
@@ -101,8 +84,7 @@ def split_section(res: dict[str, Any]) -> str:
              "the rank spends inside the summary exchanges (`StateExchange.exchange`), i.e. waiting for the other "
              "ranks. A / B: of the busiest rank (the largest median over ranks). Each row's loss at SP P equals the "
              f"same model's loss at SP 1 on the same row within {res['loss_err']:.1e} (relative). Goal: A / B at "
-             f"most {GOAL['ratio']} at SP {GOAL['sp']} for the gated delta rule and Mamba2: {goal}."
-             + _allocator_text(res)]
+             f"most {GOAL['ratio']} at SP {GOAL['sp']} for the gated delta rule and Mamba2: {goal}."]
     lines += _model_lines(res)
     for mode, data in res["modes"].items():
         label = MODE_LABELS.get(mode, mode)
@@ -162,6 +144,6 @@ def split_headline(res: dict[str, Any]) -> list[str]:
     return ["", f"Command: `{HYBRID_CMD}` (second step): recurrent-only models ({res['config']['sizes']['layers']} "
             f"layers, hidden {res['config']['sizes']['hidden']}); step time (busiest rank's CPU time) of one "
             f"document of {res['config']['tokens']:,} tokens split over the SP group (A) / P whole documents, one "
-            "per rank (B), in each mode." + goal + _allocator_text(res)
+            "per rank (B), in each mode." + goal
             + (f" Not measured yet: {', '.join(missing)}." if missing else ""), "",
             rp.table(["model", *heads, "exchanged bytes = formula"], body)]

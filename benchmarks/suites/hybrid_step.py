@@ -33,7 +33,6 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import hybrid_workers as hw
-from .allocator import spawn_env
 from .output import RESULTS, Outcome, step_main
 
 DEFAULT_OUT = RESULTS / "hybrid_step.json"
@@ -53,8 +52,6 @@ class HybridStepConfig:
             documents. pad_to: the row length's multiple. reps: timed rounds (0: memory and bytes only).
             seed: weights and tokens. loss_tol: largest difference of a model's loss at SP n from its loss at SP 1.
             priced_tol: largest relative difference of the priced plan's loss from the hybrid's (same model, row).
-            allocator: how the ranks allocate host memory (a key of :data:`~benchmarks.suites.allocator.ALLOCATORS`;
-            the default keeps freed memory, as the GPU's caching allocator does).
     """
 
     sp_sizes: tuple[int, ...] = (1, 2, 4)
@@ -69,7 +66,6 @@ class HybridStepConfig:
     seed: int = 0
     loss_tol: float = 1e-4
     priced_tol: float = 1e-5
-    allocator: str = "keep"
 
     def quick(self) -> "HybridStepConfig":
         """Tiny sizes at SP 1 and 2, no timing: a smoke run of a few seconds (a document split at SP 2)."""
@@ -177,20 +173,18 @@ def run_hybrid_step(cfg: HybridStepConfig, pools: DistPools | None = None,
     """
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     own = pools is None
+    pools = DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) if own else pools
     tokens = -(-sum(cfg.lengths) // cfg.pad_to) * cfg.pad_to
     rows = []
-    with spawn_env(cfg.allocator):  # the ranks start inside (pools spawn on first use)
-        pools = DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) if own else pools
-        try:
-            for sp_size in cfg.sp_sizes:
-                ranks = pools.get(sp_size, timeout_s=timeout_s).run(hw.run_sp, dataclasses.asdict(cfg), sp_size,
-                                                                     cfg.reps)
-                rows.append(_summary(sp_size, ranks))
-                for name in hw.VARIANTS:
-                    assert sum(rows[-1][name]["tokens"]) == tokens, f"{name}: {rows[-1][name]['tokens']} tokens"
-        finally:
-            if own:
-                pools.close()
+    try:
+        for sp_size in cfg.sp_sizes:
+            ranks = pools.get(sp_size, timeout_s=timeout_s).run(hw.run_sp, dataclasses.asdict(cfg), sp_size, cfg.reps)
+            rows.append(_summary(sp_size, ranks))
+            for name in hw.VARIANTS:
+                assert sum(rows[-1][name]["tokens"]) == tokens, f"{name}: {rows[-1][name]['tokens']} tokens"
+    finally:
+        if own:
+            pools.close()
     loss_err = {name: max(abs(r[name]["loss"] - rows[0][name]["loss"]) for r in rows) for name in hw.VARIANTS}
     for name, err in loss_err.items():
         assert err <= cfg.loss_tol, f"{name}: the loss moves by {err} across SP sizes"

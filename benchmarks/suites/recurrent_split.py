@@ -10,9 +10,7 @@ warm-up) and the wall time spent inside the summary exchanges (its wait for the 
 SP size: A / B of the busiest rank's CPU time and of the wall time, the wait per rank, and the summary bytes per
 layer measured at the exchange (summed over ranks, forward and backward) against ``summaries x row bytes``
 (:func:`benchmarks.suites.recurrent_split_workers.summary_rows`). Each row's loss at SP P is checked against the same
-model's loss at SP 1 on the same row. The ranks keep the memory they free, as the GPU's caching allocator does
-(:mod:`benchmarks.suites.allocator`); the summary exchange's SP 2 rows are measured again with glibc's default
-allocator on fresh ranks and reported beside. Each mode of :data:`~benchmarks.suites.recurrent_split_workers.MODES` has its
+model's loss at SP 1 on the same row. Each mode of :data:`~benchmarks.suites.recurrent_split_workers.MODES` has its
 slot in the results; a mode that is not built yet is recorded as not measured.
 
 Usage: ``python -m benchmarks hybrid [--quick]`` runs it after the hybrid step (``bash scripts/bench_hybrid.sh``), or
@@ -34,7 +32,6 @@ from typing import Any, Sequence
 from hf_hsap.testing import DistPools
 
 from . import recurrent_split_workers as rw
-from .allocator import ALLOCATORS, spawn_env
 from .output import RESULTS, Outcome, step_main
 
 DEFAULT_OUT = RESULTS / "recurrent_split.json"
@@ -61,10 +58,7 @@ class RecurrentSplitConfig:
             own config fields (:func:`~benchmarks.suites.recurrent_split_workers.model_config`). vocab: the
             vocabulary. placement: the planner's placement for both rows. reps: timed rounds (0: bytes and losses
             only). seed: weights and tokens. loss_tol: largest relative difference of a row's loss at SP P from its
-            loss at SP 1. allocator: how the ranks allocate host memory (a key of
-            :data:`~benchmarks.suites.allocator.ALLOCATORS`). check_allocator: the other allocator the summary
-            exchange's rows at SP ``check_sp`` are measured with again, in the same run (``None``: not measured;
-            timed runs with their own pools only).
+            loss at SP 1.
     """
 
     sp_sizes: tuple[int, ...] = (2, 4)
@@ -76,9 +70,6 @@ class RecurrentSplitConfig:
     reps: int = 3
     seed: int = 0
     loss_tol: float = 1e-4
-    allocator: str = "keep"
-    check_allocator: str | None = "glibc_default"
-    check_sp: int = 2
 
     def quick(self) -> "RecurrentSplitConfig":
         """Tiny models and rows at SP 2 and 4, no timing: a smoke run of seconds (A's document still split; every
@@ -166,22 +157,6 @@ def _model_row(sp_size: int, name: str, ranks: list[dict[str, Any]], ref: dict[s
     return out
 
 
-def _allocator_check(cfg: RecurrentSplitConfig, args: dict[str, Any], ref: dict[str, dict[str, float]],
-                     timeout_s: float) -> dict[str, Any]:
-    """The summary exchange's rows at SP ``cfg.check_sp`` again, on fresh ranks spawned with
-    ``cfg.check_allocator``.
-
-    Returns:
-        ``{"allocator", "env", "sp", "models": {name: the row of :func:`_model_row`}}``.
-    """
-    mode = "summary_exchange"
-    with spawn_env(cfg.check_allocator) as env, DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) as pools:
-        ranks = pools.get(cfg.check_sp, timeout_s=timeout_s).run(rw.run_split, args, cfg.check_sp, mode)
-        rows = {name: _model_row(cfg.check_sp, name, [r[name] for r in ranks], ref[name], mode)
-                for name in cfg.models}
-        return {"allocator": cfg.check_allocator, "env": dict(env), "sp": cfg.check_sp, "models": rows}
-
-
 def run_recurrent_split(cfg: RecurrentSplitConfig, pools: DistPools | None = None,
                         timeout_s: float = 3600.0) -> dict[str, Any]:
     """Every SP size and model of ``cfg`` in each built mode (module docstring).
@@ -193,32 +168,26 @@ def run_recurrent_split(cfg: RecurrentSplitConfig, pools: DistPools | None = Non
     Returns:
         ``{"config", "models": {name: {"config": the family's fields, "formula", "params"}}, "modes": {mode:
         {"status": "measured" | "not built", "rows": [{"sp", "models": {name: {"A", "B", "cpu_ratio",
-        "wall_ratio", ...}}}]}}, "loss_err": largest relative loss difference from SP 1, "allocators": {"measured",
-        "env", "check": :func:`_allocator_check`'s or ``None``}, "seconds", "load": the 1-minute load average at the
-        start and the end, "cpus"}``.
+        "wall_ratio", ...}}}]}}, "loss_err": largest relative loss difference from SP 1, "seconds", "load": the
+        1-minute load average at the start and the end, "cpus"}``.
     """
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     own = pools is None
+    pools = DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) if own else pools
     args = dataclasses.asdict(cfg)
     modes: dict[str, dict[str, Any]] = {m: {"status": "not built", "rows": []} for m in rw.MODES}
-    refs: dict[int, dict[str, dict[str, float]]] = {}
-    with spawn_env(cfg.allocator):  # the ranks start inside (pools spawn on first use)
-        pools = DistPools(timeout_s=timeout_s, pg_timeout_s=timeout_s) if own else pools
-        try:
-            for sp_size in cfg.sp_sizes:
-                ref = refs[sp_size] = pools.get(1, timeout_s=timeout_s).run(rw.reference_loss, args, sp_size)[0]
-                for mode in rw.MODE_SETUP:
-                    ranks = pools.get(sp_size, timeout_s=timeout_s).run(rw.run_split, args, sp_size, mode)
-                    modes[mode]["status"] = "measured"
-                    modes[mode]["rows"].append({"sp": sp_size, "models": {
-                        name: _model_row(sp_size, name, [r[name] for r in ranks], ref[name], mode)
-                        for name in cfg.models}})
-        finally:
-            if own:
-                pools.close()
-    check = None
-    if own and cfg.reps and cfg.check_allocator is not None and cfg.check_sp in refs:
-        check = _allocator_check(cfg, args, refs[cfg.check_sp], timeout_s)
+    try:
+        for sp_size in cfg.sp_sizes:
+            ref = pools.get(1, timeout_s=timeout_s).run(rw.reference_loss, args, sp_size)[0]
+            for mode in rw.MODE_SETUP:
+                ranks = pools.get(sp_size, timeout_s=timeout_s).run(rw.run_split, args, sp_size, mode)
+                modes[mode]["status"] = "measured"
+                modes[mode]["rows"].append({"sp": sp_size, "models": {
+                    name: _model_row(sp_size, name, [r[name] for r in ranks], ref[name], mode)
+                    for name in cfg.models}})
+    finally:
+        if own:
+            pools.close()
     errs = [m[row]["loss_rel_err"] for mode in modes.values() for r in mode["rows"] for m in r["models"].values()
             for row in rw.ROWS]
     loss_err = max(errs)
@@ -227,7 +196,6 @@ def run_recurrent_split(cfg: RecurrentSplitConfig, pools: DistPools | None = Non
     models = {name: {"config": cfg.sizes[name], "formula": first[name]["formula"], "params": first[name]["params"]}
               for name in cfg.models}
     return {"config": args, "models": models, "modes": modes, "loss_err": loss_err,
-            "allocators": {"measured": cfg.allocator, "env": ALLOCATORS[cfg.allocator], "check": check},
             "seconds": time.perf_counter() - t0, "load": [load0, os.getloadavg()[0]], "cpus": os.cpu_count()}
 
 
