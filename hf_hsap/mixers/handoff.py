@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
 from ..comm.p2p import P2PExecutor
 from ..plan.chain import Chain, Segment
+from .edges import OutputEdge, run_inputs
 from .subnormals import flush_subnormals
 
 __all__ = ["Recurrence", "SegmentOp", "StateExchange", "Summary", "run_segments", "run_with_final", "summaries",
@@ -255,20 +256,20 @@ class _Summaries(torch.autograd.Function):
                 ) -> torch.Tensor:
         rec, segs = op.recurrence, chain.segments
         grad = any(t.requires_grad for t in tensors)
+        rerun = bool(getattr(rec, "rerun", False))
         leaves = [t.detach().requires_grad_(t.requires_grad) if d is None else t.detach()
                   for t, d in zip(tensors, op.token_dims)]
-        parts = [[p.detach().requires_grad_(t.requires_grad) if d is not None else p
-                  for p, t, d in zip(op.cut(seg, leaves), tensors, op.token_dims)] for seg in segs]
         # each run's own graph keeps its tensors: under activation checkpointing (or offloading) the backward below
         # would otherwise recompute the whole layer, exchanges included, in a nested graph task out of step with the
         # other ranks
         with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            parts, ctx.inputs = run_inputs(segs, op.cut, leaves, [t.requires_grad for t in tensors],
+                                           op.token_dims)
             first = [i for i, seg in enumerate(segs) if not seg.continued]
             cont = [i for i, seg in enumerate(segs) if seg.continued]
             sums: list[Summary] = [None] * len(segs)  # type: ignore[list-item]
             for i, (out, final) in zip(first, zero_runs(rec, [parts[i] for i in first]) if first else []):
                 sums[i] = Summary(out, final.to(rec.state_dtype))
-            rerun = bool(getattr(rec, "rerun", False))
             with torch.set_grad_enabled(grad and not rerun):
                 got_sums = summaries(rec, [parts[i] for i in cont], ends=[not segs[i].later for i in cont]
                                      ) if cont else []
@@ -284,7 +285,8 @@ class _Summaries(torch.autograd.Function):
                      for p, doc, run in chain.sends()]
             got = exchange.exchange(sends, [(p, (doc, run)) for p, doc, run in chain.receives()], like)
             received = {key: row.detach().requires_grad_(grad) for key, row in got.items()}
-            outs, reruns = [], {}
+            outs: list[torch.Tensor | None] = []
+            states, reruns = {}, {}
             for k, (seg, s) in enumerate(zip(segs, sums)):
                 if not seg.continued:
                     outs.append(s.out)
@@ -296,33 +298,53 @@ class _Summaries(torch.autograd.Function):
                     else:
                         b, a = _unpack(rec, received[seg.doc, i])
                     state = b if state is None else rec.transit(a, state) + b
-                outs.append(rec.correct(s, state))
-                if rerun:  # the output itself: the kernel from the true initial state, its graph kept for backward
-                    with torch.set_grad_enabled(grad):
-                        reruns[k] = rec.run(parts[k], state.detach())
-        ctx.op, ctx.chain, ctx.exchange, ctx.like, ctx.rerun = op, chain, exchange, like, rerun
-        ctx.leaves, ctx.parts, ctx.sums, ctx.outs, ctx.received = leaves, parts, sums, outs, received
-        ctx.reruns = reruns
-        return _cat(op, chain, [reruns[k][0].detach() if k in reruns else o.detach() for k, o in enumerate(outs)])
+                if not rerun:
+                    outs.append(rec.correct(s, state))
+                    continue
+                # the output itself: the kernel from the true initial state, its graph kept for backward; the
+                # correction the initial state's gradient reads is formed in backward from the folded state
+                outs.append(None)
+                states[k] = state
+                with torch.set_grad_enabled(grad):
+                    reruns[k] = rec.run(parts[k], state.detach())
+        result = _cat(op, chain, [reruns[k][0].detach() if k in reruns else o.detach() for k, o in enumerate(outs)])
+        for s in sums:  # the outputs are read at their edges; a correction's graph keeps what it reads
+            s.out = None
+            s.carry = s.carry if rerun else None
+        # the call without its tensors, which the plain model may free once the kernels have copied what they need
+        ctx.op, ctx.chain, ctx.exchange, ctx.like, ctx.rerun = replace(op, tensors=[]), chain, exchange, like, rerun
+        ctx.params = [t if d is None else None for t, d in zip(leaves, op.token_dims)]
+        ctx.sums, ctx.received, ctx.states = sums, received, states
+        ctx.outs = [OutputEdge.of(o) for o in outs]
+        ctx.reruns = {k: (OutputEdge.of(o), OutputEdge.of(f)) for k, (o, f) in reruns.items()}
+        return result
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         op, chain, rec = ctx.op, ctx.chain, ctx.op.recurrence
         segs, outs, received = chain.segments, ctx.outs, ctx.received
-        g_outs = [op.slice(seg, grad_out).to(o.dtype) for seg, o in zip(segs, outs)]
+        g_outs = [op.slice(seg, grad_out) for seg in segs]
         # 1. the gradients of the summaries this rank received (and, rerun, of its own runs' summaries, which later
         # runs here may fold: a rerun output is cut from its initial state, so the folds carry that gradient):
-        # through its folds and corrections only
-        rerun = [i for i, seg in enumerate(segs) if seg.continued and ctx.rerun]
+        # through its folds and corrections only (a rerun run's correction formed here: its initial state's term)
+        lin: dict[int, Any] = {}
+        with torch.enable_grad():
+            for i, seg in enumerate(segs):
+                if seg.continued and i in ctx.states:
+                    y = rec.correct(Summary(None, None, None, ctx.sums[i].carry), ctx.states[i])
+                    lin[i] = OutputEdge(y, y.dtype) if y.requires_grad else None  # the tensor itself: it lives here only
+                elif seg.continued:
+                    lin[i] = outs[i]
+        cont = [i for i, y in lin.items() if y is not None]
         local = [(i, y) for i in (range(len(segs)) if ctx.rerun else ())
                  for y in (ctx.sums[i].final, ctx.sums[i].transition) if y is not None and y.requires_grad]
         keys = list(received)
-        cont = [i for i, seg in enumerate(segs) if seg.continued and outs[i].requires_grad]
         back: dict[Any, torch.Tensor] = {}
         local_gb: dict[int, torch.Tensor] = {}
         if (keys or local) and cont:
-            gs = torch.autograd.grad([outs[i] for i in cont], [received[k] for k in keys] + [y for _, y in local],
-                                     [g_outs[i] for i in cont], retain_graph=True, allow_unused=True)
+            gs = torch.autograd.grad([lin[i].edge for i in cont], [received[k] for k in keys] + [y for _, y in local],
+                                     [g_outs[i].to(lin[i].dtype) for i in cont], retain_graph=True,
+                                     allow_unused=True)
             back = {k: g if g is not None else torch.zeros_like(received[k]) for k, g in zip(keys, gs)}
             for (i, y), g in zip(local, gs[len(keys):]):
                 if g is not None and y is ctx.sums[i].final:
@@ -340,7 +362,7 @@ class _Summaries(torch.autograd.Function):
         ys, gys = [], []
         for i, (seg, s) in enumerate(zip(segs, ctx.sums)):
             g = g_rows.get((seg.doc, seg.run))
-            if i in rerun:
+            if i in ctx.reruns:
                 g_final = None if g is None else _unpack(rec, g)[0]
                 if i in local_gb:
                     g_final = local_gb[i] if g_final is None else g_final + local_gb[i]
@@ -348,9 +370,9 @@ class _Summaries(torch.autograd.Function):
                     ys.append(y)
                     gys.append(gy)
                 continue
-            if outs[i].requires_grad:
-                ys.append(outs[i])
-                gys.append(g_outs[i])
+            if outs[i] is not None:
+                ys.append(outs[i].edge)
+                gys.append(g_outs[i].to(outs[i].dtype))
             gb, ga = _unpack(rec, g) if g is not None else (None, None)
             if i in local_gb:  # its final state, folded by a rerun run here
                 gb = local_gb[i] if gb is None else gb + local_gb[i]
@@ -358,35 +380,33 @@ class _Summaries(torch.autograd.Function):
                 if gy is not None and y is not None and y.requires_grad:
                     ys.append(y)
                     gys.append(gy.to(y.dtype))
-        token_leaves = [(i, j, p) for i, ps in enumerate(ctx.parts) for j, (p, d) in
-                        enumerate(zip(ps, op.token_dims)) if d is not None and p.requires_grad]
-        param_leaves = [(j, t) for j, (t, d) in enumerate(zip(ctx.leaves, op.token_dims))
-                        if d is None and t.requires_grad]
-        inputs = [p for _, _, p in token_leaves] + [t for _, t in param_leaves]
+        token_inputs = [(j, x) for run in ctx.inputs for j, x in enumerate(run) if x is not None]
+        param_leaves = [(j, t) for j, t in enumerate(ctx.params) if t is not None and t.requires_grad]
+        inputs = [x.edge for _, x in token_inputs] + [t for _, t in param_leaves]
         grads = torch.autograd.grad(ys, inputs, gys, allow_unused=True) if ys and inputs else [None] * len(inputs)
         per_run: dict[int, list[torch.Tensor]] = {}  # an input's gradient per run (every run cuts every input)
-        for (i, j, p), g in zip(token_leaves, grads):
-            per_run.setdefault(j, []).append(g if g is not None else torch.zeros_like(p))
+        for (j, x), g in zip(token_inputs, grads):
+            per_run.setdefault(j, []).append(g if g is not None else x.zeros())
         merged: list[torch.Tensor | None] = [None] * len(op.token_dims)
         for j, gs_j in per_run.items():  # the runs tile the rows: their gradients joined, not copied into zeros
             merged[j] = _cat(op, chain, gs_j, dim=op.token_dims[j])
-        for (j, _), g in zip(param_leaves, grads[len(token_leaves):]):
+        for (j, _), g in zip(param_leaves, grads[len(token_inputs):]):
             merged[j] = g
         needs = ctx.needs_input_grad[3:]  # (op, chain, exchange, *tensors)
-        ctx.parts = ctx.sums = ctx.outs = ctx.received = ctx.reruns = None
+        ctx.inputs = ctx.sums = ctx.outs = ctx.received = ctx.reruns = ctx.states = None
         return (None, None, None, *[g if need else None for g, need in zip(merged, needs)])
 
 
-def _rerun_pairs(rerun: tuple[torch.Tensor, torch.Tensor], *, g_out: torch.Tensor,
-                 g_final: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _rerun_pairs(rerun: tuple[OutputEdge | None, OutputEdge | None], *, g_out: torch.Tensor,
+                 g_final: torch.Tensor | None) -> list[tuple[Any, torch.Tensor]]:
     """A continued run's backward through its kernel rerun from its true initial state (forward): ``(output, its
     gradient)`` and ``(final state, its gradient)``, what its summary's gradients amount to. Every consumer folds
     ``S' = A S0 + B`` with the same ``S0``, so the transition's gradient is the final state's times ``S0^T``: the
-    rerun's ``A S0 + B`` carries both (pairs for the one local backward)."""
+    rerun's ``A S0 + B`` carries both (edge and gradient pairs for the one local backward)."""
     out, final = rerun
-    pairs = [(out, g_out.to(out.dtype))] if out.requires_grad else []
-    if g_final is not None and final.requires_grad:
-        pairs.append((final, g_final.to(final.dtype)))
+    pairs = [(out.edge, g_out.to(out.dtype))] if out is not None else []
+    if g_final is not None and final is not None:
+        pairs.append((final.edge, g_final.to(final.dtype)))
     return pairs
 
 

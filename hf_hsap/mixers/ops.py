@@ -8,7 +8,8 @@ document from its true initial state (:func:`~.handoff.run_segments`). Each kern
 output takes from the folded initial state:
 
 - ``causal_conv1d_fn``: the state is the run's last ``kernel - 1`` inputs (several earlier runs when they are
-  shorter), the transition a shift; a continued run recomputes its first ``kernel - 1`` outputs over them;
+  shorter), the transition a shift; a continued run's output is the kernel rerun over them and its own inputs
+  (:class:`_Conv`);
 - ``chunk_gated_delta_rule`` / ``chunk_kda``: one call from the initial state ``I`` gives the transition
   (``[heads, d_k, d_k]``) and the query the initial state sees; a continued run's output is the kernel rerun from its
   true initial state (:class:`_DeltaRule`);
@@ -39,8 +40,12 @@ __all__ = ["LAYER_OPS", "OPS"]
 
 class _Conv:
     """``causal_conv1d_fn`` on one run ``(x [1, C, n], weight [C, k], bias, activation)``: the state is the run's last
-    ``k - 1`` inputs; a continued run recomputes its first ``min(n, k - 1)`` outputs over the inputs before it (the
-    activation is not affine). The transition shifts the state by ``n`` (zero once ``n >= k - 1``)."""
+    ``k - 1`` inputs, the transition shifts it by ``n`` (zero once ``n >= k - 1``); both come from the inputs
+    without a kernel call. A continued run's output is the kernel rerun over the inputs before it and its own
+    (``rerun``; the activation is not affine), and its correction recomputes its first ``min(n, k - 1)`` outputs,
+    which are all its initial state reaches."""
+
+    rerun = True
 
     def __init__(self, orig: Callable, act: Any, rest: dict[str, Any], channels: int, k: int,
                  dtype: torch.dtype) -> None:
@@ -48,16 +53,20 @@ class _Conv:
         self.state_shape, self.transition_shape, self.state_dtype = (1, channels, k - 1), (k - 1, k - 1), dtype
 
     def _tail(self, init: torch.Tensor | None, xs: torch.Tensor) -> torch.Tensor:
-        ctx = torch.cat([xs.new_zeros((*xs.shape[:2], self.k - 1)) if init is None else init.to(xs.dtype), xs], -1)
-        return ctx[..., ctx.shape[-1] - (self.k - 1):]
+        """The last ``k - 1`` inputs of ``[init | xs]`` (zeros for ``None``), a small copy: a view would keep the
+        whole input alive as long as the state."""
+        m = self.k - 1
+        ctx = torch.cat([xs.new_zeros((*xs.shape[:2], m)) if init is None else init.to(xs.dtype),
+                         xs[..., max(0, xs.shape[-1] - m):]], -1)
+        return ctx[..., ctx.shape[-1] - m:].contiguous()
 
     def run(self, t: list, init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ws, bs = t
         if init is None:
             out = self.orig(xs, ws, bs, activation=self.act, **self.rest)
-        else:  # the previous k - 1 inputs first, their outputs dropped
+        else:  # the previous k - 1 inputs first, their outputs dropped (a copy: the longer output is freed)
             out = self.orig(torch.cat([init.to(xs.dtype), xs], dim=-1), ws, bs, activation=self.act,
-                            **self.rest)[..., self.k - 1:]
+                            **self.rest)[..., self.k - 1:].contiguous()
         return out, self._tail(init, xs)
 
     def run_many(self, parts: list[list]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,9 +79,17 @@ class _Conv:
     def summarize(self, t: list) -> Summary:
         return self.summarize_many([t])[0]
 
-    def summarize_many(self, parts: list[list]) -> list[Summary]:
-        return [Summary(out, final, self._shift(p[0].shape[-1], p[0].device), p)
-                for (out, final), p in zip(self.run_many(parts), parts)]
+    def summarize_many(self, parts: list[list], ends: list[bool] | None = None) -> list[Summary]:
+        """Every continued run's final state from zero and transition (none for a run no later run continues, per
+        ``ends``), and the inputs its correction reads (its first ``k - 1``)."""
+        ends = [False] * len(parts) if ends is None else ends
+        out = []
+        for (xs, ws, bs), end in zip(parts, ends):
+            n = xs.shape[-1]
+            carry = (xs[..., :min(n, self.k - 1)].clone(), ws, bs, n)
+            out.append(Summary(None, None, None, carry) if end else
+                       Summary(None, self._tail(None, xs), self._shift(n, xs.device), carry))
+        return out
 
     def _shift(self, n: int, device: torch.device) -> torch.Tensor:
         """The transition of a run of ``n`` tokens: ``S' = S @ shift`` moves ``S[..., j + n]`` to ``j``."""
@@ -83,10 +100,11 @@ class _Conv:
         return shift
 
     def correct(self, summary: Summary, init: torch.Tensor) -> torch.Tensor:
-        xs, ws, bs = summary.carry
-        m = min(xs.shape[-1], self.k - 1)
-        head = self.run([xs[..., :m], ws, bs], init)[0]
-        return torch.cat([head, summary.out[..., m:]], dim=-1)
+        """The run's first ``min(n, k - 1)`` outputs from ``init``, zero after them: its output's dependence on its
+        initial state (what the initial state's gradient reads)."""
+        head_in, ws, bs, n = summary.carry
+        head = self.run([head_in, ws, bs], init)[0]
+        return F.pad(head, (0, n - head.shape[-1]))
 
     def transit(self, transition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         return state @ transition.to(state.dtype)
@@ -139,8 +157,8 @@ class _DeltaRule:
         return self.summarize_many([t])[0]
 
     def summarize_many(self, parts: list[list], ends: list[bool] | None = None) -> list[Summary]:
-        """Every run's summary; ``ends[i]``: run ``i`` is continued by no later run (its transition and final state
-        are not computed, nor its zero-state output)."""
+        """Every run's summary without its zero-state output (the rerun gives the output); ``ends[i]``: run ``i`` is
+        continued by no later run (its transition and final state are not computed either)."""
         ends = [False] * len(parts) if ends is None else ends
         out: list[Summary] = [None] * len(parts)  # type: ignore[list-item]
         for last in (False, True):
@@ -151,8 +169,8 @@ class _DeltaRule:
         return out
 
     def _summaries(self, parts: list[list], *, whole: bool) -> list[Summary]:
-        """One batched summarising call (:meth:`summarize_many`); ``whole``: with the zero-state output and final
-        state (the value widened) or not (the value all zero columns)."""
+        """One batched summarising call (:meth:`summarize_many`); ``whole``: with the final state from zero and the
+        transition (the value widened) or not (the value all zero columns)."""
         sd, dv = self.state_dtype, self.dv if whole else 0
 
         def call(t: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,10 +185,10 @@ class _DeltaRule:
 
         def split(r: tuple, row: int, n: int, _: int) -> Summary:
             out, final = r[0][row:row + 1, :n], r[1][row:row + 1]
-            carry = (out[..., dv:], parts[0][0].dtype)
+            carry = (out[..., dv:].contiguous(), parts[0][0].dtype)  # not the widened output: only q~ is kept
             if not whole:
                 return Summary(None, None, None, carry)
-            return Summary(out[..., :dv], final[..., :dv], final[..., dv:], carry)
+            return Summary(None, final[..., :dv], final[..., dv:], carry)
 
         return batched_runs(parts, (1,) * 5, left=False, call=call, split=split)
 

@@ -24,3 +24,15 @@ def test_summaries_match_one_process(pools, world: int, placement: str) -> None:
         # one exchange forward (its summaries) and one backward (the gradients of those it received), one message
         # per peer each: no chain of steps
         assert res["sent_rows"] == res["mine"] + res["theirs"] and res["messages"] == res["peers"], res
+
+
+@pytest.mark.parametrize("rerun", [False, True])
+def test_split_runs_hold_no_activation_of_the_caller(pools, rerun: bool) -> None:
+    """The hand-off keeps its runs' inputs and outputs as graph edges: a layer input cut from a larger activation
+    leaves it to be freed after the forward (the whole row's kernel keeps nothing of it either), and the result is
+    still exact, for corrected and rerun continued runs."""
+    results = pools(2, TIMEOUT_S).run(W.activation_freed, rerun)
+    assert sum(r["continued"] for r in results) > 0
+    for res in results:
+        assert not res["held"], res
+        assert max(res["out"], res["dx"], res["dw"]) < 1e-12, res

@@ -51,6 +51,20 @@ class MatrixRecurrence:
         return transition @ state
 
 
+def _one_process(rec, seed: int) -> tuple:
+    """The row's documents, inputs ``x`` and weight ``w``, the loss weights, and the one-process output and
+    gradients of ``rec`` over the whole row: ``(cu, x, w, weights, out, dx, dw)``."""
+    cu = torch.tensor([0, *torch.tensor(DOC_LENS).cumsum(0).tolist()])
+    total = int(cu[-1])
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, total, DIM, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(DIM, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(1, total, DIM, generator=g, dtype=torch.float64)
+    ref = run_segments(SegmentOp([x, w], [1, None], rec, 1, 1, total), document_chain(cu.numpy()), None)
+    dx, dw = torch.autograd.grad((ref * weights).sum(), [x, w])
+    return cu, x, w, weights, ref, dx, dw
+
+
 def handoff_errors(placement: str) -> dict:
     """This rank's errors of output and gradients (inputs and the shared weight) against the one-process run.
 
@@ -61,15 +75,8 @@ def handoff_errors(placement: str) -> dict:
         documents spans.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    cu = torch.tensor([0, *torch.tensor(DOC_LENS).cumsum(0).tolist()])
-    total = int(cu[-1])
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, total, DIM, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(DIM, generator=g, dtype=torch.float64, requires_grad=True)
-    weights = torch.randn(1, total, DIM, generator=g, dtype=torch.float64)
     rec = MatrixRecurrence()
-    ref = run_segments(SegmentOp([x, w], [1, None], rec, 1, 1, total), document_chain(cu.numpy()), None)
-    dx, dw = torch.autograd.grad((ref * weights).sum(), [x, w])
+    cu, x, w, weights, ref, dx, dw = _one_process(rec, 0)
 
     plan = hf_hsap.plan_sequence(cu, world, placement=placement)
     idx = plan.local_token_indices(rank)
@@ -88,3 +95,50 @@ def handoff_errors(placement: str) -> dict:
             "theirs": len(chain.receives()), "messages": exchange.executor.stats.messages,
             "spans": max(len({*s.earlier, rank, *s.later}) for s in chain.segments),
             "peers": len({p for p, _, _ in chain.sends()}) + len({p for p, _, _ in chain.receives()})}
+
+
+class CopyingRecurrence(MatrixRecurrence):
+    """:class:`MatrixRecurrence` whose runs first copy their input, as the library kernels do (nothing of the
+    caller's tensor is saved for backward); ``rerun``: a continued run's output is the run again from its true
+    initial state (the delta rule's way), else the zero-state output plus the correction."""
+
+    def __init__(self, rerun: bool) -> None:
+        self.rerun = rerun
+
+    def run(self, parts, init):
+        return super().run([parts[0].clone(), parts[1]], init)
+
+    def summarize(self, parts):
+        return super().summarize([parts[0].clone(), parts[1]])
+
+    def correct(self, summary, init):
+        term = torch.einsum("btk,bkv->btv", summary.carry, init)
+        return term if summary.out is None else summary.out + term
+
+
+def activation_freed(rerun: bool) -> dict:
+    """A split document's recurrent layer fed a view of a larger activation (as a model's query is cut from its
+    projection): whether that activation is freed once the forward returns, as it is when the kernel runs the whole
+    row, and the output's and gradients' errors against the one-process run."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rec = CopyingRecurrence(rerun)
+    cu, x, w, weights, ref, dx, dw = _one_process(rec, 1)
+
+    plan = hf_hsap.plan_sequence(cu, world, placement="contiguous")
+    idx = plan.local_token_indices(rank)
+    chain = state_chain(cu.numpy(), [plan.local_token_indices(r).numpy() for r in range(world)], rank)
+    xl = x.detach()[:, idx].clone().requires_grad_()
+    wl = w.detach().clone().requires_grad_()
+    activation = torch.cat([xl, xl], dim=-1) * 1.0  # the layer's input is a view of it
+    freed = StorageWeakRef(activation.untyped_storage())
+    out = run_segments(SegmentOp([activation[..., :DIM], wl], [1, None], rec, 1, 1, len(idx)), chain,
+                       StateExchange(None, list(range(world))))
+    del activation
+    held = not freed.expired()
+    dxl, dwl = torch.autograd.grad((out * weights[:, idx]).sum(), [xl, wl])
+    dist.all_reduce(dwl)
+    return {"held": held, "continued": sum(s.continued for s in chain.segments),
+            "out": float((out.detach() - ref[:, idx]).abs().max()), "dx": float((dxl - dx[:, idx]).abs().max()),
+            "dw": float((dwl - dw).abs().max())}
