@@ -75,7 +75,10 @@ class _Mamba2:
         b, n, groups, _ = Cs.shape
         heads, p = init.shape[1], init.shape[2]
         # heads grouped as the kernel shares C among them (no [1, n, H, N] copy of C): [1, n, G, H / G, P]
-        ct = torch.einsum("btgn,bgkpn->btgkp", Cs.to(init.dtype), init.reshape(b, groups, heads // groups, p, -1))
+        # C copied (``[1, n, G, N]``, small): the einsum saves it, and a view would keep the whole convolution
+        # output it is cut from alive until backward
+        c = Cs.to(init.dtype, memory_format=torch.contiguous_format, copy=True)
+        ct = torch.einsum("btgn,bgkpn->btgkp", c, init.reshape(b, groups, heads // groups, p, -1))
         y = torch.addcmul(summary.out.to(init.dtype), torch.exp(log_decay)[..., None], ct.reshape(b, n, heads, p))
         if zs is not None:
             y = y * F.silu(zs.to(init.dtype))
