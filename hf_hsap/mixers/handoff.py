@@ -327,12 +327,11 @@ class _Summaries(torch.autograd.Function):
         # 1. the gradients of the summaries this rank received (and, rerun, of its own runs' summaries, which later
         # runs here may fold: a rerun output is cut from its initial state, so the folds carry that gradient):
         # through its folds and corrections only (a rerun run's correction formed here: its initial state's term)
-        lin: dict[int, Any] = {}
+        lin: dict[int, OutputEdge | None] = {}
         with torch.enable_grad():
             for i, seg in enumerate(segs):
                 if seg.continued and i in ctx.states:
-                    y = rec.correct(Summary(None, None, None, ctx.sums[i].carry), ctx.states[i])
-                    lin[i] = OutputEdge(y, y.dtype) if y.requires_grad else None  # the tensor itself: it lives here only
+                    lin[i] = OutputEdge.of(rec.correct(Summary(None, None, None, ctx.sums[i].carry), ctx.states[i]))
                 elif seg.continued:
                     lin[i] = outs[i]
         cont = [i for i, y in lin.items() if y is not None]
